@@ -1,0 +1,30 @@
+"""Benchmarks behind `symphony bench NAME`.
+
+Each benchmark is a module here exposing ``run(quick: bool) -> dict[str, float | int | str]``:
+one flat dict of named figures. The CLI prints it as a table or, with ``--json``, as one JSON
+object. Figures that depend on the machine are reported beside a baseline measured in the same
+run (a ratio), because these machines are shared and noisy.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+#: name -> module path; modules are imported lazily so `symphony --help` stays fast.
+BENCHMARKS: dict[str, str] = {
+    "transport": "node.bench.transport",
+    "models": "node.bench.models",
+    "ledger": "node.bench.ledger",
+    "tasks": "node.bench.tasks",
+    "verify": "node.bench.verify",
+    "relay": "node.bench.relay",
+    "simulate": "node.bench.simulate",
+}
+
+
+def load(name: str) -> Callable[[bool], dict[str, Any]]:
+    module = importlib.import_module(BENCHMARKS[name])
+    run: Callable[[bool], dict[str, Any]] = module.run
+    return run

@@ -1,0 +1,88 @@
+"""How a feature plugs into the daemon: a Service owns one protocol machine.
+
+The driver (node/driver.py) gives every service a ``NodeContext`` and then:
+
+* routes each decoded message whose type is in ``message_types`` (unicast or gossip on one of
+  ``topics``) to the service's machine as ``Received``; peer connect/disconnect events go to
+  every machine; ``Tick`` goes to a machine when its ``next_deadline()`` has passed;
+* performs the common effects (``Send``, ``Publish``, ``Dial``, ``Disconnect``, ``Penalize``,
+  ``Emit`` from protocol/machine.py) itself and hands every other effect to the service's
+  ``perform`` (e.g. write a record to SQLite, start a model computation);
+* lets code outside the machine feed it a local event with ``ctx.submit(name, event)``, e.g.
+  an HTTP handler submitting "ask this question", or a finished computation.
+
+A service must never raise out of ``perform`` for a peer's fault: it emits, penalizes, and goes
+on. Its ``schema`` (``CREATE TABLE IF NOT EXISTS ...``) is applied at start, before ``start``
+loads state from the database, and before the node connects to anyone.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import trio
+
+from crypto.keys import Identity
+from node.db import Database
+from protocol.codec import Message
+from protocol.machine import Machine
+
+if TYPE_CHECKING:
+    from starlette.routing import BaseRoute
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    identity: Identity
+    network_id: str
+    data_dir: Path
+    config: Any  # node.config.Config (frozen); Any to keep this module import-light
+    db: Database
+    transport: Any  # node.transport.Transport
+    log: Any  # structlog BoundLogger with peer_id bound
+    rng: random.Random
+    #: milliseconds on the daemon's clock (monotonic-based, comparable across services)
+    clock: Callable[[], int]
+    #: feed a local event to service NAME's machine and perform the resulting effects
+    submit: Callable[[str, object], Awaitable[None]]
+    #: every service by name, so one can query another (tasks asks the ledger for peers)
+    services: Mapping[str, Service]
+
+
+class Service(ABC):
+    name: ClassVar[str]
+    message_types: ClassVar[tuple[type[Message], ...]] = ()
+    topics: ClassVar[tuple[str, ...]] = ()
+    schema: ClassVar[str] = ""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+
+    @property
+    @abstractmethod
+    def machine(self) -> Machine: ...
+
+    async def start(self) -> None:
+        """Load state from the database. Runs before the transport accepts peers."""
+
+    async def perform(self, effect: object) -> None:
+        """Perform a machine-specific effect; the common ones never reach here."""
+        raise NotImplementedError(f"{self.name} cannot perform {type(effect).__name__}")
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Background work for the life of the daemon (optional)."""
+        task_status.started()
+
+    def status(self) -> dict[str, Any]:
+        return {}
+
+    def routes(self) -> list[BaseRoute]:
+        return []
+
+
+ServiceFactory = Callable[[NodeContext], Service]

@@ -1,0 +1,447 @@
+"""The driver: runs every service's sans-IO machine over a real transport.
+
+What it promises (services and their machines may rely on it)
+-------------------------------------------------------------
+* Routing. Each wire message type belongs to exactly one service (``Service.message_types``;
+  two owners is a ``LocalProtocolError`` at start). A decoded unicast message, or a gossip
+  message on one of the owner's ``topics``, is fed to that machine as ``Received``.
+  ``PeerConnected``/``PeerDisconnected`` go to every machine, in registration order.
+* Unicast. One request/response protocol per network, ``protocol_id(net, "msg")``, carries
+  every ``Send``: the request is the encoded message, the response an empty ack (or a short
+  refusal reason). The handshake types (``Hello``) travel on the network-independent
+  ``HANDSHAKE_PROTOCOL_ID`` instead, so that two nodes of different networks can still tell
+  each other why they part. Sends to one peer leave in order, one at a time, from a bounded
+  per-peer outbox; a failure, a refusal, a timeout (``SEND_TIMEOUT_S``) or a full outbox comes
+  back to the sending machine as ``SendFailed``.
+* Gossip. A service's short topic names are subscribed as ``names.topic(net, short)``;
+  ``Publish(short, msg)`` is queued (bounded, best effort) and published in order.
+* Timers. One loop feeds ``Tick`` to every machine whose ``next_deadline()`` has passed; it
+  wakes whenever a machine was fed (its deadline may have moved). Time is integer
+  milliseconds of trio's clock (:meth:`Driver.now_ms`).
+* Effects. ``Send``, ``Publish``, ``Dial`` (addresses tried in turn; ``DialFailed`` back to
+  the dialing machine), ``Disconnect``, ``Penalize`` and ``Emit`` (a structured log line
+  ``<service>.<event>``) are performed here and never wait on the network; every other effect
+  is awaited in ``service.perform`` in order.
+* Peers' faults. Undecodable bytes (``InvalidMessage``), a message no service owns, or a
+  ``RemoteProtocolError`` raised by a machine or a service: the peer is penalized and logged
+  with its id, and the node keeps running. A peer's score decays by
+  ``PENALTY_DECAY_PER_MIN`` per minute; reaching ``PENALTY_BAN_THRESHOLD`` disconnects it and
+  bans it for ``BAN_MS`` (its connections are closed at once, dials to it refused).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from node.logs import log_emit
+from node.service import Service
+from node.transport import TransportError
+from protocol.codec import MAX_FRAME_BYTES, Message, decode, encode
+from protocol.errors import InvalidMessage, LocalProtocolError, RemoteProtocolError
+from protocol.machine import (
+    Dial,
+    DialFailed,
+    Disconnect,
+    Emit,
+    PeerConnected,
+    PeerDisconnected,
+    Penalize,
+    Publish,
+    Received,
+    Send,
+    SendFailed,
+    Tick,
+)
+from protocol.messages import Hello
+from protocol.names import peer_id_of_multiaddr, protocol_id, topic
+
+MSG_PROTOCOL_NAME = "msg"
+#: Network-independent: carries only HANDSHAKE_TYPES, so a foreign network can be told why.
+HANDSHAKE_PROTOCOL_ID = "/symphony/handshake/1"
+HANDSHAKE_TYPES: tuple[type[Message], ...] = (Hello,)
+#: A unicast send (request + ack) fails after this long.
+SEND_TIMEOUT_S = 10.0
+#: Messages waiting per peer; a machine that outruns a slow peer gets SendFailed, not memory.
+OUTBOX_SIZE = 256
+#: Gossip publishes waiting; beyond it they are dropped and logged (gossip is best effort).
+PUBLISH_QUEUE_SIZE = 1024
+#: An ack is empty; a refusal is a short utf-8 reason.
+MAX_ACK_BYTES = 256
+INVALID_MESSAGE_PENALTY = 10
+UNROUTED_MESSAGE_PENALTY = 5
+PENALTY_BAN_THRESHOLD = 100
+PENALTY_DECAY_PER_MIN = 10
+BAN_MS = 10 * 60_000
+#: Recent penalty reasons kept per peer for status.
+PENALTY_REASONS_KEPT = 8
+
+
+@dataclass
+class PeerState:
+    connected_at_ms: int
+    outbound: bool
+    addrs: tuple[str, ...]
+
+
+@dataclass
+class PenaltyRecord:
+    score: float = 0.0
+    updated_ms: int = 0
+    total: int = 0
+    reasons: deque[str] = field(default_factory=lambda: deque(maxlen=PENALTY_REASONS_KEPT))
+
+
+class Driver:
+    def __init__(self, transport: Any, *, network_id: str, log: Any) -> None:
+        self.transport = transport
+        self.network_id = network_id
+        self.log = log
+        #: registration order = the order peer events reach machines
+        self.services: dict[str, Service] = {}
+        self._routes: dict[type[Message], str] = {}
+        self._topics: dict[str, str] = {}  # full topic -> short name
+        self._msg_protocol = protocol_id(network_id, MSG_PROTOCOL_NAME)
+        self._peers: dict[str, PeerState] = {}
+        self._dialing: dict[str, str] = {}  # peer -> address being dialled
+        self._dialled: dict[str, str] = {}  # peer -> address that connected, until its event
+        self._outboxes: dict[str, trio.MemorySendChannel[tuple[str, Message]]] = {}
+        self._penalties: dict[str, PenaltyRecord] = {}
+        self._banned_until: dict[str, int] = {}
+        self._nursery: trio.Nursery | None = None
+        self._wake = trio.Event()
+        # Bounded (see PUBLISH_QUEUE_SIZE): a publish never blocks a machine's effects.
+        self._publish_send, self._publish_receive = trio.open_memory_channel[tuple[str, bytes]](
+            PUBLISH_QUEUE_SIZE)
+        self._peer_events: Any = None
+        self.counters = {"received": 0, "sent": 0, "send_failed": 0, "invalid": 0,
+                         "published": 0, "publish_dropped": 0, "gossip_received": 0}
+
+    # ---- setup ----------------------------------------------------------------------------
+
+    def add_service(self, service: Service) -> None:
+        if service.name in self.services:
+            raise LocalProtocolError(f"two services named {service.name!r}")
+        for message_type in service.message_types:
+            owner = self._routes.get(message_type)
+            if owner is not None:
+                raise LocalProtocolError(
+                    f"{message_type.__name__} is claimed by {owner!r} and {service.name!r}")
+            self._routes[message_type] = service.name
+        for short in service.topics:
+            self._topics[topic(self.network_id, short)] = short
+        self.services[service.name] = service
+
+    def install(self) -> None:
+        """Serve our protocols and take the peer events; call before the transport listens."""
+        self.transport.set_request_handler(
+            self._msg_protocol, self._on_message, max_request_bytes=MAX_FRAME_BYTES)
+        self.transport.set_request_handler(
+            HANDSHAKE_PROTOCOL_ID, self._on_handshake, max_request_bytes=MAX_FRAME_BYTES)
+        self._peer_events = self.transport.peer_events()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Subscribe the topics and run the pumps and the timer loop until cancelled."""
+        if self._peer_events is None:
+            self.install()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for full in self._topics:
+                channel = await self.transport.subscribe(full)
+                nursery.start_soon(self._gossip_pump, full, channel)
+            nursery.start_soon(self._peer_pump)
+            nursery.start_soon(self._publisher)
+            nursery.start_soon(self._timer_loop)
+            task_status.started()
+
+    # ---- time and feeding -----------------------------------------------------------------
+
+    @staticmethod
+    def now_ms() -> int:
+        return int(trio.current_time() * 1000)
+
+    async def submit(self, name: str, event: object) -> None:
+        """Feed a local event to service ``name``'s machine and perform its effects."""
+        if name not in self.services:
+            raise LocalProtocolError(f"no service named {name!r}")
+        await self._feed(name, event)
+
+    async def _feed(self, name: str, event: object) -> None:
+        service = self.services[name]
+        try:
+            effects = service.machine.handle(event, self.now_ms())
+        except RemoteProtocolError as exc:
+            self.penalize(exc.peer, exc.reason, exc.penalty)
+            return
+        except Exception:
+            self.log.exception("driver.machine_error", service=name, event=type(event).__name__)
+            return
+        finally:
+            self._wake.set()
+        for effect in effects:
+            await self._perform(name, effect)
+
+    async def _perform(self, name: str, effect: object) -> None:
+        if isinstance(effect, Send):
+            self._enqueue_send(name, effect.peer, effect.message)
+        elif isinstance(effect, Publish):
+            self._enqueue_publish(effect.topic, effect.message)
+        elif isinstance(effect, Emit):
+            log_emit(self.log, name, effect.event, effect.fields)
+        elif isinstance(effect, Penalize):
+            self.penalize(effect.peer, effect.reason, effect.points)
+        elif isinstance(effect, Dial):
+            self._start_dial(name, effect.peer, effect.addrs)
+        elif isinstance(effect, Disconnect):
+            self.log.info("driver.disconnect", peer=effect.peer, reason=effect.reason, by=name)
+            self._spawn(self._disconnect, effect.peer)
+        else:
+            try:
+                await self.services[name].perform(effect)
+            except RemoteProtocolError as exc:
+                self.penalize(exc.peer, exc.reason, exc.penalty)
+            except Exception:
+                self.log.exception("driver.perform_error", service=name,
+                                   effect=type(effect).__name__)
+            self._wake.set()
+
+    def _spawn(self, fn: Any, *args: Any) -> None:
+        if self._nursery is None:
+            raise LocalProtocolError("the driver is not running yet")
+        self._nursery.start_soon(fn, *args)
+
+    async def _timer_loop(self) -> None:
+        while True:
+            self._wake = trio.Event()
+            now = self.now_ms()
+            deadlines = {n: s.machine.next_deadline() for n, s in self.services.items()}
+            due = [n for n, d in deadlines.items() if d is not None and d <= now]
+            for name in due:
+                await self._feed(name, Tick())
+            if due:
+                continue
+            pending = [d for d in deadlines.values() if d is not None]
+            # +0.5 ms: waking at the deadline must make now_ms() >= it despite float rounding
+            wake_at = (min(pending) + 0.5) / 1000 if pending else float("inf")
+            with trio.move_on_at(wake_at):
+                await self._wake.wait()
+
+    # ---- unicast --------------------------------------------------------------------------
+
+    def _enqueue_send(self, name: str, peer: str, message: Message) -> None:
+        box = self._outboxes.get(peer)
+        if box is None:
+            # Bounded (see OUTBOX_SIZE): order per peer is kept, memory per peer is capped.
+            box, receive = trio.open_memory_channel[tuple[str, Message]](OUTBOX_SIZE)
+            self._outboxes[peer] = box
+            self._spawn(self._sender, peer, box, receive)
+        try:
+            box.send_nowait((name, message))
+        except trio.WouldBlock:
+            self._spawn(self._feed, name, SendFailed(peer, message, "outbox full"))
+
+    async def _sender(self, peer: str, box: trio.MemorySendChannel[Any],
+                      receive: trio.MemoryReceiveChannel[tuple[str, Message]]) -> None:
+        async with receive:
+            async for name, message in receive:
+                await self._deliver(peer, name, message)
+                if peer not in self._peers and receive.statistics().current_buffer_used == 0:
+                    if self._outboxes.get(peer) is box:
+                        del self._outboxes[peer]
+                    box.close()
+
+    async def _deliver(self, peer: str, name: str, message: Message) -> None:
+        protocol = (HANDSHAKE_PROTOCOL_ID if type(message) in HANDSHAKE_TYPES
+                    else self._msg_protocol)
+        reason = ""
+        try:
+            with trio.fail_after(SEND_TIMEOUT_S):
+                ack = await self.transport.request(
+                    peer, protocol, encode(message), max_response_bytes=MAX_ACK_BYTES)
+            if ack:
+                reason = "refused: " + ack.decode("utf-8", errors="replace")
+        except trio.TooSlowError:
+            reason = f"no ack within {SEND_TIMEOUT_S} s"
+        except TransportError as exc:
+            reason = str(exc)
+        if reason:
+            self.counters["send_failed"] += 1
+            self.log.debug("driver.send_failed", peer=peer, message=type(message).__name__,
+                           reason=reason)
+            await self._feed(name, SendFailed(peer, message, reason))
+        else:
+            self.counters["sent"] += 1
+
+    async def _on_message(self, peer: str, data: bytes) -> bytes:
+        return await self._on_request(peer, data, handshake=False)
+
+    async def _on_handshake(self, peer: str, data: bytes) -> bytes:
+        return await self._on_request(peer, data, handshake=True)
+
+    async def _on_request(self, peer: str, data: bytes, *, handshake: bool) -> bytes:
+        if self.is_banned(peer):
+            return b"banned"
+        try:
+            message = decode(data)
+        except InvalidMessage as exc:
+            self.counters["invalid"] += 1
+            self.penalize(peer, f"invalid message: {exc}", INVALID_MESSAGE_PENALTY)
+            return b"invalid message"
+        owner = self._routes.get(type(message))
+        if owner is None or (handshake and type(message) not in HANDSHAKE_TYPES):
+            self.penalize(peer, f"unexpected {type(message).__name__}", UNROUTED_MESSAGE_PENALTY)
+            return b"unexpected message type"
+        self.counters["received"] += 1
+        await self._feed(owner, Received(peer, message))
+        return b""
+
+    # ---- gossip ---------------------------------------------------------------------------
+
+    def _enqueue_publish(self, short: str, message: Message) -> None:
+        try:
+            self._publish_send.send_nowait((topic(self.network_id, short), encode(message)))
+        except trio.WouldBlock:
+            self.counters["publish_dropped"] += 1
+            self.log.warning("driver.publish_dropped", topic=short,
+                             message=type(message).__name__)
+
+    async def _publisher(self) -> None:
+        async for full, data in self._publish_receive:
+            try:
+                await self.transport.publish(full, data)
+                self.counters["published"] += 1
+            except TransportError as exc:
+                self.counters["publish_dropped"] += 1
+                self.log.warning("driver.publish_failed", topic=full, error=str(exc))
+
+    async def _gossip_pump(self, full: str, channel: Any) -> None:
+        short = self._topics[full]
+        async for origin, data in channel:
+            if self.is_banned(origin):
+                continue
+            try:
+                message = decode(data)
+            except InvalidMessage as exc:
+                self.counters["invalid"] += 1
+                self.penalize(origin, f"invalid gossip on {short}: {exc}",
+                              INVALID_MESSAGE_PENALTY)
+                continue
+            owner = self._routes.get(type(message))
+            if owner is None or short not in self.services[owner].topics:
+                self.penalize(origin, f"unexpected {type(message).__name__} on {short}",
+                              UNROUTED_MESSAGE_PENALTY)
+                continue
+            self.counters["gossip_received"] += 1
+            await self._feed(owner, Received(origin, message, topic=short))
+
+    # ---- peers ----------------------------------------------------------------------------
+
+    async def _peer_pump(self) -> None:
+        async for event in self._peer_events:
+            peer = event.peer_id
+            if event.connected:
+                if self.is_banned(peer):
+                    self.log.info("driver.refused_banned", peer=peer)
+                    self._spawn(self._disconnect, peer)
+                    continue
+                dialled = self._dialing.get(peer) or self._dialled.pop(peer, None)
+                state = PeerState(self.now_ms(), dialled is not None,
+                                  (dialled,) if dialled else ())
+                self._peers[peer] = state
+                event_out: object = PeerConnected(peer, state.addrs, state.outbound)
+            else:
+                self._dialled.pop(peer, None)
+                if self._peers.pop(peer, None) is None:
+                    continue
+                box = self._outboxes.pop(peer, None)
+                if box is not None:
+                    box.close()
+                event_out = PeerDisconnected(peer)
+            for name in list(self.services):
+                await self._feed(name, event_out)
+
+    def _start_dial(self, name: str, peer: str, addrs: Iterable[str]) -> None:
+        if peer in self._peers or peer in self._dialing:
+            return
+        if self.is_banned(peer):
+            self._spawn(self._feed, name, DialFailed(peer, "banned"))
+            return
+        self._spawn(self._dial, name, peer, tuple(addrs))
+
+    async def _dial(self, name: str, peer: str, addrs: tuple[str, ...]) -> None:
+        errors = []
+        for addr in addrs:
+            if peer_id_of_multiaddr(addr) is None:
+                addr = f"{addr.rstrip('/')}/p2p/{peer}"
+            elif peer_id_of_multiaddr(addr) != peer:
+                errors.append(f"{addr}: names another peer")
+                continue
+            self._dialing[peer] = addr
+            try:
+                await self.transport.connect(addr)
+                if peer not in self._peers:
+                    self._dialled[peer] = addr
+                return
+            except TransportError as exc:
+                errors.append(str(exc))
+            finally:
+                self._dialing.pop(peer, None)
+        reason = "; ".join(errors) or "no address to dial"
+        self.log.debug("driver.dial_failed", peer=peer, reason=reason)
+        await self._feed(name, DialFailed(peer, reason))
+
+    async def _disconnect(self, peer: str) -> None:
+        try:
+            await self.transport.disconnect(peer)
+        except Exception as exc:  # the peer may be gone already; disconnecting is best effort
+            self.log.debug("driver.disconnect_failed", peer=peer, error=repr(exc))
+
+    # ---- penalties ------------------------------------------------------------------------
+
+    def penalize(self, peer: str, reason: str, points: int) -> None:
+        now = self.now_ms()
+        record = self._penalties.setdefault(peer, PenaltyRecord(updated_ms=now))
+        decay = (now - record.updated_ms) / 60_000 * PENALTY_DECAY_PER_MIN
+        record.score = max(0.0, record.score - decay) + points
+        record.updated_ms = now
+        record.total += points
+        record.reasons.append(reason)
+        self.log.warning("driver.penalized", peer=peer, reason=reason, points=points,
+                         score=round(record.score, 1))
+        if record.score >= PENALTY_BAN_THRESHOLD and not self.is_banned(peer):
+            self._banned_until[peer] = now + BAN_MS
+            record.score = 0.0
+            self.log.warning("driver.banned", peer=peer, ban_s=BAN_MS // 1000, reason=reason)
+            if self._nursery is not None:
+                self._spawn(self._disconnect, peer)
+
+    def is_banned(self, peer: str) -> bool:
+        until = self._banned_until.get(peer)
+        if until is None:
+            return False
+        if until <= self.now_ms():
+            del self._banned_until[peer]
+            return False
+        return True
+
+    # ---- status ---------------------------------------------------------------------------
+
+    def connected(self) -> dict[str, PeerState]:
+        return dict(self._peers)
+
+    def status(self) -> dict[str, Any]:
+        now = self.now_ms()
+        return {
+            "connected": {p: {"connected_s": round((now - s.connected_at_ms) / 1000, 3),
+                              "outbound": s.outbound, "addrs": list(s.addrs)}
+                          for p, s in self._peers.items()},
+            "penalties": {p: {"score": round(r.score, 1), "total": r.total,
+                              "reasons": list(r.reasons)} for p, r in self._penalties.items()},
+            "banned": {p: round((u - now) / 1000, 1) for p, u in self._banned_until.items()
+                       if u > now},
+            "counters": dict(self.counters),
+        }

@@ -1,0 +1,159 @@
+"""Config precedence (flag > env > TOML > default), sections, and errors that name the key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from node.config import Config, ConfigError, default_toml, load_config
+
+
+@dataclass(frozen=True)
+class LedgerSection:
+    max_records: int = 1000
+    sync_interval_s: float = 5.0
+    seeds: tuple[str, ...] = ()
+
+
+SECTIONS = {"ledger": LedgerSection}
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "data"
+    d.mkdir()
+    return d
+
+
+def load(data_dir: Path, flags: dict[str, object] | None = None,
+         env: dict[str, str] | None = None, **kw: object) -> Config:
+    return load_config({"data_dir": data_dir, **(flags or {})}, env=env or {},
+                       sections=SECTIONS, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "flag", "expected"),
+    [
+        (None, None, None, 8),  # default
+        ("target_peers = 3", None, None, 3),  # TOML over default
+        ("target_peers = 3", "5", None, 5),  # env over TOML
+        ("target_peers = 3", "5", 7, 7),  # flag over env
+        (None, None, 0, 0),  # a falsy flag still counts
+    ],
+)
+def test_precedence_flag_env_toml_default(data_dir: Path, toml: str | None, env: str | None,
+                                          flag: int | None, expected: int) -> None:
+    if toml is not None:
+        write(data_dir / "node.toml", toml)
+    config = load(data_dir, {"target_peers": flag},
+                  {"SYMPHONY_TARGET_PEERS": env} if env is not None else {})
+    assert config.target_peers == expected
+
+
+def test_every_top_level_key_from_each_layer(data_dir: Path) -> None:
+    write(data_dir / "node.toml", """
+listen = ["/ip4/127.0.0.1/tcp/0"]
+bootstrap = ["/ip4/127.0.0.1/tcp/9/p2p/12D3KooWAbc"]
+network_id = "from-toml"
+api_port = 8123
+log_level = "debug"
+json_logs = true
+""")
+    config = load(data_dir, {"listen": ("/ip4/127.0.0.1/tcp/5",)},
+                  {"SYMPHONY_NETWORK_ID": "from-env", "SYMPHONY_JSON_LOGS": "false",
+                   "SYMPHONY_BOOTSTRAP": "/ip4/1.2.3.4/tcp/1/p2p/X,/ip4/1.2.3.4/tcp/2/p2p/Y"})
+    assert config.listen == ("/ip4/127.0.0.1/tcp/5",)
+    assert config.bootstrap == ("/ip4/1.2.3.4/tcp/1/p2p/X", "/ip4/1.2.3.4/tcp/2/p2p/Y")
+    assert config.network_id == "from-env"
+    assert config.json_logs is False
+    assert (config.api_port, config.log_level) == (8123, "debug")
+    assert config.data_dir == data_dir
+
+
+def test_data_dir_from_env_locates_the_toml_file(tmp_path: Path) -> None:
+    d = tmp_path / "envdir"
+    d.mkdir()
+    write(d / "node.toml", "target_peers = 2")
+    config = load_config(env={"SYMPHONY_DATA_DIR": str(d)}, sections=SECTIONS)
+    assert (config.data_dir, config.target_peers) == (d, 2)
+
+
+def test_explicit_config_file_is_read_and_must_exist(data_dir: Path, tmp_path: Path) -> None:
+    path = write(tmp_path / "other.toml", 'network_id = "alt"')
+    assert load(data_dir, config_file=path).network_id == "alt"
+    with pytest.raises(ConfigError, match="does not exist"):
+        load(data_dir, config_file=tmp_path / "missing.toml")
+
+
+def test_unknown_top_level_key_is_an_error_naming_it(data_dir: Path) -> None:
+    write(data_dir / "node.toml", "target_peer = 3")
+    with pytest.raises(ConfigError, match="unknown key 'target_peer'"):
+        load(data_dir)
+
+
+def test_unknown_section_is_an_error_naming_it(data_dir: Path) -> None:
+    write(data_dir / "node.toml", "[ledgr]\nmax_records = 1")
+    with pytest.raises(ConfigError, match="unknown key 'ledgr'"):
+        load(data_dir)
+
+
+def test_unknown_key_inside_a_section_is_an_error_naming_it(data_dir: Path) -> None:
+    write(data_dir / "node.toml", "[ledger]\nmax_record = 1")
+    with pytest.raises(ConfigError, match=r"unknown key 'max_record' in section \[ledger\]"):
+        load(data_dir)
+    (data_dir / "node.toml").unlink()
+    with pytest.raises(ConfigError, match="SYMPHONY_LEDGER__NOPE"):
+        load(data_dir, env={"SYMPHONY_LEDGER__NOPE": "1"})
+
+
+def test_sections_take_defaults_toml_and_env(data_dir: Path) -> None:
+    assert load(data_dir).section("ledger") == LedgerSection()
+    write(data_dir / "node.toml", "[ledger]\nmax_records = 5\nseeds = ['a']\nsync_interval_s = 2")
+    config = load(data_dir, env={"SYMPHONY_LEDGER__MAX_RECORDS": "9"})
+    assert config.section("ledger") == LedgerSection(max_records=9, sync_interval_s=2.0,
+                                                     seeds=("a",))
+    with pytest.raises(KeyError, match="no config section 'tasks'"):
+        config.section("tasks")
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "message"),
+    [
+        ("target_peers = 'many'", {}, "key 'target_peers': 'many' is not an integer"),
+        ("target_peers = true", {}, "key 'target_peers': True is not an integer"),
+        ("", {"SYMPHONY_TARGET_PEERS": "x"}, "SYMPHONY_TARGET_PEERS: key 'target_peers'"),
+        ("target_peers = -1", {}, "key 'target_peers': -1 is not within"),
+        ("api_port = 70000", {}, "key 'api_port': 70000 is not a port"),
+        ("log_level = 'loud'", {}, "key 'log_level': 'loud' is not one of"),
+        ("json_logs = 'maybe'", {}, "key 'json_logs': 'maybe' is not a boolean"),
+        ("listen = [1]", {}, "key 'listen': [1] is not a list of strings"),
+        ("listen = ['tcp/1']", {}, "key 'listen': 'tcp/1' is not a multiaddr"),
+        ("network_id = 'Bad Net'", {}, "key 'network_id'"),
+        ("bootstrap = ['/ip4/1.2.3.4/tcp/1']", {}, "must end in /p2p/"),
+        ("[ledger]\nmax_records = 'lots'", {}, "key 'ledger.max_records': 'lots'"),
+        ("target_peers = ", {}, "cannot read config file"),
+    ],
+)
+def test_bad_values_name_the_key_and_value(data_dir: Path, toml: str, env: dict[str, str],
+                                           message: str) -> None:
+    write(data_dir / "node.toml", toml)
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load(data_dir, env=env)
+
+
+def test_unrelated_symphony_env_vars_are_ignored(data_dir: Path) -> None:
+    config = load(data_dir, env={"SYMPHONY_SOMETHING_ELSE": "1", "SYMPHONY_OTHER__X": "2"})
+    assert config == load(data_dir)
+
+
+def test_the_first_run_template_loads_to_the_defaults(data_dir: Path) -> None:
+    write(data_dir / "node.toml", default_toml(SECTIONS))
+    assert "# [ledger]" in (data_dir / "node.toml").read_text()
+    assert load(data_dir) == Config(data_dir=data_dir, sections={"ledger": LedgerSection()})

@@ -1,0 +1,199 @@
+"""The network model: when (and whether) a message of ``size`` bytes from node a reaches node b.
+
+Contract
+--------
+* Nodes are dense indices ``0..n-1``. Each has an uplink and a downlink rate (bytes/s) and a
+  region. A link's one-way latency is either ``regions[ra][rb]`` milliseconds (a region matrix)
+  or drawn once per unordered pair from a latency distribution (so a link keeps its latency),
+  plus a per-message jitter drawn uniformly in ``[0, jitter_ms]``: jitter is what reorders
+  messages.
+* Transfers are FIFO on both ends: a transfer occupies the sender's uplink and the receiver's
+  downlink for ``size / min(up_a, down_b)`` seconds; it starts when the uplink is free and the
+  first byte reaches b after the latency; b's downlink receives one transfer at a time. So one
+  big transfer costs ``S/B`` plus the latency, not twice, and a node serving many peers at once
+  shares its uplink among them.
+* ``loss`` drops a message; ``duplicate`` delivers a second copy a little later. Partitions
+  split the nodes into groups; no message crosses a group while the partition lasts.
+* All randomness comes from the ``random.Random`` given to the constructor, drawn in the order
+  the simulation asks, so a run is reproducible from its seed.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+from simulations.engine import US_PER_S
+
+#: bytes/s of one Mbit/s
+MBIT = 125_000
+#: a distribution kind -> how to draw one latency in ms from (a, b)
+LATENCY_KINDS = ("constant", "uniform", "lognormal")
+#: a link's latency is never below this (ms), whatever the distribution draws
+MIN_LATENCY_MS = 0.05
+#: extra delay of a duplicated copy, as a multiple of the link latency (at least 1 ms)
+DUPLICATE_DELAY_FACTOR = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyModel:
+    """One-way link latency: a region matrix (ms) if ``regions`` is set, else a distribution.
+
+    Distribution parameters: ``constant`` a ms; ``uniform`` in [a, b] ms; ``lognormal`` with
+    median a ms and shape (sigma) b.
+    """
+
+    kind: str = "constant"
+    a: float = 20.0
+    b: float = 0.0
+    jitter_ms: float = 0.0
+    region_names: tuple[str, ...] = ()
+    regions: tuple[tuple[float, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in LATENCY_KINDS:
+            raise ValueError(f"latency kind {self.kind!r} is not one of {LATENCY_KINDS}")
+        if self.regions:
+            size = len(self.region_names)
+            if len(self.regions) != size or any(len(row) != size for row in self.regions):
+                raise ValueError("the latency region matrix must be square, one row per region")
+
+
+@dataclass(frozen=True, slots=True)
+class LinkFaults:
+    loss: float = 0.0
+    duplicate: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("loss", "duplicate"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be a probability, got {value}")
+
+
+@dataclass(slots=True)
+class Partition:
+    """Nodes split into ``groups`` (lists of node indices) from ``start_us`` until ``heal_us``."""
+
+    start_us: int
+    heal_us: int
+    groups: list[list[int]] = field(default_factory=list)
+
+
+class NetworkModel:
+    """Per-node bandwidth and region, per-link latency, loss, duplication, partitions."""
+
+    def __init__(
+        self,
+        rng: random.Random,
+        *,
+        latency: LatencyModel,
+        faults: LinkFaults | None = None,
+    ) -> None:
+        self.rng = rng
+        self.latency = latency
+        self.faults = faults or LinkFaults()
+        self.up_bps: list[float] = []
+        self.down_bps: list[float] = []
+        self.region: list[int] = []
+        self._up_free_us: list[int] = []
+        self._down_free_us: list[int] = []
+        self._pair_latency_us: dict[int, int] = {}
+        #: node index -> partition group, or -1 when no partition is in force
+        self.group: list[int] = []
+        self._partitioned = False
+
+    def add_node(self, up_bps: float, down_bps: float, region: int = 0) -> int:
+        if up_bps <= 0 or down_bps <= 0:
+            raise ValueError("bandwidth must be positive")
+        if self.latency.regions and not 0 <= region < len(self.latency.regions):
+            raise ValueError(f"region {region} is not in the latency matrix")
+        self.up_bps.append(up_bps)
+        self.down_bps.append(down_bps)
+        self.region.append(region)
+        self._up_free_us.append(0)
+        self._down_free_us.append(0)
+        self.group.append(-1)
+        return len(self.up_bps) - 1
+
+    # ------------------------------------------------------------------ latency
+
+    def base_latency_us(self, a: int, b: int) -> int:
+        lat = self.latency
+        if lat.regions:
+            return int(lat.regions[self.region[a]][self.region[b]] * 1000)
+        key = a * 1_000_003 + b if a < b else b * 1_000_003 + a
+        cached = self._pair_latency_us.get(key)
+        if cached is not None:
+            return cached
+        if lat.kind == "constant":
+            ms = lat.a
+        else:
+            # A pair's latency is a pure function of the pair, not of the order links are
+            # first used, so adding a node never shifts the latencies of the others.
+            pair_rng = random.Random(key)
+            if lat.kind == "uniform":
+                ms = pair_rng.uniform(lat.a, lat.b)
+            else:
+                ms = lat.a * math.exp(lat.b * pair_rng.gauss(0.0, 1.0))
+        value = int(max(ms, MIN_LATENCY_MS) * 1000)
+        self._pair_latency_us[key] = value
+        return value
+
+    def rtt_us(self, a: int, b: int) -> int:
+        return 2 * self.base_latency_us(a, b)
+
+    # ------------------------------------------------------------------ partitions
+
+    def apply_partition(self, groups: list[list[int]]) -> None:
+        for i in range(len(self.group)):
+            self.group[i] = -2  # a node named in no group is cut off from everyone
+        for g, members in enumerate(groups):
+            for node in members:
+                self.group[node] = g
+        self._partitioned = True
+
+    def heal(self) -> None:
+        for i in range(len(self.group)):
+            self.group[i] = -1
+        self._partitioned = False
+
+    def reachable(self, a: int, b: int) -> bool:
+        if not self._partitioned:
+            return True
+        ga = self.group[a]
+        return ga >= 0 and ga == self.group[b]
+
+    # ------------------------------------------------------------------ transfers
+
+    def transfer(self, a: int, b: int, size: int, now_us: int) -> tuple[int, ...]:
+        """Arrival times (us) at b of a message of ``size`` bytes sent now: () if lost.
+
+        Occupies a's uplink and b's downlink even when the message is then lost, as a real
+        lost packet does.
+        """
+        rate = min(self.up_bps[a], self.down_bps[b])
+        duration = int(size * US_PER_S / rate) + 1
+        latency = self.base_latency_us(a, b)
+        jitter_ms = self.latency.jitter_ms
+        if jitter_ms > 0:
+            latency += int(self.rng.random() * jitter_ms * 1000)
+        start = max(now_us, self._up_free_us[a])
+        rx_start = max(start + latency, self._down_free_us[b])
+        end = rx_start + duration
+        # backpressure: the sender's uplink stays committed until b has taken the bytes
+        self._up_free_us[a] = rx_start - latency + duration
+        self._down_free_us[b] = end
+        faults = self.faults
+        if faults.loss > 0 and self.rng.random() < faults.loss:
+            return ()
+        if faults.duplicate > 0 and self.rng.random() < faults.duplicate:
+            extra = max(1000, int(latency * DUPLICATE_DELAY_FACTOR))
+            return (end, end + extra)
+        return (end,)
+
+    def reset_node(self, a: int, now_us: int) -> None:
+        """A restarted node starts with idle links."""
+        self._up_free_us[a] = now_us
+        self._down_free_us[a] = now_us

@@ -1,0 +1,251 @@
+"""A virtual node: one identity hosting protocol machines, as the daemon hosts services.
+
+Contract
+--------
+* A :class:`MachineSpec` is the simulator's counterpart of ``node.service.Service``: a name, a
+  ``build(node)`` that makes the machine (at start and again at every restart, from what the
+  node's ``store`` kept), the message types and gossip topics routed to it, and performers for
+  its machine-specific effects (``StoreRecord``, ``StartCompute``, ...).
+* The node routes a decoded message to the one machine whose ``message_types`` holds its type;
+  ``PeerConnected``/``PeerDisconnected`` go to every machine; a ``Tick`` goes to a machine when
+  its ``next_deadline()`` has passed. After every ``handle`` the node performs the effects in
+  order and re-arms that machine's timer, exactly as node/driver.py does.
+* A ``RemoteProtocolError`` out of a machine penalizes the peer it names and the node goes on;
+  any other exception is a bug in a machine and stops the simulation loudly.
+* ``store`` is the node's data directory: it survives ``crash``/``restart``; machines and
+  connections do not. ``epoch`` counts incarnations so that events addressed to a crashed
+  incarnation are dropped.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from crypto.keys import Identity
+from protocol.codec import Message
+from protocol.errors import RemoteProtocolError
+from protocol.machine import Machine, PeerConnected, PeerDisconnected, Received, Tick
+
+if TYPE_CHECKING:
+    from simulations.swarm import Swarm
+
+Performer = Callable[["VirtualNode", str, Any], None]
+
+#: penalty points at which a node disconnects a peer and refuses it for BAN_MS
+PENALTY_DISCONNECT = 100
+BAN_MS = 10 * 60 * 1000
+_TICK = Tick()
+
+
+@dataclass(frozen=True)
+class MachineSpec:
+    name: str
+    build: Callable[[VirtualNode], Machine]
+    message_types: tuple[type[Message], ...] = ()
+    topics: tuple[str, ...] = ()
+    #: effect type -> performer(node, machine_name, effect) for machine-specific effects
+    performers: Mapping[type, Performer] = field(default_factory=dict)
+
+
+class MachineSlot:
+    """One hosted machine and the time of its armed timer (None: none armed)."""
+
+    __slots__ = ("spec", "machine", "armed_us")
+
+    def __init__(self, spec: MachineSpec, machine: Machine) -> None:
+        self.spec = spec
+        self.machine = machine
+        self.armed_us: int | None = None
+
+
+class VirtualNode:
+    __slots__ = (
+        "swarm",
+        "index",
+        "identity",
+        "peer_id",
+        "addr",
+        "rng",
+        "up",
+        "epoch",
+        "specs",
+        "slots",
+        "routes",
+        "topic_slots",
+        "store",
+        "connections",
+        "mesh",
+        "scores",
+        "banned_until_ms",
+        "bytes_sent",
+        "bytes_received",
+        "msgs_sent",
+        "msgs_received",
+        "profile",
+        "tags",
+    )
+
+    def __init__(
+        self,
+        swarm: Swarm,
+        index: int,
+        identity: Identity,
+        rng: random.Random,
+        specs: tuple[MachineSpec, ...],
+        profile: Any = None,
+    ) -> None:
+        self.swarm = swarm
+        self.index = index
+        self.identity = identity
+        self.peer_id = identity.peer_id
+        self.addr = f"/sim/{index}/p2p/{self.peer_id}"
+        self.rng = rng
+        self.up = False
+        self.epoch = 0
+        self.specs = specs
+        self.slots: dict[str, MachineSlot] = {}
+        self.routes: dict[type, MachineSlot] = {}
+        self.topic_slots: dict[str, list[MachineSlot]] = {}
+        #: survives crashes: namespace -> anything the performers keep there
+        self.store: dict[str, Any] = {}
+        self.connections: dict[int, bool] = {}  # peer index -> we dialled (outbound)
+        self.mesh: dict[str, list[int]] = {}  # topic -> gossip mesh peers
+        self.scores: dict[str, int] = {}
+        self.banned_until_ms: dict[str, int] = {}
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.msgs_sent = 0
+        self.msgs_received = 0
+        #: the node's device/behaviour profile (compute model, adversary role)
+        self.profile = profile
+        #: free-form labels set by the workload (e.g. "cheater", "sybil")
+        self.tags: set[str] = set()
+
+    # ------------------------------------------------------------------ life cycle
+
+    def boot(self) -> None:
+        """(Re)build every machine from ``store`` and mark the node up."""
+        self.epoch += 1
+        self.up = True
+        self.slots = {}
+        self.routes = {}
+        self.topic_slots = {}
+        for spec in self.specs:
+            slot = MachineSlot(spec, spec.build(self))
+            self.slots[spec.name] = slot
+            for message_type in spec.message_types:
+                self.routes[message_type] = slot
+            for topic in spec.topics:
+                self.topic_slots.setdefault(topic, []).append(slot)
+        for slot in self.slots.values():
+            self.arm(slot)
+
+    def halt(self) -> None:
+        self.up = False
+        self.slots = {}
+        self.routes = {}
+        self.topic_slots = {}
+        self.connections.clear()
+        self.mesh.clear()
+
+    def machine(self, name: str) -> Machine:
+        return self.slots[name].machine
+
+    def subscribed(self, topic: str) -> bool:
+        return topic in self.topic_slots
+
+    # ------------------------------------------------------------------ feeding events
+
+    def feed(self, slot: MachineSlot, event: object) -> None:
+        """Hand ``event`` to one machine now and perform what it returns."""
+        swarm = self.swarm
+        now_ms = swarm.loop.now_us // 1000
+        try:
+            effects = slot.machine.handle(event, now_ms)
+        except RemoteProtocolError as exc:
+            swarm.metrics.count("remote_protocol_error")
+            self.penalize(exc.peer, exc.reason, exc.penalty)
+            effects = []
+        if effects:
+            perform = swarm.perform
+            for effect in effects:
+                perform(self, slot, effect)
+        self.arm(slot)
+
+    def feed_all(self, event: object) -> None:
+        for slot in list(self.slots.values()):
+            if self.up:
+                self.feed(slot, event)
+
+    def submit(self, name: str, event: object) -> None:
+        """A local command to machine ``name`` (the simulator's ``ctx.submit``)."""
+        slot = self.slots.get(name)
+        if slot is not None and self.up:
+            self.feed(slot, event)
+
+    def deliver(self, sender: str, message: Message, topic: str | None) -> None:
+        if topic is None:
+            slot = self.routes.get(type(message))
+            if slot is None:
+                self.swarm.metrics.count("unroutable")
+                return
+            self.feed(slot, Received(sender, message, None))
+            return
+        slots = self.topic_slots.get(topic)
+        if not slots:
+            return
+        for slot in slots:
+            if type(message) in slot.spec.message_types:
+                self.feed(slot, Received(sender, message, topic))
+
+    def peer_connected(self, peer: str, outbound: bool, addrs: tuple[str, ...]) -> None:
+        self.feed_all(PeerConnected(peer, addrs, outbound))
+
+    def peer_disconnected(self, peer: str) -> None:
+        self.feed_all(PeerDisconnected(peer))
+
+    # ------------------------------------------------------------------ timers
+
+    def arm(self, slot: MachineSlot) -> None:
+        deadline = slot.machine.next_deadline()
+        if deadline is None:
+            return
+        loop = self.swarm.loop
+        at_us = max(deadline * 1000, loop.now_us)
+        if slot.armed_us is not None and slot.armed_us <= at_us:
+            return  # an earlier (or equal) wake-up is already queued
+        slot.armed_us = at_us
+        loop.at(at_us, self._wake, slot, self.epoch)
+
+    def _wake(self, slot: MachineSlot, epoch: int) -> None:
+        if epoch != self.epoch or not self.up or self.slots.get(slot.spec.name) is not slot:
+            return
+        now_us = self.swarm.loop.now_us
+        if slot.armed_us != now_us:
+            return  # superseded by an earlier wake-up that has already re-armed
+        slot.armed_us = None
+        deadline = slot.machine.next_deadline()
+        if deadline is not None and deadline * 1000 <= now_us:
+            self.feed(slot, _TICK)
+        else:
+            self.arm(slot)
+
+    # ------------------------------------------------------------------ penalties
+
+    def penalize(self, peer: str, reason: str, points: int) -> None:
+        swarm = self.swarm
+        swarm.metrics.count("penalties")
+        score = self.scores.get(peer, 0) + points
+        self.scores[peer] = score
+        if score >= PENALTY_DISCONNECT:
+            self.scores[peer] = 0
+            self.banned_until_ms[peer] = swarm.loop.now_us // 1000 + BAN_MS
+            swarm.metrics.count("peers_banned")
+            swarm.transport.disconnect(self, peer, f"penalized: {reason}")
+
+    def is_banned(self, peer: str) -> bool:
+        until = self.banned_until_ms.get(peer)
+        return until is not None and until > self.swarm.loop.now_us // 1000

@@ -1,0 +1,203 @@
+"""The swarm: N virtual nodes on one virtual clock, a network model and a simulated transport.
+
+Contract
+--------
+* ``Swarm(seed, ...)`` derives every random stream from ``seed``: the network's, each node's
+  (``node.rng``, handed to its machines) and each node's Ed25519 identity, so the same seed
+  gives the same peer ids, the same draws in the same order, the same run.
+* ``add_node`` creates a node (identity, bandwidth, region, machines); ``start`` boots it.
+  ``perform`` is the one place effects are carried out: the common effects of
+  protocol/machine.py here and in the transport, machine-specific ones by the performer the
+  machine's :class:`~simulations.node.MachineSpec` registered (no performer is an error).
+* ``Emit`` effects are counted as ``emit.<event>`` and handed to listeners registered with
+  ``on_emit``: that is how workloads observe protocol outcomes without reaching inside.
+* Churn: ``crash`` (silent; neighbours notice after ``crash_detect_ms``), ``leave``
+  (graceful), ``restart`` (machines rebuilt from the node's ``store``, connections redone by
+  the caller or the membership machine). Partitions start and heal on the clock.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+from crypto.hashing import digest
+from crypto.keys import Identity
+from protocol.errors import LocalProtocolError
+from protocol.machine import Dial, Disconnect, Emit, Penalize, Publish, Send
+from simulations.engine import US_PER_MS, EventLoop
+from simulations.metrics import Metrics
+from simulations.network import LatencyModel, LinkFaults, NetworkModel
+from simulations.node import MachineSlot, MachineSpec, VirtualNode
+from simulations.transport import SimTransport
+
+EmitListener = Callable[[VirtualNode, dict[str, Any], int], None]
+
+
+def derive_seed(seed: int, label: str) -> bytes:
+    """32 bytes derived from the run seed and a label (identity seeds, sub-streams)."""
+    return digest(f"{seed}/{label}".encode(), person=b"symphony-sim")
+
+
+def derive_rng(seed: int, label: str) -> random.Random:
+    return random.Random(int.from_bytes(derive_seed(seed, label)[:8], "big"))
+
+
+class Swarm:
+    def __init__(
+        self,
+        seed: int,
+        *,
+        latency: LatencyModel | None = None,
+        faults: LinkFaults | None = None,
+        wire_bytes: bool = False,
+        degree: int = 6,
+        send_timeout_ms: int = 10_000,
+        crash_detect_ms: int = 5_000,
+    ) -> None:
+        self.seed = seed
+        self.loop = EventLoop()
+        self.rng = derive_rng(seed, "swarm")
+        self.net = NetworkModel(
+            derive_rng(seed, "network"),
+            latency=latency or LatencyModel(),
+            faults=faults or LinkFaults(),
+        )
+        self.metrics = Metrics()
+        self.transport = SimTransport(
+            self,
+            wire_bytes=wire_bytes,
+            degree=degree,
+            degree_high=2 * degree,
+            send_timeout_ms=send_timeout_ms,
+            crash_detect_ms=crash_detect_ms,
+        )
+        self.nodes: list[VirtualNode] = []
+        self._by_peer: dict[str, VirtualNode] = {}
+        self._listeners: dict[str, list[EmitListener]] = {}
+
+    # ------------------------------------------------------------------ nodes
+
+    def add_node(
+        self,
+        specs: tuple[MachineSpec, ...],
+        *,
+        up_bps: float = 12_500_000.0,
+        down_bps: float = 12_500_000.0,
+        region: int = 0,
+        profile: Any = None,
+    ) -> VirtualNode:
+        index = len(self.nodes)
+        identity = Identity.from_seed(derive_seed(self.seed, f"node/{index}"))
+        rng = derive_rng(self.seed, f"node-rng/{index}")
+        node = VirtualNode(self, index, identity, rng, specs, profile)
+        self.net.add_node(up_bps, down_bps, region)
+        self.nodes.append(node)
+        self._by_peer[node.peer_id] = node
+        return node
+
+    def node_of(self, peer: str) -> VirtualNode | None:
+        return self._by_peer.get(peer)
+
+    def start(self, node: VirtualNode) -> None:
+        if node.up:
+            return
+        self.net.reset_node(node.index, self.loop.now_us)
+        node.boot()
+        self.metrics.count("node_started")
+
+    def crash(self, node: VirtualNode) -> None:
+        if not node.up:
+            return
+        self.transport.node_down(node, graceful=False)
+        node.halt()
+        self.metrics.count("node_crashed")
+
+    def leave(self, node: VirtualNode) -> None:
+        if not node.up:
+            return
+        self.transport.node_down(node, graceful=True)
+        node.halt()
+        self.metrics.count("node_left")
+
+    def restart(self, node: VirtualNode) -> None:
+        self.crash(node)
+        self.start(node)
+
+    def live_nodes(self) -> list[VirtualNode]:
+        return [n for n in self.nodes if n.up]
+
+    # ------------------------------------------------------------------ topology helpers
+
+    def connect(self, a: VirtualNode, b: VirtualNode) -> None:
+        self.transport.connect_now(a, b)
+
+    def connect_random(self, node: VirtualNode, count: int, rng: random.Random) -> None:
+        """Connect ``node`` at once to ``count`` random live nodes it is not yet connected to."""
+        live = [n for n in self.nodes if n.up and n is not node and n.index not in node.connections]
+        for other in rng.sample(live, min(count, len(live))):
+            self.transport.connect_now(node, other)
+
+    def partition(self, groups: list[list[int]], start_ms: int, heal_ms: int) -> None:
+        self.loop.at(start_ms * US_PER_MS, self._partition_start, groups)
+        self.loop.at(heal_ms * US_PER_MS, self._partition_heal)
+
+    def _partition_start(self, groups: list[list[int]]) -> None:
+        self.net.apply_partition(groups)
+        self.metrics.count("partition_started")
+
+    def _partition_heal(self) -> None:
+        self.net.heal()
+        self.metrics.count("partition_healed")
+
+    # ------------------------------------------------------------------ effects
+
+    def on_emit(self, event: str, listener: EmitListener) -> None:
+        self._listeners.setdefault(event, []).append(listener)
+
+    def perform(self, node: VirtualNode, slot: MachineSlot, effect: object) -> None:
+        kind = type(effect)
+        if kind is Send:
+            self.transport.send(node, slot, effect.peer, effect.message)  # type: ignore[attr-defined]
+        elif kind is Publish:
+            self.transport.publish(node, effect.topic, effect.message)  # type: ignore[attr-defined]
+        elif kind is Emit:
+            assert isinstance(effect, Emit)
+            self.metrics.count("emit." + effect.event)
+            listeners = self._listeners.get(effect.event)
+            if listeners:
+                fields = dict(effect.fields)
+                now_ms = self.loop.now_us // US_PER_MS
+                for listener in listeners:
+                    listener(node, fields, now_ms)
+        elif kind is Dial:
+            self.transport.dial(node, effect.peer)  # type: ignore[attr-defined]
+        elif kind is Disconnect:
+            assert isinstance(effect, Disconnect)
+            self.transport.disconnect(node, effect.peer, effect.reason)
+        elif kind is Penalize:
+            assert isinstance(effect, Penalize)
+            node.penalize(effect.peer, effect.reason, effect.points)
+        else:
+            performer = slot.spec.performers.get(kind)
+            if performer is None:
+                raise LocalProtocolError(
+                    f"machine {slot.spec.name!r} returned {kind.__name__}, which no performer takes"
+                )
+            performer(node, slot.spec.name, effect)
+
+    # ------------------------------------------------------------------ running
+
+    @property
+    def now_ms(self) -> int:
+        return self.loop.now_us // US_PER_MS
+
+    def at_ms(self, time_ms: int, callback: Callable[..., None], *args: Any) -> None:
+        self.loop.at(time_ms * US_PER_MS, callback, *args)
+
+    def run(self, until_ms: int, on_progress: Callable[[int], None] | None = None) -> int:
+        return self.loop.run(until_ms * US_PER_MS, on_progress=on_progress)
+
+    def bytes_per_node(self) -> list[int]:
+        return [n.bytes_sent + n.bytes_received for n in self.nodes]

@@ -1,0 +1,341 @@
+"""The simulated transport: connections, unicast, gossip over a mesh, over the network model.
+
+Contract (the simulator's side of node/transport.py, at the level of machine effects)
+-----------------------------------------------------------------------------------
+* **Connections.** ``Dial`` succeeds after a connect time of ``CONNECT_RTTS`` round trips if
+  the target is up, reachable (no partition between) and has not banned the dialler; both
+  sides then get ``PeerConnected`` (the dialler with ``outbound=True``). Otherwise the
+  dialler gets ``DialFailed`` after ``dial_timeout_ms`` (unreachable) or one round trip
+  (refused). ``Disconnect`` closes both sides; the remote side learns it after one latency.
+  A crashed peer is noticed by its neighbours after ``crash_detect_ms``.
+* **Unicast** (``Send``). Delivered once (or twice, with duplication) after the network
+  model's delay. A send to a peer we hold no connection to opens a short-lived stream
+  first (one extra connect time, no ``PeerConnected``), as libp2p does when it knows the
+  peer's address. A send that cannot arrive (peer down, partitioned away, lost) comes back
+  to the sender as ``SendFailed`` after ``send_timeout_ms``, like a request that timed out.
+* **Gossip** (``Publish``). Each subscribed node keeps a mesh of up to ``degree`` subscribed
+  neighbours per topic (symmetric, as GRAFT makes it). The publisher sends to its mesh; a
+  node that sees a message for the first time delivers it to its machines (``Received`` with
+  ``peer`` = the origin, as node/p2p.py does) and forwards it to its mesh minus the sender;
+  later copies are counted in bytes and dropped (the seen-cache). Lost gossip is silent.
+* **Fidelity.** With ``wire_bytes`` every message crosses the network as its encoded frame
+  and is decoded by each receiver (``InvalidMessage`` penalizes the sender); otherwise the
+  object itself travels and its size is ``len(encode(msg))``. Bytes are counted per node in
+  both modes, on the sender's up and the receiver's down side, duplicates included.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from protocol.codec import Message, decode, encode
+from protocol.errors import InvalidMessage
+from protocol.machine import DialFailed, SendFailed
+
+if TYPE_CHECKING:
+    from simulations.node import MachineSlot, VirtualNode
+    from simulations.swarm import Swarm
+
+#: a connect (TCP + Noise + yamux + identify) costs this many round trips
+CONNECT_RTTS = 3
+#: per-message framing overhead on a stream (length prefix + yamux header)
+FRAME_OVERHEAD = 16
+#: gossip ids are forgotten this long after publishing (the seen-cache TTL)
+SEEN_TTL_US = 120 * 1_000_000
+
+
+class SimTransport:
+    def __init__(
+        self,
+        swarm: Swarm,
+        *,
+        wire_bytes: bool = False,
+        degree: int = 6,
+        degree_high: int = 12,
+        dial_timeout_ms: int = 10_000,
+        send_timeout_ms: int = 10_000,
+        crash_detect_ms: int = 5_000,
+    ) -> None:
+        self.swarm = swarm
+        self.wire_bytes = wire_bytes
+        self.degree = degree
+        self.degree_high = degree_high
+        self.dial_timeout_us = dial_timeout_ms * 1000
+        self.send_timeout_us = send_timeout_ms * 1000
+        self.crash_detect_us = crash_detect_ms * 1000
+        #: gossip id -> bytearray of "seen" flags per node index
+        self._seen: dict[int, bytearray] = {}
+        self._next_gossip_id = 0
+
+    # ------------------------------------------------------------------ sizes
+
+    def _frame(self, message: Message) -> tuple[object, int]:
+        """What crosses the wire and its size in bytes."""
+        data = encode(message)
+        if self.wire_bytes:
+            return data, len(data) + FRAME_OVERHEAD
+        return message, len(data) + FRAME_OVERHEAD
+
+    def _account(self, src: VirtualNode, size: int, kind: str) -> None:
+        src.bytes_sent += size
+        src.msgs_sent += 1
+        self.swarm.metrics.add_bytes(kind, size)
+
+    def _open(self, dst: VirtualNode, src: VirtualNode, payload: object) -> Message | None:
+        if not self.wire_bytes:
+            return payload  # type: ignore[return-value]
+        try:
+            return decode(payload)  # type: ignore[arg-type]
+        except InvalidMessage as exc:
+            self.swarm.metrics.count("invalid_frames")
+            dst.penalize(src.peer_id, f"invalid frame: {exc}", 20)
+            return None
+
+    # ------------------------------------------------------------------ connections
+
+    def connect_now(self, a: VirtualNode, b: VirtualNode) -> None:
+        """Open a connection at once (static topologies); both sides get PeerConnected."""
+        if a is b or b.index in a.connections or not (a.up and b.up):
+            return
+        a.connections[b.index] = True
+        b.connections[a.index] = False
+        self._graft(a, b)
+        a.peer_connected(b.peer_id, True, (b.addr,))
+        if b.up and a.up and a.index in b.connections:
+            b.peer_connected(a.peer_id, False, (a.addr,))
+
+    def dial(self, node: VirtualNode, peer: str) -> None:
+        swarm = self.swarm
+        target = swarm.node_of(peer)
+        loop = swarm.loop
+        if target is None or target is node:
+            loop.after(self.dial_timeout_us, self._dial_failed, node, node.epoch, peer, "no route")
+            return
+        if target.index in node.connections:
+            loop.after(0, self._dial_done, node, node.epoch, target, target.epoch)
+            return
+        rtt = swarm.net.rtt_us(node.index, target.index)
+        if not target.up or not swarm.net.reachable(node.index, target.index):
+            loop.after(self.dial_timeout_us, self._dial_failed, node, node.epoch, peer, "timeout")
+            return
+        if target.is_banned(node.peer_id):
+            loop.after(rtt, self._dial_failed, node, node.epoch, peer, "refused")
+            return
+        loop.after(CONNECT_RTTS * rtt, self._dial_done, node, node.epoch, target, target.epoch)
+
+    def _dial_done(self, node: VirtualNode, epoch: int, target: VirtualNode, t_epoch: int) -> None:
+        if node.epoch != epoch or not node.up:
+            return
+        if target.epoch != t_epoch or not target.up:
+            self._dial_failed(node, epoch, target.peer_id, "peer went away")
+            return
+        if target.index in node.connections:
+            node.peer_connected(target.peer_id, True, (target.addr,))
+            return
+        self.connect_now(node, target)
+
+    def _dial_failed(self, node: VirtualNode, epoch: int, peer: str, reason: str) -> None:
+        if node.epoch == epoch and node.up:
+            self.swarm.metrics.count("dial_failed")
+            node.feed_all(DialFailed(peer, reason))
+
+    def disconnect(self, node: VirtualNode, peer: str, reason: str) -> None:
+        swarm = self.swarm
+        other = swarm.node_of(peer)
+        if other is None or other.index not in node.connections:
+            return
+        self._close(node, other)
+        node.peer_disconnected(peer)
+        delay = swarm.net.base_latency_us(node.index, other.index)
+        swarm.loop.after(delay, self._remote_closed, other, other.epoch, node)
+
+    def _close(self, a: VirtualNode, b: VirtualNode) -> None:
+        a.connections.pop(b.index, None)
+        b.connections.pop(a.index, None)
+        for mesh in a.mesh.values():
+            if b.index in mesh:
+                mesh.remove(b.index)
+        for mesh in b.mesh.values():
+            if a.index in mesh:
+                mesh.remove(a.index)
+        self._refill(a)
+        self._refill(b)
+
+    def _remote_closed(self, other: VirtualNode, epoch: int, node: VirtualNode) -> None:
+        if other.epoch == epoch and other.up:
+            other.peer_disconnected(node.peer_id)
+
+    def node_down(self, node: VirtualNode, *, graceful: bool) -> None:
+        """Close every connection of a node that leaves (graceful) or crashes."""
+        swarm = self.swarm
+        for index in sorted(node.connections):
+            other = swarm.nodes[index]
+            self._close(node, other)
+            delay = (
+                swarm.net.base_latency_us(node.index, index) if graceful else self.crash_detect_us
+            )
+            swarm.loop.after(delay, self._remote_closed, other, other.epoch, node)
+
+    # ------------------------------------------------------------------ gossip mesh
+
+    def _graft(self, a: VirtualNode, b: VirtualNode) -> None:
+        for topic in a.topic_slots:
+            if topic not in b.topic_slots:
+                continue
+            ma = a.mesh.setdefault(topic, [])
+            mb = b.mesh.setdefault(topic, [])
+            if (len(ma) < self.degree or len(mb) < self.degree) and (
+                len(ma) < self.degree_high and len(mb) < self.degree_high
+            ):
+                ma.append(b.index)
+                mb.append(a.index)
+
+    def _refill(self, node: VirtualNode) -> None:
+        nodes = self.swarm.nodes
+        for topic, mesh in node.mesh.items():
+            if len(mesh) >= self.degree:
+                continue
+            for index in sorted(node.connections):
+                if len(mesh) >= self.degree:
+                    break
+                other = nodes[index]
+                if index in mesh or topic not in other.topic_slots:
+                    continue
+                om = other.mesh.setdefault(topic, [])
+                if len(om) < self.degree_high:
+                    mesh.append(index)
+                    om.append(node.index)
+
+    # ------------------------------------------------------------------ unicast
+
+    def send(self, node: VirtualNode, slot: MachineSlot, peer: str, message: Message) -> None:
+        swarm = self.swarm
+        loop = swarm.loop
+        target = swarm.node_of(peer)
+        payload, size = self._frame(message)
+        self._account(node, size, type(message).__name__)
+        if target is None or target is node:
+            loop.after(
+                self.send_timeout_us, self._send_failed, node, slot, peer, message, "no route"
+            )
+            return
+        now = loop.now_us
+        extra = 0
+        if target.index not in node.connections:
+            extra = CONNECT_RTTS * swarm.net.rtt_us(node.index, target.index)
+        if not target.up or not swarm.net.reachable(node.index, target.index):
+            loop.after(
+                self.send_timeout_us, self._send_failed, node, slot, peer, message, "timeout"
+            )
+            return
+        arrivals = swarm.net.transfer(node.index, target.index, size, now + extra)
+        if not arrivals:
+            swarm.metrics.count("unicast_lost")
+            loop.after(self.send_timeout_us, self._send_failed, node, slot, peer, message, "lost")
+            return
+        for at in arrivals:
+            loop.at(at, self._arrive, target, target.epoch, node, payload, size)
+
+    def _arrive(
+        self, target: VirtualNode, epoch: int, src: VirtualNode, payload: object, size: int
+    ) -> None:
+        if target.epoch != epoch or not target.up:
+            return
+        if not self.swarm.net.reachable(src.index, target.index):
+            return  # a partition that began while the message was in flight
+        target.bytes_received += size
+        target.msgs_received += 1
+        if target.is_banned(src.peer_id):
+            return
+        message = self._open(target, src, payload)
+        if message is not None:
+            target.deliver(src.peer_id, message, None)
+
+    def _send_failed(
+        self, node: VirtualNode, slot: MachineSlot, peer: str, message: Message, reason: str
+    ) -> None:
+        if node.up and node.slots.get(slot.spec.name) is slot:
+            node.feed(slot, SendFailed(peer, message, reason))
+
+    # ------------------------------------------------------------------ gossip
+
+    def publish(self, node: VirtualNode, topic: str, message: Message) -> None:
+        swarm = self.swarm
+        gid = self._next_gossip_id
+        self._next_gossip_id += 1
+        seen = bytearray(len(swarm.nodes))
+        seen[node.index] = 1
+        self._seen[gid] = seen
+        swarm.loop.after(SEEN_TTL_US, self._seen.pop, gid, None)
+        payload, size = self._frame(message)
+        swarm.metrics.count("gossip_published")
+        self._forward(node, -1, topic, gid, node.peer_id, payload, size)
+
+    def _forward(
+        self,
+        node: VirtualNode,
+        came_from: int,
+        topic: str,
+        gid: int,
+        origin: str,
+        payload: object,
+        size: int,
+    ) -> None:
+        mesh = node.mesh.get(topic)
+        if not mesh:
+            return
+        swarm = self.swarm
+        net = swarm.net
+        loop = swarm.loop
+        now = loop.now_us
+        metrics = swarm.metrics
+        for index in mesh:
+            if index == came_from:
+                continue
+            node.bytes_sent += size
+            node.msgs_sent += 1
+            metrics.add_bytes("gossip", size)
+            if not net.reachable(node.index, index):
+                continue
+            for at in net.transfer(node.index, index, size, now):
+                target = swarm.nodes[index]
+                loop.at(
+                    at,
+                    self._gossip_arrive,
+                    target,
+                    target.epoch,
+                    node.index,
+                    topic,
+                    gid,
+                    origin,
+                    payload,
+                    size,
+                )
+
+    def _gossip_arrive(
+        self,
+        target: VirtualNode,
+        epoch: int,
+        src: int,
+        topic: str,
+        gid: int,
+        origin: str,
+        payload: object,
+        size: int,
+    ) -> None:
+        if target.epoch != epoch or not target.up:
+            return
+        target.bytes_received += size
+        target.msgs_received += 1
+        seen = self._seen.get(gid)
+        if seen is None or len(seen) <= target.index or seen[target.index]:
+            self.swarm.metrics.count("gossip_duplicates")
+            return
+        seen[target.index] = 1
+        src_node = self.swarm.nodes[src]
+        message = self._open(target, src_node, payload)
+        if message is None:
+            return
+        self._forward(target, src, topic, gid, origin, payload, size)
+        if origin != target.peer_id:
+            target.deliver(origin, message, topic)

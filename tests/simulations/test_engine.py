@@ -1,0 +1,64 @@
+"""The event loop: time order, FIFO among equal times, no scheduling into the past."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.errors import LocalProtocolError
+from simulations.engine import EventLoop
+
+
+def test_events_run_in_time_order_and_fifo_at_equal_times() -> None:
+    loop = EventLoop()
+    order: list[str] = []
+    loop.at(30, order.append, "c")
+    loop.at(10, order.append, "a1")
+    loop.at(10, order.append, "a2")
+    loop.after(20, order.append, "b")
+    assert loop.run(100) == 4
+    assert order == ["a1", "a2", "b", "c"]
+    assert loop.now_us == 100
+
+
+def test_run_stops_at_until_and_keeps_later_events() -> None:
+    loop = EventLoop()
+    seen: list[int] = []
+    for t in (5, 15, 25):
+        loop.at(t, seen.append, t)
+    loop.run(15)
+    assert seen == [5, 15] and loop.pending() == 1 and loop.next_time_us() == 25
+    loop.run(30)
+    assert seen == [5, 15, 25]
+
+
+def test_callbacks_can_schedule_more_events() -> None:
+    loop = EventLoop()
+    seen: list[int] = []
+
+    def chain(n: int) -> None:
+        seen.append(loop.now_us)
+        if n:
+            loop.after(7, chain, n - 1)
+
+    loop.at(0, chain, 3)
+    loop.run(1000)
+    assert seen == [0, 7, 14, 21]
+
+
+def test_scheduling_in_the_past_is_a_local_error() -> None:
+    loop = EventLoop()
+    loop.run(50)
+    with pytest.raises(LocalProtocolError):
+        loop.at(10, lambda: None)
+    with pytest.raises(LocalProtocolError):
+        loop.after(-1, lambda: None)
+
+
+def test_stop_returns_after_the_current_event() -> None:
+    loop = EventLoop()
+    seen: list[int] = []
+    loop.at(1, seen.append, 1)
+    loop.at(2, loop.stop)
+    loop.at(3, seen.append, 3)
+    loop.run(10)
+    assert seen == [1] and loop.now_us == 2

@@ -18,6 +18,8 @@ import click
 SUBCOMMANDS: dict[str, str] = {
     "keygen": "node.cli_node:keygen",
     "node": "node.cli_node:node_group",
+    "demo": "node.cli_node:demo",
+    "testnet": "node.cli_node:testnet",
     "bench": "node.cli:bench",
 }
 

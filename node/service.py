@@ -59,6 +59,9 @@ class Service(ABC):
     message_types: ClassVar[tuple[type[Message], ...]] = ()
     topics: ClassVar[tuple[str, ...]] = ()
     schema: ClassVar[str] = ""
+    #: a frozen dataclass of this service's settings with defaults; read from the TOML table
+    #: ``[<name>]`` and ``SYMPHONY_<NAME>__<KEY>``; the instance is ``ctx.config.section(name)``
+    config_section: ClassVar[type | None] = None
 
     def __init__(self, ctx: NodeContext) -> None:
         self.ctx = ctx

@@ -1,0 +1,249 @@
+"""The daemon: one process, one data dir, one root nursery, every service.
+
+Registering a service
+---------------------
+``SERVICES`` below maps a service name to ``"module:Class"`` (a ``node.service.Service``
+subclass whose ``name`` equals the key). The daemon imports them lazily, in this order, builds
+each with the shared ``NodeContext``, applies its ``schema``, awaits its ``start()``, hands it
+to the driver, and after the transport listens runs ``await nursery.start(service.run)``.
+Its ``config_section`` dataclass becomes the ``[name]`` config table. Add one line per service.
+
+Lifecycle (``Daemon.run``)
+--------------------------
+1. data dir: created on first run (mode 0700) with the key (``node.key``, 0600), a commented
+   ``node.toml``, ``api.token`` (0600) and the SQLite DB (WAL);
+2. services built and started (state loaded) before anyone can connect;
+3. transport listening, driver running, services' ``run`` tasks, local HTTP API;
+4. ``daemon.json`` written: clients (``symphony node status``) and tests find the node by it;
+5. ``stop()`` (first SIGINT/SIGTERM): services, driver and API are cancelled, then the
+   transport closes its connections gracefully; ``daemon.json`` is removed. See
+   :func:`run_daemon` for the signal handling and the forced exit.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from crypto.keys import Identity, load_identity, save_identity
+from node.api import build_app, load_or_create_token, serve_api
+from node.config import Config, default_toml
+from node.control import remove_daemon_info, write_daemon_info
+from node.db import Database
+from node.driver import Driver
+from node.logs import get_logger
+from node.membership_service import agent_version
+from node.service import NodeContext, Service
+from protocol.names import PROTOCOL_VERSION
+
+#: service name -> "module:Class", started in this order (see the module docstring).
+SERVICES: dict[str, str] = {
+    "membership": "node.membership_service:MembershipService",
+}
+
+#: after the first signal the daemon must be gone within this long, or it exits forcibly
+SHUTDOWN_DEADLINE_S = 4.5
+#: exit status when shutdown was forced (second signal, or the deadline passed)
+EXIT_FORCED = 3
+DATA_DIR_MODE = 0o700
+
+
+def load_service_classes(names: Mapping[str, str] | None = None) -> dict[str, type[Service]]:
+    classes: dict[str, type[Service]] = {}
+    for name, target in (SERVICES if names is None else names).items():
+        module_name, _, attr = target.partition(":")
+        cls = getattr(importlib.import_module(module_name), attr)
+        if getattr(cls, "name", None) != name:
+            raise RuntimeError(f"SERVICES[{name!r}] points at {target} whose name is {cls.name!r}")
+        classes[name] = cls
+    return classes
+
+
+def config_sections(classes: Mapping[str, type[Service]]) -> dict[str, type]:
+    return {name: cls.config_section for name, cls in classes.items()
+            if cls.config_section is not None}
+
+
+def prepare_data_dir(data_dir: Path, sections: Mapping[str, type] | None = None) -> Identity:
+    """Create the data dir on first run (key, config template, token); return the identity."""
+    data_dir.mkdir(mode=DATA_DIR_MODE, parents=True, exist_ok=True)
+    key_path = data_dir / "node.key"
+    if key_path.exists():
+        identity = load_identity(key_path)
+    else:
+        identity = Identity.generate()
+        save_identity(identity, key_path)
+    config_path = data_dir / "node.toml"
+    if not config_path.exists():
+        config_path.write_text(default_toml(sections))
+    load_or_create_token(data_dir)
+    return identity
+
+
+def versions() -> dict[str, str | int]:
+    def of(dist: str) -> str:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "unknown"
+
+    return {"agent": agent_version(), "protocol": PROTOCOL_VERSION, "libp2p": of("libp2p"),
+            "python": platform.python_version()}
+
+
+class Daemon:
+    def __init__(self, config: Config, classes: Mapping[str, type[Service]] | None = None) -> None:
+        self.config = config
+        self.classes = dict(load_service_classes() if classes is None else classes)
+        self.stopping = False
+        self._stop = trio.Event()
+        self._started_at = time.time()
+        self._started_ms = 0
+        self.driver: Driver | None = None
+        self.transport: Any = None
+        self.api_port: int | None = None
+
+    def stop(self) -> None:
+        self.stopping = True
+        self._stop.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        from node.p2p import P2PTransport  # the only libp2p import; kept out of `--help`
+
+        config = self.config
+        identity = prepare_data_dir(config.data_dir, config_sections(self.classes))
+        log = self.log = get_logger(peer_id=identity.peer_id)
+        db = Database(config.db_path)
+        self.transport = transport = P2PTransport(identity.seed, listen=config.listen)
+        self.driver = driver = Driver(transport, network_id=config.network_id, log=log)
+        self._started_ms = driver.now_ms()
+        ctx = NodeContext(
+            identity=identity, network_id=config.network_id, data_dir=config.data_dir,
+            config=config, db=db, transport=transport, log=log,
+            rng=random.Random(int.from_bytes(os.urandom(16), "big")),
+            clock=driver.now_ms, submit=driver.submit, services=driver.services,
+        )
+        try:
+            for cls in self.classes.values():
+                service = cls(ctx)
+                if service.schema:
+                    db.apply_schema(service.schema)
+                await service.start()
+                driver.add_service(service)
+            driver.install()
+            async with trio.open_nursery() as root:
+                await root.start(transport.run)
+                async with trio.open_nursery() as work:
+                    await work.start(driver.run)
+                    for service in driver.services.values():
+                        await work.start(service.run)
+                    app = build_app(self.status, {n: s.routes() for n, s in
+                                                  driver.services.items()},
+                                    load_or_create_token(config.data_dir))
+                    self.api_port = await work.start(serve_api, app, config.api_port)
+                    self._write_daemon_file()
+                    log.info("daemon.ready", addrs=transport.listen_addrs(),
+                             api=f"http://127.0.0.1:{self.api_port}",
+                             network_id=config.network_id, services=list(driver.services))
+                    task_status.started()
+                    await self._stop.wait()
+                    log.info("daemon.stopping")
+                    work.cancel_scope.cancel()
+                transport.stop()
+        finally:
+            remove_daemon_info(config.data_dir, os.getpid())
+            db.close()
+        log.info("daemon.stopped")
+
+    def _write_daemon_file(self) -> None:
+        assert self.transport is not None  # our own sequencing, not peer data
+        write_daemon_info(self.config.data_dir, {
+            "pid": os.getpid(),
+            "api_url": f"http://127.0.0.1:{self.api_port}",
+            "api_port": self.api_port,
+            "peer_id": self.transport.peer_id,
+            "network_id": self.config.network_id,
+            "addresses": self.transport.listen_addrs(),
+            "started_at": self._started_at,
+        })
+
+    def status(self) -> dict[str, Any]:
+        driver, transport = self.driver, self.transport
+        if driver is None or transport is None:
+            return {"state": "starting"}
+        services = {name: s.status() for name, s in driver.services.items()}
+        membership = services.pop("membership", {})
+        drv = driver.status()
+        return {
+            "peer_id": transport.peer_id,
+            "network_id": self.config.network_id,
+            "addresses": transport.listen_addrs(),
+            "pid": os.getpid(),
+            "uptime_s": round((driver.now_ms() - self._started_ms) / 1000, 3),
+            "started_at": self._started_at,
+            "versions": versions(),
+            "peers": membership.get("peers", [
+                {"peer_id": p, **s} for p, s in drv["connected"].items()]),
+            "dropped": membership.get("dropped", []),
+            "known_peers": membership.get("known_peers", 0),
+            "target_peers": self.config.target_peers,
+            "penalties": drv["penalties"],
+            "banned": drv["banned"],
+            "counters": drv["counters"],
+            "gossip_dropped": getattr(transport, "gossip_dropped", 0),
+            "services": services,
+        }
+
+
+def run_daemon(config: Config, classes: Mapping[str, type[Service]] | None = None) -> int:
+    """Run a daemon in this process until a signal stops it; returns the exit status.
+
+    The first SIGINT/SIGTERM starts a graceful shutdown; a second one, or the shutdown taking
+    longer than SHUTDOWN_DEADLINE_S, ends the process at once with EXIT_FORCED.
+    """
+    daemon = Daemon(config, classes)
+    forced = threading.Timer(SHUTDOWN_DEADLINE_S, _force_exit, args=("shutdown deadline",))
+    forced.daemon = True
+
+    async def main() -> None:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+
+                async def body() -> None:
+                    try:
+                        await daemon.run()
+                    finally:
+                        nursery.cancel_scope.cancel()
+
+                nursery.start_soon(body)
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if daemon.stopping:
+                        _force_exit(f"second {name}")
+                    get_logger().info("daemon.signal", signal=name)
+                    forced.start()
+                    daemon.stop()
+
+    try:
+        trio.run(main)
+    finally:
+        forced.cancel()
+    return 0
+
+
+def _force_exit(why: str) -> None:
+    get_logger().warning("daemon.forced_exit", why=why)
+    sys.stderr.flush()
+    os._exit(EXIT_FORCED)

@@ -1,0 +1,244 @@
+"""Task-market wire messages (tags 40-69): tasks, beacons, bids, assignments, results.
+
+Everything a node asserts in the market is signed. A signed message is a wire message holding
+one ``Envelope`` whose payload is the canonical encoding of a ``*Body`` message; the receiver
+verifies the envelope for its domain, decodes the payload bytes as received (never
+re-encoding first) and checks that the signer is who the body says it is
+(:func:`open_envelope`). Unsigned messages (``Reject``, ``Cancel``) only ever travel on an
+authenticated direct stream, where the transport already proves the sender.
+
+Times on the wire are durations relative to sending (``*_ms``), never instants: nodes do not
+share a clock. Each receiver turns them into instants on its own clock at receipt.
+
+==========  ======  =======================  =================================================
+message     tag     signed by / domain       meaning
+==========  ======  =======================  =================================================
+Requirement 40      (nested)                 model name and/or family, minimum context
+TaskSpec    41      (nested in AssignBody)   the task: question, answer type, k, budget
+BeaconBody  42      requester / BEACON       "who can do this task?" (round, bid window)
+Beacon      43      gossip                   envelope of a BeaconBody
+BidBody     44      bidder / BID             match score, price, latency, load, hold time
+Bid         45      unicast to requester     envelope of a BidBody
+AssignBody  46      requester / ASSIGN       the task, to one executor, with a deadline
+Assign      47      unicast to executor      envelope of an AssignBody
+ResultBody  48      executor / RESULT        answer, CoT, confidence, tokens, model, prints
+Result      49      unicast to requester     envelope of a ResultBody
+Reject      50      executor -> requester    refuses an assignment or reports a failure
+Cancel      51      requester -> executor    drop the assignment / release the reservation
+==========  ======  =======================  =================================================
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TypeVar
+
+from crypto.envelope import Envelope, EnvelopeError
+from crypto.keys import Identity
+from protocol.codec import Message, decode, encode, limits, message
+from protocol.errors import InvalidMessage
+
+BEACON_DOMAIN = "symphony/task-beacon/v1"
+BID_DOMAIN = "symphony/task-bid/v1"
+ASSIGN_DOMAIN = "symphony/task-assign/v1"
+RESULT_DOMAIN = "symphony/task-result/v1"
+#: short gossip topic name for beacons (the driver adds the network id)
+BEACON_TOPIC = "tasks-beacon"
+
+TASK_ID_LEN = 32
+HASH_LEN = 32
+MAX_PEER_ID_LEN = 64
+MAX_MODEL_NAME = 64
+MAX_QUESTION_CHARS = 8192
+MAX_ANSWER_TYPE_LEN = 16
+MAX_CHOICES = 16
+MAX_CHOICE_LEN = 256
+MAX_ANSWER_CHARS = 1024
+#: a CoT longer than this is refused on the wire; executors truncate theirs below it
+MAX_COT_CHARS = 32_768
+MAX_REASON_LEN = 128
+MAX_K = 16
+MAX_TOKENS = 32_768
+MAX_CONTEXT = 1 << 22
+MAX_PRICE = 1e9
+#: the longest task and the longest bid window, in milliseconds
+MAX_TASK_MS = 24 * 3600 * 1000
+MAX_WINDOW_MS = 10 * 60 * 1000
+MAX_ROUND = 64
+MAX_ATTEMPT = 1 << 20
+#: activation fingerprints carried by a result (the verification issue fills these)
+MAX_FINGERPRINTS = 512
+MAX_FINGERPRINT_BYTES = 1024
+MAX_LATENCY_MS = MAX_TASK_MS
+MAX_SLOTS = 1024
+
+
+@message(40)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Requirement(Message):
+    """What model a task needs. Empty ``model`` and ``family`` mean "any model"."""
+
+    model: str = limits(max_len=MAX_MODEL_NAME)
+    family: str = limits(max_len=MAX_MODEL_NAME)
+    min_context: int = limits(lo=0, hi=MAX_CONTEXT)
+
+
+@message(41)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskSpec(Message):
+    task_id: bytes = limits(size=TASK_ID_LEN)
+    requester: str = limits(max_len=MAX_PEER_ID_LEN)
+    question: str = limits(max_len=MAX_QUESTION_CHARS)
+    #: a ``protocol.answers.AnswerType`` value
+    answer_type: str = limits(max_len=MAX_ANSWER_TYPE_LEN)
+    choices: tuple[str, ...] = limits(max_items=MAX_CHOICES, max_len=MAX_CHOICE_LEN)
+    requirement: Requirement
+    k: int = limits(lo=1, hi=MAX_K)
+    #: the most the requester pays one executor for this task
+    max_price: float = limits(lo=0.0, hi=MAX_PRICE)
+    max_tokens: int = limits(lo=1, hi=MAX_TOKENS)
+
+
+@message(42)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BeaconBody(Message):
+    task_id: bytes = limits(size=TASK_ID_LEN)
+    requester: str = limits(max_len=MAX_PEER_ID_LEN)
+    #: 0 for the first beacon of a task; a replan beacon for the same task counts up
+    round: int = limits(lo=0, hi=MAX_ROUND)
+    requirement: Requirement
+    #: executors still wanted in this round
+    wanted: int = limits(lo=1, hi=MAX_K)
+    max_price: float = limits(lo=0.0, hi=MAX_PRICE)
+    max_tokens: int = limits(lo=1, hi=MAX_TOKENS)
+    #: the beacon's TTL: bids later than this after sending are not wanted
+    bid_window_ms: int = limits(lo=1, hi=MAX_WINDOW_MS)
+    #: time left for the whole task when sent
+    deadline_ms: int = limits(lo=1, hi=MAX_TASK_MS)
+    allow_self: bool
+
+
+@message(43)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Beacon(Message):
+    envelope: Envelope
+
+
+@message(44)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BidBody(Message):
+    task_id: bytes = limits(size=TASK_ID_LEN)
+    round: int = limits(lo=0, hi=MAX_ROUND)
+    bidder: str = limits(max_len=MAX_PEER_ID_LEN)
+    model: str = limits(max_len=MAX_MODEL_NAME)
+    model_hash: bytes = limits(max_len=HASH_LEN)
+    #: how well the bidder's model fits the requirement, in [0, 1]
+    match_score: float = limits(lo=0.0, hi=1.0)
+    price: float = limits(lo=0.0, hi=MAX_PRICE)
+    #: queue wait plus generation time from measured tokens/s
+    est_latency_ms: int = limits(lo=0, hi=MAX_LATENCY_MS)
+    #: busy fraction of the bidder's slots, in [0, 1]
+    load: float = limits(lo=0.0, hi=1.0)
+    free_slots: int = limits(lo=0, hi=MAX_SLOTS)
+    #: how long the bidder holds a slot for this bid
+    hold_ms: int = limits(lo=1, hi=MAX_WINDOW_MS)
+
+
+@message(45)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Bid(Message):
+    envelope: Envelope
+
+
+@message(46)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AssignBody(Message):
+    task: TaskSpec
+    executor: str = limits(max_len=MAX_PEER_ID_LEN)
+    #: unique per task; a result names the attempt it answers
+    attempt: int = limits(lo=0, hi=MAX_ATTEMPT)
+    round: int = limits(lo=0, hi=MAX_ROUND)
+    model: str = limits(max_len=MAX_MODEL_NAME)
+    #: time the executor has to return its result, from sending
+    deadline_ms: int = limits(lo=1, hi=MAX_TASK_MS)
+
+
+@message(47)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Assign(Message):
+    envelope: Envelope
+
+
+@message(48)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResultBody(Message):
+    task_id: bytes = limits(size=TASK_ID_LEN)
+    attempt: int = limits(lo=0, hi=MAX_ATTEMPT)
+    executor: str = limits(max_len=MAX_PEER_ID_LEN)
+    answer: str = limits(max_len=MAX_ANSWER_CHARS)
+    cot: str = limits(max_len=MAX_COT_CHARS)
+    confidence: float = limits(lo=0.0, hi=1.0)
+    tokens: int = limits(lo=0, hi=MAX_TOKENS * 4)
+    compute_ms: int = limits(lo=0, hi=MAX_TASK_MS)
+    #: content hash identifying the exact model weights used
+    model_hash: bytes = limits(max_len=HASH_LEN)
+    #: per-chunk activation fingerprints, and their Merkle root (empty when not computed)
+    fingerprints: tuple[bytes, ...] = limits(
+        max_items=MAX_FINGERPRINTS, max_len=MAX_FINGERPRINT_BYTES
+    )
+    fingerprint_root: bytes = limits(max_len=HASH_LEN)
+
+
+@message(49)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Result(Message):
+    envelope: Envelope
+
+
+class RejectReason(enum.Enum):
+    NOT_BID = "not_bid"  # assigned a task we hold no reservation for
+    EXPIRED = "expired"  # the reservation or the task deadline passed
+    OVER_LIMITS = "over_limits"  # question, tokens or deadline beyond our limits
+    NO_SLOT = "no_slot"
+    BAD_ASSIGN = "bad_assign"  # malformed, forged or addressed to someone else
+    DUPLICATE = "duplicate"
+    COMPUTE_FAILED = "compute_failed"
+
+
+@message(50)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reject(Message):
+    task_id: bytes = limits(size=TASK_ID_LEN)
+    attempt: int = limits(lo=0, hi=MAX_ATTEMPT)
+    reason: RejectReason
+    detail: str = limits(max_len=MAX_REASON_LEN)
+
+
+@message(51)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cancel(Message):
+    task_id: bytes = limits(size=TASK_ID_LEN)
+    #: the attempt to cancel, or -1 for "release any reservation for this task"
+    attempt: int = limits(lo=-1, hi=MAX_ATTEMPT)
+
+
+B = TypeVar("B", bound=Message)
+
+
+def seal(identity: Identity, domain: str, body: Message) -> Envelope:
+    """Sign the canonical encoding of ``body`` for ``domain``."""
+    return Envelope.sign(identity, domain, encode(body))
+
+
+def open_envelope(envelope: Envelope, domain: str, body_type: type[B], max_frame: int) -> B:
+    """Verify ``envelope`` for ``domain`` and decode its payload as ``body_type``.
+
+    Raises InvalidMessage for a bad signature, a wrong domain, an oversized or malformed
+    payload. The caller still checks that ``envelope.signer`` is who the body names.
+    """
+    try:
+        payload = envelope.verify(domain)
+    except EnvelopeError as exc:
+        raise InvalidMessage(f"bad envelope: {exc}") from None
+    return decode(payload, body_type, max_frame=max_frame)

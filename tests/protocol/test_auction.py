@@ -1,0 +1,235 @@
+"""The auction machine driven directly: beacons, closing, bid checks, deadlines, commands."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from protocol.auction import (
+    Auction,
+    AuctionConfig,
+    CancelTask,
+    Reward,
+    SubmitTask,
+    TaskUpdated,
+)
+from protocol.errors import LocalProtocolError
+from protocol.machine import Publish, Received, Send, SendFailed, Tick
+from protocol.selection import Candidate, ScoreSelector
+from protocol.task_state import AttemptState, TaskPhase, move_attempt, move_phase
+from protocol.tasks import (
+    ASSIGN_DOMAIN,
+    BEACON_DOMAIN,
+    BEACON_TOPIC,
+    BID_DOMAIN,
+    Assign,
+    AssignBody,
+    BeaconBody,
+    Bid,
+    BidBody,
+    Cancel,
+    open_envelope,
+    seal,
+)
+from tests.protocol.market_net import MODEL, ident
+
+ME = ident(1)
+BIDDERS = [ident(20 + i) for i in range(6)]
+
+
+class RecordingSelector(ScoreSelector):
+    def __init__(self) -> None:
+        super().__init__()
+        self.observed: list[tuple[bytes, str, float]] = []
+
+    def observe(self, task_id: bytes, peer: str, reward: float) -> None:
+        self.observed.append((task_id, peer, reward))
+
+
+def auction(**kw: object) -> tuple[Auction, RecordingSelector]:
+    sel = RecordingSelector()
+    return Auction(ME, sel, random.Random(1), AuctionConfig(**kw)), sel  # type: ignore[arg-type]
+
+
+def submit(a: Auction, now: int = 0, **kw: object) -> tuple[bytes, list[object]]:
+    fields: dict[str, object] = {"question": "1+1?", "answer_type": "number",
+                                 "deadline_ms": 20_000, "k": 2, "max_price": 5.0}
+    fields.update(kw)
+    effects = a.handle(SubmitTask(**fields), now)  # type: ignore[arg-type]
+    return list(a.tasks)[-1], effects
+
+
+def bid(task_id: bytes, who=BIDDERS[0], round_: int = 0, price: float = 1.0,  # type: ignore[no-untyped-def]
+        match: float = 1.0, latency: int = 1_000, hold: int = 5_000) -> Received:
+    body = BidBody(task_id=task_id, round=round_, bidder=who.peer_id, model=MODEL.name,
+                   model_hash=MODEL.model_hash, match_score=match, price=price,
+                   est_latency_ms=latency, load=0.0, free_slots=1, hold_ms=hold)
+    return Received(who.peer_id, Bid(envelope=seal(who, BID_DOMAIN, body)))
+
+
+def assigns(effects: list[object]) -> list[AssignBody]:
+    return [open_envelope(e.message.envelope, ASSIGN_DOMAIN, AssignBody, 1 << 20)
+            for e in effects if isinstance(e, Send) and isinstance(e.message, Assign)]
+
+
+def test_submit_publishes_a_signed_beacon_and_sets_the_window() -> None:
+    a, _ = auction(bid_window_ms=700)
+    tid, effects = submit(a, now=100)
+    (pub,) = [e for e in effects if isinstance(e, Publish)]
+    assert pub.topic == BEACON_TOPIC and pub.message.envelope.signer == ME.peer_id
+    body = open_envelope(pub.message.envelope, BEACON_DOMAIN, BeaconBody, 1 << 20)
+    assert (body.task_id, body.wanted, body.bid_window_ms, body.deadline_ms) == \
+        (tid, 2, 700, 20_000)
+    assert a.next_deadline() == 800
+    assert any(isinstance(e, TaskUpdated) for e in effects)
+
+
+def test_window_is_short_for_a_short_deadline() -> None:
+    a, _ = auction(bid_window_ms=5_000)
+    submit(a, deadline_ms=3_000)
+    assert a.next_deadline() == 1_000
+
+
+def test_closes_as_soon_as_k_plus_spare_bids_are_in() -> None:
+    a, _ = auction(spare_bids=1)
+    tid, _ = submit(a)
+    assert assigns(a.handle(bid(tid, BIDDERS[0]), 1)) == []
+    assert assigns(a.handle(bid(tid, BIDDERS[1]), 2)) == []
+    chosen = assigns(a.handle(bid(tid, BIDDERS[2], price=4.0), 3))
+    assert len(chosen) == 2 and {c.executor for c in chosen} == \
+        {BIDDERS[0].peer_id, BIDDERS[1].peer_id}  # the cheaper two
+    assert a.tasks[tid].phase is TaskPhase.RUNNING
+    assert set(a.tasks[tid].spares) == {BIDDERS[2].peer_id}
+    assert len({c.attempt for c in chosen}) == 2
+
+
+def test_window_deadline_closes_with_fewer_bids_and_replans_the_rest() -> None:
+    a, _ = auction(bid_window_ms=1_000)
+    tid, _ = submit(a)
+    a.handle(bid(tid, BIDDERS[0]), 10)
+    effects = a.handle(Tick(), 1_000)
+    assert [c.executor for c in assigns(effects)] == [BIDDERS[0].peer_id]
+    beacons = [open_envelope(e.message.envelope, BEACON_DOMAIN, BeaconBody, 1 << 20)
+               for e in effects if isinstance(e, Publish)]
+    assert [(b.round, b.wanted) for b in beacons] == [(1, 1)]
+    # the bidder already assigned cannot take a second attempt in the new round
+    assert assigns(a.handle(bid(tid, BIDDERS[0], round_=1), 1_010)) == []
+    assert a.counters["bids_rejected.duplicate"] == 1
+
+
+def test_assignment_deadline_from_latency_capped_by_the_task() -> None:
+    a, _ = auction(spare_bids=0, assign_base_ms=1_000, assign_slack=2.0)
+    tid, _ = submit(a, k=1, deadline_ms=10_000)
+    (body,) = assigns(a.handle(bid(tid, latency=2_000), 5))
+    assert body.deadline_ms == 5_000
+    tid2, _ = submit(a, k=1, deadline_ms=10_000, now=10)
+    (body2,) = assigns(a.handle(bid(tid2, latency=9_000), 20))
+    assert body2.deadline_ms == 10_000 - 10
+
+
+@pytest.mark.parametrize("kw,event_kw,why", [
+    ({}, {"price": 9.0}, "over_budget"),
+    ({"min_match": 0.6}, {"match": 0.5}, "poor_match"),
+    ({}, {"round_": 3}, "late"),
+])
+def test_bid_checks(kw, event_kw, why) -> None:  # type: ignore[no-untyped-def]
+    a, _ = auction(**kw)
+    tid, _ = submit(a)
+    assert assigns(a.handle(bid(tid, **event_kw), 1)) == []
+    assert a.counters[f"bids_rejected.{why}"] == 1 and not a.tasks[tid].bids
+
+
+def test_too_many_bids_per_task() -> None:
+    a, _ = auction(max_bids_per_task=2, spare_bids=10)
+    tid, _ = submit(a)
+    for i in range(3):
+        a.handle(bid(tid, BIDDERS[i]), i)
+    assert a.counters["bids_rejected.too_many"] == 1 and len(a.tasks[tid].bids) == 2
+
+
+def test_unreachable_executor_is_replaced_from_spares() -> None:
+    a, sel = auction(spare_bids=1)
+    tid, _ = submit(a, k=1)
+    (first,) = assigns(a.handle(bid(tid, BIDDERS[0]), 1) + a.handle(bid(tid, BIDDERS[1]), 2))
+    failed = SendFailed(first.executor, Assign(envelope=seal(ME, ASSIGN_DOMAIN, first)), "refused")
+    (second,) = assigns(a.handle(failed, 3))
+    assert second.executor != first.executor and second.attempt == first.attempt + 1
+    assert (tid, first.executor, 0.0) in sel.observed
+
+
+def test_spare_bids_expire_with_their_hold() -> None:
+    a, _ = auction(spare_bids=1, max_rounds=1)
+    tid, _ = submit(a, k=1)
+    a.handle(bid(tid, BIDDERS[0], hold=100), 1)
+    a.handle(bid(tid, BIDDERS[1], hold=100), 2)
+    running = a.tasks[tid].active[0]
+    body = AssignBody(task=a.tasks[tid].spec, executor=running.peer, attempt=0, round=0,
+                      model=MODEL.name, deadline_ms=1)
+    failed = SendFailed(running.peer, Assign(envelope=seal(ME, ASSIGN_DOMAIN, body)), "gone")
+    effects = a.handle(failed, 500)  # the spare's hold ran out at 102
+    assert assigns(effects) == [] and a.tasks[tid].phase is TaskPhase.FAILED
+
+
+def test_cancel_and_reward_commands() -> None:
+    a, sel = auction(spare_bids=0)
+    tid, _ = submit(a, k=1)
+    a.handle(bid(tid), 1)
+    effects = a.handle(CancelTask(tid), 2)
+    assert a.tasks[tid].phase is TaskPhase.FAILED and a.tasks[tid].failure == "cancelled"
+    assert any(isinstance(e, Send) and isinstance(e.message, Cancel) for e in effects)
+    a.handle(Reward(tid, BIDDERS[0].peer_id, 0.7), 3)
+    assert sel.observed[-1] == (tid, BIDDERS[0].peer_id, 0.7)
+
+
+def test_finished_tasks_are_forgotten_later() -> None:
+    a, _ = auction(keep_finished_ms=1_000)
+    tid, _ = submit(a, k=1)
+    a.handle(CancelTask(tid), 10)
+    assert a.next_deadline() == 1_010
+    a.handle(Tick(), 1_010)
+    assert tid not in a.tasks and a.next_deadline() is None
+
+
+def test_open_task_cap() -> None:
+    a, _ = auction(max_open_tasks=1)
+    submit(a)
+    tid, _ = submit(a)
+    assert a.tasks[tid].phase is TaskPhase.FAILED
+
+
+@pytest.mark.parametrize("kw", [{"answer_type": "poem"}, {"deadline_ms": 0}])
+def test_local_misuse_raises(kw) -> None:  # type: ignore[no-untyped-def]
+    a, _ = auction()
+    with pytest.raises(LocalProtocolError):
+        submit(a, **kw)
+
+
+def test_transition_tables_are_enforced() -> None:
+    a, _ = auction()
+    tid, _ = submit(a, k=1)
+    a.handle(CancelTask(tid), 1)
+    with pytest.raises(LocalProtocolError):
+        move_phase(a.tasks[tid], TaskPhase.RUNNING)
+    a2, _ = auction(spare_bids=0)
+    tid2, _ = submit(a2, k=1)
+    a2.handle(bid(tid2), 1)
+    attempt = a2.tasks[tid2].active[0]
+    move_attempt(attempt, AttemptState.ANSWERED)
+    with pytest.raises(LocalProtocolError):
+        move_attempt(attempt, AttemptState.FAILED)
+
+
+def test_reputation_callback_feeds_selection() -> None:
+    seen: list[Candidate] = []
+
+    class Spy(ScoreSelector):
+        def select(self, task_id, candidates, n):  # type: ignore[no-untyped-def]
+            seen.extend(candidates)
+            return super().select(task_id, candidates, n)
+
+    a = Auction(ME, Spy(), random.Random(1), AuctionConfig(spare_bids=0),
+                reputation=lambda p: 0.9 if p == BIDDERS[0].peer_id else 0.1)
+    tid, _ = submit(a, k=1)
+    a.handle(bid(tid), 1)
+    assert seen[0].reputation == 0.9

@@ -1,0 +1,223 @@
+"""The executor machine driven directly: bidding within slots, accepting only what it should."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.codec import decode, encode
+from protocol.executor import (
+    MATCH_ANY,
+    MATCH_EXACT,
+    MATCH_FAMILY,
+    CancelCompute,
+    ComputeDone,
+    ComputeFailed,
+    Executor,
+    ExecutorConfig,
+    JobState,
+    ServedModel,
+    StartCompute,
+    match_score,
+)
+from protocol.machine import Penalize, Received, Send, Tick
+from protocol.tasks import (
+    ASSIGN_DOMAIN,
+    BEACON_DOMAIN,
+    BEACON_TOPIC,
+    BID_DOMAIN,
+    RESULT_DOMAIN,
+    Assign,
+    AssignBody,
+    Beacon,
+    BeaconBody,
+    Bid,
+    BidBody,
+    Cancel,
+    Reject,
+    RejectReason,
+    Requirement,
+    Result,
+    ResultBody,
+    TaskSpec,
+    open_envelope,
+    seal,
+)
+from tests.protocol.market_net import MODEL, ident
+
+REQ = ident(1)
+ME = ident(2)
+TID = b"\x07" * 32
+
+
+def executor(**kw: object) -> Executor:
+    cfg = ExecutorConfig(models=(MODEL,), **kw)  # type: ignore[arg-type]
+    return Executor(ME, cfg)
+
+
+def beacon(task_id: bytes = TID, round_: int = 0, signer=REQ, requester=None,  # type: ignore[no-untyped-def]
+           model: str = "smollm2-135m", max_price: float = 1.0, max_tokens: int = 256,
+           deadline_ms: int = 60_000) -> Received:
+    body = BeaconBody(task_id=task_id, requester=requester or REQ.peer_id, round=round_,
+                      requirement=Requirement(model=model, family="", min_context=0), wanted=1,
+                      max_price=max_price, max_tokens=max_tokens, bid_window_ms=1000,
+                      deadline_ms=deadline_ms, allow_self=False)
+    msg = decode(encode(Beacon(envelope=seal(signer, BEACON_DOMAIN, body))))
+    return Received(REQ.peer_id, msg, BEACON_TOPIC)
+
+
+def spec(task_id: bytes = TID, question: str = "2+2?", max_tokens: int = 256) -> TaskSpec:
+    return TaskSpec(task_id=task_id, requester=REQ.peer_id, question=question,
+                    answer_type="number", choices=(),
+                    requirement=Requirement(model="", family="", min_context=0), k=1,
+                    max_price=1.0, max_tokens=max_tokens)
+
+
+def assign(task: TaskSpec | None = None, executor_peer: str | None = None, signer=REQ,  # type: ignore[no-untyped-def]
+           sender: str | None = None, attempt: int = 0, deadline_ms: int = 5_000,
+           model: str = MODEL.name) -> Received:
+    body = AssignBody(task=task or spec(), executor=executor_peer or ME.peer_id,
+                      attempt=attempt, round=0, model=model, deadline_ms=deadline_ms)
+    return Received(sender or REQ.peer_id, Assign(envelope=seal(signer, ASSIGN_DOMAIN, body)))
+
+
+def sends(effects: list[object], kind: type) -> list:  # type: ignore[type-arg]
+    return [e.message for e in effects if isinstance(e, Send) and isinstance(e.message, kind)]
+
+
+def test_matching_beacon_gets_a_signed_bid_holding_a_slot() -> None:
+    ex = executor()
+    effects = ex.handle(beacon(), 0)
+    (bid,) = sends(effects, Bid)
+    body = open_envelope(bid.envelope, BID_DOMAIN, BidBody, 1 << 20)
+    assert body.bidder == ME.peer_id == bid.envelope.signer and body.match_score == MATCH_EXACT
+    assert body.est_latency_ms == 2560  # 256 tokens at 100 tokens/s
+    assert ex.free_slots() == 0 and ex.next_deadline() == body.hold_ms
+
+
+@pytest.mark.parametrize("event,counter", [
+    (lambda: beacon(), "beacon_duplicate"),
+    (lambda: beacon(task_id=b"\x08" * 32), "beacon_skipped.no_slot"),
+    (lambda: beacon(task_id=b"\x09" * 32, signer=ident(3)), "beacon_rejected.forged"),
+])
+def test_second_beacon_is_not_bid_on(event, counter) -> None:  # type: ignore[no-untyped-def]
+    ex = executor()
+    ex.handle(beacon(), 0)
+    effects = ex.handle(event(), 1)
+    assert not sends(effects, Bid)
+    assert ex.counters[counter] == 1
+
+
+@pytest.mark.parametrize("kw,why", [
+    ({"model": "llama-70b"}, "no_model"),
+    ({"max_price": 0.0}, "too_cheap"),
+    ({"max_tokens": 4096}, "over_limits"),
+    ({"deadline_ms": 100}, "too_slow"),
+])
+def test_beacons_it_cannot_serve_get_no_bid(kw, why) -> None:  # type: ignore[no-untyped-def]
+    model = ServedModel(MODEL.name, MODEL.family, 2048, MODEL.model_hash, 100.0, 1.0)
+    ex = Executor(ME, ExecutorConfig(models=(model,)))
+    assert not sends(ex.handle(beacon(**kw), 0), Bid)
+    assert ex.counters[f"beacon_skipped.{why}"] == 1 and ex.free_slots() == 1
+
+
+def test_reservation_expires_and_frees_the_slot() -> None:
+    ex = executor(hold_ms=1_000)
+    ex.handle(beacon(), 0)
+    ex.handle(Tick(), 1_000)
+    assert ex.free_slots() == 1 and ex.jobs[TID].state is JobState.RELEASED
+    effects = ex.handle(assign(), 1_001)
+    assert sends(effects, Reject)[0].reason is RejectReason.EXPIRED
+
+
+def test_assignment_starts_compute_and_result_is_signed() -> None:
+    ex = executor()
+    ex.handle(beacon(), 0)
+    effects = ex.handle(assign(), 10)
+    (start,) = [e for e in effects if isinstance(e, StartCompute)]
+    assert start.deadline_at_ms == 5_010 and start.model == MODEL.name
+    assert ex.handle(assign(), 11) == []  # a retransmission is ignored
+    effects = ex.handle(ComputeDone(TID, 0, "4", "2+2=4", 0.8, 9, 120, MODEL.model_hash,
+                                    (b"\x01" * 32,), b"\x02" * 32), 200)
+    (res,) = sends(effects, Result)
+    body = open_envelope(res.envelope, RESULT_DOMAIN, ResultBody, 1 << 20)
+    assert (body.answer, body.tokens, body.executor) == ("4", 9, ME.peer_id)
+    assert body.fingerprint_root == b"\x02" * 32 and ex.free_slots() == 1
+
+
+@pytest.mark.parametrize("make,reason,penalized", [
+    (lambda: assign(executor_peer=ident(5).peer_id), RejectReason.BAD_ASSIGN, False),
+    (lambda: assign(signer=ident(5)), RejectReason.BAD_ASSIGN, True),
+    (lambda: assign(sender=ident(5).peer_id), RejectReason.BAD_ASSIGN, True),
+    (lambda: assign(task=spec(task_id=b"\x0a" * 32)), RejectReason.NOT_BID, False),
+    (lambda: assign(task=spec(question="x" * 5000)), RejectReason.OVER_LIMITS, False),
+    (lambda: assign(deadline_ms=11 * 60_000), RejectReason.OVER_LIMITS, False),
+    (lambda: assign(model="other"), RejectReason.BAD_ASSIGN, False),
+])
+def test_assignments_it_must_refuse(make, reason, penalized) -> None:  # type: ignore[no-untyped-def]
+    ex = executor(max_question_chars=4096)
+    ex.handle(beacon(), 0)
+    effects = ex.handle(make(), 5)
+    assert [r.reason for r in sends(effects, Reject)] == [reason]
+    assert not [e for e in effects if isinstance(e, StartCompute)]
+    assert bool([e for e in effects if isinstance(e, Penalize)]) == penalized
+
+
+def test_second_attempt_for_the_same_task_is_refused() -> None:
+    ex = executor()
+    ex.handle(beacon(), 0)
+    ex.handle(assign(), 1)
+    effects = ex.handle(assign(attempt=1), 2)
+    assert sends(effects, Reject)[0].reason is RejectReason.DUPLICATE
+
+
+def test_late_compute_sends_no_result_and_overrun_is_cancelled() -> None:
+    ex = executor()
+    ex.handle(beacon(), 0)
+    ex.handle(assign(deadline_ms=1_000), 0)
+    late = ex.handle(ComputeDone(TID, 0, "4", "c", 1.0, 1, 1, b""), 1_001)
+    assert not sends(late, Result) and ex.counters["results_late"] == 1
+    ex2 = executor()
+    ex2.handle(beacon(), 0)
+    ex2.handle(assign(deadline_ms=1_000), 0)
+    assert ex2.handle(Tick(), 1_500) == []
+    effects = ex2.handle(Tick(), 2_000)
+    assert CancelCompute(TID, 0) in effects and ex2.free_slots() == 1
+
+
+def test_compute_failure_is_reported() -> None:
+    ex = executor()
+    ex.handle(beacon(), 0)
+    ex.handle(assign(), 0)
+    (rej,) = sends(ex.handle(ComputeFailed(TID, 0, "oom"), 5), Reject)
+    assert rej.reason is RejectReason.COMPUTE_FAILED and ex.free_slots() == 1
+
+
+def test_cancel_only_from_the_requester() -> None:
+    ex = executor()
+    ex.handle(beacon(), 0)
+    ex.handle(assign(), 0)
+    assert ex.handle(Received(ident(5).peer_id, Cancel(task_id=TID, attempt=0)), 1) == []
+    effects = ex.handle(Received(REQ.peer_id, Cancel(task_id=TID, attempt=0)), 1)
+    assert CancelCompute(TID, 0) in effects and ex.free_slots() == 1
+
+
+def test_long_cot_is_truncated_under_the_limit() -> None:
+    ex = executor(max_cot_chars=100)
+    ex.handle(beacon(), 0)
+    ex.handle(assign(), 0)
+    (res,) = sends(ex.handle(ComputeDone(TID, 0, "4", "y" * 500, 1.0, 1, 1, b""), 5), Result)
+    body = open_envelope(res.envelope, RESULT_DOMAIN, ResultBody, 1 << 20)
+    assert len(body.cot) == 100 and body.cot.endswith("truncated]")
+
+
+@pytest.mark.parametrize("model,family,ctx,expect", [
+    ("smollm2-135m", "", 0, MATCH_EXACT),
+    ("SmolLM2-135M", "", 0, MATCH_EXACT),
+    ("", "smollm2", 0, MATCH_FAMILY),
+    ("smollm2", "", 0, MATCH_FAMILY),
+    ("", "", 0, MATCH_ANY),
+    ("llama", "", 0, None),
+    ("smollm2-135m", "", 4096, None),
+])
+def test_match_score(model: str, family: str, ctx: int, expect: float | None) -> None:
+    assert match_score(Requirement(model=model, family=family, min_context=ctx), MODEL) == expect

@@ -1,0 +1,58 @@
+"""The score selector: the documented weighted formula, distinct picks, deterministic ties."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.selection import (
+    W_LATENCY,
+    W_MATCH,
+    W_PRICE,
+    W_REP,
+    Candidate,
+    ScoreSelector,
+    ScoreWeights,
+)
+
+
+def cand(peer: str, match: float = 1.0, rep: float = 0.5, price: float = 0.0,
+         latency: int = 0, load: float = 0.0) -> Candidate:
+    return Candidate(peer=peer, match_score=match, reputation=rep, price=price, max_price=10.0,
+                     est_latency_ms=latency, deadline_ms=10_000, load=load, free_slots=1)
+
+
+def test_weights_sum_to_one() -> None:
+    assert W_MATCH + W_REP + W_PRICE + W_LATENCY == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("c,expected", [
+    (cand("a", 1.0, 1.0, 0.0, 0), 1.0),
+    (cand("a", 0.0, 0.0, 10.0, 10_000), 0.0),
+    (cand("a", 0.5, 0.5, 5.0, 5_000), 0.5),
+    (cand("a", 1.0, 0.0, 10.0, 20_000), W_MATCH),
+    (cand("a", 0.0, 2.0, 10.0, 10_000), W_REP),  # reputation is clamped to [0, 1]
+])
+def test_score_formula(c: Candidate, expected: float) -> None:
+    assert ScoreSelector().score(c) == pytest.approx(expected)
+
+
+def test_selects_best_first_distinct_and_at_most_n() -> None:
+    cs = [cand("low", match=0.2), cand("high", match=1.0), cand("mid", match=0.6),
+          cand("high", match=0.0)]
+    picked = ScoreSelector().select(b"t", cs, 5)
+    assert [c.peer for c in picked] == ["high", "mid", "low"]
+    assert [c.peer for c in ScoreSelector().select(b"t", cs, 1)] == ["high"]
+    assert ScoreSelector().select(b"t", cs, 0) == []
+
+
+def test_ties_broken_by_peer_id_in_any_order() -> None:
+    cs = [cand("c"), cand("a"), cand("b")]
+    for order in (cs, cs[::-1], [cs[1], cs[2], cs[0]]):
+        assert [c.peer for c in ScoreSelector().select(b"t", order, 2)] == ["a", "b"]
+
+
+def test_reputation_weight_can_be_configured() -> None:
+    cs = [cand("cheap", match=1.0, rep=0.0), cand("trusted", match=0.5, rep=1.0)]
+    assert ScoreSelector().select(b"t", cs, 1)[0].peer == "trusted"
+    only_match = ScoreSelector(ScoreWeights(match=1.0, reputation=0.0, price=0.0, latency=0.0))
+    assert only_match.select(b"t", cs, 1)[0].peer == "cheap"

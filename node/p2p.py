@@ -103,8 +103,11 @@ GOSSIP_HEARTBEAT_S = 1
 #: silently stops forwarding). A forwarder relays everyone's messages on a topic, so this caps
 #: the whole topic's rate; the protocol layer validates and penalizes peers on content.
 GOSSIP_MAX_MSGS_PER_TOPIC_PER_S = 1000
-#: Our own publishes are paced to stay this far below the cap (own messages count too).
-GOSSIP_OWN_PUBLISH_PER_S = GOSSIP_MAX_MSGS_PER_TOPIC_PER_S * 9 // 10
+#: Our own publishes are paced to at most this many per second (they count against the cap
+#: too). Measured: py-libp2p spends ~1-2 ms of CPU per message per hop, so one process cannot
+#: sustain much more; publishing faster only grows queues and stalls everything else, shutdown
+#: included. Bursts up to this size in a second go out at once.
+GOSSIP_OWN_PUBLISH_PER_S = 200
 #: Outbound RPCs queued per peer before py-libp2p drops (its default: 32).
 GOSSIP_OUTBOUND_QUEUE = 4096
 #: Messages buffered per subscription for a slow consumer; beyond it they are dropped and
@@ -441,6 +444,8 @@ class P2PTransport:
             times.popleft()
         if len(times) >= GOSSIP_OWN_PUBLISH_PER_S:
             await trio.sleep_until(times[0] + 1.0)  # rate pacing, not a wait for a condition
+        else:
+            await trio.lowlevel.checkpoint()  # a publish loop must never starve the event loop
         times.append(trio.current_time())
         try:
             await self._pubsub.publish(topic, data)

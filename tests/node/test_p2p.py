@@ -1,0 +1,442 @@
+"""node/p2p.py and node/transport.py: real libp2p hosts on 127.0.0.1, port 0.
+
+Every wait is on an event or a channel, bounded by a trio deadline; none sleeps for a state.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+import trio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from node.p2p import P2PTransport, open_p2p
+from node.transport import (
+    FRAME_HEADER,
+    FrameTooLarge,
+    PeerEvent,
+    TransportError,
+    check_limit,
+    read_frame,
+    write_frame,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+TEST_DEADLINE_S = 60
+ECHO = "/symphony/test-net/echo/1"
+BULK = "/symphony/test-net/bulk/1"
+TOPIC = "/symphony/test-net/gossip"
+
+
+def trio_test(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> None:
+        async def bounded() -> None:
+            with trio.fail_after(TEST_DEADLINE_S):
+                await fn(*args, **kwargs)
+
+        trio.run(bounded)
+
+    return run
+
+
+def seed(n: int) -> bytes:
+    return hashlib.sha256(f"test-p2p-{n}".encode()).digest()
+
+
+def public_key(seed_bytes: bytes) -> bytes:
+    key = Ed25519PrivateKey.from_private_bytes(seed_bytes).public_key()
+    return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+async def echo(peer: str, data: bytes) -> bytes:
+    return data
+
+
+async def next_event(events: trio.abc.ReceiveChannel[PeerEvent], peer: str) -> PeerEvent:
+    with trio.fail_after(10):
+        async for event in events:
+            if event.peer_id == peer:
+                return event
+    raise AssertionError("peer event channel closed")
+
+
+# ---- identity ----------------------------------------------------------------------------------
+
+
+def test_peer_id_is_the_standard_ed25519_identity_multihash() -> None:
+    transport = P2PTransport(seed(1))
+    pub = public_key(seed(1))
+    import base58
+
+    raw = base58.b58decode(transport.peer_id)
+    assert raw == bytes([0x00, 0x24, 0x08, 0x01, 0x12, 0x20]) + pub
+    assert transport.peer_id.startswith("12D3KooW")
+    crypto_peer_id = pytest.importorskip("crypto.peer_id")
+    assert transport.peer_id == crypto_peer_id.peer_id_from_public_key(pub)
+
+
+def test_seed_must_be_32_bytes() -> None:
+    with pytest.raises(ValueError):
+        P2PTransport(b"short")
+
+
+# ---- framing (no network) ----------------------------------------------------------------------
+
+
+class BytesStream:
+    """An in-memory BulkStream that records how much was read."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.consumed = 0
+        self.written = b""
+
+    @property
+    def peer_id(self) -> str:
+        return "peer"
+
+    async def read(self, max_bytes: int) -> bytes:
+        chunk = self.data[self.consumed : self.consumed + min(max_bytes, 3)]
+        self.consumed += len(chunk)
+        return chunk
+
+    async def write(self, data: bytes) -> None:
+        self.written += data
+
+    async def close(self) -> None:
+        pass
+
+    async def reset(self) -> None:
+        pass
+
+
+@trio_test
+async def test_frames_round_trip_and_limits() -> None:
+    out = BytesStream(b"")
+    await write_frame(out, b"hello")
+    assert out.written == FRAME_HEADER.pack(5) + b"hello"
+    assert await read_frame(BytesStream(out.written), max_bytes=5) == b"hello"
+    assert await read_frame(BytesStream(FRAME_HEADER.pack(0)), max_bytes=0) == b""
+
+    oversized = BytesStream(FRAME_HEADER.pack(1000) + b"x" * 1000)
+    with pytest.raises(FrameTooLarge) as info:
+        await read_frame(oversized, max_bytes=999)
+    assert (info.value.size, info.value.limit) == (1000, 999)
+    assert oversized.consumed == FRAME_HEADER.size  # refused before reading the body
+
+    for truncated in (b"", b"\x00\x00", FRAME_HEADER.pack(10) + b"short"):
+        with pytest.raises(TransportError):
+            await read_frame(BytesStream(truncated), max_bytes=100)
+    with pytest.raises(FrameTooLarge):
+        await write_frame(BytesStream(b""), b"x" * 11, max_bytes=10)
+    for bad_limit in (-1, 2**32):
+        with pytest.raises(ValueError):
+            check_limit(bad_limit)
+
+
+# ---- connections -------------------------------------------------------------------------------
+
+
+@trio_test
+async def test_connect_events_and_disconnect() -> None:
+    async with open_p2p(seed(1)) as a, open_p2p(seed(2)) as b:
+        [address] = b.listen_addrs()
+        assert address.startswith("/ip4/127.0.0.1/tcp/")
+        assert "/tcp/0/" not in address and address.endswith(f"/p2p/{b.peer_id}")
+        a_events, b_events = a.peer_events(), b.peer_events()
+        with pytest.raises(RuntimeError):
+            a.peer_events()
+
+        assert await a.connect(address) == b.peer_id
+        assert await next_event(a_events, b.peer_id) == PeerEvent(b.peer_id, True)
+        assert await next_event(b_events, a.peer_id) == PeerEvent(a.peer_id, True)
+        assert a.connected_peers() == [b.peer_id] and b.connected_peers() == [a.peer_id]
+        assert await a.connect(address) == b.peer_id  # already connected: no new event
+
+        await a.disconnect(b.peer_id)
+        assert await next_event(a_events, b.peer_id) == PeerEvent(b.peer_id, False)
+        assert await next_event(b_events, a.peer_id) == PeerEvent(a.peer_id, False)
+        assert a.connected_peers() == [] and b.connected_peers() == []
+
+
+@trio_test
+async def test_dial_failures_are_transport_errors_in_bounded_time() -> None:
+    async with open_p2p(seed(1)) as a, open_p2p(seed(3)) as c:
+        async with open_p2p(seed(2)) as b:
+            b_address = b.listen_addrs()[0]
+        bad = [
+            b_address,  # b has stopped: connection refused
+            c.listen_addrs()[0].replace(c.peer_id, b.peer_id),  # c answers, not b
+            a.listen_addrs()[0],  # ourselves
+            "/ip4/127.0.0.1/tcp/1",  # no /p2p/
+            "not a multiaddr",
+        ]
+        for address in bad:
+            with trio.fail_after(15):
+                with pytest.raises(TransportError):
+                    await a.connect(address)
+        assert a.connected_peers() == []
+
+        # b comes back with the same key on a new port: the failed dial is not held against it.
+        async with open_p2p(seed(2)) as b_again:
+            assert b_again.peer_id == b.peer_id
+            assert await a.connect(b_again.listen_addrs()[0]) == b.peer_id
+
+
+@trio_test
+async def test_killed_peer_surfaces_as_disconnect() -> None:
+    async with open_p2p(seed(1)) as a, peer_process() as child:
+        events = a.peer_events()
+        assert await a.connect(child["addr"]) == child["peer_id"]
+        assert await next_event(events, child["peer_id"]) == PeerEvent(child["peer_id"], True)
+        child["process"].send_signal(signal.SIGKILL)
+        assert await next_event(events, child["peer_id"]) == PeerEvent(child["peer_id"], False)
+        assert a.connected_peers() == []
+        with pytest.raises(TransportError):
+            await a.request(child["peer_id"], ECHO, b"x", max_response_bytes=10)
+
+
+# ---- request/response --------------------------------------------------------------------------
+
+
+@trio_test
+async def test_request_response_and_its_limits() -> None:
+    async def failing(peer: str, data: bytes) -> bytes:
+        raise RuntimeError("handler bug")
+
+    async with open_p2p(seed(1)) as a, open_p2p(seed(2)) as b:
+        b.set_request_handler(ECHO, echo, max_request_bytes=1000)
+        b.set_request_handler(ECHO + "-fails", failing, max_request_bytes=1000)
+        seen: list[str] = []
+
+        async def whoami(peer: str, data: bytes) -> bytes:
+            seen.append(peer)
+            return peer.encode()
+
+        b.set_request_handler(ECHO + "-who", whoami, max_request_bytes=0)
+        await a.connect(b.listen_addrs()[0])
+
+        assert await a.request(b.peer_id, ECHO, b"ping", max_response_bytes=4) == b"ping"
+        assert await a.request(b.peer_id, ECHO, b"", max_response_bytes=0) == b""
+        assert await a.request(b.peer_id, ECHO + "-who", b"", max_response_bytes=100) == (
+            a.peer_id.encode()
+        )
+        with pytest.raises(FrameTooLarge):
+            await a.request(b.peer_id, ECHO, b"x" * 100, max_response_bytes=99)
+        with trio.fail_after(10), pytest.raises(TransportError):
+            await a.request(b.peer_id, ECHO, b"x" * 1001, max_response_bytes=2000)
+        with trio.fail_after(10), pytest.raises(TransportError):
+            await a.request(b.peer_id, ECHO + "-fails", b"x", max_response_bytes=10)
+        with trio.fail_after(10), pytest.raises(TransportError):
+            await a.request(b.peer_id, "/symphony/other-net/echo/1", b"x", max_response_bytes=10)
+        with pytest.raises(TransportError):
+            await a.request(P2PTransport(seed(9)).peer_id, ECHO, b"x", max_response_bytes=10)
+        # b still serves after all of that
+        assert await a.request(b.peer_id, ECHO, b"again", max_response_bytes=5) == b"again"
+
+
+@trio_test
+async def test_garbage_on_a_request_protocol_is_logged_and_survived() -> None:
+    async with open_p2p(seed(1)) as a, open_p2p(seed(2)) as b:
+        b.set_request_handler(ECHO, echo, max_request_bytes=1000)
+        await a.connect(b.listen_addrs()[0])
+        garbage = [
+            b"\xff\xff\xff\xff" + os.urandom(64),  # 4 GiB announced
+            FRAME_HEADER.pack(1001) + b"x" * 1001,  # one byte over the limit
+            FRAME_HEADER.pack(500) + b"truncated",  # then EOF
+            b"\x00\x01",  # half a length prefix, then EOF
+        ]
+        with structlog.testing.capture_logs() as logs:
+            for junk in garbage:
+                stream = await a.open_stream(b.peer_id, ECHO)
+                await stream.write(junk)
+                await stream.close()
+                received = b""
+                with trio.fail_after(10):
+                    try:
+                        while chunk := await stream.read(1024):
+                            received += chunk
+                    except TransportError:
+                        pass  # b reset the stream
+                assert received == b"", "b answered garbage"
+        bad = [e for e in logs if e["event"] == "transport.bad_stream"]
+        assert len(bad) == len(garbage)
+        assert all(e["peer"] == a.peer_id and e["protocol"] == ECHO for e in bad)
+        assert await a.request(b.peer_id, ECHO, b"still here", max_response_bytes=100) == (
+            b"still here"
+        )
+        assert b.connected_peers() == [a.peer_id]
+
+
+# ---- bulk streams ------------------------------------------------------------------------------
+
+
+@trio_test
+async def test_bulk_stream_moves_bytes_with_backpressure() -> None:
+    reader_may_go = trio.Event()
+
+    async def sink(peer: str, stream: Any) -> None:
+        await reader_may_go.wait()
+        digest, total = hashlib.sha256(), 0
+        while chunk := await stream.read(1 << 16):
+            digest.update(chunk)
+            total += len(chunk)
+        await stream.write(total.to_bytes(8, "big") + digest.digest())
+
+    async with open_p2p(seed(1)) as a, open_p2p(seed(2)) as b:
+        b.set_stream_handler(BULK, sink)
+        await a.connect(b.listen_addrs()[0])
+        payload = os.urandom(1 << 20) * 8  # 8 MiB: twice the 4 MiB window py-libp2p opens with
+        stream = await a.open_stream(b.peer_id, BULK)
+        # While the reader waits, the writer must be held back by flow control.
+        with trio.move_on_after(0.5) as blocked:
+            await stream.write(payload)
+        assert blocked.cancelled_caught, "8 MiB were accepted with nobody reading"
+        reader_may_go.set()
+        stream = await a.open_stream(b.peer_id, BULK)
+        await stream.write(payload)
+        await stream.close()
+        reply = b""
+        with trio.fail_after(20):
+            while chunk := await stream.read(100):
+                reply += chunk
+        assert reply == len(payload).to_bytes(8, "big") + hashlib.sha256(payload).digest()
+
+
+# ---- gossip ------------------------------------------------------------------------------------
+
+
+async def line_of_three(a: P2PTransport, b: P2PTransport, c: P2PTransport) -> list[Any]:
+    """a - b - c, all subscribed to TOPIC, meshes formed; returns the subscriptions."""
+    await a.connect(b.listen_addrs()[0])
+    await c.connect(b.listen_addrs()[0])
+    subs = [await t.subscribe(TOPIC) for t in (a, b, c)]
+    with trio.fail_after(10):
+        await a.wait_topic_peer(TOPIC, b.peer_id)
+        await b.wait_topic_peer(TOPIC, a.peer_id)
+        await b.wait_topic_peer(TOPIC, c.peer_id)
+        await c.wait_topic_peer(TOPIC, b.peer_id)
+    return subs
+
+
+@trio_test
+async def test_gossip_delivers_every_message_of_a_burst() -> None:
+    count = 300
+    async with open_p2p(seed(1)) as a, open_p2p(seed(2)) as b, open_p2p(seed(3)) as c:
+        sub_a, sub_b, sub_c = await line_of_three(a, b, c)
+        with pytest.raises(TransportError):
+            await a.subscribe(TOPIC)
+        for i in range(count):
+            await a.publish(TOPIC, i.to_bytes(4, "big"))
+        for sub in (sub_b, sub_c):  # c hears it through b
+            got = set()
+            with trio.fail_after(20):
+                while len(got) < count:
+                    origin, data = await sub.receive()
+                    assert origin == a.peer_id
+                    got.add(int.from_bytes(data, "big"))
+            assert got == set(range(count))
+        with pytest.raises(trio.WouldBlock):
+            sub_a.receive_nowait()  # own publishes are not echoed back
+        assert a.gossip_dropped == b.gossip_dropped == c.gossip_dropped == 0
+
+
+@trio_test
+async def test_stopping_while_gossip_flows_raises_nothing() -> None:
+    async with open_p2p(seed(1)) as a, open_p2p(seed(3)) as c:
+        b = P2PTransport(seed(2))
+        b_done = trio.Event()
+
+        async def run_b(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            await b.run(task_status=task_status)  # anything it raised would fail the test
+            b_done.set()
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(run_b)
+            await line_of_three(a, b, c)
+            in_flight = trio.Event()
+            stop_publishing = trio.Event()
+
+            async def flood(sender: P2PTransport) -> None:
+                for i in range(1_000_000):
+                    if stop_publishing.is_set():
+                        return
+                    await sender.publish(TOPIC, b"x" * 200)
+                    if i == 200:
+                        in_flight.set()
+
+            nursery.start_soon(flood, a)
+            await in_flight.wait()  # traffic is flowing through b to c
+            started = time.monotonic()
+            b.stop()
+            with trio.fail_after(5):
+                await b_done.wait()
+            assert time.monotonic() - started < 5
+            stop_publishing.set()
+
+
+@trio_test
+async def test_cancelling_a_publishing_host_raises_nothing() -> None:
+    with trio.CancelScope() as outer:
+        async with open_p2p(seed(4)) as d, open_p2p(seed(5)) as e:
+            await d.connect(e.listen_addrs()[0])
+            await d.subscribe(TOPIC)
+            await e.subscribe(TOPIC)
+            with trio.fail_after(10):
+                await d.wait_topic_peer(TOPIC, e.peer_id)
+                await e.wait_topic_peer(TOPIC, d.peer_id)
+            in_flight = trio.Event()
+
+            async def flood(sender: P2PTransport) -> None:
+                for i in range(1_000_000):
+                    await sender.publish(TOPIC, b"y" * 200)
+                    if i == 200:
+                        in_flight.set()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(flood, d)
+                await in_flight.wait()
+                started = time.monotonic()
+                outer.cancel()  # the daemon's root nursery being cancelled, say by SIGTERM
+    assert outer.cancelled_caught
+    assert time.monotonic() - started < 5
+
+
+# ---- a peer in another process -----------------------------------------------------------------
+
+
+class peer_process:
+    """``node.bench.transport_peer`` as a child process; yields its address and the process."""
+
+    async def __aenter__(self) -> dict[str, Any]:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "node.bench.transport_peer", "/symphony/test-net"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+        )
+        line = b""
+        with trio.fail_after(30):
+            while not line.endswith(b"\n"):
+                chunk = await self.process.stdout.receive_some(1)
+                assert chunk, "the peer process died before reporting its address"
+                line += chunk
+        return {**json.loads(line), "process": self.process}
+
+    async def __aexit__(self, *exc: object) -> None:
+        with trio.CancelScope(shield=True):
+            self.process.kill()
+            await self.process.wait()

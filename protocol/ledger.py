@@ -1,0 +1,508 @@
+"""The gossip ledger machine (sans-IO): publish, merge, anti-entropy, rate limits, rejections.
+
+Contract
+--------
+* Local events: ``SetCapability(spec)`` / ``SetLoad`` publish this node's signed record (seq =
+  max(previous + 1, now), so a node that lost its data dir still moves forward), coalesced to
+  one record per ``min_republish_ms`` and re-signed every ``refresh_ms``; ``Attest(...)`` signs,
+  stores and publishes an attestation. Both go out as a ``LedgerPush`` on ``LEDGER_TOPIC``.
+* Every received record and attestation is checked (protocol/ledger_records.py) and merged into
+  the CRDT (protocol/ledger_state.py). A refused item is counted per peer and reason; each
+  message's refusals become one ``Penalize`` per reason (the driver disconnects over its
+  threshold). Peer data never raises out of ``handle``.
+* Anti-entropy: on ``PeerConnected`` and every ``anti_entropy_ms`` (to ``sync_fanout`` random
+  peers) we send a ``LedgerDigest``. A receiver that sees what it lacks pulls with
+  ``LedgerSyncRequest`` in bounded batches; the holder answers with ``LedgerPush(reply=True,
+  more=...)``. A receiver that sees the sender may lack something answers once with its own
+  digest (``reply=True``, never answered). One pull per peer, ``max_concurrent_syncs`` at once,
+  each bounded by ``sync_timeout_ms`` per round and ``max_sync_rounds``.
+* Unsolicited attestations (gossip) are rate limited per sending peer; digests and requests
+  too. Replies are accepted only for a request we have outstanding to that peer.
+* Effects beyond protocol/machine.py: ``StoreCapability``, ``StoreAttestation``,
+  ``ForgetCapabilities``, ``ForgetAttestations`` (the driver persists them).
+* Queries: ``machine.view`` (protocol/ledger_view.py: ``find_peers``, ``reputation``,
+  ``attestations``, ``capability``, ``digest_hash``) and ``status(now)``.
+* ``restore`` re-verifies stored envelopes at start-up and names those that no longer pass.
+
+Times are Unix epoch milliseconds: records cross machines, so a monotonic clock will not do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from random import Random
+
+from crypto.envelope import Envelope, EnvelopeError
+from crypto.hashing import digest
+from crypto.keys import Identity
+from protocol.codec import Message, decode, encode
+from protocol.errors import InvalidMessage, LocalProtocolError
+from protocol.ledger_events import (
+    Attest,
+    CapabilitySpec,
+    ForgetAttestations,
+    ForgetCapabilities,
+    LedgerConfig,
+    SetCapability,
+    SetLoad,
+    StoreAttestation,
+    StoreCapability,
+)
+from protocol.ledger_records import (
+    ATTESTATION_DOMAIN,
+    CAPABILITY_DOMAIN,
+    LEDGER_TOPIC,
+    PENALTY_POINTS,
+    Attestation,
+    CapabilityRecord,
+    LedgerDigest,
+    LedgerPush,
+    LedgerSyncRequest,
+    Rejected,
+    Rejection,
+    open_attestation,
+    open_capability,
+)
+from protocol.ledger_state import LedgerState
+from protocol.ledger_sync import SyncSessions, build_reply
+from protocol.ledger_view import LedgerView
+from protocol.machine import (
+    Effect,
+    Emit,
+    Event,
+    PeerConnected,
+    PeerDisconnected,
+    Penalize,
+    Publish,
+    Received,
+    Send,
+    SendFailed,
+    Tick,
+)
+
+__all__ = [
+    "Attest",
+    "CapabilitySpec",
+    "ForgetAttestations",
+    "ForgetCapabilities",
+    "LedgerConfig",
+    "LedgerMachine",
+    "RestoreReport",
+    "SetCapability",
+    "SetLoad",
+    "StoreAttestation",
+    "StoreCapability",
+]
+
+#: a message's penalty points per reason are capped at this (one bad batch is one offence)
+MAX_PENALTY_PER_MESSAGE = 100
+#: peers whose rejection counts are tracked separately; beyond, they pool under OTHER_PEERS
+MAX_TRACKED_PEERS = 4096
+OTHER_PEERS = "*"
+#: crypto.envelope.Envelope.content_hash personalisation
+ENVELOPE_HASH_PERSON = b"symphony-env"
+
+
+@dataclass(slots=True)
+class _RateLimiter:
+    """Token bucket per peer: ``per_minute`` tokens a minute, bursts up to ``per_minute``."""
+
+    per_minute: int
+    buckets: dict[str, tuple[float, int]] = field(default_factory=dict)
+
+    def take(self, peer: str, now_ms: int) -> bool:
+        tokens, at = self.buckets.get(peer, (float(self.per_minute), now_ms))
+        tokens = min(float(self.per_minute), tokens + (now_ms - at) * self.per_minute / 60_000)
+        if len(self.buckets) > MAX_TRACKED_PEERS:
+            self.buckets.clear()  # a crowd of peers: forget history rather than grow
+        if tokens < 1.0:
+            self.buckets[peer] = (tokens, now_ms)
+            return False
+        self.buckets[peer] = (tokens - 1.0, now_ms)
+        return True
+
+
+class LedgerMachine:
+    def __init__(
+        self,
+        identity: Identity,
+        network_id: str,
+        rng: Random,
+        config: LedgerConfig | None = None,
+    ) -> None:
+        config = config if config is not None else LedgerConfig()
+        self.identity = identity
+        self.peer_id = identity.peer_id
+        self.network_id = network_id
+        self.config = config
+        self.rng = rng
+        self.state = LedgerState(
+            observer_quota=config.observer_quota,
+            max_records=config.max_records,
+            max_attestations=config.max_attestations,
+            tombstone_ms=config.max_record_ttl_ms,
+        )
+        self.sync = SyncSessions(self.state, config)
+        self.view = LedgerView(self.state, self.peer_id)
+        self.stats: Counter[str] = Counter()
+        self._rejections: dict[str, Counter[str]] = {}
+        self._spec: CapabilitySpec | None = None
+        self._own_seq = 0
+        self._published_at: int | None = None
+        self._dirty = False
+        self._connected: set[str] = set()
+        self._next_anti_entropy: int | None = None
+        self._signers: dict[bytes, str] = {}
+        self._limits = {
+            "attestation": _RateLimiter(config.attestation_rate_per_minute),
+            "digest": _RateLimiter(config.digest_rate_per_minute),
+            "request": _RateLimiter(config.request_rate_per_minute),
+        }
+
+    # ------------------------------------------------------------ machine contract
+
+    def handle(self, event: Event, now: int) -> list[Effect]:
+        if self._next_anti_entropy is None:
+            self._next_anti_entropy = now + self.config.anti_entropy_ms
+        effects = self._dispatch(event, now)
+        for effect in effects:
+            if isinstance(effect, (Send, Publish)):
+                self.stats["bytes_sent"] += len(encode(effect.message))
+                self.stats["messages_sent"] += 1
+        return effects
+
+    def next_deadline(self) -> int | None:
+        times = [self.state.next_expiry(), self.sync.next_deadline()]
+        if self._spec is not None and self._published_at is not None:
+            times.append(self._published_at + self.config.refresh_ms)
+            if self._dirty:
+                times.append(self._published_at + self.config.min_republish_ms)
+        if self._connected:
+            times.append(self._next_anti_entropy)
+        return min((t for t in times if t is not None), default=None)
+
+    def _dispatch(self, event: Event, now: int) -> list[Effect]:
+        if isinstance(event, Tick):
+            return self._on_tick(now)
+        if isinstance(event, Received):
+            return self._on_received(event.peer, event.message, event.topic, now)
+        if isinstance(event, PeerConnected):
+            self._connected.add(event.peer)
+            return [self.sync.send_digest(event.peer, now, reply=False)]
+        if isinstance(event, PeerDisconnected):
+            self._connected.discard(event.peer)
+            return self.sync.drop(event.peer, now)
+        if isinstance(event, SendFailed):
+            if isinstance(event.message, LedgerSyncRequest):
+                return self.sync.drop(event.peer, now)
+            return []
+        if isinstance(event, SetCapability):
+            self._check_spec(event.spec)
+            self._spec = event.spec
+            return self._maybe_publish_record(now, changed=True)
+        if isinstance(event, SetLoad):
+            if self._spec is None:
+                raise LocalProtocolError("SetLoad before SetCapability")
+            new = dataclasses.replace(self._spec, free_slots=event.free_slots, load=event.load)
+            self._check_spec(new)
+            changed, self._spec = new != self._spec, new
+            return self._maybe_publish_record(now, changed=changed)
+        if isinstance(event, Attest):
+            return self._attest(event, now)
+        raise LocalProtocolError(f"the ledger machine does not handle {type(event).__name__}")
+
+    # ------------------------------------------------------------ our own records
+
+    def _record_from(self, spec: CapabilitySpec, seq: int, now: int) -> CapabilityRecord:
+        ttl = min(self.config.record_ttl_ms, self.config.max_record_ttl_ms)
+        return CapabilityRecord(
+            network_id=self.network_id,
+            peer_id=self.peer_id,
+            seq=seq,
+            issued_at_ms=now,
+            expires_at_ms=now + ttl,
+            **{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)},
+        )
+
+    @staticmethod
+    def _checked(msg: Message) -> bytes:
+        """Canonical bytes of our own payload, refused if peers would refuse it."""
+        payload = encode(msg)
+        try:
+            decode(payload, type(msg))
+        except InvalidMessage as exc:
+            raise LocalProtocolError(f"invalid {type(msg).__name__}: {exc}") from None
+        return payload
+
+    def _check_spec(self, spec: CapabilitySpec) -> None:
+        self._checked(self._record_from(spec, 0, 0))
+
+    def _maybe_publish_record(self, now: int, *, changed: bool) -> list[Effect]:
+        """Publish if our record changed (at most once per min_republish_ms) or is due."""
+        self._dirty = self._dirty or changed
+        if self._spec is None:
+            return []
+        last = self._published_at
+        if (
+            last is None
+            or now >= last + self.config.refresh_ms
+            or (self._dirty and now >= last + self.config.min_republish_ms)
+        ):
+            return self._publish_record(self._spec, now)
+        return []
+
+    def _publish_record(self, spec: CapabilitySpec, now: int) -> list[Effect]:
+        self._own_seq = max(self._own_seq + 1, now)
+        record = self._record_from(spec, self._own_seq, now)
+        envelope = Envelope.sign(self.identity, CAPABILITY_DOMAIN, self._checked(record))
+        self.state.merge_record(envelope, record, envelope.content_hash, now)
+        self._published_at = now
+        self._dirty = False
+        push = LedgerPush(records=(envelope,), attestations=(), reply=False, more=False)
+        return [StoreCapability(envelope, record), Publish(LEDGER_TOPIC, push)]
+
+    def _attest(self, cmd: Attest, now: int) -> list[Effect]:
+        if cmd.subject == self.peer_id:
+            raise LocalProtocolError("a node may not attest itself")
+        att = Attestation(
+            network_id=self.network_id,
+            subject=cmd.subject,
+            object_id=cmd.object_id,
+            kind=cmd.kind,
+            outcome=cmd.outcome,
+            evidence_hash=cmd.evidence_hash,
+            amount=cmd.amount,
+            observed_at_ms=now,
+            expires_at_ms=now
+            + min(self.config.attestation_ttl_ms, self.config.max_attestation_ttl_ms),
+        )
+        envelope = Envelope.sign(self.identity, ATTESTATION_DOMAIN, self._checked(att))
+        h = envelope.content_hash
+        try:
+            new, evicted = self.state.merge_attestation(envelope, att, self.peer_id, h)
+        except Rejected as exc:
+            return [Emit("ledger.attestation_dropped", {"reason": exc.reason.value})]
+        push = LedgerPush(records=(), attestations=(envelope,), reply=False, more=False)
+        effects: list[Effect] = [StoreAttestation(envelope, att, h), Publish(LEDGER_TOPIC, push)]
+        if evicted:
+            effects.append(ForgetAttestations(tuple(evicted)))
+        return effects if new else []
+
+    # ------------------------------------------------------------ timers
+
+    def _on_tick(self, now: int) -> list[Effect]:
+        effects: list[Effect] = []
+        expiry = self.state.next_expiry()
+        if expiry is not None and expiry <= now:
+            peers, gone = self.state.prune(now)
+            if peers:
+                effects.append(ForgetCapabilities(tuple(peers)))
+            if gone:
+                effects.append(ForgetAttestations(tuple(h.hash for h in gone)))
+        effects += self._maybe_publish_record(now, changed=False)
+        effects += self.sync.on_tick(now)
+        if self._next_anti_entropy is not None and now >= self._next_anti_entropy:
+            self._next_anti_entropy = now + self.config.anti_entropy_ms
+            peers_now = sorted(self._connected)
+            for peer in self.rng.sample(peers_now, min(self.config.sync_fanout, len(peers_now))):
+                effects.append(self.sync.send_digest(peer, now, reply=False))
+        return effects
+
+    # ------------------------------------------------------------ received messages
+
+    def _on_received(self, peer: str, msg: Message, topic: str | None, now: int) -> list[Effect]:
+        rejected: Counter[Rejection] = Counter()
+        effects: list[Effect] = []
+        if isinstance(msg, LedgerPush):
+            solicited = topic is None and msg.reply and self.sync.awaiting(peer)
+            if msg.reply and not solicited:
+                rejected[Rejection.UNSOLICITED] += 1
+            elif (
+                not solicited
+                and len(msg.records) + len(msg.attestations) > self.config.max_gossip_items
+            ):
+                rejected[Rejection.OVERSIZED] += 1
+            else:
+                _, refused = self._apply(peer, msg, now, solicited, effects, rejected)
+                if solicited:
+                    effects += self.sync.on_reply(peer, msg, refused, now)
+        elif topic is not None:
+            rejected[Rejection.MALFORMED] += 1  # only pushes travel by gossip
+        elif isinstance(msg, LedgerDigest):
+            if self._limits["digest"].take(peer, now):
+                effects += self.sync.on_digest(peer, msg, now)
+            else:
+                rejected[Rejection.RATE_LIMITED] += 1
+        elif isinstance(msg, LedgerSyncRequest):
+            if self._limits["request"].take(peer, now):
+                effects.append(Send(peer, build_reply(self.state, msg, self.config, now)))
+            else:
+                rejected[Rejection.RATE_LIMITED] += 1
+        else:
+            raise LocalProtocolError(f"the ledger was routed a {type(msg).__name__}")
+        return effects + self._account(peer, rejected)
+
+    def _signer(self, envelope: Envelope) -> str:
+        signer = self._signers.get(envelope.public_key)
+        if signer is None:
+            if len(self._signers) >= self.config.max_records:
+                self._signers.clear()
+            signer = self._signers[envelope.public_key] = envelope.signer
+        return signer
+
+    def _open_record(self, env: Envelope, now: int) -> CapabilityRecord:
+        return open_capability(
+            env,
+            network_id=self.network_id,
+            now_ms=now,
+            signer=self._signer(env),
+            max_ttl_ms=self.config.max_record_ttl_ms,
+            skew_ms=self.config.clock_skew_ms,
+        )
+
+    def _open_attestation(self, env: Envelope, now: int) -> Attestation:
+        return open_attestation(
+            env,
+            network_id=self.network_id,
+            now_ms=now,
+            signer=self._signer(env),
+            max_ttl_ms=self.config.max_attestation_ttl_ms,
+            skew_ms=self.config.clock_skew_ms,
+        )
+
+    def _apply(
+        self,
+        peer: str,
+        push: LedgerPush,
+        now: int,
+        solicited: bool,
+        effects: list[Effect],
+        rejected: Counter[Rejection],
+    ) -> tuple[int, list[bytes]]:
+        """Merge a push: (new items, hashes of refused or evicted attestations)."""
+        new = 0
+        refused: list[bytes] = []
+        for env in push.records:
+            h = env.content_hash
+            held = self.state.records.get(self._signer(env))
+            if held is not None and held.hash == h:
+                continue
+            try:
+                rec = self._open_record(env, now)
+                if self.state.merge_record(env, rec, h, now):
+                    new += 1
+                    effects.append(StoreCapability(env, rec))
+                    if rec.peer_id == self.peer_id:  # ours from a previous life: move past it
+                        self._own_seq = max(self._own_seq, rec.seq)
+                        self._dirty = self._spec is not None
+            except Rejected as exc:
+                rejected[exc.reason] += 1
+        for env in push.attestations:
+            h = env.content_hash
+            if h in self.state.attestations:
+                continue
+            if not solicited and not self._limits["attestation"].take(peer, now):
+                rejected[Rejection.RATE_LIMITED] += 1
+                continue
+            try:
+                att = self._open_attestation(env, now)
+                added, evicted = self.state.merge_attestation(env, att, self._signer(env), h)
+            except Rejected as exc:
+                rejected[exc.reason] += 1
+                refused.append(h)
+                continue
+            if added:
+                new += 1
+                effects.append(StoreAttestation(env, att, h))
+            if evicted:
+                refused.extend(evicted)
+                effects.append(ForgetAttestations(tuple(evicted)))
+        self.stats["items_accepted"] += new
+        return new, refused
+
+    def _account(self, peer: str, rejected: Counter[Rejection]) -> list[Effect]:
+        if not rejected:
+            return []
+        key = (
+            peer
+            if peer in self._rejections or len(self._rejections) < MAX_TRACKED_PEERS
+            else OTHER_PEERS
+        )
+        counts = self._rejections.setdefault(key, Counter())
+        effects: list[Effect] = []
+        for reason, n in sorted(rejected.items(), key=lambda kv: kv[0].value):
+            counts[reason.value] += n
+            self.stats[f"rejected.{reason.value}"] += n
+            points = min(PENALTY_POINTS[reason] * n, MAX_PENALTY_PER_MESSAGE)
+            if points:
+                effects.append(Penalize(peer, f"ledger:{reason.value}", points))
+        effects.append(
+            Emit("ledger.rejected", {"peer": peer, **{r.value: n for r, n in rejected.items()}})
+        )
+        return effects
+
+    # ------------------------------------------------------------ storage and status
+
+    def restore(
+        self, records: Iterable[bytes], attestations: Iterable[bytes], now: int
+    ) -> RestoreReport:
+        """Re-verify and merge stored envelopes (the bytes as received); produces no effects.
+
+        Whatever no longer passes (expired, quota-evicted, corrupt) is reported so the store can
+        delete it: records by their stored bytes, attestations by content hash.
+        """
+        report = RestoreReport()
+        for data in records:
+            try:
+                env = Envelope.decode(data)
+                rec = self._open_record(env, now)
+                self.state.merge_record(env, rec, env.content_hash, now)
+            except (EnvelopeError, Rejected):
+                report.stale_records.append(data)
+                continue
+            report.records += 1
+            if rec.peer_id == self.peer_id:
+                self._own_seq = max(self._own_seq, rec.seq)
+        for data in attestations:
+            try:
+                env = Envelope.decode(data)
+                att = self._open_attestation(env, now)
+                h = env.content_hash
+                _, evicted = self.state.merge_attestation(env, att, self._signer(env), h)
+            except (EnvelopeError, Rejected):
+                # the content hash of a canonically stored envelope is the hash of its bytes
+                report.stale_attestations.append(digest(data, person=ENVELOPE_HASH_PERSON))
+                continue
+            report.attestations += 1
+            report.stale_attestations.extend(evicted)
+        return report
+
+    def rejections(self) -> dict[str, dict[str, int]]:
+        """Refusals per peer and reason (peers beyond MAX_TRACKED_PEERS pool under "*")."""
+        return {peer: dict(sorted(c.items())) for peer, c in sorted(self._rejections.items())}
+
+    def status(self, now: int) -> dict[str, object]:
+        own = self.state.records.get(self.peer_id)
+        return {
+            "peer_id": self.peer_id,
+            "records": len(self.state.records),
+            "live_peers": sum(1 for _ in self.state.live_records(now)),
+            "attestations": len(self.state.attestations),
+            "own_seq": own.record.seq if own is not None else None,
+            "digest": self.view.digest_hash(now).hex(),
+            "syncing": {p: s.state.value for p, s in sorted(self.sync.sessions.items())},
+            "rejections": self.rejections(),
+            "stats": dict(sorted(self.stats.items())),
+        }
+
+
+@dataclass(slots=True)
+class RestoreReport:
+    records: int = 0
+    attestations: int = 0
+    #: stored record envelopes and attestation hashes that no longer pass
+    stale_records: list[bytes] = field(default_factory=list)
+    stale_attestations: list[bytes] = field(default_factory=list)

@@ -1,0 +1,232 @@
+"""The ledger's replicated state: a CRDT of capability records and attestations.
+
+Merge rules (each commutative, associative and idempotent, so the same records applied in any
+order, with duplicates, give the same state):
+
+* **Records**: per peer, keep the record with the greatest ``(seq, content_hash)``. A lower
+  one is a ``SEQ_REPLAY``; an equal seq with a smaller hash (the subject signed two records
+  with one seq) loses deterministically and is counted as a replay too. An expired record
+  stops counting (it leaves the digest and queries) but is kept as a tombstone until
+  ``expires_at + tombstone_ms``, so an older record cannot be replayed while it is still valid.
+* **Attestations**: a grow-only set keyed by envelope content hash, minus expired members.
+  Per observer and minute of ``observed_at`` at most ``observer_quota`` are kept: the ones with
+  the smallest hashes (a deterministic choice), so a flood from one identity is bounded the
+  same way on every node whatever order it arrives in.
+
+The summary (``bucket_summary``) groups attestation hashes by their first byte and hashes each
+bucket's sorted members, so two nodes find what differs by comparing 256 short hashes.
+Validation of signatures and fields happens before (protocol/ledger_records.py); this module
+only sees checked records and never raises for anything but ``Rejected``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from crypto.envelope import Envelope
+from crypto.hashing import digest
+from protocol.ledger_records import (
+    BUCKETS,
+    MAX_DIGEST_RECORDS,
+    MAX_RECORD_TTL_MS,
+    PREFIX_LEN,
+    Attestation,
+    CapabilityRecord,
+    LedgerDigest,
+    RecordVersion,
+    Rejected,
+    Rejection,
+)
+
+MINUTE_MS = 60 * 1000
+_EMPTY_BUCKET = bytes(PREFIX_LEN)
+_BUCKET_PERSON = b"symphony-bucket"
+
+
+@dataclass(frozen=True, slots=True)
+class HeldRecord:
+    envelope: Envelope
+    record: CapabilityRecord
+    hash: bytes
+    #: our clock when this version first arrived (local display only, not replicated)
+    received_at_ms: int
+
+    def live(self, now_ms: int) -> bool:
+        return self.record.expires_at_ms > now_ms
+
+
+@dataclass(frozen=True, slots=True)
+class HeldAttestation:
+    envelope: Envelope
+    attestation: Attestation
+    observer: str
+    hash: bytes
+
+
+class LedgerState:
+    def __init__(
+        self,
+        *,
+        observer_quota: int = 240,
+        max_records: int = 10_000,
+        max_attestations: int = 200_000,
+        tombstone_ms: int = MAX_RECORD_TTL_MS,
+    ) -> None:
+        self.observer_quota = observer_quota
+        self.max_records = max_records
+        self.max_attestations = max_attestations
+        self.tombstone_ms = tombstone_ms
+        self.records: dict[str, HeldRecord] = {}
+        self.attestations: dict[bytes, HeldAttestation] = {}
+        self.by_subject: dict[str, set[bytes]] = {}
+        #: a fresh number whenever a subject's attestations change (reputation caches key on
+        #: it); never reused, absent for a subject with no attestations
+        self.subject_version: dict[str, int] = {}
+        self._changes = 0
+        self._buckets: list[list[bytes]] = [[] for _ in range(BUCKETS)]  # each kept sorted
+        self._bucket_hash: list[bytes | None] = [_EMPTY_BUCKET] * BUCKETS
+        self._quota: dict[tuple[str, int], list[bytes]] = {}  # sorted hashes
+        self._expiry: list[tuple[int, bytes]] = []  # heap of (expires_at, hash), lazy
+        self._record_expiry: list[tuple[int, str, bytes]] = []  # heap, lazy
+
+    # ------------------------------------------------------------ merge
+
+    def merge_record(
+        self, envelope: Envelope, record: CapabilityRecord, h: bytes, now_ms: int
+    ) -> bool:
+        """True if the record is new; False for a duplicate; ``Rejected`` if it loses."""
+        current = self.records.get(record.peer_id)
+        if current is not None:
+            if current.hash == h:
+                return False
+            if (record.seq, h) < (current.record.seq, current.hash):
+                raise Rejected(
+                    Rejection.SEQ_REPLAY, f"seq {record.seq} <= held {current.record.seq}"
+                )
+        elif len(self.records) >= self.max_records:
+            raise Rejected(Rejection.LEDGER_FULL, f"{len(self.records)} records held")
+        self.records[record.peer_id] = HeldRecord(envelope, record, h, now_ms)
+        heapq.heappush(
+            self._record_expiry, (record.expires_at_ms + self.tombstone_ms, record.peer_id, h)
+        )
+        return True
+
+    def merge_attestation(
+        self, envelope: Envelope, att: Attestation, observer: str, h: bytes
+    ) -> tuple[bool, list[bytes]]:
+        """(new?, hashes evicted by the observer quota), or ``Rejected``."""
+        if h in self.attestations:
+            return False, []
+        slot = self._quota.setdefault((observer, att.observed_at_ms // MINUTE_MS), [])
+        evicted: list[bytes] = []
+        if len(slot) >= self.observer_quota:
+            if h > slot[-1]:
+                raise Rejected(Rejection.OBSERVER_QUOTA, f"{observer} over its quota")
+            evicted.append(slot[-1])
+            self._remove_attestation(slot[-1])
+        elif len(self.attestations) >= self.max_attestations:
+            raise Rejected(Rejection.LEDGER_FULL, f"{len(self.attestations)} attestations held")
+        held = HeldAttestation(envelope, att, observer, h)
+        self.attestations[h] = held
+        bisect.insort(slot, h)
+        bisect.insort(self._buckets[h[0]], h)
+        self._bucket_hash[h[0]] = None
+        self.by_subject.setdefault(att.subject, set()).add(h)
+        self._touch(att.subject)
+        heapq.heappush(self._expiry, (att.expires_at_ms, h))
+        return True, evicted
+
+    def _remove_attestation(self, h: bytes) -> HeldAttestation | None:
+        held = self.attestations.pop(h, None)
+        if held is None:
+            return None
+        att = held.attestation
+        key = (held.observer, att.observed_at_ms // MINUTE_MS)
+        slot = self._quota[key]
+        del slot[bisect.bisect_left(slot, h)]
+        if not slot:
+            del self._quota[key]
+        bucket = self._buckets[h[0]]
+        del bucket[bisect.bisect_left(bucket, h)]
+        self._bucket_hash[h[0]] = None
+        subject = self.by_subject[att.subject]
+        subject.discard(h)
+        self._touch(att.subject)
+        if not subject:
+            del self.by_subject[att.subject]
+            del self.subject_version[att.subject]
+        return held
+
+    def _touch(self, subject: str) -> None:
+        self._changes += 1
+        self.subject_version[subject] = self._changes
+
+    # ------------------------------------------------------------ expiry
+
+    def prune(self, now_ms: int) -> tuple[list[str], list[HeldAttestation]]:
+        """Drop expired attestations and records past their tombstone time."""
+        gone: list[HeldAttestation] = []
+        while self._expiry and self._expiry[0][0] <= now_ms:
+            _, h = heapq.heappop(self._expiry)
+            held = self._remove_attestation(h)
+            if held is not None:
+                gone.append(held)
+        peers: list[str] = []
+        while self._record_expiry and self._record_expiry[0][0] <= now_ms:
+            _, peer, h = heapq.heappop(self._record_expiry)
+            current = self.records.get(peer)
+            if current is not None and current.hash == h:
+                del self.records[peer]
+                peers.append(peer)
+        return peers, gone
+
+    def next_expiry(self) -> int | None:
+        """When ``prune`` next has something to do (may be early: the heaps are lazy)."""
+        times = [heap[0][0] for heap in (self._expiry, self._record_expiry) if heap]
+        return min(times) if times else None
+
+    # ------------------------------------------------------------ summary
+
+    def live_records(self, now_ms: int) -> Iterator[HeldRecord]:
+        for peer in sorted(self.records):
+            held = self.records[peer]
+            if held.live(now_ms):
+                yield held
+
+    def bucket_hash(self, b: int) -> bytes:
+        cached = self._bucket_hash[b]
+        if cached is None:
+            members = self._buckets[b]
+            cached = (
+                digest(b"".join(members), person=_BUCKET_PERSON)[:PREFIX_LEN]
+                if members
+                else _EMPTY_BUCKET
+            )
+            self._bucket_hash[b] = cached
+        return cached
+
+    def bucket_summary(self) -> bytes:
+        if not self.attestations:
+            return b""
+        return b"".join(self.bucket_hash(b) for b in range(BUCKETS))
+
+    def bucket(self, b: int) -> list[bytes]:
+        """The sorted hashes in bucket ``b`` (do not mutate)."""
+        return self._buckets[b]
+
+    def digest(self, now_ms: int) -> LedgerDigest:
+        versions = tuple(
+            RecordVersion(
+                peer_id=h.record.peer_id, seq=h.record.seq, hash_prefix=h.hash[:PREFIX_LEN]
+            )
+            for h in self.live_records(now_ms)
+        )
+        return LedgerDigest(
+            records=versions[:MAX_DIGEST_RECORDS],
+            attestation_count=len(self.attestations),
+            attestation_buckets=self.bucket_summary(),
+            reply=False,
+        )

@@ -25,6 +25,8 @@ bandwidth model.
 * Serving: a request for a held chunk is served at once; for a chunk of a version being fetched
   it waits (at most ``max_queued_per_peer`` per peer) and is served when the chunk is stored;
   otherwise it is refused with a ``ChunkStatus``.
+* Progress: a receiver gossips ``RelayProgress`` ``PROGRESS_REPORTS`` times per version and on
+  completion; the machine keeps what others report (``Transfer.progress``) for status.
 * Completion emits ``VersionComplete`` (the hot-swap hook).
 
 Events and effects are declared in protocol/relay_events.py. Per artifact the newest
@@ -70,11 +72,13 @@ from protocol.relay_events import (
     VersionPrepared,
 )
 from protocol.relay_manifest import (
+    MAX_RECIPIENTS,
     RELAY_TOPIC,
     ChunkStatus,
     Manifest,
     ManifestError,
     RelayManifest,
+    RelayProgress,
     verify_manifest,
 )
 from protocol.relay_plan import MAX_FANOUT, RelayPlan, build_plan
@@ -87,6 +91,8 @@ MAX_QUEUED_PER_PEER = 64
 BAD_CHUNK_PENALTY = 50
 BAD_MANIFEST_PENALTY = 20
 BAD_REQUEST_PENALTY = 5
+#: a receiver gossips its progress this many times per version (and on completion)
+PROGRESS_REPORTS = 8
 
 
 class TransferState(enum.Enum):
@@ -128,6 +134,9 @@ class Transfer:
     queued: Counter[str] = field(default_factory=Counter)
     served: Counter[str] = field(default_factory=Counter)
     by_hash: dict[bytes, list[int]] = field(default_factory=dict)
+    #: chunks held by other peers, from their RelayProgress gossip
+    progress: dict[str, int] = field(default_factory=dict)
+    reported: int = 0
 
     @property
     def complete(self) -> bool:
@@ -201,7 +210,14 @@ class RelayMachine:
             self._on_chunk(event, now, out)
         elif isinstance(event, ChunkRequested):
             self._on_request(event, out)
+        elif isinstance(event, Received) and isinstance(event.message, RelayProgress):
+            t = self.transfers.get(event.message.manifest_id)
+            if t is not None and (event.peer in t.plan or len(t.progress) < MAX_RECIPIENTS):
+                held = min(event.message.chunks_held, t.manifest.chunks)
+                t.progress[event.peer] = max(held, t.progress.get(event.peer, 0))
         elif isinstance(event, ChunkFailed):
+            if event.penalty > 0:
+                out.append(Penalize(event.peer, event.reason, event.penalty))
             t = self.transfers.get(event.manifest_id)
             if t is not None and t.in_flight.get(event.index) == event.peer:
                 self._fail_source(t, event.peer, event.reason, False, now, out)
@@ -348,6 +364,14 @@ class RelayMachine:
         self._after_progress(t, now, out)
 
     def _after_progress(self, t: Transfer, now: int, out: list[Effect]) -> None:
+        step = max(1, t.manifest.chunks // PROGRESS_REPORTS)
+        if t.complete or t.have_count >= t.reported + step:
+            t.reported = t.have_count
+            out.append(
+                Publish(
+                    RELAY_TOPIC, RelayProgress(manifest_id=t.manifest.id, chunks_held=t.have_count)
+                )
+            )
         if t.complete:
             self._set_state(t, TransferState.COMPLETE)
             t.in_flight.clear()

@@ -66,6 +66,8 @@ class ChunkFailed:
     index: int
     reason: str
     status: ChunkStatus | None = None
+    #: > 0 when the peer broke the stream protocol (the machine penalizes it)
+    penalty: int = 0
 
 
 # ---------------------------------------------------------------- effects (machine -> driver)

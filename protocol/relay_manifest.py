@@ -10,7 +10,8 @@ version (for deltas), its own upload bandwidth and the recipients the relay plan
 
 The body travels as ``encode(body)`` inside an :class:`~crypto.envelope.Envelope` signed in the
 domain ``MANIFEST_DOMAIN``; the wire message is :class:`RelayManifest`, gossiped on the
-``RELAY_TOPIC`` topic and sent as the first frame of every chunk stream.
+``RELAY_TOPIC`` topic and sent as the first frame of every chunk stream. Receivers gossip
+:class:`RelayProgress` on the same topic (informational: status and progress bars).
 :func:`verify_manifest` checks the signature over the payload bytes as received, decodes them
 (every field checked by the codec, every cross-field rule by ``ManifestBody.check``) and
 returns a :class:`Manifest`: the body, its signer's peer id and its id (the envelope's content
@@ -149,6 +150,15 @@ class ChunkHeader(Message):
     index: int = limits(lo=0, hi=MAX_CHUNKS - 1)
     status: ChunkStatus
     size: int = limits(lo=0, hi=MAX_CHUNK_SIZE)
+
+
+@message(95)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RelayProgress(Message):
+    """Gossiped by a receiver at milestones and on completion, for status and progress bars."""
+
+    manifest_id: bytes = limits(size=HASH_LEN)
+    chunks_held: int = limits(lo=0, hi=MAX_CHUNKS)
 
 
 class ManifestError(ValueError):

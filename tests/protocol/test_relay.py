@@ -27,7 +27,7 @@ from protocol.relay_events import (
     VersionComplete,
     VersionPrepared,
 )
-from protocol.relay_manifest import ChunkStatus, RelayManifest
+from protocol.relay_manifest import ChunkStatus, RelayManifest, RelayProgress
 from tests.protocol.relay_net import Net, identity, manifest_for
 
 PUB = identity(1)
@@ -334,3 +334,26 @@ def test_random_failures_never_stall_survivors(seed: int) -> None:
     for peer in set(ids) - victims:
         assert n.stores[peer][m.id] == set(range(m.chunks)), f"seed {seed}"
     assert all(isinstance(e, VersionComplete) for e in n.effects(VersionComplete))
+
+
+def test_progress_gossip_reaches_the_publisher() -> None:
+    n = net()
+    m = manifest_for(PUB, IDS, chunks=16)
+    n.publish(PUB.peer_id, m)
+    t = n.machines[PUB.peer_id].transfers[m.id]
+    assert t.progress == {p: 16 for p in IDS}
+    reports = [
+        e
+        for p, e in n.log
+        if p == IDS[0] and isinstance(e, Publish) and isinstance(e.message, RelayProgress)
+    ]
+    assert 2 <= len(reports) <= 9 and reports[-1].message.chunks_held == 16
+
+
+def test_a_stream_protocol_violation_is_penalized() -> None:
+    m = manifest_for(PUB, [IDS[0]], chunks=2)
+    me = RelayMachine(IDS[0])
+    me.handle(Received(PUB.peer_id, m.message), 0)
+    me.handle(VersionPrepared(m.id, frozenset()), 0)
+    effects = me.handle(ChunkFailed(PUB.peer_id, m.id, 0, "unrequested chunk", penalty=7), 1)
+    assert Penalize(PUB.peer_id, "unrequested chunk", 7) in effects

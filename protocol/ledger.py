@@ -24,7 +24,9 @@ Contract
   ``attestations``, ``capability``, ``digest_hash``) and ``status(now)``.
 * ``restore`` re-verifies stored envelopes at start-up and names those that no longer pass.
 
-Times are Unix epoch milliseconds: records cross machines, so a monotonic clock will not do.
+Time: records carry Unix epoch milliseconds (they cross machines). Every ``now`` given to the
+machine and its view is the driver's clock; ``clock_offset_ms`` maps it to the epoch (the daemon
+passes wall-clock minus its monotonic clock at start; the simulator and tests pass 0).
 """
 
 from __future__ import annotations
@@ -132,6 +134,8 @@ class LedgerMachine:
         network_id: str,
         rng: Random,
         config: LedgerConfig | None = None,
+        *,
+        clock_offset_ms: int = 0,
     ) -> None:
         config = config if config is not None else LedgerConfig()
         self.identity = identity
@@ -146,7 +150,8 @@ class LedgerMachine:
             tombstone_ms=config.max_record_ttl_ms,
         )
         self.sync = SyncSessions(self.state, config)
-        self.view = LedgerView(self.state, self.peer_id)
+        self.clock_offset_ms = clock_offset_ms
+        self.view = LedgerView(self.state, self.peer_id, clock_offset_ms)
         self.stats: Counter[str] = Counter()
         self._rejections: dict[str, Counter[str]] = {}
         self._spec: CapabilitySpec | None = None
@@ -165,6 +170,7 @@ class LedgerMachine:
     # ------------------------------------------------------------ machine contract
 
     def handle(self, event: Event, now: int) -> list[Effect]:
+        now += self.clock_offset_ms
         if self._next_anti_entropy is None:
             self._next_anti_entropy = now + self.config.anti_entropy_ms
         effects = self._dispatch(event, now)
@@ -182,7 +188,8 @@ class LedgerMachine:
                 times.append(self._published_at + self.config.min_republish_ms)
         if self._connected:
             times.append(self._next_anti_entropy)
-        return min((t for t in times if t is not None), default=None)
+        soonest = min((t for t in times if t is not None), default=None)
+        return None if soonest is None else soonest - self.clock_offset_ms
 
     def _dispatch(self, event: Event, now: int) -> list[Effect]:
         if isinstance(event, Tick):
@@ -455,6 +462,7 @@ class LedgerMachine:
         delete it: records by their stored bytes, attestations by content hash.
         """
         report = RestoreReport()
+        now += self.clock_offset_ms
         for data in records:
             try:
                 env = Envelope.decode(data)
@@ -486,10 +494,11 @@ class LedgerMachine:
 
     def status(self, now: int) -> dict[str, object]:
         own = self.state.records.get(self.peer_id)
+        epoch_now = now + self.clock_offset_ms
         return {
             "peer_id": self.peer_id,
             "records": len(self.state.records),
-            "live_peers": sum(1 for _ in self.state.live_records(now)),
+            "live_peers": sum(1 for _ in self.state.live_records(epoch_now)),
             "attestations": len(self.state.attestations),
             "own_seq": own.record.seq if own is not None else None,
             "digest": self.view.digest_hash(now).hex(),

@@ -8,7 +8,8 @@
   attestations change (``LedgerState.subject_version``): cheap enough to call per bid.
 * ``attestations(subject=, observer=, kind=)``, ``capability(peer)``, ``digest_hash(now)``.
 
-Pure: no clock, no I/O; nothing here changes the state.
+Every ``now`` is the driver's clock; ``clock_offset_ms`` (the machine's) maps it to the Unix
+epoch milliseconds records carry. Pure: no clock, no I/O; nothing here changes the state.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class PeerMatch:
     #: the best offer matching the query's model/family/context (None if it named none)
     offer: ModelOffer | None
     reputation: Reputation
-    #: our clock when the peer's current record arrived
+    #: when the peer's current record arrived (Unix epoch ms)
     last_seen_ms: int
 
 
@@ -52,20 +53,24 @@ SORT_KEYS: dict[str, Callable[[PeerMatch], tuple[float, str]]] = {
 
 
 class LedgerView:
-    def __init__(self, state: LedgerState, own_peer_id: str) -> None:
+    def __init__(self, state: LedgerState, own_peer_id: str, clock_offset_ms: int = 0) -> None:
         self.state = state
         self.own_peer_id = own_peer_id
+        self.clock_offset_ms = clock_offset_ms
         self._cache: dict[str, tuple[int, int, Reputation]] = {}
 
     def capability(self, peer: str, now: int | None = None) -> HeldRecord | None:
         """The peer's newest record (None if unknown, or if expired when ``now`` is given)."""
         held = self.state.records.get(peer)
-        if held is None or (now is not None and not held.live(now)):
+        if held is None or (now is not None and not held.live(now + self.clock_offset_ms)):
             return None
         return held
 
     def reputation(self, peer: str, now: int) -> Reputation:
-        epoch = now - now % REPUTATION_EPOCH_MS
+        return self._reputation(peer, now + self.clock_offset_ms)
+
+    def _reputation(self, peer: str, epoch_ms: int) -> Reputation:
+        epoch = epoch_ms - epoch_ms % REPUTATION_EPOCH_MS
         version = self.state.subject_version.get(peer, 0)
         if version == 0:
             return NEUTRAL
@@ -94,6 +99,7 @@ class LedgerView:
     ) -> list[PeerMatch]:
         """Live peers serving ``model`` (or any model of ``family``) with ``role``, best first."""
         key = SORT_KEYS[sort_by] if isinstance(sort_by, str) else sort_by
+        now += self.clock_offset_ms
         found: list[PeerMatch] = []
         for held in self.state.live_records(now):
             rec = held.record
@@ -120,7 +126,7 @@ class LedgerView:
                     peer_id=rec.peer_id,
                     record=rec,
                     offer=offer,
-                    reputation=self.reputation(rec.peer_id, now),
+                    reputation=self._reputation(rec.peer_id, now),
                     last_seen_ms=held.received_at_ms,
                 )
             )
@@ -151,4 +157,6 @@ class LedgerView:
 
     def digest_hash(self, now: int) -> bytes:
         """One hash of what this node holds: equal on two nodes iff they converged."""
-        return digest(encode(self.state.digest(now)), person=b"symphony-ledger")
+        return digest(
+            encode(self.state.digest(now + self.clock_offset_ms)), person=b"symphony-ledger"
+        )

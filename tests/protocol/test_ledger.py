@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from protocol.codec import decode
@@ -11,6 +13,7 @@ from protocol.ledger import (
     ForgetAttestations,
     ForgetCapabilities,
     LedgerConfig,
+    LedgerMachine,
     SetCapability,
     SetLoad,
     StoreAttestation,
@@ -221,3 +224,17 @@ def test_restore_reverifies_and_reports_stale_rows() -> None:
         if isinstance(e, Publish)
     ]
     assert rec.seq > m.state.records[m.peer_id].record.seq
+
+
+def test_clock_offset_maps_the_drivers_clock_to_epoch_time() -> None:
+    offset = T0 - 5_000  # the driver's clock reads 5_000 at epoch T0
+    m = LedgerMachine(identity(0), NET, random.Random(0), LedgerConfig(), clock_offset_ms=offset)
+    (store,) = [e for e in m.handle(SetCapability(spec()), 5_000) if isinstance(e, StoreCapability)]
+    assert store.record.issued_at_ms == T0
+    assert m.next_deadline() == 5_000 + LedgerConfig().refresh_ms
+    m.handle(Received(SENDER, gossip([record(A, 1, ttl=MINUTE)]), "ledger"), 5_000)
+    assert m.view.capability(A.peer_id, 5_000) is not None
+    assert m.view.capability(A.peer_id, 5_000 + MINUTE) is None
+    assert [p.peer_id for p in m.view.find_peers(5_000 + MINUTE)] == [m.peer_id]
+    assert m.view.digest_hash(5_000) == m.view.digest_hash(5_001)
+    assert m.status(5_000)["live_peers"] == 2

@@ -103,6 +103,14 @@ class NetworkModel:
         #: node index -> partition group, or -1 when no partition is in force
         self.group: list[int] = []
         self._partitioned = False
+        self._loss = self.faults.loss
+        self._duplicate = self.faults.duplicate
+        self._jitter_us = int(latency.jitter_ms * 1000)
+        self._constant_us = (
+            int(max(latency.a, MIN_LATENCY_MS) * 1000)
+            if latency.kind == "constant" and not latency.regions
+            else None
+        )
 
     def add_node(self, up_bps: float, down_bps: float, region: int = 0) -> int:
         if up_bps <= 0 or down_bps <= 0:
@@ -120,6 +128,8 @@ class NetworkModel:
     # ------------------------------------------------------------------ latency
 
     def base_latency_us(self, a: int, b: int) -> int:
+        if self._constant_us is not None:
+            return self._constant_us
         lat = self.latency
         if lat.regions:
             return int(lat.regions[self.region[a]][self.region[b]] * 1000)
@@ -159,6 +169,9 @@ class NetworkModel:
             self.group[i] = -1
         self._partitioned = False
 
+    def is_partitioned(self) -> bool:
+        return self._partitioned
+
     def reachable(self, a: int, b: int) -> bool:
         if not self._partitioned:
             return True
@@ -173,22 +186,28 @@ class NetworkModel:
         Occupies a's uplink and b's downlink even when the message is then lost, as a real
         lost packet does.
         """
-        rate = min(self.up_bps[a], self.down_bps[b])
-        duration = int(size * US_PER_S / rate) + 1
-        latency = self.base_latency_us(a, b)
-        jitter_ms = self.latency.jitter_ms
-        if jitter_ms > 0:
-            latency += int(self.rng.random() * jitter_ms * 1000)
-        start = max(now_us, self._up_free_us[a])
-        rx_start = max(start + latency, self._down_free_us[b])
+        up = self.up_bps[a]
+        down = self.down_bps[b]
+        duration = int(size * US_PER_S / (up if up < down else down)) + 1
+        latency = self._constant_us
+        if latency is None:
+            latency = self.base_latency_us(a, b)
+        if self._jitter_us:
+            latency += int(self.rng.random() * self._jitter_us)
+        start = self._up_free_us[a]
+        if start < now_us:
+            start = now_us
+        rx_start = start + latency
+        down_free = self._down_free_us[b]
+        if rx_start < down_free:
+            rx_start = down_free
         end = rx_start + duration
         # backpressure: the sender's uplink stays committed until b has taken the bytes
         self._up_free_us[a] = rx_start - latency + duration
         self._down_free_us[b] = end
-        faults = self.faults
-        if faults.loss > 0 and self.rng.random() < faults.loss:
+        if self._loss and self.rng.random() < self._loss:
             return ()
-        if faults.duplicate > 0 and self.rng.random() < faults.duplicate:
+        if self._duplicate and self.rng.random() < self._duplicate:
             extra = max(1000, int(latency * DUPLICATE_DELAY_FACTOR))
             return (end, end + extra)
         return (end,)

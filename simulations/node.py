@@ -12,6 +12,8 @@ Contract
   order and re-arms that machine's timer, exactly as node/driver.py does.
 * A ``RemoteProtocolError`` out of a machine penalizes the peer it names and the node goes on;
   any other exception is a bug in a machine and stops the simulation loudly.
+* Machines see ``now`` as Unix-epoch milliseconds: the virtual clock plus ``swarm.epoch_ms``
+  (records carry wall-clock times); deadlines are read back in the same frame.
 * ``store`` is the node's data directory: it survives ``crash``/``restart``; machines and
   connections do not. ``epoch`` counts incarnations so that events addressed to a crashed
   incarnation are dropped.
@@ -34,9 +36,13 @@ if TYPE_CHECKING:
 
 Performer = Callable[["VirtualNode", str, Any], None]
 
+# The driver's penalty rules (node/driver.py), mirrored: scores decay, a threshold bans.
 #: penalty points at which a node disconnects a peer and refuses it for BAN_MS
-PENALTY_DISCONNECT = 100
+PENALTY_BAN_THRESHOLD = 100
+PENALTY_DECAY_PER_MIN = 10
 BAN_MS = 10 * 60 * 1000
+INVALID_MESSAGE_PENALTY = 10
+UNROUTED_MESSAGE_PENALTY = 5
 _TICK = Tick()
 
 
@@ -48,6 +54,8 @@ class MachineSpec:
     topics: tuple[str, ...] = ()
     #: effect type -> performer(node, machine_name, effect) for machine-specific effects
     performers: Mapping[type, Performer] = field(default_factory=dict)
+    #: called after every machine of the node is built (submit start-up commands here)
+    on_boot: Callable[[VirtualNode], None] | None = None
 
 
 class MachineSlot:
@@ -113,7 +121,7 @@ class VirtualNode:
         self.store: dict[str, Any] = {}
         self.connections: dict[int, bool] = {}  # peer index -> we dialled (outbound)
         self.mesh: dict[str, list[int]] = {}  # topic -> gossip mesh peers
-        self.scores: dict[str, int] = {}
+        self.scores: dict[str, tuple[float, int]] = {}  # peer -> (score, updated at ms)
         self.banned_until_ms: dict[str, int] = {}
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -142,6 +150,9 @@ class VirtualNode:
                 self.topic_slots.setdefault(topic, []).append(slot)
         for slot in self.slots.values():
             self.arm(slot)
+        for spec in self.specs:
+            if spec.on_boot is not None and self.up:
+                spec.on_boot(self)
 
     def halt(self) -> None:
         self.up = False
@@ -162,7 +173,7 @@ class VirtualNode:
     def feed(self, slot: MachineSlot, event: object) -> None:
         """Hand ``event`` to one machine now and perform what it returns."""
         swarm = self.swarm
-        now_ms = swarm.loop.now_us // 1000
+        now_ms = swarm.loop.now_us // 1000 + swarm.epoch_ms
         try:
             effects = slot.machine.handle(event, now_ms)
         except RemoteProtocolError as exc:
@@ -191,6 +202,9 @@ class VirtualNode:
             slot = self.routes.get(type(message))
             if slot is None:
                 self.swarm.metrics.count("unroutable")
+                self.penalize(
+                    sender, f"unexpected {type(message).__name__}", UNROUTED_MESSAGE_PENALTY
+                )
                 return
             self.feed(slot, Received(sender, message, None))
             return
@@ -214,7 +228,7 @@ class VirtualNode:
         if deadline is None:
             return
         loop = self.swarm.loop
-        at_us = max(deadline * 1000, loop.now_us)
+        at_us = max((deadline - self.swarm.epoch_ms) * 1000, loop.now_us)
         if slot.armed_us is not None and slot.armed_us <= at_us:
             return  # an earlier (or equal) wake-up is already queued
         slot.armed_us = at_us
@@ -228,7 +242,7 @@ class VirtualNode:
             return  # superseded by an earlier wake-up that has already re-armed
         slot.armed_us = None
         deadline = slot.machine.next_deadline()
-        if deadline is not None and deadline * 1000 <= now_us:
+        if deadline is not None and (deadline - self.swarm.epoch_ms) * 1000 <= now_us:
             self.feed(slot, _TICK)
         else:
             self.arm(slot)
@@ -238,14 +252,15 @@ class VirtualNode:
     def penalize(self, peer: str, reason: str, points: int) -> None:
         swarm = self.swarm
         swarm.metrics.count("penalties")
-        score = self.scores.get(peer, 0) + points
-        self.scores[peer] = score
-        if score >= PENALTY_DISCONNECT:
-            self.scores[peer] = 0
-            self.banned_until_ms[peer] = swarm.loop.now_us // 1000 + BAN_MS
+        now = swarm.now_ms
+        score, at = self.scores.get(peer, (0.0, now))
+        score = max(0.0, score - (now - at) / 60_000 * PENALTY_DECAY_PER_MIN) + points
+        self.scores[peer] = (score, now)
+        if score >= PENALTY_BAN_THRESHOLD and not self.is_banned(peer):
+            self.banned_until_ms[peer] = now + BAN_MS
             swarm.metrics.count("peers_banned")
             swarm.transport.disconnect(self, peer, f"penalized: {reason}")
 
     def is_banned(self, peer: str) -> bool:
         until = self.banned_until_ms.get(peer)
-        return until is not None and until > self.swarm.loop.now_us // 1000
+        return until is not None and until > self.swarm.now_ms

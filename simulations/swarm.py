@@ -32,6 +32,9 @@ from simulations.network import LatencyModel, LinkFaults, NetworkModel
 from simulations.node import MachineSlot, MachineSpec, VirtualNode
 from simulations.transport import SimTransport
 
+#: 2024-01-01T00:00:00Z: where virtual time starts on the machines' clocks
+DEFAULT_EPOCH_MS = 1_704_067_200_000
+
 EmitListener = Callable[[VirtualNode, dict[str, Any], int], None]
 
 
@@ -55,8 +58,11 @@ class Swarm:
         degree: int = 6,
         send_timeout_ms: int = 10_000,
         crash_detect_ms: int = 5_000,
+        epoch_ms: int = DEFAULT_EPOCH_MS,
     ) -> None:
         self.seed = seed
+        #: machines see virtual time plus this (Unix-epoch ms: records carry wall-clock times)
+        self.epoch_ms = epoch_ms
         self.loop = EventLoop()
         self.rng = derive_rng(seed, "swarm")
         self.net = NetworkModel(
@@ -191,7 +197,13 @@ class Swarm:
 
     @property
     def now_ms(self) -> int:
+        """Virtual milliseconds since the start of the run."""
         return self.loop.now_us // US_PER_MS
+
+    @property
+    def machine_now_ms(self) -> int:
+        """The time machines see now (Unix-epoch milliseconds)."""
+        return self.loop.now_us // US_PER_MS + self.epoch_ms
 
     def at_ms(self, time_ms: int, callback: Callable[..., None], *args: Any) -> None:
         self.loop.at(time_ms * US_PER_MS, callback, *args)

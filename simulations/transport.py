@@ -17,7 +17,8 @@ Contract (the simulator's side of node/transport.py, at the level of machine eff
   neighbours per topic (symmetric, as GRAFT makes it). The publisher sends to its mesh; a
   node that sees a message for the first time delivers it to its machines (``Received`` with
   ``peer`` = the origin, as node/p2p.py does) and forwards it to its mesh minus the sender;
-  later copies are counted in bytes and dropped (the seen-cache). Lost gossip is silent.
+  later copies are counted in bytes and dropped (the seen-cache). Lost gossip is silent;
+  nodes that joined after a message was published never see it by gossip.
 * **Fidelity.** With ``wire_bytes`` every message crosses the network as its encoded frame
   and is decoded by each receiver (``InvalidMessage`` penalizes the sender); otherwise the
   object itself travels and its size is ``len(encode(msg))``. Bytes are counted per node in
@@ -26,11 +27,14 @@ Contract (the simulator's side of node/transport.py, at the level of machine eff
 
 from __future__ import annotations
 
+from array import array
 from typing import TYPE_CHECKING
 
-from protocol.codec import Message, decode, encode
+from protocol.codec import Message, decode
 from protocol.errors import InvalidMessage
 from protocol.machine import DialFailed, SendFailed
+from simulations.memo import encode
+from simulations.node import INVALID_MESSAGE_PENALTY
 
 if TYPE_CHECKING:
     from simulations.node import MachineSlot, VirtualNode
@@ -63,8 +67,8 @@ class SimTransport:
         self.dial_timeout_us = dial_timeout_ms * 1000
         self.send_timeout_us = send_timeout_ms * 1000
         self.crash_detect_us = crash_detect_ms * 1000
-        #: gossip id -> bytearray of "seen" flags per node index
-        self._seen: dict[int, bytearray] = {}
+        #: gossip id -> per node index: 0, earliest arrival + 1, or -1 once seen (see below)
+        self._seen: dict[int, array[int]] = {}
         self._next_gossip_id = 0
 
     # ------------------------------------------------------------------ sizes
@@ -88,7 +92,7 @@ class SimTransport:
             return decode(payload)  # type: ignore[arg-type]
         except InvalidMessage as exc:
             self.swarm.metrics.count("invalid_frames")
-            dst.penalize(src.peer_id, f"invalid frame: {exc}", 20)
+            dst.penalize(src.peer_id, f"invalid message: {exc}", INVALID_MESSAGE_PENALTY)
             return None
 
     # ------------------------------------------------------------------ connections
@@ -258,18 +262,23 @@ class SimTransport:
             node.feed(slot, SendFailed(peer, message, reason))
 
     # ------------------------------------------------------------------ gossip
+    #
+    # Per gossip id, ``arrival[i]`` is 0 (nothing on its way to node i), the earliest
+    # scheduled arrival time + 1, or -1 once node i has seen the message. A copy that would
+    # arrive after one already on its way is a duplicate for sure: its bytes are counted at
+    # once and no event is scheduled for it (most copies in a mesh are such duplicates).
 
     def publish(self, node: VirtualNode, topic: str, message: Message) -> None:
         swarm = self.swarm
         gid = self._next_gossip_id
         self._next_gossip_id += 1
-        seen = bytearray(len(swarm.nodes))
-        seen[node.index] = 1
-        self._seen[gid] = seen
+        arrival = array("q", bytes(8 * len(swarm.nodes)))
+        arrival[node.index] = -1
+        self._seen[gid] = arrival
         swarm.loop.after(SEEN_TTL_US, self._seen.pop, gid, None)
         payload, size = self._frame(message)
         swarm.metrics.count("gossip_published")
-        self._forward(node, -1, topic, gid, node.peer_id, payload, size)
+        self._forward(node, -1, topic, gid, arrival, node.peer_id, payload, size)
 
     def _forward(
         self,
@@ -277,6 +286,7 @@ class SimTransport:
         came_from: int,
         topic: str,
         gid: int,
+        arrival: array[int],
         origin: str,
         payload: object,
         size: int,
@@ -286,20 +296,29 @@ class SimTransport:
             return
         swarm = self.swarm
         net = swarm.net
-        loop = swarm.loop
-        now = loop.now_us
-        metrics = swarm.metrics
+        nodes = swarm.nodes
+        at_fn = swarm.loop.at
+        now = swarm.loop.now_us
+        transfer = net.transfer
+        partitioned = net.is_partitioned()
+        sent = 0
+        duplicates = 0
         for index in mesh:
             if index == came_from:
                 continue
-            node.bytes_sent += size
-            node.msgs_sent += 1
-            metrics.add_bytes("gossip", size)
-            if not net.reachable(node.index, index):
+            sent += 1
+            if partitioned and not net.reachable(node.index, index):
                 continue
-            for at in net.transfer(node.index, index, size, now):
-                target = swarm.nodes[index]
-                loop.at(
+            target = nodes[index]
+            for at in transfer(node.index, index, size, now):
+                first = arrival[index] if index < len(arrival) else -1
+                if first == -1 or 0 < first <= at + 1:
+                    duplicates += 1
+                    target.bytes_received += size
+                    target.msgs_received += 1
+                    continue
+                arrival[index] = at + 1
+                at_fn(
                     at,
                     self._gossip_arrive,
                     target,
@@ -311,6 +330,12 @@ class SimTransport:
                     payload,
                     size,
                 )
+        if sent:
+            node.bytes_sent += size * sent
+            node.msgs_sent += sent
+            swarm.metrics.add_bytes("gossip", size * sent)
+        if duplicates:
+            swarm.metrics.count("gossip_duplicates", duplicates)
 
     def _gossip_arrive(
         self,
@@ -327,15 +352,16 @@ class SimTransport:
             return
         target.bytes_received += size
         target.msgs_received += 1
-        seen = self._seen.get(gid)
-        if seen is None or len(seen) <= target.index or seen[target.index]:
+        arrival = self._seen.get(gid)
+        index = target.index
+        if arrival is None or arrival[index] != self.swarm.loop.now_us + 1:
             self.swarm.metrics.count("gossip_duplicates")
             return
-        seen[target.index] = 1
+        arrival[index] = -1
         src_node = self.swarm.nodes[src]
         message = self._open(target, src_node, payload)
         if message is None:
             return
-        self._forward(target, src, topic, gid, origin, payload, size)
+        self._forward(target, src, topic, gid, arrival, origin, payload, size)
         if origin != target.peer_id:
             target.deliver(origin, message, topic)

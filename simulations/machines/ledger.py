@@ -1,0 +1,108 @@
+"""Hosting protocol.ledger.LedgerMachine on virtual nodes.
+
+* ``build`` makes the machine from the node's identity and rng and restores it from what the
+  node's store kept (``LedgerMachine.restore``, as the daemon does from SQLite at start).
+* ``StoreCapability``/``StoreAttestation``/``Forget*`` are performed on the node's store;
+  each accepted record version is also reported to ``observer`` (the workload measures
+  convergence from the moment a node stores a version, the same moment the daemon persists it).
+* ``on_boot`` submits the node's ``CapabilitySpec`` (if it advertises one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from protocol.ledger import (
+    CapabilitySpec,
+    ForgetAttestations,
+    ForgetCapabilities,
+    LedgerConfig,
+    LedgerMachine,
+    SetCapability,
+    StoreAttestation,
+    StoreCapability,
+)
+from protocol.ledger_records import LEDGER_TOPIC, LedgerDigest, LedgerPush, LedgerSyncRequest
+from simulations.node import MachineSpec, VirtualNode
+
+NAME = "ledger"
+MESSAGE_TYPES = (LedgerPush, LedgerDigest, LedgerSyncRequest)
+RECORDS = "ledger.records"
+ATTESTATIONS = "ledger.attestations"
+
+#: observer(node, effect) of every StoreCapability/StoreAttestation performed
+StoreObserver = Callable[[VirtualNode, object], None]
+
+
+def ledger_spec(
+    network_id: str,
+    config: LedgerConfig,
+    capability_of: Callable[[VirtualNode], CapabilitySpec | None],
+    observer: StoreObserver | None = None,
+) -> MachineSpec:
+    def build(node: VirtualNode) -> LedgerMachine:
+        machine = LedgerMachine(node.identity, network_id, node.rng, config)
+        records: dict[str, Any] = node.store.get(RECORDS, {})
+        atts: dict[bytes, Any] = node.store.get(ATTESTATIONS, {})
+        if records or atts:
+            report = machine.restore(
+                [env.encode() for _, env in sorted(records.items())],
+                [env.encode() for _, env in sorted(atts.items())],
+                node.swarm.machine_now_ms,
+            )
+            node.swarm.metrics.count("ledger_restored_items", report.records + report.attestations)
+        return machine
+
+    def on_boot(node: VirtualNode) -> None:
+        spec = capability_of(node)
+        if spec is not None:
+            # after the current instant, so that connections made at boot are in place
+            node.swarm.loop.after(0, _advertise, node, node.epoch, spec)
+
+    def store_capability(node: VirtualNode, name: str, effect: StoreCapability) -> None:
+        node.store.setdefault(RECORDS, {})[effect.record.peer_id] = effect.envelope
+        if observer is not None:
+            observer(node, effect)
+
+    def store_attestation(node: VirtualNode, name: str, effect: StoreAttestation) -> None:
+        node.store.setdefault(ATTESTATIONS, {})[effect.hash] = effect.envelope
+        if observer is not None:
+            observer(node, effect)
+
+    def forget_capabilities(node: VirtualNode, name: str, effect: ForgetCapabilities) -> None:
+        records = node.store.get(RECORDS, {})
+        for peer in effect.peer_ids:
+            records.pop(peer, None)
+
+    def forget_attestations(node: VirtualNode, name: str, effect: ForgetAttestations) -> None:
+        atts = node.store.get(ATTESTATIONS, {})
+        for h in effect.hashes:
+            atts.pop(h, None)
+
+    return MachineSpec(
+        name=NAME,
+        build=build,
+        message_types=MESSAGE_TYPES,
+        topics=(LEDGER_TOPIC,),
+        performers={
+            StoreCapability: store_capability,
+            StoreAttestation: store_attestation,
+            ForgetCapabilities: forget_capabilities,
+            ForgetAttestations: forget_attestations,
+        },
+        on_boot=on_boot,
+    )
+
+
+def _advertise(node: VirtualNode, epoch: int, spec: CapabilitySpec) -> None:
+    if node.epoch == epoch:
+        node.submit(NAME, SetCapability(spec))
+
+
+def ledger_of(node: VirtualNode) -> LedgerMachine:
+    machine = node.machine(NAME)
+    if not isinstance(machine, LedgerMachine):  # an adversary wrapper exposes .inner
+        machine = machine.inner
+    assert isinstance(machine, LedgerMachine)
+    return machine

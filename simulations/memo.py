@@ -1,0 +1,95 @@
+"""Sharing the results of pure functions across virtual nodes, for the length of a run.
+
+In one process the simulator has every virtual node check the very same bytes: ten thousand
+signature verifications, peer-id derivations and payload decodings of one gossiped record.
+Each of these is a pure function of its arguments whose result is immutable (a bool, a str, a
+frozen message), so within :func:`shared_pure_functions` the names that the crypto/ and
+protocol/ modules call are bound to memoized wrappers. Every node still runs the whole code
+path of its machine (domain, signer, field, time and replay checks) and gets exactly the
+answer the real function gives, forgeries and malformed payloads included (an exception is
+never cached: it is raised again each time); only the repeated work is shared.
+Outside the context nothing is changed.
+
+What is shared: ``crypto.keys.verify_signature`` (as bound in crypto.envelope),
+``crypto.peer_id.peer_id_from_public_key`` (as bound in crypto.envelope),
+``protocol.codec.decode`` as bound in every loaded ``protocol.*`` module (keyed by the frame's
+bytes), and ``protocol.codec.encode`` likewise, keyed by the identity of the (immutable)
+message object: a machine that counts the bytes of what it sends and the transport that sends
+it encode one object once.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import crypto.envelope
+from crypto.keys import verify_signature
+from crypto.peer_id import peer_id_from_public_key
+from protocol import codec
+
+#: distinct argument tuples remembered per function; the oldest are forgotten first
+CACHE_ENTRIES = 1 << 17
+#: messages whose encoding is remembered by identity
+ENCODE_ENTRIES = 1 << 12
+
+
+class _EncodeByIdentity:
+    """``encode(msg)`` remembered per message object (kept alive, so its id is not reused)."""
+
+    def __init__(self, entries: int) -> None:
+        self.entries = entries
+        self._cache: dict[int, tuple[object, bytes]] = {}
+
+    def __call__(self, msg: codec.Message) -> bytes:
+        key = id(msg)
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] is msg:
+            return hit[1]
+        data = codec.encode(msg)
+        cache = self._cache
+        if len(cache) >= self.entries:
+            del cache[next(iter(cache))]
+        cache[key] = (msg, data)
+        return data
+
+
+#: the transport's encoder; shared with protocol modules inside ``shared_pure_functions``
+encode = _EncodeByIdentity(ENCODE_ENTRIES)
+
+
+def _targets() -> list[tuple[object, str, Callable[..., Any]]]:
+    found: list[tuple[object, str, Callable[..., Any]]] = [
+        (crypto.envelope, "verify_signature", verify_signature),
+        (crypto.envelope, "peer_id_from_public_key", peer_id_from_public_key),
+    ]
+    for name in sorted(sys.modules):
+        module = sys.modules[name]
+        if (name == "protocol" or name.startswith("protocol.")) and name != "protocol.codec":
+            if getattr(module, "decode", None) is codec.decode:
+                found.append((module, "decode", codec.decode))
+            if getattr(module, "encode", None) is codec.encode:
+                found.append((module, "encode", codec.encode))
+    return found
+
+
+@contextmanager
+def shared_pure_functions(entries: int = CACHE_ENTRIES) -> Iterator[None]:
+    """Memoize the pure functions above while the context is open (re-entrant)."""
+    patched: list[tuple[object, str, Callable[..., Any]]] = []
+    for module, attr, original in _targets():
+        if getattr(module, attr) is not original:
+            continue  # already shared by an enclosing context
+        shared = (
+            encode if original is codec.encode else functools.lru_cache(maxsize=entries)(original)
+        )
+        setattr(module, attr, shared)
+        patched.append((module, attr, original))
+    try:
+        yield
+    finally:
+        for module, attr, original in patched:
+            setattr(module, attr, original)

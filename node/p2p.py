@@ -310,6 +310,11 @@ class P2PTransport:
     def connected_peers(self) -> list[str]:
         return [peer for peer, conns in self._conns.items() if conns]
 
+    def open_stream_count(self, peer_id: str) -> int:
+        """Streams yamux still tracks to ``peer_id`` (diagnostics; a leak shows up here)."""
+        conns = self._swarm.connections.get(ID.from_base58(peer_id), [])
+        return sum(len(getattr(conn.muxed_conn, "streams", ())) for conn in conns)
+
     def peer_events(self) -> trio.abc.ReceiveChannel[PeerEvent]:
         if self._events_send is not None:
             raise RuntimeError("peer_events() has one consumer; it was already called")
@@ -371,7 +376,6 @@ class P2PTransport:
     def set_stream_handler(self, protocol_id: str, handler: StreamHandler) -> None:
         async def serve(stream: _NetBulkStream) -> None:
             await handler(stream.peer_id, stream)
-            await stream.close()
 
         self._host.set_stream_handler(TProtocol(protocol_id), self._guarded(protocol_id, serve))
 
@@ -393,6 +397,7 @@ class P2PTransport:
             stream = _NetBulkStream(net_stream, peer)
             try:
                 await serve(stream)
+                await stream.close()  # our FIN; yamux forgets the stream once both are sent
             except (FrameTooLarge, TransportError, trio.TooSlowError) as exc:
                 self._log.warning("transport.bad_stream", peer=peer, protocol=protocol_id,
                                   error=repr(exc))

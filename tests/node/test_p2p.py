@@ -250,6 +250,31 @@ async def test_request_response_and_its_limits() -> None:
 
 
 @trio_test
+async def test_finished_streams_are_released() -> None:
+    """Each request is a stream; both sides must close it or yamux keeps it forever."""
+
+    async def sink(peer: str, stream: Any) -> None:
+        while await stream.read(1024):
+            pass
+
+    async with open_p2p(seed(1)) as a, open_p2p(seed(2)) as b:
+        b.set_request_handler(ECHO, echo, max_request_bytes=100)
+        b.set_stream_handler(BULK, sink)
+        await a.connect(b.listen_addrs()[0])
+        for _ in range(50):
+            await a.request(b.peer_id, ECHO, b"x", max_response_bytes=1)
+        for _ in range(5):
+            stream = await a.open_stream(b.peer_id, BULK)
+            await stream.write(b"y" * 1000)
+            await stream.close()
+            while await stream.read(1024):
+                pass
+        # identify/pubsub streams and the last request's FIN in flight, not 55 streams
+        assert a.open_stream_count(b.peer_id) <= 5
+        assert b.open_stream_count(a.peer_id) <= 5
+
+
+@trio_test
 async def test_garbage_on_a_request_protocol_is_logged_and_survived() -> None:
     async with open_p2p(seed(1)) as a, open_p2p(seed(2)) as b:
         b.set_request_handler(ECHO, echo, max_request_bytes=1000)

@@ -21,6 +21,8 @@ SUBCOMMANDS: dict[str, str] = {
     "demo": "node.cli_node:demo",
     "testnet": "node.cli_node:testnet",
     "bench": "node.cli:bench",
+    "ask": "node.cli_tasks:ask",
+    "tasks": "node.cli_tasks:tasks",
 }
 
 

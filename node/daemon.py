@@ -51,6 +51,8 @@ from protocol.names import PROTOCOL_VERSION
 #: service name -> "module:Class", started in this order (see the module docstring).
 SERVICES: dict[str, str] = {
     "membership": "node.membership_service:MembershipService",
+    "tasks": "node.tasks_service:TasksService",
+    "executor": "node.executor_service:ExecutorService",
 }
 
 #: after the first signal the daemon must be gone within this long, or it exits forcibly

@@ -253,8 +253,9 @@ class Executor:
             return [Emit("task.beacon_skipped", {"task_id": body.task_id.hex(), "why": why})]
 
         existing = self.jobs.get(body.task_id)
-        if existing is not None and existing.state is not JobState.RELEASED:
-            return skip("already_bid")
+        if existing is not None and (existing.state is not JobState.RELEASED
+                                     or existing.attempt >= 0):
+            return skip("already_bid")  # or already ran it: one attempt per task
         if self.free_slots() < 1:
             return skip("no_slot")
         if body.max_tokens > self.config.max_tokens or body.deadline_ms > self.config.max_task_ms:

@@ -199,6 +199,9 @@ def test_cancel_only_from_the_requester() -> None:
     assert ex.handle(Received(ident(5).peer_id, Cancel(task_id=TID, attempt=0)), 1) == []
     effects = ex.handle(Received(REQ.peer_id, Cancel(task_id=TID, attempt=0)), 1)
     assert CancelCompute(TID, 0) in effects and ex.free_slots() == 1
+    # a replan beacon for a task it already ran gets no second bid
+    assert not sends(ex.handle(beacon(round_=1), 2), Bid)
+    assert ex.counters["beacon_skipped.already_bid"] == 1
 
 
 def test_long_cot_is_truncated_under_the_limit() -> None:

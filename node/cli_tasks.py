@@ -1,0 +1,169 @@
+"""`symphony ask` and `symphony tasks list/show`: the task market from the command line.
+
+They talk to the local daemon of ``--data-dir`` through its HTTP API (node/control.py); the
+daemon runs the auction and the vote. Tables for people, ``--json`` for scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from node.config import default_data_dir
+
+#: the CLI waits this much longer than the task's deadline for the daemon's answer
+ASK_CLIENT_GRACE_S = 15.0
+DEFAULT_DEADLINE_MS = 120_000
+
+
+def _client(data_dir: str | None, timeout_s: float = 10.0) -> Any:
+    from node.control import ApiClient, DaemonNotRunning
+
+    try:
+        return ApiClient(Path(data_dir).expanduser() if data_dir else default_data_dir(),
+                         timeout_s=timeout_s)
+    except DaemonNotRunning as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _call(fn: Any, *args: Any) -> Any:
+    import httpx
+
+    from node.control import DaemonNotRunning
+
+    try:
+        return fn(*args)
+    except DaemonNotRunning as exc:
+        raise click.ClickException(str(exc)) from None
+    except httpx.HTTPStatusError as exc:
+        try:
+            detail = exc.response.json().get("error")
+        except ValueError:
+            detail = exc.response.text
+        if isinstance(detail, dict):
+            detail = detail.get("message")
+        raise click.ClickException(f"the daemon refused: {detail}") from None
+
+
+def _short(peer: str) -> str:
+    return peer if len(peer) <= 16 else f"{peer[:8]}…{peer[-6:]}"
+
+
+def print_task(snap: dict[str, Any], show_cot: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=sys.stdout)
+    answer = snap.get("answer")
+    status = snap["phase"] + (" (partial)" if snap.get("partial") else "")
+    console.print(f"[bold]answer:[/bold] {answer if answer is not None else '-'}   "
+                  f"task {snap['task_id'][:16]}  {status}")
+    if snap.get("failure"):
+        console.print(f"failure: {snap['failure']}")
+    if snap.get("votes"):
+        votes = Table(title="votes")
+        for col in ("answer", "weight", "share", "count", "voters"):
+            votes.add_column(col)
+        for row in snap["votes"]:
+            votes.add_row(row["answer"], f"{row['weight']:.3f}", f"{row['share']:.0%}",
+                          str(row["count"]), ", ".join(_short(v) for v in row["voters"]))
+        console.print(votes)
+    if snap.get("results"):
+        results = Table(title="who computed what")
+        for col in ("executor", "answer", "confidence", "weight", "tokens", "ms"):
+            results.add_column(col)
+        for r in snap["results"]:
+            weight = "-" if r.get("weight") is None else f"{r['weight']:.3f}"
+            results.add_row(_short(r["executor"]), r["answer"], f"{r['confidence']:.2f}",
+                            weight, str(r["tokens"]), str(r["compute_ms"]))
+        console.print(results)
+    failed = [a for a in snap.get("attempts", []) if a["state"] == "failed"]
+    for a in failed:
+        console.print(f"replaced {_short(a['peer'])}: {a['reason']}")
+    if show_cot:
+        for r in snap.get("results", []):
+            console.rule(f"CoT of {_short(r['executor'])}")
+            console.print(r["cot"], markup=False, highlight=False)
+
+
+@click.command()
+@click.argument("question")
+@click.option("--k", type=click.IntRange(1, 16), default=None,
+              help="Independent executors (default: the node's tasks.default_k, 3).")
+@click.option("--model", default="", help="Model name the executors must serve.")
+@click.option("--family", default="", help="Model family the executors must serve.")
+@click.option("--answer-type", type=click.Choice(["text", "number", "choice", "exact"]),
+              default="text", show_default=True)
+@click.option("--choice", "choices", multiple=True, help="An option (repeat, for --answer-type "
+              "choice).")
+@click.option("--deadline-ms", type=click.IntRange(1000, 24 * 3600 * 1000),
+              default=DEFAULT_DEADLINE_MS, show_default=True)
+@click.option("--max-tokens", type=click.IntRange(1, 32768), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print the task snapshot as JSON.")
+@click.option("--show-cot", is_flag=True, help="Print every executor's chain of thought.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+def ask(question: str, k: int | None, model: str, family: str, answer_type: str,
+        choices: tuple[str, ...], deadline_ms: int, max_tokens: int | None, as_json: bool,
+        show_cot: bool, data_dir: str | None) -> None:
+    """Ask the network QUESTION; print the voted answer, the votes and who computed what."""
+    client = _client(data_dir, timeout_s=deadline_ms / 1000 + ASK_CLIENT_GRACE_S)
+    body: dict[str, Any] = {"question": question, "answer_type": answer_type,
+                            "model": model, "family": family, "choices": list(choices),
+                            "deadline_ms": deadline_ms}
+    if k is not None:
+        body["k"] = k
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    snap = _call(client.post, "/tasks/", body)
+    if as_json:
+        click.echo(json.dumps(snap, indent=2, sort_keys=True))
+    else:
+        print_task(snap, show_cot)
+    if snap["phase"] != "done":
+        sys.exit(1)
+
+
+@click.group()
+def tasks() -> None:
+    """Tasks this node asked the network."""
+
+
+@tasks.command("list")
+@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+def list_tasks(limit: int, as_json: bool, data_dir: str | None) -> None:
+    """Recent tasks, newest first."""
+    found = _call(_client(data_dir).get, f"/tasks/?limit={limit}")["tasks"]
+    if as_json:
+        click.echo(json.dumps(found, indent=2, sort_keys=True))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="tasks")
+    for col in ("task", "phase", "answer", "votes", "k", "question"):
+        table.add_column(col)
+    for t in found:
+        table.add_row(t["task_id"][:16], t["phase"] + ("*" if t.get("partial") else ""),
+                      str(t.get("answer") if t.get("answer") is not None else "-"),
+                      str(len(t.get("results", []))), str(t["k"]), t["question"][:50])
+    Console(file=sys.stdout).print(table)
+
+
+@tasks.command("show")
+@click.argument("task_id")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--show-cot", is_flag=True)
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+def show_task(task_id: str, as_json: bool, show_cot: bool, data_dir: str | None) -> None:
+    """One task: answer, votes, results, replaced executors."""
+    snap = _call(_client(data_dir).get, f"/tasks/{task_id}")
+    if as_json:
+        click.echo(json.dumps(snap, indent=2, sort_keys=True))
+    else:
+        print_task(snap, show_cot)

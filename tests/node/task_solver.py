@@ -1,0 +1,56 @@
+"""A deterministic test solver for the executor service: arithmetic, no model.
+
+Load it with ``[executor] solver = "tests.node.task_solver:factory"``. It answers questions
+containing ``a <op> b`` (op in + - *) with a short chain of thought and a final answer line,
+in ``SYMPHONY_TEST_SOLVER_DELAY_MS`` milliseconds of simulated compute (default 50), and
+advertises the matching speed (``NOMINAL_TOKENS`` in that time), so bids estimate it. Real
+inference is the models/ backend's job; daemon tests need answers that are fast and known.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from crypto.hashing import digest
+from node.executor_service import Solution
+from protocol.executor import ServedModel
+from protocol.tasks import TaskSpec
+
+MODEL_NAME = "test-arith"
+MODEL_HASH = digest(b"test-arith-weights")
+#: tokens a task is assumed to take, for the advertised tokens/s
+NOMINAL_TOKENS = 256
+_EXPR = re.compile(r"(-?\d+)\s*([-+*])\s*(-?\d+)")
+
+
+class ArithmeticSolver:
+    def __init__(self, delay_ms: int) -> None:
+        self.delay_ms = delay_ms
+
+    def models(self) -> list[ServedModel]:
+        return [ServedModel(name=MODEL_NAME, family="test", context=4096, model_hash=MODEL_HASH,
+                            tokens_per_s=NOMINAL_TOKENS * 1000 / max(1, self.delay_ms),
+                            price_per_1k=0.0)]
+
+    def solve(self, task: TaskSpec, model: str, max_tokens: int) -> Solution:
+        started = time.monotonic()
+        time.sleep(self.delay_ms / 1000)  # stands in for generation time
+        m = _EXPR.search(task.question)
+        if m is None:
+            cot, answer = "I cannot find an expression.\nFinal answer: unknown", "unknown"
+        else:
+            a, op, b = int(m.group(1)), m.group(2), int(m.group(3))
+            value = a + b if op == "+" else a - b if op == "-" else a * b
+            cot = f"We compute {a} {op} {b} step by step.\nThat is {value}.\nFinal answer: {value}"
+            answer = str(value)
+        return Solution(answer=answer, cot=cot, confidence=0.9, tokens=len(cot.split()),
+                        compute_ms=int((time.monotonic() - started) * 1000),
+                        model_hash=MODEL_HASH)
+
+
+def factory(section: Any, data_dir: Path) -> ArithmeticSolver:
+    return ArithmeticSolver(int(os.environ.get("SYMPHONY_TEST_SOLVER_DELAY_MS", "50")))

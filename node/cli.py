@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, str] = {
     "bench": "node.cli:bench",
     "ask": "node.cli_tasks:ask",
     "tasks": "node.cli_tasks:tasks",
+    "ledger": "node.cli_ledger:ledger",
 }
 
 

@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from random import Random
 
 from crypto.envelope import Envelope, EnvelopeError
-from crypto.hashing import digest
 from crypto.keys import Identity
 from protocol.codec import Message, decode, encode
 from protocol.errors import InvalidMessage, LocalProtocolError
@@ -104,8 +103,6 @@ MAX_PENALTY_PER_MESSAGE = 100
 #: peers whose rejection counts are tracked separately; beyond, they pool under OTHER_PEERS
 MAX_TRACKED_PEERS = 4096
 OTHER_PEERS = "*"
-#: crypto.envelope.Envelope.content_hash personalisation
-ENVELOPE_HASH_PERSON = b"symphony-env"
 
 
 @dataclass(slots=True)
@@ -458,8 +455,8 @@ class LedgerMachine:
     ) -> RestoreReport:
         """Re-verify and merge stored envelopes (the bytes as received); produces no effects.
 
-        Whatever no longer passes (expired, quota-evicted, corrupt) is reported so the store can
-        delete it: records by their stored bytes, attestations by content hash.
+        Whatever no longer passes (expired, corrupt) is reported by its stored bytes, and what
+        the observer quota evicted by content hash, so the store can delete them.
         """
         report = RestoreReport()
         now += self.clock_offset_ms
@@ -481,11 +478,10 @@ class LedgerMachine:
                 h = env.content_hash
                 _, evicted = self.state.merge_attestation(env, att, self._signer(env), h)
             except (EnvelopeError, Rejected):
-                # the content hash of a canonically stored envelope is the hash of its bytes
-                report.stale_attestations.append(digest(data, person=ENVELOPE_HASH_PERSON))
+                report.stale_attestations.append(data)
                 continue
             report.attestations += 1
-            report.stale_attestations.extend(evicted)
+            report.evicted.extend(evicted)
         return report
 
     def rejections(self) -> dict[str, dict[str, int]]:
@@ -512,6 +508,8 @@ class LedgerMachine:
 class RestoreReport:
     records: int = 0
     attestations: int = 0
-    #: stored record envelopes and attestation hashes that no longer pass
+    #: stored envelope bytes that no longer pass
     stale_records: list[bytes] = field(default_factory=list)
     stale_attestations: list[bytes] = field(default_factory=list)
+    #: content hashes of attestations the observer quota evicted
+    evicted: list[bytes] = field(default_factory=list)

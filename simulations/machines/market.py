@@ -1,0 +1,125 @@
+"""Hosting the task market on virtual nodes: the requester's Auction and the Executor.
+
+As node/tasks_service.py and node/executor_service.py do for the daemon:
+
+* the auction's ``reputation`` callback reads the node's ledger machine, if it hosts one
+  (0.5 otherwise); its ``Attest`` effects become ledger ``Attest`` commands with the same
+  outcome -> kind mapping (``LEDGER_KINDS``); ``TaskUpdated`` snapshots go to the node's store;
+* the executor's ``StartCompute`` runs on the compute model (or a real solver) and comes back
+  as ``ComputeDone``/``ComputeFailed`` after the compute time; ``CancelCompute`` drops a
+  computation that has not finished.
+
+Behaviours (simulations/adversary.py) wrap either machine when ``behaviour_of`` names one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from protocol.auction import Auction
+from protocol.executor import Executor, ExecutorConfig
+from protocol.selection import Selector
+from protocol.task_events import (
+    COMPLETED,
+    TIMEOUT,
+    WRONG,
+    Attest,
+    AuctionConfig,
+    CancelCompute,
+    StartCompute,
+    TaskUpdated,
+)
+from protocol.tasks import BEACON_TOPIC, Assign, Beacon, Bid, Cancel, Reject, Result
+from simulations.adversary import Behaviour, Wrapped, unwrap
+from simulations.node import MachineSpec, VirtualNode
+
+AUCTION = "auction"
+EXECUTOR = "executor"
+#: task outcome -> ledger attestation kind (node/tasks_service.py's LEDGER_KINDS)
+LEDGER_KINDS = {COMPLETED: "TASK_COMPLETED", WRONG: "TASK_FAILED", TIMEOUT: "TASK_TIMED_OUT"}
+SNAPSHOTS = "tasks.snapshots"
+_RUNNING = "compute.running"
+
+BehaviourOf = Callable[[VirtualNode], Behaviour | None]
+
+
+def _wrap(machine: Any, node: VirtualNode, behaviour_of: BehaviourOf | None) -> Any:
+    behaviour = behaviour_of(node) if behaviour_of is not None else None
+    return machine if behaviour is None else Wrapped(machine, node, behaviour)
+
+
+def auction_spec(
+    selector_of: Callable[[VirtualNode], Selector],
+    config: AuctionConfig,
+    behaviour_of: BehaviourOf | None = None,
+) -> MachineSpec:
+    def build(node: VirtualNode) -> Any:
+        def reputation(peer: str) -> float:
+            slot = node.slots.get("ledger")
+            if slot is None:
+                return 0.5
+            view = unwrap(slot.machine).view
+            return float(view.reputation(peer, node.swarm.machine_now_ms).score)
+
+        machine = Auction(node.identity, selector_of(node), node.rng, config, reputation)
+        return _wrap(machine, node, behaviour_of)
+
+    def attest(node: VirtualNode, name: str, effect: Attest) -> None:
+        node.swarm.metrics.count(f"task_attest.{effect.outcome}")
+        if "ledger" not in node.slots:
+            return
+        from protocol.ledger import Attest as LedgerAttest
+        from protocol.ledger_records import AttestationKind
+
+        kind = AttestationKind[LEDGER_KINDS.get(effect.outcome, "TASK_FAILED")]
+        outcome = f"{effect.outcome}: {effect.detail}" if effect.detail else effect.outcome
+        node.submit("ledger", LedgerAttest(subject=effect.subject, object_id=effect.task_id,
+                                           kind=kind, outcome=outcome[:128]))
+
+    def task_updated(node: VirtualNode, name: str, effect: TaskUpdated) -> None:
+        node.store.setdefault(SNAPSHOTS, {})[effect.snapshot.task_id] = effect.snapshot
+
+    return MachineSpec(
+        name=AUCTION,
+        build=build,
+        message_types=(Bid, Result, Reject),
+        performers={Attest: attest, TaskUpdated: task_updated},
+    )
+
+
+def executor_spec(
+    config_of: Callable[[VirtualNode], ExecutorConfig],
+    backend: Any,  # CostModel or SolverBackend: compute(profile, job, rng)
+    behaviour_of: BehaviourOf | None = None,
+) -> MachineSpec:
+    def build(node: VirtualNode) -> Any:
+        return _wrap(Executor(node.identity, config_of(node)), node, behaviour_of)
+
+    def start_compute(node: VirtualNode, name: str, effect: StartCompute) -> None:
+        duration_ms, outcome = backend.compute(node.profile, effect, node.rng)
+        key = (effect.task.task_id, effect.attempt)
+        running: dict[tuple[bytes, int], int] = node.store.setdefault(_RUNNING, {})
+        running[key] = node.epoch
+        node.swarm.metrics.count("compute_started")
+        if outcome is not None:
+            node.swarm.loop.after(duration_ms * 1000, _finish, node, key, outcome)
+
+    def cancel_compute(node: VirtualNode, name: str, effect: CancelCompute) -> None:
+        node.store.get(_RUNNING, {}).pop((effect.task_id, effect.attempt), None)
+
+    return MachineSpec(
+        name=EXECUTOR,
+        build=build,
+        message_types=(Beacon, Assign, Cancel),
+        topics=(BEACON_TOPIC,),
+        performers={StartCompute: start_compute, CancelCompute: cancel_compute},
+    )
+
+
+def _finish(node: VirtualNode, key: tuple[bytes, int], outcome: object) -> None:
+    running = node.store.get(_RUNNING, {})
+    if running.pop(key, None) != node.epoch or not node.up:
+        return  # cancelled, or the node crashed while computing
+    node.swarm.metrics.count("compute_finished")
+    node.submit(EXECUTOR, outcome)

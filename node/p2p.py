@@ -481,7 +481,7 @@ def _build_host(key_pair: Any) -> BasicHost:
                 key_pair, noise_privkey=create_new_x25519_key_pair().private_key
             )
         },
-        muxer_opt={YAMUX_PROTOCOL_ID: Yamux},
+        muxer_opt={TProtocol(YAMUX_PROTOCOL_ID): Yamux},
         transports=[TCP()],
         retry_config=RetryConfig(max_retries=0),
         connection_config=ConnectionConfig(dial_timeout=DIAL_TIMEOUT_S),

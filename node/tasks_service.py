@@ -32,6 +32,7 @@ from protocol.auction import (
     Auction,
     AuctionConfig,
     KeptResult,
+    RestoredAttempt,
     RestoreTask,
     SubmitTask,
     TaskUpdated,
@@ -322,7 +323,14 @@ def restore_event(snap: dict[str, Any], own_peer: str, remaining_ms: int) -> Res
     )
     kept = tuple(KeptResult(bytes.fromhex(r["envelope"]), float(r["match_score"]))
                  for r in snap["results"])
+    # an attempt's time left keeps its distance to the task's deadline
+    assigned = tuple(
+        RestoredAttempt(peer=a["peer"], attempt=int(a["attempt"]),
+                        due_in_ms=remaining_ms - (int(snap["deadline_at_ms"])
+                                                  - int(a["due_at_ms"])),
+                        match_score=float(a["match_score"]), model=a["model"])
+        for a in snap["attempts"] if a["state"] == "assigned")
     return RestoreTask(spec=spec, allow_self=bool(snap["allow_self"]),
                        remaining_ms=max(0, remaining_ms), round=int(snap["round"]),
                        next_attempt=int(snap["next_attempt"]), tried=tuple(snap["tried"]),
-                       kept=kept)
+                       kept=kept, assigned=assigned)

@@ -55,6 +55,7 @@ from protocol.task_events import (
     AuctionConfig,
     CancelTask,
     KeptResult,
+    RestoredAttempt,
     RestoreTask,
     Reward,
     SubmitTask,
@@ -98,7 +99,8 @@ from protocol.tasks import (
 )
 
 __all__ = [
-    "Attest", "Auction", "AuctionConfig", "CancelTask", "KeptResult", "RestoreTask", "Reward",
+    "Attest", "Auction", "AuctionConfig", "CancelTask", "KeptResult", "RestoredAttempt",
+    "RestoreTask", "Reward",
     "SubmitTask", "TaskUpdated", "snapshot_of",
 ]
 
@@ -231,12 +233,21 @@ class Auction(ResultIntake):
             task.results[body.executor] = ResultInfo(body, env, body.attempt, kept.match_score,
                                                      now)
             task.tried.add(body.executor)
+        for ra in ev.assigned:
+            if ra.peer in task.results or ra.attempt in task.attempts:
+                continue
+            bid = BidBody(task_id=spec.task_id, round=task.round, bidder=ra.peer, model=ra.model,
+                          model_hash=b"", match_score=ra.match_score, price=0.0,
+                          est_latency_ms=0, load=0.0, free_slots=0, hold_ms=1)
+            due = min(task.deadline_at_ms, now + max(0, ra.due_in_ms))
+            task.attempts[ra.attempt] = Attempt(ra.attempt, ra.peer, BidInfo(bid, now, now),
+                                                AttemptState.ASSIGNED, now, due)
+            task.tried.add(ra.peer)
+        task.next_attempt = max([task.next_attempt, *(a + 1 for a in task.attempts)])
         self._count("tasks_restored")
-        if len(task.results) >= spec.k or ev.remaining_ms < self.config.min_round_ms \
-                or task.round + 1 >= min(self.config.max_rounds, MAX_ROUND):
-            return self._finish(task, now, "requester restarted with no time left to replan")
-        task.round += 1
-        return self._beacon(task, now)
+        if len(task.results) >= spec.k or ev.remaining_ms <= 0:
+            return self._finish(task, now, "requester restarted after the deadline")
+        return self._replan(task, now, after_close=True)
 
     def _beacon(self, task: OpenTask, now: int) -> list[Effect]:
         remaining = task.deadline_at_ms - now

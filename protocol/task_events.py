@@ -70,6 +70,17 @@ class KeptResult:
 
 
 @dataclass(frozen=True, slots=True)
+class RestoredAttempt:
+    """An assignment still running when the requester stopped: its result stays welcome."""
+
+    peer: str
+    attempt: int
+    due_in_ms: int
+    match_score: float
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
 class RestoreTask:
     """Resume a task stored before a restart (fails it cleanly when no time is left)."""
 
@@ -80,6 +91,7 @@ class RestoreTask:
     next_attempt: int
     tried: tuple[str, ...] = ()
     kept: tuple[KeptResult, ...] = ()
+    assigned: tuple[RestoredAttempt, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

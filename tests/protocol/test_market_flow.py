@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.auction import AuctionConfig, KeptResult, RestoreTask
+from protocol.auction import AuctionConfig, KeptResult, RestoredAttempt, RestoreTask
 from protocol.codec import Message
 from protocol.linucb import LinUCBSelector
 from protocol.tasks import (
@@ -350,3 +350,26 @@ def test_restore_without_time_fails_or_votes_cleanly() -> None:
     net.perform(net.rq, effects)
     assert net.last(tid)["phase"] == "failed"
 
+
+
+def test_restore_keeps_attempts_that_were_running() -> None:
+    net = MarketNet(3)
+    tid = net.submit()
+    net.step_to(1_550)  # the window closed at 1500: three executors computing
+    running = net.auction.tasks[tid].active
+    assert len(running) == 3
+    fresh = MarketNet(0)  # the requester restarted: same key, empty memory
+    fresh.now = net.now
+    assigned = tuple(RestoredAttempt(a.peer, a.attempt, 5_000, 1.0, MODEL.name)
+                     for a in running)
+    fresh.perform(fresh.rq, fresh.auction.handle(RestoreTask(
+        spec=net.auction.tasks[tid].spec, allow_self=False, remaining_ms=20_000, round=0,
+        next_attempt=3, tried=tuple(a.peer for a in running), assigned=assigned), fresh.now))
+    assert not any(isinstance(m, Beacon) for _, _, m in fresh.sent)  # nothing to replan
+    for a in running:
+        who = net.workers[a.peer].machine.identity
+        fresh.inject(a.peer, fresh.rq, Result(envelope=seal(who, RESULT_DOMAIN,
+                                                            result_body(tid, a.peer, a.attempt))))
+    snap = done(fresh, tid)
+    assert snap["phase"] == "done" and len(snap["results"]) == 3  # type: ignore[arg-type]
+    assert "results_rejected.not_assigned" not in fresh.auction.counters

@@ -1,0 +1,104 @@
+"""TasksService storage without a network: snapshots go to SQLite, an open task left by a
+stopped requester is resumed from them (kept results, running attempts), a finished one is
+not, and the LinUCB state survives a restart."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import trio
+
+from node.db import Database
+from node.tasks_service import TasksSection, TasksService, restore_event
+from protocol.auction import RestoreTask, TaskUpdated
+from protocol.linucb import LinUCBSelector
+from protocol.task_state import TaskSnapshot
+from tests.protocol.market_net import MarketNet
+
+
+class _Log:
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **k: None
+
+
+def service(db: Database, submitted: list[object], selector: str = "score") -> TasksService:
+    clock = SimpleNamespace(ms=1_000_000)
+    net = MarketNet(0)
+
+    async def submit(name: str, event: object) -> None:
+        submitted.append(event)
+
+    ctx = SimpleNamespace(
+        identity=net.requester, network_id="t", data_dir=Path("."), db=db, transport=None,
+        log=_Log(), rng=random.Random(3), clock=lambda: clock.ms, submit=submit, services={},
+        config=SimpleNamespace(section=lambda name: TasksSection(selector=selector)))
+    svc = TasksService(ctx)  # type: ignore[arg-type]
+    db.apply_schema(svc.schema)
+    return svc
+
+
+def test_open_task_is_stored_and_resumed_with_its_attempts(tmp_path: Path) -> None:
+    net = MarketNet(3)
+    tid = net.submit(deadline_ms=60_000)
+    net.step_to(1_550)  # three attempts running
+    snap = net.last(tid)
+    submitted: list[object] = []
+    db = Database(tmp_path / "node.db")
+    svc = service(db, submitted)
+    svc.ctx.clock = lambda: net.now  # type: ignore[misc]
+    trio.run(svc.perform, TaskUpdated(TaskSnapshot(snap)))
+    assert svc.load(tid.hex())["phase"] == "running"  # type: ignore[index]
+    assert [t["task_id"] for t in svc.recent()] == [tid.hex()]
+
+    restarted = service(db, submitted)  # a new process on the same database
+    trio.run(restarted.run)
+    (event,) = submitted
+    assert isinstance(event, RestoreTask) and event.spec.task_id == tid
+    assert {a.peer for a in event.assigned} == set(net.peers())
+    assert 50_000 < event.remaining_ms <= 60_000 - 1_550
+    # the rebuilt event resumes the task in a fresh auction without a new beacon
+    fresh = MarketNet(0)
+    fresh.perform(fresh.rq, fresh.auction.handle(event, 0))
+    assert fresh.auction.tasks[tid].phase.value == "running"
+
+
+def test_finished_tasks_are_not_resumed(tmp_path: Path) -> None:
+    net = MarketNet(3)
+    tid = net.submit()
+    net.step_to(40_000)
+    submitted: list[object] = []
+    db = Database(tmp_path / "node.db")
+    svc = service(db, submitted)
+    trio.run(svc.perform, TaskUpdated(TaskSnapshot(net.last(tid))))
+    trio.run(service(db, submitted).run)
+    assert submitted == []
+
+
+def test_restore_event_survives_json(tmp_path: Path) -> None:
+    net = MarketNet(3)
+    tid = net.submit()
+    net.step_to(1_620)  # some results in
+    snap = json.loads(json.dumps(net.last(tid)))
+    event = restore_event(snap, net.rq, 10_000)
+    assert event.spec == net.auction.tasks[tid].spec
+    assert len(event.kept) + len(event.assigned) == 3
+
+
+def test_linucb_state_is_saved_with_finished_tasks(tmp_path: Path) -> None:
+    db = Database(tmp_path / "node.db")
+    svc = service(db, [], selector="linucb")
+    assert isinstance(svc.selector, LinUCBSelector)
+    net = MarketNet(3, selector=svc.selector)
+    tid = net.submit()
+    net.step_to(40_000)
+    svc.ctx.clock = lambda: net.now  # type: ignore[misc]
+    trio.run(svc.perform, TaskUpdated(TaskSnapshot(net.last(tid))))
+    again = service(db, [], selector="linucb")
+    trio.run(again.start)
+    assert isinstance(again.selector, LinUCBSelector)
+    assert set(again.selector.model.arms) == set(net.peers())
+    assert again.machine.selector is again.selector

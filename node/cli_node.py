@@ -63,14 +63,20 @@ def node_group() -> None:
 def run(config_file: str | None, **flags: Any) -> None:
     """Run the daemon until SIGINT/SIGTERM (a second signal forces exit)."""
     from node.config import load_config
-    from node.daemon import config_sections, load_service_classes, run_daemon
+    from node.daemon import (
+        config_sections,
+        load_extra_services,
+        load_service_classes,
+        run_daemon,
+    )
     from node.logs import configure_logging
 
     classes = load_service_classes()
     try:
         config = load_config(flags, config_file=Path(config_file) if config_file else None,
                              sections=config_sections(classes))
-    except ConfigError as exc:
+        classes.update(load_extra_services(config.extra_services))
+    except (ConfigError, ImportError, AttributeError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from None
     configure_logging(config.log_level, json_logs=config.json_logs)
     sys.exit(run_daemon(config, classes))

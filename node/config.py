@@ -65,6 +65,9 @@ class Config:
     log_level: str = "info"
     #: one JSON object per log line instead of the human console format
     json_logs: bool = False
+    #: "module:Class" services loaded after the registry (node/daemon.py SERVICES): for tests
+    #: and experiments, e.g. a gossip load generator; they cannot declare a config section
+    extra_services: tuple[str, ...] = ()
     #: service name -> its section dataclass instance (see module docstring)
     sections: Mapping[str, Any] = field(default_factory=dict)
 

@@ -51,6 +51,7 @@ from protocol.names import PROTOCOL_VERSION
 #: service name -> "module:Class", started in this order (see the module docstring).
 SERVICES: dict[str, str] = {
     "membership": "node.membership_service:MembershipService",
+    "ledger": "node.ledger_service:LedgerService",
     "tasks": "node.tasks_service:TasksService",
     "executor": "node.executor_service:ExecutorService",
 }
@@ -70,6 +71,19 @@ def load_service_classes(names: Mapping[str, str] | None = None) -> dict[str, ty
         if getattr(cls, "name", None) != name:
             raise RuntimeError(f"SERVICES[{name!r}] points at {target} whose name is {cls.name!r}")
         classes[name] = cls
+    return classes
+
+
+def load_extra_services(targets: tuple[str, ...]) -> dict[str, type[Service]]:
+    """Classes named by ``config.extra_services``; they may not declare a config section."""
+    classes: dict[str, type[Service]] = {}
+    for target in targets:
+        module_name, _, attr = target.partition(":")
+        cls = getattr(importlib.import_module(module_name), attr)
+        if cls.config_section is not None:
+            raise RuntimeError(f"extra service {target} declares a config section; register "
+                               "it in node/daemon.py SERVICES instead")
+        classes[cls.name] = cls
     return classes
 
 

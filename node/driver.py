@@ -70,6 +70,8 @@ SEND_TIMEOUT_S = 10.0
 OUTBOX_SIZE = 256
 #: Gossip publishes waiting; beyond it they are dropped and logged (gossip is best effort).
 PUBLISH_QUEUE_SIZE = 1024
+#: A full publish queue is logged at most this often (with the running total).
+DROP_LOG_INTERVAL_MS = 1000
 #: An ack is empty; a refusal is a short utf-8 reason.
 MAX_ACK_BYTES = 256
 INVALID_MESSAGE_PENALTY = 10
@@ -118,6 +120,7 @@ class Driver:
         self._publish_send, self._publish_receive = trio.open_memory_channel[tuple[str, bytes]](
             PUBLISH_QUEUE_SIZE)
         self._peer_events: Any = None
+        self._drop_logged_ms = -DROP_LOG_INTERVAL_MS
         self.counters = {"received": 0, "sent": 0, "send_failed": 0, "invalid": 0,
                          "published": 0, "publish_dropped": 0, "gossip_received": 0}
 
@@ -306,8 +309,12 @@ class Driver:
             self._publish_send.send_nowait((topic(self.network_id, short), encode(message)))
         except trio.WouldBlock:
             self.counters["publish_dropped"] += 1
-            self.log.warning("driver.publish_dropped", topic=short,
-                             message=type(message).__name__)
+            now = self.now_ms()
+            if now - self._drop_logged_ms >= DROP_LOG_INTERVAL_MS:  # one line, not a flood
+                self._drop_logged_ms = now
+                self.log.warning("driver.publish_dropped", topic=short,
+                                 message=type(message).__name__,
+                                 dropped_total=self.counters["publish_dropped"])
 
     async def _publisher(self) -> None:
         async for full, data in self._publish_receive:

@@ -74,6 +74,7 @@ class NodeProcess:
         self.log_path = data_dir / "daemon.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.info: dict[str, Any] = {}
+        self._stop_sent = False
 
     # ---- process control ------------------------------------------------------------------
 
@@ -93,6 +94,7 @@ class NodeProcess:
         finally:
             log.close()
         self.info = {}
+        self._stop_sent = False
         return self
 
     def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> NodeProcess:
@@ -123,12 +125,19 @@ class NodeProcess:
             self.proc.kill()
             self.proc.wait()
 
+    def send_stop(self, sig: int = signal.SIGTERM) -> None:
+        """Ask the daemon to stop (once: a second signal would force its exit)."""
+        if self.running and not self._stop_sent:
+            assert self.proc is not None
+            self._stop_sent = True
+            self.proc.send_signal(sig)
+
     def terminate(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
-        """SIGTERM, then wait at most ``timeout_s``; returns the exit code (kills if it hangs)."""
+        """SIGTERM (unless already sent), then wait at most ``timeout_s``; returns the exit code (kills if it hangs)."""
         if self.proc is None:
             return 0
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.send_stop()
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -241,8 +250,7 @@ class LocalTestnet:
     def stop_all(self, timeout_s: float = STOP_TIMEOUT_S) -> dict[str, int]:
         """SIGTERM every node at once, then wait; returns name -> exit code."""
         for node in self.nodes.values():
-            if node.running and node.proc is not None:
-                node.proc.send_signal(signal.SIGTERM)
+            node.send_stop()
         return {name: node.terminate(timeout_s) for name, node in self.nodes.items()}
 
     def kill_all(self) -> None:

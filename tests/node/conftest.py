@@ -1,0 +1,96 @@
+"""Shared helpers for node tests that run real daemons as separate processes.
+
+Fixtures
+--------
+``testnet``: a :class:`node.testnet.LocalTestnet` under this test's tmp dir, network id
+``itest``, membership timings shortened (``FAST_MEMBERSHIP``) so discovery takes seconds.
+Every node it starts is killed at teardown; if the test failed, the last log lines of every
+node are printed (pytest shows them under "Captured stdout teardown").
+
+    def test_five_nodes(testnet):
+        nodes = testnet.start_many(["a", "b", "c", "d", "e"])   # b..e bootstrap from a
+        testnet.wait_all_connected()
+        st = nodes[1].status()                 # GET /status of node b
+        nodes[2].kill()                        # kill -9
+        nodes[2].restart()                     # same data dir -> same peer id
+        testnet.wait_until(lambda: ..., "what we wait for", timeout_s=30)
+        assert nodes[0].log_events("membership.peer_ready")
+
+``LocalTestnet.start(name, bootstrap=[node or multiaddr], network_id=, config={section: {..}},
+env={...}, extra_args=[...], wait=True)`` writes ``config`` (merged over the testnet's) as the
+node's node.toml; ``NodeProcess`` offers ``status()``, ``ready_peers()``, ``peer_id``,
+``addresses``, ``api_url``, ``kill()``, ``terminate() -> exit code``, ``restart()``,
+``log_events(event)``, ``log_tail()``. Waits are bounded polls (``wait_until``): another
+process's state has no event to wait on.
+
+``run_cli(*args, data_dir=...)``: run ``symphony ...`` in a subprocess, return the
+CompletedProcess (text mode).
+
+``GOSSIP_PROBE``: the "module:Class" of tests/node/probe_service.py, for
+``config={"extra_services": [GOSSIP_PROBE]}`` when a test needs gossip traffic.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.testnet import LocalTestnet, NodeProcess
+
+ROOT = Path(__file__).resolve().parents[2]
+TEST_NETWORK_ID = "itest"
+FAST_MEMBERSHIP = {
+    "membership": {
+        "ping_interval_ms": 1000,
+        "exchange_interval_ms": 500,
+        "backoff_base_ms": 200,
+        "backoff_max_ms": 2000,
+    }
+}
+GOSSIP_PROBE = "tests.node.probe_service:GossipProbe"
+STUCK_ON_SHUTDOWN = "tests.node.probe_service:StuckOnShutdown"
+CLI_TIMEOUT_S = 60
+
+
+class Testnet(LocalTestnet):
+    __test__ = False  # not a test class, whatever its name
+    def start_many(self, names: Sequence[str], **kwargs: Any) -> list[NodeProcess]:
+        """Start ``names[0]``, then the others at once, all bootstrapping from the first."""
+        first = self.start(names[0], **kwargs)
+        rest = [self.start(name, bootstrap=[first], wait=False, **kwargs) for name in names[1:]]
+        for node in rest:
+            node.wait_ready()
+        return [first, *rest]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.fixture
+def testnet(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Testnet]:
+    net = Testnet(tmp_path / "net", network_id=TEST_NETWORK_ID, config=FAST_MEMBERSHIP)
+    try:
+        yield net
+    finally:
+        net.kill_all()
+        call = getattr(request.node, "rep_call", None)
+        if call is None or call.failed:
+            print(net.log_tails(80))
+
+
+def run_cli(*args: str, data_dir: Path | None = None,
+            timeout_s: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    extra = ["--data-dir", str(data_dir)] if data_dir is not None else []
+    return subprocess.run(
+        [sys.executable, "-c", "from node.cli import main; main()", *args, *extra],
+        capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
+    )

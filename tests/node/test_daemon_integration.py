@@ -1,0 +1,151 @@
+"""Real daemons as separate processes on 127.0.0.1, port 0: discovery, crash, rejoin, refusal,
+garbage, and shutdown under gossip load. Helpers: tests/node/conftest.py, node/testnet.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import time
+
+import pytest
+import trio
+
+from node.daemon import EXIT_FORCED, SHUTDOWN_DEADLINE_S
+from node.driver import HANDSHAKE_PROTOCOL_ID, INVALID_MESSAGE_PENALTY
+from node.p2p import open_p2p
+from node.transport import TransportError
+from protocol.names import protocol_id
+
+from .conftest import GOSSIP_PROBE, STUCK_ON_SHUTDOWN, TEST_NETWORK_ID, Testnet, run_cli
+
+pytestmark = pytest.mark.integration
+
+#: bound on any discovery/convergence wait below
+CONVERGE_S = 60.0
+#: the issue's promise: graceful shutdown within 5 s of SIGTERM
+SHUTDOWN_S = 5.0
+
+
+def test_three_daemons_discover_each_other_survive_a_crash_and_rejoin(testnet: Testnet) -> None:
+    a, b, c = testnet.start_many(["a", "b", "c"])
+    testnet.wait_all_connected(CONVERGE_S)  # C knew only A: it met B by peer exchange
+
+    status = a.status()
+    assert status["peer_id"] == a.peer_id
+    assert status["addresses"] and all(
+        addr.endswith(f"/p2p/{a.peer_id}") for addr in status["addresses"])
+    assert {p["peer_id"] for p in status["peers"]} == {b.peer_id, c.peer_id}
+    assert status["uptime_s"] > 0 and status["versions"]["protocol"] == 1
+    assert "/p2p/" in c.status()["peers"][0]["addrs"][0]
+    testnet.wait_until(
+        lambda: all(p["latency_ms"] is not None for p in a.status()["peers"]),
+        "a to measure the latency of both peers", CONVERGE_S)
+
+    # the CLI finds the daemon through its data dir
+    shown = run_cli("node", "status", "--json", data_dir=b.data_dir)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["peer_id"] == b.peer_id
+
+    # kill -9 C: A and B notice it gone and say why
+    c_id = c.peer_id
+    c.kill()
+    testnet.wait_until(
+        lambda: all(c_id not in x.ready_peers() for x in (a, b)), "a and b to drop c",
+        CONVERGE_S)
+    assert any(d["peer_id"] == c_id for d in a.status()["dropped"])
+    stale = run_cli("node", "status", data_dir=c.data_dir)
+    assert stale.returncode != 0 and "stale" in stale.stderr
+
+    # restart with the same data dir: same peer id, and it rejoins both
+    c.restart()
+    assert c.peer_id == c_id
+    testnet.wait_all_connected(CONVERGE_S)
+
+
+def test_a_node_of_another_network_is_refused_with_a_clear_log_line(testnet: Testnet) -> None:
+    a = testnet.start("a")
+    x = testnet.start("x", bootstrap=[a], network_id="othernet")
+
+    def refusal() -> list[dict[str, object]]:
+        return [e for e in a.log_events("membership.peer_refused") if e["peer"] == x.peer_id]
+
+    (line,) = testnet.wait_until(refusal, "a to refuse x", CONVERGE_S)
+    assert "'othernet'" in str(line["reason"]) and f"'{TEST_NETWORK_ID}'" in str(line["reason"])
+    assert line["peer_id"] == a.peer_id  # every line is bound to the node's own peer id
+    testnet.wait_until(lambda: any(d["peer_id"] == x.peer_id for d in a.status()["dropped"]),
+                       "a to record why x was dropped", CONVERGE_S)
+    assert a.ready_peers() == set() and x.ready_peers() == set()
+
+
+def test_garbage_on_the_request_protocol_is_logged_with_the_peer_and_the_node_survives(
+        testnet: Testnet) -> None:
+    a = testnet.start("a")
+    frames = [b"\xff" * 64, b"", b"\x93\x01\x01", b"\x92\xcc\x01\x01" + b"\x00" * 10]
+
+    async def attack() -> tuple[str, list[bytes]]:
+        with trio.fail_after(CONVERGE_S):
+            seed = hashlib.sha256(b"garbage-sender").digest()
+            async with open_p2p(seed, listen=["/ip4/127.0.0.1/tcp/0"]) as transport:
+                peer = await transport.connect(a.addresses[0])
+                replies = []
+                for protocol in (protocol_id(TEST_NETWORK_ID, "msg"), HANDSHAKE_PROTOCOL_ID):
+                    for frame in frames:
+                        replies.append(await transport.request(
+                            peer, protocol, frame, max_response_bytes=256))
+                # a frame that announces more than the limit is cut off by the transport
+                with pytest.raises(TransportError):
+                    await transport.request(peer, protocol_id(TEST_NETWORK_ID, "msg"),
+                                            b"\x00" * (2 << 20), max_response_bytes=256)
+                return transport.peer_id, replies
+
+    attacker, replies = trio.run(attack)
+    assert replies == [b"invalid message"] * (2 * len(frames))
+    status = a.status()  # still serving
+    penalty = status["penalties"][attacker]
+    assert penalty["total"] == 2 * len(frames) * INVALID_MESSAGE_PENALTY
+    logged = [e for e in a.log_events("driver.penalized") if e["peer"] == attacker]
+    assert len(logged) == 2 * len(frames) and "invalid message" in str(logged[0]["reason"])
+    assert a.running
+    # and it still makes friends
+    b = testnet.start("b", bootstrap=[a])
+    testnet.wait_until(lambda: b.peer_id in a.ready_peers(), "a to accept b", CONVERGE_S)
+
+
+def test_sigterm_under_gossip_load_exits_cleanly_within_five_seconds(testnet: Testnet) -> None:
+    probe = {"extra_services": [GOSSIP_PROBE]}
+    a, b = testnet.start_many(["a", "b"], config=probe)
+    testnet.wait_until(
+        lambda: all(n.status()["services"]["probe"]["received"] > 100 for n in (a, b)),
+        "gossip to flow both ways", CONVERGE_S)
+
+    started = time.monotonic()
+    a.send_stop()
+    b.send_stop()
+    codes = (a.terminate(timeout_s=SHUTDOWN_S * 2), b.terminate(timeout_s=SHUTDOWN_S * 2))
+    elapsed = time.monotonic() - started
+    assert codes == (0, 0), a.log_tail() + b.log_tail()
+    assert elapsed < SHUTDOWN_S
+    for node in (a, b):
+        assert node.log_events("daemon.stopped")
+        assert not (node.data_dir / "daemon.json").exists()
+
+
+def test_a_stuck_shutdown_is_forced_at_the_deadline_or_by_a_second_signal(
+        testnet: Testnet) -> None:
+    a, b = testnet.start_many(["a", "b"], config={"extra_services": [STUCK_ON_SHUTDOWN]})
+    assert a.proc is not None
+    a.send_stop(signal.SIGINT)
+    testnet.wait_until(lambda: a.log_events("daemon.signal"), "a to take the first SIGINT",
+                       SHUTDOWN_S)
+    started = time.monotonic()
+    a.proc.send_signal(signal.SIGINT)
+    assert a.terminate(timeout_s=SHUTDOWN_S) == EXIT_FORCED
+    assert time.monotonic() - started < SHUTDOWN_S
+    assert a.log_events("daemon.forced_exit")[0]["why"] == "second SIGINT"
+
+    started = time.monotonic()
+    b.send_stop()
+    assert b.terminate(timeout_s=SHUTDOWN_S * 2) == EXIT_FORCED
+    assert SHUTDOWN_DEADLINE_S <= time.monotonic() - started < SHUTDOWN_S + 1
+    assert b.log_events("daemon.forced_exit")[0]["why"] == "shutdown deadline"

@@ -1,0 +1,197 @@
+"""One interface over inference backends (llama.cpp, transformers+torch).
+
+Contract of every :class:`Backend`:
+- ``tokenize(text)`` parses special tokens (``<|im_start|>``) and adds no BOS unless the model
+  asks for it; ``detokenize(ids)`` is its inverse for generated text.
+- ``generate(prompt, params)`` where prompt is a string, chat messages, or token ids, returns
+  a :class:`Generation` with the text (exactly ``detokenize(token_ids)``), the token ids, each
+  sampled token's logprob under the model (before temperature), and timing. Sampling is done
+  here, in numpy, by :func:`choose_token`, so both backends sample identically.
+- ``score(prompt_ids, continuation_ids)`` returns the logprob of each continuation token given
+  everything before it, from one prefill.
+
+Determinism: for a fixed seed the sampler's random stream is fixed (``numpy`` PCG64 seeded
+with ``params.seed``), and at temperature 0 it is plain argmax. On the same backend, machine,
+thread count and library versions, generation is reproducible token for token. Across machines
+(other CPU SIMD paths, BLAS, thread counts, GPU) the logits differ in the last float bits, so a
+near-tie between two tokens can flip and the continuation diverge; that is why verification
+does not replay generation but compares activation fingerprints with tolerances
+(models.fingerprint).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from models.config import LLAMA_CPP, TRANSFORMERS, ModelConfig
+from models.registry import ModelInfo, identity_hash, resolve
+
+#: Used when a model ships no chat template: ChatML, as SmolLM2 and many small models use.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": "..."}
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int = 256  # most tokens to generate
+    temperature: float = 0.0  # 0 = greedy (argmax)
+    top_p: float = 1.0  # nucleus sampling mass; 1 = off
+    top_k: int = 0  # keep the k most likely tokens; 0 = off
+    seed: int = 0  # seeds the sampler's PCG64 stream
+    ignore_eos: bool = False  # keep going past end-of-sequence (benchmarks)
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    text: str  # == detokenize(token_ids)
+    token_ids: tuple[int, ...]  # generated tokens (the end-of-sequence token excluded)
+    prompt_token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]  # logprob of each generated token, len == len(token_ids)
+    finish_reason: str  # "stop" (end of sequence) or "length" (max_tokens reached)
+    prompt_ms: float  # time to process the prompt
+    generate_ms: float  # time to generate all tokens after the prompt
+    timing: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.token_ids) / max(self.generate_ms / 1000.0, 1e-9)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """logits: (V,) -> logprobs (V,), float64 for a stable sum."""
+    x = logits.astype(np.float64)
+    x = x - x.max()
+    return x - np.log(np.exp(x).sum())
+
+
+def choose_token(logprobs: np.ndarray, params: SamplingParams, rng: np.random.Generator) -> int:
+    """Pick the next token from logprobs (V,): argmax at temperature 0, else sample."""
+    if params.temperature <= 0.0:
+        return int(np.argmax(logprobs))
+    scaled = logprobs / params.temperature
+    order = np.argsort(-scaled, kind="stable")
+    if params.top_k > 0:
+        order = order[: params.top_k]
+    probs = np.exp(scaled[order] - scaled[order[0]])
+    probs /= probs.sum()
+    if params.top_p < 1.0:
+        keep = int(np.searchsorted(np.cumsum(probs), params.top_p) + 1)
+        order, probs = order[:keep], probs[:keep] / probs[:keep].sum()
+    return int(order[rng.choice(len(order), p=probs)])
+
+
+def render_chat(template: str | None, messages: Sequence[Message], bos: str = "", eos: str = "") -> str:
+    """The prompt text for chat messages, through the model's Jinja chat template."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(template or CHATML_TEMPLATE).render(
+        messages=list(messages), add_generation_prompt=True, bos_token=bos, eos_token=eos)
+
+
+class Backend(ABC):
+    """A loaded model. Not thread-safe: one call at a time (the daemon uses a worker)."""
+
+    kind: str  # "llama.cpp" or "transformers"
+    info: ModelInfo
+    eos_ids: frozenset[int]
+    chat_template: str | None = None
+    bos_text: str = ""
+    eos_text: str = ""
+    _identity: str | None = None
+
+    @property
+    def identity_hash(self) -> str:
+        """BLAKE2b-256 hex of the weights file(s); computed once, lazily."""
+        if self._identity is None:
+            self._identity = identity_hash(self.info)
+        return self._identity
+
+    @abstractmethod
+    def tokenize(self, text: str) -> list[int]: ...
+
+    @abstractmethod
+    def detokenize(self, ids: Sequence[int]) -> str: ...
+
+    @abstractmethod
+    def _start(self, prompt_ids: Sequence[int]) -> np.ndarray:
+        """Reset state, prefill the prompt, return the last position's logits (V,)."""
+
+    @abstractmethod
+    def _step(self, token: int) -> np.ndarray:
+        """Append one token, return the logits (V,) for the next position."""
+
+    @abstractmethod
+    def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int]) -> list[float]:
+        """logprob of each continuation token given all tokens before it (one prefill)."""
+
+    def prompt_ids(self, prompt: str | Sequence[Message] | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenize(prompt)
+        items = list(prompt)
+        if items and isinstance(items[0], dict):
+            return self.tokenize(render_chat(self.chat_template, items, self.bos_text, self.eos_text))
+        return [int(t) for t in items]
+
+    def generate(self, prompt: str | Sequence[Message] | Sequence[int],
+                 params: SamplingParams = SamplingParams()) -> Generation:
+        ids = self.prompt_ids(prompt)
+        if not ids:
+            raise ValueError("generate: empty prompt")
+        rng = np.random.Generator(np.random.PCG64(params.seed))
+        t0 = time.perf_counter()
+        logits = self._start(ids)
+        t1 = time.perf_counter()
+        out: list[int] = []
+        lps: list[float] = []
+        finish = "length"
+        for i in range(params.max_tokens):
+            lp = log_softmax(logits)
+            tok = choose_token(lp, params, rng)
+            if tok in self.eos_ids and not params.ignore_eos:
+                finish = "stop"
+                break
+            out.append(tok)
+            lps.append(float(lp[tok]))
+            if i + 1 < params.max_tokens:
+                logits = self._step(tok)
+        t2 = time.perf_counter()
+        return Generation(text=self.detokenize(out), token_ids=tuple(out), prompt_token_ids=tuple(ids),
+                          logprobs=tuple(lps), finish_reason=finish,
+                          prompt_ms=(t1 - t0) * 1000.0, generate_ms=(t2 - t1) * 1000.0)
+
+
+def load_backend(config: ModelConfig | str | None = None, backend: str | None = None) -> Backend:
+    """Load a model by config or spec (None = default model) on the named backend."""
+    if not isinstance(config, ModelConfig):
+        config = ModelConfig(spec=config or ModelConfig().spec, **({"backend": backend} if backend else {}))
+    elif backend:
+        config = ModelConfig(**{**{f: getattr(config, f) for f in config.__dataclass_fields__},
+                                "backend": backend})
+    info = resolve(config.spec)
+    if config.backend == LLAMA_CPP:
+        if info.fmt != "gguf":
+            raise ValueError(f"model {info.name!r} is an HF directory: llama.cpp needs a .gguf file "
+                             f"(use backend={TRANSFORMERS!r})")
+        from models.llama_backend import LlamaCppBackend
+
+        return LlamaCppBackend(info, config)
+    from models.hf_backend import TransformersBackend
+
+    return TransformersBackend.load(info, config)
+
+
+def measure_throughput(backend: Backend, n_tokens: int = 32, seed: int = 0) -> float:
+    """Generated tokens per second for a short, real greedy generation (what the ledger shows)."""
+    gen = backend.generate([{"role": "user", "content": "Count from one to twenty in words."}],
+                           SamplingParams(max_tokens=n_tokens, seed=seed, ignore_eos=True))
+    return gen.tokens_per_s

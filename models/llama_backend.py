@@ -1,0 +1,95 @@
+"""llama.cpp backend (llama-cpp-python): GGUF files, quantized kernels; the default for serving.
+
+We drive the low-level eval loop and read the last position's logits with
+``llama_get_logits_ith`` (the high-level API keeps logits only with ``logits_all=True``, which
+costs a vocab-sized matmul per prompt token). ``score`` needs logits at every position, so it
+uses a second context created lazily with ``logits_all=True`` (same mmapped weights).
+
+llama.cpp can return per-token final hidden states (``embedding=True`` with pooling NONE),
+but fingerprints are computed on the transformers path from the same GGUF (see
+models.fingerprint): one fp32 reference computation that executor and verifier share.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from models.backend import Backend
+from models.config import LLAMA_CPP, ModelConfig
+from models.registry import ModelInfo
+
+
+class LlamaCppBackend(Backend):
+    kind = LLAMA_CPP
+
+    def __init__(self, info: ModelInfo, config: ModelConfig = ModelConfig()) -> None:
+        import llama_cpp
+
+        self._llama_cpp = llama_cpp
+        self.info = info
+        self.config = config
+        self._kwargs = dict(
+            model_path=str(info.path), n_ctx=min(config.n_ctx, info.context_length),
+            n_batch=config.n_batch, n_threads=config.n_threads or (os.cpu_count() or 1),
+            seed=0, verbose=False,
+        )
+        self.llm = llama_cpp.Llama(**self._kwargs)
+        self._scorer: object | None = None
+        self.n_vocab = self.llm.n_vocab()
+        meta = self.llm.metadata
+        self.chat_template = meta.get("tokenizer.chat_template")
+        eos = {self.llm.token_eos()}
+        # Chat models end a turn with a special token that is not always the GGUF's EOS.
+        for special in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
+            ids = self.llm.tokenize(special.encode(), add_bos=False, special=True)
+            if len(ids) == 1:
+                eos.add(ids[0])
+        self.eos_ids = frozenset(eos)
+        self.bos_text = self._piece(self.llm.token_bos())
+        self.eos_text = self._piece(self.llm.token_eos())
+        self._add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", "false") in ("true", True))
+
+    def _piece(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return self.llm.detokenize([token], special=True).decode("utf-8", "replace")
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.llm.tokenize(text.encode("utf-8"), add_bos=self._add_bos, special=True))
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.llm.detokenize([int(t) for t in ids]).decode("utf-8", "replace")
+
+    def _last_logits(self) -> np.ndarray:
+        ptr = self._llama_cpp.llama_get_logits_ith(self.llm._ctx.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,)).copy()  # (V,)
+
+    def _start(self, prompt_ids: Sequence[int]) -> np.ndarray:
+        if len(prompt_ids) >= self.llm.n_ctx():
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit n_ctx={self.llm.n_ctx()}")
+        self.llm.reset()
+        self.llm._ctx.kv_cache_clear() if hasattr(self.llm._ctx, "kv_cache_clear") else None
+        self.llm.eval([int(t) for t in prompt_ids])
+        return self._last_logits()
+
+    def _step(self, token: int) -> np.ndarray:
+        if self.llm.n_tokens + 1 >= self.llm.n_ctx():
+            raise ValueError(f"generation ran past n_ctx={self.llm.n_ctx()}")
+        self.llm.eval([token])
+        return self._last_logits()
+
+    def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int]) -> list[float]:
+        if self._scorer is None:
+            self._scorer = self._llama_cpp.Llama(**self._kwargs, logits_all=True)
+        scorer = self._scorer
+        ids = [int(t) for t in prompt_ids] + [int(t) for t in continuation_ids]
+        scorer.reset()  # type: ignore[attr-defined]
+        scorer.eval(ids)  # type: ignore[attr-defined]
+        n = len(prompt_ids)
+        rows = np.asarray(scorer.scores[n - 1:len(ids) - 1], dtype=np.float64)  # type: ignore[attr-defined]
+        rows = rows - rows.max(axis=1, keepdims=True)
+        lp = rows - np.log(np.exp(rows).sum(axis=1, keepdims=True))  # (T_cont, V)
+        return [float(lp[i, t]) for i, t in enumerate(continuation_ids)]

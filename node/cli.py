@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, str] = {
     "ask": "node.cli_tasks:ask",
     "tasks": "node.cli_tasks:tasks",
     "ledger": "node.cli_ledger:ledger",
+    "relay": "node.cli_relay:relay",
 }
 
 

@@ -7,11 +7,13 @@ bytes: the driver moves bytes over bulk streams, hashes what arrives, and report
 chunks are ``(manifest_id, index)`` and sizes are ints, so the simulator can run it with a
 bandwidth model.
 
-* Manifests (``Received`` of a ``RelayManifest``, gossiped or opening a chunk stream) are
-  verified; one whose signer is not trusted, a replay (same id) or a stale one (a version not
+* Manifests (``Received`` of a ``RelayManifest``: gossiped, sent by the plan parent, or
+  opening a chunk stream) are verified; one whose signer is not trusted, a replay (same id) or a stale one (a version not
   above the newest accepted for its ``(signer, name)``) is ignored. A newer version supersedes
   an unfinished older one. A node fetches a version when it is a recipient in the manifest or
-  asked for that artifact (``FetchVersion``); otherwise it only remembers it (``KNOWN``).
+  asked for that artifact (``FetchVersion``); otherwise it only remembers it (``KNOWN``). An
+  accepted manifest is also sent (``Send``) to our children in the plan, so a lost gossip
+  message never stalls a subtree.
 * Fetching: after ``PrepareVersion`` (the driver persists the manifest, scans its store and
   answers ``VersionPrepared`` with the chunks it already holds) the machine requests missing
   chunks in ascending order, at most ``window`` in flight, from one source: its parent in the
@@ -51,6 +53,7 @@ from protocol.machine import (
     Penalize,
     Publish,
     Received,
+    Send,
     Tick,
 )
 from protocol.relay_events import (
@@ -68,6 +71,7 @@ from protocol.relay_events import (
     Restore,
     ServeChunk,
     StoreChunk,
+    StreamClosed,
     VersionComplete,
     VersionPrepared,
 )
@@ -189,6 +193,10 @@ class RelayMachine:
         ]
         return max(done, key=lambda m: m.version, default=None)
 
+    def latest_version(self, key: tuple[str, str]) -> int:
+        """The newest version accepted for artifact ``(signer, name)``, 0 if none."""
+        return self._latest.get(key, 0)
+
     def next_deadline(self) -> int | None:
         deadlines = []
         for t in self.transfers.values():
@@ -230,6 +238,10 @@ class RelayMachine:
                     self._fail_source(t, event.peer, "disconnected", False, now, out)
                 elif event.peer in t.plan:
                     t.failed.setdefault(event.peer, False)
+        elif isinstance(event, StreamClosed):
+            t = self.transfers.get(event.manifest_id)
+            if t is not None:
+                self._forget_waiter(t, event.peer)
         elif isinstance(event, PeerConnected):
             for t in self.transfers.values():
                 if t.failed.get(event.peer) is False:
@@ -273,6 +285,7 @@ class RelayMachine:
             return
         t = self._register(manifest, TransferState.KNOWN, out)
         out.append(_emit("relay.manifest_accepted", manifest, peer=peer))
+        self._push_down(t, out)
         if manifest.signer != self.self_id and (
             self.self_id in t.plan or self._is_wanted(manifest)
         ):
@@ -288,6 +301,7 @@ class RelayMachine:
         t = self._register(manifest, TransferState.COMPLETE, out)
         self._mark_present(t, frozenset(range(manifest.chunks)))
         out.append(Publish(RELAY_TOPIC, manifest.message))
+        self._push_down(t, out)
         out.append(_emit("relay.published", manifest, chunks=manifest.chunks))
         self._gc(manifest.key, out)
 
@@ -381,6 +395,11 @@ class RelayMachine:
             self._gc(t.manifest.key, out)
         else:
             self._pump(t, now, out)
+
+    def _push_down(self, t: Transfer, out: list[Effect]) -> None:
+        """Send the manifest to our children in the plan: nobody waits on a lost gossip."""
+        for child in t.plan.children.get(self.self_id, ()):
+            out.append(Send(child, t.manifest.message))
 
     def _pump(self, t: Transfer, now: int, out: list[Effect]) -> None:
         """Top up the in-flight window from the current source, choosing one if needed."""

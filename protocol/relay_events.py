@@ -70,6 +70,14 @@ class ChunkFailed:
     penalty: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class StreamClosed:
+    """``peer`` closed its chunk stream for this version: forget what it was waiting for."""
+
+    peer: str
+    manifest_id: bytes
+
+
 # ---------------------------------------------------------------- effects (machine -> driver)
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from crypto.hashing import digest
 from crypto.keys import Identity
-from protocol.machine import Emit, PeerDisconnected, Penalize, Publish, Received, Tick
+from protocol.machine import Emit, PeerDisconnected, Penalize, Publish, Received, Send, Tick
 from protocol.relay import RelayMachine
 from protocol.relay_events import (
     AttestBadChunk,
@@ -73,6 +73,8 @@ class Net:
     queue: deque[tuple[str, object]] = field(default_factory=deque)
     #: stop delivering once this many events ran (to kill a node mid-transfer)
     budget: int | None = None
+    #: lose every gossip message (manifests must still reach everyone)
+    drop_gossip: bool = False
     now: int = 0
 
     @classmethod
@@ -117,7 +119,11 @@ class Net:
 
     def perform(self, peer: str, e: object) -> None:
         q = self.queue
-        if isinstance(e, Publish):
+        if isinstance(e, Send):
+            q.append((e.peer, Received(peer, e.message)))
+        elif isinstance(e, Publish):
+            if self.drop_gossip:
+                return
             for other in self.machines:
                 if other != peer:
                     q.append((other, Received(peer, e.message, e.topic)))

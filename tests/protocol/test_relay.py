@@ -24,6 +24,7 @@ from protocol.relay_events import (
     Restore,
     ServeChunk,
     StoreChunk,
+    StreamClosed,
     VersionComplete,
     VersionPrepared,
 )
@@ -357,3 +358,24 @@ def test_a_stream_protocol_violation_is_penalized() -> None:
     me.handle(VersionPrepared(m.id, frozenset()), 0)
     effects = me.handle(ChunkFailed(PUB.peer_id, m.id, 0, "unrequested chunk", penalty=7), 1)
     assert Penalize(PUB.peer_id, "unrequested chunk", 7) in effects
+
+
+def test_a_closed_stream_forgets_its_waiters() -> None:
+    m = manifest_for(PUB, [IDS[0]], chunks=4)
+    me = RelayMachine(IDS[0], max_queued_per_peer=1)
+    me.handle(Received(PUB.peer_id, m.message), 0)
+    me.handle(VersionPrepared(m.id, frozenset()), 0)
+    assert me.handle(ChunkRequested(IDS[1], m.id, 2), 0) == []
+    me.handle(StreamClosed(IDS[1], m.id), 0)
+    assert me.handle(ChunkRequested(IDS[1], m.id, 3), 0) == []  # not BUSY: the slot was freed
+    effects = me.handle(ChunkReceived(PUB.peer_id, m.id, 2, m.chunk_hashes[2]), 1)
+    assert not [e for e in effects if isinstance(e, ServeChunk)]
+
+
+def test_lost_gossip_does_not_stall_anyone() -> None:
+    n = Net.of([PUB.peer_id, *[identity(k).peer_id for k in range(2, 14)]])
+    n.drop_gossip = True
+    ids = [identity(k).peer_id for k in range(2, 14)]
+    m = manifest_for(PUB, ids, chunks=8)
+    n.publish(PUB.peer_id, m)
+    assert n.complete(m) == set(ids)  # the manifest went down the plan by unicast

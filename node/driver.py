@@ -24,21 +24,21 @@ What it promises (services and their machines may rely on it)
   is awaited in ``service.perform`` in order.
 * Peers' faults. Undecodable bytes (``InvalidMessage``), a message no service owns, or a
   ``RemoteProtocolError`` raised by a machine or a service: the peer is penalized and logged
-  with its id, and the node keeps running. A peer's score decays by
-  ``PENALTY_DECAY_PER_MIN`` per minute; reaching ``PENALTY_BAN_THRESHOLD`` disconnects it and
-  bans it for ``BAN_MS`` (its connections are closed at once, dials to it refused).
+  with its id, and the node keeps running. Scores decay; over the threshold the peer is
+  disconnected and banned for a while (node/penalties.py): its connections are closed at
+  once, its messages refused, dials to it fail with ``DialFailed("banned")``.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 from node.logs import log_emit
+from node.penalties import BAN_MS, PenaltyBook
 from node.service import Service
 from node.transport import TransportError
 from protocol.codec import MAX_FRAME_BYTES, Message, decode, encode
@@ -76,11 +76,6 @@ DROP_LOG_INTERVAL_MS = 1000
 MAX_ACK_BYTES = 256
 INVALID_MESSAGE_PENALTY = 10
 UNROUTED_MESSAGE_PENALTY = 5
-PENALTY_BAN_THRESHOLD = 100
-PENALTY_DECAY_PER_MIN = 10
-BAN_MS = 10 * 60_000
-#: Recent penalty reasons kept per peer for status.
-PENALTY_REASONS_KEPT = 8
 
 
 @dataclass
@@ -88,14 +83,6 @@ class PeerState:
     connected_at_ms: int
     outbound: bool
     addrs: tuple[str, ...]
-
-
-@dataclass
-class PenaltyRecord:
-    score: float = 0.0
-    updated_ms: int = 0
-    total: int = 0
-    reasons: deque[str] = field(default_factory=lambda: deque(maxlen=PENALTY_REASONS_KEPT))
 
 
 class Driver:
@@ -112,8 +99,7 @@ class Driver:
         self._dialing: dict[str, str] = {}  # peer -> address being dialled
         self._dialled: dict[str, str] = {}  # peer -> address that connected, until its event
         self._outboxes: dict[str, trio.MemorySendChannel[tuple[str, Message]]] = {}
-        self._penalties: dict[str, PenaltyRecord] = {}
-        self._banned_until: dict[str, int] = {}
+        self.penalties = PenaltyBook()
         self._nursery: trio.Nursery | None = None
         self._wake = trio.Event()
         # Bounded (see PUBLISH_QUEUE_SIZE): a publish never blocks a machine's effects.
@@ -289,7 +275,7 @@ class Driver:
         if self.is_banned(peer):
             return b"banned"
         try:
-            message = decode(data)
+            message: Message = decode(data)
         except InvalidMessage as exc:
             self.counters["invalid"] += 1
             self.penalize(peer, f"invalid message: {exc}", INVALID_MESSAGE_PENALTY)
@@ -331,7 +317,7 @@ class Driver:
             if self.is_banned(origin):
                 continue
             try:
-                message = decode(data)
+                message: Message = decode(data)
             except InvalidMessage as exc:
                 self.counters["invalid"] += 1
                 self.penalize(origin, f"invalid gossip on {short}: {exc}",
@@ -411,29 +397,16 @@ class Driver:
 
     def penalize(self, peer: str, reason: str, points: int) -> None:
         now = self.now_ms()
-        record = self._penalties.setdefault(peer, PenaltyRecord(updated_ms=now))
-        decay = (now - record.updated_ms) / 60_000 * PENALTY_DECAY_PER_MIN
-        record.score = max(0.0, record.score - decay) + points
-        record.updated_ms = now
-        record.total += points
-        record.reasons.append(reason)
+        banned = self.penalties.add(peer, reason, points, now)
         self.log.warning("driver.penalized", peer=peer, reason=reason, points=points,
-                         score=round(record.score, 1))
-        if record.score >= PENALTY_BAN_THRESHOLD and not self.is_banned(peer):
-            self._banned_until[peer] = now + BAN_MS
-            record.score = 0.0
+                         score=round(self.penalties.score(peer), 1))
+        if banned:
             self.log.warning("driver.banned", peer=peer, ban_s=BAN_MS // 1000, reason=reason)
             if self._nursery is not None:
                 self._spawn(self._disconnect, peer)
 
     def is_banned(self, peer: str) -> bool:
-        until = self._banned_until.get(peer)
-        if until is None:
-            return False
-        if until <= self.now_ms():
-            del self._banned_until[peer]
-            return False
-        return True
+        return self.penalties.is_banned(peer, self.now_ms())
 
     # ---- status ---------------------------------------------------------------------------
 
@@ -446,9 +419,6 @@ class Driver:
             "connected": {p: {"connected_s": round((now - s.connected_at_ms) / 1000, 3),
                               "outbound": s.outbound, "addrs": list(s.addrs)}
                           for p, s in self._peers.items()},
-            "penalties": {p: {"score": round(r.score, 1), "total": r.total,
-                              "reasons": list(r.reasons)} for p, r in self._penalties.items()},
-            "banned": {p: round((u - now) / 1000, 1) for p, u in self._banned_until.items()
-                       if u > now},
+            **self.penalties.status(now),
             "counters": dict(self.counters),
         }

@@ -13,14 +13,13 @@ import trio
 import trio.testing
 
 from node.driver import (
-    BAN_MS,
     HANDSHAKE_PROTOCOL_ID,
     INVALID_MESSAGE_PENALTY,
     OUTBOX_SIZE,
-    PENALTY_BAN_THRESHOLD,
     SEND_TIMEOUT_S,
     Driver,
 )
+from node.penalties import BAN_MS, MAX_PENALIZED_PEERS, PENALTY_BAN_THRESHOLD, PenaltyBook
 from node.service import Service
 from node.transport import PeerEvent, TransportError
 from protocol.codec import encode
@@ -468,3 +467,17 @@ def test_two_services_cannot_own_one_message_type() -> None:
 
     with pytest.raises(LocalProtocolError, match="Ping is claimed"):
         driver.add_service(Other())
+
+
+def test_penalty_scores_decay_and_the_book_stays_bounded() -> None:
+    book = PenaltyBook()
+    assert not book.add("p", "x", PENALTY_BAN_THRESHOLD - 10, now=0)
+    # ten minutes later the score has decayed by 100: the same fault no longer bans
+    assert not book.add("p", "x", 20, now=10 * 60_000)
+    assert book.score("p") == 20
+    assert book.add("p", "x", PENALTY_BAN_THRESHOLD, now=10 * 60_000)
+    assert book.is_banned("p", now=10 * 60_000 + BAN_MS - 1)
+    assert not book.is_banned("p", now=10 * 60_000 + BAN_MS)
+    for i in range(MAX_PENALIZED_PEERS + 10):
+        book.add(f"q{i}", "x", 1, now=0)
+    assert len(book.records) == MAX_PENALIZED_PEERS

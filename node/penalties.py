@@ -1,0 +1,75 @@
+"""Per-peer misbehaviour scores and temporary bans, kept by the driver.
+
+A penalty adds points to the peer's score; the score decays by ``PENALTY_DECAY_PER_MIN`` per
+minute, so occasional faults are forgiven and a burst is not. When it reaches
+``PENALTY_BAN_THRESHOLD`` the peer is banned for ``BAN_MS`` (the driver disconnects it, drops
+its connections and messages and refuses dials to it) and its score starts again from zero.
+Times are the driver's milliseconds, passed in.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+PENALTY_BAN_THRESHOLD = 100
+PENALTY_DECAY_PER_MIN = 10
+BAN_MS = 10 * 60_000
+#: Recent penalty reasons kept per peer for status.
+PENALTY_REASONS_KEPT = 8
+#: Peers whose penalty records are kept; the lowest scores are forgotten first beyond it.
+MAX_PENALIZED_PEERS = 4096
+
+
+@dataclass
+class PenaltyRecord:
+    score: float = 0.0
+    updated_ms: int = 0
+    total: int = 0
+    reasons: deque[str] = field(default_factory=lambda: deque(maxlen=PENALTY_REASONS_KEPT))
+
+
+class PenaltyBook:
+    def __init__(self) -> None:
+        self.records: dict[str, PenaltyRecord] = {}
+        self.banned_until: dict[str, int] = {}
+
+    def add(self, peer: str, reason: str, points: int, now: int) -> bool:
+        """Count a penalty; True if it has just banned the peer."""
+        record = self.records.get(peer)
+        if record is None:
+            if len(self.records) >= MAX_PENALIZED_PEERS:
+                del self.records[min(self.records, key=lambda p: self.records[p].score)]
+            record = self.records[peer] = PenaltyRecord(updated_ms=now)
+        decay = (now - record.updated_ms) / 60_000 * PENALTY_DECAY_PER_MIN
+        record.score = max(0.0, record.score - decay) + points
+        record.updated_ms = now
+        record.total += points
+        record.reasons.append(reason)
+        if record.score >= PENALTY_BAN_THRESHOLD and not self.is_banned(peer, now):
+            self.banned_until[peer] = now + BAN_MS
+            record.score = 0.0
+            return True
+        return False
+
+    def score(self, peer: str) -> float:
+        record = self.records.get(peer)
+        return 0.0 if record is None else record.score
+
+    def is_banned(self, peer: str, now: int) -> bool:
+        until = self.banned_until.get(peer)
+        if until is None:
+            return False
+        if until <= now:
+            del self.banned_until[peer]
+            return False
+        return True
+
+    def status(self, now: int) -> dict[str, Any]:
+        return {
+            "penalties": {p: {"score": round(r.score, 1), "total": r.total,
+                              "reasons": list(r.reasons)} for p, r in self.records.items()},
+            "banned": {p: round((u - now) / 1000, 1) for p, u in self.banned_until.items()
+                       if u > now},
+        }

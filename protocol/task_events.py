@@ -149,6 +149,8 @@ class ComputeDone:
     model_hash: bytes
     fingerprints: tuple[bytes, ...] = ()
     fingerprint_root: bytes = b""
+    #: the generated token ids (commit/reveal binds them; verifiers re-run them, issue 6)
+    output_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

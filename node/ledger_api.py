@@ -8,6 +8,9 @@ to local readers like ``/status``), and the JSON shapes the CLI prints.
   attestations about it (newest first, at most ``MAX_LIST``).
 * ``GET /ledger/attestations``: held attestations, newest first; ``peer`` (subject),
   ``observer``, ``kind``, ``limit``.
+* ``POST /ledger/capability`` (API token): JSON ``{"tags": [...], "price_per_1k_tokens": x}``
+  overrides the configured values; the record is re-signed and published (at once, or after
+  ``min_republish_ms`` when changes come faster). Answers the record now held.
 
 Times in the JSON are Unix epoch milliseconds; hashes are hex.
 """
@@ -21,7 +24,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from protocol.ledger_records import AttestationKind, CapabilityRecord, Role
+from node.api import token_route
+from protocol.ledger_records import MAX_TAGS, AttestationKind, CapabilityRecord, Role
 from protocol.ledger_state import HeldAttestation
 from protocol.ledger_view import SORT_KEYS
 from protocol.reputation import Reputation
@@ -163,7 +167,34 @@ def ledger_routes(service: LedgerService) -> list[BaseRoute]:
             {"count": len(found), "attestations": [attestation_json(a) for a in found[:limit]]}
         )
 
+    async def set_capability(request: Request) -> Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or set(body) - {"tags", "price_per_1k_tokens"}:
+            return _error("the body must be a JSON object with tags and/or price_per_1k_tokens")
+        tags, price = body.get("tags"), body.get("price_per_1k_tokens")
+        if tags is not None and not (
+            isinstance(tags, list)
+            and len(tags) <= MAX_TAGS
+            and all(isinstance(t, str) and len(t) <= 64 for t in tags)
+        ):
+            return _error(f"tags must be a list of at most {MAX_TAGS} strings of <= 64 chars")
+        if price is not None and (
+            isinstance(price, bool) or not isinstance(price, (int, float)) or not 0 <= price <= 1e9
+        ):
+            return _error("price_per_1k_tokens must be a number in [0, 1e9]")
+        if tags is not None:
+            service.overrides["tags"] = tuple(tags)
+        if price is not None:
+            service.overrides["price_per_1k_tokens"] = float(price)
+        await service.refresh_capability()
+        held = view.capability(service.ctx.identity.peer_id)
+        return JSONResponse({"record": record_json(held.record) if held is not None else None})
+
     return [
+        token_route("/capability", set_capability, methods=["POST"]),
         Route("/peers", peers, methods=["GET"]),
         Route("/peers/{peer_id}", show_peer, methods=["GET"]),
         Route("/attestations", attestations, methods=["GET"]),

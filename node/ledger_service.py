@@ -18,7 +18,9 @@
   ``await attest(...)``, and ``machine.view`` (protocol/ledger_view.py) with ``ctx.clock()``.
 * HTTP (mounted under ``/ledger``, read-only, open to local readers like ``/status``):
   ``GET /ledger/peers`` (``?model=&family=&role=&sort=``), ``GET /ledger/peers/{peer_id}``,
-  ``GET /ledger/attestations`` (``?peer=&observer=&kind=&limit=``).
+  ``GET /ledger/attestations`` (``?peer=&observer=&kind=&limit=``); and, with the API token,
+  ``POST /ledger/capability`` (JSON ``tags``, ``price_per_1k_tokens``) to change what this
+  node advertises without a restart (re-signed and published within ``min_republish_ms``).
 """
 
 from __future__ import annotations
@@ -141,6 +143,8 @@ class LedgerService(Service):
         self.store = LedgerStore(ctx.db)
         self.hardware = detect_hardware()
         self._offered: CapabilitySpec | None = None
+        #: operator changes at run time (``POST /ledger/capability``): tags, price
+        self.overrides: dict[str, Any] = {}
 
     @property
     def machine(self) -> LedgerMachine:
@@ -183,7 +187,7 @@ class LedgerService(Service):
         models: list[ModelOffer] = []
         free_slots = max_slots = 0
         load = 0.0
-        price = self.section.price_per_1k_tokens
+        price = float(self.overrides.get("price_per_1k_tokens", self.section.price_per_1k_tokens))
         executor = self.ctx.services.get("executor")
         machine = getattr(executor, "machine", None)
         served = getattr(getattr(machine, "config", None), "models", ())
@@ -200,7 +204,7 @@ class LedgerService(Service):
                     tokens_per_s=float(m.tokens_per_s),
                 )
             )
-            price = float(m.price_per_1k)
+            price = float(self.overrides.get("price_per_1k_tokens", m.price_per_1k))
         if models and machine is not None:
             max_slots = int(machine.config.slots)
             free_slots = int(machine.free_slots())
@@ -217,7 +221,7 @@ class LedgerService(Service):
             max_slots=max_slots,
             load=min(1.0, max(0.0, load)),
             roles=roles,
-            tags=self.section.tags,
+            tags=tuple(self.overrides.get("tags", self.section.tags)),
             software_version=agent_version(),
         )
 

@@ -193,3 +193,23 @@ def test_five_daemons_converge_reject_forgeries_and_keep_their_ledger(testnet: T
     for node in everyone:  # and no machine or store ever raised
         assert not node.log_events("driver.machine_error"), node.log_tail()
         assert not node.log_events("driver.perform_error"), node.log_tail()
+
+    # a changed offer is re-signed and reaches every node (the API needs the token)
+    token = (a.data_dir / "api.token").read_text().strip()
+    denied = httpx.post(a.api_url + "/ledger/capability", json={"tags": ["x"]}, timeout=5.0)
+    assert denied.status_code == 401
+    changed = httpx.post(
+        a.api_url + "/ledger/capability",
+        json={"tags": ["bench", "changed"], "price_per_1k_tokens": 2.5},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=5.0,
+    )
+    assert changed.status_code == 200, changed.text
+    testnet.wait_until(
+        lambda: all(
+            _get(n, f"/ledger/peers/{a.peer_id}")["record"]["tags"] == ["bench", "changed"]
+            for n in everyone
+        ),
+        "a's new record to reach every node",
+        CONVERGE_S,
+    )

@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, str] = {
     "tasks": "node.cli_tasks:tasks",
     "ledger": "node.cli_ledger:ledger",
     "relay": "node.cli_relay:relay",
+    "simulate": "node.cli_simulate:simulate",
 }
 
 

@@ -81,7 +81,9 @@ class Wrapped:
         return behaviour.on_effects(self.node, effects, now)
 
     def next_deadline(self) -> int | None:
-        times = [t for t in (self.inner.next_deadline(), self.behaviour.deadline()) if t is not None]
+        times = [
+            t for t in (self.inner.next_deadline(), self.behaviour.deadline()) if t is not None
+        ]
         return min(times) if times else None
 
     def __getattr__(self, name: str) -> Any:
@@ -106,7 +108,13 @@ class LazyExecutor(Behaviour):
             if isinstance(effect, StartCompute):
                 guess = str(node.rng.randrange(10, 10_000))
                 done = ComputeDone(
-                    effect.task.task_id, effect.attempt, guess, "", 0.95, 5, 10,
+                    effect.task.task_id,
+                    effect.attempt,
+                    guess,
+                    "",
+                    0.95,
+                    5,
+                    10,
                     _hash(effect.model),
                 )
                 node.swarm.loop.after(10_000, node.submit, "executor", done)
@@ -242,8 +250,12 @@ class SybilPraise(Behaviour):
 
         self._next = now + self.period_ms
         return [
-            Attest(subject=peer, object_id=self.rng.randbytes(32),
-                   kind=AttestationKind.TASK_COMPLETED, outcome="completed")
+            Attest(
+                subject=peer,
+                object_id=self.rng.randbytes(32),
+                kind=AttestationKind.TASK_COMPLETED,
+                outcome="completed",
+            )
             for peer in self.members
             if peer != node.peer_id
         ]

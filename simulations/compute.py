@@ -187,7 +187,9 @@ class CostModel:
             answer = rng.choices(q.distractors, weights=(4, 2, 1)[: len(q.distractors)])[0]
         base = rng.uniform(0.3, 0.9)
         cal = profile.calibration
-        confidence = (1 - cal) * base + cal * (rng.uniform(0.7, 1.0) if correct else rng.uniform(0.1, 0.5))
+        confidence = (1 - cal) * base + cal * (
+            rng.uniform(0.7, 1.0) if correct else rng.uniform(0.1, 0.5)
+        )
         return answer, round(confidence, 4)
 
 
@@ -206,6 +208,14 @@ class SolverBackend:
         except Exception as exc:  # a solver failure is a failed computation, as in the daemon
             return 1, ComputeFailed(job.task.task_id, job.attempt, str(exc)[:120])
         return max(1, self.time_from(sol)), ComputeDone(
-            job.task.task_id, job.attempt, sol.answer, sol.cot, sol.confidence, sol.tokens,
-            sol.compute_ms, sol.model_hash, sol.fingerprints, sol.fingerprint_root,
+            job.task.task_id,
+            job.attempt,
+            sol.answer,
+            sol.cot,
+            sol.confidence,
+            sol.tokens,
+            sol.compute_ms,
+            sol.model_hash,
+            sol.fingerprints,
+            sol.fingerprint_root,
         )

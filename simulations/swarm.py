@@ -141,8 +141,18 @@ class Swarm:
 
     def connect_random(self, node: VirtualNode, count: int, rng: random.Random) -> None:
         """Connect ``node`` at once to ``count`` random live nodes it is not yet connected to."""
-        live = [n for n in self.nodes if n.up and n is not node and n.index not in node.connections]
-        for other in rng.sample(live, min(count, len(live))):
+        nodes = self.nodes
+        made = 0
+        for _ in range(4 * count):  # rejection sampling: O(count), not O(N), per node
+            if made >= count:
+                return
+            other = nodes[rng.randrange(len(nodes))]
+            if other is node or not other.up or other.index in node.connections:
+                continue
+            self.transport.connect_now(node, other)
+            made += 1
+        live = [n for n in nodes if n.up and n is not node and n.index not in node.connections]
+        for other in rng.sample(live, min(count - made, len(live))):
             self.transport.connect_now(node, other)
 
     def partition(self, groups: list[list[int]], start_ms: int, heal_ms: int) -> None:

@@ -74,8 +74,12 @@ def auction_spec(
 
         kind = AttestationKind[LEDGER_KINDS.get(effect.outcome, "TASK_FAILED")]
         outcome = f"{effect.outcome}: {effect.detail}" if effect.detail else effect.outcome
-        node.submit("ledger", LedgerAttest(subject=effect.subject, object_id=effect.task_id,
-                                           kind=kind, outcome=outcome[:128]))
+        node.submit(
+            "ledger",
+            LedgerAttest(
+                subject=effect.subject, object_id=effect.task_id, kind=kind, outcome=outcome[:128]
+            ),
+        )
 
     def task_updated(node: VirtualNode, name: str, effect: TaskUpdated) -> None:
         node.store.setdefault(SNAPSHOTS, {})[effect.snapshot.task_id] = effect.snapshot

@@ -1,0 +1,38 @@
+"""Run a scenario: pick its workload, share pure functions across nodes, time it, report.
+
+``run_scenario(scenario, progress) -> (Report, wall_s)``; ``write`` puts report.json and
+report.html in a directory. The CLI (node/cli_simulate.py) and the tests call these.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from pathlib import Path
+
+from simulations.memo import shared_pure_functions
+from simulations.report import Report, write
+from simulations.scenario import Scenario, ScenarioError
+from simulations.workloads import WORKLOADS
+from simulations.workloads.common import Progress, no_progress
+
+
+def run_scenario(scenario: Scenario, progress: Progress = no_progress) -> tuple[Report, float]:
+    module_name = WORKLOADS.get(scenario.kind)
+    if module_name is None:
+        raise ScenarioError(
+            f"{scenario.name}: unknown kind {scenario.kind!r} (known: {', '.join(sorted(WORKLOADS))})"
+        )
+    module = importlib.import_module(module_name)
+    started = time.perf_counter()
+    with shared_pure_functions():
+        report: Report = module.run(scenario, progress)
+    return report, time.perf_counter() - started
+
+
+def run_and_write(
+    scenario: Scenario, out_dir: Path, progress: Progress = no_progress
+) -> tuple[Report, float, Path, Path]:
+    report, wall_s = run_scenario(scenario, progress)
+    json_path, html_path = write(report, out_dir, wall_s=wall_s)
+    return report, wall_s, json_path, html_path

@@ -1,0 +1,314 @@
+"""Ledger: convergence time and bytes per node versus N, and versus churn.
+
+Every node runs the real ``LedgerMachine``; ``advertisers`` of them publish capability
+records (the rest are light nodes that only replicate). After ``warmup_s`` the advertisers
+update their records (``SetLoad``) one after another, every ``update_interval_s``. For each
+update we record when each node *stores* the new version (the moment the daemon persists it)
+and report the time until 50%, 99% and 100% of the nodes that were up throughout hold it.
+Bytes are everything sent and received per node during the measurement window, split into
+gossip and anti-entropy (digests, sync requests and replies).
+
+With churn (``[sweep] churn_crash_per_min``), nodes crash and restart from their store after
+``restart_after_s``; *freshness* is the fraction of live nodes holding the newest record of
+every advertiser, sampled every ``sample_s``: what a requester sees when it reads its ledger.
+
+``[workload]``: ``advertisers`` (32), ``warmup_s`` (30), ``updates`` (8),
+``update_interval_s`` (10), ``anti_entropy_s`` (30), ``sample_s`` (5), ``settle_s`` (60).
+``[sweep]``: ``nodes`` ([100, 300, 1000, 3000, 10000]), ``churn_nodes`` (500),
+``churn_crash_per_min`` ([0, 0.01, 0.05, 0.1]).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from protocol.ledger import LedgerConfig, SetLoad, StoreCapability
+from simulations.compute import DEVICES
+from simulations.machines.ledger import NAME, ledger_of, ledger_spec
+from simulations.metrics import percentile, summary
+from simulations.node import VirtualNode
+from simulations.report import Plot, Report, Series
+from simulations.scenario import ChurnSpec, Scenario, workload_value
+from simulations.swarm import Swarm, derive_rng
+from simulations.workloads.common import Progress, Stages, capability, window_bytes
+from simulations.world import Churn, build_swarm
+
+QUESTION = (
+    "How fast does a ledger update reach every node, and how many bytes does each node "
+    "pay, as the network grows to 10,000 nodes and as nodes churn?"
+)
+NETWORK_ID = "sim"
+ANTI_ENTROPY_KINDS = ("LedgerDigest", "LedgerSyncRequest", "LedgerPush")
+
+
+class LedgerRun:
+    """One swarm of ledger nodes with its measurements."""
+
+    def __init__(self, scenario: Scenario, nodes: int, seed: int, churn: ChurnSpec) -> None:
+        self.scenario = scenario
+        self.n = nodes
+        self.advertisers = min(nodes, int(workload_value(scenario, "advertisers", 32)))
+        config = LedgerConfig(
+            anti_entropy_ms=int(workload_value(scenario, "anti_entropy_s", 30.0) * 1000)
+        )
+        #: (peer, seq) -> {node index: virtual ms it stored that version}
+        self.stored: dict[tuple[str, int], dict[int, int]] = {}
+        self.latest: dict[str, int] = {}
+        device = DEVICES["rtx3090"]
+
+        def cap(node: VirtualNode) -> Any:
+            return capability(node, device) if node.index < self.advertisers else None
+
+        spec = ledger_spec(NETWORK_ID, config, cap, self._observe)
+        sc = replace(scenario, churn=churn)
+        self.swarm: Swarm = build_swarm(sc, nodes, seed, lambda i: (spec,))
+        self.churn: Churn | None = None
+        if churn.active:
+            self.churn = Churn(
+                self.swarm,
+                sc,
+                lambda i: (spec,),
+                protected=frozenset(range(self.advertisers)),
+                start_ms=int(workload_value(scenario, "warmup_s", 30.0) * 1000),
+            )
+        self.updates: list[tuple[str, int, int, dict[int, int]]] = []  # peer, seq, at, epochs
+        self._pending: dict[str, int] = {}
+        self._asked = 0
+        self.freshness: list[tuple[float, float]] = []
+
+    def _observe(self, node: VirtualNode, effect: object) -> None:
+        if isinstance(effect, StoreCapability):
+            rec = effect.record
+            now = self.swarm.now_ms
+            self.stored.setdefault((rec.peer_id, rec.seq), {})[node.index] = now
+            if rec.peer_id == node.peer_id:  # our own new version: it goes out now
+                self.latest[rec.peer_id] = max(self.latest.get(rec.peer_id, 0), rec.seq)
+                pending = self._pending.pop(rec.peer_id, None)
+                if pending is not None:
+                    epochs = {n.index: n.epoch for n in self.swarm.nodes if n.up}
+                    self.updates.append((rec.peer_id, rec.seq, now, epochs))
+
+    def update(self, advertiser: int) -> None:
+        """Change an advertiser's load; the version it publishes is recorded when stored."""
+        node = self.swarm.nodes[advertiser]
+        load = round(0.1 + 0.8 * ((self._asked * 7919) % 97) / 97, 3)
+        self._asked += 1
+        self._pending[node.peer_id] = self._asked
+        node.submit(NAME, SetLoad(free_slots=1, load=load))
+
+    def sample_freshness(self) -> None:
+        live = [n for n in self.swarm.nodes if n.up]
+        peers = sorted(self.latest)
+        fresh = 0
+        for node in live:
+            records = ledger_of(node).state.records
+            if all(
+                (h := records.get(p)) is not None and h.record.seq >= self.latest[p] for p in peers
+            ):
+                fresh += 1
+        self.freshness.append((self.swarm.now_ms / 1000.0, fresh / max(1, len(live))))
+
+    def convergence(self) -> list[dict[str, float]]:
+        out = []
+        for peer, seq, at, epochs in self.updates:
+            times = self.stored.get((peer, seq), {})
+            steady = [
+                i
+                for i, e in epochs.items()
+                if self.swarm.nodes[i].up
+                and self.swarm.nodes[i].epoch == e
+                and self.swarm.nodes[i].peer_id != peer
+            ]
+            got = sorted(times[i] - at for i in steady if i in times)
+            missing = len(steady) - len(got)
+            row = {
+                "t50_ms": percentile(got, 0.5) if got else -1.0,
+                "t99_ms": percentile(got, 0.99) if got else -1.0,
+                "t100_ms": float(got[-1]) if got and not missing else -1.0,
+                "reached": len(got) / max(1, len(steady)),
+            }
+            out.append(row)
+        return out
+
+
+def _measure(
+    scenario: Scenario, stages: Stages, nodes: int, churn: ChurnSpec, label: str
+) -> dict[str, Any]:
+    warmup_ms = int(workload_value(scenario, "warmup_s", 30.0) * 1000)
+    interval_ms = int(workload_value(scenario, "update_interval_s", 10.0) * 1000)
+    updates = int(workload_value(scenario, "updates", 8))
+    sample_ms = int(workload_value(scenario, "sample_s", 5.0) * 1000)
+    settle_ms = int(workload_value(scenario, "settle_s", 60.0) * 1000)
+    run = LedgerRun(scenario, nodes, scenario.seed, churn)
+    swarm = run.swarm
+    stages.run(swarm, warmup_ms, label)
+    before = dict(swarm.metrics.bytes_by_kind)
+    start_ms = swarm.now_ms
+    rng = derive_rng(scenario.seed, "ledger-updates")
+    end_ms = warmup_ms + updates * interval_ms + settle_ms
+    for t in range(warmup_ms, end_ms, sample_ms):
+        swarm.at_ms(t, run.sample_freshness)
+    for u in range(updates):
+        swarm.at_ms(warmup_ms + u * interval_ms + 1, run.update, rng.randrange(run.advertisers))
+    stages.run(swarm, end_ms, label)
+    window_s = (swarm.now_ms - start_ms) / 1000.0
+    by_kind = window_bytes(swarm, before)
+    total = sum(by_kind.values())
+    anti = sum(v for k, v in by_kind.items() if k in ANTI_ENTROPY_KINDS)
+    conv = run.convergence()
+    t100 = [c["t100_ms"] for c in conv if c["t100_ms"] >= 0]
+    t99 = [c["t99_ms"] for c in conv if c["t99_ms"] >= 0]
+    live = sum(1 for n in swarm.nodes if n.up)
+    # bytes sent+received, counted once on each side: per node and minute
+    per_node_min = 2 * total / max(1, len(swarm.nodes)) / (window_s / 60.0)
+    fresh = [f for _, f in run.freshness]
+    return {
+        "nodes": nodes,
+        "crash_per_min": churn.crash_per_min,
+        "advertisers": run.advertisers,
+        "updates": len(conv),
+        "converged_updates": len(t100),
+        "t50_ms_median": percentile([c["t50_ms"] for c in conv if c["t50_ms"] >= 0], 0.5),
+        "t99_ms_median": percentile(t99, 0.5),
+        "t100_ms_median": percentile(t100, 0.5),
+        "t100_ms_max": max(t100) if t100 else -1.0,
+        "reached_min": min((c["reached"] for c in conv), default=0.0),
+        "bytes_per_node_per_min": per_node_min,
+        "gossip_share": (total - anti) / total if total else 0.0,
+        "anti_entropy_bytes_per_node_per_min": 2
+        * anti
+        / max(1, len(swarm.nodes))
+        / (window_s / 60.0),
+        "freshness_mean": sum(fresh) / len(fresh) if fresh else 0.0,
+        "freshness_min": min(fresh) if fresh else 0.0,
+        "live_nodes_end": live,
+        "events": swarm.loop.events_run,
+        "churn": run.churn.summary() if run.churn else {},
+        "_freshness": run.freshness,
+        "_bytes_summary": summary([float(b) for b in swarm.bytes_per_node()]),
+    }
+
+
+def run(scenario: Scenario, progress: Progress) -> Report:
+    sweep_nodes = (
+        [scenario.nodes]
+        if scenario.nodes_overridden
+        else [int(n) for n in scenario.sweep.get("nodes", [100, 300, 1000, 3000, 10000])]
+    )
+    churn_nodes = (
+        scenario.nodes if scenario.nodes_overridden else int(scenario.sweep.get("churn_nodes", 500))
+    )
+    churn_rates = [
+        float(c) for c in scenario.sweep.get("churn_crash_per_min", [0.0, 0.01, 0.05, 0.1])
+    ]
+    base_churn = scenario.churn
+    weights = [float(n) for n in sweep_nodes] + [float(churn_nodes)] * len(churn_rates)
+    stages = Stages(progress, weights)
+    size_rows = []
+    for n in sweep_nodes:
+        size_rows.append(_measure(scenario, stages, n, ChurnSpec(), f"ledger N={n}"))
+        stages.next()
+    churn_rows = []
+    for rate in churn_rates:
+        churn = replace(base_churn, crash_per_min=rate)
+        churn_rows.append(_measure(scenario, stages, churn_nodes, churn, f"churn {rate}/min"))
+        stages.next()
+
+    def public(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+
+    xs = [float(r["nodes"]) for r in size_rows]
+    plots = [
+        Plot(
+            "convergence_vs_n",
+            "Time for a record update to reach the nodes",
+            "nodes (N)",
+            "seconds after the update",
+            logx=True,
+            series=[
+                Series("50% of nodes", xs, [r["t50_ms_median"] / 1000 for r in size_rows]),
+                Series("99% of nodes", xs, [r["t99_ms_median"] / 1000 for r in size_rows]),
+                Series(
+                    "all nodes (median update)", xs, [r["t100_ms_median"] / 1000 for r in size_rows]
+                ),
+                Series(
+                    "all nodes (slowest update)", xs, [r["t100_ms_max"] / 1000 for r in size_rows]
+                ),
+            ],
+        ),
+        Plot(
+            "bytes_vs_n",
+            "Ledger traffic per node (sent + received)",
+            "nodes (N)",
+            "kB per node per minute",
+            logx=True,
+            series=[
+                Series("total", xs, [r["bytes_per_node_per_min"] / 1000 for r in size_rows]),
+                Series(
+                    "anti-entropy",
+                    xs,
+                    [r["anti_entropy_bytes_per_node_per_min"] / 1000 for r in size_rows],
+                ),
+            ],
+        ),
+        Plot(
+            "freshness_churn",
+            f"Freshness under churn ({churn_nodes} nodes)",
+            "virtual seconds",
+            "fraction of live nodes with every newest record",
+            series=[
+                Series(
+                    f"{r['crash_per_min']:g} crashes/node/min",
+                    [t for t, _ in r["_freshness"]],
+                    [f for _, f in r["_freshness"]],
+                )
+                for r in churn_rows
+            ],
+        ),
+        Plot(
+            "convergence_vs_churn",
+            f"Update convergence under churn ({churn_nodes} nodes)",
+            "crashes per node per minute",
+            "seconds",
+            series=[
+                Series(
+                    "99% of steady nodes",
+                    [r["crash_per_min"] for r in churn_rows],
+                    [r["t99_ms_median"] / 1000 for r in churn_rows],
+                ),
+                Series(
+                    "all steady nodes (median update)",
+                    [r["crash_per_min"] for r in churn_rows],
+                    [r["t100_ms_median"] / 1000 for r in churn_rows],
+                ),
+            ],
+        ),
+    ]
+    biggest = size_rows[-1]
+    headline = {
+        "largest_n": biggest["nodes"],
+        "t99_s_at_largest_n": biggest["t99_ms_median"] / 1000,
+        "t100_s_at_largest_n": biggest["t100_ms_median"] / 1000,
+        "kB_per_node_per_min_at_largest_n": biggest["bytes_per_node_per_min"] / 1000,
+        "freshness_mean_at_highest_churn": churn_rows[-1]["freshness_mean"] if churn_rows else None,
+    }
+    invariants = {
+        "every_update_reached_every_steady_node_without_churn": all(
+            r["reached_min"] == 1.0 for r in size_rows
+        ),
+    }
+    return Report(
+        scenario=scenario.as_dict(),
+        question=QUESTION,
+        headline=headline,
+        results={"by_nodes": public(size_rows), "by_churn": public(churn_rows)},
+        plots=plots,
+        invariants=invariants,
+        notes=[
+            "Steady nodes: up from the update until the end of the run without a restart; "
+            "restarted nodes catch up by anti-entropy and show in freshness.",
+            f"{size_rows[0]['advertisers']} advertisers publish records; all other nodes "
+            "replicate them (light nodes).",
+        ],
+    )

@@ -304,17 +304,22 @@ class Auction(ResultIntake):
             return reject("unknown_task")
         if peer in task.bids or peer in task.tried or peer in task.spares:
             return reject("duplicate")
+
+        def refuse(why: str) -> list[Effect]:
+            # a valid bid we will not use: release the slot the bidder holds for it
+            return reject(why) + [Send(peer, Cancel(task_id=body.task_id, attempt=-1))]
+
         if task.phase is not TaskPhase.BIDDING or body.round != task.round \
                 or now >= task.window_closes_at_ms:
-            return reject("late")
+            return refuse("late")
         if peer == self.peer and not task.allow_self:
-            return reject("self")
+            return refuse("self")
         if body.price > task.spec.max_price:
-            return reject("over_budget")
+            return refuse("over_budget")
         if body.match_score < self.config.min_match:
-            return reject("poor_match")
+            return refuse("poor_match")
         if len(task.bids) >= self.config.max_bids_per_task:
-            return reject("too_many")
+            return refuse("too_many")
         task.bids[peer] = BidInfo(body, now, now + body.hold_ms)
         self._count("bids_accepted")
         effects: list[Effect] = [Emit("task.bid", {"task_id": body.task_id.hex(), "peer": peer,

@@ -136,8 +136,11 @@ def test_assignment_deadline_from_latency_capped_by_the_task() -> None:
 def test_bid_checks(kw, event_kw, why) -> None:  # type: ignore[no-untyped-def]
     a, _ = auction(**kw)
     tid, _ = submit(a)
-    assert assigns(a.handle(bid(tid, **event_kw), 1)) == []
+    effects = a.handle(bid(tid, **event_kw), 1)
+    assert assigns(effects) == []
     assert a.counters[f"bids_rejected.{why}"] == 1 and not a.tasks[tid].bids
+    # the bidder's reservation is released at once
+    assert Send(BIDDERS[0].peer_id, Cancel(task_id=tid, attempt=-1)) in effects
 
 
 def test_too_many_bids_per_task() -> None:

@@ -60,8 +60,12 @@ def test_happy_path_three_votes() -> None:
 
 
 def test_auction_closes_early_with_enough_bids() -> None:
-    net = MarketNet(4)
+    net = MarketNet(5)
     tid = net.submit()
+    net.step_to(20)
+    # a bid that came after the close is refused and its slot released at once
+    assert net.auction.counters["bids_rejected.late"] == 1
+    assert sum(w.machine.free_slots() for w in net.workers.values()) == 1
     snap = done(net, tid)
     assert snap["phase"] == "done"
     assert snap["first_assigned_at_ms"] < 50  # type: ignore[operator]

@@ -1,10 +1,11 @@
-"""A deterministic test solver for the executor service: arithmetic, no model.
+"""A deterministic arithmetic solver for the executor service: no model, for tests and benches.
 
-Load it with ``[executor] solver = "tests.node.task_solver:factory"``. It answers questions
+Load it with ``[executor] solver = "node.bench.arith_solver:factory"``. It answers questions
 containing ``a <op> b`` (op in + - *) with a short chain of thought and a final answer line,
-in ``SYMPHONY_TEST_SOLVER_DELAY_MS`` milliseconds of simulated compute (default 50), and
+in ``SYMPHONY_ARITH_SOLVER_DELAY_MS`` milliseconds of simulated compute (default 50), and
 advertises the matching speed (``NOMINAL_TOKENS`` in that time), so bids estimate it. Real
-inference is the models/ backend's job; daemon tests need answers that are fast and known.
+inference is the models/ backend's job; daemon tests and the network-overhead benchmark need
+answers that are fast, known and take a fixed time.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from node.executor_service import Solution
 from protocol.executor import ServedModel
 from protocol.tasks import TaskSpec
 
+DELAY_ENV = "SYMPHONY_ARITH_SOLVER_DELAY_MS"
 MODEL_NAME = "test-arith"
 MODEL_HASH = digest(b"test-arith-weights")
 #: tokens a task is assumed to take, for the advertised tokens/s
@@ -53,4 +55,4 @@ class ArithmeticSolver:
 
 
 def factory(section: Any, data_dir: Path) -> ArithmeticSolver:
-    return ArithmeticSolver(int(os.environ.get("SYMPHONY_TEST_SOLVER_DELAY_MS", "50")))
+    return ArithmeticSolver(int(os.environ.get(DELAY_ENV, "50")))

@@ -9,9 +9,9 @@
   hash, *measured* tokens/s; called once at start, in a thread) and
   ``solve(task: TaskSpec, model: str, max_tokens: int) -> Solution`` (blocking). The
   ``[executor] solver`` setting names a factory ``"module:callable"`` taking
-  ``(section, data_dir)``. With none configured the node does not execute (it never bids)
-  and says so in its status and log: the models/ backend (issue 4) is wired in here when its
-  chain-of-thought entry point lands.
+  ``(section, data_dir)``; ``"models"`` names the real one (node/models_solver.py: the
+  models/ backend, ``model`` picks the model). With none configured the node does not
+  execute (it never bids) and says so in its status and log.
 """
 
 from __future__ import annotations
@@ -67,8 +67,11 @@ class Solver(Protocol):
 class ExecutorSection:
     """Tunables of the executor side (``[executor]`` in node.toml)."""
 
-    #: "module:callable" building the solver from (section, data_dir); "" = do not execute
+    #: "models" (node/models_solver.py), or "module:callable" building a solver from
+    #: (section, data_dir); "" = do not execute
     solver: str = ""
+    #: with solver = "models": registry name, .gguf path or HF dir ("" = the default model)
+    model: str = ""
     #: tasks computed at once; each bid holds one slot for hold_ms
     slots: int = 1
     hold_ms: int = DEFAULT_HOLD_MS
@@ -85,8 +88,12 @@ class ExecutorSection:
             raise ValueError("price_per_1k must not be negative")
 
 
+#: solver names that need no "module:callable"
+BUILTIN_SOLVERS = {"models": "node.models_solver:factory"}
+
+
 def load_solver(spec: str, section: ExecutorSection, data_dir: Path) -> Solver:
-    module_name, _, attr = spec.partition(":")
+    module_name, _, attr = BUILTIN_SOLVERS.get(spec, spec).partition(":")
     factory = getattr(importlib.import_module(module_name), attr)
     solver: Solver = factory(section, data_dir)
     return solver

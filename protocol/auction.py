@@ -68,7 +68,6 @@ from protocol.task_state import (
     OpenTask,
     ResultInfo,
     TaskPhase,
-    TaskSnapshot,
     move_attempt,
     move_phase,
     snapshot,
@@ -101,7 +100,7 @@ from protocol.tasks import (
 __all__ = [
     "Attest", "Auction", "AuctionConfig", "CancelTask", "KeptResult", "RestoredAttempt",
     "RestoreTask", "Reward",
-    "SubmitTask", "TaskUpdated", "snapshot_of",
+    "SubmitTask", "TaskUpdated",
 ]
 
 PENALTY_FORGED = 20
@@ -452,7 +451,3 @@ class Auction(ResultIntake):
                 effects += self._close(task, now)
         return effects
 
-
-def snapshot_of(auction: Auction, task_id: bytes) -> TaskSnapshot | None:
-    task = auction.tasks.get(task_id)
-    return None if task is None else snapshot(task)

@@ -54,6 +54,7 @@ SERVICES: dict[str, str] = {
     "ledger": "node.ledger_service:LedgerService",
     "tasks": "node.tasks_service:TasksService",
     "executor": "node.executor_service:ExecutorService",
+    "relay": "node.relay_service:RelayService",
 }
 
 #: after the first signal the daemon must be gone within this long, or it exits forcibly
@@ -165,9 +166,10 @@ class Daemon:
                     await work.start(driver.run)
                     for service in driver.services.values():
                         await work.start(service.run)
-                    app = build_app(self.status, {n: s.routes() for n, s in
-                                                  driver.services.items()},
-                                    load_or_create_token(config.data_dir))
+                    services = driver.services.values()
+                    app = build_app(self.status, {s.name: s.routes() for s in services},
+                                    load_or_create_token(config.data_dir),
+                                    [r for s in services for r in s.root_routes()])
                     self.api_port = await work.start(serve_api, app, config.api_port)
                     self._write_daemon_file()
                     log.info("daemon.ready", addrs=transport.listen_addrs(),

@@ -26,9 +26,8 @@ Contract
 from __future__ import annotations
 
 import inspect
-import os
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, fields
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -116,11 +115,7 @@ class RelayService(Service):
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         sections = getattr(ctx.config, "sections", {})
-        self.section: RelaySection = sections.get(self.name) or (
-            RelaySection()
-            if self.config_section
-            else UnregisteredRelayService.section_from_env(os.environ)
-        )
+        self.section: RelaySection = sections.get(self.name) or RelaySection()
         s = self.section
         self._machine = RelayMachine(
             ctx.identity.peer_id,
@@ -171,9 +166,16 @@ class RelayService(Service):
             await trio.sleep_forever()
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run ``fn(*args)`` in the service's nursery; a failure is logged, never fatal."""
         if self._nursery is None:
             raise RuntimeError("the relay service is not running")
-        self._nursery.start_soon(fn, *args)
+        self._nursery.start_soon(self._guard, fn, args)
+
+    async def _guard(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
+        try:
+            await fn(*args)
+        except Exception:
+            self.ctx.log.exception("relay.task_failed", task=getattr(fn, "__name__", str(fn)))
 
     async def submit(self, event: object) -> None:
         await self.ctx.submit(self.name, event)
@@ -349,27 +351,3 @@ class RelayService(Service):
         from node.relay_api import relay_routes
 
         return relay_routes(self)
-
-
-class UnregisteredRelayService(RelayService):
-    """The relay service as a ``config.extra_services`` entry, until node/daemon.py registers
-    ``RelayService``: extra services may not declare a config section, so this one reads its
-    ``[relay]`` settings from ``SYMPHONY_RELAY__<KEY>`` environment variables only."""
-
-    config_section: ClassVar[type | None] = None
-
-    @staticmethod
-    def section_from_env(env: Mapping[str, str]) -> RelaySection:
-        kwargs: dict[str, Any] = {}
-        for f in fields(RelaySection):
-            raw = env.get(f"SYMPHONY_RELAY__{f.name.upper()}")
-            if raw is None:
-                continue
-            default = getattr(RelaySection, f.name)
-            if isinstance(default, bool):
-                kwargs[f.name] = raw.strip().lower() in ("1", "true", "yes")
-            elif isinstance(default, int):
-                kwargs[f.name] = int(raw)
-            else:
-                kwargs[f.name] = tuple(x for x in raw.split(",") if x)
-        return RelaySection(**kwargs)

@@ -19,6 +19,7 @@ bytes. Frames are length-prefixed (node/transport.py).
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +88,8 @@ class _Fetch:
     requested: set[int] = field(default_factory=set)
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     failed: bool = False
+    #: (reason, penalty) once the stream broke; ("", 0) while it is fine
+    error: tuple[str, int] = ("", 0)
 
 
 @dataclass(eq=False)
@@ -154,16 +157,23 @@ class RelayStreams:
                 with trio.fail_after(OPEN_TIMEOUT_S):
                     stream = await self.service.ctx.transport.open_stream(fetch.peer, self.protocol)
                     await write_frame(stream, encode(fetch.manifest.message))
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._fetch_writer, fetch, stream)
-                    await self._fetch_reader(fetch, stream)
-                    nursery.cancel_scope.cancel()
             except trio.TooSlowError:
                 reason = "stream open timed out"
             except TransportError as exc:
-                reason = f"stream failed: {exc}"
-            except (StreamViolation, InvalidMessage) as exc:
-                reason, penalty = f"chunk stream violation: {exc}", VIOLATION_PENALTY
+                reason = f"stream open failed: {exc}"
+            if stream is not None and not reason:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(
+                        self._guarded,
+                        fetch,
+                        nursery.cancel_scope,
+                        self._fetch_writer(fetch, stream),
+                    )
+                    await self._guarded(
+                        fetch, nursery.cancel_scope, self._fetch_reader(fetch, stream)
+                    )
+                    nursery.cancel_scope.cancel()
+                reason, penalty = fetch.error
         if self._fetches.get(key) is fetch:
             del self._fetches[key]
         fetch.send.close()
@@ -176,6 +186,22 @@ class RelayStreams:
                     fetch.peer, fetch.manifest.id, min(fetch.requested), reason, None, penalty
                 )
             )
+
+    async def _guarded(
+        self, fetch: _Fetch, scope: trio.CancelScope, work: Coroutine[Any, Any, None]
+    ) -> None:
+        """Run one side of a fetch; a failure is recorded on the fetch and ends both sides."""
+        try:
+            await work
+        except TransportError as exc:
+            fetch.error = (f"stream failed: {exc}", 0)
+        except (StreamViolation, InvalidMessage) as exc:
+            fetch.error = (f"chunk stream violation: {exc}", VIOLATION_PENALTY)
+        except (ChunkStoreError, OSError) as exc:
+            fetch.error = (f"cannot write the chunk: {exc}", 0)
+        else:
+            return
+        scope.cancel()
 
     async def _fetch_writer(self, fetch: _Fetch, stream: BulkStream) -> None:
         async for index in fetch.receive:

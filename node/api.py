@@ -91,11 +91,12 @@ def build_app(
     status: Callable[[], dict[str, Any]],
     service_routes: dict[str, list[BaseRoute]],
     token: str,
+    root_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
     async def get_status(request: Request) -> Response:
         return JSONResponse(status())
 
-    routes: list[BaseRoute] = [Route("/status", get_status, methods=["GET"])]
+    routes: list[BaseRoute] = [Route("/status", get_status, methods=["GET"]), *root_routes]
     for name, sub in service_routes.items():
         if sub:
             routes.append(Mount(f"/{name}", routes=sub))

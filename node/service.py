@@ -85,6 +85,11 @@ class Service(ABC):
         return {}
 
     def routes(self) -> list[BaseRoute]:
+        """HTTP routes mounted under ``/<name>``."""
+        return []
+
+    def root_routes(self) -> list[BaseRoute]:
+        """HTTP routes mounted at the root (for well-known paths such as ``/v1/...``)."""
         return []
 
 

@@ -7,9 +7,9 @@
   Answers the final snapshot (answer, vote table, every CoT with its executor), or with
   ``wait: false`` the task id at once (202). Needs the API token.
 * OpenAI-compatible, token-protected (the API token is the OpenAI ``api_key``), with the
-  base URL ``http://127.0.0.1:<port>/tasks/v1``:
-  ``POST /tasks/v1/chat/completions`` routes a chat through the network (``k`` defaults to
-  1; with ``k`` > 1 the content is the voted answer) and ``GET /tasks/v1/models``. Streaming
+  base URL ``http://127.0.0.1:<port>/v1``, mounted at the root so existing OpenAI clients
+  work unchanged: ``POST /v1/chat/completions`` routes a chat through the network (``k``
+  defaults to 1; with ``k`` > 1 the content is the voted answer) and ``GET /v1/models``. Streaming
   is not supported (400). Extra request fields ``k``, ``answer_type``, ``deadline_ms``; the
   response carries the task snapshot under ``symphony``.
 """
@@ -84,6 +84,17 @@ def task_routes(service: TasksService) -> list[BaseRoute]:
             return _error(str(exc))
         return JSONResponse(snap, status_code=200 if wait else 202)
 
+    return [
+        Route("/", list_tasks, methods=["GET"]),
+        token_route("/", create_task, methods=["POST"]),
+        Route("/{task_id:str}", show_task, methods=["GET"]),
+    ]
+
+
+def openai_routes(service: TasksService) -> list[BaseRoute]:
+    """``/v1/chat/completions`` and ``/v1/models``, mounted at the API's root."""
+    from node.tasks_service import AskError
+
     async def chat_completions(request: Request) -> Response:
         body = await _json(request)
         if body is None:
@@ -131,9 +142,6 @@ def task_routes(service: TasksService) -> list[BaseRoute]:
             {"id": n, "object": "model", "created": 0, "owned_by": "symphony"} for n in names]})
 
     return [
-        Route("/", list_tasks, methods=["GET"]),
-        token_route("/", create_task, methods=["POST"]),
         token_route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", require_token(list_models), methods=["GET"]),
-        Route("/{task_id:str}", show_task, methods=["GET"]),
     ]

@@ -311,6 +311,11 @@ class TasksService(Service):
 
         return task_routes(self)
 
+    def root_routes(self) -> list[Any]:
+        from node.tasks_api import openai_routes
+
+        return openai_routes(self)
+
 
 def restore_event(snap: dict[str, Any], own_peer: str, remaining_ms: int) -> RestoreTask:
     """Rebuild a ``RestoreTask`` from a stored snapshot (see protocol.task_state.snapshot)."""

@@ -52,14 +52,14 @@ def test_one_asks_three_execute_and_vote(testnet: Testnet) -> None:
     assert human.returncode == 0 and "42" in human.stdout
     # the OpenAI-compatible route, with the API token as the key
     token = read_token(asker.data_dir)
-    reply = httpx.post(f"{asker.api_url}/tasks/v1/chat/completions", timeout=60,
+    reply = httpx.post(f"{asker.api_url}/v1/chat/completions", timeout=60,
                        headers={"Authorization": f"Bearer {token}"},
                        json={"model": "auto", "messages": [{"role": "user",
                                                            "content": "What is 5 + 4?"}]})
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["message"]["content"] == "9"
-    assert httpx.post(f"{asker.api_url}/tasks/v1/chat/completions", json={}).status_code == 401
-    models = httpx.get(f"{asker.api_url}/tasks/v1/models", timeout=10,
+    assert httpx.post(f"{asker.api_url}/v1/chat/completions", json={}).status_code == 401
+    models = httpx.get(f"{asker.api_url}/v1/models", timeout=10,
                        headers={"Authorization": f"Bearer {token}"}).json()
     assert models["object"] == "list"
 

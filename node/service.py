@@ -70,7 +70,7 @@ class Service(ABC):
     @abstractmethod
     def machine(self) -> Machine: ...
 
-    async def start(self) -> None:
+    async def start(self) -> None:  # noqa: B027 (an optional hook)
         """Load state from the database. Runs before the transport accepts peers."""
 
     async def perform(self, effect: object) -> None:

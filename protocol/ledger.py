@@ -288,7 +288,7 @@ class LedgerMachine:
         try:
             new, evicted = self.state.merge_attestation(envelope, att, self.peer_id, h)
         except Rejected as exc:
-            return [Emit("ledger.attestation_dropped", {"reason": exc.reason.value})]
+            return [Emit("attestation_dropped", {"reason": exc.reason.value, "level": "warning"})]
         push = LedgerPush(records=(), attestations=(envelope,), reply=False, more=False)
         effects: list[Effect] = [StoreAttestation(envelope, att, h), Publish(LEDGER_TOPIC, push)]
         if evicted:
@@ -444,7 +444,10 @@ class LedgerMachine:
             if points:
                 effects.append(Penalize(peer, f"ledger:{reason.value}", points))
         effects.append(
-            Emit("ledger.rejected", {"peer": peer, **{r.value: n for r, n in rejected.items()}})
+            Emit(
+                "rejected",
+                {"peer": peer, "level": "warning", **{r.value: n for r, n in rejected.items()}},
+            )
         )
         return effects
 

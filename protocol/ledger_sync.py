@@ -211,7 +211,7 @@ class SyncSessions:
         s = self.sessions.pop(peer)
         self._move(s, SyncState.IDLE)
         done = Emit(
-            "ledger.sync_end", {"peer": peer, "why": why, "rounds": s.rounds, "items": s.received}
+            "sync_end", {"peer": peer, "why": why, "rounds": s.rounds, "items": s.received}
         )
         return [done, *self._start_queued(now)]
 

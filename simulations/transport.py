@@ -14,7 +14,8 @@ Contract (the simulator's side of node/transport.py, at the level of machine eff
   peer's address. A send that cannot arrive (peer down, partitioned away, lost) comes back
   to the sender as ``SendFailed`` after ``send_timeout_ms``, like a request that timed out.
 * **Gossip** (``Publish``). Each subscribed node keeps a mesh of up to ``degree`` subscribed
-  neighbours per topic (symmetric, as GRAFT makes it). The publisher sends to its mesh; a
+  neighbours per topic (symmetric, as GRAFT makes it). The publisher sends to its mesh (or,
+  not subscribed itself, to up to ``degree`` connected subscribers: the fanout); a
   node that sees a message for the first time delivers it to its machines (``Received`` with
   ``peer`` = the origin, as node/p2p.py does) and forwards it to its mesh minus the sender;
   later copies are counted in bytes and dropped (the seen-cache). Lost gossip is silent;
@@ -292,6 +293,8 @@ class SimTransport:
         size: int,
     ) -> None:
         mesh = node.mesh.get(topic)
+        if came_from == -1 and topic not in node.topic_slots:
+            mesh = self._fanout(node, topic)
         if not mesh:
             return
         swarm = self.swarm
@@ -336,6 +339,13 @@ class SimTransport:
             swarm.metrics.add_bytes("gossip", size * sent)
         if duplicates:
             swarm.metrics.count("gossip_duplicates", duplicates)
+
+    def _fanout(self, node: VirtualNode, topic: str) -> list[int]:
+        """A publisher not subscribed to ``topic`` sends to up to ``degree`` connected peers
+        that are (gossipsub's fanout set)."""
+        nodes = self.swarm.nodes
+        peers = [i for i in sorted(node.connections) if topic in nodes[i].topic_slots]
+        return peers[: self.degree]
 
     def _gossip_arrive(
         self,

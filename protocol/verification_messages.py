@@ -1,0 +1,229 @@
+"""Verification wire messages (tags 70-79) and the commitments they carry.
+
+Commit-then-reveal around every task result, then sampled re-checks by verifiers:
+
+==============  ====  ===========================  ==============================================
+message         tag   signed by / domain           meaning
+==============  ====  ===========================  ==============================================
+TermsBody       70    requester / TERMS            "commit to your result, bound to my nonce hash"
+Terms           71    unicast to executor          envelope of a TermsBody (follows the Assign)
+CommitBody      72    executor / COMMIT            hash(answer, CoT, output ids, salt), Merkle
+                                                   root of the chunk fingerprints, model hash
+Commit          73    unicast to requester         envelope of a CommitBody
+RevealRequest   74    requester -> executor        the commit window closed: reveal (nonce)
+Reveal          75    executor -> requester        the signed Result, salt and output token ids
+CheckBody       76    requester / CHECK            re-check sampled chunks of one result
+CheckRequest    77    unicast to verifier          envelope of a CheckBody
+VerdictBody     78    verifier / VERDICT           pass / fail / declined, with evidence hash
+Verdict         79    unicast to requester         envelope of a VerdictBody
+==============  ====  ===========================  ==============================================
+
+``RevealRequest`` and ``Reveal`` are unsigned wrappers: they travel on authenticated direct
+streams, and everything in a ``Reveal`` is bound by the executor's signed commitment (the
+``Result`` inside is itself signed for ``protocol.tasks.RESULT_DOMAIN``). The pure rules that
+tie these messages together (commitments, seeds, sampling, ranking) are in
+protocol/verification_rules.py.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from crypto.envelope import Envelope
+from protocol.codec import Message, limits, message
+from protocol.tasks import (
+    HASH_LEN,
+    MAX_ANSWER_CHARS,
+    MAX_COT_CHARS,
+    MAX_FINGERPRINT_BYTES,
+    MAX_FINGERPRINTS,
+    MAX_PEER_ID_LEN,
+    MAX_TOKENS,
+    TASK_ID_LEN,
+    TaskSpec,
+)
+
+TERMS_DOMAIN = "symphony/verify/terms/v1"
+COMMIT_DOMAIN = "symphony/verify/commit/v1"
+CHECK_DOMAIN = "symphony/verify/check/v1"
+VERDICT_DOMAIN = "symphony/verify/verdict/v1"
+
+NONCE_LEN = 32
+SALT_LEN = 32
+#: output token ids travel packed as big-endian u32 (protocol.verification_rules.pack_ids)
+ID_BYTES = 4
+MAX_OUTPUT_TOKENS = MAX_TOKENS
+MAX_ATTEMPT = 1 << 20
+#: tokens per fingerprint chunk: the only value models/ produces today (TOPLOC uses 32)
+MIN_CHUNK_TOKENS = 1
+MAX_CHUNK_TOKENS = 1024
+#: chunks one check request may carry
+MAX_CHECK_CHUNKS = 16
+#: commitments in one commit window (the seed covers all of them)
+MAX_BATCH = 64
+#: a Merkle proof is at most 64 steps of 33 bytes (side flag + sibling hash)
+PROOF_STEP_BYTES = 1 + HASH_LEN
+MAX_PROOF_BYTES = 64 * PROOF_STEP_BYTES
+MAX_DETAIL = 128
+MAX_ESCALATION_ROUND = 8
+MAX_CHECK_MS = 10 * 60 * 1000
+
+
+@message(70)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TermsBody(Message):
+    task_id: bytes = limits(size=TASK_ID_LEN)
+    attempt: int = limits(lo=0, hi=MAX_ATTEMPT)
+    requester: str = limits(max_len=MAX_PEER_ID_LEN)
+    executor: str = limits(max_len=MAX_PEER_ID_LEN)
+    #: hash of the requester's nonce; the nonce is revealed only after the commit window
+    nonce_hash: bytes = limits(size=HASH_LEN)
+
+
+@message(71)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Terms(Message):
+    envelope: Envelope
+
+
+@message(72)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommitBody(Message):
+    task_id: bytes = limits(size=TASK_ID_LEN)
+    attempt: int = limits(lo=0, hi=MAX_ATTEMPT)
+    executor: str = limits(max_len=MAX_PEER_ID_LEN)
+    #: hash of the canonical TaskSpec the executor was assigned (the prompt it answered)
+    spec_hash: bytes = limits(size=HASH_LEN)
+    #: the requester's nonce hash from the Terms this commitment answers
+    nonce_hash: bytes = limits(size=HASH_LEN)
+    #: verification_rules.result_commitment(answer, CoT, output ids, salt, ...)
+    commitment: bytes = limits(size=HASH_LEN)
+    #: Merkle root over the per-chunk fingerprints (empty when there are none)
+    fingerprint_root: bytes = limits(max_len=HASH_LEN)
+    chunks: int = limits(lo=0, hi=MAX_FINGERPRINTS)
+    chunk_tokens: int = limits(lo=MIN_CHUNK_TOKENS, hi=MAX_CHUNK_TOKENS)
+    #: generated (output) tokens
+    tokens: int = limits(lo=0, hi=MAX_OUTPUT_TOKENS)
+    model_hash: bytes = limits(max_len=HASH_LEN)
+
+    def check(self) -> None:
+        if (self.chunks == 0) != (self.fingerprint_root == b""):
+            raise ValueError("a fingerprint root goes with at least one chunk, and only then")
+        if self.fingerprint_root and len(self.fingerprint_root) != HASH_LEN:
+            raise ValueError("fingerprint_root must be empty or 32 bytes")
+        lo, hi = self.tokens // self.chunk_tokens, -(-self.tokens // self.chunk_tokens)
+        if self.chunks and not lo <= self.chunks <= hi:
+            raise ValueError(f"{self.chunks} chunks cannot cover {self.tokens} tokens "
+                             f"of {self.chunk_tokens}")
+
+
+@message(73)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Commit(Message):
+    envelope: Envelope
+
+
+@message(74)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RevealRequest(Message):
+    task_id: bytes = limits(size=TASK_ID_LEN)
+    attempt: int = limits(lo=0, hi=MAX_ATTEMPT)
+    nonce: bytes = limits(size=NONCE_LEN)
+
+
+@message(75)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reveal(Message):
+    #: the commitment this reveal opens
+    task_id: bytes = limits(size=TASK_ID_LEN)
+    attempt: int = limits(lo=0, hi=MAX_ATTEMPT)
+    #: the executor's signed ``protocol.tasks.Result`` envelope (RESULT_DOMAIN, ResultBody)
+    result: Envelope
+    salt: bytes = limits(size=SALT_LEN)
+    output_ids: bytes = limits(max_len=MAX_OUTPUT_TOKENS * ID_BYTES)
+
+    def check(self) -> None:
+        if len(self.output_ids) % ID_BYTES:
+            raise ValueError("output_ids must be whole u32 token ids")
+
+
+@message(76)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckBody(Message):
+    """One check: everything a verifier needs, each part bound to the executor's commitment.
+
+    To the verifier it reads like a task (the same ``TaskSpec`` an executor is assigned)
+    plus the claimed output; the executor under check is never contacted.
+    """
+
+    check_id: bytes = limits(size=HASH_LEN)
+    requester: str = limits(max_len=MAX_PEER_ID_LEN)
+    verifier: str = limits(max_len=MAX_PEER_ID_LEN)
+    task: TaskSpec
+    #: the executor's signed CommitBody
+    commit: Envelope
+    #: seed inputs: the requester's nonce and the content hashes of the window's commitments
+    nonce: bytes = limits(size=NONCE_LEN)
+    batch: tuple[bytes, ...] = limits(max_items=MAX_BATCH, size=HASH_LEN)
+    answer: str = limits(max_len=MAX_ANSWER_CHARS)
+    cot: str = limits(max_len=MAX_COT_CHARS)
+    salt: bytes = limits(size=SALT_LEN)
+    output_ids: bytes = limits(max_len=MAX_OUTPUT_TOKENS * ID_BYTES)
+    #: sampled chunk indices (ascending), their fingerprints and Merkle proofs
+    chunk_indices: tuple[int, ...] = limits(max_items=MAX_CHECK_CHUNKS, lo=0,
+                                            hi=MAX_FINGERPRINTS - 1)
+    fingerprints: tuple[bytes, ...] = limits(max_items=MAX_CHECK_CHUNKS,
+                                             max_len=MAX_FINGERPRINT_BYTES)
+    proofs: tuple[bytes, ...] = limits(max_items=MAX_CHECK_CHUNKS, max_len=MAX_PROOF_BYTES)
+    #: 0 for the first verifiers of a result, then one per escalation
+    round: int = limits(lo=0, hi=MAX_ESCALATION_ROUND)
+    #: the requester stops waiting for the verdict after this long
+    timeout_ms: int = limits(lo=1, hi=MAX_CHECK_MS)
+
+    def check(self) -> None:
+        n = len(self.chunk_indices)
+        if len(self.fingerprints) != n or len(self.proofs) != n:
+            raise ValueError("one fingerprint and one proof per sampled chunk")
+        if list(self.chunk_indices) != sorted(set(self.chunk_indices)):
+            raise ValueError("chunk indices must be ascending and distinct")
+        if len(self.output_ids) % ID_BYTES:
+            raise ValueError("output_ids must be whole u32 token ids")
+        if any(len(p) % PROOF_STEP_BYTES for p in self.proofs):
+            raise ValueError("a proof is whole 33-byte steps")
+
+
+@message(77)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CheckRequest(Message):
+    envelope: Envelope
+
+
+class VerdictStatus(enum.Enum):
+    PASS = "pass"
+    FAIL = "fail"
+    #: the verifier cannot check (model not served, busy, bad request): ask someone else
+    DECLINED = "declined"
+
+
+@message(78)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VerdictBody(Message):
+    check_id: bytes = limits(size=HASH_LEN)
+    task_id: bytes = limits(size=TASK_ID_LEN)
+    attempt: int = limits(lo=0, hi=MAX_ATTEMPT)
+    executor: str = limits(max_len=MAX_PEER_ID_LEN)
+    verifier: str = limits(max_len=MAX_PEER_ID_LEN)
+    requester: str = limits(max_len=MAX_PEER_ID_LEN)
+    status: VerdictStatus
+    #: verification_rules.evidence_hash of what was checked (the same for every verifier)
+    evidence_hash: bytes = limits(size=HASH_LEN)
+    chunk_indices: tuple[int, ...] = limits(max_items=MAX_CHECK_CHUNKS, lo=0,
+                                            hi=MAX_FINGERPRINTS - 1)
+    detail: str = limits(max_len=MAX_DETAIL)
+
+
+@message(79)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verdict(Message):
+    envelope: Envelope

@@ -8,8 +8,9 @@ first rule that matches anything:
 2. ``\\boxed{X}``;
 3. ``#### X`` (GSM8K style);
 4. ``answer: X`` / ``the answer is X`` / ``answer is X``;
-5. fallback by answer type: the last number (NUMBER), the last standalone option letter like
-   ``(B)`` / ``B)`` / ``B.`` (CHOICE), otherwise the last non-empty line.
+5. fallback by answer type: the last number (NUMBER); for CHOICE the single option the text
+   mentions, by letter (``(B)``, ``B)``, ``B.``) or by its text, and nothing when it mentions
+   several (a model echoing the options has not chosen); otherwise the last non-empty line.
 
 It returns the answer text and its character span in the CoT, so :func:`answer_confidence`
 can find the tokens that spell the answer and report ``exp(mean logprob)`` over them.
@@ -62,7 +63,25 @@ def _last(regex: re.Pattern[str], text: str, rule: str) -> Extracted | None:
     return Extracted(text[start:end], start, end, rule)
 
 
-def extract_answer(text: str, answer_type: AnswerType) -> Extracted | None:
+def _choice_fallback(text: str, choices: Sequence[str]) -> Extracted | None:
+    """The one option the text mentions (by letter "B)" or by its text); None if 0 or >1."""
+    mentions: dict[int, tuple[int, int]] = {}  # option index -> span of its last mention
+    for m in _LETTER_RE.finditer(text):
+        index = ord(m.group(1)) - ord("A")
+        if not choices or index < len(choices):
+            mentions[index] = (m.start(1), m.end(1))
+    lowered = text.casefold()
+    for index, choice in enumerate(choices):
+        c = choice.strip().casefold()
+        for m in re.finditer(r"(?<!\w)" + re.escape(c) + r"(?!\w)", lowered) if c else ():
+            mentions.setdefault(index, (m.start(), m.end()))
+    if len(mentions) != 1:
+        return None  # nothing, or an echo of several options: refuse to guess
+    start, end = next(iter(mentions.values()))
+    return Extracted(text[start:end], start, end, "fallback")
+
+
+def extract_answer(text: str, answer_type: AnswerType, choices: Sequence[str] = ()) -> Extracted | None:
     """The final answer in ``text`` (see module docstring for the rules), or ``None``."""
     for regex, rule in ((_FINAL_RE, "final"), (_FINAL_INLINE_RE, "final"), (_BOXED_RE, "boxed"),
                         (_HASHES_RE, "hashes"), (_ANSWER_RE, "answer")):
@@ -76,15 +95,11 @@ def extract_answer(text: str, answer_type: AnswerType) -> Extracted | None:
             return Extracted(m.group(0), m.start(), m.end(), "fallback")
         return None
     if answer_type is AnswerType.CHOICE:
-        letters = list(_LETTER_RE.finditer(text))
-        if letters:
-            m = letters[-1]
-            return Extracted(m.group(1), m.start(1), m.end(1), "fallback")
         stripped = text.strip()
         if len(stripped) == 1 and stripped.isalpha():
             start = text.index(stripped)
             return Extracted(stripped, start, start + 1, "fallback")
-        return None
+        return _choice_fallback(text, choices)
     lines = [(m.start(), m.end()) for m in re.finditer(r"[^\n]+", text) if m.group(0).strip()]
     if not lines:
         return None

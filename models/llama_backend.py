@@ -22,6 +22,12 @@ from models.config import LLAMA_CPP, ModelConfig
 from models.registry import ModelInfo
 
 
+def default_threads() -> int:
+    """Half the logical CPUs (~physical cores): llama.cpp's thread barriers spin, and with
+    more threads than free cores (shared or hyperthreaded machines) it slows down many-fold."""
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
 class LlamaCppBackend(Backend):
     kind = LLAMA_CPP
 
@@ -33,7 +39,7 @@ class LlamaCppBackend(Backend):
         self.config = config
         self._kwargs = dict(
             model_path=str(info.path), n_ctx=min(config.n_ctx, info.context_length),
-            n_batch=config.n_batch, n_threads=config.n_threads or (os.cpu_count() or 1),
+            n_batch=config.n_batch, n_threads=config.n_threads or default_threads(),
             seed=0, verbose=False,
         )
         self.llm = llama_cpp.Llama(**self._kwargs)

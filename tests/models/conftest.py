@@ -1,0 +1,33 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+pytest.importorskip("torch")
+pytest.importorskip("gguf")
+
+from tests.models import tiny  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """{"f32": model seed 0, "q8": same model in Q8_0, "other": a different model (seed 1)}."""
+    d = tmp_path_factory.mktemp("tiny")
+    base = tiny.tiny_model(seed=0)
+    return {
+        "f32": tiny.write_gguf(base, d / "tiny-f32.gguf"),
+        "q8": tiny.write_gguf(base, d / "tiny-q8.gguf", quant="Q8_0"),
+        "other": tiny.write_gguf(tiny.tiny_model(seed=1), d / "tiny-other.gguf"),
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tiny_ggufs: dict[str, Path]):  # type: ignore[no-untyped-def]
+    """Transformers backend on the tiny f32 GGUF."""
+    from models.backend import load_backend
+
+    return load_backend(str(tiny_ggufs["f32"]), backend="transformers")

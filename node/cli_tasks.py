@@ -74,13 +74,18 @@ def print_task(snap: dict[str, Any], show_cot: bool) -> None:
         console.print(votes)
     if snap.get("results"):
         results = Table(title="who computed what")
-        for col in ("executor", "answer", "confidence", "weight", "tokens", "ms"):
+        for col in ("executor", "answer", "confidence", "weight", "tokens", "ms", "verified"):
             results.add_column(col)
         for r in snap["results"]:
             weight = "-" if r.get("weight") is None else f"{r['weight']:.3f}"
             results.add_row(_short(r["executor"]), r["answer"], f"{r['confidence']:.2f}",
-                            weight, str(r["tokens"]), str(r["compute_ms"]))
+                            weight, str(r["tokens"]), str(r["compute_ms"]),
+                            str(r.get("verification") or "-"))
         console.print(results)
+    for peer, v in sorted(snap.get("verification", {}).items()):  # issue 6: per-result checks
+        if v.get("status") not in ("passed", "not_sampled"):
+            console.print(f"verification of {_short(peer)}: {v.get('status')} "
+                          f"{v.get('detail', '')}".rstrip())
     failed = [a for a in snap.get("attempts", []) if a["state"] == "failed"]
     for a in failed:
         console.print(f"replaced {_short(a['peer'])}: {a['reason']}")

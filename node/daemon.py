@@ -55,6 +55,7 @@ SERVICES: dict[str, str] = {
     "tasks": "node.tasks_service:TasksService",
     "executor": "node.executor_service:ExecutorService",
     "relay": "node.relay_service:RelayService",
+    "verify": "node.verify_service:VerifyService",
 }
 
 #: after the first signal the daemon must be gone within this long, or it exits forcibly

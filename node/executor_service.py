@@ -55,6 +55,8 @@ class Solution:
     model_hash: bytes
     fingerprints: tuple[bytes, ...] = ()
     fingerprint_root: bytes = b""
+    #: the generated token ids (commit/reveal binds them, verifiers re-run them)
+    output_ids: tuple[int, ...] = ()
 
 
 class Solver(Protocol):
@@ -109,7 +111,9 @@ class ExecutorService(Service):
         super().__init__(ctx)
         self.section: ExecutorSection = ctx.config.section(self.name)
         s = self.section
-        self._machine = Executor(ctx.identity, ExecutorConfig(
+        from node.verify_service import executor_machine  # VerifiedExecutor if [verify] on
+
+        self._machine = executor_machine(ctx, ExecutorConfig(
             models=(), slots=s.slots, hold_ms=s.hold_ms, max_tokens=s.max_tokens,
             max_task_ms=s.max_task_ms, max_question_chars=s.max_question_chars))
         self.solver: Solver | None = None
@@ -184,7 +188,7 @@ class ExecutorService(Service):
                 self.computed += 1
                 event = ComputeDone(job.task.task_id, job.attempt, sol.answer, sol.cot,
                                     sol.confidence, sol.tokens, sol.compute_ms, sol.model_hash,
-                                    sol.fingerprints, sol.fingerprint_root)
+                                    sol.fingerprints, sol.fingerprint_root, sol.output_ids)
         self._scopes.pop(key, None)
         if event is not None and not scope.cancelled_caught:
             await self.ctx.submit(self.name, event)

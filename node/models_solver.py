@@ -5,7 +5,8 @@ HF dir>"``, default: the embedded SmolLM2). At start it loads the model and meas
 generation speed (``models.backend.measure_throughput``), which is what bids estimate latency
 from; each task runs ``models.cot.solve`` (prompt, generate, extract, normalize, confidence).
 A backend runs one call at a time, so calls are serialized by a lock (``slots`` above 1 only
-queue). Activation fingerprints are left empty here: the verification step computes them.
+queue). Each solution carries its output token ids and their activation fingerprints
+(node/verify_checks.py: one extra prefill), which commitment-based verification binds.
 """
 
 from __future__ import annotations
@@ -48,12 +49,16 @@ class ModelsSolver:
         problem = Problem(question=task.question, answer_type=AnswerType(task.answer_type),
                           choices=task.choices)
         started = time.perf_counter()
+        from node.verify_checks import fingerprints_for
+
         with self._lock:
             sol = solve(self.backend, problem, max_tokens=max_tokens)
+            prints = fingerprints_for(self.backend, sol.prompt_token_ids, sol.token_ids)
         return Solution(answer=sol.answer, cot=sol.cot_text, confidence=sol.confidence,
                         tokens=len(sol.token_ids),
                         compute_ms=int((time.perf_counter() - started) * 1000),
-                        model_hash=bytes.fromhex(self.backend.identity_hash))
+                        model_hash=bytes.fromhex(self.backend.identity_hash),
+                        fingerprints=prints, output_ids=tuple(sol.token_ids))
 
 
 def factory(section: Any, data_dir: Path) -> ModelsSolver:

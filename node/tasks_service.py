@@ -128,12 +128,14 @@ class TasksService(Service):
             self._bandit = LinUCB(len(FEATURES), alpha=s.linucb_alpha, ridge=s.linucb_lambda)
             selector = LinUCBSelector(self._bandit)
         self.selector = selector
-        self._machine = Auction(
-            ctx.identity, selector, ctx.rng,
+        from node.verify_service import requester_machine  # VerifiedAuction if [verify] on
+
+        self._machine = requester_machine(
+            ctx, selector,
             AuctionConfig(bid_window_ms=s.bid_window_ms, spare_bids=s.spare_bids,
                           max_rounds=s.max_rounds, min_round_ms=s.min_round_ms,
                           assign_base_ms=s.assign_base_ms, assign_slack=s.assign_slack),
-            reputation=self.reputation,
+            self.reputation,
         )
         self._waiters: dict[str, trio.Event] = {}
         self._latest: dict[str, dict[str, Any]] = {}
@@ -221,7 +223,10 @@ class TasksService(Service):
         elif isinstance(effect, Attest):
             await self._attest(effect)
         else:
-            await super().perform(effect)
+            from node.verify_service import perform_verification_effect  # verdict attestations
+
+            if not await perform_verification_effect(self.ctx, effect):
+                await super().perform(effect)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Resume (or cleanly fail) the tasks left open by the previous process."""

@@ -1,0 +1,106 @@
+"""The verifier's model check on a real (tiny, random-weight) llama: an executor's honest
+solution passes; another model, another quantization, altered tokens, a fabricated CoT and a
+changed answer fail. The executor serves with llama.cpp and fingerprints on transformers, as
+the daemon does; the verifier loads its own backend on the same GGUF."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytest.importorskip("torch")
+pytest.importorskip("gguf")
+
+from node.verify_checks import CHUNK_TOKENS, CheckRunner, fingerprints_for  # noqa: E402
+from protocol.tasks import Requirement, TaskSpec  # noqa: E402
+from protocol.verification_rules import choose_chunks  # noqa: E402
+from protocol.verifier import StartCheck  # noqa: E402
+from tests.models import tiny  # noqa: E402
+
+TASK = TaskSpec(task_id=b"\x01" * 32, requester="rq", question="What is 6 * 7?",
+                answer_type="text", choices=(), requirement=Requirement(model="", family="",
+                                                                        min_context=0),
+                k=1, max_price=1.0, max_tokens=80)
+
+
+@pytest.fixture(scope="module")
+def ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("tiny-verify")
+    base = tiny.tiny_model(seed=0)
+    return {"f32": tiny.write_gguf(base, d / "tiny-f32.gguf"),
+            "q8": tiny.write_gguf(base, d / "tiny-q8.gguf", quant="Q8_0"),
+            "other": tiny.write_gguf(tiny.tiny_model(seed=1), d / "tiny-other.gguf")}
+
+
+def backend(path: Path, kind: str) -> Any:
+    from models.backend import load_backend
+
+    if kind == "llama.cpp":
+        pytest.importorskip("llama_cpp")
+    return load_backend(str(path), backend=kind)
+
+
+@pytest.fixture(scope="module")
+def verifier(ggufs: dict[str, Path]) -> CheckRunner:
+    return CheckRunner(backend(ggufs["f32"], "transformers"))
+
+
+def executor_check(exec_backend: Any, claimed_hash: bytes, seed: int = 0,
+                   n_chunks: int = 2) -> StartCheck:
+    from models.cot import Problem, solve
+
+    sol = solve(exec_backend, Problem(TASK.question), max_tokens=80, seed=seed,
+                temperature=0.8)
+    ids = list(sol.token_ids)
+    assert len(ids) > CHUNK_TOKENS, "the tiny model should talk long enough for two chunks"
+    prints = fingerprints_for(exec_backend, sol.prompt_token_ids, ids)
+    chunks = choose_chunks(bytes([seed]) * 32, "e", len(prints), n_chunks)
+    return StartCheck(check_id=b"\x02" * 32, task=TASK, model_hash=claimed_hash,
+                      output_ids=tuple(ids), answer=sol.answer, cot=sol.cot_text,
+                      chunk_tokens=CHUNK_TOKENS, chunk_indices=chunks,
+                      fingerprints=tuple(prints[i] for i in chunks), deadline_at_ms=0)
+
+
+@pytest.mark.parametrize("kind", ["llama.cpp", "transformers"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_honest_solution_passes(ggufs: dict[str, Path], verifier: CheckRunner, kind: str,
+                                seed: int) -> None:
+    check = executor_check(backend(ggufs["f32"], kind), verifier.model_hash, seed)
+    done = verifier.run(check)
+    assert done.passed, done.detail
+    assert verifier.last is not None and verifier.last.prefill_ms > 0
+
+
+@pytest.mark.parametrize("which", ["other", "q8"])
+def test_other_model_or_quantization_fails(ggufs: dict[str, Path], verifier: CheckRunner,
+                                           which: str) -> None:
+    check = executor_check(backend(ggufs[which], "transformers"), verifier.model_hash)
+    done = verifier.run(check)
+    assert not done.passed and "chunk" in done.detail
+
+
+def test_altered_tokens_fabricated_cot_or_answer_fail(ggufs: dict[str, Path],
+                                                      verifier: CheckRunner) -> None:
+    honest = executor_check(backend(ggufs["f32"], "transformers"), verifier.model_hash)
+    ids = list(honest.output_ids)
+    first = honest.chunk_indices[0] * CHUNK_TOKENS
+    ids[first] = (ids[first] + 1) % 200
+    exec_b = verifier.backend
+    tampered = dataclasses.replace(honest, output_ids=tuple(ids),
+                                   cot=exec_b.detokenize(ids))
+    fabricated = dataclasses.replace(honest, cot="I computed it carefully. The answer is 42.")
+    answer = dataclasses.replace(honest, answer=honest.answer + "!")
+    for bad in (tampered, fabricated, answer):
+        assert not verifier.run(bad).passed
+
+
+def test_verifier_refuses_a_check_for_another_model(verifier: CheckRunner,
+                                                    ggufs: dict[str, Path]) -> None:
+    check = executor_check(backend(ggufs["f32"], "transformers"), b"\x00" * 32)
+    with pytest.raises(ValueError):
+        verifier.run(check)

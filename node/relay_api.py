@@ -1,6 +1,8 @@
 """HTTP routes of the relay service, mounted under ``/relay`` by the daemon's API.
 
-``GET /status`` (open); ``POST /publish``, ``POST /fetch``, ``POST /export`` (API token).
+``GET /status`` (open); ``POST /publish {path, name, version?, format?, chunk_size?,
+recipients?}``, ``POST /fetch {name, signer?}``, ``POST /export {name, version?, out}``,
+``POST /limits {upload_limit_bps, upload_bps?}`` (benchmarks) (all POSTs need the API token).
 Bodies and answers are JSON; a bad request answers 400 with ``{"error": ...}``, an artifact
 not held 404. Paths name files on this machine (the CLI and the daemon share it).
 """
@@ -42,6 +44,9 @@ def relay_routes(service: RelayService) -> list[BaseRoute]:
                 version=None if body.get("version") is None else int(body["version"]),
                 format=ArtifactFormat(body.get("format", ArtifactFormat.RAW.value)),
                 chunk_size=None if body.get("chunk_size") is None else int(body["chunk_size"]),
+                recipients=None
+                if body.get("recipients") is None
+                else [str(p) for p in body["recipients"]],
             )
         except (KeyError, ValueError, TypeError, ManifestError, ChunkStoreError) as exc:
             return _error(f"cannot publish: {exc}")
@@ -93,8 +98,25 @@ def relay_routes(service: RelayService) -> list[BaseRoute]:
             }
         )
 
+    async def limits(request: Request) -> Response:
+        body: dict[str, Any] = await request.json()
+        try:
+            service.set_upload(
+                limit_bps=int(body["upload_limit_bps"]),
+                advertised_bps=int(body.get("upload_bps", 0)),
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            return _error(f"limits need upload_limit_bps >= 0: {exc}")
+        return JSONResponse(
+            {
+                "upload_limit_bps": service.section.upload_limit_bps,
+                "upload_bps": service.section.upload_bps,
+            }
+        )
+
     return [
         Route("/status", status, methods=["GET"]),
+        token_route("/limits", limits),
         token_route("/publish", publish),
         token_route("/fetch", fetch),
         token_route("/export", export),

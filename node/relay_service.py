@@ -18,16 +18,14 @@ Contract
 * Hot swap: ``on_version_complete(callback)`` runs ``callback(manifest)`` (sync or async) each
   time a version completes; ``wait_version(name)`` waits for one; ``export(manifest, path)``
   writes the artifact file.
-* HTTP (under ``/relay``): ``GET /status``; ``POST /publish {path, name, version?, format?,
-  chunk_size?}``, ``POST /fetch {name, signer?}``, ``POST /export {name, version?, out}``
-  (token required).
+* HTTP (under ``/relay``): see node/relay_api.py.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -305,6 +303,13 @@ class RelayService(Service):
         await trio.to_thread.run_sync(self.store.save_manifest, manifest)
         await self.submit(PublishVersion(manifest))
         return manifest
+
+    def set_upload(self, *, limit_bps: int, advertised_bps: int = 0) -> None:
+        """Change the uplink cap and the advertised upload at run time (benchmarks)."""
+        if limit_bps < 0 or advertised_bps < 0:
+            raise ValueError("bandwidths must not be negative")
+        self.section = replace(self.section, upload_limit_bps=limit_bps, upload_bps=advertised_bps)
+        self.streams.limiter.bps = limit_bps
 
     async def fetch(self, name: str, signer: str | None = None) -> None:
         await self.submit(FetchVersion(name, signer))

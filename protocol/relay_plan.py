@@ -37,7 +37,8 @@ from crypto.hashing import digest
 
 #: most children one node feeds; beyond this, per-child overhead outweighs a shallower tree
 MAX_FANOUT = 8
-#: upload bandwidth assumed for a peer that advertises none (bytes/s)
+#: upload bandwidth assumed for a publisher that advertises none (bytes/s); a recipient that
+#: advertises none is assumed to have the publisher's (symmetric links)
 DEFAULT_UPLOAD_BPS = 100 * 1024 * 1024
 _TIE_PERSON = b"symphony-relay"
 
@@ -139,12 +140,12 @@ def build_plan(
     """The relay tree for one version; see the module docstring."""
     if max_fanout < 1 or total_size < 1 or chunk_size < 1:
         raise ValueError("max_fanout, total_size and chunk_size must be positive")
+    root_up = root_upload_bps if root_upload_bps > 0 else DEFAULT_UPLOAD_BPS
     best_upload: dict[str, int] = {}
     for peer, upload in recipients:
         if peer != root:
-            up = upload if upload > 0 else DEFAULT_UPLOAD_BPS
+            up = upload if upload > 0 else root_up  # unknown: links like the publisher's
             best_upload[peer] = max(up, best_upload.get(peer, 0))
-    root_up = root_upload_bps if root_upload_bps > 0 else DEFAULT_UPLOAD_BPS
     peers = sorted(best_upload, key=lambda p: (-best_upload[p], _tiebreak(seed, p), p))
     order = [root, *peers]
     uploads = [root_up, *(best_upload[p] for p in peers)]

@@ -56,9 +56,13 @@ def test_shapes(n: int, bps: int, root_bps: int, size: int, chunk: int, shape: s
         assert plan.order == ("root",) and plan.max_depth == 0
 
 
-def test_unknown_bandwidth_is_the_default() -> None:
+def test_unknown_bandwidth_is_the_publishers() -> None:
     plan = build_plan("root", 0, peers(3, 0), total_size=MB, chunk_size=MB, seed=b"")
     assert plan.rate_bps <= DEFAULT_UPLOAD_BPS
+    # a capped publisher and silent peers: the peers are assumed as capped, so a chain (a
+    # tree would split a peer's uplink between children it cannot feed at the full rate)
+    capped = build_plan("root", 8 * MB, peers(7, 0), total_size=16 * MB, chunk_size=MB, seed=b"")
+    assert capped.max_fanout == 1
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -95,9 +99,10 @@ def test_random_configurations_keep_the_invariants(seed: int) -> None:
     assert again == plan
     # nobody is fed faster than its parent's upload allows at the plan's rate
     rate = Fraction(plan.rate_num, plan.rate_den)
-    uploads = dict(recipients) | {"root": root_bps}
+    root_up = root_bps or DEFAULT_UPLOAD_BPS
+    uploads = dict(recipients) | {"root": root_up}
     for node, kids in plan.children.items():
-        up = uploads[node] or DEFAULT_UPLOAD_BPS
+        up = uploads[node] or root_up
         assert len(kids) * rate <= up, (seed, node)
     # the bisection finds the same optimum as trying every candidate rate
     assert plan.estimated_ms == brute_force_ms(root_bps, recipients, size, chunk, fanout), seed
@@ -106,9 +111,8 @@ def test_random_configurations_keep_the_invariants(seed: int) -> None:
 def brute_force_ms(
     root_bps: int, recipients: list[tuple[str, int]], size: int, chunk: int, fanout: int
 ) -> int:
-    ups = [root_bps or DEFAULT_UPLOAD_BPS] + sorted(
-        (b or DEFAULT_UPLOAD_BPS for _, b in recipients), reverse=True
-    )
+    root_up = root_bps or DEFAULT_UPLOAD_BPS
+    ups = [root_up] + sorted((b or root_up for _, b in recipients), reverse=True)
     best: Fraction | None = None
     for u in set(ups):
         for k in range(1, fanout + 1):

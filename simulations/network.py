@@ -11,7 +11,8 @@ Contract
   downlink for ``size / min(up_a, down_b)`` seconds; it starts when the uplink is free and the
   first byte reaches b after the latency; b's downlink receives one transfer at a time. So one
   big transfer costs ``S/B`` plus the latency, not twice, and a node serving many peers at once
-  shares its uplink among them.
+  shares its uplink among them. A small frame (``SMALL_MESSAGE_BYTES``) on a busy link does
+  not wait for the queue: packets of many streams interleave on a real link.
 * ``loss`` drops a message; ``duplicate`` delivers a second copy a little later. Partitions
   split the nodes into groups; no message crosses a group while the partition lasts.
 * All randomness comes from the ``random.Random`` given to the constructor, drawn in the order
@@ -34,6 +35,8 @@ LATENCY_KINDS = ("constant", "uniform", "lognormal")
 MIN_LATENCY_MS = 0.05
 #: extra delay of a duplicated copy, as a multiple of the link latency (at least 1 ms)
 DUPLICATE_DELAY_FACTOR = 0.5
+#: frames up to this size do not queue behind bulk transfers on a busy link
+SMALL_MESSAGE_BYTES = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +197,12 @@ class NetworkModel:
             latency = self.base_latency_us(a, b)
         if self._jitter_us:
             latency += int(self.rng.random() * self._jitter_us)
+        if size <= SMALL_MESSAGE_BYTES and (
+            self._up_free_us[a] > now_us + duration or self._down_free_us[b] > now_us
+        ):
+            # a small frame interleaves with bulk transfers (packets, not whole messages,
+            # share a link): it pays its own serialization, not the queue's
+            return self._faults(now_us + latency + duration, latency)
         start = self._up_free_us[a]
         if start < now_us:
             start = now_us
@@ -205,12 +214,19 @@ class NetworkModel:
         # backpressure: the sender's uplink stays committed until b has taken the bytes
         self._up_free_us[a] = rx_start - latency + duration
         self._down_free_us[b] = end
+        return self._faults(end, latency)
+
+    def _faults(self, end: int, latency: int) -> tuple[int, ...]:
         if self._loss and self.rng.random() < self._loss:
             return ()
         if self._duplicate and self.rng.random() < self._duplicate:
             extra = max(1000, int(latency * DUPLICATE_DELAY_FACTOR))
             return (end, end + extra)
         return (end,)
+
+    def up_free_us(self, a: int) -> int:
+        """When node a's uplink has sent everything queued so far."""
+        return self._up_free_us[a]
 
     def reset_node(self, a: int, now_us: int) -> None:
         """A restarted node starts with idle links."""

@@ -29,6 +29,9 @@ class _LlamaCppTokenizer:
         import llama_cpp
 
         self.llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+        import atexit
+
+        atexit.register(self.llm.close)  # its finalizer can fail at interpreter exit
         meta = self.llm.metadata
         self.chat_template = meta.get("tokenizer.chat_template")
         self.add_bos = meta.get("tokenizer.ggml.add_bos_token", "false") in ("true", True)

@@ -87,6 +87,13 @@ class LlamaCppBackend(Backend):
         self.llm.eval([token])
         return self._last_logits()
 
+    def close(self) -> None:
+        """Free the llama.cpp contexts now (their finalizers can fail at interpreter exit)."""
+        for llm in (self._scorer, self.llm):
+            if llm is not None:
+                llm.close()  # type: ignore[attr-defined]
+        self._scorer = None
+
     def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int]) -> list[float]:
         if self._scorer is None:
             self._scorer = self._llama_cpp.Llama(**self._kwargs, logits_all=True)

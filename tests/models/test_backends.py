@@ -11,7 +11,9 @@ PROMPT = "<|im_start|>user\nhello the world<|im_end|>\n<|im_start|>assistant\n"
 @pytest.fixture(scope="module")
 def tiny_llama(tiny_ggufs):
     pytest.importorskip("llama_cpp")
-    return load_backend(str(tiny_ggufs["f32"]))
+    backend = load_backend(str(tiny_ggufs["f32"]))
+    yield backend
+    backend.close()
 
 
 def test_gguf_loader_equals_in_memory_model(tiny_hf):

@@ -1,0 +1,76 @@
+"""`symphony bench models`: the default model's load time, speed, fingerprint cost, accuracy.
+
+``verify_cost_ratio`` = time to check one fingerprint chunk (prefill up to that chunk, on the
+transformers path) / time to generate the whole output it belongs to (llama.cpp, the serving
+path). Both run with the same thread count. Accuracy runs greedy on the shipped evaluation set
+(quick mode: the first QUICK_EVAL_ITEMS items) with and without chain of thought.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+QUICK_EVAL_ITEMS = 10
+#: Tokens generated for the cost figures (a typical short chain of thought).
+COST_TOKENS = 128
+COT_BUDGET = 160
+
+
+def run(quick: bool) -> dict[str, Any]:
+    from models import fingerprint as fp
+    from models.backend import SamplingParams, load_backend, measure_throughput
+    from models.config import TRANSFORMERS, ModelConfig
+    from models.cot import Problem, build_messages
+    from models.evalset import evaluate, load_evalset
+    from models.llama_backend import default_threads
+    from protocol.answers import AnswerType
+
+    threads = default_threads()
+    figures: dict[str, Any] = {"threads": threads}
+    t = time.perf_counter()
+    llama = load_backend(ModelConfig(n_threads=threads))
+    figures["load_s_llama_cpp"] = time.perf_counter() - t
+    t = time.perf_counter()
+    hf = load_backend(ModelConfig(n_threads=threads, backend=TRANSFORMERS))
+    figures["load_s_transformers"] = time.perf_counter() - t
+    figures["model"] = llama.info.name
+    figures["tokens_per_s_llama_cpp"] = measure_throughput(llama, n_tokens=32)
+    figures["tokens_per_s_transformers"] = measure_throughput(hf, n_tokens=8 if quick else 32)
+
+    problem = Problem("A shop sells 7 boxes with 6 pencils each. How many pencils?", AnswerType.NUMBER)
+    gen = llama.generate(build_messages(problem), SamplingParams(max_tokens=COST_TOKENS, ignore_eos=True))
+    generate_s = (gen.prompt_ms + gen.generate_ms) / 1000.0
+    t = time.perf_counter()
+    blobs = fp.fingerprint(hf, gen.prompt_token_ids, gen.token_ids)
+    figures["fingerprint_s"] = time.perf_counter() - t
+    figures["fingerprint_bytes_per_32_tokens"] = len(blobs[0])
+    checks = []
+    for c in range(len(blobs)):  # each chunk once: the mean over where a sampled chunk can fall
+        t = time.perf_counter()
+        result = fp.check_fingerprint(hf, gen.prompt_token_ids, gen.token_ids, blobs, chunks=[c])
+        checks.append(time.perf_counter() - t)
+        if not result.ok:
+            raise RuntimeError(f"honest fingerprint check failed: {result}")
+    figures["generate_s"] = generate_s
+    figures["generated_tokens"] = len(gen.token_ids)
+    figures["check_chunk_s"] = sum(checks) / len(checks)
+    figures["check_chunk_s_worst"] = max(checks)
+    figures["verify_cost_ratio"] = figures["check_chunk_s"] / generate_s
+    figures["fingerprint_cost_ratio"] = figures["fingerprint_s"] / generate_s
+
+    items = load_evalset()
+    if quick:
+        items = items[:QUICK_EVAL_ITEMS]
+    figures["eval_items"] = len(items)
+    for cot, key in ((True, "accuracy_cot"), (False, "accuracy_direct")):
+        t = time.perf_counter()
+        report = evaluate(llama, items, cot=cot, max_tokens=COT_BUDGET if cot else None)
+        figures[key] = report.accuracy
+        figures[f"{key}_unparsed"] = report.unparsed
+        figures[f"{key}_s"] = time.perf_counter() - t
+    llama.close()
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in figures.items()}

@@ -1,0 +1,42 @@
+"""Commit/reveal across real daemons (separate processes, loopback, port 0): with
+``[verify] enabled`` on every node, executors commit, the asker closes the window, reveals
+come back through the verify service's routing, and the answer is voted as before; every
+result shows its verification status in `symphony ask --json`. The solver here has no model
+(so no fingerprints and nothing to re-check: require_fingerprints is off); the model checks
+themselves are covered by tests/node/test_verify_checks.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import Testnet, run_cli
+
+pytestmark = pytest.mark.integration
+
+CONVERGE_S = 60.0
+SOLVER = "tests.node.arith_solver:factory"
+TASKS = {"bid_window_ms": 1500, "max_rounds": 8, "min_round_ms": 500}
+VERIFY = {"enabled": True, "require_fingerprints": False, "verifier": False,
+          "commit_window_ms": 5000}
+
+
+def test_commit_reveal_across_daemons(testnet: Testnet) -> None:
+    asker = testnet.start("asker", config={"tasks": TASKS, "verify": VERIFY})
+    execs = [testnet.start(n, bootstrap=[asker], wait=False,
+                           config={"executor": {"solver": SOLVER}, "verify": VERIFY})
+             for n in ("e1", "e2")]
+    for node in execs:
+        node.wait_ready()
+    testnet.wait_all_connected(CONVERGE_S)
+    shown = run_cli("ask", "What is 6 * 7?", "--k", "2", "--answer-type", "number", "--json",
+                    "--deadline-ms", "40000", data_dir=asker.data_dir)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    snap = json.loads(shown.stdout)
+    assert snap["phase"] == "done" and snap["answer"] == "42", snap
+    assert {r["executor"] for r in snap["results"]} == {e.peer_id for e in execs}
+    assert {r["verification"] for r in snap["results"]} <= {"nothing_to_check", "not_sampled"}
+    assert set(snap["verification"]) == {e.peer_id for e in execs}
+    human = run_cli("tasks", "show", snap["task_id"], data_dir=asker.data_dir)
+    assert human.returncode == 0 and "verified" in human.stdout

@@ -272,19 +272,19 @@ class RelayMachine:
             manifest = verify_manifest(msg)
         except ManifestError as exc:
             out.append(Penalize(peer, f"invalid relay manifest: {exc}", BAD_MANIFEST_PENALTY))
-            out.append(Emit("relay.manifest_invalid", {"peer": peer, "error": str(exc)}))
+            out.append(Emit("manifest_invalid", {"peer": peer, "error": str(exc)}))
             return
         if manifest.id in self.transfers:
             return  # a replay of a manifest we hold: nothing new
         if self.trusted is not None and manifest.signer not in self.trusted:
-            out.append(_emit("relay.manifest_untrusted", manifest, peer=peer))
+            out.append(_emit("manifest_untrusted", manifest, peer=peer))
             return
         latest = self._latest.get(manifest.key)
         if latest is not None and manifest.version <= latest:
-            out.append(_emit("relay.manifest_stale", manifest, peer=peer, latest=latest))
+            out.append(_emit("manifest_stale", manifest, peer=peer, latest=latest))
             return
         t = self._register(manifest, TransferState.KNOWN, out)
-        out.append(_emit("relay.manifest_accepted", manifest, peer=peer))
+        out.append(_emit("manifest_accepted", manifest, peer=peer))
         self._push_down(t, out)
         if manifest.signer != self.self_id and (
             self.self_id in t.plan or self._is_wanted(manifest)
@@ -302,7 +302,7 @@ class RelayMachine:
         self._mark_present(t, frozenset(range(manifest.chunks)))
         out.append(Publish(RELAY_TOPIC, manifest.message))
         self._push_down(t, out)
-        out.append(_emit("relay.published", manifest, chunks=manifest.chunks))
+        out.append(_emit("published", manifest, chunks=manifest.chunks))
         self._gc(manifest.key, out)
 
     def _on_restore(self, event: Restore, now: int, out: list[Effect]) -> None:
@@ -391,7 +391,7 @@ class RelayMachine:
             t.in_flight.clear()
             t.retry_at_ms = None
             out.append(VersionComplete(t.manifest))
-            out.append(_emit("relay.complete", t.manifest))
+            out.append(_emit("complete", t.manifest))
             self._gc(t.manifest.key, out)
         else:
             self._pump(t, now, out)
@@ -410,12 +410,12 @@ class RelayMachine:
             if not sources:
                 if t.retry_at_ms is None:
                     t.retry_at_ms = now + self.retry_ms
-                    out.append(_emit("relay.no_source", t.manifest))
+                    out.append(_emit("no_source", t.manifest))
                 return
             t.source = sources[0]
             t.last_progress_ms = now
             if t.plan.parent.get(self.self_id) != t.source:
-                out.append(_emit("relay.reattached", t.manifest, source=t.source))
+                out.append(_emit("reattached", t.manifest, source=t.source))
         while len(t.in_flight) < self.window and t.pending:
             index = heapq.heappop(t.pending)
             if t.have[index] or index in t.in_flight:
@@ -433,7 +433,7 @@ class RelayMachine:
                 heapq.heappush(t.pending, index)
         if t.source == peer:
             t.source = None
-        out.append(_emit("relay.source_failed", t.manifest, peer=peer, reason=reason))
+        out.append(_emit("source_failed", t.manifest, peer=peer, reason=reason))
         self._pump(t, now, out)
 
     def _on_tick(self, now: int, out: list[Effect]) -> None:
@@ -513,7 +513,7 @@ class RelayMachine:
         t.queued.clear()
         t.in_flight.clear()
         out.append(DropVersion(t.manifest.id, reason))
-        out.append(_emit("relay.dropped", t.manifest, reason=reason))
+        out.append(_emit("dropped", t.manifest, reason=reason))
         del self.transfers[t.manifest.id]
 
     def _gc(self, key: tuple[str, str], out: list[Effect]) -> None:

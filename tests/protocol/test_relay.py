@@ -105,7 +105,7 @@ def test_kill_a_middle_relay_survivors_complete(victim_pos: int) -> None:
             if later:
                 cut_off += 1
                 assert later == {plan.parent[victim]}
-                reattached = n.emitted("relay.reattached", orphan)
+                reattached = n.emitted("reattached", orphan)
                 assert [e.fields["source"] for e in reattached] == [plan.parent[victim]]
     assert cut_off >= 2  # the kills did land mid-transfer
 
@@ -149,7 +149,7 @@ def test_stale_replayed_and_foreign_manifests() -> None:
     )
     assert me.handle(Received(PUB.peer_id, v2.message), 0) == []  # replay: nothing
     stale = me.handle(Received(PUB.peer_id, v1.message), 0)
-    assert [e.event for e in stale] == ["relay.manifest_stale"]  # type: ignore[attr-defined]
+    assert [e.event for e in stale] == ["manifest_stale"]  # type: ignore[attr-defined]
     # another key's "model" is another artifact: it cannot publish versions of PUB's
     impostor = manifest_for(identity(99), [IDS[0]], version=3)
     assert impostor.key != v2.key
@@ -158,7 +158,7 @@ def test_stale_replayed_and_foreign_manifests() -> None:
     # with a trusted set, an untrusted signer is ignored outright
     picky = RelayMachine(IDS[0], trusted={PUB.peer_id})
     effects = picky.handle(Received(IDS[1], impostor.message), 0)
-    assert [e.event for e in effects] == ["relay.manifest_untrusted"]  # type: ignore[attr-defined]
+    assert [e.event for e in effects] == ["manifest_untrusted"]  # type: ignore[attr-defined]
     assert not picky.transfers
 
 

@@ -115,6 +115,21 @@ def render_png(plot: Plot) -> bytes | None:
     fig, ax = plt.subplots(figsize=(7.0, 4.2), dpi=110)
     try:
         for i, s in enumerate(plot.series):
+            if plot.logx or plot.logy:  # a log axis cannot show values <= 0 (e.g. "never")
+                keep = [
+                    j
+                    for j in range(len(s.x))
+                    if (not plot.logx or s.x[j] > 0) and (not plot.logy or s.y[j] > 0)
+                ]
+                s = Series(
+                    s.label,
+                    [s.x[j] for j in keep],
+                    [s.y[j] for j in keep],
+                    None if s.lo is None else [s.lo[j] for j in keep],
+                    None if s.hi is None else [s.hi[j] for j in keep],
+                )
+                if not s.x:
+                    continue
             if plot.kind == "bar":
                 width = 0.8 / max(1, len(plot.series))
                 xs = [j + i * width for j in range(len(s.x))]
@@ -137,9 +152,9 @@ def render_png(plot: Plot) -> bytes | None:
                 color="grey",
                 va="bottom",
             )
-        if plot.logx:
+        if plot.logx and ax.has_data():
             ax.set_xscale("log")
-        if plot.logy:
+        if plot.logy and ax.has_data():
             ax.set_yscale("log")
         ax.set_title(plot.title)
         ax.set_xlabel(plot.xlabel)

@@ -101,7 +101,7 @@ def _run(
     # stop as soon as everyone is done: run in slices
     t = start_ms
     step = max(1_000, int(s_over_b * 1000 / 4))
-    while t < limit_ms and len(done) < n - len(riders):
+    while t < limit_ms and sum(1 for i in done if i not in riders) < n - len(riders):
         t = min(limit_ms, t + step)
         stages.run(swarm, t, label)
     stages.next()

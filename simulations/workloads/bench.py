@@ -1,0 +1,144 @@
+"""The simulator's benchmark workload: a large ledger swarm with a task market on top.
+
+``run_bench(nodes, minutes)`` builds ``nodes`` virtual nodes that all run the real ledger
+machine (light nodes replicate every record and attestation), of which ``executors`` also
+advertise a capability and run the real executor, and ``requesters`` run the real auction.
+Executors and requesters also connect to a few executors (the market's core, as peer exchange
+would find them), so beacons reach bidders. Tasks arrive at ``tasks_per_min`` with k = 3;
+every finished task floods k signed attestations to all nodes. Returns wall-clock and CPU
+seconds, events run, events per second and the peak resident memory of the process, beside
+what the run did (tasks ended, broadcasts, deliveries).
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from typing import Any
+
+from protocol.executor import ExecutorConfig, ServedModel
+from protocol.ledger import LedgerConfig
+from protocol.selection import ScoreSelector
+from protocol.task_events import AuctionConfig, SubmitTask
+from simulations.compute import (
+    ANSWER_TYPE,
+    DEVICES,
+    CostModel,
+    ExecutorProfile,
+    model_hash,
+    question_bank,
+)
+from simulations.machines.ledger import ledger_spec
+from simulations.machines.market import AUCTION, auction_spec, executor_spec
+from simulations.memo import shared_pure_functions
+from simulations.network import LatencyModel
+from simulations.swarm import Swarm, derive_rng
+from simulations.workloads.common import MODEL_FAMILY, MODEL_NAME, capability
+
+#: the bench's ledger: anti-entropy every 10 min, records re-signed every 20 min
+BENCH_LEDGER = LedgerConfig(
+    anti_entropy_ms=600_000, refresh_ms=20 * 60_000, record_ttl_ms=60 * 60_000
+)
+DEGREE = 8
+CORE_LINKS = 4
+
+
+def run_bench(
+    nodes: int = 10_000,
+    minutes: float = 60.0,
+    *,
+    seed: int = 1,
+    executors: int = 16,
+    requesters: int = 4,
+    tasks_per_min: float = 1.0,
+) -> dict[str, Any]:
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    rng = derive_rng(seed, "bench")
+    bank = question_bank(rng, 500, ("math", "code"))
+    cost = CostModel(bank)
+    device = DEVICES["rtx3090"]
+    n_exec = min(executors, nodes // 2)
+    n_req = min(requesters, nodes - n_exec)
+
+    def exec_config(node: Any) -> ExecutorConfig:
+        return ExecutorConfig(
+            models=(
+                ServedModel(
+                    MODEL_NAME,
+                    MODEL_FAMILY,
+                    8192,
+                    model_hash(MODEL_NAME),
+                    device.tokens_per_s,
+                    device.price_per_1k,
+                ),
+            ),
+            slots=4,
+        )
+
+    led = ledger_spec(
+        "sim",
+        BENCH_LEDGER,
+        lambda node: capability(node, device, slots=4) if node.index < n_exec else None,
+    )
+    exe = executor_spec(exec_config, cost)
+    auc = auction_spec(lambda node: ScoreSelector(), AuctionConfig())
+    done: list[int] = []
+    with shared_pure_functions():
+        swarm = Swarm(seed, latency=LatencyModel("lognormal", 40.0, 0.5, jitter_ms=5.0))
+        for i in range(nodes):
+            specs = (led, exe) if i < n_exec else ((led, auc) if i < n_exec + n_req else (led,))
+            swarm.add_node(specs, profile=ExecutorProfile(device=device) if i < n_exec else None)
+        for node in swarm.nodes:
+            swarm.start(node)
+        topo = derive_rng(seed, "bench-topology")
+        for node in swarm.nodes:
+            swarm.connect_random(node, DEGREE // 2, topo)
+        core = swarm.nodes[:n_exec]
+        for node in swarm.nodes[: n_exec + n_req]:
+            for _ in range(CORE_LINKS):
+                swarm.connect(node, core[topo.randrange(len(core))])
+        swarm.on_emit("task.done", lambda node, f, now: done.append(now))
+        swarm.on_emit("task.failed", lambda node, f, now: done.append(now))
+        t = 0.0
+        submitted = 0
+        end_ms = int(minutes * 60_000)
+        while True:
+            t += rng.expovariate(tasks_per_min / 60_000.0)
+            if t >= end_ms - 60_000:
+                break
+            q = bank[rng.randrange(len(bank))]
+            node = swarm.nodes[n_exec + rng.randrange(n_req)]
+            swarm.at_ms(
+                int(t),
+                node.submit,
+                AUCTION,
+                SubmitTask(
+                    question=q.text,
+                    answer_type=ANSWER_TYPE,
+                    deadline_ms=60_000,
+                    k=3,
+                    model=MODEL_NAME,
+                ),
+            )
+            submitted += 1
+        setup_s = time.perf_counter() - wall0
+        events = swarm.run(end_ms)
+    wall_s = time.perf_counter() - wall0
+    cpu_s = time.process_time() - cpu0
+    counters = swarm.metrics.counters
+    return {
+        "nodes": nodes,
+        "virtual_minutes": minutes,
+        "wall_s": round(wall_s, 3),
+        "cpu_s": round(cpu_s, 3),
+        "setup_s": round(setup_s, 3),
+        "events": events,
+        "events_per_s": round(events / max(1e-9, wall_s - setup_s), 1),
+        "virtual_s_per_wall_s": round(minutes * 60 / wall_s, 2),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+        "tasks_submitted": submitted,
+        "tasks_ended": len(done),
+        "gossip_broadcasts": counters.get("gossip_published", 0),
+        "machine_deliveries": sum(n.msgs_received for n in swarm.nodes),
+        "bytes_per_node": round(sum(swarm.bytes_per_node()) / nodes),
+    }

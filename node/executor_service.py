@@ -9,9 +9,11 @@
   hash, *measured* tokens/s; called once at start, in a thread) and
   ``solve(task: TaskSpec, model: str, max_tokens: int) -> Solution`` (blocking). The
   ``[executor] solver`` setting names a factory ``"module:callable"`` taking
-  ``(section, data_dir)``; ``"models"`` names the real one (node/models_solver.py: the
-  models/ backend, ``model`` picks the model). With none configured the node does not
-  execute (it never bids) and says so in its status and log.
+  ``(section, data_dir)`` (any importable module: tests load their own double this way).
+  The default, ``"models"``, is the real one (node/models_solver.py: the models/ backend;
+  ``model`` picks the model, "" = the embedded default), so a plain ``symphony node run``
+  executes. ``solver = ""`` opts out: the node never bids, and says so in its status and log;
+  so does a solver that fails to start (e.g. models/ not installed), without stopping the node.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ from protocol.executor import (
 from protocol.tasks import BEACON_TOPIC, MAX_QUESTION_CHARS, Assign, Beacon, Cancel, TaskSpec
 
 MAX_FAILURE_TEXT = 120
+MAX_TEMPERATURE = 2.0
+#: solver names that need no "module:callable"
+BUILTIN_SOLVERS = {"models": "node.models_solver:factory"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,9 +76,14 @@ class ExecutorSection:
 
     #: "models" (node/models_solver.py), or "module:callable" building a solver from
     #: (section, data_dir); "" = do not execute
-    solver: str = ""
+    solver: str = "models"
     #: with solver = "models": registry name, .gguf path or HF dir ("" = the default model)
     model: str = ""
+    #: with solver = "models": sampling temperature (0 = greedy). Above 0, each executor
+    #: draws its own seed per task, so k executors give k independent chains to vote on
+    temperature: float = 0.0
+    #: with solver = "models": CPU threads for the model (0 = the backend's default)
+    threads: int = 0
     #: tasks computed at once; each bid holds one slot for hold_ms
     slots: int = 1
     hold_ms: int = DEFAULT_HOLD_MS
@@ -88,10 +98,14 @@ class ExecutorSection:
                 raise ValueError(f"{name} must be positive")
         if self.price_per_1k < 0:
             raise ValueError("price_per_1k must not be negative")
-
-
-#: solver names that need no "module:callable"
-BUILTIN_SOLVERS = {"models": "node.models_solver:factory"}
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE}]")
+        if self.threads < 0:
+            raise ValueError("threads must not be negative (0 = the backend's default)")
+        module, colon, attr = self.solver.partition(":")
+        if self.solver and self.solver not in BUILTIN_SOLVERS and not (colon and module and attr):
+            raise ValueError(f"solver {self.solver!r} is neither one of "
+                             f"{sorted(BUILTIN_SOLVERS)} nor 'module:callable' ('' = none)")
 
 
 def load_solver(spec: str, section: ExecutorSection, data_dir: Path) -> Solver:
@@ -132,7 +146,8 @@ class ExecutorService(Service):
             self.ctx.log.warning("executor.disabled", reason=self.problem)
             return
         try:
-            solver = load_solver(self.section.solver, self.section, self.ctx.data_dir)
+            solver = await trio.to_thread.run_sync(  # imports and loads weights: blocking
+                load_solver, self.section.solver, self.section, self.ctx.data_dir)
             models = await trio.to_thread.run_sync(solver.models)
         except Exception as exc:  # a broken backend disables executing, not the node
             self.problem = f"solver {self.section.solver} failed to start: {exc}"
@@ -199,8 +214,9 @@ class ExecutorService(Service):
                     "model": j.model} for j in m.jobs.values() if j.state is JobState.RUNNING]
         return {
             "enabled": self.solver is not None, "problem": self.problem,
-            "models": [{"name": x.name, "family": x.family, "context": x.context,
-                        "tokens_per_s": x.tokens_per_s, "model_hash": x.model_hash.hex()}
+            "models": [{"name": x.name, "family": x.family, "quantization": x.quantization,
+                        "context": x.context, "tokens_per_s": x.tokens_per_s,
+                        "model_hash": x.model_hash.hex()}
                        for x in m.config.models],
             "slots": m.config.slots, "free_slots": m.free_slots(), "running": running,
             "computed": self.computed, "failed": self.failed,

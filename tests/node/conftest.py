@@ -3,7 +3,11 @@
 Fixtures
 --------
 ``testnet``: a :class:`node.testnet.LocalTestnet` under this test's tmp dir, network id
-``itest``, membership timings shortened (``FAST_MEMBERSHIP``) so discovery takes seconds.
+``itest``, membership timings shortened (``FAST_MEMBERSHIP``) so discovery takes seconds, and
+no model (``NO_MODEL``: ``[executor] solver = ""``; a plain node serves the default model,
+which test daemons that do not execute skip). A test that needs executors passes
+``config={"executor": {"solver": ARITH_SOLVER}}`` (tests/node/arith_solver.py, deterministic
+and instant) or ``"models"`` for the real one.
 Every node it starts is killed at teardown; if the test failed, the last log lines of every
 node are printed (pytest shows them under "Captured stdout teardown").
 
@@ -52,6 +56,11 @@ FAST_MEMBERSHIP = {
         "backoff_max_ms": 2000,
     }
 }
+#: test daemons load no model unless a test asks (loading and measuring it costs seconds)
+NO_MODEL = {"executor": {"solver": ""}}
+TESTNET_CONFIG = {**FAST_MEMBERSHIP, **NO_MODEL}
+#: the deterministic test solver, as an ``[executor] solver`` value
+ARITH_SOLVER = "tests.node.arith_solver:factory"
 GOSSIP_PROBE = "tests.node.probe_service:GossipProbe"
 STUCK_ON_SHUTDOWN = "tests.node.probe_service:StuckOnShutdown"
 CLI_TIMEOUT_S = 60
@@ -77,7 +86,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 @pytest.fixture
 def testnet(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Testnet]:
-    net = Testnet(tmp_path / "net", network_id=TEST_NETWORK_ID, config=FAST_MEMBERSHIP)
+    net = Testnet(tmp_path / "net", network_id=TEST_NETWORK_ID, config=TESTNET_CONFIG)
     try:
         yield net
     finally:

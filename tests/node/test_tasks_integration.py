@@ -1,5 +1,5 @@
 """The task market across real daemons (separate processes, loopback, port 0): one node asks,
-three execute with a deterministic solver (node/bench/arith_solver.py), and the answer
+three execute with a deterministic test solver (tests/node/arith_solver.py), and the answer
 comes back voted; an executor killed mid-task is replaced from the spare bid."""
 
 from __future__ import annotations
@@ -11,14 +11,13 @@ import httpx
 import pytest
 
 from node.api import read_token
-from node.bench.arith_solver import DELAY_ENV
 
-from .conftest import Testnet, run_cli
+from .arith_solver import DELAY_ENV
+from .conftest import ARITH_SOLVER, Testnet, run_cli
 
 pytestmark = pytest.mark.integration
 
 CONVERGE_S = 60.0
-SOLVER = "node.bench.arith_solver:factory"
 #: short windows and several rounds: a beacon sent before the gossip mesh formed is retried
 TASKS = {"bid_window_ms": 1500, "max_rounds": 8, "min_round_ms": 500}
 
@@ -27,7 +26,7 @@ def start(testnet: Testnet, delay_ms: int = 50, hold_ms: int = 5000) -> list[Any
     asker = testnet.start("asker", config={"tasks": TASKS})
     env = {DELAY_ENV: str(delay_ms)}
     execs = [testnet.start(n, bootstrap=[asker], wait=False, env=env,
-                           config={"executor": {"solver": SOLVER, "hold_ms": hold_ms}})
+                           config={"executor": {"solver": ARITH_SOLVER, "hold_ms": hold_ms}})
              for n in ("e1", "e2", "e3")]
     for node in execs:
         node.wait_ready()

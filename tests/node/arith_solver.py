@@ -1,11 +1,13 @@
-"""A deterministic arithmetic solver for the executor service: no model, for tests and benches.
+"""A test double for the executor's solver: deterministic arithmetic, no model.
 
-Load it with ``[executor] solver = "node.bench.arith_solver:factory"``. It answers questions
-containing ``a <op> b`` (op in + - *) with a short chain of thought and a final answer line,
-in ``SYMPHONY_ARITH_SOLVER_DELAY_MS`` milliseconds of simulated compute (default 50), and
-advertises the matching speed (``NOMINAL_TOKENS`` in that time), so bids estimate it. Real
-inference is the models/ backend's job; daemon tests and the network-overhead benchmark need
-answers that are fast, known and take a fixed time.
+Daemon tests load it with ``[executor] solver = "tests.node.arith_solver:factory"`` (the
+executor imports any importable "module:callable"; test daemons run from the checkout with
+it on PYTHONPATH). It is not shipped and never what a user's node or a benchmark runs.
+
+It answers questions containing ``a <op> b`` (op in + - *) with a short chain of thought and
+a final answer line, in ``SYMPHONY_ARITH_SOLVER_DELAY_MS`` milliseconds of simulated compute
+(default 50), and advertises the matching speed (``NOMINAL_TOKENS`` in that time), so bids
+estimate it. Daemon tests need answers that are fast, known and take a fixed time.
 """
 
 from __future__ import annotations

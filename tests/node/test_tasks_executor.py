@@ -1,0 +1,72 @@
+"""The executor's solver settings: a plain node serves the default model, a bad solver spec is
+a config error naming it, any importable "module:callable" loads (tests load their double
+this way), and the real solver advertises the registry's quantization and gives each
+executor its own sampling seed per task."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from node.config import ConfigError, load_config
+from node.executor_service import ExecutorSection, load_solver
+from protocol.tasks import Requirement, TaskSpec
+
+from .conftest import ARITH_SOLVER
+
+
+def spec(question: str = "What is 6 * 7?", task_id: bytes = b"\1" * 32) -> TaskSpec:
+    return TaskSpec(task_id=task_id, requester="", question=question, answer_type="number",
+                    choices=(), requirement=Requirement(model="", family="", min_context=0),
+                    k=1, max_price=1.0, max_tokens=24)
+
+
+def test_a_plain_config_executes_with_the_default_model(tmp_path: Path) -> None:
+    config = load_config({"data_dir": str(tmp_path)}, env={},
+                         sections={"executor": ExecutorSection})
+    section = config.section("executor")
+    assert section.solver == "models" and section.model == ""
+
+
+@pytest.mark.parametrize("solver", ["", "models", ARITH_SOLVER, "some.module:factory"])
+def test_solver_specs_that_are_accepted(solver: str) -> None:
+    assert ExecutorSection(solver=solver).solver == solver
+
+
+@pytest.mark.parametrize("solver", ["model", "some.module", ":factory", "some.module:"])
+def test_a_bad_solver_spec_is_a_config_error_naming_it(tmp_path: Path, solver: str) -> None:
+    with pytest.raises(ConfigError, match="solver"):
+        load_config({"data_dir": str(tmp_path)}, env={"SYMPHONY_EXECUTOR__SOLVER": solver},
+                    sections={"executor": ExecutorSection})
+
+
+@pytest.mark.parametrize("field,value", [("temperature", -0.1), ("temperature", 2.5),
+                                         ("threads", -1)])
+def test_out_of_range_model_settings_are_refused(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        ExecutorSection(**{field: value})  # type: ignore[arg-type]
+
+
+def test_a_test_module_path_loads_as_a_solver(tmp_path: Path) -> None:
+    solver = load_solver(ARITH_SOLVER, ExecutorSection(solver=ARITH_SOLVER), tmp_path)
+    (model,) = solver.models()
+    assert model.name == "test-arith"
+    assert solver.solve(spec(), model.name, 24).answer == "42"
+
+
+def test_the_model_solver_advertises_quantization_and_seeds_each_executor(
+        tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp")
+    from node.models_solver import ModelsSolver, factory
+
+    one = factory(ExecutorSection(temperature=0.7, threads=1), tmp_path)
+    (model,) = one.models()
+    assert (model.name, model.quantization) == ("smollm2-135m-instruct-q4_1", "Q4_1")
+    assert model.tokens_per_s > 0 and len(model.model_hash) == 32
+    two = ModelsSolver(one.backend, temperature=0.7)  # another executor of the same model
+    task_a, task_b = b"\1" * 32, b"\2" * 32
+    assert one.seed_for(task_a) == one.seed_for(task_a)  # stable for a task
+    assert len({one.seed_for(task_a), one.seed_for(task_b), two.seed_for(task_a)}) == 3
+    greedy = ModelsSolver(one.backend)
+    assert greedy.seed_for(task_a) == greedy.seed_for(task_b) == 0

@@ -100,6 +100,8 @@ class ServedModel:
     #: measured by the self-benchmark
     tokens_per_s: float
     price_per_1k: float
+    #: weights format as the registry names it ("Q4_1", "F16", ...); "" = not known
+    quantization: str = ""
 
 
 @dataclass(frozen=True, slots=True)

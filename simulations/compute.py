@@ -114,6 +114,9 @@ class ExecutorProfile:
     fail_rate: float = 0.0
     #: when set, the node's compute never finishes (a hung agent)
     hung: bool = False
+    #: verification cheat mode: "" honest, "swap" or "fabricate:<fraction>" (see
+    #: simulations/machines/verification.py)
+    cheat: str = ""
     label: str = "honest"
 
     def skill_for(self, category: str) -> float:

@@ -64,6 +64,27 @@ def tiny_voting(seed: int) -> Any:
     )
 
 
+def tiny_verification(seed: int) -> Any:
+    return parse(
+        {
+            "kind": "verification",
+            "seed": seed,
+            "nodes": 9,
+            "duration_s": 180,
+            "workload": {
+                "requesters": 1,
+                "tasks_per_min": 10,
+                "deadline_s": 60,
+                "k": 2,
+                "lazy_verifier_share": 0.0,
+            },
+            "sweep": {"sample_rate": [1.0], "cheater_share": [0.5]},
+        },
+        "tiny",
+        "tiny-verification",
+    )
+
+
 def tiny_relay(seed: int) -> Any:
     return parse(
         {
@@ -158,3 +179,14 @@ def test_cli_simulate_writes_a_report(tmp_path: Path) -> None:
     assert (out / "report.json").exists() and (out / "report.html").exists()
     bad = CliRunner().invoke(main, ["simulate", "no-such-scenario"])
     assert bad.exit_code != 0 and "no scenario" in bad.output
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_honest_executors_are_never_convicted_and_cheaters_are(seed: int) -> None:
+    report = run_scenario(tiny_verification(seed))[0]
+    assert report.invariants["no_honest_executor_convicted"], f"seed {seed}"
+    assert report.invariants["every_task_ended_exactly_once"], f"seed {seed}"
+    row = report.results["runs"][0]
+    # p = 1: every result is checked, so every cheater that answered anything is convicted
+    assert row["convicted"] >= 1, f"seed {seed}: {row}"
+    assert 0 < row["verify_cost_ratio"] < 0.1, f"seed {seed}: {row}"

@@ -2,12 +2,10 @@
 
 Contract
 --------
-* Manifests arrive on the ``relay`` gossip topic (routed by the driver) or as the first frame
-  of a chunk stream; progress reports on the same topic. Chunk bytes never touch gossip.
-* Chunk streams (``protocol_id(net, "relay-chunks")``): the fetching side opens one stream per
-  (source, version), writes the ``RelayManifest`` frame, then ``ChunkRequest`` frames (at most
-  the machine's window outstanding); the serving side answers each with a ``ChunkHeader`` frame
-  and, when OK, the raw bytes, streamed from the chunk file in ``IO_PIECE`` pieces.
+* Manifests arrive on the ``relay`` gossip topic, by unicast from the plan parent (both routed
+  by the driver) or as the first frame of a chunk stream; progress reports on the gossip
+  topic. Chunk bytes never touch gossip: they go over dedicated streams (node/relay_streams.py,
+  which states that wire protocol).
 * Pipelining and bounded memory: bytes are written to a temporary chunk file while hashed, so a
   node holds no more than a piece per stream in memory; a chunk is stored (renamed) only when
   the machine has checked its digest against the manifest, and served to waiting children

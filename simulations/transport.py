@@ -277,7 +277,7 @@ class SimTransport:
         arrival = array("q", bytes(8 * len(swarm.nodes)))
         arrival[node.index] = -1
         self._seen[gid] = arrival
-        swarm.loop.after(SEEN_TTL_US, self._seen.pop, gid, None)
+        swarm.loop.after(SEEN_TTL_US, self._forget, gid)
         payload, size = self._frame(message)
         swarm.metrics.count("gossip_published")
         self._forward(node, -1, topic, gid, arrival, node.peer_id, payload, size)
@@ -349,6 +349,9 @@ class SimTransport:
             swarm.metrics.add_bytes("gossip", size * sent)
         if duplicates:
             swarm.metrics.count("gossip_duplicates", duplicates)
+
+    def _forget(self, gid: int) -> None:
+        self._seen.pop(gid, None)
 
     def _fanout(self, node: VirtualNode, topic: str) -> list[int]:
         """A publisher not subscribed to ``topic`` sends to up to ``degree`` connected peers

@@ -101,8 +101,9 @@ def _advertise(node: VirtualNode, epoch: int, spec: CapabilitySpec) -> None:
 
 
 def ledger_of(node: VirtualNode) -> LedgerMachine:
-    machine = node.machine(NAME)
-    if not isinstance(machine, LedgerMachine):  # an adversary wrapper exposes .inner
-        machine = machine.inner
-    assert isinstance(machine, LedgerMachine)
+    from simulations.adversary import unwrap
+
+    machine = unwrap(node.machine(NAME))  # an adversary wrapper holds the honest machine
+    if not isinstance(machine, LedgerMachine):
+        raise TypeError(f"node {node.index} hosts no ledger machine")
     return machine

@@ -251,7 +251,7 @@ def _asked(
         return
     slot = server.slots.get(NAME)
     if manifest is not None and slot is not None:
-        machine = slot.machine.inner if isinstance(slot.machine, Wrapped) else slot.machine
+        machine: Any = slot.machine.inner if isinstance(slot.machine, Wrapped) else slot.machine
         if manifest.id not in machine.transfers:
             server.deliver(peer, manifest.message, None)
     server.submit(NAME, ask)

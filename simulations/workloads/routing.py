@@ -52,7 +52,7 @@ def _shift(world: MarketWorld) -> None:
 def _fail(world: MarketWorld, share: float) -> None:
     def mean_skill(i: int) -> float:
         skill = world.swarm.nodes[i].profile.skill
-        return sum(skill.values()) / len(skill)
+        return float(sum(skill.values()) / len(skill))
 
     ranked = sorted(world.executors, key=lambda i: (-mean_skill(i), i))
     for i in ranked[: max(1, round(share * len(ranked)))]:

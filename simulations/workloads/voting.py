@@ -128,9 +128,9 @@ def run(scenario: Scenario, progress: Progress) -> Report:
     best = max(rows, key=lambda r: (r["weighted"], -r["k"]))
     headline: dict[str, Any] = {}
     for mix_name in mixes:
-        mine = {r["k"]: r for r in rows if r["mix"] == mix_name}
-        top = mine[max(ks)]
-        headline[f"{mix_name}_single"] = mine[min(ks)]["single"]
+        by_k = {r["k"]: r for r in rows if r["mix"] == mix_name}
+        top = by_k[max(ks)]
+        headline[f"{mix_name}_single"] = by_k[min(ks)]["single"]
         headline[f"{mix_name}_majority_k{max(ks)}"] = top["majority"]
         headline[f"{mix_name}_weighted_k{max(ks)}"] = top["weighted"]
     headline["best_weighted"] = best["weighted"]

@@ -7,7 +7,8 @@
   ``ComputeFailed`` if the solver raised), and ``CancelCompute`` stops waiting for it.
 * A solver is any object with ``models() -> list[ServedModel]`` (names, context, weights
   hash, *measured* tokens/s; called once at start, in a thread) and
-  ``solve(task: TaskSpec, model: str, max_tokens: int) -> Solution`` (blocking). The
+  ``solve(task: TaskSpec, model: str, max_tokens: int) -> Solution`` (blocking); one with a
+  ``fingerprints`` attribute gets it set to whether this executor commits (verification). The
   ``[executor] solver`` setting names a factory ``"module:callable"`` taking
   ``(section, data_dir)`` (any importable module: tests load their own double this way).
   The default, ``"models"``, is the real one (node/models_solver.py: the models/ backend;
@@ -42,6 +43,7 @@ from protocol.executor import (
     StartCompute,
 )
 from protocol.tasks import BEACON_TOPIC, MAX_QUESTION_CHARS, Assign, Beacon, Cancel, TaskSpec
+from protocol.verification_executor import VerifiedExecutor
 
 MAX_FAILURE_TEXT = 120
 MAX_TEMPERATURE = 2.0
@@ -155,6 +157,8 @@ class ExecutorService(Service):
             return
         price = self.section.price_per_1k
         models = [dataclasses.replace(m, price_per_1k=price) for m in models]
+        if hasattr(solver, "fingerprints"):  # only a committing executor needs them
+            solver.fingerprints = isinstance(self._machine, VerifiedExecutor)
         self.solver = solver
         self._machine.config = dataclasses.replace(self._machine.config, models=tuple(models))
         self.ctx.log.info("executor.ready", models=[m.name for m in models],

@@ -8,8 +8,11 @@ task runs ``models.cot.solve`` (prompt, generate, extract, normalize, confidence
 temperature 0, else sampled with a seed drawn from the task id and a salt this solver picks at
 random, so the k executors of one task sample k different chains (self-consistency voting).
 A backend runs one call at a time, so calls are serialized by a lock (``slots`` above 1 only
-queue). Each solution carries its output token ids and their activation fingerprints
-(node/verify_checks.py: one extra prefill), which commitment-based verification binds.
+queue). Each solution carries its output token ids; with ``fingerprints`` on (the executor
+service turns it on when verification is, i.e. its machine commits to results) also their
+activation fingerprints (node/verify_checks.py: one extra prefill on a transformers copy of
+the weights), which commitment-based verification binds. Without verification that prefill
+would be pure cost (torch in every executor, and more time than the generation), so it is off.
 """
 
 from __future__ import annotations
@@ -38,9 +41,12 @@ SEED_BITS = 63
 
 
 class ModelsSolver:
-    def __init__(self, backend: Backend, *, temperature: float = 0.0) -> None:
+    def __init__(self, backend: Backend, *, temperature: float = 0.0,
+                 fingerprints: bool = False) -> None:
         self.backend = backend
         self.temperature = temperature
+        #: fingerprint each solution's activations (for commit/reveal verification)
+        self.fingerprints = fingerprints
         self._salt = secrets.token_bytes(16)
         self._lock = threading.Lock()
 
@@ -73,7 +79,8 @@ class ModelsSolver:
         with self._lock:
             sol = solve(self.backend, problem, max_tokens=max_tokens,
                         temperature=self.temperature, seed=self.seed_for(task.task_id))
-            prints = fingerprints_for(self.backend, sol.prompt_token_ids, sol.token_ids)
+            prints = (fingerprints_for(self.backend, sol.prompt_token_ids, sol.token_ids)
+                      if self.fingerprints else ())
         return Solution(answer=sol.answer, cot=sol.cot_text, confidence=sol.confidence,
                         tokens=len(sol.token_ids),
                         compute_ms=int((time.perf_counter() - started) * 1000),

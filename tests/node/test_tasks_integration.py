@@ -1,10 +1,13 @@
 """The task market across real daemons (separate processes, loopback, port 0): one node asks,
 three execute with a deterministic test solver (tests/node/arith_solver.py), and the answer
-comes back voted; an executor killed mid-task is replaced from the spare bid."""
+comes back voted; an executor killed mid-task is replaced from the spare bid; a node with no
+configuration serves the embedded default model, advertises it (with its quantization) in
+its ledger record and answers through the network."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,7 +16,7 @@ import pytest
 from node.api import read_token
 
 from .arith_solver import DELAY_ENV
-from .conftest import ARITH_SOLVER, Testnet, run_cli
+from .conftest import ARITH_SOLVER, FAST_MEMBERSHIP, TEST_NETWORK_ID, Testnet, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -92,3 +95,34 @@ def test_killed_executor_is_replaced_and_the_task_completes(testnet: Testnet) ->
     assert victim.peer_id not in {r["executor"] for r in snap["results"]}
     assert any(a["peer"] == victim.peer_id and a["state"] == "failed"
                for a in snap["attempts"])
+
+
+def test_a_plain_node_serves_the_default_model_and_answers(testnet: Testnet,
+                                                           tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp")
+    # a real model on a shared machine: generous time per attempt, so load cannot fail it
+    asker = testnet.start("asker", config={"tasks": {**TASKS, "assign_base_ms": 60_000}})
+    # a node with no [executor] config at all (the fixture's testnet opts out of the model)
+    plain = Testnet(tmp_path / "plain", network_id=TEST_NETWORK_ID, config=FAST_MEMBERSHIP)
+    try:
+        node = plain.start("plain", bootstrap=[asker], timeout_s=120)
+        testnet.wait_until(lambda: asker.ready_peers() == {node.peer_id}, "the two to meet",
+                           CONVERGE_S)
+        (model,) = node.status()["services"]["executor"]["models"]
+        assert (model["name"], model["quantization"]) == ("smollm2-135m-instruct-q4_1", "Q4_1")
+
+        def advertised() -> Any:  # the plain node's capability record, as the asker holds it
+            got = httpx.get(f"{asker.api_url}/ledger/peers/{node.peer_id}", timeout=10)
+            record = got.json().get("record") if got.status_code == 200 else None
+            return record if record and record["models"] else None
+
+        record = testnet.wait_until(advertised, "the model in the ledger record", CONVERGE_S)
+        assert record["models"][0]["quantization"] == "Q4_1"
+        shown = run_cli("ask", "What is 6 * 7?", "--k", "1", "--answer-type", "number",
+                        "--max-tokens", "16", "--json", data_dir=asker.data_dir, timeout_s=180)
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        (result,) = json.loads(shown.stdout)["results"]
+        assert result["executor"] == node.peer_id and result["tokens"] > 0
+        assert result["model_hash"] == model["model_hash"]
+    finally:
+        plain.kill_all()

@@ -67,9 +67,10 @@ class Envelope:
         return peer_id_from_public_key(self.public_key)
 
     def encode(self) -> bytes:
-        return msgpack.packb(
+        data: bytes = msgpack.packb(
             [self.public_key, self.domain, self.payload, self.signature], use_bin_type=True
         )
+        return data
 
     def to_wire(self) -> tuple[bytes, str, bytes, bytes]:
         """The envelope as a tuple, for nesting inside a larger message."""

@@ -94,10 +94,10 @@ def _checker(tp: Any, meta: dict[str, Any], path: str) -> _Checker:
         inner = _checker(args[0], meta, path)
         return lambda v, d: None if v is None else inner(v, d)
     if origin is tuple:
-        args = typing.get_args(tp)
-        if len(args) != 2 or args[1] is not Ellipsis:
+        items = typing.get_args(tp)
+        if len(items) != 2 or items[1] is not Ellipsis:
             raise TypeError(f"{path}: only homogeneous tuple[T, ...] is supported")
-        item = _checker(args[0], {k: v for k, v in meta.items() if k != "max_items"}, path + "[]")
+        item = _checker(items[0], {k: v for k, v in meta.items() if k != "max_items"}, path + "[]")
         max_items = meta.get("max_items", DEFAULT_MAX_ITEMS)
 
         def check_tuple(v: object, d: int) -> object:
@@ -193,7 +193,7 @@ def message(tag: int, *, version: int = 1) -> Callable[[type[M]], type[M]]:
     """Register a frozen dataclass as wire message ``tag``."""
 
     def register(cls: type[M]) -> type[M]:
-        if not dataclasses.is_dataclass(cls) or not cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        if not dataclasses.is_dataclass(cls) or not cls.__dataclass_params__.frozen:
             raise TypeError(f"{cls.__name__} must be a frozen dataclass")
         if tag in _REGISTRY and _REGISTRY[tag].__qualname__ != cls.__qualname__:
             raise TypeError(f"tag {tag} is taken by {_REGISTRY[tag].__name__}")
@@ -228,7 +228,8 @@ def to_array(msg: Message) -> list[object]:
 
 def encode(msg: Message) -> bytes:
     """The canonical bytes of ``msg`` (deterministic: same message, same bytes)."""
-    return msgpack.packb(to_array(msg), use_bin_type=True)
+    data: bytes = msgpack.packb(to_array(msg), use_bin_type=True)
+    return data
 
 
 def _from_array(value: object, depth: int, expect: type[M] | None = None) -> Any:

@@ -353,7 +353,9 @@ class Membership:
             out.append(Dial(known.peer, known.addrs))
 
     def _backoff(self, failures: int) -> int:
-        base = min(self.config.backoff_base_ms * (2 ** min(failures, 20)), self.config.backoff_max_ms)
+        base: int = min(
+            self.config.backoff_base_ms * (2 ** min(failures, 20)), self.config.backoff_max_ms
+        )
         return base + self.rng.randrange(base // 4 + 1)
 
     # ---------------------------------------------------------------- address book

@@ -84,7 +84,7 @@ class TransformersBackend(Backend):
         self._pos = 0
 
     @classmethod
-    def load(cls, info: ModelInfo, config: ModelConfig = ModelConfig(backend=TRANSFORMERS)) -> "TransformersBackend":
+    def load(cls, info: ModelInfo, config: ModelConfig = ModelConfig(backend=TRANSFORMERS)) -> TransformersBackend:
         if info.fmt == "gguf":
             from models.gguf_torch import load_gguf_llama
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, Union
+from typing import Protocol
 
 from protocol.codec import Message
 
@@ -113,7 +113,9 @@ class Emit:
     fields: Mapping[str, object] = field(default_factory=dict)
 
 
-Event = Union[Tick, PeerConnected, PeerDisconnected, Received, SendFailed, DialFailed, object]
+#: anything a driver feeds a machine: the common events above or a machine's own local events
+Event = object
+#: anything a machine returns: the common effects above or a machine's own effects
 Effect = object
 
 

@@ -26,7 +26,7 @@ def byte_tokens() -> list[str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    table = dict(zip(bs, cs))
+    table = dict(zip(bs, cs, strict=True))
     return [chr(table[b]) for b in range(256)]
 
 

@@ -301,10 +301,12 @@ class SimTransport:
         swarm = self.swarm
         net = swarm.net
         nodes = swarm.nodes
-        at_fn = swarm.loop.at
-        now = swarm.loop.now_us
+        loop = swarm.loop
+        now = loop.now_us
         transfer = net.transfer
         partitioned = net.is_partitioned()
+        arrive = self._gossip_arrive
+        src = node.index
         sent = 0
         duplicates = 0
         n_arrival = len(arrival)
@@ -313,36 +315,27 @@ class SimTransport:
             if index == came_from:
                 continue
             sent += 1
-            if partitioned and not net.reachable(node.index, index):
+            if partitioned and not net.reachable(src, index):
                 continue
-            target = nodes[index]
             if small and (index >= n_arrival or arrival[index] == -1):
                 # the target has this message already: a copy that is dropped on arrival,
                 # too small to matter to the link's queue; count its bytes, skip the timing
                 duplicates += 1
+                target = nodes[index]
                 target.bytes_received += size
                 target.msgs_received += 1
                 continue
-            for at in transfer(node.index, index, size, now):
-                first = arrival[index] if index < len(arrival) else -1
+            for at in transfer(src, index, size, now):
+                first = arrival[index] if index < n_arrival else -1
                 if first == -1 or 0 < first <= at + 1:
                     duplicates += 1
+                    target = nodes[index]
                     target.bytes_received += size
                     target.msgs_received += 1
                     continue
                 arrival[index] = at + 1
-                at_fn(
-                    at,
-                    self._gossip_arrive,
-                    target,
-                    target.epoch,
-                    node.index,
-                    topic,
-                    gid,
-                    origin,
-                    payload,
-                    size,
-                )
+                target = nodes[index]
+                loop.at(at, arrive, target, target.epoch, src, topic, gid, origin, payload, size)
         if sent:
             node.bytes_sent += size * sent
             node.msgs_sent += sent

@@ -32,6 +32,7 @@ import trio
 from node.chunk_store import ChunkStore, ChunkStoreError, ChunkWriter
 from node.relay_streams import RelayStreams
 from node.service import NodeContext, Service
+from protocol.ledger_records import AttestationKind
 from protocol.relay import (
     DEFAULT_WINDOW,
     KEEP_VERSIONS,
@@ -129,6 +130,8 @@ class RelayService(Service):
         self._completed = trio.Event()
         self._restored: list[tuple[Manifest, frozenset[int]]] = []
         self._nursery: trio.Nursery | None = None
+        #: manifest id -> source peer -> chunks it served us (attested when complete)
+        self._served: dict[bytes, dict[str, int]] = {}
         self.counters = {
             "bad_chunks": 0,
             "chunks_in": 0,
@@ -202,8 +205,8 @@ class RelayService(Service):
             self.spawn(trio.to_thread.run_sync, self.store.collect)
         elif isinstance(effect, AttestBadChunk):
             self.counters["bad_chunks"] += 1
-            # The evidence is logged beside the driver's penalty; turning it into a signed
-            # ledger attestation needs an API of the ledger service (see the issue note).
+            self.spawn(self._attest, effect.peer, effect.manifest_id,
+                       AttestationKind.RELAY_BAD_CHUNK, effect.got, effect.index)
             self.ctx.log.warning(
                 "relay.bad_chunk",
                 peer=effect.peer,
@@ -227,13 +230,25 @@ class RelayService(Service):
             return
         self.counters["chunks_in"] += 1
         self.counters["bytes_in"] += writer.size
+        served = self._served.setdefault(effect.manifest_id, {})
+        served[effect.peer] = served.get(effect.peer, 0) + 1
 
     async def _prepare(self, manifest: Manifest) -> None:
         await trio.to_thread.run_sync(self.store.save_manifest, manifest)
         present = await trio.to_thread.run_sync(self.store.present, manifest)
         await self.submit(VersionPrepared(manifest.id, present))
 
+    async def _attest(self, subject: str, object_id: bytes, kind: AttestationKind,
+                      evidence: bytes = b"", amount: int = 0) -> None:
+        """Record what a relay peer did for us in the ledger (signed, gossiped)."""
+        ledger = self.ctx.services.get("ledger")
+        if ledger is None or subject == self.ctx.identity.peer_id:
+            return
+        await ledger.attest(subject, object_id, kind, evidence_hash=evidence, amount=amount)
+
     async def _completed_version(self, manifest: Manifest) -> None:
+        for peer, count in sorted(self._served.pop(manifest.id, {}).items()):
+            await self._attest(peer, manifest.id, AttestationKind.RELAY_SERVED, amount=count)
         self._completed.set()
         self._completed = trio.Event()
         for callback in list(self._callbacks):

@@ -84,10 +84,17 @@ class AttestationKind(enum.Enum):
     RELAY_SERVED = "relay_served"
     #: a verifier's verdict was overturned by escalation (issue 6); requires ``evidence_hash``
     VERDICT_CONTRADICTED = "verdict_contradicted"
+    #: a relay sent bytes that do not match the signed manifest; requires ``evidence_hash``
+    #: (the hash of the bytes received); ``amount`` is the chunk index
+    RELAY_BAD_CHUNK = "relay_bad_chunk"
 
 
 _NEEDS_EVIDENCE = frozenset(
-    {AttestationKind.VERIFICATION_FAILED, AttestationKind.VERDICT_CONTRADICTED}
+    {
+        AttestationKind.VERIFICATION_FAILED,
+        AttestationKind.VERDICT_CONTRADICTED,
+        AttestationKind.RELAY_BAD_CHUNK,
+    }
 )
 
 

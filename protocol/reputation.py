@@ -51,6 +51,9 @@ KIND_WEIGHTS: dict[AttestationKind, tuple[float, float]] = {
     AttestationKind.VERIFICATION_FAILED: (0.0, 10.0),
     AttestationKind.RELAY_SERVED: (0.25, 0.0),
     AttestationKind.VERDICT_CONTRADICTED: (0.0, 5.0),
+    # a corrupt chunk is never an accident of the network (chunks are hash-checked end to
+    # end), so it weighs like a failed verification
+    AttestationKind.RELAY_BAD_CHUNK: (0.0, 10.0),
 }
 
 

@@ -113,6 +113,13 @@ def test_a_relay_serving_a_corrupt_chunk_is_routed_around(tmp_path: Path) -> Non
                     return io.BytesIO(bytes(data))
 
                 relay.store.open_chunk = lying_open  # type: ignore[method-assign]
+            attested: list[tuple[str, str, int]] = []
+            for relay in (a, b):  # what each would put in the ledger
+                async def record(subject: str, object_id: bytes, kind: Any,
+                                 evidence: bytes = b"", amount: int = 0) -> None:
+                    attested.append((subject, kind.value, amount))
+
+                relay._attest = record  # type: ignore[method-assign]
             path = artifact(tmp_path)
             relay_hashes: list[bytes] = []
             hashes, _ = pub.store.import_file(path, CHUNK)
@@ -128,6 +135,11 @@ def test_a_relay_serving_a_corrupt_chunk_is_routed_around(tmp_path: Path) -> Non
             assert middle_id in leaf.driver.status()["penalties"]  # type: ignore[attr-defined]
             t = leaf.machine.transfers[manifest.id]
             assert t.failed[middle_id] is True  # dropped as a source for good
+            assert (middle_id, "relay_bad_chunk", 5) in attested
+            # the sources that did serve the leaf are credited once it is complete
+            credited = {s: n for s, k, n in attested if k == "relay_served"}
+            assert credited and sum(credited.values()) == len(hashes)
+            assert middle_id not in credited or credited[middle_id] < len(hashes)
             out = tmp_path / "leaf.bin"
             ChunkStore(leaf.store.root).export(manifest, out)  # the leaf's own store, unpatched
             assert out.read_bytes() == path.read_bytes()

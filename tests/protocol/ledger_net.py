@@ -116,7 +116,8 @@ def attestation(
     amount: int = 0,
     domain: str = ATTESTATION_DOMAIN,
 ) -> Envelope:
-    if kind in (AttestationKind.VERIFICATION_FAILED, AttestationKind.VERDICT_CONTRADICTED):
+    if kind in (AttestationKind.VERIFICATION_FAILED, AttestationKind.VERDICT_CONTRADICTED,
+                AttestationKind.RELAY_BAD_CHUNK):
         evidence = evidence or bytes(range(32))
     att = Attestation(
         network_id=network,

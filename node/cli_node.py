@@ -122,40 +122,38 @@ def print_status(s: dict[str, Any]) -> None:
 
 
 @click.command()
-@click.option("--nodes", type=click.IntRange(2, 16), default=3, show_default=True)
+@click.option("--executors", type=click.IntRange(1, 8), default=3, show_default=True,
+              help="Daemons serving the default model (besides node a, which asks).")
+@click.option("--questions", type=click.IntRange(0, 100), default=None,
+              help="Evaluation-set questions to ask (default 20; 0: only start and stop).")
+@click.option("--max-tokens", type=click.IntRange(8, 1024), default=None,
+              help="Chain-of-thought budget per executor (default 96).")
 @click.option("--timeout", "timeout_s", type=float, default=90.0, show_default=True,
               help="Seconds to wait for the nodes to find each other.")
-def demo(nodes: int, timeout_s: float) -> None:
-    """Start a local network on loopback, print each node's peers, stop it cleanly."""
-    from node.testnet import LocalTestnet, TestnetError
+def demo(executors: int, questions: int | None, max_tokens: int | None,
+         timeout_s: float) -> None:
+    """A local network of daemons answers the shipped evaluation set: single vs voted accuracy.
 
-    names = [chr(ord("a") + i) for i in range(nodes)]
+    Starts 1 + EXECUTORS daemons on loopback (node a asks, the others serve the embedded
+    SmolLM2), prints each node's peers, asks the questions through the network with k=3,
+    prints single-executor and voted accuracy, and stops every daemon cleanly.
+    """
+    from rich.console import Console
+
+    from node.demo import DEFAULT_MAX_TOKENS, DEFAULT_QUESTIONS, run_demo
+    from node.testnet import TestnetError
+
+    console = Console(file=sys.stdout)
     with tempfile.TemporaryDirectory(prefix="symphony-demo-") as base:
-        net = LocalTestnet(Path(base), network_id="demo",
-                           config={"membership": {"exchange_interval_ms": 1000}})
         try:
-            first = net.start(names[0])
-            click.echo(f"node {names[0]}: {first.peer_id} at {first.addresses[0]}")
-            rest = [net.start(name, bootstrap=[first], wait=False) for name in names[1:]]
-            for node in rest:
-                node.wait_ready()
-                click.echo(f"node {node.name}: {node.peer_id} (bootstrap: {names[0]})")
-            net.wait_all_connected(timeout_s)
-            by_id = {n.peer_id: n.name for n in net.nodes.values()}
-            for node in net.nodes.values():
-                click.echo(f"\nnode {node.name} ({node.peer_id}) peers:")
-                for p in node.status()["peers"]:
-                    click.echo(f"  {by_id.get(p['peer_id'], '?')}  {p['peer_id']}  "
-                               f"{p['state']}  latency {p['latency_ms']} ms  {p['addrs'][:1]}")
+            codes = run_demo(Path(base), executors=executors,
+                             questions=DEFAULT_QUESTIONS if questions is None else questions,
+                             max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
+                             timeout_s=timeout_s, echo=click.echo, console=console)
         except TestnetError as exc:
-            net.kill_all()
             raise click.ClickException(str(exc)) from None
-        except BaseException:
-            net.kill_all()
-            raise
-        codes = net.stop_all()
         if any(codes.values()):
-            raise click.ClickException(f"unclean exits: {codes}\n{net.log_tails(10)}")
+            raise click.ClickException(f"unclean exits: {codes}")
         click.echo(f"\nstopped {len(codes)} nodes cleanly (exit codes {sorted(codes.values())})")
 
 

@@ -123,6 +123,8 @@ def _one(scenario: Scenario, stages: Stages, p: float, share: float) -> dict[str
     swarm.on_emit("task.done", lambda node, f, now: _ended(world, node, f, now, "done"))
     swarm.on_emit("task.failed", lambda node, f, now: _ended(world, node, f, now, "failed"))
     accepted: list[tuple[int, bool]] = []
+    assigned: set[str] = set()
+    swarm.on_emit("task.assigned", lambda node, f, now: assigned.add(str(f.get("peer"))))
     swarm.on_emit(
         "task.result",
         lambda node, f, now: accepted.append((now, str(f.get("peer")) in cheater_peers)),
@@ -164,8 +166,10 @@ def _one(scenario: Scenario, stages: Stages, p: float, share: float) -> dict[str
         "cheater_share": share,
         "cheaters": len(cheaters),
         "lazy_verifiers": len(lazy),
+        "cheaters_given_work": len(assigned & cheater_peers),
         "convicted": len(convicted),
         "detected_fraction": len(convicted) / max(1, len(cheaters)),
+        "detected_of_working": len(convicted) / max(1, len(assigned & cheater_peers)),
         "median_minutes_to_conviction": times[len(times) // 2] if times else -1.0,
         "excluded_fraction_end": excluded_curve[-1][1] if excluded_curve else 0.0,
         "false_convictions": len(false_convictions),
@@ -247,6 +251,7 @@ def run(scenario: Scenario, progress: Progress) -> Report:
         tag = f"p{r['sample_rate']:g}_c{r['cheater_share']:g}"
         headline[f"{tag}_minutes_to_conviction"] = r["median_minutes_to_conviction"]
         headline[f"{tag}_excluded_end"] = r["excluded_fraction_end"]
+        headline[f"{tag}_convicted_of_working_cheaters"] = r["detected_of_working"]
     headline["max_verify_cost_ratio"] = max(r["verify_cost_ratio"] for r in rows)
     headline["false_convictions"] = sum(r["false_convictions"] for r in rows)
     return Report(

@@ -265,6 +265,9 @@ def run(scenario: Scenario, progress: Progress) -> Report:
             "every_task_ended_exactly_once": all(r["every_task_ended_exactly_once"] for r in rows),
         },
         notes=[
+            "The score selector ranks identical bids alike, so some executors (cheaters "
+            "included) never get work; 'convicted of working cheaters' counts only cheaters "
+            "that were assigned at least one task.",
             "Convicted: a requester decided FAIL and attested VERIFICATION_FAILED. Excluded: "
             "a requester's VerifiedAuction refuses the peer's bids (exclusion_ms); other "
             "requesters learn of it only through the ledger (reputation), as in the daemon, "

@@ -109,12 +109,15 @@ class ResultIntake:
             return reject("oversized", PENALTY_FORGED) + self._fail_attempt(
                 task, attempt, "malformed:oversized cot", FAILED, now, cancel=False)
         bid_hash = attempt.bid.body.model_hash
-        answer_ok = normalize_answer(AnswerType(task.spec.answer_type), body.answer,
-                                     task.spec.choices) is not None
-        if (bid_hash and body.model_hash != bid_hash) or not answer_ok:
-            why = "model_mismatch" if answer_ok else "unparseable_answer"
-            return reject(why) + self._fail_attempt(task, attempt, f"malformed:{why}", FAILED,
-                                                    now, cancel=False)
+        if bid_hash and body.model_hash != bid_hash:
+            return reject("model_mismatch") + self._fail_attempt(
+                task, attempt, "malformed:model_mismatch", FAILED, now, cancel=False)
+        if normalize_answer(AnswerType(task.spec.answer_type), body.answer,
+                            task.spec.choices) is None:
+            # Honest work can end without a usable answer (a small model rambles): the result
+            # stays as an abstaining ballot (weight 0) and is attested "wrong" when the vote
+            # ends, not as a protocol failure that would exclude and replace the executor.
+            self._count("unparseable_answers")
         return self.admit(task, ResultInfo(body, msg.envelope, attempt.attempt,
                                            attempt.bid.body.match_score, now), now)
 

@@ -157,12 +157,22 @@ def test_no_bidders_fails_after_rounds() -> None:
     assert snap["finished_at_ms"] < DEADLINE  # type: ignore[operator]
 
 
-@pytest.mark.parametrize("behaviour", ["model_mismatch", "unparseable", "compute_failed"])
+def test_unparseable_answer_abstains_and_is_attested_wrong_not_failed() -> None:
+    net = MarketNet(4)
+    bad = net.peers()[0]
+    net.workers[bad].answer = "no idea"
+    tid = net.submit()
+    snap = done(net, tid)
+    assert snap["phase"] == "done" and not snap["partial"]
+    assert bad in {r["executor"] for r in snap["results"]}  # type: ignore[union-attr]
+    outcomes = {a.outcome for a in net.attests if a.subject == bad}
+    assert outcomes == {"wrong"}
+
+
+@pytest.mark.parametrize("behaviour", ["model_mismatch", "compute_failed"])
 def test_malformed_answer_replaced(behaviour: str) -> None:
     net = MarketNet(4)
     bad = net.peers()[0]
-    if behaviour == "unparseable":
-        net.workers[bad].answer = "no idea"
     tid = net.submit()
     if behaviour in ("model_mismatch", "compute_failed"):
         from protocol.executor import ComputeDone, ComputeFailed

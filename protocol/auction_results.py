@@ -1,9 +1,9 @@
 """Requester side, second half: taking results in, voting, finishing a task.
 
 ``ResultIntake`` is mixed into ``protocol.auction.Auction`` (which documents the promises);
-it holds the result checks (forged, unassigned, replayed, late, oversized CoT, wrong model,
-unparseable answer), ``admit`` (the verification seam: a commit/reveal step wraps it) and
-``_finish`` (vote, attest each executor, reward the selector, release everyone still held).
+it holds the result checks (forged, unassigned, replayed, late, oversized CoT, wrong model;
+unparseable answers are kept as abstentions), ``admit`` (the verification seam: a
+commit/reveal step wraps it) and ``_finish`` (vote, attest each executor, reward the selector, release everyone still held).
 """
 
 from __future__ import annotations

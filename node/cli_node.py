@@ -163,9 +163,18 @@ def demo(executors: int, questions: int | None, max_tokens: int | None,
               help="Where the nodes' data dirs go (default: a fresh temp dir).")
 @click.option("--network-id", default="localtest", show_default=True)
 def testnet(nodes: int, base_dir: str | None, network_id: str) -> None:
-    """Start N daemons on loopback as a local testnet; Ctrl-C stops them all."""
+    """Start N daemons on loopback as a local testnet; Ctrl-C or SIGTERM stops them all."""
+    import signal
+
     from node.testnet import LocalTestnet, TestnetError
 
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # SIGTERM stops the testnet like Ctrl-C; SIGINT is re-armed because a shell starting us in
+    # the background sets it to "ignore", which would leave no way to stop the daemons cleanly.
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     base = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="symphony-testnet-"))
     net = LocalTestnet(base, network_id=network_id)
     try:

@@ -178,6 +178,20 @@ class Auction(ResultIntake):
     def _count(self, what: str) -> None:
         self.counters[what] = self.counters.get(what, 0) + 1
 
+    def _rejecter(self, scope: str, noun: str, peer: str) -> Callable[..., list[Effect]]:
+        """``reject(why, penalty=0)`` for one incoming ``noun`` (e.g. "bid") from ``peer``:
+        counts ``<noun>s_rejected.<why>``, emits ``<scope>.<noun>_rejected`` and, with a
+        penalty, penalizes the peer."""
+
+        def reject(why: str, penalty: int = 0) -> list[Effect]:
+            self._count(f"{noun}s_rejected.{why}")
+            out: list[Effect] = [Emit(f"{scope}.{noun}_rejected", {"peer": peer, "why": why})]
+            if penalty:
+                out.append(Penalize(peer, f"{noun} rejected: {why}", penalty))
+            return out
+
+        return reject
+
     def _updated(self, task: OpenTask) -> TaskUpdated:
         return TaskUpdated(snapshot(task))
 
@@ -283,12 +297,7 @@ class Auction(ResultIntake):
         return False
 
     def _on_bid(self, peer: str, msg: Bid, now: int) -> list[Effect]:
-        def reject(why: str, penalty: int = 0) -> list[Effect]:
-            self._count(f"bids_rejected.{why}")
-            out: list[Effect] = [Emit("task.bid_rejected", {"peer": peer, "why": why})]
-            if penalty:
-                out.append(Penalize(peer, f"bid rejected: {why}", penalty))
-            return out
+        reject = self._rejecter("task", "bid", peer)
 
         if self._rate_limited(peer, now):
             return reject("rate_limited", PENALTY_RATE)

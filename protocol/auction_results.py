@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from protocol.answers import AnswerType, normalize_answer
 from protocol.errors import InvalidMessage
-from protocol.machine import Effect, Emit, Penalize, Send
+from protocol.machine import Effect, Emit, Send
 from protocol.selection import Selector
 from protocol.task_events import (
     COMPLETED,
@@ -56,6 +56,9 @@ class ResultIntake:
     def _count(self, what: str) -> None:
         raise NotImplementedError
 
+    def _rejecter(self, scope: str, noun: str, peer: str) -> Callable[..., list[Effect]]:
+        raise NotImplementedError
+
     def _updated(self, task: OpenTask) -> TaskUpdated:
         raise NotImplementedError
 
@@ -80,12 +83,7 @@ class ResultIntake:
                                   cancel=False)
 
     def _on_result(self, peer: str, msg: Result, now: int) -> list[Effect]:
-        def reject(why: str, penalty: int = 0) -> list[Effect]:
-            self._count(f"results_rejected.{why}")
-            out: list[Effect] = [Emit("task.result_rejected", {"peer": peer, "why": why})]
-            if penalty:
-                out.append(Penalize(peer, f"result rejected: {why}", penalty))
-            return out
+        reject = self._rejecter("task", "result", peer)
 
         try:
             body = open_envelope(msg.envelope, RESULT_DOMAIN, ResultBody, self.config.max_frame)

@@ -53,7 +53,7 @@ from protocol.codec import decode
 from protocol.errors import InvalidMessage
 from protocol.ledger_events import Attest as LedgerAttest
 from protocol.ledger_records import AttestationKind
-from protocol.machine import Effect, Emit, Penalize, Received, Send, Tick
+from protocol.machine import Effect, Emit, Received, Send, Tick
 from protocol.selection import Selector
 from protocol.task_events import AuctionConfig, TaskUpdated
 from protocol.task_state import (
@@ -299,12 +299,7 @@ class VerifiedAuction(CommitRevealAuction):
         return effects
 
     def _on_verdict(self, peer: str, msg: Verdict, now: int) -> list[Effect]:
-        def reject(why: str, penalty: int = 0) -> list[Effect]:
-            self._count(f"verdicts_rejected.{why}")
-            out: list[Effect] = [Emit("verify.verdict_rejected", {"peer": peer, "why": why})]
-            if penalty:
-                out.append(Penalize(peer, f"verdict rejected: {why}", penalty))
-            return out
+        reject = self._rejecter("verify", "verdict", peer)
 
         try:
             body = open_envelope(msg.envelope, VERDICT_DOMAIN, VerdictBody, self.config.max_frame)

@@ -17,7 +17,7 @@ from crypto.keys import Identity
 from crypto.merkle import merkle_root
 from protocol.auction import Auction
 from protocol.errors import InvalidMessage
-from protocol.machine import Effect, Emit, Penalize, Send
+from protocol.machine import Effect, Emit, Send
 from protocol.selection import Selector
 from protocol.task_events import FAILED, AuctionConfig
 from protocol.task_state import Attempt, AttemptState, OpenTask
@@ -73,12 +73,7 @@ class CommitRevealAuction(Auction):
     # ------------------------------------------------------------------ commitments
 
     def _on_commit(self, peer: str, msg: Commit, now: int) -> list[Effect]:
-        def reject(why: str, penalty: int = 0) -> list[Effect]:
-            self._count(f"commits_rejected.{why}")
-            out: list[Effect] = [Emit("verify.commit_rejected", {"peer": peer, "why": why})]
-            if penalty:
-                out.append(Penalize(peer, f"commitment rejected: {why}", penalty))
-            return out
+        reject = self._rejecter("verify", "commit", peer)
 
         try:
             body = open_envelope(msg.envelope, COMMIT_DOMAIN, CommitBody, self.config.max_frame)
@@ -160,12 +155,7 @@ class CommitRevealAuction(Auction):
     # ------------------------------------------------------------------ reveals
 
     def _on_reveal(self, peer: str, msg: Reveal, now: int) -> list[Effect]:
-        def reject(why: str, penalty: int = 0) -> list[Effect]:
-            self._count(f"reveals_rejected.{why}")
-            out: list[Effect] = [Emit("verify.reveal_rejected", {"peer": peer, "why": why})]
-            if penalty:
-                out.append(Penalize(peer, f"reveal rejected: {why}", penalty))
-            return out
+        reject = self._rejecter("verify", "reveal", peer)
 
         task = self.tasks.get(msg.task_id)
         vt = self.vtasks.get(msg.task_id)

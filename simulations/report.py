@@ -160,7 +160,7 @@ def render_png(plot: Plot) -> bytes | None:
         ax.set_xlabel(plot.xlabel)
         ax.set_ylabel(plot.ylabel)
         ax.grid(True, alpha=0.3)
-        if any(s.label for s in plot.series):
+        if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
         fig.tight_layout()
         buf = io.BytesIO()

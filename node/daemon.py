@@ -257,6 +257,13 @@ def run_daemon(config: Config, classes: Mapping[str, type[Service]] | None = Non
 
     try:
         trio.run(main)
+    except Exception as exc:
+        if not daemon.stopping:
+            raise
+        # A stop was asked for and the data is safe (SQLite commits are atomic): an error
+        # while tearing down connections to peers that are stopping too is logged, with its
+        # traceback, but does not make the stop unclean.
+        get_logger().warning("daemon.error_during_shutdown", error=repr(exc), exc_info=exc)
     finally:
         forced.cancel()
     return 0

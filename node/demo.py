@@ -168,4 +168,8 @@ def run_demo(base: Path, *, executors: int, questions: int, max_tokens: int,
     except BaseException:
         net.kill_all()
         raise
-    return net.stop_all()
+    codes = net.stop_all()
+    for name, code in codes.items():
+        if code:
+            echo(net.nodes[name].log_tail(40))
+    return codes

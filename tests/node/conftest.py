@@ -63,6 +63,7 @@ TESTNET_CONFIG = {**FAST_MEMBERSHIP, **NO_MODEL}
 ARITH_SOLVER = "tests.node.arith_solver:factory"
 GOSSIP_PROBE = "tests.node.probe_service:GossipProbe"
 STUCK_ON_SHUTDOWN = "tests.node.probe_service:StuckOnShutdown"
+FAILS_ON_SHUTDOWN = "tests.node.probe_service:FailsOnShutdown"
 CLI_TIMEOUT_S = 60
 
 

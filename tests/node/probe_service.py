@@ -98,3 +98,25 @@ class StuckOnShutdown(Service):
         finally:
             with trio.CancelScope(shield=True):
                 await trio.sleep(STUCK_FOR_S)
+
+
+class FailsOnShutdown(Service):
+    """A service whose background task raises while the daemon stops (as a connection torn
+    down by a peer that is stopping too can): the stop is still clean, the error logged."""
+
+    name: ClassVar[str] = "fails"
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self._machine = ProbeMachine()
+
+    @property
+    def machine(self) -> ProbeMachine:
+        return self._machine
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        try:
+            await trio.sleep_forever()
+        finally:
+            raise RuntimeError("peer went away mid-shutdown")

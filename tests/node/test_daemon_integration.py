@@ -17,7 +17,14 @@ from node.p2p import open_p2p
 from node.transport import TransportError
 from protocol.names import protocol_id
 
-from .conftest import GOSSIP_PROBE, STUCK_ON_SHUTDOWN, TEST_NETWORK_ID, Testnet, run_cli
+from .conftest import (
+    FAILS_ON_SHUTDOWN,
+    GOSSIP_PROBE,
+    STUCK_ON_SHUTDOWN,
+    TEST_NETWORK_ID,
+    Testnet,
+    run_cli,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -149,3 +156,10 @@ def test_a_stuck_shutdown_is_forced_at_the_deadline_or_by_a_second_signal(
     assert b.terminate(timeout_s=SHUTDOWN_S * 2) == EXIT_FORCED
     assert SHUTDOWN_DEADLINE_S <= time.monotonic() - started < SHUTDOWN_S + 1
     assert b.log_events("daemon.forced_exit")[0]["why"] == "shutdown deadline"
+
+
+def test_an_error_while_stopping_is_logged_and_the_stop_stays_clean(testnet: Testnet) -> None:
+    [a] = testnet.start_many(["a"], config={"extra_services": [FAILS_ON_SHUTDOWN]})
+    assert a.terminate(timeout_s=SHUTDOWN_S) == 0
+    [event] = a.log_events("daemon.error_during_shutdown")
+    assert "peer went away mid-shutdown" in event["error"]

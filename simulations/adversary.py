@@ -123,47 +123,53 @@ class LazyExecutor(Behaviour):
         return out
 
 
-class WrongExecutor(Behaviour):
+class AnswerRewriter(Behaviour):
+    """Base of the executors that lie about answers: it remembers each task's question when the
+    computation starts and lets ``rewrite`` replace the honest ``ComputeDone``."""
+
+    def __init__(self) -> None:
+        self._questions: dict[bytes, str] = {}
+
+    def on_effects(self, node: VirtualNode, effects: list[object], now: int) -> list[object]:
+        for effect in effects:
+            if isinstance(effect, StartCompute):
+                self._questions[effect.task.task_id] = effect.task.question
+        return effects
+
+    def on_event(self, node: VirtualNode, event: object, now: int) -> list[object]:
+        if isinstance(event, ComputeDone):
+            return [self.rewrite(node, event, self._questions.pop(event.task_id, ""))]
+        return [event]
+
+    def rewrite(self, node: VirtualNode, done: ComputeDone, question: str) -> ComputeDone:
+        raise NotImplementedError
+
+
+class WrongExecutor(AnswerRewriter):
     label = "wrong"
 
     def __init__(self, cost: CostModel) -> None:
+        super().__init__()
         self.cost = cost
-        self._questions: dict[bytes, str] = {}
 
-    def on_effects(self, node: VirtualNode, effects: list[object], now: int) -> list[object]:
-        for effect in effects:
-            if isinstance(effect, StartCompute):
-                self._questions[effect.task.task_id] = effect.task.question
-        return effects
-
-    def on_event(self, node: VirtualNode, event: object, now: int) -> list[object]:
-        if isinstance(event, ComputeDone):
-            q = self.cost.question(self._questions.pop(event.task_id, ""))
-            if q is not None:
-                return [replace(event, answer=q.distractors[0], confidence=0.99)]
-        return [event]
+    def rewrite(self, node: VirtualNode, done: ComputeDone, question: str) -> ComputeDone:
+        q = self.cost.question(question)
+        if q is None:
+            return done
+        return replace(done, answer=q.distractors[0], confidence=0.99)
 
 
-class ColludingVoter(Behaviour):
+class ColludingVoter(AnswerRewriter):
     label = "colluder"
 
     def __init__(self, group: str) -> None:
+        super().__init__()
         self.group = group
-        self._questions: dict[bytes, str] = {}
 
-    def on_effects(self, node: VirtualNode, effects: list[object], now: int) -> list[object]:
-        for effect in effects:
-            if isinstance(effect, StartCompute):
-                self._questions[effect.task.task_id] = effect.task.question
-        return effects
-
-    def on_event(self, node: VirtualNode, event: object, now: int) -> list[object]:
-        if isinstance(event, ComputeDone):
-            question = self._questions.pop(event.task_id, "")
-            h = digest(f"{self.group}/{question}".encode(), person=b"sim-collude")
-            agreed = str(10 + int.from_bytes(h[:4], "big") % 9_990)
-            return [replace(event, answer=agreed, confidence=1.0)]
-        return [event]
+    def rewrite(self, node: VirtualNode, done: ComputeDone, question: str) -> ComputeDone:
+        h = digest(f"{self.group}/{question}".encode(), person=b"sim-collude")
+        agreed = str(10 + int.from_bytes(h[:4], "big") % 9_990)
+        return replace(done, answer=agreed, confidence=1.0)
 
 
 @dataclass
@@ -180,32 +186,24 @@ class BidSpammer(Behaviour):
         return out
 
 
-class ModelSwapper(Behaviour):
+class ModelSwapper(AnswerRewriter):
     """Computes with a cheaper model than it advertises (answers from ``skill``)."""
 
     label = "model_swapper"
 
     def __init__(self, cost: CostModel, skill: float, other_model: str = "cheap-model") -> None:
+        super().__init__()
         self.cost = cost
         self.skill = skill
         self.other_model = other_model
-        self._questions: dict[bytes, str] = {}
 
-    def on_effects(self, node: VirtualNode, effects: list[object], now: int) -> list[object]:
-        for effect in effects:
-            if isinstance(effect, StartCompute):
-                self._questions[effect.task.task_id] = effect.task.question
-        return effects
+    def rewrite(self, node: VirtualNode, done: ComputeDone, question: str) -> ComputeDone:
+        from simulations.compute import ExecutorProfile
 
-    def on_event(self, node: VirtualNode, event: object, now: int) -> list[object]:
-        if isinstance(event, ComputeDone):
-            from simulations.compute import ExecutorProfile
-
-            q = self.cost.question(self._questions.pop(event.task_id, ""))
-            profile = ExecutorProfile(device=node.profile.device, skill={"*": self.skill})
-            answer, confidence = self.cost.answer(profile, q, node.rng)
-            return [replace(event, answer=answer, confidence=confidence)]
-        return [event]
+        q = self.cost.question(question)
+        profile = ExecutorProfile(device=node.profile.device, skill={"*": self.skill})
+        answer, confidence = self.cost.answer(profile, q, node.rng)
+        return replace(done, answer=answer, confidence=confidence)
 
 
 # ------------------------------------------------------------------ relay

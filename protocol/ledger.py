@@ -64,6 +64,7 @@ from protocol.ledger_records import (
     LedgerSyncRequest,
     Rejected,
     Rejection,
+    envelope_hash,
     open_attestation,
     open_capability,
 )
@@ -124,6 +125,10 @@ class _RateLimiter:
         return True
 
 
+def _count(counts: dict[Rejection, int], reason: Rejection) -> None:
+    counts[reason] = counts.get(reason, 0) + 1
+
+
 class LedgerMachine:
     def __init__(
         self,
@@ -178,14 +183,22 @@ class LedgerMachine:
         return effects
 
     def next_deadline(self) -> int | None:
-        times = [self.state.next_expiry(), self.sync.next_deadline()]
+        soonest = self.state.next_expiry()
+        t = self.sync.next_deadline()
+        if t is not None and (soonest is None or t < soonest):
+            soonest = t
         if self._spec is not None and self._published_at is not None:
-            times.append(self._published_at + self.config.refresh_ms)
-            if self._dirty:
-                times.append(self._published_at + self.config.min_republish_ms)
+            t = self._published_at + (
+                self.config.min_republish_ms if self._dirty else self.config.refresh_ms
+            )
+            if self._dirty:  # the sooner of the two (both configurable)
+                t = min(t, self._published_at + self.config.refresh_ms)
+            if soonest is None or t < soonest:
+                soonest = t
         if self._connected:
-            times.append(self._next_anti_entropy)
-        soonest = min((t for t in times if t is not None), default=None)
+            t = self._next_anti_entropy
+            if t is not None and (soonest is None or t < soonest):
+                soonest = t
         return None if soonest is None else soonest - self.clock_offset_ms
 
     def _dispatch(self, event: Event, now: int) -> list[Effect]:
@@ -318,36 +331,38 @@ class LedgerMachine:
     # ------------------------------------------------------------ received messages
 
     def _on_received(self, peer: str, msg: Message, topic: str | None, now: int) -> list[Effect]:
-        rejected: Counter[Rejection] = Counter()
+        rejected: dict[Rejection, int] = {}
         effects: list[Effect] = []
         if isinstance(msg, LedgerPush):
             solicited = topic is None and msg.reply and self.sync.awaiting(peer)
             if msg.reply and not solicited:
-                rejected[Rejection.UNSOLICITED] += 1
+                _count(rejected, Rejection.UNSOLICITED)
             elif (
                 not solicited
                 and len(msg.records) + len(msg.attestations) > self.config.max_gossip_items
             ):
-                rejected[Rejection.OVERSIZED] += 1
+                _count(rejected, Rejection.OVERSIZED)
             else:
                 _, refused = self._apply(peer, msg, now, solicited, effects, rejected)
                 if solicited:
                     effects += self.sync.on_reply(peer, msg, refused, now)
         elif topic is not None:
-            rejected[Rejection.MALFORMED] += 1  # only pushes travel by gossip
+            _count(rejected, Rejection.MALFORMED)  # only pushes travel by gossip
         elif isinstance(msg, LedgerDigest):
             if self._limits["digest"].take(peer, now):
                 effects += self.sync.on_digest(peer, msg, now)
             else:
-                rejected[Rejection.RATE_LIMITED] += 1
+                _count(rejected, Rejection.RATE_LIMITED)
         elif isinstance(msg, LedgerSyncRequest):
             if self._limits["request"].take(peer, now):
                 effects.append(Send(peer, build_reply(self.state, msg, self.config, now)))
             else:
-                rejected[Rejection.RATE_LIMITED] += 1
+                _count(rejected, Rejection.RATE_LIMITED)
         else:
             raise LocalProtocolError(f"the ledger was routed a {type(msg).__name__}")
-        return effects + self._account(peer, rejected)
+        if rejected:
+            effects += self._account(peer, rejected)
+        return effects
 
     def _signer(self, envelope: Envelope) -> str:
         signer = self._signers.get(envelope.public_key)
@@ -384,38 +399,47 @@ class LedgerMachine:
         now: int,
         solicited: bool,
         effects: list[Effect],
-        rejected: Counter[Rejection],
+        rejected: dict[Rejection, int],
     ) -> tuple[int, list[bytes]]:
         """Merge a push: (new items, hashes of refused or evicted attestations)."""
         new = 0
         refused: list[bytes] = []
+        state = self.state
         for env in push.records:
-            h = env.content_hash
-            held = self.state.records.get(self._signer(env))
+            h = envelope_hash(env)
+            held = state.records.get(self._signer(env))
             if held is not None and held.hash == h:
                 continue
             try:
                 rec = self._open_record(env, now)
-                if self.state.merge_record(env, rec, h, now):
+                if state.merge_record(env, rec, h, now):
                     new += 1
                     effects.append(StoreCapability(env, rec))
                     if rec.peer_id == self.peer_id:  # ours from a previous life: move past it
                         self._own_seq = max(self._own_seq, rec.seq)
                         self._dirty = self._spec is not None
             except Rejected as exc:
-                rejected[exc.reason] += 1
+                _count(rejected, exc.reason)
         for env in push.attestations:
-            h = env.content_hash
-            if h in self.state.attestations:
+            h = envelope_hash(env)
+            if h in state.attestations:
                 continue
             if not solicited and not self._limits["attestation"].take(peer, now):
-                rejected[Rejection.RATE_LIMITED] += 1
+                _count(rejected, Rejection.RATE_LIMITED)
                 continue
             try:
-                att = self._open_attestation(env, now)
-                added, evicted = self.state.merge_attestation(env, att, self._signer(env), h)
+                signer = self._signer(env)
+                att = open_attestation(
+                    env,
+                    network_id=self.network_id,
+                    now_ms=now,
+                    signer=signer,
+                    max_ttl_ms=self.config.max_attestation_ttl_ms,
+                    skew_ms=self.config.clock_skew_ms,
+                )
+                added, evicted = state.merge_attestation(env, att, signer, h)
             except Rejected as exc:
-                rejected[exc.reason] += 1
+                _count(rejected, exc.reason)
                 refused.append(h)
                 continue
             if added:
@@ -427,7 +451,7 @@ class LedgerMachine:
         self.stats["items_accepted"] += new
         return new, refused
 
-    def _account(self, peer: str, rejected: Counter[Rejection]) -> list[Effect]:
+    def _account(self, peer: str, rejected: dict[Rejection, int]) -> list[Effect]:
         if not rejected:
             return []
         key = (

@@ -322,7 +322,14 @@ def _peek_tag_version(payload: bytes) -> tuple[int, int] | None:
     return tag, version
 
 
+def envelope_hash(envelope: Envelope) -> bytes:
+    """The envelope's content hash: a pure function of its bytes (the simulator shares it)."""
+    return envelope.content_hash
+
+
 def _open(envelope: Envelope, domain: str, family: str, max_bytes: int, expect: type[M]) -> M:
+    """Domain, signature, version and decoding checks: a pure function of the envelope's bytes
+    (the simulator shares its results across virtual nodes); time and network checks follow."""
     if len(envelope.payload) > max_bytes:
         raise Rejected(Rejection.OVERSIZED, f"{len(envelope.payload)} bytes > {max_bytes}")
     if envelope.domain != domain:

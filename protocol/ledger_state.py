@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from crypto.envelope import Envelope
@@ -86,8 +86,11 @@ class LedgerState:
         #: it); never reused, absent for a subject with no attestations
         self.subject_version: dict[str, int] = {}
         self._changes = 0
-        self._buckets: list[list[bytes]] = [[] for _ in range(BUCKETS)]  # each kept sorted
-        self._bucket_hash: list[bytes | None] = [_EMPTY_BUCKET] * BUCKETS
+        #: bucket -> its hashes, kept sorted; only non-empty buckets are present (a node
+        #: holding few attestations pays for few buckets)
+        self._buckets: dict[int, list[bytes]] = {}
+        self._bucket_hash: dict[int, bytes] = {}  # cached hashes of unchanged buckets
+        self._summary: bytes | None = b""  # cached bucket_summary(); None: recompute
         self._quota: dict[tuple[str, int], list[bytes]] = {}  # sorted hashes
         self._expiry: list[tuple[int, bytes]] = []  # heap of (expires_at, hash), lazy
         self._record_expiry: list[tuple[int, str, bytes]] = []  # heap, lazy
@@ -132,8 +135,14 @@ class LedgerState:
         held = HeldAttestation(envelope, att, observer, h)
         self.attestations[h] = held
         bisect.insort(slot, h)
-        bisect.insort(self._buckets[h[0]], h)
-        self._bucket_hash[h[0]] = None
+        b = h[0]
+        bucket = self._buckets.get(b)
+        if bucket is None:
+            self._buckets[b] = [h]
+        else:
+            bisect.insort(bucket, h)
+            self._bucket_hash.pop(b, None)
+        self._summary = None
         self.by_subject.setdefault(att.subject, set()).add(h)
         self._touch(att.subject)
         heapq.heappush(self._expiry, (att.expires_at_ms, h))
@@ -149,9 +158,13 @@ class LedgerState:
         del slot[bisect.bisect_left(slot, h)]
         if not slot:
             del self._quota[key]
-        bucket = self._buckets[h[0]]
+        b = h[0]
+        bucket = self._buckets[b]
         del bucket[bisect.bisect_left(bucket, h)]
-        self._bucket_hash[h[0]] = None
+        if not bucket:
+            del self._buckets[b]
+        self._bucket_hash.pop(b, None)
+        self._summary = None
         subject = self.by_subject[att.subject]
         subject.discard(h)
         self._touch(att.subject)
@@ -185,8 +198,12 @@ class LedgerState:
 
     def next_expiry(self) -> int | None:
         """When ``prune`` next has something to do (may be early: the heaps are lazy)."""
-        times = [heap[0][0] for heap in (self._expiry, self._record_expiry) if heap]
-        return min(times) if times else None
+        atts, recs = self._expiry, self._record_expiry
+        if atts:
+            if recs and recs[0][0] < atts[0][0]:
+                return recs[0][0]
+            return atts[0][0]
+        return recs[0][0] if recs else None
 
     # ------------------------------------------------------------ summary
 
@@ -197,25 +214,27 @@ class LedgerState:
                 yield held
 
     def bucket_hash(self, b: int) -> bytes:
-        cached = self._bucket_hash[b]
+        cached = self._bucket_hash.get(b)
         if cached is None:
-            members = self._buckets[b]
-            cached = (
-                digest(b"".join(members), person=_BUCKET_PERSON)[:PREFIX_LEN]
-                if members
-                else _EMPTY_BUCKET
-            )
+            members = self._buckets.get(b)
+            if not members:
+                return _EMPTY_BUCKET
+            cached = digest(b"".join(members), person=_BUCKET_PERSON)[:PREFIX_LEN]
             self._bucket_hash[b] = cached
         return cached
 
     def bucket_summary(self) -> bytes:
-        if not self.attestations:
-            return b""
-        return b"".join(self.bucket_hash(b) for b in range(BUCKETS))
+        summary = self._summary
+        if summary is None:
+            summary = (
+                b"".join(self.bucket_hash(b) for b in range(BUCKETS)) if self.attestations else b""
+            )
+            self._summary = summary
+        return summary
 
-    def bucket(self, b: int) -> list[bytes]:
+    def bucket(self, b: int) -> Sequence[bytes]:
         """The sorted hashes in bucket ``b`` (do not mutate)."""
-        return self._buckets[b]
+        return self._buckets.get(b, ())
 
     def digest(self, now_ms: int) -> LedgerDigest:
         versions = tuple(

@@ -88,6 +88,8 @@ class SyncSessions:
         return s is not None and s.awaiting
 
     def next_deadline(self) -> int | None:
+        if not self.sessions:
+            return None
         times = [s.deadline_ms for s in self.sessions.values() if s.awaiting and s.deadline_ms]
         return min(times) if times else None
 
@@ -103,11 +105,15 @@ class SyncSessions:
                 peers.append(rv.peer_id)
                 seen.add(rv.peer_id)
         buckets: list[int] = []
-        if d.attestation_buckets:
-            for b in range(BUCKETS):
-                theirs = d.attestation_buckets[b * PREFIX_LEN : (b + 1) * PREFIX_LEN]
-                if theirs != _EMPTY and theirs != self.state.bucket_hash(b):
-                    buckets.append(b)
+        summary = d.attestation_buckets
+        if summary:
+            ours = self.state.bucket_summary()  # b"" when we hold none: every bucket differs
+            if summary != ours:
+                for b in range(BUCKETS):
+                    lo = b * PREFIX_LEN
+                    theirs = summary[lo : lo + PREFIX_LEN]
+                    if theirs != _EMPTY and theirs != ours[lo : lo + PREFIX_LEN]:
+                        buckets.append(b)
         return peers, buckets
 
     def _they_may_lack(self, d: LedgerDigest, now: int) -> bool:
@@ -125,6 +131,8 @@ class SyncSessions:
             return False
         if not d.attestation_buckets:
             return True
+        if ours == d.attestation_buckets:
+            return False
         for b in range(BUCKETS):
             mine = ours[b * PREFIX_LEN : (b + 1) * PREFIX_LEN]
             if (

@@ -13,9 +13,12 @@ Outside the context nothing is changed.
 What is shared: ``crypto.keys.verify_signature`` (as bound in crypto.envelope),
 ``crypto.peer_id.peer_id_from_public_key`` (as bound in crypto.envelope),
 ``protocol.codec.decode`` as bound in every loaded ``protocol.*`` module (keyed by the frame's
-bytes), and ``protocol.codec.encode`` likewise, keyed by the identity of the (immutable)
+bytes), ``protocol.codec.encode`` likewise, keyed by the identity of the (immutable)
 message object: a machine that counts the bytes of what it sends and the transport that sends
-it encode one object once.
+it encode one object once; and the ledger's envelope checks that depend on the envelope's
+bytes alone (``protocol.ledger_records.envelope_hash`` and ``_open``: signature, domain,
+version, decoding), keyed by the envelope's value. Checks that depend on the node (network,
+signer, clock, replay, quota) still run on every node.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from typing import Any
 import crypto.envelope
 from crypto.keys import verify_signature
 from crypto.peer_id import peer_id_from_public_key
-from protocol import codec
+from protocol import codec, ledger_records
 
 #: distinct argument tuples remembered per function; the oldest are forgotten first
 CACHE_ENTRIES = 1 << 17
@@ -69,11 +72,19 @@ def _targets() -> list[tuple[object, str, Callable[..., Any]]]:
     for name in sorted(sys.modules):
         module = sys.modules[name]
         if (name == "protocol" or name.startswith("protocol.")) and name != "protocol.codec":
-            if getattr(module, "decode", None) is codec.decode:
-                found.append((module, "decode", codec.decode))
-            if getattr(module, "encode", None) is codec.encode:
-                found.append((module, "encode", codec.encode))
+            for attr, original in _PROTOCOL_FUNCTIONS:
+                if getattr(module, attr, None) is original:
+                    found.append((module, attr, original))
     return found
+
+
+#: pure functions shared wherever a ``protocol.*`` module binds them (by these names)
+_PROTOCOL_FUNCTIONS: tuple[tuple[str, Callable[..., Any]], ...] = (
+    ("decode", codec.decode),
+    ("encode", codec.encode),
+    ("envelope_hash", ledger_records.envelope_hash),
+    ("_open", ledger_records._open),
+)
 
 
 @contextmanager

@@ -52,6 +52,26 @@ def run_bench(
     requesters: int = 4,
     tasks_per_min: float = 1.0,
 ) -> dict[str, Any]:
+    return bench_swarm(
+        nodes,
+        minutes,
+        seed=seed,
+        executors=executors,
+        requesters=requesters,
+        tasks_per_min=tasks_per_min,
+    )[0]
+
+
+def bench_swarm(
+    nodes: int,
+    minutes: float,
+    *,
+    seed: int = 1,
+    executors: int = 16,
+    requesters: int = 4,
+    tasks_per_min: float = 1.0,
+) -> tuple[dict[str, Any], Swarm]:
+    """``run_bench``'s report and the swarm it ran (for tests that look inside)."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
     rng = derive_rng(seed, "bench")
     bank = question_bank(rng, 500, ("math", "code"))
@@ -126,7 +146,7 @@ def run_bench(
     wall_s = time.perf_counter() - wall0
     cpu_s = time.process_time() - cpu0
     counters = swarm.metrics.counters
-    return {
+    report = {
         "nodes": nodes,
         "virtual_minutes": minutes,
         "wall_s": round(wall_s, 3),
@@ -142,3 +162,4 @@ def run_bench(
         "machine_deliveries": sum(n.msgs_received for n in swarm.nodes),
         "bytes_per_node": round(sum(swarm.bytes_per_node()) / nodes),
     }
+    return report, swarm

@@ -37,9 +37,13 @@ class ProofStep:
 
 
 def _levels(leaves: Sequence[bytes]) -> list[list[bytes]]:
-    if not leaves:
+    return _levels_of_hashes([leaf_hash(x) for x in leaves])
+
+
+def _levels_of_hashes(leaf_hashes: Sequence[bytes]) -> list[list[bytes]]:
+    if not leaf_hashes:
         raise ValueError("a Merkle tree needs at least one leaf")
-    level = [leaf_hash(x) for x in leaves]
+    level = list(leaf_hashes)
     levels = [level]
     while len(level) > 1:
         nxt = [node_hash(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
@@ -56,22 +60,19 @@ def merkle_root(leaves: Sequence[bytes]) -> bytes:
 
 def merkle_root_of_hashes(leaf_hashes: Sequence[bytes]) -> bytes:
     """Root when the leaves are already ``leaf_hash``-ed (e.g. chunk hashes in a manifest)."""
-    if not leaf_hashes:
-        raise ValueError("a Merkle tree needs at least one leaf")
-    level = list(leaf_hashes)
-    while len(level) > 1:
-        nxt = [node_hash(level[i], level[i + 1]) for i in range(0, len(level) - 1, 2)]
-        if len(level) % 2:
-            nxt.append(level[-1])
-        level = nxt
-    return level[0]
+    return _levels_of_hashes(leaf_hashes)[-1][0]
 
 
 def merkle_proof(leaves: Sequence[bytes], index: int) -> list[ProofStep]:
-    if not 0 <= index < len(leaves):
-        raise IndexError(f"leaf index {index} out of range for {len(leaves)} leaves")
+    return merkle_proof_of_hashes([leaf_hash(x) for x in leaves], index)
+
+
+def merkle_proof_of_hashes(leaf_hashes: Sequence[bytes], index: int) -> list[ProofStep]:
+    """The proof for leaf ``index`` when only the leaves' hashes are at hand."""
+    if not 0 <= index < len(leaf_hashes):
+        raise IndexError(f"leaf index {index} out of range for {len(leaf_hashes)} leaves")
     proof: list[ProofStep] = []
-    for level in _levels(leaves)[:-1]:
+    for level in _levels_of_hashes(leaf_hashes)[:-1]:
         sibling = index ^ 1
         if sibling < len(level):
             proof.append(ProofStep(level[sibling], sibling_is_left=sibling < index))

@@ -11,14 +11,14 @@ final norm). It is cut into leaves of ``BLOCK_TOKENS`` positions per layer (:fun
 little-endian float32) and committed with one Merkle root; leaf (l, b) sits at index
 ``(l - 1) * n_blocks + b``.
 
-Verifier, for a check of output chunk ``c`` with sampled layers (:func:`needed_leaves` lists
+Verifier, for a check of sampled output chunks with sampled layers (:func:`needed_leaves` lists
 what it must fetch, each with a Merkle proof):
 
 * layer 1 at every position: its input is the token embeddings, which the verifier computes
   from the claimed tokens itself, so any altered prompt or output token, anywhere, shows;
 * each sampled layer ``l >= 2`` on the committed ``S[l-1]`` of every position up to the end of
-  the block holding the chunk's last token (causal attention needs no later position),
-  compared with the committed ``S[l]`` on the blocks holding the chunk.
+  the block holding the last checked token (causal attention needs no later position),
+  compared with the committed ``S[l]`` on the blocks holding the checked chunks.
 
 The comparison is on what the layer adds to the residual stream, per position:
 ``err = ||recomputed - claimed|| / ||claimed - input||`` (L2 over the hidden dimension).
@@ -104,16 +104,22 @@ class CheckPlan:
     layers: tuple[int, ...]  # sampled layers >= 2
 
 
-def plan_check(prompt_tokens: int, output_tokens: int, chunk: int, chunk_tokens: int,
-               layers: Sequence[int]) -> CheckPlan:
+def plan_check(prompt_tokens: int, output_tokens: int, chunks: Sequence[int],
+               chunk_tokens: int, layers: Sequence[int]) -> CheckPlan:
+    """What checking output ``chunks`` (indices of ``chunk_tokens`` tokens) takes."""
     total = prompt_tokens + output_tokens
-    first = prompt_tokens + chunk * chunk_tokens
-    last = min(total, prompt_tokens + (chunk + 1) * chunk_tokens) - 1
-    if not 0 <= first <= last < total:
-        raise ValueError(f"chunk {chunk} is not in an output of {output_tokens} tokens")
-    blocks = tuple(range(first // BLOCK_TOKENS, last // BLOCK_TOKENS + 1))
-    end = min(total, (blocks[-1] + 1) * BLOCK_TOKENS)
-    return CheckPlan(total, blocks, end, tuple(sorted({la for la in layers if la >= 2})))
+    blocks: set[int] = set()
+    for chunk in chunks:
+        first = prompt_tokens + chunk * chunk_tokens
+        last = min(total, prompt_tokens + (chunk + 1) * chunk_tokens) - 1
+        if not 0 <= first <= last < total:
+            raise ValueError(f"chunk {chunk} is not in an output of {output_tokens} tokens")
+        blocks |= set(range(first // BLOCK_TOKENS, last // BLOCK_TOKENS + 1))
+    if not blocks:
+        raise ValueError("a check covers at least one chunk")
+    end = min(total, (max(blocks) + 1) * BLOCK_TOKENS)
+    return CheckPlan(total, tuple(sorted(blocks)), end,
+                     tuple(sorted({la for la in layers if la >= 2})))
 
 
 def needed_leaves(plan: CheckPlan) -> list[tuple[int, int]]:
@@ -228,9 +234,11 @@ def check_layers(backend: Any, ids: Sequence[int], plan: CheckPlan,
     emb = embeddings(backend, ids)
     all_blocks = range(n_blocks(plan.total_tokens))
     out.append(judge(1, recompute_layer(backend, 1, emb), rows(1, all_blocks), emb))
-    lo, hi = plan.compare_blocks[0] * BLOCK_TOKENS, plan.end
+    compared = np.concatenate([np.arange(b * BLOCK_TOKENS, min(plan.end, (b + 1) * BLOCK_TOKENS))
+                               for b in plan.compare_blocks])
     for layer in plan.layers:
         inputs = rows(layer - 1, range(n_blocks(plan.end)))[:plan.end]
-        got = recompute_layer(backend, layer, inputs)[lo:hi]
-        out.append(judge(layer, got, rows(layer, plan.compare_blocks)[:hi - lo], inputs[lo:hi]))
+        got = recompute_layer(backend, layer, inputs)[compared]
+        claimed = rows(layer, plan.compare_blocks)[:len(compared)]
+        out.append(judge(layer, got, claimed, inputs[compared]))
     return out

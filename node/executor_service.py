@@ -64,6 +64,9 @@ class Solution:
     fingerprint_root: bytes = b""
     #: the generated token ids (commit/reveal binds them, verifiers re-run them)
     output_ids: tuple[int, ...] = ()
+    #: Merkle root and layer count of the layer states kept for verifiers (node.state_store)
+    states_root: bytes = b""
+    state_layers: int = 0
 
 
 class Solver(Protocol):
@@ -207,7 +210,8 @@ class ExecutorService(Service):
                 self.computed += 1
                 event = ComputeDone(job.task.task_id, job.attempt, sol.answer, sol.cot,
                                     sol.confidence, sol.tokens, sol.compute_ms, sol.model_hash,
-                                    sol.fingerprints, sol.fingerprint_root, sol.output_ids)
+                                    sol.fingerprints, sol.fingerprint_root, sol.output_ids,
+                                    sol.states_root, sol.state_layers)
         self._scopes.pop(key, None)
         if event is not None and not scope.cancelled_caught:
             await self.ctx.submit(self.name, event)

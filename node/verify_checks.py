@@ -2,15 +2,20 @@
 
 Both sides run the same computation so that honest work always passes:
 
-* the executor (node/models_solver.py) calls :func:`fingerprints_for` after generating: one
+* the executor (node/models_solver.py) calls :func:`commitments_for` after generating: one
   prefill over prompt + output on ``models.fingerprint.fingerprint_backend`` (transformers fp32
-  on the dequantized weights of the same GGUF when serving with llama.cpp), one blob per
-  ``CHUNK_TOKENS`` output tokens;
+  on the dequantized weights of the same GGUF when serving with llama.cpp) gives one
+  fingerprint blob per ``CHUNK_TOKENS`` output tokens and every layer's hidden states, which
+  go into the node's node.state_store.StateStore under one Merkle root;
 * the verifier (:class:`CheckRunner`) rebuilds the prompt from the task exactly as the
   executor's ``models.cot.solve`` did (same chat messages, same serving backend's template and
   tokenizer), then checks that the claimed CoT is the detokenized output and that the claimed
-  answer is what the extractor finds in it, and finally re-runs one prefill up to the last
-  sampled chunk with ``models.fingerprint.check_fingerprint`` and its named tolerances.
+  answer is what the extractor finds in it. Then, when the executor committed layer states
+  (the default), :meth:`CheckRunner.prepare` says which leaves to fetch from it
+  (node/state_streams.py) and :meth:`CheckRunner.run_layers` re-runs layer 1 and the layers
+  the seed drew on them (models.layer_states: ~3 of 30 layers, ~1% of the inference); with
+  fingerprints only, :meth:`CheckRunner.run` re-runs one prefill up to the last sampled chunk
+  (models.fingerprint.check_fingerprint, ~20% of the inference on a CPU).
 
 Everything here blocks: the verify service calls it in ``trio.to_thread``.
 """
@@ -21,11 +26,15 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocol.answers import AnswerType
 from protocol.tasks import MAX_ANSWER_CHARS, TaskSpec
 from protocol.verifier import CheckDone, StartCheck
+
+if TYPE_CHECKING:  # numpy and torch load only where a model is used
+    from models.layer_states import CheckPlan as LayerPlan
+    from node.state_store import StateStore
 
 #: tokens per fingerprint chunk (models.fingerprint.DEFAULT_CHUNK; the commitment names it)
 CHUNK_TOKENS = 32
@@ -44,6 +53,30 @@ def fingerprints_for(backend: Any, prompt_ids: Sequence[int],
                              chunk=CHUNK_TOKENS))
 
 
+@dataclass(frozen=True, slots=True)
+class Commitments:
+    fingerprints: tuple[bytes, ...]
+    states_root: bytes
+    state_layers: int
+
+
+def commitments_for(backend: Any, prompt_ids: Sequence[int], output_ids: Sequence[int],
+                    store: StateStore, task_id: bytes) -> Commitments:
+    """One prefill gives both the chunk fingerprints and every layer's states, which go into
+    ``store`` for verifiers (their Merkle root goes into the commitment)."""
+    from models.fingerprint import DEFAULT_K, encode_chunk, fingerprint_backend
+    from models.layer_states import layer_states
+
+    if not output_ids:
+        return Commitments((), b"", 0)
+    states, final = layer_states(fingerprint_backend(backend), list(prompt_ids) + list(output_ids))
+    out = final[len(prompt_ids):]
+    prints = tuple(encode_chunk(out[s:s + CHUNK_TOKENS], DEFAULT_K)
+                   for s in range(0, len(output_ids), CHUNK_TOKENS))
+    root, layers = store.put(task_id, states)
+    return Commitments(prints, root, layers)
+
+
 def cot_matches(claimed: str, text: str) -> bool:
     """Is ``claimed`` the detokenized output (or the executor's truncation of it)?"""
     if claimed == text:
@@ -60,6 +93,13 @@ def task_prompt_ids(backend: Any, task: TaskSpec) -> list[int]:
     problem = Problem(question=task.question, answer_type=AnswerType(task.answer_type),
                       choices=task.choices)
     return list(backend.prompt_ids(build_messages(problem, cot=True)))
+
+
+@dataclass(frozen=True, slots=True)
+class LayerJob:
+    prompt_ids: list[int]
+    plan: LayerPlan
+    wanted: tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,19 +124,57 @@ class CheckRunner:
 
         return cls(load_backend(ModelConfig(spec=spec) if spec else ModelConfig()))
 
-    def run(self, e: StartCheck) -> CheckDone:
+    def _binding(self, e: StartCheck) -> CheckDone | None:
+        """The cheap part of every check: the CoT is the output, the answer is the CoT's."""
         from models.extract import extract_answer
+
+        text = self.backend.detokenize(e.output_ids)
+        if not cot_matches(e.cot, text):
+            return CheckDone(e.check_id, False, "CoT is not the detokenized output tokens")
+        found = extract_answer(text, AnswerType(e.task.answer_type), e.task.choices)
+        if (found.answer if found is not None else "")[:MAX_ANSWER_CHARS] != e.answer:
+            return CheckDone(e.check_id, False, "answer is not the one the output states")
+        return None
+
+    def prepare(self, e: StartCheck) -> CheckDone | LayerJob:
+        """For a check of committed layer states: the binding checks and what to fetch."""
+        from models.layer_states import needed_leaves, plan_check
+
+        if e.model_hash != self.model_hash:
+            raise ValueError("check for a model this runner does not hold")
+        with self._lock:
+            done = self._binding(e)
+            if done is not None:
+                return done
+            prompt = task_prompt_ids(self.backend, e.task)
+        plan = plan_check(len(prompt), len(e.output_ids), e.chunk_indices, e.chunk_tokens,
+                          e.layers)
+        return LayerJob(prompt, plan, tuple(needed_leaves(plan)))
+
+    def run_layers(self, e: StartCheck, job: LayerJob,
+                   fetched: dict[tuple[int, int], Any]) -> CheckDone:
+        """Re-run layer 1 and the sampled layers on the fetched, Merkle-checked leaves."""
+        from models.fingerprint import fingerprint_backend
+        from models.layer_states import check_layers
+
+        with self._lock:
+            started = time.perf_counter()
+            checks = check_layers(fingerprint_backend(self.backend),
+                                  job.prompt_ids + list(e.output_ids), job.plan, fetched)
+            self.last = CheckTiming((time.perf_counter() - started) * 1000, job.plan.end)
+        bad = [c.reason for c in checks if not c.ok]
+        return CheckDone(e.check_id, not bad, "; ".join(bad)[:128])
+
+    def run(self, e: StartCheck) -> CheckDone:
+        """A check by one prefill over the sampled chunks (no layer states committed)."""
         from models.fingerprint import check_fingerprint, fingerprint_backend
 
         if e.model_hash != self.model_hash:
             raise ValueError("check for a model this runner does not hold")
         with self._lock:
-            text = self.backend.detokenize(e.output_ids)
-            if not cot_matches(e.cot, text):
-                return CheckDone(e.check_id, False, "CoT is not the detokenized output tokens")
-            found = extract_answer(text, AnswerType(e.task.answer_type), e.task.choices)
-            if (found.answer if found is not None else "")[:MAX_ANSWER_CHARS] != e.answer:
-                return CheckDone(e.check_id, False, "answer is not the one the output states")
+            done = self._binding(e)
+            if done is not None:
+                return done
             prompt = task_prompt_ids(self.backend, e.task)
             n_chunks = (len(e.output_ids) + e.chunk_tokens - 1) // e.chunk_tokens
             blobs = [b""] * n_chunks  # only the sampled chunks are compared

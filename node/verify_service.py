@@ -42,7 +42,14 @@ from protocol.verification_messages import (
     Verdict,
 )
 from protocol.verification_state import VerifyConfig
-from protocol.verifier import CancelCheck, CheckFailed, StartCheck, Verifier, VerifierConfig
+from protocol.verifier import (
+    CancelCheck,
+    CheckDone,
+    CheckFailed,
+    StartCheck,
+    Verifier,
+    VerifierConfig,
+)
 
 _V = VerifyConfig()
 MAX_FAILURE_TEXT = 120
@@ -174,6 +181,14 @@ class VerifyService(Service):
         return self._machine
 
     async def start(self) -> None:
+        if self.section.enabled:  # an executor here keeps layer states: serve them
+            from node.models_solver import STATES_DIR
+            from node.state_store import StateStore
+            from node.state_streams import serve_states, states_protocol
+
+            store = StateStore(self.ctx.data_dir / STATES_DIR)
+            self.ctx.transport.set_stream_handler(states_protocol(self.ctx.network_id),
+                                                  serve_states(store))
         if not (self.section.enabled and self.section.verifier):
             self.problem = "verification off ([verify] enabled / verifier)"
             return
@@ -219,8 +234,11 @@ class VerifyService(Service):
         event: object
         with scope:
             try:
-                event = await trio.to_thread.run_sync(self.runner.run, job,
-                                                      abandon_on_cancel=True)
+                if job.states_root:
+                    event = await self._check_layers(job)
+                else:
+                    event = await trio.to_thread.run_sync(self.runner.run, job,
+                                                          abandon_on_cancel=True)
                 self.checked += 1
             except Exception as exc:
                 self.ctx.log.exception("verify.check_failed", check_id=job.check_id.hex())
@@ -229,6 +247,30 @@ class VerifyService(Service):
         self._scopes.pop(job.check_id, None)
         if not scope.cancelled_caught:
             await self.ctx.submit(self.name, event)
+
+    async def _check_layers(self, job: StartCheck) -> object:
+        """Fetch the sampled leaves of the executor's layer states, then re-run the layers.
+
+        A leaf that is missing, malformed or not under the committed root fails the check
+        (the executor committed to it); an executor that cannot be reached at all is a
+        declined check (the requester asks another verifier)."""
+        from node.state_streams import BadStates, StatesUnavailable, fetch_leaves, states_protocol
+        from node.verify_checks import LayerJob
+
+        prep = await trio.to_thread.run_sync(self.runner.prepare, job, abandon_on_cancel=True)
+        if not isinstance(prep, LayerJob):
+            return prep  # the binding checks already failed
+        try:
+            fetched = await fetch_leaves(
+                self.ctx.transport, states_protocol(self.ctx.network_id), job.executor,
+                job.task.task_id, job.states_root, job.state_layers, prep.plan.total_tokens,
+                prep.wanted)
+        except BadStates as exc:
+            return CheckDone(job.check_id, False, f"layer states: {exc}"[:MAX_FAILURE_TEXT])
+        except StatesUnavailable as exc:
+            return CheckFailed(job.check_id, f"executor unreachable: {exc}"[:MAX_FAILURE_TEXT])
+        return await trio.to_thread.run_sync(self.runner.run_layers, job, prep, fetched,
+                                             abandon_on_cancel=True)
 
     def status(self) -> dict[str, Any]:
         v = self._machine.verifier

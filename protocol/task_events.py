@@ -151,6 +151,10 @@ class ComputeDone:
     fingerprint_root: bytes = b""
     #: the generated token ids (commit/reveal binds them; verifiers re-run them, issue 6)
     output_ids: tuple[int, ...] = ()
+    #: Merkle root of the per-layer hidden states the node keeps for verifiers, and their
+    #: layer count (models.layer_states; empty / 0 when it keeps none)
+    states_root: bytes = b""
+    state_layers: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,8 @@
   for, checked to be signed and sent by that task's requester and addressed to this node;
 * when a computation finishes it sends a signed ``Commit`` — ``result_commitment`` of (answer,
   CoT, output token ids, a fresh 32-byte salt), the Merkle root it computes itself over the
-  chunk fingerprints, the chunk and token counts, the model hash, the hash of the task it was
+  chunk fingerprints, the root of the layer states its node keeps (when it keeps them), the
+  chunk and token counts, the model hash, the hash of the task it was
   assigned and the requester's nonce hash — and nothing else;
 * if the Terms have not arrived yet it waits up to ``terms_grace_ms`` for them, then (a
   requester that does not verify) sends the plain ``Result`` as the market does;
@@ -79,6 +80,8 @@ class _Sealed:
     waiting_until_ms: int = 0
     commit: CommitBody | None = None
     revealed: int = 0
+    states_root: bytes = b""
+    state_layers: int = 0
 
 
 class VerifiedExecutor(Executor):
@@ -92,6 +95,7 @@ class VerifiedExecutor(Executor):
         self._terms: dict[Key, _Terms] = {}
         self._sealed: dict[Key, _Sealed] = {}
         self._ids: dict[Key, tuple[int, ...]] = {}
+        self._states: dict[Key, tuple[bytes, int]] = {}
         self._now = 0
 
     # ------------------------------------------------------------------ machine contract
@@ -108,9 +112,11 @@ class VerifiedExecutor(Executor):
             root = merkle_root(event.fingerprints) if event.fingerprints else b""
             event = dataclasses.replace(event, fingerprint_root=root)
             self._ids[(event.task_id, event.attempt)] = event.output_ids
+            self._states[(event.task_id, event.attempt)] = (event.states_root, event.state_layers)
         effects = super().handle(event, now)
         if isinstance(event, ComputeDone):
             self._ids.pop((event.task_id, event.attempt), None)
+            self._states.pop((event.task_id, event.attempt), None)
         if isinstance(event, Tick):
             effects += self._on_verify_tick(now)
         return effects
@@ -167,6 +173,7 @@ class VerifiedExecutor(Executor):
             result=seal(self.identity, RESULT_DOMAIN, body), salt=self.rng.randbytes(SALT_LEN),
             output_ids=ids, spec_hash=spec_hash(job.task), forget_at_ms=self._now + REMEMBER_MS,
         )
+        sealed.states_root, sealed.state_layers = self._states.get(key, (b"", 0))
         self._sealed[key] = sealed
         terms = self._terms.get(key)
         if terms is not None and terms.requester == job.requester:
@@ -185,6 +192,7 @@ class VerifiedExecutor(Executor):
                                          body.cot, sealed.output_ids, sealed.salt),
             fingerprint_root=body.fingerprint_root, chunks=len(body.fingerprints),
             chunk_tokens=self.chunk_tokens, tokens=n_ids, model_hash=body.model_hash,
+            states_root=sealed.states_root, state_layers=sealed.state_layers,
         )
         try:
             commit.check()

@@ -8,7 +8,8 @@ message         tag   signed by / domain           meaning
 TermsBody       70    requester / TERMS            "commit to your result, bound to my nonce hash"
 Terms           71    unicast to executor          envelope of a TermsBody (follows the Assign)
 CommitBody      72    executor / COMMIT            hash(answer, CoT, output ids, salt), Merkle
-                                                   root of the chunk fingerprints, model hash
+                                                   roots of the chunk fingerprints and of every
+                                                   layer's hidden states, model hash
 Commit          73    unicast to requester         envelope of a CommitBody
 RevealRequest   74    requester -> executor        the commit window closed: reveal (nonce)
 Reveal          75    executor -> requester        the signed Result, salt and output token ids
@@ -16,7 +17,13 @@ CheckBody       76    requester / CHECK            re-check sampled chunks of on
 CheckRequest    77    unicast to verifier          envelope of a CheckBody
 VerdictBody     78    verifier / VERDICT           pass / fail / declined, with evidence hash
 Verdict         79    unicast to requester         envelope of a VerdictBody
+StatesRequest   80    verifier -> executor         open these leaves of your layer states
+StateLeaf       81    executor -> verifier         one leaf and its Merkle proof
 ==============  ====  ===========================  ==============================================
+
+``StatesRequest`` and ``StateLeaf`` travel on their own bulk stream (node/state_streams.py),
+one frame each, because a check needs ~1-2 MB of them; everything in them is bound by the
+``states_root`` of the executor's signed commitment.
 
 ``RevealRequest`` and ``Reveal`` are unsigned wrappers: they travel on authenticated direct
 streams, and everything in a ``Reveal`` is bound by the executor's signed commitment (the
@@ -67,6 +74,8 @@ PROOF_STEP_BYTES = 1 + HASH_LEN
 MAX_PROOF_BYTES = 64 * PROOF_STEP_BYTES
 MAX_DETAIL = 128
 MAX_ESCALATION_ROUND = 8
+#: decoder layers a states commitment may cover
+MAX_STATE_LAYERS = 1024
 MAX_CHECK_MS = 10 * 60 * 1000
 
 
@@ -106,8 +115,17 @@ class CommitBody(Message):
     #: generated (output) tokens
     tokens: int = limits(lo=0, hi=MAX_OUTPUT_TOKENS)
     model_hash: bytes = limits(max_len=HASH_LEN)
+    #: Merkle root over every decoder layer's output, in blocks of positions
+    #: (models.layer_states); empty when the executor committed no layer states
+    states_root: bytes = limits(max_len=HASH_LEN, default=b"")
+    #: decoder layers those states cover (0 with no states)
+    state_layers: int = limits(lo=0, hi=MAX_STATE_LAYERS, default=0)
 
     def check(self) -> None:
+        if (self.state_layers == 0) != (self.states_root == b""):
+            raise ValueError("a states root goes with a layer count, and only then")
+        if self.states_root and len(self.states_root) != HASH_LEN:
+            raise ValueError("states_root must be empty or 32 bytes")
         if (self.chunks == 0) != (self.fingerprint_root == b""):
             raise ValueError("a fingerprint root goes with at least one chunk, and only then")
         if self.fingerprint_root and len(self.fingerprint_root) != HASH_LEN:
@@ -227,3 +245,39 @@ class VerdictBody(Message):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Verdict(Message):
     envelope: Envelope
+
+
+#: leaves one states request may ask for
+MAX_STATE_LEAVES = 4_096
+#: one leaf: a block of positions of one layer's float32 outputs (models.layer_states), with
+#: room under the frame limit for its header and proof
+MAX_STATE_LEAF_BYTES = (1 << 20) - 4_096
+
+
+@message(80)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatesRequest(Message):
+    """Verifier -> executor, on the states stream: open these leaves of your commitment.
+
+    The leaves are bound by the ``states_root`` of the executor's signed CommitBody, so asking
+    for them tells the executor nothing it could still use: its commitment is already made.
+    """
+
+    task_id: bytes = limits(size=TASK_ID_LEN)
+    states_root: bytes = limits(size=HASH_LEN)
+    leaves: tuple[int, ...] = limits(max_items=MAX_STATE_LEAVES, lo=0, hi=(1 << 31) - 1)
+
+    def check(self) -> None:
+        if list(self.leaves) != sorted(set(self.leaves)):
+            raise ValueError("leaf indices must be ascending and distinct")
+
+
+@message(81)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateLeaf(Message):
+    """Executor -> verifier: one requested leaf and its Merkle proof (one frame each); a leaf
+    index of -1 with an empty leaf says the executor does not hold the states."""
+
+    index: int = limits(lo=-1, hi=(1 << 31) - 1)
+    leaf: bytes = limits(max_len=MAX_STATE_LEAF_BYTES)
+    proof: bytes = limits(max_len=MAX_PROOF_BYTES)

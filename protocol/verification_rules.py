@@ -108,6 +108,14 @@ def choose_chunks(seed: bytes, executor: str, count: int, n: int) -> tuple[int, 
     return tuple(sorted(ranked[:max(0, min(n, count))]))
 
 
+def choose_layers(seed: bytes, executor: str, layers: int, n: int) -> tuple[int, ...]:
+    """``min(n, layers - 1)`` distinct decoder layers in [2, layers] (1-based), ascending: the
+    layers a check re-runs besides layer 1 (models.layer_states)."""
+    ranked = sorted(range(2, layers + 1),
+                    key=lambda i: _draw(seed, b"layer", executor.encode(), i.to_bytes(4, "big")))
+    return tuple(sorted(ranked[:max(0, n)]))
+
+
 def rank_verifiers(seed: bytes, candidates: Iterable[str], exclude: Iterable[str]) -> list[str]:
     """Candidate verifiers (minus ``exclude``) in the seed's order."""
     skip = set(exclude)

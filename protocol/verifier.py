@@ -50,6 +50,7 @@ from protocol.verification_messages import (
 )
 from protocol.verification_rules import (
     choose_chunks,
+    choose_layers,
     decode_proof,
     evidence_hash,
     nonce_hash,
@@ -63,6 +64,9 @@ PENALTY_FORGED = 20
 PENALTY_BAD_CHECK = 10
 #: checks remembered after they finish, so a repeated request is not computed twice
 MAX_DONE = 4_096
+#: decoder layers a check re-runs besides layer 1, when the executor committed layer states
+#: (a protocol constant: every verifier of a result draws the same ones from the seed)
+LAYERS_PER_CHECK = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +92,14 @@ class StartCheck:
     chunk_indices: tuple[int, ...]
     fingerprints: tuple[bytes, ...]
     deadline_at_ms: int
+    #: the executor under check and its layer-states commitment (models.layer_states): when
+    #: ``states_root`` is set the check fetches the committed leaves from ``executor`` and
+    #: re-runs layer 1 and ``layers`` (drawn from the seed) instead of a whole prefill
+    executor: str = ""
+    attempt: int = 0
+    states_root: bytes = b""
+    state_layers: int = 0
+    layers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,11 +251,17 @@ class Verifier:
             job.started = True
             running += 1
             body, commit = job.body, job.commit
+            seed = selection_seed(commit.task_id, body.nonce, body.batch)
+            layers = choose_layers(seed, commit.executor, commit.state_layers,
+                                   LAYERS_PER_CHECK) if commit.states_root else ()
             effects.append(StartCheck(
                 check_id=cid, task=body.task, model_hash=commit.model_hash,
                 output_ids=unpack_ids(body.output_ids), answer=body.answer, cot=body.cot,
                 chunk_tokens=commit.chunk_tokens, chunk_indices=body.chunk_indices,
-                fingerprints=body.fingerprints, deadline_at_ms=job.deadline_at_ms))
+                fingerprints=body.fingerprints, deadline_at_ms=job.deadline_at_ms,
+                executor=commit.executor, attempt=commit.attempt,
+                states_root=commit.states_root, state_layers=commit.state_layers,
+                layers=layers))
         return effects
 
     def _verdict(self, body: CheckBody, commit: CommitBody | None, status: VerdictStatus,

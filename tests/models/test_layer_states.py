@@ -45,7 +45,7 @@ def test_leaf_round_trip_and_bad_leaves_are_refused():
 
 
 def test_plan_covers_the_chunk_and_only_what_attention_needs():
-    plan = ls.plan_check(prompt_tokens=40, output_tokens=100, chunk=1, chunk_tokens=32,
+    plan = ls.plan_check(prompt_tokens=40, output_tokens=100, chunks=[1], chunk_tokens=32,
                          layers=[1, 5, 5, 2])
     # chunk 1 = positions 72..103: blocks 2 and 3; inputs up to the end of block 3
     assert plan.compare_blocks == (2, 3) and plan.end == 128 and plan.layers == (2, 5)
@@ -54,7 +54,7 @@ def test_plan_covers_the_chunk_and_only_what_attention_needs():
     assert {(4, b) for b in range(4)} <= set(need) and (4, 4) not in need
     assert {(5, 2), (5, 3)} <= set(need) and (5, 0) not in need
     with pytest.raises(ValueError):
-        ls.plan_check(40, 100, 4, 32, [2])  # no chunk 4 in 100 tokens
+        ls.plan_check(40, 100, [4], 32, [2])  # no chunk 4 in 100 tokens
 
 
 def test_states_match_the_models_own_forward(backends):
@@ -76,7 +76,7 @@ def test_honest_rerun_passes_every_chunk_and_layer(backends, seed, threads):
     torch.set_num_threads(threads)
     try:
         for chunk in range(3):
-            plan = ls.plan_check(len(prompt), len(out), chunk, 32, range(2, L + 1))
+            plan = ls.plan_check(len(prompt), len(out), [chunk], 32, range(2, L + 1))
             checks = ls.check_layers(backends["f32"], prompt + out, plan, fetched)
             assert [c.layer for c in checks] == list(range(1, L + 1))
             assert all(c.ok for c in checks), checks
@@ -90,7 +90,7 @@ def test_states_of_another_quantization_or_model_fail_every_layer(backends, chea
     prompt, out = _run(backends["f32"], 3)
     states, _ = ls.layer_states(backends[cheat], prompt + out)
     L = states.shape[0]
-    plan = ls.plan_check(len(prompt), len(out), 1, 32, range(2, L + 1))
+    plan = ls.plan_check(len(prompt), len(out), [1], 32, range(2, L + 1))
     checks = ls.check_layers(backends["f32"], prompt + out, plan, _leaves(states))
     assert not any(c.ok for c in checks), checks
 
@@ -103,7 +103,7 @@ def test_bfloat16_weights_fail(backends):
             p.copy_(p.to(torch.bfloat16).to(torch.float32))
     prompt, out = _run(backends["f32"], 4)
     states, _ = ls.layer_states(cheap, prompt + out)
-    plan = ls.plan_check(len(prompt), len(out), 0, 32, [2])
+    plan = ls.plan_check(len(prompt), len(out), [0], 32, [2])
     checks = ls.check_layers(backends["f32"], prompt + out, plan, _leaves(states))
     assert not any(c.ok for c in checks), checks
 
@@ -115,7 +115,7 @@ def test_an_altered_token_anywhere_fails_layer_one(backends, where):
     ids = prompt + out
     pos = {"prompt": 2, "early_output": len(prompt) + 1, "last_output": len(ids) - 1}[where]
     ids[pos] = (ids[pos] + 1) % 40
-    plan = ls.plan_check(len(prompt), len(out), 0, 32, [2])  # the first chunk only
+    plan = ls.plan_check(len(prompt), len(out), [0], 32, [2])  # the first chunk only
     checks = ls.check_layers(backends["f32"], ids, plan, _leaves(states))
     assert not checks[0].ok and "layer 1" in checks[0].reason
 
@@ -126,9 +126,9 @@ def test_one_faked_layer_is_caught_when_sampled(backends):
     skipped = states.copy()
     skipped[1] = skipped[0]  # layer 2 skipped: its output is its input
     fetched = _leaves(skipped)
-    plan = ls.plan_check(len(prompt), len(out), 1, 32, [2])
+    plan = ls.plan_check(len(prompt), len(out), [1], 32, [2])
     assert not ls.check_layers(backends["f32"], prompt + out, plan, fetched)[1].ok
-    plan = ls.plan_check(len(prompt), len(out), 1, 32, [])  # layer 2 not sampled: unseen
+    plan = ls.plan_check(len(prompt), len(out), [1], 32, [])  # layer 2 not sampled: unseen
     assert all(c.ok for c in ls.check_layers(backends["f32"], prompt + out, plan, fetched))
 
 
@@ -136,7 +136,7 @@ def test_missing_leaves_are_an_error_not_a_pass(backends):
     prompt, out = _run(backends["f32"], 7)
     states, _ = ls.layer_states(backends["f32"], prompt + out)
     fetched = _leaves(states)
-    plan = ls.plan_check(len(prompt), len(out), 1, 32, [2])
+    plan = ls.plan_check(len(prompt), len(out), [1], 32, [2])
     del fetched[(1, 0)]
     with pytest.raises(ValueError, match="not fetched"):
         ls.check_layers(backends["f32"], prompt + out, plan, fetched)

@@ -104,3 +104,82 @@ def test_verifier_refuses_a_check_for_another_model(verifier: CheckRunner,
     check = executor_check(backend(ggufs["f32"], "transformers"), b"\x00" * 32)
     with pytest.raises(ValueError):
         verifier.run(check)
+
+
+def layer_check(exec_backend: Any, verifier: CheckRunner, store: Any, seed: int = 0) -> Any:
+    """An executor's committed result (fingerprints + layer states in ``store``) and the
+    StartCheck a verifier gets for it, with the leaves it asks for already fetched."""
+    from models.cot import Problem, solve
+    from node.verify_checks import commitments_for
+
+    sol = solve(exec_backend, Problem(TASK.question), max_tokens=80, seed=seed,
+                temperature=0.8)
+    ids = list(sol.token_ids)
+    made = commitments_for(exec_backend, sol.prompt_token_ids, ids, store, TASK.task_id)
+    chunks = choose_chunks(bytes([seed]) * 32, "e", len(made.fingerprints), 1)
+    return StartCheck(check_id=b"\x03" * 32, task=TASK, model_hash=verifier.model_hash,
+                      output_ids=tuple(ids), answer=sol.answer, cot=sol.cot_text,
+                      chunk_tokens=CHUNK_TOKENS, chunk_indices=chunks,
+                      fingerprints=tuple(made.fingerprints[i] for i in chunks),
+                      deadline_at_ms=0, executor="e", states_root=made.states_root,
+                      state_layers=made.state_layers, layers=(2,))
+
+
+
+def fetched_from(store: Any, check: StartCheck, job: Any) -> dict[Any, Any]:
+    from models.layer_states import decode_leaf, n_blocks
+
+    blocks = n_blocks(job.plan.total_tokens)
+    index = sorted((la - 1) * blocks + b for la, b in job.wanted)
+    out = {}
+    for _, leaf, _ in store.leaves(TASK.task_id, check.states_root, index):
+        layer, block, arr = decode_leaf(leaf)
+        out[(layer, block)] = arr
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_layer_check_of_an_honest_llama_cpp_executor_passes(
+        ggufs: dict[str, Path], verifier: CheckRunner, tmp_path: Path, seed: int) -> None:
+    from node.state_store import StateStore
+    from node.verify_checks import LayerJob
+
+    store = StateStore(tmp_path)
+    check = layer_check(backend(ggufs["f32"], "llama.cpp"), verifier, store, seed)
+    assert check.state_layers == tiny.LAYERS and len(check.states_root) == 32
+    job = verifier.prepare(check)
+    assert isinstance(job, LayerJob)
+    done = verifier.run_layers(check, job, fetched_from(store, check, job))
+    assert done.passed, done.detail
+
+
+@pytest.mark.parametrize("which", ["other", "q8"])
+def test_layer_check_of_another_model_or_quantization_fails(
+        ggufs: dict[str, Path], verifier: CheckRunner, tmp_path: Path, which: str) -> None:
+    from node.state_store import StateStore
+
+    store = StateStore(tmp_path)
+    check = layer_check(backend(ggufs[which], "transformers"), verifier, store)
+    job = verifier.prepare(check)
+    done = verifier.run_layers(check, job, fetched_from(store, check, job))  # type: ignore[arg-type]
+    assert not done.passed and "layer 1" in done.detail
+
+
+def test_layer_check_catches_tampered_tokens_and_binding(
+        ggufs: dict[str, Path], verifier: CheckRunner, tmp_path: Path) -> None:
+    from node.state_store import StateStore
+
+    store = StateStore(tmp_path)
+    honest = layer_check(backend(ggufs["f32"], "transformers"), verifier, store)
+    ids = list(honest.output_ids)
+    ids[-1] = (ids[-1] + 1) % 200  # the very last token: outside the sampled chunk
+    tampered = dataclasses.replace(honest, output_ids=tuple(ids),
+                                   cot=verifier.backend.detokenize(ids))
+    job = verifier.prepare(tampered)
+    if not hasattr(job, "plan"):  # the changed token changed the stated answer
+        assert not job.passed  # type: ignore[union-attr]
+    else:
+        done = verifier.run_layers(tampered, job, fetched_from(store, honest, job))
+        assert not done.passed and "layer 1" in done.detail
+    fabricated = dataclasses.replace(honest, cot="I computed it carefully. The answer is 42.")
+    assert not verifier.prepare(fabricated).passed  # type: ignore[union-attr]

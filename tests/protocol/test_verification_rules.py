@@ -18,6 +18,7 @@ from protocol.verification_messages import (
 from protocol.verification_rules import (
     Decision,
     choose_chunks,
+    choose_layers,
     decide,
     decode_proof,
     encode_proof,
@@ -34,7 +35,7 @@ TID = b"\x07" * 32
 
 def test_tags_stay_in_the_verification_range() -> None:
     ours = {t: c for t, c in registered().items() if c.__module__.endswith("verification_messages")}
-    assert sorted(ours) == list(range(70, 80))
+    assert sorted(ours) == list(range(70, 82))
 
 
 def test_ids_pack_round_trip_and_refuse_non_u32() -> None:
@@ -91,6 +92,20 @@ def test_chunks_distinct_ascending_in_range() -> None:
     assert min(counts) > 400
 
 
+def test_layers_distinct_ascending_and_never_layer_one() -> None:
+    counts = [0] * 31
+    for i in range(3000):
+        seed = digest(i.to_bytes(4, "big"))
+        la = choose_layers(seed, "e", 30, 2)
+        assert list(la) == sorted(set(la)) and len(la) == 2 and all(2 <= x <= 30 for x in la)
+        for x in la:
+            counts[x] += 1
+    assert min(counts[2:]) > 120  # each of 29 layers drawn ~207 times: no favourite
+    assert choose_layers(digest(b"s"), "e", 1, 2) == ()  # one layer: layer 1 is always run
+    assert choose_layers(digest(b"s"), "e", 2, 5) == (2,)
+    assert choose_layers(digest(b"s"), "e", 30, 2) != choose_layers(digest(b"s"), "f", 30, 2)
+
+
 def test_ranking_excludes_and_ignores_candidate_order() -> None:
     seed = digest(b"s")
     cands = [f"v{i}" for i in range(8)]
@@ -144,6 +159,9 @@ def commit_body(**kw: object) -> CommitBody:
     {"chunks": 0},  # a root without chunks
     {"fingerprint_root": b""},  # chunks without a root
     {"fingerprint_root": b"\x04" * 31},
+    {"states_root": b"\x06" * 32},  # a states root without a layer count
+    {"state_layers": 30},  # a layer count without a root
+    {"states_root": b"\x06" * 31, "state_layers": 30},
 ])
 def test_inconsistent_commit_does_not_decode(kw: dict[str, object]) -> None:
     with pytest.raises(InvalidMessage):
@@ -151,7 +169,8 @@ def test_inconsistent_commit_does_not_decode(kw: dict[str, object]) -> None:
 
 
 def test_consistent_commits_decode() -> None:
-    for kw in ({}, {"chunks": 3}, {"chunks": 0, "fingerprint_root": b"", "tokens": 0}):
+    for kw in ({}, {"chunks": 3}, {"chunks": 0, "fingerprint_root": b"", "tokens": 0},
+               {"states_root": b"\x06" * 32, "state_layers": 30}):
         body = commit_body(**kw)
         assert decode(encode(body), CommitBody) == body
 

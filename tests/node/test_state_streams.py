@@ -1,0 +1,151 @@
+"""The states stream (node/state_streams.py) over an in-memory stream pair: honest leaves
+arrive proven; a damaged, missing or unprovable leaf is the executor's failure (BadStates);
+an executor nobody can reach is not (StatesUnavailable). And the store itself: atomic files,
+a byte budget, strays from a kill cleaned up."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import trio
+
+from models.layer_states import BLOCK_TOKENS, n_blocks
+from node.state_store import StatesMissing, StateStore
+from node.state_streams import BadStates, StatesUnavailable, fetch_leaves, serve_states
+from node.transport import TransportError
+
+TASK = b"\x07" * 32
+L, T, C = 3, 70, 16  # 3 blocks per layer
+
+
+class _Pipe:
+    """One direction of an in-memory byte stream."""
+
+    def __init__(self) -> None:
+        self.send, self.recv = trio.open_memory_channel[bytes](1000)
+        self.buf = b""
+
+
+class MemStream:
+    def __init__(self, inbound: _Pipe, outbound: _Pipe, peer: str) -> None:
+        self.inbound, self.outbound, self._peer = inbound, outbound, peer
+
+    @property
+    def peer_id(self) -> str:
+        return self._peer
+
+    async def read(self, max_bytes: int) -> bytes:
+        if not self.inbound.buf:
+            try:
+                self.inbound.buf = await self.inbound.recv.receive()
+            except trio.EndOfChannel:
+                return b""
+        out, self.inbound.buf = self.inbound.buf[:max_bytes], self.inbound.buf[max_bytes:]
+        return out
+
+    async def write(self, data: bytes) -> None:
+        await self.outbound.send.send(data)
+
+    async def close(self) -> None:
+        await self.outbound.send.aclose()
+
+    async def reset(self) -> None:
+        await self.outbound.send.aclose()
+
+
+class MemTransport:
+    """Opens a stream to a handler running in ``nursery`` (or fails, when ``handler`` is None)."""
+
+    def __init__(self, nursery: trio.Nursery, handler: Any, connected: bool = True) -> None:
+        self.nursery, self.handler, self.connected = nursery, handler, connected
+
+    def connected_peers(self) -> list[str]:
+        return ["exec"] if self.connected else []
+
+    async def open_stream(self, peer_id: str, protocol_id: str) -> MemStream:
+        if self.handler is None:
+            raise TransportError("no route")
+        a, b = _Pipe(), _Pipe()
+        self.nursery.start_soon(self.handler, "verifier", MemStream(a, b, "verifier"))
+        return MemStream(b, a, peer_id)
+
+
+def states() -> np.ndarray:
+    return np.random.default_rng(0).standard_normal((L, T, C)).astype(np.float32)
+
+
+WANTED = [(1, 0), (1, 1), (1, 2), (2, 1), (3, 2)]
+
+
+async def _fetch(store: StateStore | None, root: bytes, *, connected: bool = True) -> dict:
+    error: Exception | None = None
+    got: dict = {}
+    async with trio.open_nursery() as nursery:
+        handler = serve_states(store) if store is not None else None
+        transport = MemTransport(nursery, handler, connected)
+        try:
+            got = await fetch_leaves(transport, "p", "exec", TASK, root,  # type: ignore[arg-type]
+                                     L, T, WANTED)
+        except Exception as exc:
+            error = exc
+        nursery.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    return got
+
+
+def test_honest_leaves_arrive_proven(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    s = states()
+    root, layers = store.put(TASK, s)
+    assert layers == L and n_blocks(T) == 3
+    got = trio.run(_fetch, store, root)
+    assert sorted(got) == WANTED
+    for (layer, block), arr in got.items():
+        assert np.array_equal(arr, s[layer - 1, block * BLOCK_TOKENS:(block + 1) * BLOCK_TOKENS])
+
+
+def test_damaged_states_fail_the_executor(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    s = states()
+    root, _ = store.put(TASK, s)
+    s2 = s.copy()
+    s2[1, 40, 3] += 1.0  # what it serves is not what it committed to
+    (tmp_path / f"{TASK.hex()}-{root.hex()}.npy").unlink()
+    np.save(tmp_path / f"{TASK.hex()}-{root.hex()}.npy", s2)
+    with pytest.raises(BadStates, match="not in the committed states root"):
+        trio.run(_fetch, store, root)
+
+
+def test_missing_states_or_refused_stream_fail_the_executor(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    with pytest.raises(BadStates, match="does not hold"):
+        trio.run(_fetch, store, b"\x01" * 32)
+    with pytest.raises(BadStates, match="refused"):  # connected, but no states protocol
+        trio.run(_fetch, None, b"\x01" * 32)
+
+
+def test_unreachable_executor_is_not_its_fault(tmp_path: Path) -> None:
+    with pytest.raises(StatesUnavailable):
+        trio.run(lambda: _fetch(None, b"\x01" * 32, connected=False))
+
+
+def test_store_budget_drops_oldest_and_cleans_strays(tmp_path: Path) -> None:
+    (tmp_path / "junk.npy.tmp").write_bytes(b"half a file")
+    one = states().nbytes
+    store = StateStore(tmp_path, budget_bytes=int(2.5 * one))
+    assert not (tmp_path / "junk.npy.tmp").exists()
+    roots = []
+    for i in range(4):
+        s = states() + i
+        roots.append((bytes([i]) * 32, store.put(bytes([i]) * 32, s)[0]))
+    kept = [tid for tid, root in roots if (tmp_path / f"{tid.hex()}-{root.hex()}.npy").exists()]
+    assert kept == [bytes([2]) * 32, bytes([3]) * 32]
+    assert len(list(tmp_path.glob("*.hashes"))) == 2
+    with pytest.raises(StatesMissing):
+        store.leaves(*roots[0], [0])
+    with pytest.raises(ValueError):
+        store.put(TASK, states().astype(np.float64))

@@ -1,8 +1,12 @@
 """`symphony bench models`: the default model's load time, speed, fingerprint cost, accuracy.
 
-``verify_cost_ratio`` = time to check one fingerprint chunk (prefill up to that chunk, on the
-transformers path) / time to generate the whole output it belongs to (llama.cpp, the serving
-path). Both run with the same thread count. Accuracy runs greedy on the shipped evaluation set
+``verify_cost_ratio`` = time to check one chunk the way verifiers do by default (re-running
+layer 1 over every position and two sampled layers up to the chunk on the committed layer
+states, models.layer_states) / time to generate the whole output it belongs to (llama.cpp,
+the serving path); ``prefill_check_cost_ratio`` is the same for the whole-prefill check of
+the chunk's fingerprint (models.fingerprint, TOPLOC), and ``fingerprint_cost_ratio`` the
+executor's one prefill that produces both fingerprints and layer states. All run with the
+same thread count; means over every chunk position and, for layers, several layer draws. Accuracy runs greedy on the shipped evaluation set
 (quick mode: the first QUICK_EVAL_ITEMS items) with and without chain of thought.
 """
 
@@ -22,6 +26,7 @@ COT_BUDGET = 160
 
 def run(quick: bool) -> dict[str, Any]:
     from models import fingerprint as fp
+    from models import layer_states as ls
     from models.backend import SamplingParams, load_backend, measure_throughput
     from models.config import TRANSFORMERS, ModelConfig
     from models.cot import Problem, build_messages
@@ -55,11 +60,31 @@ def run(quick: bool) -> dict[str, Any]:
         checks.append(time.perf_counter() - t)
         if not result.ok:
             raise RuntimeError(f"honest fingerprint check failed: {result}")
+    ids = list(gen.prompt_token_ids) + list(gen.token_ids)
+    t = time.perf_counter()
+    states, _ = ls.layer_states(hf, ids)
+    figures["layer_states_s"] = time.perf_counter() - t
+    L, T, _ = states.shape
+    fetched = {(la, b): states[la - 1, b * ls.BLOCK_TOKENS:(b + 1) * ls.BLOCK_TOKENS]
+               for la in range(1, L + 1) for b in range(ls.n_blocks(T))}
+    layer_checks = []
+    for c in range(len(blobs)):
+        for draw in range(3):
+            layers = (2 + (c * 7 + draw * 11) % (L - 1), 2 + (c * 13 + draw * 5 + 3) % (L - 1))
+            plan = ls.plan_check(len(gen.prompt_token_ids), len(gen.token_ids), [c],
+                                 fp.DEFAULT_CHUNK, layers)
+            t = time.perf_counter()
+            verdicts = ls.check_layers(hf, ids, plan, fetched)
+            layer_checks.append(time.perf_counter() - t)
+            if not all(v.ok for v in verdicts):
+                raise RuntimeError(f"honest layer check failed: {verdicts}")
     figures["generate_s"] = generate_s
     figures["generated_tokens"] = len(gen.token_ids)
-    figures["check_chunk_s"] = sum(checks) / len(checks)
-    figures["check_chunk_s_worst"] = max(checks)
+    figures["check_chunk_s"] = sum(layer_checks) / len(layer_checks)
+    figures["check_chunk_s_worst"] = max(layer_checks)
     figures["verify_cost_ratio"] = figures["check_chunk_s"] / generate_s
+    figures["check_chunk_prefill_s"] = sum(checks) / len(checks)
+    figures["prefill_check_cost_ratio"] = figures["check_chunk_prefill_s"] / generate_s
     figures["fingerprint_cost_ratio"] = figures["fingerprint_s"] / generate_s
 
     items = load_evalset()

@@ -1,21 +1,29 @@
 """`symphony bench verify`: what commitment-based verification costs and what it catches.
 
-On the default model (SmolLM2-135M Q4_1: served with llama.cpp, fingerprinted and checked on
-transformers fp32 from the same GGUF), for questions of the shipped evaluation set:
+On the default model (SmolLM2-135M Q4_1: served with llama.cpp, its commitments computed and
+checked on transformers fp32 from the same GGUF), for questions of the shipped evaluation set:
 
-* ``verify_cost_ratio``: one verifier's check of ``CHUNKS_PER_CHECK`` sampled chunks (prompt
-  rebuild, CoT/answer binding, one prefill up to the last sampled chunk, tolerant compare)
-  over the executor's generation time for the same result, measured in the same run;
-  ``verify_cost_per_token_ratio`` is the same per token (checked tokens vs generated tokens);
-  ``network_cost_ratio`` scales it by the default sampling rate and verifier count;
-  ``fingerprint_cost_ratio`` is the executor's own extra prefill to fingerprint its output.
+* ``verify_cost_ratio``: one verifier's whole check of a committed result, as daemons run it
+  (node/verify_service.py): prompt rebuild, CoT/answer binding, the leaves of the executor's
+  layer states it needs (served from a real node.state_store.StateStore, each Merkle proof
+  checked and decoded; the network hop itself is left out), layer 1 over every position and
+  ``LAYERS_PER_CHECK`` layers drawn from the seed over ``CHUNKS_PER_CHECK`` sampled chunks
+  (models.layer_states), over the executor's generation time for the same result, measured
+  in the same run. ``verify_cost_per_token_ratio`` is the same figure: a check covers the
+  whole output at layer 1. ``state_bytes_fetched_per_check`` is what a check fetches.
+  ``prefill_check_cost_ratio`` is the same chunks checked by one whole prefill
+  (models.fingerprint, TOPLOC), the check for results committed without layer states.
+  ``network_cost_ratio`` scales ``verify_cost_ratio`` by the default sampling rate and
+  verifier count; ``commit_cost_ratio`` is the executor's own extra prefill (fingerprints
+  and layer states, hashed and written to its store).
 * ``fingerprint_bytes_per_32_tokens``: the size of one full chunk's blob (a shorter last
   chunk is scaled up to 32 tokens).
 * ``detection_rate_<adversary>``: fraction of checks that fail, over every question and
   several chunk samples each, for: ``tamper`` (one output token changed, its CoT text kept
   consistent), ``fabricated_cot`` (honest tokens, a made-up CoT), ``wrong_answer`` (honest
-  tokens and CoT, another answer claimed), ``lower_precision`` (fingerprints from the same
-  weights rounded to bfloat16: a cheaper model than advertised). ``detection_rate`` is the
+  tokens and CoT, another answer claimed), ``lower_precision`` (commitments from the same
+  weights rounded to bfloat16: a cheaper model than advertised). The tampered token may sit
+  anywhere in the output, checked chunk or not. ``detection_rate`` is the
   lowest. Per result the network catches an adversary with probability
   ``sample_rate * detection_rate``; tests/protocol/test_verification.py checks that rate.
 * ``false_positive_rate``: honest checks that fail, across verifier thread counts.
@@ -27,18 +35,20 @@ transformers fp32 from the same GGUF), for questions of the shipped evaluation s
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import random
 import statistics
 import time
 from collections import deque
+from pathlib import Path
 from typing import Any
 
-from node.verify_checks import CHUNK_TOKENS, CheckRunner, fingerprints_for
+from node.verify_checks import CHUNK_TOKENS, CheckRunner, Commitments, LayerJob, commitments_for
 from protocol.tasks import Requirement, TaskSpec
-from protocol.verification_rules import choose_chunks
+from protocol.verification_rules import choose_chunks, choose_layers
 from protocol.verification_state import DEFAULT_SAMPLE_RATE, DEFAULT_VERIFIERS
-from protocol.verifier import StartCheck
+from protocol.verifier import LAYERS_PER_CHECK, StartCheck
 
 CHUNKS_PER_CHECK = 2
 ADVERSARIES = ("tamper", "fabricated_cot", "wrong_answer", "lower_precision")
@@ -64,13 +74,16 @@ def _bf16_copy(fb: Any) -> Any:
 
 
 def run(quick: bool) -> dict[str, float | int | str]:
+    import tempfile
+
     import torch
 
     from models.backend import load_backend
     from models.config import ModelConfig
     from models.cot import solve
     from models.evalset import load_evalset
-    from models.fingerprint import fingerprint, fingerprint_backend
+    from models.fingerprint import fingerprint_backend
+    from node.state_store import StateStore
 
     n_questions, samples, max_tokens = (2, 2, 96) if quick else (6, 4, 256)
     t0 = time.perf_counter()
@@ -81,11 +94,14 @@ def run(quick: bool) -> dict[str, float | int | str]:
     load_s = time.perf_counter() - t0
     rng = random.Random(6)
     items = load_evalset()[:n_questions]
-    gen_ms, gen_tokens, fp_ms, check_ms, checked_tokens, blob_sizes = [], [], [], [], [], []
+    tmp = tempfile.TemporaryDirectory(prefix="symphony-bench-states-")
+    store = StateStore(Path(tmp.name))
+    gen_ms, gen_tokens, fp_ms, check_ms, prefill_ms, blob_sizes = [], [], [], [], [], []
+    leaf_bytes: list[int] = []
     honest_fail = honest_total = 0
     caught = {a: 0 for a in ADVERSARIES}
     tried = {a: 0 for a in ADVERSARIES}
-    solved: list[tuple[TaskSpec, Any, tuple[bytes, ...]]] = []
+    solved: list[tuple[TaskSpec, Any, Commitments]] = []
     for i, item in enumerate(items):
         problem = item.problem
         task = _task(problem.question, problem.answer_type.value, problem.choices, i)
@@ -95,43 +111,49 @@ def run(quick: bool) -> dict[str, float | int | str]:
         ids = list(sol.token_ids)
         gen_tokens.append(len(ids))
         started = time.perf_counter()
-        prints = fingerprints_for(serve, sol.prompt_token_ids, ids)
+        made = commitments_for(serve, sol.prompt_token_ids, ids, store, task.task_id)
         fp_ms.append((time.perf_counter() - started) * 1000)
+        prints = made.fingerprints
         # a blob is 4 header bytes + 4 bytes per position and top-k entry: scale to 32 tokens
         blob_sizes += [4 + (len(b) - 4) * CHUNK_TOKENS // max(1, int.from_bytes(b[2:4], "little"))
                        for b in prints]
-        solved.append((task, sol, prints))
-        cheap_prints = tuple(fingerprint(cheap, sol.prompt_token_ids, ids, chunk=CHUNK_TOKENS))
+        solved.append((task, sol, made))
+        cheap_task = dataclasses.replace(task, task_id=b"\xcc" + task.task_id[1:])
+        cheap_made = commitments_for(cheap, sol.prompt_token_ids, ids, store, cheap_task.task_id)
         for s in range(samples):
-            chunks = choose_chunks(rng.randbytes(32), "e", len(prints), CHUNKS_PER_CHECK)
-            check = functools.partial(_check, runner, task, chunks)
+            seed = rng.randbytes(32)
+            chunks = choose_chunks(seed, "e", len(prints), CHUNKS_PER_CHECK)
+            layers = choose_layers(seed, "e", made.state_layers, LAYERS_PER_CHECK)
+            check = functools.partial(_check, runner, store, chunks, layers, leaf_bytes)
             torch.set_num_threads(1 + s % 2)  # honest reruns on other thread counts
             started = time.perf_counter()
-            ok = check(ids, sol.cot_text, sol.answer, prints)
+            ok = check(task, made, ids, sol.cot_text, sol.answer)
             check_ms.append((time.perf_counter() - started) * 1000)
-            assert runner.last is not None
-            checked_tokens.append(runner.last.tokens)
             honest_total += 1
             honest_fail += not ok
-            pos = rng.randrange(chunks[0] * CHUNK_TOKENS, min(len(ids), (chunks[0] + 1)
-                                                              * CHUNK_TOKENS))
+            if s == 0:  # the whole-prefill check of the same chunks, for comparison
+                started = time.perf_counter()
+                honest_fail += not _prefill_check(runner, task, chunks, ids, sol, prints)
+                prefill_ms.append((time.perf_counter() - started) * 1000)
+                honest_total += 1
+            pos = rng.randrange(len(ids))  # anywhere in the output
             tampered = list(ids)
             tampered[pos] = (tampered[pos] + 1 + rng.randrange(100)) % 49152
             cases = {
-                "tamper": (tampered, serve.detokenize(tampered), sol.answer, prints),
-                "fabricated_cot": (ids, sol.cot_text + " I double-checked it.", sol.answer,
-                                   prints),
-                "wrong_answer": (ids, sol.cot_text, sol.answer + "1", prints),
-                "lower_precision": (ids, sol.cot_text, sol.answer, cheap_prints),
+                "tamper": (task, made, tampered, serve.detokenize(tampered), sol.answer),
+                "fabricated_cot": (task, made, ids, sol.cot_text + " I double-checked it.",
+                                   sol.answer),
+                "wrong_answer": (task, made, ids, sol.cot_text, sol.answer + "1"),
+                "lower_precision": (cheap_task, cheap_made, ids, sol.cot_text, sol.answer),
             }
             for name, args in cases.items():
                 tried[name] += 1
                 caught[name] += not check(*args)
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    verdict_ms = _result_to_verdict_ms(runner, solved, 3 if quick else 6)
+    verdict_ms = _result_to_verdict_ms(runner, store, solved, 3 if quick else 6)
+    tmp.cleanup()
     ratio = statistics.mean(check_ms) / statistics.mean(gen_ms)
-    per_token = (statistics.mean(check_ms) / statistics.mean(checked_tokens)) / \
-        (statistics.mean(gen_ms) / max(1.0, statistics.mean(gen_tokens)))
+    per_token = ratio  # a check covers the whole output (layer 1) and a sampled part of it
     out: dict[str, float | int | str] = {
         "model": serve.info.name,
         "questions": len(items), "checks_per_question": samples,
@@ -139,11 +161,15 @@ def run(quick: bool) -> dict[str, float | int | str]:
         "generate_ms_mean": round(statistics.mean(gen_ms), 1),
         "generated_tokens_mean": round(statistics.mean(gen_tokens), 1),
         "check_ms_mean": round(statistics.mean(check_ms), 1),
-        "checked_tokens_mean": round(statistics.mean(checked_tokens), 1),
+        "layers_per_check": 1 + LAYERS_PER_CHECK,
+        "state_bytes_fetched_per_check": round(statistics.mean(leaf_bytes)),
         "verify_cost_ratio": round(ratio, 4),
         "verify_cost_per_token_ratio": round(per_token, 4),
+        "prefill_check_ms_mean": round(statistics.mean(prefill_ms), 1),
+        "prefill_check_cost_ratio": round(statistics.mean(prefill_ms) / statistics.mean(gen_ms),
+                                          4),
         "network_cost_ratio": round(ratio * DEFAULT_SAMPLE_RATE * DEFAULT_VERIFIERS, 4),
-        "fingerprint_cost_ratio": round(statistics.mean(fp_ms) / statistics.mean(gen_ms), 4),
+        "commit_cost_ratio": round(statistics.mean(fp_ms) / statistics.mean(gen_ms), 4),
         "fingerprint_bytes_per_32_tokens": max(blob_sizes) if blob_sizes else 0,
         "false_positive_rate": round(honest_fail / max(1, honest_total), 4),
         "result_to_verdict_ms_p50": round(statistics.median(verdict_ms), 1),
@@ -154,20 +180,64 @@ def run(quick: bool) -> dict[str, float | int | str]:
     return out
 
 
-def _check(runner: CheckRunner, task: TaskSpec, chunks: tuple[int, ...], output: list[int],
-           cot: str, answer: str, fps: tuple[bytes, ...]) -> bool:
-    done = runner.run(StartCheck(
+def _start(runner: CheckRunner, task: TaskSpec, made: Commitments, chunks: tuple[int, ...],
+           layers: tuple[int, ...], output: list[int], cot: str, answer: str) -> StartCheck:
+    return StartCheck(
         check_id=bytes(32), task=task, model_hash=runner.model_hash, output_ids=tuple(output),
         answer=answer, cot=cot, chunk_tokens=CHUNK_TOKENS, chunk_indices=chunks,
-        fingerprints=tuple(fps[c] for c in chunks), deadline_at_ms=0))
-    return done.passed
+        fingerprints=tuple(made.fingerprints[c] for c in chunks), deadline_at_ms=0,
+        executor="e", states_root=made.states_root, state_layers=made.state_layers,
+        layers=layers)
+
+
+def _fetch(store: Any, e: StartCheck, job: LayerJob, sizes: list[int] | None = None,
+           task_id: bytes | None = None) -> dict:
+    """What node/state_streams.fetch_leaves does, minus the network: serve, prove, decode."""
+    from crypto.merkle import verify_proof
+    from models.layer_states import decode_leaf, n_blocks
+    from protocol.verification_rules import decode_proof
+
+    blocks = n_blocks(job.plan.total_tokens)
+    wanted = {(la - 1) * blocks + b: (la, b) for la, b in job.wanted}
+    got = {}
+    total = 0
+    for index, leaf, proof in store.leaves(task_id or e.task.task_id, e.states_root,
+                                           sorted(wanted)):
+        if not verify_proof(e.states_root, leaf, decode_proof(proof), index=index,
+                            count=e.state_layers * blocks):
+            raise ValueError(f"leaf {index} not under the root")
+        layer, block, arr = decode_leaf(leaf)
+        got[(layer, block)] = arr
+        total += len(leaf) + len(proof)
+    if sizes is not None:
+        sizes.append(total)
+    return got
+
+
+def _check(runner: CheckRunner, store: Any, chunks: tuple[int, ...], layers: tuple[int, ...],
+           sizes: list[int], task: TaskSpec, made: Commitments, output: list[int], cot: str,
+           answer: str) -> bool:
+    """One verifier's whole check of committed layer states: binding, fetch, re-run."""
+    e = _start(runner, task, made, chunks, layers, output, cot, answer)
+    job = runner.prepare(e)
+    if not isinstance(job, LayerJob):
+        return job.passed
+    return runner.run_layers(e, job, _fetch(store, e, job, sizes)).passed
+
+
+def _prefill_check(runner: CheckRunner, task: TaskSpec, chunks: tuple[int, ...],
+                   output: list[int], sol: Any, prints: tuple[bytes, ...]) -> bool:
+    return runner.run(StartCheck(
+        check_id=bytes(32), task=task, model_hash=runner.model_hash, output_ids=tuple(output),
+        answer=sol.answer, cot=sol.cot_text, chunk_tokens=CHUNK_TOKENS, chunk_indices=chunks,
+        fingerprints=tuple(prints[c] for c in chunks), deadline_at_ms=0)).passed
 
 
 # ---------------------------------------------------------------- result to verdict, in-process
 
 
-def _result_to_verdict_ms(runner: CheckRunner, solved: list[tuple[TaskSpec, Any,
-                                                                   tuple[bytes, ...]]],
+def _result_to_verdict_ms(runner: CheckRunner, store: Any,
+                          solved: list[tuple[TaskSpec, Any, Commitments]],
                           rounds: int) -> list[float]:
     """Run requester, executor and two verifiers' machines with the real checks, in-process."""
     from crypto.keys import Identity
@@ -193,14 +263,15 @@ def _result_to_verdict_ms(runner: CheckRunner, solved: list[tuple[TaskSpec, Any,
         **{p: Verifier(ids[n], VerifierConfig(frozenset({runner.model_hash})))
            for p, n in zip(verifiers, ("v1", "v2"), strict=True)},
     }
-    loop = _Loop(machines, runner, ids["executor"].peer_id)
+    loop = _Loop(machines, runner, store, ids["executor"].peer_id)
     for r in range(rounds):
-        task, sol, prints = solved[r % len(solved)]
+        task, sol, made = solved[r % len(solved)]
         loop.now = r * 1_000_000
-        loop.solution = (sol, prints)
+        loop.solution = (sol, made)
         loop.perform(ids["requester"].peer_id, auction.handle(SubmitTask(
             question=task.question, answer_type=task.answer_type, choices=task.choices,
             deadline_ms=600_000, k=1, max_tokens=256, task_id=bytes([r + 1]) * 32), loop.now))
+        loop.states_of = task.task_id  # where the executor's store keeps this solution's states
         loop.run_until_decided()
     return loop.times or [float("nan")]
 
@@ -208,11 +279,14 @@ def _result_to_verdict_ms(runner: CheckRunner, solved: list[tuple[TaskSpec, Any,
 class _Loop:
     """A FIFO of (machine, event) with virtual time; checks and solutions are real."""
 
-    def __init__(self, machines: dict[str, Any], runner: CheckRunner, executor: str) -> None:
+    def __init__(self, machines: dict[str, Any], runner: CheckRunner, store: Any,
+                 executor: str) -> None:
         self.machines, self.runner, self.executor = machines, runner, executor
+        self.store = store
+        self.states_of = b""
         self.queue: deque[tuple[str, object]] = deque()
         self.now = 0
-        self.solution: tuple[Any, tuple[bytes, ...]] | None = None
+        self.solution: tuple[Any, Commitments] | None = None
         self.revealed_at = 0.0
         self.times: list[float] = []
 
@@ -230,13 +304,17 @@ class _Loop:
             elif isinstance(e, Publish):
                 self.queue.append((self.executor, Received(src, e.message, e.topic)))
             elif isinstance(e, StartCompute) and self.solution is not None:
-                sol, prints = self.solution
+                sol, made = self.solution
                 self.queue.append((src, ComputeDone(
                     e.task.task_id, e.attempt, sol.answer, sol.cot_text, sol.confidence,
-                    len(sol.token_ids), 1, self.runner.model_hash, prints, b"",
-                    tuple(sol.token_ids))))
+                    len(sol.token_ids), 1, self.runner.model_hash, made.fingerprints, b"",
+                    tuple(sol.token_ids), made.states_root, made.state_layers)))
             elif isinstance(e, StartCheck):
-                self.queue.append((src, self.runner.run(e)))
+                job = self.runner.prepare(e)
+                done = job if not isinstance(job, LayerJob) else \
+                    self.runner.run_layers(e, job, _fetch(self.store, e, job,
+                                                          task_id=self.states_of))
+                self.queue.append((src, done))
             elif isinstance(e, Emit) and e.event == "verify.decided":
                 self.times.append((time.perf_counter() - self.revealed_at) * 1000)
 

@@ -44,6 +44,7 @@ from protocol.ledger_records import (
 MINUTE_MS = 60 * 1000
 _EMPTY_BUCKET = bytes(PREFIX_LEN)
 _BUCKET_PERSON = b"symphony-bucket"
+_NEVER = 1 << 62
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,10 @@ class LedgerState:
         self._buckets: dict[int, list[bytes]] = {}
         self._bucket_hash: dict[int, bytes] = {}  # cached hashes of unchanged buckets
         self._summary: bytes | None = b""  # cached bucket_summary(); None: recompute
+        self._summary_buf = bytearray(_EMPTY_BUCKET * BUCKETS)  # kept up to date lazily
+        self._stale_buckets: set[int] = set()  # buckets changed since _summary_buf was
+        #: cached digest(): (computed at, valid before, digest); None after any change
+        self._digest: tuple[int, int, LedgerDigest] | None = None
         self._quota: dict[tuple[str, int], list[bytes]] = {}  # sorted hashes
         self._expiry: list[tuple[int, bytes]] = []  # heap of (expires_at, hash), lazy
         self._record_expiry: list[tuple[int, str, bytes]] = []  # heap, lazy
@@ -112,6 +117,7 @@ class LedgerState:
         elif len(self.records) >= self.max_records:
             raise Rejected(Rejection.LEDGER_FULL, f"{len(self.records)} records held")
         self.records[record.peer_id] = HeldRecord(envelope, record, h, now_ms)
+        self._digest = None
         heapq.heappush(
             self._record_expiry, (record.expires_at_ms + self.tombstone_ms, record.peer_id, h)
         )
@@ -142,7 +148,9 @@ class LedgerState:
         else:
             bisect.insort(bucket, h)
             self._bucket_hash.pop(b, None)
+        self._stale_buckets.add(b)
         self._summary = None
+        self._digest = None
         self.by_subject.setdefault(att.subject, set()).add(h)
         self._touch(att.subject)
         heapq.heappush(self._expiry, (att.expires_at_ms, h))
@@ -164,7 +172,9 @@ class LedgerState:
         if not bucket:
             del self._buckets[b]
         self._bucket_hash.pop(b, None)
+        self._stale_buckets.add(b)
         self._summary = None
+        self._digest = None
         subject = self.by_subject[att.subject]
         subject.discard(h)
         self._touch(att.subject)
@@ -193,6 +203,7 @@ class LedgerState:
             current = self.records.get(peer)
             if current is not None and current.hash == h:
                 del self.records[peer]
+                self._digest = None
                 peers.append(peer)
         return peers, gone
 
@@ -226,9 +237,11 @@ class LedgerState:
     def bucket_summary(self) -> bytes:
         summary = self._summary
         if summary is None:
-            summary = (
-                b"".join(self.bucket_hash(b) for b in range(BUCKETS)) if self.attestations else b""
-            )
+            buf = self._summary_buf
+            for b in self._stale_buckets:
+                buf[b * PREFIX_LEN : (b + 1) * PREFIX_LEN] = self.bucket_hash(b)
+            self._stale_buckets.clear()
+            summary = bytes(buf) if self.attestations else b""
             self._summary = summary
         return summary
 
@@ -237,15 +250,24 @@ class LedgerState:
         return self._buckets.get(b, ())
 
     def digest(self, now_ms: int) -> LedgerDigest:
+        """What we hold, as a ``LedgerDigest`` with ``reply`` false (the same object until
+        something changes or a record in it expires)."""
+        cached = self._digest
+        if cached is not None and cached[0] <= now_ms < cached[1]:
+            return cached[2]
+        live = list(self.live_records(now_ms))
         versions = tuple(
             RecordVersion(
                 peer_id=h.record.peer_id, seq=h.record.seq, hash_prefix=h.hash[:PREFIX_LEN]
             )
-            for h in self.live_records(now_ms)
+            for h in live
         )
-        return LedgerDigest(
+        d = LedgerDigest(
             records=versions[:MAX_DIGEST_RECORDS],
             attestation_count=len(self.attestations),
             attestation_buckets=self.bucket_summary(),
             reply=False,
         )
+        valid_before = min((h.record.expires_at_ms for h in live), default=_NEVER)
+        self._digest = (now_ms, valid_before, d)
+        return d

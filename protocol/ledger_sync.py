@@ -147,13 +147,15 @@ class SyncSessions:
     def send_digest(self, peer: str, now: int, *, reply: bool) -> Send:
         self._digest_sent_at[peer] = now
         d = self.state.digest(now)
+        if not reply:
+            return Send(peer, d)  # the state's (shared) digest: reply is false in it
         return Send(
             peer,
             LedgerDigest(
                 records=d.records,
                 attestation_count=d.attestation_count,
                 attestation_buckets=d.attestation_buckets,
-                reply=reply,
+                reply=True,
             ),
         )
 

@@ -216,6 +216,50 @@ class NetworkModel:
         self._down_free_us[b] = end
         return self._faults(end, latency)
 
+    def fan_out(self, a: int, targets: list[int], size: int, now_us: int) -> list[tuple[int, int]]:
+        """``transfer(a, b, size, now_us)`` for each b of ``targets`` in turn (the same draws in
+        the same order, the same link state after), as ``(b, arrival)`` pairs: gossip's loop."""
+        up_bps = self.up_bps[a]
+        down_bps = self.down_bps
+        up_free = self._up_free_us
+        down_free = self._down_free_us
+        jitter = self._jitter_us
+        draw = self.rng.random
+        constant = self._constant_us
+        pairs = self._pair_latency_us
+        faults = self._faults if (self._loss or self._duplicate) else None
+        small = size <= SMALL_MESSAGE_BYTES
+        bits = size * US_PER_S
+        out: list[tuple[int, int]] = []
+        for b in targets:
+            down = down_bps[b]
+            duration = int(bits / (up_bps if up_bps < down else down)) + 1
+            if constant is not None:
+                latency = constant
+            else:
+                cached = pairs.get(a * 1_000_003 + b if a < b else b * 1_000_003 + a)
+                latency = cached if cached is not None else self.base_latency_us(a, b)
+            if jitter:
+                latency += int(draw() * jitter)
+            if small and (up_free[a] > now_us + duration or down_free[b] > now_us):
+                end = now_us + latency + duration
+            else:
+                start = up_free[a]
+                if start < now_us:
+                    start = now_us
+                rx_start = start + latency
+                if rx_start < down_free[b]:
+                    rx_start = down_free[b]
+                end = rx_start + duration
+                up_free[a] = rx_start - latency + duration
+                down_free[b] = end
+            if faults is None:
+                out.append((b, end))
+            else:
+                for at in faults(end, latency):
+                    out.append((b, at))
+        return out
+
     def _faults(self, end: int, latency: int) -> tuple[int, ...]:
         if self._loss and self.rng.random() < self._loss:
             return ()

@@ -173,9 +173,8 @@ class VirtualNode:
     def feed(self, slot: MachineSlot, event: object) -> None:
         """Hand ``event`` to one machine now and perform what it returns."""
         swarm = self.swarm
-        now_ms = swarm.loop.now_us // 1000 + swarm.epoch_ms
         try:
-            effects = slot.machine.handle(event, now_ms)
+            effects = slot.machine.handle(event, swarm.loop.now_us // 1000 + swarm.epoch_ms)
         except RemoteProtocolError as exc:
             swarm.metrics.count("remote_protocol_error")
             self.penalize(exc.peer, exc.reason, exc.penalty)
@@ -208,12 +207,17 @@ class VirtualNode:
                 return
             self.feed(slot, Received(sender, message, None))
             return
-        slots = self.topic_slots.get(topic)
+        self.deliver_gossip(Received(sender, message, topic))
+
+    def deliver_gossip(self, event: Received) -> None:
+        """A gossip message (``event.topic`` set) to the machines subscribed to its topic."""
+        slots = self.topic_slots.get(event.topic)  # type: ignore[arg-type]
         if not slots:
             return
+        kind = type(event.message)
         for slot in slots:
-            if type(message) in slot.spec.message_types:
-                self.feed(slot, Received(sender, message, topic))
+            if kind in slot.spec.message_types:
+                self.feed(slot, event)
 
     def peer_connected(self, peer: str, outbound: bool, addrs: tuple[str, ...]) -> None:
         self.feed_all(PeerConnected(peer, addrs, outbound))
@@ -227,9 +231,13 @@ class VirtualNode:
         deadline = slot.machine.next_deadline()
         if deadline is None:
             return
-        loop = self.swarm.loop
-        at_us = max((deadline - self.swarm.epoch_ms) * 1000, loop.now_us)
-        if slot.armed_us is not None and slot.armed_us <= at_us:
+        swarm = self.swarm
+        loop = swarm.loop
+        at_us = (deadline - swarm.epoch_ms) * 1000
+        if at_us < loop.now_us:
+            at_us = loop.now_us
+        armed = slot.armed_us
+        if armed is not None and armed <= at_us:
             return  # an earlier (or equal) wake-up is already queued
         slot.armed_us = at_us
         loop.at(at_us, self._wake, slot, self.epoch)

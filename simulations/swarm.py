@@ -82,6 +82,15 @@ class Swarm:
         self.nodes: list[VirtualNode] = []
         self._by_peer: dict[str, VirtualNode] = {}
         self._listeners: dict[str, list[EmitListener]] = {}
+        #: the common effects of protocol/machine.py, by exact type
+        self._common: dict[type, Callable[[VirtualNode, MachineSlot, Any], None]] = {
+            Send: self._send,
+            Publish: self._publish,
+            Emit: self._emit,
+            Dial: self._dial,
+            Disconnect: self._disconnect,
+            Penalize: self._penalize,
+        }
 
     # ------------------------------------------------------------------ nodes
 
@@ -174,34 +183,40 @@ class Swarm:
 
     def perform(self, node: VirtualNode, slot: MachineSlot, effect: object) -> None:
         kind = type(effect)
-        if kind is Send:
-            self.transport.send(node, slot, effect.peer, effect.message)  # type: ignore[attr-defined]
-        elif kind is Publish:
-            self.transport.publish(node, effect.topic, effect.message)  # type: ignore[attr-defined]
-        elif kind is Emit:
-            assert isinstance(effect, Emit)
-            self.metrics.count("emit." + effect.event)
-            listeners = self._listeners.get(effect.event)
-            if listeners:
-                fields = dict(effect.fields)
-                now_ms = self.loop.now_us // US_PER_MS
-                for listener in listeners:
-                    listener(node, fields, now_ms)
-        elif kind is Dial:
-            self.transport.dial(node, effect.peer)  # type: ignore[attr-defined]
-        elif kind is Disconnect:
-            assert isinstance(effect, Disconnect)
-            self.transport.disconnect(node, effect.peer, effect.reason)
-        elif kind is Penalize:
-            assert isinstance(effect, Penalize)
-            node.penalize(effect.peer, effect.reason, effect.points)
-        else:
-            performer = slot.spec.performers.get(kind)
-            if performer is None:
-                raise LocalProtocolError(
-                    f"machine {slot.spec.name!r} returned {kind.__name__}, which no performer takes"
-                )
-            performer(node, slot.spec.name, effect)
+        common = self._common.get(kind)
+        if common is not None:
+            common(node, slot, effect)
+            return
+        performer = slot.spec.performers.get(kind)
+        if performer is None:
+            raise LocalProtocolError(
+                f"machine {slot.spec.name!r} returned {kind.__name__}, which no performer takes"
+            )
+        performer(node, slot.spec.name, effect)
+
+    def _send(self, node: VirtualNode, slot: MachineSlot, effect: Send) -> None:
+        self.transport.send(node, slot, effect.peer, effect.message)
+
+    def _publish(self, node: VirtualNode, slot: MachineSlot, effect: Publish) -> None:
+        self.transport.publish(node, effect.topic, effect.message)
+
+    def _emit(self, node: VirtualNode, slot: MachineSlot, effect: Emit) -> None:
+        self.metrics.count("emit." + effect.event)
+        listeners = self._listeners.get(effect.event)
+        if listeners:
+            fields = dict(effect.fields)
+            now_ms = self.loop.now_us // US_PER_MS
+            for listener in listeners:
+                listener(node, fields, now_ms)
+
+    def _dial(self, node: VirtualNode, slot: MachineSlot, effect: Dial) -> None:
+        self.transport.dial(node, effect.peer)
+
+    def _disconnect(self, node: VirtualNode, slot: MachineSlot, effect: Disconnect) -> None:
+        self.transport.disconnect(node, effect.peer, effect.reason)
+
+    def _penalize(self, node: VirtualNode, slot: MachineSlot, effect: Penalize) -> None:
+        node.penalize(effect.peer, effect.reason, effect.points)
 
     # ------------------------------------------------------------------ running
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from protocol.codec import Message, decode
 from protocol.errors import InvalidMessage
-from protocol.machine import DialFailed, SendFailed
+from protocol.machine import DialFailed, Received, SendFailed
 from simulations.memo import encode
 from simulations.network import SMALL_MESSAGE_BYTES
 from simulations.node import INVALID_MESSAGE_PENALTY
@@ -69,8 +69,8 @@ class SimTransport:
         self.dial_timeout_us = dial_timeout_ms * 1000
         self.send_timeout_us = send_timeout_ms * 1000
         self.crash_detect_us = crash_detect_ms * 1000
-        #: gossip id -> per node index: 0, earliest arrival + 1, or -1 once seen (see below)
-        self._seen: dict[int, array[int]] = {}
+        #: gossip id -> the message in flight, until the seen-cache forgets it (see below)
+        self._seen: dict[int, _Gossip] = {}
         self._next_gossip_id = 0
 
     # ------------------------------------------------------------------ sizes
@@ -265,34 +265,29 @@ class SimTransport:
 
     # ------------------------------------------------------------------ gossip
     #
-    # Per gossip id, ``arrival[i]`` is 0 (nothing on its way to node i), the earliest
-    # scheduled arrival time + 1, or -1 once node i has seen the message. A copy that would
-    # arrive after one already on its way is a duplicate for sure: its bytes are counted at
-    # once and no event is scheduled for it (most copies in a mesh are such duplicates).
+    # Per published message (a ``_Gossip``), ``arrival[i]`` is 0 (nothing on its way to node
+    # i), the earliest scheduled arrival time + 1, or -1 once node i has seen the message. A
+    # copy that would arrive after one already on its way is a duplicate for sure: its bytes
+    # are counted at once and no event is scheduled for it (most copies in a mesh are such
+    # duplicates).
 
     def publish(self, node: VirtualNode, topic: str, message: Message) -> None:
         swarm = self.swarm
         gid = self._next_gossip_id
         self._next_gossip_id += 1
-        arrival = array("q", bytes(8 * len(swarm.nodes)))
-        arrival[node.index] = -1
-        self._seen[gid] = arrival
-        swarm.loop.after(SEEN_TTL_US, self._forget, gid)
         payload, size = self._frame(message)
+        gossip = _Gossip(topic, node.peer_id, payload, size, len(swarm.nodes))
+        if not self.wire_bytes:
+            # every node is handed the same (immutable) event, as it gets the same object
+            gossip.event = Received(node.peer_id, message, topic)
+        gossip.arrival[node.index] = -1
+        self._seen[gid] = gossip
+        swarm.loop.after(SEEN_TTL_US, self._forget, gid)
         swarm.metrics.count("gossip_published")
-        self._forward(node, -1, topic, gid, arrival, node.peer_id, payload, size)
+        self._forward(node, -1, gossip)
 
-    def _forward(
-        self,
-        node: VirtualNode,
-        came_from: int,
-        topic: str,
-        gid: int,
-        arrival: array[int],
-        origin: str,
-        payload: object,
-        size: int,
-    ) -> None:
+    def _forward(self, node: VirtualNode, came_from: int, gossip: _Gossip) -> None:
+        topic = gossip.topic
         mesh = node.mesh.get(topic)
         if came_from == -1 and topic not in node.topic_slots:
             mesh = self._fanout(node, topic)
@@ -301,16 +296,15 @@ class SimTransport:
         swarm = self.swarm
         net = swarm.net
         nodes = swarm.nodes
-        loop = swarm.loop
-        now = loop.now_us
-        transfer = net.transfer
+        arrival = gossip.arrival
+        size = gossip.size
         partitioned = net.is_partitioned()
-        arrive = self._gossip_arrive
         src = node.index
         sent = 0
         duplicates = 0
         n_arrival = len(arrival)
         small = size <= SMALL_MESSAGE_BYTES
+        targets: list[int] = []
         for index in mesh:
             if index == came_from:
                 continue
@@ -325,17 +319,21 @@ class SimTransport:
                 target.bytes_received += size
                 target.msgs_received += 1
                 continue
-            for at in transfer(src, index, size, now):
+            targets.append(index)
+        if targets:
+            loop = swarm.loop
+            schedule = loop.at
+            arrive = self._gossip_arrive
+            for index, at in net.fan_out(src, targets, size, loop.now_us):
                 first = arrival[index] if index < n_arrival else -1
+                target = nodes[index]
                 if first == -1 or 0 < first <= at + 1:
                     duplicates += 1
-                    target = nodes[index]
                     target.bytes_received += size
                     target.msgs_received += 1
                     continue
                 arrival[index] = at + 1
-                target = nodes[index]
-                loop.at(at, arrive, target, target.epoch, src, topic, gid, origin, payload, size)
+                schedule(at, arrive, target, target.epoch, src, gossip)
         if sent:
             node.bytes_sent += size * sent
             node.msgs_sent += sent
@@ -344,7 +342,9 @@ class SimTransport:
             swarm.metrics.count("gossip_duplicates", duplicates)
 
     def _forget(self, gid: int) -> None:
-        self._seen.pop(gid, None)
+        gossip = self._seen.pop(gid, None)
+        if gossip is not None:
+            gossip.forgotten = True
 
     def _fanout(self, node: VirtualNode, topic: str) -> list[int]:
         """A publisher not subscribed to ``topic`` sends to up to ``degree`` connected peers
@@ -353,31 +353,40 @@ class SimTransport:
         peers = [i for i in sorted(node.connections) if topic in nodes[i].topic_slots]
         return peers[: self.degree]
 
-    def _gossip_arrive(
-        self,
-        target: VirtualNode,
-        epoch: int,
-        src: int,
-        topic: str,
-        gid: int,
-        origin: str,
-        payload: object,
-        size: int,
-    ) -> None:
+    def _gossip_arrive(self, target: VirtualNode, epoch: int, src: int, gossip: _Gossip) -> None:
         if target.epoch != epoch or not target.up:
             return
-        target.bytes_received += size
+        target.bytes_received += gossip.size
         target.msgs_received += 1
-        arrival = self._seen.get(gid)
         index = target.index
-        if arrival is None or arrival[index] != self.swarm.loop.now_us + 1:
+        arrival = gossip.arrival
+        if gossip.forgotten or arrival[index] != self.swarm.loop.now_us + 1:
             self.swarm.metrics.count("gossip_duplicates")
             return
         arrival[index] = -1
-        src_node = self.swarm.nodes[src]
-        message = self._open(target, src_node, payload)
-        if message is None:
-            return
-        self._forward(target, src, topic, gid, arrival, origin, payload, size)
-        if origin != target.peer_id:
-            target.deliver(origin, message, topic)
+        event = gossip.event
+        if event is None:
+            message = self._open(target, self.swarm.nodes[src], gossip.payload)
+            if message is None:
+                return
+            event = Received(gossip.origin, message, gossip.topic)
+        self._forward(target, src, gossip)
+        if gossip.origin != target.peer_id:
+            target.deliver_gossip(event)
+
+
+class _Gossip:
+    """One published message on its way through the mesh (see the comment above)."""
+
+    __slots__ = ("topic", "origin", "payload", "size", "arrival", "event", "forgotten")
+
+    def __init__(self, topic: str, origin: str, payload: object, size: int, nodes: int) -> None:
+        self.topic = topic
+        self.origin = origin
+        self.payload = payload
+        self.size = size
+        self.arrival = array("q", bytes(8 * nodes))
+        #: the event every node is handed (None with wire bytes: each node decodes its copy)
+        self.event: Received | None = None
+        #: past the seen-cache TTL: later copies are duplicates
+        self.forgotten = False

@@ -153,6 +153,8 @@ class ExecutorService(Service):
         try:
             solver = await trio.to_thread.run_sync(  # imports and loads weights: blocking
                 load_solver, self.section.solver, self.section, self.ctx.data_dir)
+            if hasattr(solver, "fingerprints"):  # only a committing executor needs them
+                solver.fingerprints = isinstance(self._machine, VerifiedExecutor)
             models = await trio.to_thread.run_sync(solver.models)
         except Exception as exc:  # a broken backend disables executing, not the node
             self.problem = f"solver {self.section.solver} failed to start: {exc}"
@@ -160,8 +162,6 @@ class ExecutorService(Service):
             return
         price = self.section.price_per_1k
         models = [dataclasses.replace(m, price_per_1k=price) for m in models]
-        if hasattr(solver, "fingerprints"):  # only a committing executor needs them
-            solver.fingerprints = isinstance(self._machine, VerifiedExecutor)
         self.solver = solver
         self._machine.config = dataclasses.replace(self._machine.config, models=tuple(models))
         self.ctx.log.info("executor.ready", models=[m.name for m in models],

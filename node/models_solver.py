@@ -72,10 +72,24 @@ class ModelsSolver:
         info = self.backend.info
         with self._lock:
             tps = measure_throughput(self.backend, THROUGHPUT_TOKENS)
+            if self.fingerprints:  # committing costs a prefill per result: bid with it
+                tps = 1.0 / (1.0 / tps + self._commit_seconds() / THROUGHPUT_TOKENS)
         return [ServedModel(name=info.name, family=info.family, context=info.context_length,
                             model_hash=bytes.fromhex(self.backend.identity_hash),
                             tokens_per_s=tps, price_per_1k=0.0,
                             quantization=info.quantization)]
+
+    def _commit_seconds(self) -> float:
+        """Load the commitment backend now (not on the first task, where it would blow the
+        deadline) and time one commitment prefill of a throughput-sized output."""
+        from models.fingerprint import fingerprint_backend
+        from models.layer_states import layer_states
+
+        fb = fingerprint_backend(self.backend)
+        ids = self.backend.tokenize("Count from one to one hundred. " * 8)[:THROUGHPUT_TOKENS * 3]
+        started = time.perf_counter()
+        layer_states(fb, ids)
+        return time.perf_counter() - started
 
     def solve(self, task: TaskSpec, model: str, max_tokens: int) -> Solution:
         from models.cot import Problem, solve

@@ -124,29 +124,29 @@ class CheckRunner:
 
         return cls(load_backend(ModelConfig(spec=spec) if spec else ModelConfig()))
 
-    def _binding(self, e: StartCheck) -> CheckDone | None:
-        """The cheap part of every check: the CoT is the output, the answer is the CoT's."""
+    def _binding(self, e: StartCheck) -> CheckDone | list[int]:
+        """The cheap part of every check (the CoT is the output, the answer is the CoT's):
+        a failed CheckDone, or the prompt ids rebuilt from the task. Call under the lock."""
         from models.extract import extract_answer
 
+        if e.model_hash != self.model_hash:
+            raise ValueError("check for a model this runner does not hold")
         text = self.backend.detokenize(e.output_ids)
         if not cot_matches(e.cot, text):
             return CheckDone(e.check_id, False, "CoT is not the detokenized output tokens")
         found = extract_answer(text, AnswerType(e.task.answer_type), e.task.choices)
         if (found.answer if found is not None else "")[:MAX_ANSWER_CHARS] != e.answer:
             return CheckDone(e.check_id, False, "answer is not the one the output states")
-        return None
+        return task_prompt_ids(self.backend, e.task)
 
     def prepare(self, e: StartCheck) -> CheckDone | LayerJob:
         """For a check of committed layer states: the binding checks and what to fetch."""
         from models.layer_states import needed_leaves, plan_check
 
-        if e.model_hash != self.model_hash:
-            raise ValueError("check for a model this runner does not hold")
         with self._lock:
-            done = self._binding(e)
-            if done is not None:
-                return done
-            prompt = task_prompt_ids(self.backend, e.task)
+            prompt = self._binding(e)
+        if isinstance(prompt, CheckDone):
+            return prompt
         plan = plan_check(len(prompt), len(e.output_ids), e.chunk_indices, e.chunk_tokens,
                           e.layers)
         return LayerJob(prompt, plan, tuple(needed_leaves(plan)))
@@ -169,13 +169,10 @@ class CheckRunner:
         """A check by one prefill over the sampled chunks (no layer states committed)."""
         from models.fingerprint import check_fingerprint, fingerprint_backend
 
-        if e.model_hash != self.model_hash:
-            raise ValueError("check for a model this runner does not hold")
         with self._lock:
-            done = self._binding(e)
-            if done is not None:
-                return done
-            prompt = task_prompt_ids(self.backend, e.task)
+            prompt = self._binding(e)
+            if isinstance(prompt, CheckDone):
+                return prompt
             n_chunks = (len(e.output_ids) + e.chunk_tokens - 1) // e.chunk_tokens
             blobs = [b""] * n_chunks  # only the sampled chunks are compared
             for index, blob in zip(e.chunk_indices, e.fingerprints, strict=True):

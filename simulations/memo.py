@@ -17,7 +17,7 @@ bytes), ``protocol.codec.encode`` likewise, keyed by the identity of the (immuta
 message object: a machine that counts the bytes of what it sends and the transport that sends
 it encode one object once; and the ledger's envelope checks that depend on the envelope's
 bytes alone (``protocol.ledger_records.envelope_hash`` and ``_open``: signature, domain,
-version, decoding), keyed by the envelope's value. Checks that depend on the node (network,
+version, decoding), keyed by the envelope object, then by its value. Checks that depend on the node (network,
 signer, clock, replay, quota) still run on every node.
 """
 
@@ -78,6 +78,29 @@ def _targets() -> list[tuple[object, str, Callable[..., Any]]]:
     return found
 
 
+class _ByIdentity:
+    """``fn(obj, *rest)`` remembered per object (kept alive, so its id is not reused), then by
+    value: the simulator hands every node the very same envelope object, so the common case is
+    one dict lookup; equal copies (``wire_bytes``: each node decodes its own) share by value."""
+
+    def __init__(self, fn: Callable[..., Any], entries: int) -> None:
+        self.entries = entries
+        self._by_value = functools.lru_cache(maxsize=entries)(fn)
+        self._cache: dict[tuple[Any, ...], tuple[object, Any]] = {}
+
+    def __call__(self, obj: object, *rest: Any) -> Any:
+        key = (id(obj), *rest)
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] is obj:
+            return hit[1]
+        result = self._by_value(obj, *rest)
+        cache = self._cache
+        if len(cache) >= self.entries:
+            del cache[next(iter(cache))]
+        cache[key] = (obj, result)
+        return result
+
+
 #: pure functions shared wherever a ``protocol.*`` module binds them (by these names)
 _PROTOCOL_FUNCTIONS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("decode", codec.decode),
@@ -85,6 +108,8 @@ _PROTOCOL_FUNCTIONS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("envelope_hash", ledger_records.envelope_hash),
     ("_open", ledger_records._open),
 )
+#: of those, the ones whose first argument is an immutable object handed around as is
+_BY_IDENTITY = (ledger_records.envelope_hash, ledger_records._open)
 
 
 @contextmanager
@@ -94,9 +119,13 @@ def shared_pure_functions(entries: int = CACHE_ENTRIES) -> Iterator[None]:
     for module, attr, original in _targets():
         if getattr(module, attr) is not original:
             continue  # already shared by an enclosing context
-        shared = (
-            encode if original is codec.encode else functools.lru_cache(maxsize=entries)(original)
-        )
+        shared: Callable[..., Any]
+        if original is codec.encode:
+            shared = encode
+        elif original in _BY_IDENTITY:
+            shared = _ByIdentity(original, entries)
+        else:
+            shared = functools.lru_cache(maxsize=entries)(original)
         setattr(module, attr, shared)
         patched.append((module, attr, original))
     try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import random
+from array import array
 from dataclasses import dataclass, field
 
 from simulations.engine import US_PER_S
@@ -216,9 +217,24 @@ class NetworkModel:
         self._down_free_us[b] = end
         return self._faults(end, latency)
 
-    def fan_out(self, a: int, targets: list[int], size: int, now_us: int) -> list[tuple[int, int]]:
-        """``transfer(a, b, size, now_us)`` for each b of ``targets`` in turn (the same draws in
-        the same order, the same link state after), as ``(b, arrival)`` pairs: gossip's loop."""
+    def flood_hop(
+        self, a: int, mesh: list[int], skip: int, arrival: array[int], size: int, now_us: int
+    ) -> tuple[list[tuple[int, int]], list[int]]:
+        """One gossip hop: a sends ``size`` bytes now to every b of ``mesh`` but ``skip``.
+
+        ``arrival[b]`` is 0 (nothing on its way to b), the earliest arrival + 1 of a copy on
+        its way, or -1 (b has the message). Returns the copies that will arrive first, as
+        ``(b, time)`` in mesh order (``arrival`` is updated for them), and the b whose copy
+        will be dropped as a duplicate (only its bytes count). Each copy is ``transfer``: the
+        same draws, the same link state; except that a small copy to a node that has the
+        message already is not timed (too small to matter to the link's queue). Copies to a
+        node cut off by a partition are neither.
+        """
+        if self._partitioned or self._loss or self._duplicate:
+            return self._flood_hop_slow(a, mesh, skip, arrival, size, now_us)
+        first: list[tuple[int, int]] = []
+        dups: list[int] = []
+        small = size <= SMALL_MESSAGE_BYTES
         up_bps = self.up_bps[a]
         down_bps = self.down_bps
         up_free = self._up_free_us
@@ -227,11 +243,15 @@ class NetworkModel:
         draw = self.rng.random
         constant = self._constant_us
         pairs = self._pair_latency_us
-        faults = self._faults if (self._loss or self._duplicate) else None
-        small = size <= SMALL_MESSAGE_BYTES
         bits = size * US_PER_S
-        out: list[tuple[int, int]] = []
-        for b in targets:
+        for b in mesh:
+            if b == skip:
+                continue
+            seen = arrival[b]
+            if seen == -1 and small:
+                dups.append(b)
+                continue
+            # transfer(a, b, size, now_us), inlined (keep the two in step)
             down = down_bps[b]
             duration = int(bits / (up_bps if up_bps < down else down)) + 1
             if constant is not None:
@@ -253,12 +273,33 @@ class NetworkModel:
                 end = rx_start + duration
                 up_free[a] = rx_start - latency + duration
                 down_free[b] = end
-            if faults is None:
-                out.append((b, end))
+            if seen == -1 or 0 < seen <= end + 1:
+                dups.append(b)
             else:
-                for at in faults(end, latency):
-                    out.append((b, at))
-        return out
+                arrival[b] = end + 1
+                first.append((b, end))
+        return first, dups
+
+    def _flood_hop_slow(
+        self, a: int, mesh: list[int], skip: int, arrival: array[int], size: int, now_us: int
+    ) -> tuple[list[tuple[int, int]], list[int]]:
+        first: list[tuple[int, int]] = []
+        dups: list[int] = []
+        small = size <= SMALL_MESSAGE_BYTES
+        for b in mesh:
+            if b == skip or not self.reachable(a, b):
+                continue
+            if small and arrival[b] == -1:
+                dups.append(b)
+                continue
+            for at in self.transfer(a, b, size, now_us):
+                seen = arrival[b]
+                if seen == -1 or 0 < seen <= at + 1:
+                    dups.append(b)
+                else:
+                    arrival[b] = at + 1
+                    first.append((b, at))
+        return first, dups
 
     def _faults(self, end: int, latency: int) -> tuple[int, ...]:
         if self._loss and self.rng.random() < self._loss:

@@ -10,6 +10,7 @@ import importlib
 import time
 from pathlib import Path
 
+from simulations.engine import fewer_gc_passes
 from simulations.memo import shared_pure_functions
 from simulations.report import Report, write
 from simulations.scenario import Scenario, ScenarioError
@@ -25,7 +26,7 @@ def run_scenario(scenario: Scenario, progress: Progress = no_progress) -> tuple[
         )
     module = importlib.import_module(module_name)
     started = time.perf_counter()
-    with shared_pure_functions():
+    with shared_pure_functions(), fewer_gc_passes():
         report: Report = module.run(scenario, progress)
     return report, time.perf_counter() - started
 

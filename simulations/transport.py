@@ -35,7 +35,6 @@ from protocol.codec import Message, decode
 from protocol.errors import InvalidMessage
 from protocol.machine import DialFailed, Received, SendFailed
 from simulations.memo import encode
-from simulations.network import SMALL_MESSAGE_BYTES
 from simulations.node import INVALID_MESSAGE_PENALTY
 
 if TYPE_CHECKING:
@@ -294,52 +293,31 @@ class SimTransport:
         if not mesh:
             return
         swarm = self.swarm
-        net = swarm.net
         nodes = swarm.nodes
         arrival = gossip.arrival
+        if len(arrival) < len(nodes):  # nodes added since: they never see it (as seen)
+            arrival.extend([-1] * (len(nodes) - len(arrival)))
         size = gossip.size
-        partitioned = net.is_partitioned()
         src = node.index
-        sent = 0
-        duplicates = 0
-        n_arrival = len(arrival)
-        small = size <= SMALL_MESSAGE_BYTES
-        targets: list[int] = []
-        for index in mesh:
-            if index == came_from:
-                continue
-            sent += 1
-            if partitioned and not net.reachable(src, index):
-                continue
-            if small and (index >= n_arrival or arrival[index] == -1):
-                # the target has this message already: a copy that is dropped on arrival,
-                # too small to matter to the link's queue; count its bytes, skip the timing
-                duplicates += 1
-                target = nodes[index]
-                target.bytes_received += size
-                target.msgs_received += 1
-                continue
-            targets.append(index)
-        if targets:
-            loop = swarm.loop
+        loop = swarm.loop
+        first, duplicates = swarm.net.flood_hop(src, mesh, came_from, arrival, size, loop.now_us)
+        for index in duplicates:
+            target = nodes[index]
+            target.bytes_received += size
+            target.msgs_received += 1
+        if first:
             schedule = loop.at
             arrive = self._gossip_arrive
-            for index, at in net.fan_out(src, targets, size, loop.now_us):
-                first = arrival[index] if index < n_arrival else -1
+            for index, at in first:
                 target = nodes[index]
-                if first == -1 or 0 < first <= at + 1:
-                    duplicates += 1
-                    target.bytes_received += size
-                    target.msgs_received += 1
-                    continue
-                arrival[index] = at + 1
                 schedule(at, arrive, target, target.epoch, src, gossip)
+        sent = len(mesh) - 1 if came_from in mesh else len(mesh)
         if sent:
             node.bytes_sent += size * sent
             node.msgs_sent += sent
             swarm.metrics.add_bytes("gossip", size * sent)
         if duplicates:
-            swarm.metrics.count("gossip_duplicates", duplicates)
+            swarm.metrics.count("gossip_duplicates", len(duplicates))
 
     def _forget(self, gid: int) -> None:
         gossip = self._seen.pop(gid, None)

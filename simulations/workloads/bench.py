@@ -28,6 +28,7 @@ from simulations.compute import (
     model_hash,
     question_bank,
 )
+from simulations.engine import fewer_gc_passes
 from simulations.machines.ledger import ledger_spec
 from simulations.machines.market import AUCTION, auction_spec, executor_spec
 from simulations.memo import shared_pure_functions
@@ -103,7 +104,7 @@ def bench_swarm(
     exe = executor_spec(exec_config, cost)
     auc = auction_spec(lambda node: ScoreSelector(), AuctionConfig())
     done: list[int] = []
-    with shared_pure_functions():
+    with shared_pure_functions(), fewer_gc_passes():
         swarm = Swarm(seed, latency=LatencyModel("lognormal", 40.0, 0.5, jitter_ms=5.0))
         for i in range(nodes):
             specs = (led, exe) if i < n_exec else ((led, auc) if i < n_exec + n_req else (led,))

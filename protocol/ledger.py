@@ -114,14 +114,21 @@ class _RateLimiter:
     buckets: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     def take(self, peer: str, now_ms: int) -> bool:
-        tokens, at = self.buckets.get(peer, (float(self.per_minute), now_ms))
-        tokens = min(float(self.per_minute), tokens + (now_ms - at) * self.per_minute / 60_000)
-        if len(self.buckets) > MAX_TRACKED_PEERS:
-            self.buckets.clear()  # a crowd of peers: forget history rather than grow
+        buckets = self.buckets
+        per_minute = self.per_minute
+        held = buckets.get(peer)
+        if held is None:
+            tokens = float(per_minute)
+        else:
+            tokens = held[0] + (now_ms - held[1]) * per_minute / 60_000
+            if tokens > per_minute:
+                tokens = float(per_minute)
+        if len(buckets) > MAX_TRACKED_PEERS:
+            buckets.clear()  # a crowd of peers: forget history rather than grow
         if tokens < 1.0:
-            self.buckets[peer] = (tokens, now_ms)
+            buckets[peer] = (tokens, now_ms)
             return False
-        self.buckets[peer] = (tokens - 1.0, now_ms)
+        buckets[peer] = (tokens - 1.0, now_ms)
         return True
 
 
@@ -175,7 +182,10 @@ class LedgerMachine:
         now += self.clock_offset_ms
         if self._next_anti_entropy is None:
             self._next_anti_entropy = now + self.config.anti_entropy_ms
-        effects = self._dispatch(event, now)
+        if type(event) is Received:  # the common case first
+            effects = self._on_received(event.peer, event.message, event.topic, now)
+        else:
+            effects = self._dispatch(event, now)
         for effect in effects:
             if isinstance(effect, (Send, Publish)):
                 self.stats["bytes_sent"] += len(encode(effect.message))
@@ -420,22 +430,25 @@ class LedgerMachine:
                         self._dirty = self._spec is not None
             except Rejected as exc:
                 _count(rejected, exc.reason)
+        held_atts = state.attestations
+        limiter = self._limits["attestation"]
+        config = self.config
         for env in push.attestations:
             h = envelope_hash(env)
-            if h in state.attestations:
+            if h in held_atts:
                 continue
-            if not solicited and not self._limits["attestation"].take(peer, now):
+            if not solicited and not limiter.take(peer, now):
                 _count(rejected, Rejection.RATE_LIMITED)
                 continue
             try:
-                signer = self._signer(env)
+                signer = self._signers.get(env.public_key) or self._signer(env)
                 att = open_attestation(
                     env,
                     network_id=self.network_id,
                     now_ms=now,
                     signer=signer,
-                    max_ttl_ms=self.config.max_attestation_ttl_ms,
-                    skew_ms=self.config.clock_skew_ms,
+                    max_ttl_ms=config.max_attestation_ttl_ms,
+                    skew_ms=config.clock_skew_ms,
                 )
                 added, evicted = state.merge_attestation(env, att, signer, h)
             except Rejected as exc:

@@ -25,6 +25,7 @@ import bisect
 import heapq
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from crypto.envelope import Envelope
 from crypto.hashing import digest
@@ -59,8 +60,9 @@ class HeldRecord:
         return self.record.expires_at_ms > now_ms
 
 
-@dataclass(frozen=True, slots=True)
-class HeldAttestation:
+class HeldAttestation(NamedTuple):
+    """One held attestation (a named tuple: a simulator holds millions, made per delivery)."""
+
     envelope: Envelope
     attestation: Attestation
     observer: str
@@ -90,6 +92,8 @@ class LedgerState:
         #: bucket -> its hashes, kept sorted; only non-empty buckets are present (a node
         #: holding few attestations pays for few buckets)
         self._buckets: dict[int, list[bytes]] = {}
+        #: hashes merged but not yet put in their bucket (done when buckets are looked at)
+        self._unbucketed: list[bytes] = []
         self._bucket_hash: dict[int, bytes] = {}  # cached hashes of unchanged buckets
         self._summary: bytes | None = b""  # cached bucket_summary(); None: recompute
         self._summary_buf = bytearray(_EMPTY_BUCKET * BUCKETS)  # kept up to date lazily
@@ -127,39 +131,56 @@ class LedgerState:
         self, envelope: Envelope, att: Attestation, observer: str, h: bytes
     ) -> tuple[bool, list[bytes]]:
         """(new?, hashes evicted by the observer quota), or ``Rejected``."""
-        if h in self.attestations:
+        attestations = self.attestations
+        if h in attestations:
             return False, []
-        slot = self._quota.setdefault((observer, att.observed_at_ms // MINUTE_MS), [])
+        key = (observer, att.observed_at_ms // MINUTE_MS)
+        slot = self._quota.get(key)
+        if slot is None:
+            slot = self._quota[key] = []
         evicted: list[bytes] = []
         if len(slot) >= self.observer_quota:
             if h > slot[-1]:
                 raise Rejected(Rejection.OBSERVER_QUOTA, f"{observer} over its quota")
             evicted.append(slot[-1])
             self._remove_attestation(slot[-1])
-        elif len(self.attestations) >= self.max_attestations:
-            raise Rejected(Rejection.LEDGER_FULL, f"{len(self.attestations)} attestations held")
-        held = HeldAttestation(envelope, att, observer, h)
-        self.attestations[h] = held
+        elif len(attestations) >= self.max_attestations:
+            raise Rejected(Rejection.LEDGER_FULL, f"{len(attestations)} attestations held")
+        attestations[h] = HeldAttestation(envelope, att, observer, h)
         bisect.insort(slot, h)
-        b = h[0]
-        bucket = self._buckets.get(b)
-        if bucket is None:
-            self._buckets[b] = [h]
-        else:
-            bisect.insort(bucket, h)
-            self._bucket_hash.pop(b, None)
-        self._stale_buckets.add(b)
-        self._summary = None
+        self._unbucketed.append(h)
         self._digest = None
-        self.by_subject.setdefault(att.subject, set()).add(h)
-        self._touch(att.subject)
+        subject = att.subject
+        hashes = self.by_subject.get(subject)
+        if hashes is None:
+            self.by_subject[subject] = {h}
+        else:
+            hashes.add(h)
+        self._changes += 1
+        self.subject_version[subject] = self._changes
         heapq.heappush(self._expiry, (att.expires_at_ms, h))
         return True, evicted
+
+    def _put_in_buckets(self) -> None:
+        """Sort the hashes merged since last time into their buckets."""
+        for h in self._unbucketed:
+            b = h[0]
+            bucket = self._buckets.get(b)
+            if bucket is None:
+                self._buckets[b] = [h]
+            else:
+                bisect.insort(bucket, h)
+                self._bucket_hash.pop(b, None)
+            self._stale_buckets.add(b)
+        self._unbucketed.clear()
+        self._summary = None
 
     def _remove_attestation(self, h: bytes) -> HeldAttestation | None:
         held = self.attestations.pop(h, None)
         if held is None:
             return None
+        if self._unbucketed:
+            self._put_in_buckets()
         att = held.attestation
         key = (held.observer, att.observed_at_ms // MINUTE_MS)
         slot = self._quota[key]
@@ -225,6 +246,8 @@ class LedgerState:
                 yield held
 
     def bucket_hash(self, b: int) -> bytes:
+        if self._unbucketed:
+            self._put_in_buckets()
         cached = self._bucket_hash.get(b)
         if cached is None:
             members = self._buckets.get(b)
@@ -235,6 +258,8 @@ class LedgerState:
         return cached
 
     def bucket_summary(self) -> bytes:
+        if self._unbucketed:
+            self._put_in_buckets()
         summary = self._summary
         if summary is None:
             buf = self._summary_buf
@@ -247,6 +272,8 @@ class LedgerState:
 
     def bucket(self, b: int) -> Sequence[bytes]:
         """The sorted hashes in bucket ``b`` (do not mutate)."""
+        if self._unbucketed:
+            self._put_in_buckets()
         return self._buckets.get(b, ())
 
     def digest(self, now_ms: int) -> LedgerDigest:

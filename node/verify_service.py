@@ -41,6 +41,7 @@ from protocol.verification_messages import (
     Terms,
     Verdict,
 )
+from protocol.verification_rules import ledger_convicted
 from protocol.verification_state import VerifyConfig
 from protocol.verifier import (
     CancelCheck,
@@ -111,6 +112,15 @@ def ledger_verifiers(ctx: NodeContext, model_hash: bytes, now: int) -> list[str]
             if any(o.weights_hash == model_hash for o in m.record.models)]
 
 
+def ledger_excluded(ctx: NodeContext, window_ms: int, peer: str, now: int) -> bool:
+    """Peers the ledger shows convicted by others (verification_rules.ledger_convicted)."""
+    ledger = ctx.services.get("ledger")
+    view = getattr(getattr(ledger, "machine", None), "view", None)
+    if view is None:
+        return False
+    return ledger_convicted(view, peer, ctx.clock(), window_ms)
+
+
 def requester_machine(ctx: NodeContext, selector: Selector, config: AuctionConfig,
                       reputation: Any) -> Auction:
     """The tasks service's machine: a VerifiedAuction when verification is enabled."""
@@ -119,7 +129,9 @@ def requester_machine(ctx: NodeContext, selector: Selector, config: AuctionConfi
         return Auction(ctx.identity, selector, ctx.rng, config, reputation)
     return VerifiedAuction(ctx.identity, selector, ctx.rng, config, reputation,
                            verify=section.verify_config(),
-                           verifier_candidates=functools.partial(ledger_verifiers, ctx))
+                           verifier_candidates=functools.partial(ledger_verifiers, ctx),
+                           excluded=functools.partial(ledger_excluded, ctx,
+                                                      section.exclusion_ms))
 
 
 def executor_machine(ctx: NodeContext, config: ExecutorConfig) -> Executor:

@@ -42,6 +42,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from crypto.hashing import digest, digest_parts
 from crypto.merkle import ProofStep
 from protocol.codec import encode
+from protocol.ledger_records import AttestationKind
+from protocol.ledger_view import LedgerView
+from protocol.reputation import NEUTRAL
 from protocol.tasks import HASH_LEN, TaskSpec
 from protocol.verification_messages import ID_BYTES, PROOF_STEP_BYTES
 
@@ -183,3 +186,33 @@ def decide(rounds: Sequence[Mapping[str, bool]], max_escalations: int) -> Decisi
     if verdicts == {False}:
         return Decision.FAIL
     return Decision.ESCALATE if len(rounds) - 1 < max_escalations else Decision.UNDECIDED
+
+
+#: distinct, reputable observers whose VERIFICATION_FAILED attestations exclude a peer
+#: network-wide (see :func:`ledger_convicted`)
+MIN_CONVICTING_OBSERVERS = 2
+
+
+def ledger_convicted(view: LedgerView, peer: str, now: int, window_ms: int,
+                     min_observers: int = MIN_CONVICTING_OBSERVERS) -> bool:
+    """Does the ledger show ``peer`` failing verification recently, on good authority?
+
+    True when, within the last ``window_ms``, at least ``min_observers`` distinct observers
+    attested ``VERIFICATION_FAILED`` about ``peer`` and each of them has a reputation above
+    the neutral prior (others vouch for its work). One conviction gives two such attestations
+    (a verifier's verdict and the requester's decision), so a cheater caught by one requester
+    is excluded by every requester that reads the ledger; a single party, or fresh identities
+    nobody vouches for, cannot ban an honest peer with made-up failures. (The requester that
+    saw the failure excludes the peer at once, on its own evidence.)
+    """
+    epoch = now + view.clock_offset_ms
+    observers = {
+        held.observer
+        for held in view.attestations(subject=peer, kind=AttestationKind.VERIFICATION_FAILED)
+        if epoch - window_ms <= held.attestation.observed_at_ms <= epoch + window_ms
+        and held.observer != peer
+    }
+    if len(observers) < min_observers:
+        return False
+    reputable = [o for o in observers if view.reputation(o, now).score > NEUTRAL.score]
+    return len(reputable) >= min_observers

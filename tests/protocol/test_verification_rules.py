@@ -10,6 +10,8 @@ from crypto.keys import Identity
 from crypto.merkle import merkle_proof, merkle_root, verify_proof
 from protocol.codec import decode, encode, registered
 from protocol.errors import InvalidMessage
+from protocol.ledger_records import AttestationKind
+from protocol.ledger_view import LedgerView
 from protocol.verification_messages import (
     COMMIT_DOMAIN,
     CommitBody,
@@ -22,6 +24,7 @@ from protocol.verification_rules import (
     decide,
     decode_proof,
     encode_proof,
+    ledger_convicted,
     pack_ids,
     rank_verifiers,
     result_commitment,
@@ -182,3 +185,37 @@ def test_reveal_refuses_partial_token_ids() -> None:
     bad = Reveal(task_id=TID, attempt=0, result=env, salt=b"\x00" * 32, output_ids=b"\x00" * 7)
     with pytest.raises(InvalidMessage):
         decode(encode(bad), Reveal)
+
+
+def _ledger_with(*specs: tuple[int, int, AttestationKind, int]) -> LedgerView:
+    """(observer, subject, kind, observed_at) identity indices -> a view holding them."""
+    from protocol.codec import decode as _decode
+    from protocol.ledger_records import Attestation
+    from protocol.ledger_state import LedgerState
+    from tests.protocol.ledger_net import HOUR, attestation, identity
+
+    state = LedgerState()
+    for n, (obs, subj, kind, at) in enumerate(specs):
+        env = attestation(identity(obs), identity(subj).peer_id, kind=kind, now=at,
+                          ttl=30 * 24 * HOUR, object_id=bytes([n]) * 4)
+        state.merge_attestation(env, _decode(env.payload, Attestation), identity(obs).peer_id,
+                                env.content_hash)
+    return LedgerView(state, "me")
+
+
+def test_ledger_conviction_needs_two_reputable_observers() -> None:
+    from tests.protocol.ledger_net import T0, identity
+
+    K = AttestationKind
+    cheat = identity(9).peer_id
+    vouched = [(5, 3, K.TASK_COMPLETED, T0), (5, 4, K.TASK_COMPLETED, T0)]  # 5 vouches for 3, 4
+    failed_by = [(3, 9, K.VERIFICATION_FAILED, T0), (4, 9, K.VERIFICATION_FAILED, T0)]
+    window = 60 * 60_000
+    assert ledger_convicted(_ledger_with(*vouched, *failed_by), cheat, T0, window)
+    # one observer alone, however reputable, cannot exclude anyone network-wide
+    assert not ledger_convicted(_ledger_with(*vouched, failed_by[0]), cheat, T0, window)
+    # fresh identities nobody vouches for cannot either
+    assert not ledger_convicted(_ledger_with(*failed_by), cheat, T0, window)
+    # and old failures have served their time
+    assert not ledger_convicted(_ledger_with(*vouched, *failed_by), cheat, T0 + 2 * window,
+                                window)

@@ -8,6 +8,7 @@ records, so report.json is byte-identical for the same scenario and seed.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Iterable
 
 #: floats in reports are rounded to this many significant digits
@@ -63,6 +64,23 @@ class Metrics:
             "bytes_by_kind": clean(self.bytes_by_kind),
             "series": clean({k: [list(p) for p in v] for k, v in self.series.items()}),
         }
+
+
+class Traffic:
+    """Bytes and messages sent and received, per node index (compact arrays: a big swarm's
+    transport bumps the counters of many nodes per message)."""
+
+    __slots__ = ("bytes_sent", "bytes_received", "msgs_sent", "msgs_received")
+
+    def __init__(self) -> None:
+        self.bytes_sent: array[int] = array("q")
+        self.bytes_received: array[int] = array("q")
+        self.msgs_sent: array[int] = array("q")
+        self.msgs_received: array[int] = array("q")
+
+    def add_node(self) -> None:
+        for counter in (self.bytes_sent, self.bytes_received, self.msgs_sent, self.msgs_received):
+            counter.append(0)
 
 
 def summary(values: list[float]) -> dict[str, float]:

@@ -104,6 +104,8 @@ class NetworkModel:
         self._up_free_us: list[int] = []
         self._down_free_us: list[int] = []
         self._pair_latency_us: dict[int, int] = {}
+        #: node a -> {b: base latency a-b}, filled as links are used (flood_hop's lookups)
+        self._latency_rows: list[dict[int, int]] = []
         #: node index -> partition group, or -1 when no partition is in force
         self.group: list[int] = []
         self._partitioned = False
@@ -126,6 +128,7 @@ class NetworkModel:
         self.region.append(region)
         self._up_free_us.append(0)
         self._down_free_us.append(0)
+        self._latency_rows.append({})
         self.group.append(-1)
         return len(self.up_bps) - 1
 
@@ -242,7 +245,7 @@ class NetworkModel:
         jitter = self._jitter_us
         draw = self.rng.random
         constant = self._constant_us
-        pairs = self._pair_latency_us
+        row = self._latency_rows[a]
         bits = size * US_PER_S
         for b in mesh:
             if b == skip:
@@ -257,8 +260,10 @@ class NetworkModel:
             if constant is not None:
                 latency = constant
             else:
-                cached = pairs.get(a * 1_000_003 + b if a < b else b * 1_000_003 + a)
-                latency = cached if cached is not None else self.base_latency_us(a, b)
+                cached = row.get(b)
+                if cached is None:
+                    cached = row[b] = self.base_latency_us(a, b)
+                latency = cached
             if jitter:
                 latency += int(draw() * jitter)
             if small and (up_free[a] > now_us + duration or down_free[b] > now_us):

@@ -88,10 +88,6 @@ class VirtualNode:
         "mesh",
         "scores",
         "banned_until_ms",
-        "bytes_sent",
-        "bytes_received",
-        "msgs_sent",
-        "msgs_received",
         "profile",
         "tags",
     )
@@ -123,14 +119,45 @@ class VirtualNode:
         self.mesh: dict[str, list[int]] = {}  # topic -> gossip mesh peers
         self.scores: dict[str, tuple[float, int]] = {}  # peer -> (score, updated at ms)
         self.banned_until_ms: dict[str, int] = {}
-        self.bytes_sent = 0
-        self.bytes_received = 0
-        self.msgs_sent = 0
-        self.msgs_received = 0
         #: the node's device/behaviour profile (compute model, adversary role)
         self.profile = profile
         #: free-form labels set by the workload (e.g. "cheater", "sybil")
         self.tags: set[str] = set()
+
+    # ------------------------------------------------------------------ traffic counters
+    # (kept in the swarm's per-node arrays: the transport bumps them for many nodes at once)
+
+    @property
+    def bytes_sent(self) -> int:
+        return self.swarm.traffic.bytes_sent[self.index]
+
+    @bytes_sent.setter
+    def bytes_sent(self, value: int) -> None:
+        self.swarm.traffic.bytes_sent[self.index] = value
+
+    @property
+    def bytes_received(self) -> int:
+        return self.swarm.traffic.bytes_received[self.index]
+
+    @bytes_received.setter
+    def bytes_received(self, value: int) -> None:
+        self.swarm.traffic.bytes_received[self.index] = value
+
+    @property
+    def msgs_sent(self) -> int:
+        return self.swarm.traffic.msgs_sent[self.index]
+
+    @msgs_sent.setter
+    def msgs_sent(self, value: int) -> None:
+        self.swarm.traffic.msgs_sent[self.index] = value
+
+    @property
+    def msgs_received(self) -> int:
+        return self.swarm.traffic.msgs_received[self.index]
+
+    @msgs_received.setter
+    def msgs_received(self, value: int) -> None:
+        self.swarm.traffic.msgs_received[self.index] = value
 
     # ------------------------------------------------------------------ life cycle
 

@@ -27,7 +27,7 @@ from crypto.keys import Identity
 from protocol.errors import LocalProtocolError
 from protocol.machine import Dial, Disconnect, Emit, Penalize, Publish, Send
 from simulations.engine import US_PER_MS, EventLoop
-from simulations.metrics import Metrics
+from simulations.metrics import Metrics, Traffic
 from simulations.network import LatencyModel, LinkFaults, NetworkModel
 from simulations.node import MachineSlot, MachineSpec, VirtualNode
 from simulations.transport import SimTransport
@@ -71,6 +71,7 @@ class Swarm:
             faults=faults or LinkFaults(),
         )
         self.metrics = Metrics()
+        self.traffic = Traffic()
         self.transport = SimTransport(
             self,
             wire_bytes=wire_bytes,
@@ -108,6 +109,7 @@ class Swarm:
         rng = derive_rng(self.seed, f"node-rng/{index}")
         node = VirtualNode(self, index, identity, rng, specs, profile)
         self.net.add_node(up_bps, down_bps, region)
+        self.traffic.add_node()
         self.nodes.append(node)
         self._by_peer[node.peer_id] = node
         return node
@@ -237,4 +239,5 @@ class Swarm:
         return self.loop.run(until_ms * US_PER_MS, on_progress=on_progress)
 
     def bytes_per_node(self) -> list[int]:
-        return [n.bytes_sent + n.bytes_received for n in self.nodes]
+        t = self.traffic
+        return [a + b for a, b in zip(t.bytes_sent, t.bytes_received, strict=True)]

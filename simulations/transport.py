@@ -301,10 +301,13 @@ class SimTransport:
         src = node.index
         loop = swarm.loop
         first, duplicates = swarm.net.flood_hop(src, mesh, came_from, arrival, size, loop.now_us)
-        for index in duplicates:
-            target = nodes[index]
-            target.bytes_received += size
-            target.msgs_received += 1
+        traffic = swarm.traffic
+        if duplicates:
+            rx_bytes = traffic.bytes_received
+            rx_msgs = traffic.msgs_received
+            for index in duplicates:
+                rx_bytes[index] += size
+                rx_msgs[index] += 1
         if first:
             schedule = loop.at
             arrive = self._gossip_arrive
@@ -313,8 +316,8 @@ class SimTransport:
                 schedule(at, arrive, target, target.epoch, src, gossip)
         sent = len(mesh) - 1 if came_from in mesh else len(mesh)
         if sent:
-            node.bytes_sent += size * sent
-            node.msgs_sent += sent
+            traffic.bytes_sent[src] += size * sent
+            traffic.msgs_sent[src] += sent
             swarm.metrics.add_bytes("gossip", size * sent)
         if duplicates:
             swarm.metrics.count("gossip_duplicates", len(duplicates))
@@ -334,9 +337,10 @@ class SimTransport:
     def _gossip_arrive(self, target: VirtualNode, epoch: int, src: int, gossip: _Gossip) -> None:
         if target.epoch != epoch or not target.up:
             return
-        target.bytes_received += gossip.size
-        target.msgs_received += 1
         index = target.index
+        traffic = self.swarm.traffic
+        traffic.bytes_received[index] += gossip.size
+        traffic.msgs_received[index] += 1
         arrival = gossip.arrival
         if gossip.forgotten or arrival[index] != self.swarm.loop.now_us + 1:
             self.swarm.metrics.count("gossip_duplicates")

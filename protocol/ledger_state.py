@@ -46,6 +46,7 @@ MINUTE_MS = 60 * 1000
 _EMPTY_BUCKET = bytes(PREFIX_LEN)
 _BUCKET_PERSON = b"symphony-bucket"
 _NEVER = 1 << 62
+_EMPTY_DIGEST = LedgerDigest(records=(), attestation_count=0, attestation_buckets=b"", reply=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +283,8 @@ class LedgerState:
         cached = self._digest
         if cached is not None and cached[0] <= now_ms < cached[1]:
             return cached[2]
+        if not self.records and not self.attestations:
+            return _EMPTY_DIGEST  # one object for every empty ledger
         live = list(self.live_records(now_ms))
         versions = tuple(
             RecordVersion(

@@ -11,7 +11,7 @@ never cached: it is raised again each time); only the repeated work is shared.
 Outside the context nothing is changed.
 
 What is shared: ``crypto.keys.verify_signature`` (as bound in crypto.envelope),
-``crypto.peer_id.peer_id_from_public_key`` (as bound in crypto.envelope),
+``crypto.peer_id.peer_id_from_public_key`` (as bound in crypto.envelope and crypto.keys),
 ``protocol.codec.decode`` as bound in every loaded ``protocol.*`` module (keyed by the frame's
 bytes), ``protocol.codec.encode`` likewise, keyed by the identity of the (immutable)
 message object: a machine that counts the bytes of what it sends and the transport that sends
@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import crypto.envelope
+import crypto.keys
 from crypto.keys import verify_signature
 from crypto.peer_id import peer_id_from_public_key
 from protocol import codec, ledger_records
@@ -68,6 +69,7 @@ def _targets() -> list[tuple[object, str, Callable[..., Any]]]:
     found: list[tuple[object, str, Callable[..., Any]]] = [
         (crypto.envelope, "verify_signature", verify_signature),
         (crypto.envelope, "peer_id_from_public_key", peer_id_from_public_key),
+        (crypto.keys, "peer_id_from_public_key", peer_id_from_public_key),
     ]
     for name in sorted(sys.modules):
         module = sys.modules[name]

@@ -13,6 +13,7 @@ Re-exported by protocol/ledger.py; callers import from there.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from crypto.envelope import Envelope
 from protocol.ledger_records import (
@@ -106,8 +107,9 @@ class StoreCapability:
     record: CapabilityRecord
 
 
-@dataclass(frozen=True, slots=True)
-class StoreAttestation:
+class StoreAttestation(NamedTuple):
+    """Persist an attestation (a named tuple: made once per delivered attestation)."""
+
     envelope: Envelope
     attestation: Attestation
     hash: bytes

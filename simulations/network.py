@@ -104,6 +104,8 @@ class NetworkModel:
         self._up_free_us: list[int] = []
         self._down_free_us: list[int] = []
         self._pair_latency_us: dict[int, int] = {}
+        #: min(up, down) when every node has the same up and down rates, else None
+        self._one_rate: float | None = None
         #: node a -> {b: base latency a-b}, filled as links are used (flood_hop's lookups)
         self._latency_rows: list[dict[int, int]] = []
         #: node index -> partition group, or -1 when no partition is in force
@@ -123,6 +125,10 @@ class NetworkModel:
             raise ValueError("bandwidth must be positive")
         if self.latency.regions and not 0 <= region < len(self.latency.regions):
             raise ValueError(f"region {region} is not in the latency matrix")
+        if not self.up_bps:
+            self._one_rate = min(up_bps, down_bps)
+        elif self._one_rate is not None and (up_bps, down_bps) != (self.up_bps[0], self.down_bps[0]):
+            self._one_rate = None  # links differ: each transfer finds its own rate
         self.up_bps.append(up_bps)
         self.down_bps.append(down_bps)
         self.region.append(region)
@@ -247,6 +253,8 @@ class NetworkModel:
         constant = self._constant_us
         row = self._latency_rows[a]
         bits = size * US_PER_S
+        one_rate = self._one_rate
+        same_duration = int(bits / one_rate) + 1 if one_rate is not None else 0
         for b in mesh:
             if b == skip:
                 continue
@@ -255,8 +263,11 @@ class NetworkModel:
                 dups.append(b)
                 continue
             # transfer(a, b, size, now_us), inlined (keep the two in step)
-            down = down_bps[b]
-            duration = int(bits / (up_bps if up_bps < down else down)) + 1
+            if same_duration:
+                duration = same_duration
+            else:
+                down = down_bps[b]
+                duration = int(bits / (up_bps if up_bps < down else down)) + 1
             if constant is not None:
                 latency = constant
             else:

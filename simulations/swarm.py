@@ -185,16 +185,16 @@ class Swarm:
 
     def perform(self, node: VirtualNode, slot: MachineSlot, effect: object) -> None:
         kind = type(effect)
-        common = self._common.get(kind)
-        if common is not None:
-            common(node, slot, effect)
-            return
         performer = slot.spec.performers.get(kind)
-        if performer is None:
+        if performer is not None:
+            performer(node, slot.spec.name, effect)
+            return
+        common = self._common.get(kind)
+        if common is None:
             raise LocalProtocolError(
                 f"machine {slot.spec.name!r} returned {kind.__name__}, which no performer takes"
             )
-        performer(node, slot.spec.name, effect)
+        common(node, slot, effect)
 
     def _send(self, node: VirtualNode, slot: MachineSlot, effect: Send) -> None:
         self.transport.send(node, slot, effect.peer, effect.message)

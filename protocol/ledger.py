@@ -64,6 +64,7 @@ from protocol.ledger_records import (
     LedgerSyncRequest,
     Rejected,
     Rejection,
+    check_attestation,
     envelope_hash,
     open_attestation,
     open_capability,
@@ -442,13 +443,13 @@ class LedgerMachine:
                 continue
             try:
                 signer = self._signers.get(env.public_key) or self._signer(env)
-                att = open_attestation(
+                att = check_attestation(
                     env,
-                    network_id=self.network_id,
-                    now_ms=now,
-                    signer=signer,
-                    max_ttl_ms=config.max_attestation_ttl_ms,
-                    skew_ms=config.clock_skew_ms,
+                    self.network_id,
+                    now,
+                    signer,
+                    config.max_attestation_ttl_ms,
+                    config.clock_skew_ms,
                 )
                 added, evicted = state.merge_attestation(env, att, signer, h)
             except Rejected as exc:

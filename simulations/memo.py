@@ -88,18 +88,17 @@ class _ByIdentity:
     def __init__(self, fn: Callable[..., Any], entries: int) -> None:
         self.entries = entries
         self._by_value = functools.lru_cache(maxsize=entries)(fn)
-        self._cache: dict[tuple[Any, ...], tuple[object, Any]] = {}
+        self._cache: dict[int, tuple[object, tuple[Any, ...], Any]] = {}
 
     def __call__(self, obj: object, *rest: Any) -> Any:
-        key = (id(obj), *rest)
-        hit = self._cache.get(key)
-        if hit is not None and hit[0] is obj:
-            return hit[1]
+        hit = self._cache.get(id(obj))
+        if hit is not None and hit[0] is obj and hit[1] == rest:
+            return hit[2]
         result = self._by_value(obj, *rest)
         cache = self._cache
         if len(cache) >= self.entries:
             del cache[next(iter(cache))]
-        cache[key] = (obj, result)
+        cache[id(obj)] = (obj, rest, result)
         return result
 
 

@@ -34,6 +34,7 @@ import crypto.keys
 from crypto.keys import verify_signature
 from crypto.peer_id import peer_id_from_public_key
 from protocol import codec, ledger_records
+from protocol.ledger_records import LedgerDigest
 
 #: distinct argument tuples remembered per function; the oldest are forgotten first
 CACHE_ENTRIES = 1 << 17
@@ -47,19 +48,26 @@ class _EncodeByIdentity:
     def __init__(self, entries: int) -> None:
         self.entries = entries
         self._cache: dict[int, tuple[object, bytes]] = {}
+        self._by_value = functools.lru_cache(maxsize=entries)(codec.encode)
 
     def __call__(self, msg: codec.Message) -> bytes:
         key = id(msg)
         hit = self._cache.get(key)
         if hit is not None and hit[0] is msg:
             return hit[1]
-        data = codec.encode(msg)
+        data = self._by_value(msg) if type(msg) in _ENCODE_BY_VALUE else codec.encode(msg)
         cache = self._cache
         if len(cache) >= self.entries:
             del cache[next(iter(cache))]
         cache[key] = (msg, data)
         return data
 
+
+#: messages whose encoding is also remembered by value: every node builds its own digest of
+#: what it holds, and converged nodes build equal ones. Safe because equal digests encode
+#: equally: their fields are str, int, bytes and bool only (no floats: 1 == 1.0 == True would
+#: conflate encodings), made by LedgerState, which never puts a bool in an int field.
+_ENCODE_BY_VALUE = (LedgerDigest,)
 
 #: the transport's encoder; shared with protocol modules inside ``shared_pure_functions``
 encode = _EncodeByIdentity(ENCODE_ENTRIES)

@@ -65,6 +65,7 @@ from protocol.ledger_records import (
     Rejected,
     Rejection,
     check_attestation,
+    check_capability,
     envelope_hash,
     open_attestation,
     open_capability,
@@ -418,11 +419,19 @@ class LedgerMachine:
         state = self.state
         for env in push.records:
             h = envelope_hash(env)
-            held = state.records.get(self._signer(env))
+            signer = self._signers.get(env.public_key) or self._signer(env)
+            held = state.records.get(signer)
             if held is not None and held.hash == h:
                 continue
             try:
-                rec = self._open_record(env, now)
+                rec = check_capability(
+                    env,
+                    self.network_id,
+                    now,
+                    signer,
+                    self.config.max_record_ttl_ms,
+                    self.config.clock_skew_ms,
+                )
                 if state.merge_record(env, rec, h, now):
                     new += 1
                     effects.append(StoreCapability(env, rec))

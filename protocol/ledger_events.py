@@ -99,9 +99,9 @@ class Attest:
 # ---------------------------------------------------------------- effects
 
 
-@dataclass(frozen=True, slots=True)
-class StoreCapability:
-    """Persist ``envelope`` as ``record.peer_id``'s record, replacing any older one."""
+class StoreCapability(NamedTuple):
+    """Persist ``envelope`` as ``record.peer_id``'s record, replacing any older one (a named
+    tuple: made once per delivered record)."""
 
     envelope: Envelope
     record: CapabilityRecord

@@ -24,7 +24,6 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from crypto.envelope import Envelope
@@ -49,8 +48,9 @@ _NEVER = 1 << 62
 _EMPTY_DIGEST = LedgerDigest(records=(), attestation_count=0, attestation_buckets=b"", reply=False)
 
 
-@dataclass(frozen=True, slots=True)
-class HeldRecord:
+class HeldRecord(NamedTuple):
+    """One held record (a named tuple: made once per delivered record version)."""
+
     envelope: Envelope
     record: CapabilityRecord
     hash: bytes

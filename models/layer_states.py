@@ -11,33 +11,38 @@ final norm). It is cut into leaves of ``BLOCK_TOKENS`` positions per layer (:fun
 little-endian float32) and committed with one Merkle root; leaf (l, b) sits at index
 ``(l - 1) * n_blocks + b``.
 
-Verifier, for a check of sampled output chunks with sampled layers (:func:`needed_leaves` lists
-what it must fetch, each with a Merkle proof):
+Verifier, for a check of sampled output chunks with sampled layers (:func:`needed_leaves`
+lists what it must fetch, each with a Merkle proof):
 
-* layer 1 at every position: its input is the token embeddings, which the verifier computes
-  from the claimed tokens itself, so any altered prompt or output token, anywhere, shows;
-* each sampled layer ``l >= 2`` on the committed ``S[l-1]`` of every position up to the end of
-  the block holding the last checked token (causal attention needs no later position),
-  compared with the committed ``S[l]`` on the blocks holding the checked chunks.
+* layer 1 at every output position: its input is the token embeddings, which the verifier
+  computes itself from the prompt it rebuilt and the claimed output, so an altered output
+  token shows at its own position and an altered prompt through attention;
+* each sampled layer ``l >= 2`` on the committed ``S[l-1]`` of every position up to the last
+  checked one (causal attention needs no later position), compared with the committed
+  ``S[l]`` at the checked chunks' positions.
+
+Only the compared positions run the whole layer (:func:`recompute_layer` with ``rows``); the
+others give their keys and values, ~15% of a layer's work.
 
 The comparison is on what the layer adds to the residual stream, per position:
 ``err = ||recomputed - claimed|| / ||claimed - input||`` (L2 over the hidden dimension).
 Honest reruns differ by float reordering only (other thread counts, fewer rows): measured
-<= 5e-7 on SmolLM2-135M. Weights rounded to bfloat16 give 1.4e-3 to 3.6e-3, another
-quantization or model ~1e-1 and up; :data:`MAX_LAYER_ERR` sits between (tests/models pin it).
+<= 1e-6 on SmolLM2-135M. Weights rounded to bfloat16 give 1.3e-3 to 3.6e-3, one altered
+prompt token ~9e-3 at layer 1, another quantization or model ~1e-1 and up; :data:`MAX_LAYER_ERR` sits between (tests/models pin it).
 
 What it catches: a result from another model, quantization or precision fails every layer,
 so every check. A cheater that computes some layers properly and fakes the rest is caught
-with the probability that a sampled layer is a faked one; :data:`DEFAULT_SAMPLED_LAYERS`
-sets how many are drawn per check (the protocol draws them from the unsteerable seed).
-Cost: 1 + sampled layers of L, over at most T positions: ~3/30 of one prefill here, plus
-fetching the leaves (``BLOCK_TOKENS * C * 4`` bytes each, 74 KB for SmolLM2-135M).
+with the probability that a sampled layer is a faked one; the protocol draws
+``protocol.verifier.LAYERS_PER_CHECK`` of them per check from the unsteerable seed.
+Cost: 1 + sampled layers of L, at the compared positions, plus keys and values elsewhere:
+well under 1/10 of one prefill here, plus fetching the leaves (``BLOCK_TOKENS * C * 4``
+bytes each, 74 KB for SmolLM2-135M).
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,8 +53,6 @@ LEAF_VERSION = 1
 _HEADER = struct.Struct("<BBHIHH")  # version, reserved, layer, block, positions, hidden size
 #: a sampled layer's update must match to this relative L2 error at every compared position
 MAX_LAYER_ERR = 1e-4
-#: layers (besides layer 1) each check re-runs
-DEFAULT_SAMPLED_LAYERS = 2
 
 
 def n_blocks(total_tokens: int) -> int:
@@ -99,36 +102,44 @@ def leaves(states: np.ndarray) -> list[bytes]:
 @dataclass(frozen=True, slots=True)
 class CheckPlan:
     total_tokens: int
-    compare_blocks: tuple[int, ...]  # blocks holding the checked chunk
-    end: int  # positions [0, end) are recomputed for the sampled layers
+    prompt_tokens: int
+    positions: tuple[int, ...]  # compared for the sampled layers: the checked chunks
     layers: tuple[int, ...]  # sampled layers >= 2
+
+    @property
+    def end(self) -> int:
+        """Positions [0, end) feed the sampled layers' attention."""
+        return self.positions[-1] + 1
 
 
 def plan_check(prompt_tokens: int, output_tokens: int, chunks: Sequence[int],
                chunk_tokens: int, layers: Sequence[int]) -> CheckPlan:
     """What checking output ``chunks`` (indices of ``chunk_tokens`` tokens) takes."""
     total = prompt_tokens + output_tokens
-    blocks: set[int] = set()
+    positions: set[int] = set()
     for chunk in chunks:
         first = prompt_tokens + chunk * chunk_tokens
         last = min(total, prompt_tokens + (chunk + 1) * chunk_tokens) - 1
         if not 0 <= first <= last < total:
             raise ValueError(f"chunk {chunk} is not in an output of {output_tokens} tokens")
-        blocks |= set(range(first // BLOCK_TOKENS, last // BLOCK_TOKENS + 1))
-    if not blocks:
+        positions |= set(range(first, last + 1))
+    if not positions:
         raise ValueError("a check covers at least one chunk")
-    end = min(total, (max(blocks) + 1) * BLOCK_TOKENS)
-    return CheckPlan(total, tuple(sorted(blocks)), end,
+    return CheckPlan(total, prompt_tokens, tuple(sorted(positions)),
                      tuple(sorted({la for la in layers if la >= 2})))
 
 
+def _blocks(positions: Iterable[int]) -> set[int]:
+    return {p // BLOCK_TOKENS for p in positions}
+
+
 def needed_leaves(plan: CheckPlan) -> list[tuple[int, int]]:
-    """(layer, block) pairs a verifier fetches: layer 1 everywhere, and per sampled layer l
-    the inputs S[l-1] up to ``end`` and the outputs S[l] on the compared blocks."""
-    need = {(1, b) for b in range(n_blocks(plan.total_tokens))}
+    """(layer, block) pairs a verifier fetches: layer 1 on the output, and per sampled layer
+    l the inputs S[l-1] up to ``end`` and the outputs S[l] at the compared positions."""
+    need = {(1, b) for b in _blocks(range(plan.prompt_tokens, plan.total_tokens))}
     for layer in plan.layers:
         need |= {(layer - 1, b) for b in range(n_blocks(plan.end))}
-        need |= {(layer, b) for b in plan.compare_blocks}
+        need |= {(layer, b) for b in _blocks(plan.positions)}
     return sorted(need)
 
 
@@ -184,12 +195,41 @@ def layer_states(backend: Any, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarr
     return torch.cat(outs, 0).float().numpy(), final
 
 
-def recompute_layer(backend: Any, layer: int, inputs: np.ndarray) -> np.ndarray:
-    """Layer ``layer``'s output for ``inputs`` (E, C) at positions 0..E-1."""
+def recompute_layer(backend: Any, layer: int, inputs: np.ndarray,
+                    rows: Sequence[int] | None = None) -> np.ndarray:
+    """Layer ``layer``'s output for ``inputs`` (E, C) at positions 0..E-1: every position, or
+    only ``rows`` (ascending). Only the rows' queries, attention and MLP are computed; every
+    position still gives its keys and values. The result equals the model's own layer up to
+    float reordering (tests/models/test_layer_states.py)."""
     import torch
 
     x = torch.from_numpy(np.ascontiguousarray(inputs, dtype=np.float32))[None]
-    return _run_layers(backend, x, [layer])[0][0].float().numpy()
+    if rows is None:
+        return _run_layers(backend, x, [layer])[0][0].float().numpy()
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
+
+    base, config = _torch_parts(backend)
+    block = base.layers[layer - 1]
+    attn = block.self_attn
+    E, R = x.shape[1], len(rows)
+    idx = torch.tensor(list(rows), dtype=torch.long)
+    positions = torch.arange(E)
+    heads, kv_heads, hd = config.num_attention_heads, config.num_key_value_heads, attn.head_dim
+    with torch.no_grad():
+        cos, sin = base.rotary_emb(x, position_ids=positions[None])
+        xn = block.input_layernorm(x)
+        q = attn.q_proj(xn[:, idx]).view(1, R, heads, hd).transpose(1, 2)
+        k = attn.k_proj(xn).view(1, E, kv_heads, hd).transpose(1, 2)
+        v = attn.v_proj(xn).view(1, E, kv_heads, hd).transpose(1, 2)
+        q, _ = apply_rotary_pos_emb(q, q, cos[:, idx], sin[:, idx])
+        _, k = apply_rotary_pos_emb(k, k, cos, sin)
+        k, v = repeat_kv(k, heads // kv_heads), repeat_kv(v, heads // kv_heads)
+        allowed = idx[:, None] >= positions[None, :]  # (R, E): causal
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
+                                                               scale=attn.scaling)
+        h = x[:, idx] + attn.o_proj(out.transpose(1, 2).reshape(1, R, heads * hd))
+        y = h + block.mlp(block.post_attention_layernorm(h))
+    return y[0].float().numpy()
 
 
 def update_error(recomputed: np.ndarray, claimed: np.ndarray, inputs: np.ndarray) -> np.ndarray:
@@ -212,33 +252,35 @@ def check_layers(backend: Any, ids: Sequence[int], plan: CheckPlan,
     if len(ids) != plan.total_tokens:
         raise ValueError(f"{len(ids)} tokens for a plan over {plan.total_tokens}")
 
-    def rows(layer: int, blocks: Sequence[int]) -> np.ndarray:
-        missing = [b for b in blocks if (layer, b) not in fetched]
+    def rows(layer: int, positions: Sequence[int]) -> np.ndarray:
+        missing = sorted({p // BLOCK_TOKENS for p in positions
+                          if (layer, p // BLOCK_TOKENS) not in fetched})
         if missing:
             raise ValueError(f"layer {layer}: blocks {missing} not fetched")
-        return np.concatenate([fetched[(layer, b)] for b in blocks], axis=0)
+        return np.stack([fetched[(layer, p // BLOCK_TOKENS)][p % BLOCK_TOKENS]
+                         for p in positions]) if positions else np.zeros((0, 0), np.float32)
 
-    def judge(layer: int, got: np.ndarray, claimed: np.ndarray, inputs: np.ndarray) -> LayerCheck:
+    def judge(layer: int, got: np.ndarray, claimed: np.ndarray, inputs: np.ndarray,
+              positions: Sequence[int]) -> LayerCheck:
         if got.shape != claimed.shape:
             return LayerCheck(layer, False, float("inf"), f"layer {layer}: shape "
                               f"{claimed.shape} claimed, {got.shape} recomputed")
         err = update_error(got, claimed, inputs)
         worst = float(err.max(initial=0.0))
         if not worst <= MAX_LAYER_ERR:
-            pos = int(err.argmax())
+            pos = positions[int(err.argmax())]
             return LayerCheck(layer, False, worst, f"layer {layer}: update off by {worst:.1e} "
                               f"at position {pos} (tolerance {MAX_LAYER_ERR:.0e})")
         return LayerCheck(layer, True, worst)
 
     out = []
     emb = embeddings(backend, ids)
-    all_blocks = range(n_blocks(plan.total_tokens))
-    out.append(judge(1, recompute_layer(backend, 1, emb), rows(1, all_blocks), emb))
-    compared = np.concatenate([np.arange(b * BLOCK_TOKENS, min(plan.end, (b + 1) * BLOCK_TOKENS))
-                               for b in plan.compare_blocks])
+    output = list(range(plan.prompt_tokens, plan.total_tokens))
+    out.append(judge(1, recompute_layer(backend, 1, emb, output), rows(1, output), emb[output],
+                     output))
+    compared = list(plan.positions)
     for layer in plan.layers:
-        inputs = rows(layer - 1, range(n_blocks(plan.end)))[:plan.end]
-        got = recompute_layer(backend, layer, inputs)[compared]
-        claimed = rows(layer, plan.compare_blocks)[:len(compared)]
-        out.append(judge(layer, got, claimed, inputs[compared]))
+        inputs = rows(layer - 1, range(plan.end))
+        got = recompute_layer(backend, layer, inputs, compared)
+        out.append(judge(layer, got, rows(layer, compared), inputs[compared], compared))
     return out

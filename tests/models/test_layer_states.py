@@ -47,14 +47,29 @@ def test_leaf_round_trip_and_bad_leaves_are_refused():
 def test_plan_covers_the_chunk_and_only_what_attention_needs():
     plan = ls.plan_check(prompt_tokens=40, output_tokens=100, chunks=[1], chunk_tokens=32,
                          layers=[1, 5, 5, 2])
-    # chunk 1 = positions 72..103: blocks 2 and 3; inputs up to the end of block 3
-    assert plan.compare_blocks == (2, 3) and plan.end == 128 and plan.layers == (2, 5)
+    # chunk 1 = positions 72..103 (blocks 2 and 3); attention needs positions 0..103
+    assert plan.positions == tuple(range(72, 104)) and plan.end == 104
+    assert plan.layers == (2, 5)
     need = ls.needed_leaves(plan)
-    assert {(1, b) for b in range(5)} <= set(need)  # layer 1 everywhere (T = 140: 5 blocks)
+    assert {(1, b) for b in range(1, 5)} <= set(need)  # layer 1 on the output (40..139)
+    assert (1, 0) in need  # ... and as layer 2's input
     assert {(4, b) for b in range(4)} <= set(need) and (4, 4) not in need
     assert {(5, 2), (5, 3)} <= set(need) and (5, 0) not in need
     with pytest.raises(ValueError):
         ls.plan_check(40, 100, [4], 32, [2])  # no chunk 4 in 100 tokens
+    two = ls.plan_check(40, 100, [0, 2], 32, [3])  # positions 40..71 and 104..135
+    assert two.positions == tuple(range(40, 72)) + tuple(range(104, 136)) and two.end == 136
+
+
+def test_a_layer_on_some_rows_equals_the_whole_layer(backends):
+    prompt, out = _run(backends["f32"], 8)
+    states, _ = ls.layer_states(backends["f32"], prompt + out)
+    x = states[0]
+    whole = ls.recompute_layer(backends["f32"], 2, x)
+    rows = [0, 5, len(x) - 3, len(x) - 1]
+    np.testing.assert_allclose(ls.recompute_layer(backends["f32"], 2, x, rows), whole[rows],
+                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(whole, states[1], rtol=1e-5, atol=1e-5)
 
 
 def test_states_match_the_models_own_forward(backends):

@@ -227,22 +227,31 @@ class NetworkModel:
         return self._faults(end, latency)
 
     def flood_hop(
-        self, a: int, mesh: list[int], skip: int, arrival: array[int], size: int, now_us: int
-    ) -> tuple[list[tuple[int, int]], list[int]]:
+        self,
+        a: int,
+        mesh: list[int],
+        skip: int,
+        arrival: array[int],
+        size: int,
+        now_us: int,
+        rx_bytes: array[int],
+        rx_msgs: array[int],
+    ) -> tuple[list[tuple[int, int]], int]:
         """One gossip hop: a sends ``size`` bytes now to every b of ``mesh`` but ``skip``.
 
         ``arrival[b]`` is 0 (nothing on its way to b), the earliest arrival + 1 of a copy on
         its way, or -1 (b has the message). Returns the copies that will arrive first, as
-        ``(b, time)`` in mesh order (``arrival`` is updated for them), and the b whose copy
-        will be dropped as a duplicate (only its bytes count). Each copy is ``transfer``: the
+        ``(b, time)`` in mesh order (``arrival`` is updated for them), and how many copies will
+        be dropped as duplicates: those count at once in b's ``rx_bytes`` and ``rx_msgs``
+        (indexed by node), as they would on arrival. Each copy is ``transfer``: the
         same draws, the same link state; except that a small copy to a node that has the
         message already is not timed (too small to matter to the link's queue). Copies to a
         node cut off by a partition are neither.
         """
         if self._partitioned or self._loss or self._duplicate:
-            return self._flood_hop_slow(a, mesh, skip, arrival, size, now_us)
+            return self._flood_hop_slow(a, mesh, skip, arrival, size, now_us, rx_bytes, rx_msgs)
         first: list[tuple[int, int]] = []
-        dups: list[int] = []
+        dups = 0
         small = size <= SMALL_MESSAGE_BYTES
         up_bps = self.up_bps[a]
         down_bps = self.down_bps
@@ -260,7 +269,9 @@ class NetworkModel:
                 continue
             seen = arrival[b]
             if seen == -1 and small:
-                dups.append(b)
+                dups += 1
+                rx_bytes[b] += size
+                rx_msgs[b] += 1
                 continue
             # transfer(a, b, size, now_us), inlined (keep the two in step)
             if same_duration:
@@ -290,28 +301,42 @@ class NetworkModel:
                 up_free[a] = rx_start - latency + duration
                 down_free[b] = end
             if seen == -1 or 0 < seen <= end + 1:
-                dups.append(b)
+                dups += 1
+                rx_bytes[b] += size
+                rx_msgs[b] += 1
             else:
                 arrival[b] = end + 1
                 first.append((b, end))
         return first, dups
 
     def _flood_hop_slow(
-        self, a: int, mesh: list[int], skip: int, arrival: array[int], size: int, now_us: int
-    ) -> tuple[list[tuple[int, int]], list[int]]:
+        self,
+        a: int,
+        mesh: list[int],
+        skip: int,
+        arrival: array[int],
+        size: int,
+        now_us: int,
+        rx_bytes: array[int],
+        rx_msgs: array[int],
+    ) -> tuple[list[tuple[int, int]], int]:
         first: list[tuple[int, int]] = []
-        dups: list[int] = []
+        dups = 0
         small = size <= SMALL_MESSAGE_BYTES
         for b in mesh:
             if b == skip or not self.reachable(a, b):
                 continue
             if small and arrival[b] == -1:
-                dups.append(b)
+                dups += 1
+                rx_bytes[b] += size
+                rx_msgs[b] += 1
                 continue
             for at in self.transfer(a, b, size, now_us):
                 seen = arrival[b]
                 if seen == -1 or 0 < seen <= at + 1:
-                    dups.append(b)
+                    dups += 1
+                    rx_bytes[b] += size
+                    rx_msgs[b] += 1
                 else:
                     arrival[b] = at + 1
                     first.append((b, at))

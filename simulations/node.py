@@ -253,6 +253,11 @@ class VirtualNode:
         slots = self.topic_slots.get(event.topic)  # type: ignore[arg-type]
         if not slots:
             return
+        if len(slots) == 1:  # the usual case: one machine per topic
+            slot = slots[0]
+            if type(event.message) in slot.spec.message_types:
+                self.feed(slot, event)
+            return
         kind = type(event.message)
         for slot in slots:
             if kind in slot.spec.message_types:

@@ -300,14 +300,17 @@ class SimTransport:
         size = gossip.size
         src = node.index
         loop = swarm.loop
-        first, duplicates = swarm.net.flood_hop(src, mesh, came_from, arrival, size, loop.now_us)
         traffic = swarm.traffic
-        if duplicates:
-            rx_bytes = traffic.bytes_received
-            rx_msgs = traffic.msgs_received
-            for index in duplicates:
-                rx_bytes[index] += size
-                rx_msgs[index] += 1
+        first, duplicates = swarm.net.flood_hop(
+            src,
+            mesh,
+            came_from,
+            arrival,
+            size,
+            loop.now_us,
+            traffic.bytes_received,
+            traffic.msgs_received,
+        )
         if first:
             schedule = loop.at
             arrive = self._gossip_arrive
@@ -320,7 +323,7 @@ class SimTransport:
             traffic.msgs_sent[src] += sent
             swarm.metrics.add_bytes("gossip", size * sent)
         if duplicates:
-            swarm.metrics.count("gossip_duplicates", len(duplicates))
+            swarm.metrics.count("gossip_duplicates", duplicates)
 
     def _forget(self, gid: int) -> None:
         gossip = self._seen.pop(gid, None)

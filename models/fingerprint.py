@@ -162,10 +162,16 @@ def fingerprint_backend(backend: object) -> object:
     else a transformers backend on the same GGUF file (loaded once and cached)."""
     if hasattr(backend, "hidden_states"):
         return backend
+    from models.config import TRANSFORMERS, ModelConfig
     from models.hf_backend import TransformersBackend
+    from models.llama_backend import default_threads
 
     info = backend.info  # type: ignore[attr-defined]
     key = str(info.path)
     if key not in _FINGERPRINTERS:
-        _FINGERPRINTERS[key] = TransformersBackend.load(info)
+        # the serving backend's thread policy: torch's default (every logical CPU) spins its
+        # threads against any other load and ran checks many times slower on shared cores
+        threads = getattr(getattr(backend, "config", None), "n_threads", 0) or default_threads()
+        _FINGERPRINTERS[key] = TransformersBackend.load(
+            info, ModelConfig(backend=TRANSFORMERS, n_threads=threads))
     return _FINGERPRINTERS[key]

@@ -26,7 +26,9 @@ checked on transformers fp32 from the same GGUF), for questions of the shipped e
   anywhere in the output, checked chunk or not. ``detection_rate`` is the
   lowest. Per result the network catches an adversary with probability
   ``sample_rate * detection_rate``; tests/protocol/test_verification.py checks that rate.
-* ``false_positive_rate``: honest checks that fail, across verifier thread counts.
+* ``false_positive_rate``: honest checks that fail; each honest check runs twice, timed at the
+  verifier's thread count (``threads``, the serving policy: half the logical CPUs) and again
+  at another.
 * ``result_to_verdict_ms_p50``: wall time inside one process from the requester taking an
   executor's reveal to its decision (two verifiers, real checks, all protocol machines and
   signatures; network hops not included: ~6 ms each on loopback, see ARCHITECTURE.md).
@@ -92,6 +94,8 @@ def run(quick: bool) -> dict[str, float | int | str]:
     fb = fingerprint_backend(serve)
     cheap = _bf16_copy(fb)
     load_s = time.perf_counter() - t0
+    threads = torch.get_num_threads()  # what fingerprint_backend set: the serving policy
+    other_threads = 2 if threads == 1 else 1
     rng = random.Random(6)
     items = load_evalset()[:n_questions]
     tmp = tempfile.TemporaryDirectory(prefix="symphony-bench-states-")
@@ -125,10 +129,12 @@ def run(quick: bool) -> dict[str, float | int | str]:
             chunks = choose_chunks(seed, "e", len(prints), CHUNKS_PER_CHECK)
             layers = choose_layers(seed, "e", made.state_layers, LAYERS_PER_CHECK)
             check = functools.partial(_check, runner, store, chunks, layers, leaf_bytes)
-            torch.set_num_threads(1 + s % 2)  # honest reruns on other thread counts
-            started = time.perf_counter()
+            started = time.perf_counter()  # timed with the verifier's own thread count
             ok = check(task, made, ids, sol.cot_text, sol.answer)
             check_ms.append((time.perf_counter() - started) * 1000)
+            torch.set_num_threads(other_threads)  # and honest again on another thread count
+            ok = ok and check(task, made, ids, sol.cot_text, sol.answer)
+            torch.set_num_threads(threads)
             honest_total += 1
             honest_fail += not ok
             if s == 0:  # the whole-prefill check of the same chunks, for comparison
@@ -149,14 +155,13 @@ def run(quick: bool) -> dict[str, float | int | str]:
             for name, args in cases.items():
                 tried[name] += 1
                 caught[name] += not check(*args)
-    torch.set_num_threads(max(1, torch.get_num_threads()))
     verdict_ms = _result_to_verdict_ms(runner, store, solved, 3 if quick else 6)
     tmp.cleanup()
     ratio = statistics.mean(check_ms) / statistics.mean(gen_ms)
     per_token = ratio  # a check covers the whole output (layer 1) and a sampled part of it
     out: dict[str, float | int | str] = {
         "model": serve.info.name,
-        "questions": len(items), "checks_per_question": samples,
+        "questions": len(items), "checks_per_question": samples, "threads": threads,
         "load_s": round(load_s, 2),
         "generate_ms_mean": round(statistics.mean(gen_ms), 1),
         "generated_tokens_mean": round(statistics.mean(gen_tokens), 1),

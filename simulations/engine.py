@@ -37,21 +37,20 @@ US_PER_S = 1_000_000
 
 Callback = Callable[..., None]
 
-#: allocations between young-generation garbage collections while a simulation runs
-GC_YOUNG_THRESHOLD = 50_000
 _gc_depth = 0
 
 
 @contextmanager
-def fewer_gc_passes(young: int = GC_YOUNG_THRESHOLD) -> Iterator[None]:
-    """Run CPython's cyclic garbage collector less often while a simulation builds and runs.
+def fewer_gc_passes() -> Iterator[None]:
+    """Pause CPython's cyclic garbage collector while a simulation builds and runs.
 
     A swarm allocates millions of long-lived objects (every node's machine state) and almost
-    no reference cycles, and with the default thresholds the collector walks them again and
-    again (about a sixth of a 10,000-node run). Inside the context, what exists when it opens
-    is frozen (never walked) and young collections wait for ``young`` allocations. Garbage is
-    still freed by reference counting and cycles are still collected, only later; nothing a
-    simulation computes depends on when. Re-entrant: the outermost context decides.
+    no reference cycles (a full ``symphony bench simulate`` run leaves none), yet the collector
+    walks them again and again: about a sixth of a 10,000-node run with the default thresholds,
+    still ~8% with a young threshold of 50,000. Inside the context automatic collection is off
+    and what exists when it opens is frozen; garbage is still freed by reference counting, and
+    cycles, if any, are collected after the context closes. Nothing a simulation computes
+    depends on when. Re-entrant: the outermost context decides.
     """
     global _gc_depth
     _gc_depth += 1
@@ -61,14 +60,17 @@ def fewer_gc_passes(young: int = GC_YOUNG_THRESHOLD) -> Iterator[None]:
         finally:
             _gc_depth -= 1
         return
-    old = gc.get_threshold()
+    was_enabled = gc.isenabled()
     gc.freeze()
-    gc.set_threshold(young, *old[1:])
+    gc.disable()
     try:
         yield
     finally:
-        gc.set_threshold(*old)
+        # what the run made joins the oldest generation without being walked now
+        gc.freeze()
         gc.unfreeze()
+        if was_enabled:
+            gc.enable()
         _gc_depth -= 1
 
 

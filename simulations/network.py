@@ -101,8 +101,9 @@ class NetworkModel:
         self.up_bps: list[float] = []
         self.down_bps: list[float] = []
         self.region: list[int] = []
-        self._up_free_us: list[int] = []
-        self._down_free_us: list[int] = []
+        #: when each node's uplink and downlink are free (compact: read for every copy sent)
+        self._up_free_us: array[int] = array("q")
+        self._down_free_us: array[int] = array("q")
         self._pair_latency_us: dict[int, int] = {}
         #: min(up, down) when every node has the same up and down rates, else None
         self._one_rate: float | None = None

@@ -9,7 +9,9 @@ checked on transformers fp32 from the same GGUF), for questions of the shipped e
   checked and decoded; the network hop itself is left out), layer 1 over every position and
   ``LAYERS_PER_CHECK`` layers drawn from the seed over ``CHUNKS_PER_CHECK`` sampled chunks
   (models.layer_states), over the executor's generation time for the same result, measured
-  in the same run. ``verify_cost_per_token_ratio`` is the same figure: a check covers the
+  in the same run; ``verify_cost_ratio_cpu`` is the same on the CPU time of the thread doing
+  the work (both run single-threaded at the default policy on two cores, so it is what other
+  jobs on a shared machine change least). ``verify_cost_per_token_ratio`` is the same figure: a check covers the
   whole output at layer 1. ``state_bytes_fetched_per_check`` is what a check fetches.
   ``prefill_check_cost_ratio`` is the same chunks checked by one whole prefill
   (models.fingerprint, TOPLOC), the check for results committed without layer states.
@@ -102,6 +104,8 @@ def run(quick: bool) -> dict[str, float | int | str]:
     store = StateStore(Path(tmp.name))
     gen_ms, gen_tokens, fp_ms, check_ms, prefill_ms, blob_sizes = [], [], [], [], [], []
     leaf_bytes: list[int] = []
+    gen_cpu_ms: list[float] = []
+    check_cpu_ms: list[float] = []
     honest_fail = honest_total = 0
     caught = {a: 0 for a in ADVERSARIES}
     tried = {a: 0 for a in ADVERSARIES}
@@ -109,9 +113,10 @@ def run(quick: bool) -> dict[str, float | int | str]:
     for i, item in enumerate(items):
         problem = item.problem
         task = _task(problem.question, problem.answer_type.value, problem.choices, i)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         sol = solve(serve, problem, max_tokens=max_tokens)
         gen_ms.append((time.perf_counter() - started) * 1000)
+        gen_cpu_ms.append((time.thread_time() - cpu) * 1000)
         ids = list(sol.token_ids)
         gen_tokens.append(len(ids))
         started = time.perf_counter()
@@ -129,9 +134,10 @@ def run(quick: bool) -> dict[str, float | int | str]:
             chunks = choose_chunks(seed, "e", len(prints), CHUNKS_PER_CHECK)
             layers = choose_layers(seed, "e", made.state_layers, LAYERS_PER_CHECK)
             check = functools.partial(_check, runner, store, chunks, layers, leaf_bytes)
-            started = time.perf_counter()  # timed with the verifier's own thread count
+            started, cpu = time.perf_counter(), time.thread_time()  # the verifier's threads
             ok = check(task, made, ids, sol.cot_text, sol.answer)
             check_ms.append((time.perf_counter() - started) * 1000)
+            check_cpu_ms.append((time.thread_time() - cpu) * 1000)
             torch.set_num_threads(other_threads)  # and honest again on another thread count
             ok = ok and check(task, made, ids, sol.cot_text, sol.answer)
             torch.set_num_threads(threads)
@@ -169,6 +175,8 @@ def run(quick: bool) -> dict[str, float | int | str]:
         "layers_per_check": 1 + LAYERS_PER_CHECK,
         "state_bytes_fetched_per_check": round(statistics.mean(leaf_bytes)),
         "verify_cost_ratio": round(ratio, 4),
+        "verify_cost_ratio_cpu": round(statistics.mean(check_cpu_ms)
+                                       / statistics.mean(gen_cpu_ms), 4),
         "verify_cost_per_token_ratio": round(per_token, 4),
         "prefill_check_ms_mean": round(statistics.mean(prefill_ms), 1),
         "prefill_check_cost_ratio": round(statistics.mean(prefill_ms) / statistics.mean(gen_ms),

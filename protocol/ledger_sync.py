@@ -25,6 +25,7 @@ from protocol.errors import LocalProtocolError
 from protocol.ledger_events import LedgerConfig
 from protocol.ledger_records import (
     BUCKETS,
+    MAX_DIGEST_RECORDS,
     MAX_HAVE_PREFIXES,
     MAX_PUSH_ATTESTATIONS,
     MAX_PUSH_RECORDS,
@@ -160,6 +161,13 @@ class SyncSessions:
         )
 
     def on_digest(self, peer: str, d: LedgerDigest, now: int) -> list[Effect]:
+        ours = self.state.digest(now)
+        if (
+            len(ours.records) < MAX_DIGEST_RECORDS  # (a full digest may leave records out)
+            and d.attestation_buckets == ours.attestation_buckets
+            and d.records == ours.records
+        ):
+            return []  # the peer holds what we hold: neither side lacks anything
         effects: list[Effect] = []
         last = self._digest_sent_at.get(peer)
         if (

@@ -194,13 +194,16 @@ class VerifyService(Service):
 
     async def start(self) -> None:
         if self.section.enabled:  # an executor here keeps layer states: serve them
-            from node.models_solver import STATES_DIR
-            from node.state_store import StateStore
-            from node.state_streams import serve_states, states_protocol
-
-            store = StateStore(self.ctx.data_dir / STATES_DIR)
-            self.ctx.transport.set_stream_handler(states_protocol(self.ctx.network_id),
-                                                  serve_states(store))
+            try:
+                from node.models_solver import STATES_DIR
+                from node.state_store import StateStore
+                from node.state_streams import serve_states, states_protocol
+            except ImportError as exc:  # installed without the models extra: no states here
+                self.ctx.log.warning("verify.no_states", error=str(exc))
+            else:
+                store = StateStore(self.ctx.data_dir / STATES_DIR)
+                self.ctx.transport.set_stream_handler(states_protocol(self.ctx.network_id),
+                                                      serve_states(store))
         if not (self.section.enabled and self.section.verifier):
             self.problem = "verification off ([verify] enabled / verifier)"
             return

@@ -6,7 +6,8 @@ model and measures its generation speed (``models.backend.measure_throughput``),
 bids estimate latency from; the advertised model carries the registry's quantization. Each
 task runs ``models.cot.solve`` (prompt, generate, extract, normalize, confidence): greedy at
 temperature 0, else sampled with a seed drawn from the task id and a salt this solver picks at
-random, so the k executors of one task sample k different chains (self-consistency voting).
+random, so the k executors of one task sample k different chains (self-consistency voting); the
+simulator hands in a salt drawn from its scenario seed instead, so its runs are reproducible.
 A backend runs one call at a time, so calls are serialized by a lock (``slots`` above 1 only
 queue). Each solution carries its output token ids; with ``fingerprints`` on (the executor
 service turns it on when verification is, i.e. its machine commits to results) also their
@@ -48,7 +49,8 @@ SEED_BITS = 63
 
 class ModelsSolver:
     def __init__(self, backend: Backend, *, temperature: float = 0.0,
-                 fingerprints: bool = False, states: StateStore | None = None) -> None:
+                 fingerprints: bool = False, states: StateStore | None = None,
+                 salt: bytes | None = None) -> None:
         self.backend = backend
         #: where the layer states of committed results are kept for verifiers (None: commit
         #: fingerprints only, checked by a whole prefill)
@@ -56,7 +58,8 @@ class ModelsSolver:
         self.temperature = temperature
         #: fingerprint each solution's activations (for commit/reveal verification)
         self.fingerprints = fingerprints
-        self._salt = secrets.token_bytes(16)
+        #: mixed into every sampling seed; None (the daemon): a secret of this solver's own
+        self._salt = secrets.token_bytes(16) if salt is None else salt
         self._lock = threading.Lock()
 
     def seed_for(self, task_id: bytes) -> int:

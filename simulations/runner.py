@@ -17,12 +17,21 @@ from simulations.scenario import Scenario, ScenarioError
 from simulations.workloads import WORKLOADS
 from simulations.workloads.common import Progress, no_progress
 
+#: the workloads that can run the real model (simulations/models_compute.py); routing scores
+#: its choices by the profiles' skill, which a real model does not have
+REAL_COMPUTE_KINDS = frozenset({"voting"})
+
 
 def run_scenario(scenario: Scenario, progress: Progress = no_progress) -> tuple[Report, float]:
     module_name = WORKLOADS.get(scenario.kind)
     if module_name is None:
         raise ScenarioError(
             f"{scenario.name}: unknown kind {scenario.kind!r} (known: {', '.join(sorted(WORKLOADS))})"
+        )
+    if scenario.compute.real and scenario.kind not in REAL_COMPUTE_KINDS:
+        raise ScenarioError(
+            f"{scenario.name} [compute] backend: 'models' serves only "
+            f"{', '.join(sorted(REAL_COMPUTE_KINDS))}, not {scenario.kind!r}"
         )
     module = importlib.import_module(module_name)
     started = time.perf_counter()

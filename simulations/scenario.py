@@ -26,10 +26,20 @@ Layout (every table optional except ``kind``)::
     join_per_min = 0.0
     restart_after_s = 60             # a crashed node comes back (with its store) after this
 
+    [compute]                        # how executors compute (the voting workload)
+    backend = "cost"                 # "cost": time = tokens / speed, answers from a profile;
+                                     # "models": the real models/ backend (small runs only)
+    model = ""                       # models: registry name or path ("" = embedded SmolLM2)
+    max_tokens = 128                 # models: generation budget per answer
+    temperature = 0.7                # models: sampling temperature (0 = greedy: k copies agree)
+    time = "tokens"                  # models: "tokens" = generated tokens / the device's speed
+                                     # (reproducible); "measured" = the solve's wall-clock time
+    threads = 0                      # models: CPU threads (0 = the backend's default)
+
     [workload]                       # the workload's own keys (see its module)
     [sweep]                          # parameter lists the workload sweeps (see its module)
 
-Unknown top-level keys and unknown keys in ``network``/``churn`` are errors that name the key,
+Unknown top-level keys and unknown keys in ``network``/``churn``/``compute`` are errors that name the key,
 as the node's config is. ``--nodes`` and ``--seed`` on the command line override the file.
 """
 
@@ -53,6 +63,7 @@ TOP_KEYS = {
     "wire_bytes",
     "network",
     "churn",
+    "compute",
     "workload",
     "sweep",
 }
@@ -67,6 +78,14 @@ NETWORK_KEYS = {
     "partitions",
 }
 CHURN_KEYS = {"crash_per_min", "leave_per_min", "join_per_min", "restart_after_s"}
+COMPUTE_KEYS = {"backend", "model", "max_tokens", "temperature", "time", "threads"}
+#: ``[compute] backend``: the cost model, or the real models/ backend
+COMPUTE_BACKENDS = ("cost", "models")
+#: ``[compute] time`` with the models backend: reproducible token time, or wall-clock time
+COMPUTE_TIMES = ("tokens", "measured")
+#: ``[compute] max_tokens`` upper bound (protocol.tasks caps a task's budget far higher; a
+#: real solve on a CPU at this budget already takes seconds)
+MAX_COMPUTE_TOKENS = 4096
 
 
 class ScenarioError(ValueError):
@@ -110,6 +129,20 @@ class ChurnSpec:
 
 
 @dataclass(frozen=True)
+class ComputeSpec:
+    backend: str = "cost"
+    model: str = ""  # registry name, .gguf path or HF dir; "" = the embedded default
+    max_tokens: int = 128  # generation budget of each real answer
+    temperature: float = 0.7  # sampled, so the k executors of a task may disagree
+    time: str = "tokens"  # virtual compute time: "tokens" (reproducible) or "measured"
+    threads: int = 0  # CPU threads of the real backend; 0 = its default
+
+    @property
+    def real(self) -> bool:
+        return self.backend == "models"
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     kind: str
@@ -120,6 +153,7 @@ class Scenario:
     wire_bytes: bool = False
     network: NetworkSpec = field(default_factory=NetworkSpec)
     churn: ChurnSpec = field(default_factory=ChurnSpec)
+    compute: ComputeSpec = field(default_factory=ComputeSpec)
     workload: dict[str, Any] = field(default_factory=dict)
     sweep: dict[str, Any] = field(default_factory=dict)
     #: the node count was given on the command line (workloads then run that size only)
@@ -166,6 +200,7 @@ class Scenario:
                 ],
             },
             "churn": vars(self.churn).copy(),
+            "compute": vars(self.compute).copy(),
             "workload": dict(self.workload),
             "sweep": dict(self.sweep),
         }
@@ -219,6 +254,46 @@ def _network(where: str, raw: dict[str, Any]) -> NetworkSpec:
     )
 
 
+def _compute(where: str, raw: dict[str, Any]) -> ComputeSpec:
+    where = f"{where} [compute]"
+    _check_keys(where, raw, COMPUTE_KEYS)
+    spec = ComputeSpec()
+
+    def get(key: str, kind: type, default: Any) -> Any:
+        value = raw.get(key, default)
+        ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            ok, value = True, float(value)
+        if not ok:
+            raise ScenarioError(f"{where} {key}: expected a {kind.__name__}, got {value!r}")
+        return value
+
+    backend = get("backend", str, spec.backend)
+    if backend not in COMPUTE_BACKENDS:
+        raise ScenarioError(
+            f"{where} backend: unknown value {backend!r} (known: {', '.join(COMPUTE_BACKENDS)})"
+        )
+    time_kind = get("time", str, spec.time)
+    if time_kind not in COMPUTE_TIMES:
+        raise ScenarioError(
+            f"{where} time: unknown value {time_kind!r} (known: {', '.join(COMPUTE_TIMES)})"
+        )
+    max_tokens = get("max_tokens", int, spec.max_tokens)
+    if not 1 <= max_tokens <= MAX_COMPUTE_TOKENS:
+        raise ScenarioError(f"{where} max_tokens: {max_tokens} is not in 1..{MAX_COMPUTE_TOKENS}")
+    temperature = get("temperature", float, spec.temperature)
+    if not 0.0 <= temperature <= 2.0:
+        raise ScenarioError(f"{where} temperature: {temperature} is not in 0..2")
+    threads = get("threads", int, spec.threads)
+    if threads < 0:
+        raise ScenarioError(f"{where} threads: {threads} is negative")
+    model = get("model", str, spec.model)
+    if backend == "cost" and len(raw.keys() - {"backend"}):
+        extra = sorted(raw.keys() - {"backend"})[0]
+        raise ScenarioError(f'{where} {extra}: only used with backend = "models"')
+    return ComputeSpec(backend, model, max_tokens, temperature, time_kind, threads)
+
+
 def parse(raw: dict[str, Any], where: str, default_name: str) -> Scenario:
     _check_keys(where, raw, TOP_KEYS)
     if "kind" not in raw:
@@ -236,6 +311,7 @@ def parse(raw: dict[str, Any], where: str, default_name: str) -> Scenario:
             wire_bytes=bool(raw.get("wire_bytes", False)),
             network=_network(where, raw.get("network", {})),
             churn=ChurnSpec(**{k: float(v) for k, v in churn_raw.items()}),
+            compute=_compute(where, raw.get("compute", {})),
             workload=dict(raw.get("workload", {})),
             sweep=dict(raw.get("sweep", {})),
         )

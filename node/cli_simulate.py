@@ -34,7 +34,8 @@ import click
 def simulate(
     scenario: str, nodes: int | None, seed: int | None, out_dir: str | None, as_json: bool
 ) -> None:
-    """Simulate SCENARIO (ledger, voting, routing, verification, relay, or a .toml file)."""
+    """Simulate SCENARIO (ledger, voting, voting-real, routing, verification, relay, or a .toml
+    file; voting-real answers with the real model, see [compute] in simulations/scenario.py)."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table

@@ -16,7 +16,8 @@ Contract
   equally confident either way); a CoT whose length follows the token count. Every draw comes
   from the rng handed in (the node's), so answers are reproducible from the seed.
 * Alternatively :class:`SolverBackend` runs a real solver (node/executor_service.py's
-  ``Solver`` protocol, e.g. the models/ backend) synchronously: for small runs only.
+  ``Solver`` protocol) synchronously, and simulations/models_compute.py the models/ backend on
+  the shipped evaluation set (``[compute] backend = "models"``): for small runs only.
 
 The figures in ``DEVICES`` are illustrative orders of magnitude for a 1-8B model, not
 measurements (the one measured figure, SmolLM2-135M on 2 CPU cores, is ARCHITECTURE.md's).
@@ -73,6 +74,9 @@ class Question:
     distractors: tuple[str, ...]
     prompt_tokens: int
     answer_tokens: int
+    #: protocol.answers.AnswerType value; ``truth`` is already normalized for it
+    answer_type: str = ANSWER_TYPE
+    choices: tuple[str, ...] = ()
 
 
 def question_bank(rng: random.Random, count: int, categories: tuple[str, ...]) -> list[Question]:

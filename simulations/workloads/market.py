@@ -10,6 +10,10 @@ task outcomes become signed attestations that spread). Executors come from the
 
 ``skill`` is a number or a table per category; ``behaviour`` one of ``BEHAVIOURS``.
 
+With ``[compute] backend = "models"`` executors answer with the real model
+(simulations/models_compute.py) and the bank is the shipped evaluation set (real questions of
+number or choice type, ``truth`` normalized as the daemon's vote does).
+
 Tasks arrive as a Poisson stream (``tasks_per_min``) at random requesters, each a random
 question of the bank. Every task's end (``task.done`` / ``task.failed``) is recorded once
 with its ballots, so the workloads can score the protocol's weighted vote, a plain majority
@@ -42,7 +46,6 @@ from simulations.adversary import (
     unwrap,
 )
 from simulations.compute import (
-    ANSWER_TYPE,
     DEVICES,
     CostModel,
     ExecutorProfile,
@@ -88,6 +91,10 @@ class MarketWorld:
     records: dict[str, TaskRecord] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
     submitted: int = 0
+    #: each task's generation budget (SubmitTask.max_tokens)
+    max_tokens: int = 512
+    #: what answers StartCompute: ``cost`` or a simulations.models_compute.ModelsCompute
+    compute: Any = None
 
     @property
     def by_peer(self) -> dict[str, VirtualNode]:
@@ -123,9 +130,16 @@ def build_market(
     ledger: bool = True,
 ) -> MarketWorld:
     rng = derive_rng(seed, "market")
-    categories = tuple(scenario.workload.get("categories", ["math", "code", "facts"]))
-    bank = question_bank(rng, int(workload_value(scenario, "questions", 2000)), categories)
-    cost = CostModel(bank)
+    compute: Any = None
+    if scenario.compute.real:
+        from simulations.models_compute import ModelsCompute, evalset_questions
+
+        bank = evalset_questions()
+        compute = ModelsCompute(scenario.compute)
+    else:
+        categories = tuple(scenario.workload.get("categories", ["math", "code", "facts"]))
+        bank = question_bank(rng, int(workload_value(scenario, "questions", 2000)), categories)
+    cost = CostModel(bank)  # the adversaries' wrong answers come from it in either case
     classes = _profiles(scenario, n_exec)
     shuffled = list(range(n_exec))
     rng.shuffle(shuffled)  # adversaries are not the first nodes
@@ -181,7 +195,7 @@ def build_market(
 
     auction_cfg = auction or AuctionConfig()
     auc = auction_spec(selector_of, auction_cfg)
-    exe = executor_spec(exec_config, cost, behaviour_of)
+    exe = executor_spec(exec_config, compute or cost, behaviour_of)
     led: MachineSpec | None = None
     if ledger:
         led = ledger_spec(
@@ -202,7 +216,9 @@ def build_market(
     swarm = build_swarm(scenario, n_req + n_exec, seed, specs_of, lambda i: profiles.get(i))
     swarm_box["swarm"] = swarm
     sybil_peers.extend(swarm.nodes[i].peer_id for i, b in behaviours.items() if b == "sybil")
-    world = MarketWorld(swarm, cost, bank, requesters, executors)
+    world = MarketWorld(swarm, cost, bank, requesters, executors, compute=compute or cost)
+    if scenario.compute.real:
+        world.max_tokens = scenario.compute.max_tokens
     swarm.on_emit("task.done", lambda node, f, now: _ended(world, node, f, now, "done"))
     swarm.on_emit("task.failed", lambda node, f, now: _ended(world, node, f, now, "failed"))
     return world
@@ -244,8 +260,9 @@ def _ended(
     results = sorted(task.results.items(), key=lambda kv: (kv[1].received_at_ms, kv[0]))
     rec.executors = tuple(p for p, _ in results)
     neutral = [Ballot(p, r.body.answer, _NEUTRAL, _NEUTRAL, _NEUTRAL) for p, r in results]
-    rec.majority = vote(neutral, AnswerType(ANSWER_TYPE), task.spec.choices).winner
-    first = vote(neutral[:1], AnswerType(ANSWER_TYPE), task.spec.choices)
+    kind = AnswerType(task.spec.answer_type)
+    rec.majority = vote(neutral, kind, task.spec.choices).winner
+    first = vote(neutral[:1], kind, task.spec.choices)
     rec.single = first.winner
 
 
@@ -263,10 +280,12 @@ def submit(
         AUCTION,
         SubmitTask(
             question=question.text,
-            answer_type=ANSWER_TYPE,
+            answer_type=question.answer_type,
+            choices=question.choices,
             deadline_ms=deadline_ms,
             k=k,
             model=MODEL_NAME,
+            max_tokens=world.max_tokens,
             task_id=task_id,
         ),
     )

@@ -10,6 +10,11 @@ A failed task counts as wrong for all three.
 ``[workload]``: ``requesters`` (4), ``tasks_per_min`` (30), ``deadline_s`` (60),
 ``slots`` (2), ``questions`` (2000), ``mixes`` (name -> list of executor classes, see
 market.py). ``[sweep]``: ``k`` ([1, 3, 5, 7]).
+
+With ``[compute] backend = "models"`` (simulations/models_compute.py) the executors are one real
+model sampled at ``[compute] temperature`` with a seed per executor and task, the questions
+are the shipped evaluation set, and answers are scored after the daemon's normalization
+(``protocol.answers.normalize_answer``); skill and calibration of the mixes are then unused.
 """
 
 from __future__ import annotations
@@ -75,6 +80,8 @@ def run(scenario: Scenario, progress: Progress) -> Report:
     curves: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
     checks: list[dict[str, Any]] = []
     per_label: dict[str, dict[str, float]] = {}
+    solves = 0
+    identity = ""
     for mix_name, classes in mixes.items():
         sc = replace(scenario, workload={**scenario.workload, "executors": classes})
         for k in ks:
@@ -92,6 +99,9 @@ def run(scenario: Scenario, progress: Progress) -> Report:
             acc = _accuracy(world)
             rows.append({"mix": mix_name, "k": k, **acc, "tasks": len(world.records)})
             checks.append(conservation(world))
+            if scenario.compute.real:
+                solves += world.compute.solves
+                identity = world.compute.identity
             if k == max(ks):
                 curves[mix_name] = {how: _rolling(world, how) for how in ("weighted", "majority")}
                 per_label[mix_name] = _label_reputation(world)
@@ -134,11 +144,24 @@ def run(scenario: Scenario, progress: Progress) -> Report:
         headline[f"{mix_name}_majority_k{max(ks)}"] = top["majority"]
         headline[f"{mix_name}_weighted_k{max(ks)}"] = top["weighted"]
     headline["best_weighted"] = best["weighted"]
+    notes = [
+        "Majority and single are computed with protocol.voting.vote on the same results "
+        "the protocol's weighted vote used; failed tasks count as wrong."
+    ]
+    results: dict[str, Any] = {"accuracy": rows, "reputation_by_behaviour_at_max_k": per_label}
+    if scenario.compute.real:
+        spec = scenario.compute
+        results["real_model"] = {"model": identity, "solves": solves}
+        notes.append(
+            f"Answers from the real model {identity} at temperature {spec.temperature} "
+            f"(max {spec.max_tokens} tokens) on the shipped evaluation set "
+            f"(models/data/evalset.jsonl); compute time: {spec.time}."
+        )
     return Report(
         scenario=scenario.as_dict(),
         question=QUESTION,
         headline=headline,
-        results={"accuracy": rows, "reputation_by_behaviour_at_max_k": per_label},
+        results=results,
         plots=plots,
         invariants={
             "every_task_ended_exactly_once": all(
@@ -147,10 +170,7 @@ def run(scenario: Scenario, progress: Progress) -> Report:
             "tasks_never_ended": sum(c["tasks_never_ended"] for c in checks),
             "violations": [v for c in checks for v in c["violations"]][:10],
         },
-        notes=[
-            "Majority and single are computed with protocol.voting.vote on the same results "
-            "the protocol's weighted vote used; failed tasks count as wrong."
-        ],
+        notes=notes,
     )
 
 

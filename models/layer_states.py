@@ -60,11 +60,13 @@ def n_blocks(total_tokens: int) -> int:
 
 
 def leaf_index(layer: int, block: int, blocks: int) -> int:
+    """Where leaf (layer, block) sits in the Merkle tree of ``blocks`` blocks per layer."""
     return (layer - 1) * blocks + block
 
 
-def leaf_count(layers: int, total_tokens: int) -> int:
-    return layers * n_blocks(total_tokens)
+def leaf_position(index: int, blocks: int) -> tuple[int, int]:
+    """(layer, block) of Merkle leaf ``index``: the inverse of :func:`leaf_index`."""
+    return index // blocks + 1, index % blocks
 
 
 def encode_leaf(layer: int, block: int, states: np.ndarray) -> bytes:
@@ -89,11 +91,11 @@ def decode_leaf(blob: bytes) -> tuple[int, int, np.ndarray]:
     return layer, block, arr.astype(np.float32)
 
 
-def leaves(states: np.ndarray) -> list[bytes]:
-    """All leaves of (L, T, C) layer outputs, in Merkle order."""
+def blocks_of(states: np.ndarray) -> dict[tuple[int, int], np.ndarray]:
+    """(layer, block) -> that leaf's rows of (L, T, C) layer outputs, in Merkle order."""
     L, T, _ = states.shape
-    return [encode_leaf(layer, b, states[layer - 1, b * BLOCK_TOKENS:(b + 1) * BLOCK_TOKENS])
-            for layer in range(1, L + 1) for b in range(n_blocks(T))]
+    return {(layer, b): states[layer - 1, b * BLOCK_TOKENS:(b + 1) * BLOCK_TOKENS]
+            for layer in range(1, L + 1) for b in range(n_blocks(T))}
 
 
 # ------------------------------------------------------------------ what a check needs

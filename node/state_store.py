@@ -23,7 +23,7 @@ import numpy as np
 
 from crypto.hashing import HASH_LEN
 from crypto.merkle import leaf_hash, merkle_proof_of_hashes, merkle_root_of_hashes
-from models.layer_states import BLOCK_TOKENS, encode_leaf, n_blocks
+from models.layer_states import BLOCK_TOKENS, blocks_of, encode_leaf, leaf_position, n_blocks
 from protocol.verification_rules import encode_proof
 
 DEFAULT_BUDGET_BYTES = 1 << 30
@@ -50,10 +50,8 @@ class StateStore:
         if states.ndim != 3 or states.dtype != np.float32:
             raise ValueError(f"layer states must be (L, T, C) float32, got {states.shape} "
                              f"{states.dtype}")
-        L, T, _ = states.shape
-        rows = [(layer, b, states[layer - 1, b * BLOCK_TOKENS:(b + 1) * BLOCK_TOKENS])
-                for layer in range(1, L + 1) for b in range(n_blocks(T))]
-        hashes = [leaf_hash(encode_leaf(layer, b, block)) for layer, b, block in rows]
+        hashes = [leaf_hash(encode_leaf(layer, b, rows))
+                  for (layer, b), rows in blocks_of(states).items()]
         root = merkle_root_of_hashes(hashes)
         stem = self._stem(task_id, root)
         with self._lock:
@@ -65,7 +63,7 @@ class StateStore:
                 os.fsync(f.fileno())
             os.replace(tmp, stem.with_suffix(".npy"))
             self._collect()
-        return root, L
+        return root, states.shape[0]
 
     def leaves(self, task_id: bytes, states_root: bytes,
                indices: Sequence[int]) -> list[tuple[int, bytes, bytes]]:
@@ -85,7 +83,7 @@ class StateStore:
         for index in indices:
             if not 0 <= index < L * blocks:
                 raise IndexError(f"leaf {index} of {L * blocks}")
-            layer, block = index // blocks + 1, index % blocks
+            layer, block = leaf_position(index, blocks)
             leaf = encode_leaf(layer, block, np.asarray(
                 states[layer - 1, block * BLOCK_TOKENS:(block + 1) * BLOCK_TOKENS]))
             out.append((index, leaf, encode_proof(merkle_proof_of_hashes(hashes, index))))

@@ -16,7 +16,7 @@ import numpy as np
 import trio
 
 from crypto.merkle import verify_proof
-from models.layer_states import decode_leaf, n_blocks
+from models.layer_states import decode_leaf, leaf_index, n_blocks
 from node.state_store import StatesMissing, StateStore
 from node.transport import BulkStream, Transport, TransportError, read_frame, write_frame
 from protocol.codec import MAX_FRAME_BYTES, decode, encode
@@ -65,12 +65,28 @@ def serve_states(store: StateStore) -> Callable[[str, BulkStream], Awaitable[Non
     return serve
 
 
+def open_leaf(states_root: bytes, count: int, index: int, expected: tuple[int, int],
+              leaf: bytes, proof: bytes) -> np.ndarray:
+    """The rows of leaf ``index`` of ``count``, proven under ``states_root`` and labelled
+    ``expected`` (layer, block); BadStates otherwise."""
+    try:
+        steps = decode_proof(proof)
+        layer, block, arr = decode_leaf(leaf)
+    except ValueError as exc:
+        raise BadStates(f"leaf {index}: {exc}") from exc
+    if (layer, block) != expected:
+        raise BadStates(f"leaf {index} is labelled layer {layer} block {block}")
+    if not verify_proof(states_root, leaf, steps, index=index, count=count):
+        raise BadStates(f"leaf {index} is not in the committed states root")
+    return arr
+
+
 async def fetch_leaves(transport: Transport, protocol: str, executor: str, task_id: bytes,
                        states_root: bytes, layers: int, total_tokens: int,
                        wanted: Sequence[tuple[int, int]]) -> dict[tuple[int, int], np.ndarray]:
     """The (layer, block) leaves ``wanted``, each proven against ``states_root``."""
     blocks = n_blocks(total_tokens)
-    index_of = {(layer - 1) * blocks + block: (layer, block) for layer, block in wanted}
+    index_of = {leaf_index(layer, block, blocks): (layer, block) for layer, block in wanted}
     count = layers * blocks
     if any(not 1 <= la <= layers or not 0 <= b < blocks for la, b in wanted):
         raise BadStates(f"asked leaves outside {layers} layers x {blocks} blocks")
@@ -95,16 +111,8 @@ async def fetch_leaves(transport: Transport, protocol: str, executor: str, task_
                 raise BadStates("does not hold the layer states it committed to")
             if msg.index != index:
                 raise BadStates(f"sent leaf {msg.index} when {index} was due")
-            try:
-                steps = decode_proof(msg.proof)
-                layer, block, arr = decode_leaf(msg.leaf)
-            except ValueError as exc:
-                raise BadStates(f"leaf {index}: {exc}") from exc
-            if (layer, block) != index_of[index]:
-                raise BadStates(f"leaf {index} is labelled layer {layer} block {block}")
-            if not verify_proof(states_root, msg.leaf, steps, index=index, count=count):
-                raise BadStates(f"leaf {index} is not in the committed states root")
-            got[(layer, block)] = arr
+            got[index_of[index]] = open_leaf(states_root, count, index, index_of[index],
+                                             msg.leaf, msg.proof)
     except InvalidMessage as exc:
         raise BadStates(f"malformed states frame: {exc}") from exc
     except (TransportError, trio.TooSlowError) as exc:  # it answered, then stopped short

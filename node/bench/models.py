@@ -64,9 +64,8 @@ def run(quick: bool) -> dict[str, Any]:
     t = time.perf_counter()
     states, _ = ls.layer_states(hf, ids)
     figures["layer_states_s"] = time.perf_counter() - t
-    L, T, _ = states.shape
-    fetched = {(la, b): states[la - 1, b * ls.BLOCK_TOKENS:(b + 1) * ls.BLOCK_TOKENS]
-               for la in range(1, L + 1) for b in range(ls.n_blocks(T))}
+    L = states.shape[0]
+    fetched = ls.blocks_of(states)
     layer_checks = []
     for c in range(len(blobs)):
         for draw in range(3):

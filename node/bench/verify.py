@@ -206,21 +206,17 @@ def _start(runner: CheckRunner, task: TaskSpec, made: Commitments, chunks: tuple
 def _fetch(store: Any, e: StartCheck, job: LayerJob, sizes: list[int] | None = None,
            task_id: bytes | None = None) -> dict:
     """What node/state_streams.fetch_leaves does, minus the network: serve, prove, decode."""
-    from crypto.merkle import verify_proof
-    from models.layer_states import decode_leaf, n_blocks
-    from protocol.verification_rules import decode_proof
+    from models.layer_states import leaf_index, n_blocks
+    from node.state_streams import open_leaf
 
     blocks = n_blocks(job.plan.total_tokens)
-    wanted = {(la - 1) * blocks + b: (la, b) for la, b in job.wanted}
+    wanted = {leaf_index(la, b, blocks): (la, b) for la, b in job.wanted}
     got = {}
     total = 0
     for index, leaf, proof in store.leaves(task_id or e.task.task_id, e.states_root,
                                            sorted(wanted)):
-        if not verify_proof(e.states_root, leaf, decode_proof(proof), index=index,
-                            count=e.state_layers * blocks):
-            raise ValueError(f"leaf {index} not under the root")
-        layer, block, arr = decode_leaf(leaf)
-        got[(layer, block)] = arr
+        got[wanted[index]] = open_leaf(e.states_root, e.state_layers * blocks, index,
+                                       wanted[index], leaf, proof)
         total += len(leaf) + len(proof)
     if sizes is not None:
         sizes.append(total)

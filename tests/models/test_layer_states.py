@@ -19,10 +19,7 @@ def _run(backend, seed, n=80):
     return list(g.prompt_token_ids), list(g.token_ids)
 
 
-def _leaves(states):
-    L, T, _ = states.shape
-    return {(la, b): states[la - 1, b * ls.BLOCK_TOKENS:(b + 1) * ls.BLOCK_TOKENS]
-            for la in range(1, L + 1) for b in range(ls.n_blocks(T))}
+_leaves = ls.blocks_of
 
 
 @pytest.fixture(scope="module")

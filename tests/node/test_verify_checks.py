@@ -127,10 +127,10 @@ def layer_check(exec_backend: Any, verifier: CheckRunner, store: Any, seed: int 
 
 
 def fetched_from(store: Any, check: StartCheck, job: Any) -> dict[Any, Any]:
-    from models.layer_states import decode_leaf, n_blocks
+    from models.layer_states import decode_leaf, leaf_index, n_blocks
 
     blocks = n_blocks(job.plan.total_tokens)
-    index = sorted((la - 1) * blocks + b for la, b in job.wanted)
+    index = sorted(leaf_index(la, b, blocks) for la, b in job.wanted)
     out = {}
     for _, leaf, _ in store.leaves(TASK.task_id, check.states_root, index):
         layer, block, arr = decode_leaf(leaf)

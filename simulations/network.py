@@ -139,6 +139,16 @@ class NetworkModel:
         self.group.append(-1)
         return len(self.up_bps) - 1
 
+    @property
+    def jitter_us(self) -> int:
+        """The most a message's latency is stretched by its jitter draw (exclusive)."""
+        return self._jitter_us
+
+    @property
+    def one_rate(self) -> float | None:
+        """min(up, down) in bytes/s when every node has the same rates, else None."""
+        return self._one_rate
+
     # ------------------------------------------------------------------ latency
 
     def base_latency_us(self, a: int, b: int) -> int:

@@ -79,6 +79,7 @@ class Swarm:
             degree_high=2 * degree,
             send_timeout_ms=send_timeout_ms,
             crash_detect_ms=crash_detect_ms,
+            flood_seed=int.from_bytes(derive_seed(seed, "gossip")[:8], "big"),
         )
         self.nodes: list[VirtualNode] = []
         self._by_peer: dict[str, VirtualNode] = {}
@@ -122,6 +123,7 @@ class Swarm:
             return
         self.net.reset_node(node.index, self.loop.now_us)
         node.boot()
+        self.transport.node_up(node)
         self.metrics.count("node_started")
 
     def crash(self, node: VirtualNode) -> None:
@@ -172,10 +174,12 @@ class Swarm:
 
     def _partition_start(self, groups: list[list[int]]) -> None:
         self.net.apply_partition(groups)
+        self.transport.network_changed()
         self.metrics.count("partition_started")
 
     def _partition_heal(self) -> None:
         self.net.heal()
+        self.transport.network_changed()
         self.metrics.count("partition_healed")
 
     # ------------------------------------------------------------------ effects
@@ -236,8 +240,11 @@ class Swarm:
         self.loop.at(time_ms * US_PER_MS, callback, *args)
 
     def run(self, until_ms: int, on_progress: Callable[[int], None] | None = None) -> int:
-        return self.loop.run(until_ms * US_PER_MS, on_progress=on_progress)
+        ran = self.loop.run(until_ms * US_PER_MS, on_progress=on_progress)
+        self.transport.flush_traffic()
+        return ran
 
     def bytes_per_node(self) -> list[int]:
+        self.transport.flush_traffic()
         t = self.traffic
         return [a + b for a, b in zip(t.bytes_sent, t.bytes_received, strict=True)]

@@ -20,10 +20,18 @@ Contract (the simulator's side of node/transport.py, at the level of machine eff
   ``peer`` = the origin, as node/p2p.py does) and forwards it to its mesh minus the sender;
   later copies are counted in bytes and dropped (the seen-cache). Lost gossip is silent;
   nodes that joined after a message was published never see it by gossip.
+* **Planned floods.** A gossip frame of up to ``SMALL_MESSAGE_BYTES`` (nearly all of them)
+  is not forwarded copy by copy: simulations/flood.py computes every node's first arrival
+  at once, over the same mesh and network model, and one event per node hands the message
+  to its machines at that time. A change of mesh, liveness or partition while a flood is in
+  flight re-plans it before its next event, so the outcome is the hop-by-hop one: a node
+  that is down when its copy arrives neither gets nor forwards it. Bigger frames, which
+  queue on links, and frames that do not decode go hop by hop (``_forward``).
 * **Fidelity.** With ``wire_bytes`` every message crosses the network as its encoded frame
   and is decoded by each receiver (``InvalidMessage`` penalizes the sender); otherwise the
   object itself travels and its size is ``len(encode(msg))``. Bytes are counted per node in
-  both modes, on the sender's up and the receiver's down side, duplicates included.
+  both modes, on the sender's up and the receiver's down side, duplicates included; a planned
+  flood's when it ends or the run stops.
 """
 
 from __future__ import annotations
@@ -31,10 +39,14 @@ from __future__ import annotations
 from array import array
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from protocol.codec import Message, decode
 from protocol.errors import InvalidMessage
 from protocol.machine import DialFailed, Received, SendFailed
+from simulations.flood import NEVER, Flood, FloodPlanner, account
 from simulations.memo import encode
+from simulations.network import SMALL_MESSAGE_BYTES
 from simulations.node import INVALID_MESSAGE_PENALTY
 
 if TYPE_CHECKING:
@@ -60,6 +72,7 @@ class SimTransport:
         dial_timeout_ms: int = 10_000,
         send_timeout_ms: int = 10_000,
         crash_detect_ms: int = 5_000,
+        flood_seed: int = 0,
     ) -> None:
         self.swarm = swarm
         self.wire_bytes = wire_bytes
@@ -71,6 +84,12 @@ class SimTransport:
         #: gossip id -> the message in flight, until the seen-cache forgets it (see below)
         self._seen: dict[int, _Gossip] = {}
         self._next_gossip_id = 0
+        #: small gossip goes by planned floods (simulations/flood.py)
+        self.planner = FloodPlanner(swarm.net, flood_seed, degree_high)
+        self._floods: list[Flood] = []
+        #: the network changed while floods were in flight: re-plan them before the next
+        #: flood event (after the change is complete: a crash closes many links at once)
+        self._stale = False
 
     # ------------------------------------------------------------------ sizes
 
@@ -163,6 +182,8 @@ class SimTransport:
         for mesh in b.mesh.values():
             if a.index in mesh:
                 mesh.remove(a.index)
+        self._mesh_changed(a.index)
+        self._mesh_changed(b.index)
         self._refill(a)
         self._refill(b)
 
@@ -173,6 +194,8 @@ class SimTransport:
     def node_down(self, node: VirtualNode, *, graceful: bool) -> None:
         """Close every connection of a node that leaves (graceful) or crashes."""
         swarm = self.swarm
+        self.planner.set_incarnation(node.index, None)
+        self._mesh_changed(node.index)
         for index in sorted(node.connections):
             other = swarm.nodes[index]
             self._close(node, other)
@@ -180,6 +203,21 @@ class SimTransport:
                 swarm.net.base_latency_us(node.index, index) if graceful else self.crash_detect_us
             )
             swarm.loop.after(delay, self._remote_closed, other, other.epoch, node)
+
+    def node_up(self, node: VirtualNode) -> None:
+        """A node (re)started: floods in flight must not count on its old incarnation."""
+        self.planner.set_incarnation(node.index, node.epoch)
+        self.network_changed()
+
+    def network_changed(self) -> None:
+        """Liveness or partitions changed (the mesh's own changes are marked as they happen)."""
+        if self._floods:
+            self._stale = True
+
+    def _mesh_changed(self, index: int, topic: str | None = None) -> None:
+        self.planner.touch(index, topic)
+        if self._floods:
+            self._stale = True
 
     # ------------------------------------------------------------------ gossip mesh
 
@@ -194,6 +232,8 @@ class SimTransport:
             ):
                 ma.append(b.index)
                 mb.append(a.index)
+                self._mesh_changed(a.index, topic)
+                self._mesh_changed(b.index, topic)
 
     def _refill(self, node: VirtualNode) -> None:
         nodes = self.swarm.nodes
@@ -210,6 +250,8 @@ class SimTransport:
                 if len(om) < self.degree_high:
                     mesh.append(index)
                     om.append(node.index)
+                    self._mesh_changed(node.index, topic)
+                    self._mesh_changed(index, topic)
 
     # ------------------------------------------------------------------ unicast
 
@@ -272,9 +314,14 @@ class SimTransport:
 
     def publish(self, node: VirtualNode, topic: str, message: Message) -> None:
         swarm = self.swarm
+        payload, size = self._frame(message)
+        swarm.metrics.count("gossip_published")
+        if size <= SMALL_MESSAGE_BYTES and (not self.wire_bytes or self._decodes(payload)):
+            self._plan(node, topic, message, payload, size)
+            return
+        # big frames queue on links, and garbage is refused by the first hop: copy by copy
         gid = self._next_gossip_id
         self._next_gossip_id += 1
-        payload, size = self._frame(message)
         gossip = _Gossip(topic, node.peer_id, payload, size, len(swarm.nodes))
         if not self.wire_bytes:
             # every node is handed the same (immutable) event, as it gets the same object
@@ -282,8 +329,104 @@ class SimTransport:
         gossip.arrival[node.index] = -1
         self._seen[gid] = gossip
         swarm.loop.after(SEEN_TTL_US, self._forget, gid)
-        swarm.metrics.count("gossip_published")
         self._forward(node, -1, gossip)
+
+    # ------------------------------------------------------------------ planned floods
+
+    def _decodes(self, payload: object) -> bool:
+        try:
+            decode(payload)  # type: ignore[arg-type]
+        except InvalidMessage:
+            return False
+        return True
+
+    def _plan(
+        self, node: VirtualNode, topic: str, message: Message, payload: object, size: int
+    ) -> None:
+        if self._stale:
+            self._replan()
+        swarm = self.swarm
+        flood = Flood(topic, node.peer_id, node.index, payload, size, len(swarm.nodes))
+        if not self.wire_bytes:
+            # every node is handed the same (immutable) event, as it gets the same object
+            flood.event = Received(node.peer_id, message, topic)
+        fanout = None if topic in node.topic_slots else self._fanout(node, topic)
+        reached = self.planner.plan(flood, swarm.loop.now_us, swarm.nodes, fanout)
+        self._floods.append(flood)
+        self._schedule(flood, reached)
+
+    def _schedule(self, flood: Flood, nodes: np.ndarray) -> None:  # type: ignore[type-arg]
+        """Queue the first arrivals of ``nodes`` and the flood's end."""
+        loop = self.swarm.loop
+        times = flood.times = flood.arrival.tolist()
+        at = loop.at
+        arrive = self._flood_arrive
+        for index in nodes.tolist():
+            at(times[index], arrive, flood, index)
+        reached = flood.arrival[flood.arrival < NEVER]
+        flood.end_us = max(int(reached.max()), loop.now_us)
+        at(flood.end_us, self._flood_end, flood)
+
+    def _replan(self) -> None:
+        self._stale = False
+        swarm = self.swarm
+        now = swarm.loop.now_us
+        for flood in self._floods:
+            self._schedule(flood, self.planner.replan(flood, now, swarm.nodes))
+
+    def _flood_arrive(self, flood: Flood, index: int) -> None:
+        if self._stale:
+            self._replan()
+        if flood.delivered[index] or flood.times[index] != self.swarm.loop.now_us:
+            return  # re-planned to another time
+        flood.delivered[index] = 1
+        target = self.swarm.nodes[index]
+        if not target.up:
+            return
+        event = flood.event
+        if event is None:
+            sender = self.swarm.nodes[int(flood.parent[index])]
+            message = self._open(target, sender, flood.payload)
+            if message is None:
+                return
+            event = Received(flood.origin, message, flood.topic)
+        target.deliver_gossip(event)
+
+    def _flood_end(self, flood: Flood) -> None:
+        if self._stale:
+            self._replan()
+        if flood.done or flood.end_us != self.swarm.loop.now_us:
+            return
+        self._account_flood(flood)
+        flood.done = True
+        self._floods.remove(flood)
+
+    def _account_flood(self, flood: Flood) -> None:
+        sent, received, total_sent, total_received, firsts = account(flood)
+        if not total_sent and not total_received:
+            return
+        n = flood.n
+        size = flood.size
+        traffic = self.swarm.traffic
+        for counter, counts, unit in (
+            (traffic.bytes_sent, sent, size),
+            (traffic.msgs_sent, sent, 1),
+            (traffic.bytes_received, received, size),
+            (traffic.msgs_received, received, 1),
+        ):
+            view = np.frombuffer(counter, dtype=np.int64)
+            view[:n] += counts * unit
+            del view  # an exported buffer would stop the array from growing
+        metrics = self.swarm.metrics
+        if total_sent:
+            metrics.add_bytes("gossip", total_sent * size)
+        if total_received > firsts:
+            metrics.count("gossip_duplicates", total_received - firsts)
+
+    def flush_traffic(self) -> None:
+        """Count the traffic of floods still in flight, for the nodes that have them so far."""
+        for flood in self._floods:
+            self._account_flood(flood)
 
     def _forward(self, node: VirtualNode, came_from: int, gossip: _Gossip) -> None:
         topic = gossip.topic

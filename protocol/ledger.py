@@ -172,6 +172,8 @@ class LedgerMachine:
         self._connected: set[str] = set()
         self._next_anti_entropy: int | None = None
         self._signers: dict[bytes, str] = {}
+        self._attestation_ttl_ms = config.max_attestation_ttl_ms
+        self._skew_ms = config.clock_skew_ms
         self._limits = {
             "attestation": _RateLimiter(config.attestation_rate_per_minute),
             "digest": _RateLimiter(config.digest_rate_per_minute),
@@ -185,7 +187,9 @@ class LedgerMachine:
         if self._next_anti_entropy is None:
             self._next_anti_entropy = now + self.config.anti_entropy_ms
         if type(event) is Received:  # the common case first
-            effects = self._on_received(event.peer, event.message, event.topic, now)
+            if event.topic is not None:  # gossip: never answered by a Send or Publish
+                return self._on_gossip(event.peer, event.message, now)
+            effects = self._on_received(event.peer, event.message, None, now)
         else:
             effects = self._dispatch(event, now)
         for effect in effects:
@@ -196,9 +200,10 @@ class LedgerMachine:
 
     def next_deadline(self) -> int | None:
         soonest = self.state.next_expiry()
-        t = self.sync.next_deadline()
-        if t is not None and (soonest is None or t < soonest):
-            soonest = t
+        if self.sync.sessions:  # (asked after every delivery: skip the call when idle)
+            t = self.sync.next_deadline()
+            if t is not None and (soonest is None or t < soonest):
+                soonest = t
         if self._spec is not None and self._published_at is not None:
             t = self._published_at + (
                 self.config.min_republish_ms if self._dirty else self.config.refresh_ms
@@ -342,11 +347,32 @@ class LedgerMachine:
 
     # ------------------------------------------------------------ received messages
 
+    def _on_gossip(self, peer: str, msg: Message, now: int) -> list[Effect]:
+        """A message on the ledger topic: an unsolicited push, merged item by item.
+
+        What comes back is only Store*, Forget*, Penalize and Emit (nothing is sent).
+        """
+        rejected: dict[Rejection, int] = {}
+        effects: list[Effect] = []
+        if not isinstance(msg, LedgerPush):
+            _count(rejected, Rejection.MALFORMED)  # only pushes travel by gossip
+        elif msg.reply:
+            _count(rejected, Rejection.UNSOLICITED)
+        elif len(msg.records) + len(msg.attestations) > self.config.max_gossip_items:
+            _count(rejected, Rejection.OVERSIZED)
+        else:
+            self._apply(peer, msg, now, False, effects, rejected)
+        if rejected:
+            effects += self._account(peer, rejected)
+        return effects
+
     def _on_received(self, peer: str, msg: Message, topic: str | None, now: int) -> list[Effect]:
+        if topic is not None:
+            return self._on_gossip(peer, msg, now)
         rejected: dict[Rejection, int] = {}
         effects: list[Effect] = []
         if isinstance(msg, LedgerPush):
-            solicited = topic is None and msg.reply and self.sync.awaiting(peer)
+            solicited = msg.reply and self.sync.awaiting(peer)
             if msg.reply and not solicited:
                 _count(rejected, Rejection.UNSOLICITED)
             elif (
@@ -358,8 +384,6 @@ class LedgerMachine:
                 _, refused = self._apply(peer, msg, now, solicited, effects, rejected)
                 if solicited:
                     effects += self.sync.on_reply(peer, msg, refused, now)
-        elif topic is not None:
-            _count(rejected, Rejection.MALFORMED)  # only pushes travel by gossip
         elif isinstance(msg, LedgerDigest):
             if self._limits["digest"].take(peer, now):
                 effects += self.sync.on_digest(peer, msg, now)
@@ -434,7 +458,7 @@ class LedgerMachine:
                 )
                 if state.merge_record(env, rec, h, now):
                     new += 1
-                    effects.append(StoreCapability(env, rec))
+                    effects.append(tuple.__new__(StoreCapability, (env, rec)))  # (as below)
                     if rec.peer_id == self.peer_id:  # ours from a previous life: move past it
                         self._own_seq = max(self._own_seq, rec.seq)
                         self._dirty = self._spec is not None
@@ -442,7 +466,7 @@ class LedgerMachine:
                 _count(rejected, exc.reason)
         held_atts = state.attestations
         limiter = self._limits["attestation"]
-        config = self.config
+        signers = self._signers
         for env in push.attestations:
             h = envelope_hash(env)
             if h in held_atts:
@@ -451,14 +475,9 @@ class LedgerMachine:
                 _count(rejected, Rejection.RATE_LIMITED)
                 continue
             try:
-                signer = self._signers.get(env.public_key) or self._signer(env)
+                signer = signers.get(env.public_key) or self._signer(env)
                 att = check_attestation(
-                    env,
-                    self.network_id,
-                    now,
-                    signer,
-                    config.max_attestation_ttl_ms,
-                    config.clock_skew_ms,
+                    env, self.network_id, now, signer, self._attestation_ttl_ms, self._skew_ms
                 )
                 added, evicted = state.merge_attestation(env, att, signer, h)
             except Rejected as exc:
@@ -467,10 +486,11 @@ class LedgerMachine:
                 continue
             if added:
                 new += 1
-                effects.append(StoreAttestation(env, att, h))
+                # StoreAttestation(env, att, h), without the named tuple's slower __new__
+                effects.append(tuple.__new__(StoreAttestation, (env, att, h)))
             if evicted:
                 refused.extend(evicted)
-                effects.append(ForgetAttestations(tuple(evicted)))
+                effects.append(ForgetAttestations(evicted))
         self.stats["items_accepted"] += new
         return new, refused
 

@@ -85,11 +85,13 @@ class LedgerState:
         self.tombstone_ms = tombstone_ms
         self.records: dict[str, HeldRecord] = {}
         self.attestations: dict[bytes, HeldAttestation] = {}
-        self.by_subject: dict[str, set[bytes]] = {}
-        #: a fresh number whenever a subject's attestations change (reputation caches key on
-        #: it); never reused, absent for a subject with no attestations
-        self.subject_version: dict[str, int] = {}
+        self._by_subject: dict[str, set[bytes]] = {}
+        self._subject_version: dict[str, int] = {}
         self._changes = 0
+        #: attestations merged but not yet indexed by subject (done when the index is read or
+        #: an attestation leaves, so the numbering is the same as if done at once; a node that
+        #: never asks about subjects, like most simulated ones, never pays for the index)
+        self._unindexed: list[HeldAttestation] = []
         #: bucket -> its hashes, kept sorted; only non-empty buckets are present (a node
         #: holding few attestations pays for few buckets)
         self._buckets: dict[int, list[bytes]] = {}
@@ -121,7 +123,8 @@ class LedgerState:
                 )
         elif len(self.records) >= self.max_records:
             raise Rejected(Rejection.LEDGER_FULL, f"{len(self.records)} records held")
-        self.records[record.peer_id] = HeldRecord(envelope, record, h, now_ms)
+        # HeldRecord(...) without the named tuple's Python-level __new__ (twice as slow)
+        self.records[record.peer_id] = tuple.__new__(HeldRecord, (envelope, record, h, now_ms))
         self._digest = None
         heapq.heappush(
             self._record_expiry, (record.expires_at_ms + self.tombstone_ms, record.peer_id, h)
@@ -130,37 +133,62 @@ class LedgerState:
 
     def merge_attestation(
         self, envelope: Envelope, att: Attestation, observer: str, h: bytes
-    ) -> tuple[bool, list[bytes]]:
+    ) -> tuple[bool, tuple[bytes, ...]]:
         """(new?, hashes evicted by the observer quota), or ``Rejected``."""
         attestations = self.attestations
         if h in attestations:
-            return False, []
+            return False, ()
         key = (observer, att.observed_at_ms // MINUTE_MS)
         slot = self._quota.get(key)
         if slot is None:
             slot = self._quota[key] = []
-        evicted: list[bytes] = []
+        evicted: tuple[bytes, ...] = ()
         if len(slot) >= self.observer_quota:
             if h > slot[-1]:
                 raise Rejected(Rejection.OBSERVER_QUOTA, f"{observer} over its quota")
-            evicted.append(slot[-1])
+            evicted = (slot[-1],)
             self._remove_attestation(slot[-1])
         elif len(attestations) >= self.max_attestations:
             raise Rejected(Rejection.LEDGER_FULL, f"{len(attestations)} attestations held")
-        attestations[h] = HeldAttestation(envelope, att, observer, h)
+        # HeldAttestation(envelope, att, observer, h) without the named tuple's Python-level
+        # __new__ (twice as slow, and this runs once per delivered attestation)
+        held = attestations[h] = tuple.__new__(HeldAttestation, (envelope, att, observer, h))
         bisect.insort(slot, h)
         self._unbucketed.append(h)
+        self._unindexed.append(held)
         self._digest = None
-        subject = att.subject
-        hashes = self.by_subject.get(subject)
-        if hashes is None:
-            self.by_subject[subject] = {h}
-        else:
-            hashes.add(h)
-        self._changes += 1
-        self.subject_version[subject] = self._changes
         heapq.heappush(self._expiry, (att.expires_at_ms, h))
         return True, evicted
+
+    # ------------------------------------------------------------ by subject
+
+    @property
+    def by_subject(self) -> dict[str, set[bytes]]:
+        """Subject -> the hashes of the attestations about it (do not mutate)."""
+        if self._unindexed:
+            self._index_subjects()
+        return self._by_subject
+
+    @property
+    def subject_version(self) -> dict[str, int]:
+        """A fresh number whenever a subject's attestations change (reputation caches key on
+        it); never reused, absent for a subject with no attestations (do not mutate)."""
+        if self._unindexed:
+            self._index_subjects()
+        return self._subject_version
+
+    def _index_subjects(self) -> None:
+        """Index the attestations merged since last time, in the order they were merged."""
+        by_subject = self._by_subject
+        for held in self._unindexed:
+            subject = held.attestation.subject
+            hashes = by_subject.get(subject)
+            if hashes is None:
+                by_subject[subject] = {held.hash}
+            else:
+                hashes.add(held.hash)
+            self._touch(subject)
+        self._unindexed.clear()
 
     def _put_in_buckets(self) -> None:
         """Sort the hashes merged since last time into their buckets."""
@@ -197,17 +225,19 @@ class LedgerState:
         self._stale_buckets.add(b)
         self._summary = None
         self._digest = None
-        subject = self.by_subject[att.subject]
+        if self._unindexed:
+            self._index_subjects()
+        subject = self._by_subject[att.subject]
         subject.discard(h)
         self._touch(att.subject)
         if not subject:
-            del self.by_subject[att.subject]
-            del self.subject_version[att.subject]
+            del self._by_subject[att.subject]
+            del self._subject_version[att.subject]
         return held
 
     def _touch(self, subject: str) -> None:
         self._changes += 1
-        self.subject_version[subject] = self._changes
+        self._subject_version[subject] = self._changes
 
     # ------------------------------------------------------------ expiry
 

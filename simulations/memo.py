@@ -88,26 +88,27 @@ def _targets() -> list[tuple[object, str, Callable[..., Any]]]:
     return found
 
 
-class _ByIdentity:
+def _by_identity(fn: Callable[..., Any], entries: int) -> Callable[..., Any]:
     """``fn(obj, *rest)`` remembered per object (kept alive, so its id is not reused), then by
     value: the simulator hands every node the very same envelope object, so the common case is
-    one dict lookup; equal copies (``wire_bytes``: each node decodes its own) share by value."""
+    one dict lookup; equal copies (``wire_bytes``: each node decodes its own) share by value.
 
-    def __init__(self, fn: Callable[..., Any], entries: int) -> None:
-        self.entries = entries
-        self._by_value = functools.lru_cache(maxsize=entries)(fn)
-        self._cache: dict[int, tuple[object, tuple[Any, ...], Any]] = {}
+    A closure rather than an object with ``__call__``: CPython calls plain functions faster,
+    and this runs for every item of every delivered push."""
+    by_value = functools.lru_cache(maxsize=entries)(fn)
+    cache: dict[int, tuple[object, tuple[Any, ...], Any]] = {}
 
-    def __call__(self, obj: object, *rest: Any) -> Any:
-        hit = self._cache.get(id(obj))
+    def shared(obj: object, *rest: Any) -> Any:
+        hit = cache.get(id(obj))
         if hit is not None and hit[0] is obj and hit[1] == rest:
             return hit[2]
-        result = self._by_value(obj, *rest)
-        cache = self._cache
-        if len(cache) >= self.entries:
+        result = by_value(obj, *rest)
+        if len(cache) >= entries:
             del cache[next(iter(cache))]
         cache[id(obj)] = (obj, rest, result)
         return result
+
+    return shared
 
 
 #: pure functions shared wherever a ``protocol.*`` module binds them (by these names)
@@ -132,7 +133,7 @@ def shared_pure_functions(entries: int = CACHE_ENTRIES) -> Iterator[None]:
         if original is codec.encode:
             shared = encode
         elif original in _BY_IDENTITY:
-            shared = _ByIdentity(original, entries)
+            shared = _by_identity(original, entries)
         else:
             shared = functools.lru_cache(maxsize=entries)(original)
         setattr(module, attr, shared)

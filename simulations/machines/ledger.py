@@ -60,13 +60,27 @@ def ledger_spec(
             # after the current instant, so that connections made at boot are in place
             node.swarm.loop.after(0, _advertise, node, node.epoch, spec)
 
+    # performed once per accepted item on every node: no setdefault (it builds a dict each
+    # call), and the observer test is made once here rather than per call
     def store_capability(node: VirtualNode, name: str, effect: StoreCapability) -> None:
-        node.store.setdefault(RECORDS, {})[effect.record.peer_id] = effect.envelope
+        records = node.store.get(RECORDS)
+        if records is None:
+            records = node.store[RECORDS] = {}
+        records[effect.record.peer_id] = effect.envelope
+
+    def store_attestation(node: VirtualNode, name: str, effect: StoreAttestation) -> None:
+        atts = node.store.get(ATTESTATIONS)
+        if atts is None:
+            atts = node.store[ATTESTATIONS] = {}
+        atts[effect.hash] = effect.envelope
+
+    def store_capability_observed(node: VirtualNode, name: str, effect: StoreCapability) -> None:
+        store_capability(node, name, effect)
         if observer is not None:
             observer(node, effect)
 
-    def store_attestation(node: VirtualNode, name: str, effect: StoreAttestation) -> None:
-        node.store.setdefault(ATTESTATIONS, {})[effect.hash] = effect.envelope
+    def store_attestation_observed(node: VirtualNode, name: str, effect: StoreAttestation) -> None:
+        store_attestation(node, name, effect)
         if observer is not None:
             observer(node, effect)
 
@@ -86,8 +100,8 @@ def ledger_spec(
         message_types=MESSAGE_TYPES,
         topics=(LEDGER_TOPIC,),
         performers={
-            StoreCapability: store_capability,
-            StoreAttestation: store_attestation,
+            StoreCapability: store_capability if observer is None else store_capability_observed,
+            StoreAttestation: store_attestation if observer is None else store_attestation_observed,
             ForgetCapabilities: forget_capabilities,
             ForgetAttestations: forget_attestations,
         },

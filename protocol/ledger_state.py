@@ -70,6 +70,34 @@ class HeldAttestation(NamedTuple):
     hash: bytes
 
 
+# Pure constructors of what a state holds: values of their arguments alone, never mutated,
+# so the simulator shares one result among its thousands of virtual nodes
+# (simulations/memo.py), as it shares the envelope checks.
+
+
+def held_attestation(
+    envelope: Envelope, att: Attestation, observer: str, h: bytes
+) -> HeldAttestation:
+    """``HeldAttestation(...)`` without the named tuple's Python-level ``__new__`` (twice as
+    slow, and this runs once per delivered attestation)."""
+    return tuple.__new__(HeldAttestation, (envelope, att, observer, h))
+
+
+def attestation_expiry(at_ms: int, h: bytes) -> tuple[int, bytes]:
+    """An entry of the attestations' expiry heap."""
+    return (at_ms, h)
+
+
+def record_expiry(at_ms: int, peer: str, h: bytes) -> tuple[int, str, bytes]:
+    """An entry of the records' expiry heap."""
+    return (at_ms, peer, h)
+
+
+def bucket_digest(members: bytes) -> bytes:
+    """The hash of one bucket of attestation hashes (their concatenation, sorted)."""
+    return digest(members, person=_BUCKET_PERSON)[:PREFIX_LEN]
+
+
 class LedgerState:
     def __init__(
         self,
@@ -103,6 +131,8 @@ class LedgerState:
         self._stale_buckets: set[int] = set()  # buckets changed since _summary_buf was
         #: cached digest(): (computed at, valid before, digest); None after any change
         self._digest: tuple[int, int, LedgerDigest] | None = None
+        #: its record part alike, kept across attestation changes (records change seldom)
+        self._versions: tuple[int, int, tuple[RecordVersion, ...]] | None = None
         self._quota: dict[tuple[str, int], list[bytes]] = {}  # sorted hashes
         self._expiry: list[tuple[int, bytes]] = []  # heap of (expires_at, hash), lazy
         self._record_expiry: list[tuple[int, str, bytes]] = []  # heap, lazy
@@ -125,9 +155,10 @@ class LedgerState:
             raise Rejected(Rejection.LEDGER_FULL, f"{len(self.records)} records held")
         # HeldRecord(...) without the named tuple's Python-level __new__ (twice as slow)
         self.records[record.peer_id] = tuple.__new__(HeldRecord, (envelope, record, h, now_ms))
-        self._digest = None
+        self._digest = self._versions = None
         heapq.heappush(
-            self._record_expiry, (record.expires_at_ms + self.tombstone_ms, record.peer_id, h)
+            self._record_expiry,
+            record_expiry(record.expires_at_ms + self.tombstone_ms, record.peer_id, h),
         )
         return True
 
@@ -150,14 +181,12 @@ class LedgerState:
             self._remove_attestation(slot[-1])
         elif len(attestations) >= self.max_attestations:
             raise Rejected(Rejection.LEDGER_FULL, f"{len(attestations)} attestations held")
-        # HeldAttestation(envelope, att, observer, h) without the named tuple's Python-level
-        # __new__ (twice as slow, and this runs once per delivered attestation)
-        held = attestations[h] = tuple.__new__(HeldAttestation, (envelope, att, observer, h))
+        held = attestations[h] = held_attestation(envelope, att, observer, h)
         bisect.insort(slot, h)
         self._unbucketed.append(h)
         self._unindexed.append(held)
         self._digest = None
-        heapq.heappush(self._expiry, (att.expires_at_ms, h))
+        heapq.heappush(self._expiry, attestation_expiry(att.expires_at_ms, h))
         return True, evicted
 
     # ------------------------------------------------------------ by subject
@@ -255,7 +284,7 @@ class LedgerState:
             current = self.records.get(peer)
             if current is not None and current.hash == h:
                 del self.records[peer]
-                self._digest = None
+                self._digest = self._versions = None
                 peers.append(peer)
         return peers, gone
 
@@ -284,7 +313,7 @@ class LedgerState:
             members = self._buckets.get(b)
             if not members:
                 return _EMPTY_BUCKET
-            cached = digest(b"".join(members), person=_BUCKET_PERSON)[:PREFIX_LEN]
+            cached = bucket_digest(b"".join(members))
             self._bucket_hash[b] = cached
         return cached
 
@@ -315,19 +344,25 @@ class LedgerState:
             return cached[2]
         if not self.records and not self.attestations:
             return _EMPTY_DIGEST  # one object for every empty ledger
-        live = list(self.live_records(now_ms))
-        versions = tuple(
-            RecordVersion(
-                peer_id=h.record.peer_id, seq=h.record.seq, hash_prefix=h.hash[:PREFIX_LEN]
+        versions = self._versions
+        if versions is None or not versions[0] <= now_ms < versions[1]:
+            live = list(self.live_records(now_ms))
+            versions = self._versions = (
+                now_ms,
+                min((h.record.expires_at_ms for h in live), default=_NEVER),
+                tuple(
+                    RecordVersion(
+                        peer_id=h.record.peer_id, seq=h.record.seq, hash_prefix=h.hash[:PREFIX_LEN]
+                    )
+                    for h in live
+                ),
             )
-            for h in live
-        )
         d = LedgerDigest(
-            records=versions[:MAX_DIGEST_RECORDS],
+            records=versions[2][:MAX_DIGEST_RECORDS],
             attestation_count=len(self.attestations),
             attestation_buckets=self.bucket_summary(),
             reply=False,
         )
-        valid_before = min((h.record.expires_at_ms for h in live), default=_NEVER)
+        valid_before = versions[1]
         self._digest = (now_ms, valid_before, d)
         return d

@@ -93,6 +93,8 @@ class EventLoop:
         "now_us",
         "events_run",
         "_stopped",
+        "_until_us",
+        "_inline",
     )
 
     def __init__(self) -> None:
@@ -105,6 +107,8 @@ class EventLoop:
         self.now_us = 0
         self.events_run = 0
         self._stopped = False
+        self._until_us = -1  # the running ``run``'s end (-1: not running)
+        self._inline = 0  # steps taken by ``advance`` (counted as events)
 
     @property
     def now_ms(self) -> int:
@@ -147,6 +151,29 @@ class EventLoop:
             return min(self._buckets[self._keys[0]])[0]
         return None
 
+    def horizon_us(self) -> int:
+        """A time before which nothing is queued and the running ``run`` has not ended: a
+        callback may ``advance`` the clock to any time below it and act there, as if an
+        event had been queued for that time (the simulated transport delivers a flood's
+        arrivals this way, one after the other, without queueing each)."""
+        if self._stopped:
+            return self.now_us
+        if self._pos < len(self._current):
+            t = self._current[self._pos][0]
+        elif self._keys:
+            t = self._keys[0] << BUCKET_SHIFT
+        else:
+            return self._until_us + 1
+        return t if t <= self._until_us else self._until_us + 1
+
+    def advance(self, time_us: int) -> None:
+        """Move the clock to ``time_us`` (at or after now, before ``horizon_us()``) inside a
+        callback; counts as one event."""
+        if not self.now_us <= time_us < self.horizon_us():
+            raise LocalProtocolError(f"cannot advance to {time_us} us: not before the horizon")
+        self.now_us = time_us
+        self._inline += 1
+
     def stop(self) -> None:
         """Make the current ``run`` return after the event being processed."""
         self._stopped = True
@@ -169,6 +196,8 @@ class EventLoop:
         pos = self._pos
         ran = 0
         self._stopped = False
+        self._until_us = until_us
+        inline = self._inline
         while True:
             if pos < len(current):
                 time_us, _, callback, args = current[pos]
@@ -194,5 +223,7 @@ class EventLoop:
             pos = self._pos = 0
         if not self._stopped and self.now_us < until_us:
             self.now_us = until_us
+        self._until_us = -1
+        ran += self._inline - inline
         self.events_run += ran
         return ran

@@ -100,8 +100,10 @@ class Flood:
         "delivered",
         "accounted",
         "epochs",
-        "times",
-        "end_us",
+        "order",
+        "order_times",
+        "pos",
+        "generation",
         "done",
     )
 
@@ -126,9 +128,12 @@ class Flood:
         self.accounted: NDArray[np.bool_] = np.zeros(n, np.bool_)
         #: each node's incarnation when the plan was made (-1: down)
         self.epochs: NDArray[np.int64] = np.zeros(n, np.int64)
-        #: ``arrival`` as Python ints (read once per delivery event)
-        self.times: list[int] = []
-        self.end_us = 0
+        #: the nodes still to get it, by arrival, and their arrival times; the next one's place
+        self.order: list[int] = []
+        self.order_times: list[int] = []
+        self.pos = 0
+        #: bumped by every (re-)plan: a step queued for an older plan does nothing
+        self.generation = 0
         self.done = False
 
 
@@ -167,9 +172,9 @@ class FloodPlanner:
         now_us: int,
         nodes: list[VirtualNode],
         fanout: list[int] | None,
-    ) -> NDArray[np.int64]:
+    ) -> None:
         """Plan a new flood sent by ``flood.source`` at ``now_us`` (to ``fanout`` instead of
-        its mesh when it is not subscribed). Returns the nodes to schedule, in index order."""
+        its mesh when it is not subscribed)."""
         flood.rows, flood.weights, flood.dups = self._edges(flood, nodes)
         source = flood.source
         if fanout is not None:
@@ -178,12 +183,9 @@ class FloodPlanner:
         flood.delivered[source] = 1
         flood.epochs = self._incarnations(flood.n)
         _shortest(flood, np.array([source]))
-        reached = np.flatnonzero(flood.arrival < NEVER)
-        return reached[reached != source]
 
-    def replan(self, flood: Flood, now_us: int, nodes: list[VirtualNode]) -> NDArray[np.int64]:
-        """Re-plan a flood in flight after the network changed. Returns the nodes whose first
-        arrival moved (to schedule again)."""
+    def replan(self, flood: Flood, now_us: int, nodes: list[VirtualNode]) -> None:
+        """Re-plan a flood in flight after the network changed."""
         have = np.frombuffer(flood.delivered, dtype=np.uint8).astype(np.bool_)
         epochs = self._incarnations(flood.n)
         rows, weights = flood.rows, flood.weights
@@ -200,11 +202,8 @@ class FloodPlanner:
         if flood.dups is not None and new_dups is not None:
             flood.dups = np.where(keep, flood.dups, new_dups)
         flood.epochs = epochs
-        before = flood.arrival.copy()
         flood.arrival[~have] = NEVER
         _shortest(flood, np.flatnonzero(have))
-        moved = (flood.arrival != before) & (flood.arrival < NEVER)
-        return np.flatnonzero(moved)
 
     def _edges(
         self, flood: Flood, nodes: list[VirtualNode]

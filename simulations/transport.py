@@ -351,52 +351,80 @@ class SimTransport:
             # every node is handed the same (immutable) event, as it gets the same object
             flood.event = Received(node.peer_id, message, topic)
         fanout = None if topic in node.topic_slots else self._fanout(node, topic)
-        reached = self.planner.plan(flood, swarm.loop.now_us, swarm.nodes, fanout)
+        self.planner.plan(flood, swarm.loop.now_us, swarm.nodes, fanout)
         self._floods.append(flood)
-        self._schedule(flood, reached)
+        self._schedule(flood)
 
-    def _schedule(self, flood: Flood, nodes: np.ndarray) -> None:  # type: ignore[type-arg]
-        """Queue the first arrivals of ``nodes`` and the flood's end."""
-        loop = self.swarm.loop
-        times = flood.times = flood.arrival.tolist()
-        at = loop.at
-        arrive = self._flood_arrive
-        for index in nodes.tolist():
-            at(times[index], arrive, flood, index)
-        reached = flood.arrival[flood.arrival < NEVER]
-        flood.end_us = max(int(reached.max()), loop.now_us)
-        at(flood.end_us, self._flood_end, flood)
+    def _schedule(self, flood: Flood) -> None:
+        """Line up the nodes still to get ``flood`` by arrival and queue the first: each step
+        delivers as many in a row as come before anything else queued (``horizon_us``)."""
+        have = np.frombuffer(flood.delivered, dtype=np.uint8).astype(np.bool_)
+        arrival = flood.arrival
+        pending = np.flatnonzero((arrival < NEVER) & ~have)
+        order = pending[np.argsort(arrival[pending], kind="stable")]
+        flood.order = order.tolist()
+        flood.order_times = arrival[order].tolist()
+        flood.pos = 0
+        flood.generation += 1
+        if flood.order:
+            self.swarm.loop.at(flood.order_times[0], self._flood_step, flood, flood.generation)
+        else:
+            self._flood_done(flood)
 
     def _replan(self) -> None:
         self._stale = False
         swarm = self.swarm
         now = swarm.loop.now_us
-        for flood in self._floods:
-            self._schedule(flood, self.planner.replan(flood, now, swarm.nodes))
+        for flood in list(self._floods):
+            self.planner.replan(flood, now, swarm.nodes)
+            self._schedule(flood)
 
-    def _flood_arrive(self, flood: Flood, index: int) -> None:
+    def _flood_step(self, flood: Flood, generation: int) -> None:
         if self._stale:
             self._replan()
-        if flood.delivered[index] or flood.times[index] != self.swarm.loop.now_us:
-            return  # re-planned to another time
-        flood.delivered[index] = 1
-        target = self.swarm.nodes[index]
-        if not target.up:
-            return
+        if flood.generation != generation:
+            return  # re-planned: a newer step is queued
+        loop = self.swarm.loop
+        nodes = self.swarm.nodes
+        order = flood.order
+        times = flood.order_times
+        delivered = flood.delivered
         event = flood.event
-        if event is None:
-            sender = self.swarm.nodes[int(flood.parent[index])]
-            message = self._open(target, sender, flood.payload)
-            if message is None:
+        pos = flood.pos
+        while True:
+            index = order[pos]
+            pos += 1
+            flood.pos = pos
+            delivered[index] = 1
+            target = nodes[index]
+            if target.up:
+                if event is None:
+                    self._deliver_frame(flood, target)
+                else:
+                    target.deliver_gossip(event)
+            if self._stale:
+                self._replan()  # what it did changed the network: the rest is re-planned
                 return
-            event = Received(flood.origin, message, flood.topic)
-        target.deliver_gossip(event)
+            if flood.generation != generation:
+                return
+            if pos == len(order):
+                self._flood_done(flood)
+                return
+            at = times[pos]
+            if at >= loop.horizon_us():
+                loop.at(at, self._flood_step, flood, generation)
+                return
+            loop.advance(at)
 
-    def _flood_end(self, flood: Flood) -> None:
-        if self._stale:
-            self._replan()
-        if flood.done or flood.end_us != self.swarm.loop.now_us:
-            return
+    def _deliver_frame(self, flood: Flood, target: VirtualNode) -> None:
+        """Wire bytes: every receiver decodes its own copy."""
+        sender = self.swarm.nodes[int(flood.parent[target.index])]
+        message = self._open(target, sender, flood.payload)
+        if message is not None:
+            target.deliver_gossip(Received(flood.origin, message, flood.topic))
+
+    def _flood_done(self, flood: Flood) -> None:
+        """Every node the flood reaches has it (and has sent its copies on)."""
         self._account_flood(flood)
         flood.done = True
         self._floods.remove(flood)

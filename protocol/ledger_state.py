@@ -43,6 +43,10 @@ from protocol.ledger_records import (
 
 MINUTE_MS = 60 * 1000
 _EMPTY_BUCKET = bytes(PREFIX_LEN)
+#: where bucket b starts in the sorted hashes
+_BUCKET_START = tuple(bytes([b]) for b in range(BUCKETS))
+#: hashes put in place one by one, up to this many at once; more are sorted in together
+_INSORT_MAX = 16
 _BUCKET_PERSON = b"symphony-bucket"
 _NEVER = 1 << 62
 _EMPTY_DIGEST = LedgerDigest(records=(), attestation_count=0, attestation_buckets=b"", reply=False)
@@ -120,15 +124,15 @@ class LedgerState:
         #: an attestation leaves, so the numbering is the same as if done at once; a node that
         #: never asks about subjects, like most simulated ones, never pays for the index)
         self._unindexed: list[HeldAttestation] = []
-        #: bucket -> its hashes, kept sorted; only non-empty buckets are present (a node
-        #: holding few attestations pays for few buckets)
-        self._buckets: dict[int, list[bytes]] = {}
+        #: every attestation hash held, sorted: bucket b is the run whose first byte is b (one
+        #: list, not one per bucket: a simulator keeps this for each of thousands of nodes)
+        self._sorted: list[bytes] = []
         #: hashes merged but not yet put in their bucket (done when buckets are looked at)
         self._unbucketed: list[bytes] = []
-        self._bucket_hash: dict[int, bytes] = {}  # cached hashes of unchanged buckets
         self._summary: bytes | None = b""  # cached bucket_summary(); None: recompute
-        self._summary_buf = bytearray(_EMPTY_BUCKET * BUCKETS)  # kept up to date lazily
-        self._stale_buckets: set[int] = set()  # buckets changed since _summary_buf was
+        #: every bucket's hash, up to date but for ``_stale_buckets``
+        self._summary_buf = bytearray(_EMPTY_BUCKET * BUCKETS)
+        self._stale_buckets: set[int] = set()
         #: cached digest(): (computed at, valid before, digest); None after any change
         self._digest: tuple[int, int, LedgerDigest] | None = None
         #: its record part alike, kept across attestation changes (records change seldom)
@@ -221,17 +225,24 @@ class LedgerState:
 
     def _put_in_buckets(self) -> None:
         """Sort the hashes merged since last time into their buckets."""
-        for h in self._unbucketed:
-            b = h[0]
-            bucket = self._buckets.get(b)
-            if bucket is None:
-                self._buckets[b] = [h]
-            else:
-                bisect.insort(bucket, h)
-                self._bucket_hash.pop(b, None)
-            self._stale_buckets.add(b)
-        self._unbucketed.clear()
+        pending = self._unbucketed
+        hashes = self._sorted
+        if len(pending) > _INSORT_MAX:  # many at once (a restore, a sync reply): one sort
+            hashes.extend(pending)
+            hashes.sort()
+        else:
+            for h in pending:
+                bisect.insort(hashes, h)
+        self._stale_buckets.update(h[0] for h in pending)
+        pending.clear()
         self._summary = None
+
+    def _bucket_range(self, b: int) -> tuple[int, int]:
+        hashes = self._sorted
+        lo = bisect.bisect_left(hashes, _BUCKET_START[b])
+        if b + 1 == BUCKETS:
+            return lo, len(hashes)
+        return lo, bisect.bisect_left(hashes, _BUCKET_START[b + 1], lo)
 
     def _remove_attestation(self, h: bytes) -> HeldAttestation | None:
         held = self.attestations.pop(h, None)
@@ -245,13 +256,8 @@ class LedgerState:
         del slot[bisect.bisect_left(slot, h)]
         if not slot:
             del self._quota[key]
-        b = h[0]
-        bucket = self._buckets[b]
-        del bucket[bisect.bisect_left(bucket, h)]
-        if not bucket:
-            del self._buckets[b]
-        self._bucket_hash.pop(b, None)
-        self._stale_buckets.add(b)
+        del self._sorted[bisect.bisect_left(self._sorted, h)]
+        self._stale_buckets.add(h[0])
         self._summary = None
         self._digest = None
         if self._unindexed:
@@ -305,26 +311,18 @@ class LedgerState:
             if held.live(now_ms):
                 yield held
 
-    def bucket_hash(self, b: int) -> bytes:
-        if self._unbucketed:
-            self._put_in_buckets()
-        cached = self._bucket_hash.get(b)
-        if cached is None:
-            members = self._buckets.get(b)
-            if not members:
-                return _EMPTY_BUCKET
-            cached = bucket_digest(b"".join(members))
-            self._bucket_hash[b] = cached
-        return cached
-
     def bucket_summary(self) -> bytes:
         if self._unbucketed:
             self._put_in_buckets()
         summary = self._summary
         if summary is None:
             buf = self._summary_buf
+            hashes = self._sorted
             for b in self._stale_buckets:
-                buf[b * PREFIX_LEN : (b + 1) * PREFIX_LEN] = self.bucket_hash(b)
+                lo, hi = self._bucket_range(b)
+                buf[b * PREFIX_LEN : (b + 1) * PREFIX_LEN] = (
+                    bucket_digest(b"".join(hashes[lo:hi])) if hi > lo else _EMPTY_BUCKET
+                )
             self._stale_buckets.clear()
             summary = bytes(buf) if self.attestations else b""
             self._summary = summary
@@ -334,7 +332,8 @@ class LedgerState:
         """The sorted hashes in bucket ``b`` (do not mutate)."""
         if self._unbucketed:
             self._put_in_buckets()
-        return self._buckets.get(b, ())
+        lo, hi = self._bucket_range(b)
+        return self._sorted[lo:hi]
 
     def digest(self, now_ms: int) -> LedgerDigest:
         """What we hold, as a ``LedgerDigest`` with ``reply`` false (the same object until

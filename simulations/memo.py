@@ -30,6 +30,7 @@ less memory, and fewer cold cache lines touched per delivery.
 from __future__ import annotations
 
 import functools
+import operator
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -117,15 +118,23 @@ def _by_identity(fn: Callable[..., Any], entries: int) -> Callable[..., Any]:
     return shared
 
 
-def _shared_tuple(fn: Callable[..., tuple[Any, ...]], entries: int) -> Callable[..., Any]:
+def _shared_tuple(
+    fn: Callable[..., tuple[Any, ...]], entries: int, *, by_identity: bool
+) -> Callable[..., Any]:
     """``fn(*args)``, whose result is the tuple of its arguments, made once per distinct
-    ``args`` (looked up by the last, a hash) and handed to every caller."""
+    ``args`` (looked up by the last, a hash) and handed to every caller. ``by_identity``:
+    the same objects (for arguments whose ``==`` is slow Python, like frozen dataclasses),
+    else equal values (ints, strs, bytes)."""
     cache: dict[Any, tuple[Any, ...]] = {}
 
     def shared(*args: Any) -> Any:
         hit = cache.get(args[-1])
-        if hit is not None and hit == args:  # element by element, identity first
+        if hit is not None and (
+            all(map(operator.is_, hit, args)) if by_identity else hit == args
+        ):
             return hit
+        # new, or equal values in other objects (the node that made the item has its own;
+        # every other node has the gossiped ones): the latest caller's objects are kept
         result = fn(*args)
         if len(cache) >= entries:
             del cache[next(iter(cache))]
@@ -148,12 +157,12 @@ _PROTOCOL_FUNCTIONS: tuple[tuple[str, Callable[..., Any]], ...] = (
 )
 #: of those, the ones whose first argument is an immutable object handed around as is
 _BY_IDENTITY = (ledger_records.envelope_hash, ledger_records._open)
-#: of those, the ones that return the tuple of their arguments
-_TUPLES = (
-    ledger_state.held_attestation,
-    ledger_state.attestation_expiry,
-    ledger_state.record_expiry,
-)
+#: of those, the ones that return the tuple of their arguments (-> compared by identity)
+_TUPLES = {
+    ledger_state.held_attestation: True,
+    ledger_state.attestation_expiry: False,
+    ledger_state.record_expiry: False,
+}
 
 
 @contextmanager
@@ -169,7 +178,7 @@ def shared_pure_functions(entries: int = CACHE_ENTRIES) -> Iterator[None]:
         elif original in _BY_IDENTITY:
             shared = _by_identity(original, entries)
         elif original in _TUPLES:
-            shared = _shared_tuple(original, entries)
+            shared = _shared_tuple(original, entries, by_identity=_TUPLES[original])
         else:
             shared = functools.lru_cache(maxsize=entries)(original)
         setattr(module, attr, shared)

@@ -163,7 +163,9 @@ class LedgerMachine:
         self.sync = SyncSessions(self.state, config)
         self.clock_offset_ms = clock_offset_ms
         self.view = LedgerView(self.state, self.peer_id, clock_offset_ms)
-        self.stats: Counter[str] = Counter()
+        self._stats: Counter[str] = Counter()
+        #: stats["items_accepted"], kept apart (bumped on every delivery; None: never)
+        self._accepted: int | None = None
         self._rejections: dict[str, Counter[str]] = {}
         self._spec: CapabilitySpec | None = None
         self._own_seq = 0
@@ -179,6 +181,14 @@ class LedgerMachine:
             "digest": _RateLimiter(config.digest_rate_per_minute),
             "request": _RateLimiter(config.request_rate_per_minute),
         }
+        self._attestation_limiter = self._limits["attestation"]
+
+    @property
+    def stats(self) -> Counter[str]:
+        """What this machine did: bytes and messages sent, items accepted, rejections."""
+        if self._accepted is not None:
+            self._stats["items_accepted"] = self._accepted
+        return self._stats
 
     # ------------------------------------------------------------ machine contract
 
@@ -194,8 +204,8 @@ class LedgerMachine:
             effects = self._dispatch(event, now)
         for effect in effects:
             if isinstance(effect, (Send, Publish)):
-                self.stats["bytes_sent"] += len(encode(effect.message))
-                self.stats["messages_sent"] += 1
+                self._stats["bytes_sent"] += len(encode(effect.message))
+                self._stats["messages_sent"] += 1
         return effects
 
     def next_deadline(self) -> int | None:
@@ -465,7 +475,7 @@ class LedgerMachine:
             except Rejected as exc:
                 _count(rejected, exc.reason)
         held_atts = state.attestations
-        limiter = self._limits["attestation"]
+        limiter = self._attestation_limiter
         signers = self._signers
         for env in push.attestations:
             h = envelope_hash(env)
@@ -491,7 +501,8 @@ class LedgerMachine:
             if evicted:
                 refused.extend(evicted)
                 effects.append(ForgetAttestations(evicted))
-        self.stats["items_accepted"] += new
+        accepted = self._accepted
+        self._accepted = new if accepted is None else accepted + new
         return new, refused
 
     def _account(self, peer: str, rejected: dict[Rejection, int]) -> list[Effect]:
@@ -506,7 +517,7 @@ class LedgerMachine:
         effects: list[Effect] = []
         for reason, n in sorted(rejected.items(), key=lambda kv: kv[0].value):
             counts[reason.value] += n
-            self.stats[f"rejected.{reason.value}"] += n
+            self._stats[f"rejected.{reason.value}"] += n
             points = min(PENALTY_POINTS[reason] * n, MAX_PENALTY_PER_MESSAGE)
             if points:
                 effects.append(Penalize(peer, f"ledger:{reason.value}", points))

@@ -316,7 +316,9 @@ def _relax(
             return
         target = target[better]
         np.minimum.at(arrival, target, cand[better])
-        front = np.unique(target)
+        mark = np.zeros(len(arrival), np.bool_)  # the nodes that improved, once each
+        mark[target] = True
+        front = np.flatnonzero(mark)
 
 
 def _parents(
@@ -329,11 +331,10 @@ def _parents(
     cand = arrival[reached][:, None] + weights[reached]
     target = rows[reached]
     first = (cand < NEVER) & (cand == arrival[np.where(target >= 0, target, 0)])
-    sender = np.repeat(reached, rows.shape[1]).reshape(target.shape)[first]
-    # row-major over senders in index order: the first match is the lowest-numbered sender
-    got, index = np.unique(target[first], return_index=True)
-    parent[:] = -1
-    parent[got] = sender[index]
+    sender = np.repeat(reached, rows.shape[1]).reshape(target.shape)[first].astype(np.int32)
+    parent[:] = np.iinfo(np.int32).max
+    np.minimum.at(parent, target[first], sender)
+    parent[parent == np.iinfo(np.int32).max] = -1
 
 
 def account(flood: Flood) -> tuple[NDArray[np.int64], NDArray[np.int64], int, int, int]:

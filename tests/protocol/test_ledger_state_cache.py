@@ -69,3 +69,12 @@ def test_cached_views_match_a_recomputation(steps: list[tuple[str, int]]) -> Non
             _check(m.state, now + arg)  # reading twice in a row hits the caches
             _check(m.state, now + arg)
     _check(m.state, now)
+
+
+def test_many_merges_between_reads_are_sorted_in_at_once() -> None:
+    m = machine(1)
+    atts = [env for what, env in POOL if what == "a"]
+    assert len(atts) > 16  # more than are put in place one by one
+    m.handle(Received("relay", gossip(atts=atts), "ledger"), T0)
+    _check(m.state, T0)
+    assert m.stats["items_accepted"] == len(m.state.attestations)

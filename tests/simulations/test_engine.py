@@ -62,3 +62,32 @@ def test_stop_returns_after_the_current_event() -> None:
     loop.at(3, seen.append, 3)
     loop.run(10)
     assert seen == [1] and loop.now_us == 2
+
+
+def test_a_callback_may_advance_the_clock_up_to_the_next_queued_event() -> None:
+    loop = EventLoop()
+    seen: list[tuple[str, int]] = []
+
+    def burst() -> None:
+        assert loop.horizon_us() == 50  # the next queued event
+        for t in (20, 30, 49):
+            loop.advance(t)
+            seen.append(("burst", loop.now_us))
+        with pytest.raises(LocalProtocolError):
+            loop.advance(50)  # not before the horizon: it must be queued
+        with pytest.raises(LocalProtocolError):
+            loop.advance(10)  # the past
+
+    loop.at(10, burst)
+    loop.at(50, lambda: seen.append(("queued", loop.now_us)))
+    assert loop.run(100) == 5  # every advance counts as an event
+    assert seen == [("burst", 20), ("burst", 30), ("burst", 49), ("queued", 50)]
+
+
+def test_the_horizon_stops_at_the_end_of_the_run() -> None:
+    loop = EventLoop()
+    horizons: list[int] = []
+    loop.at(10, lambda: horizons.append(loop.horizon_us()))
+    loop.at(500, lambda: None)
+    loop.run(40)
+    assert horizons == [41]  # nothing queued before 500, but the run ends at 40

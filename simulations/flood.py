@@ -6,7 +6,7 @@ spread is a shortest-arrival-time problem: node b first gets it at ``min over me
 the sender's serialization of its copies in mesh order (the copy to the j-th peer leaves
 after j + 1 serialization times). :class:`FloodPlanner` solves it at once in numpy over the
 topic's mesh (:class:`MeshTable`), instead of one Python event per copy: the transport then
-schedules one event per node, its first arrival, and hands the message to its machines there.
+hands the message to each node's machines at its first arrival, in arrival order.
 
 Contract
 --------

@@ -22,8 +22,9 @@ Contract (the simulator's side of node/transport.py, at the level of machine eff
   nodes that joined after a message was published never see it by gossip.
 * **Planned floods.** A gossip frame of up to ``SMALL_MESSAGE_BYTES`` (nearly all of them)
   is not forwarded copy by copy: simulations/flood.py computes every node's first arrival
-  at once, over the same mesh and network model, and one event per node hands the message
-  to its machines at that time. A change of mesh, liveness or partition while a flood is in
+  at once, over the same mesh and network model, and each node is handed the message at
+  that time, in arrival order (one queued step delivers every arrival that comes before
+  anything else queued: ``EventLoop.horizon_us``). A change of mesh, liveness or partition while a flood is in
   flight re-plans it before its next event, so the outcome is the hop-by-hop one: a node
   that is down when its copy arrives neither gets nor forwards it. Bigger frames, which
   queue on links, and frames that do not decode go hop by hop (``_forward``).

@@ -99,12 +99,11 @@ class Flood:
         "parent",
         "delivered",
         "accounted",
-        "epochs",
+        "incarnations",
         "order",
         "order_times",
         "pos",
         "generation",
-        "done",
     )
 
     def __init__(self, topic: str, origin: str, source: int, payload: object, size: int, n: int):
@@ -127,14 +126,17 @@ class Flood:
         self.delivered = bytearray(n)
         self.accounted: NDArray[np.bool_] = np.zeros(n, np.bool_)
         #: each node's incarnation when the plan was made (-1: down)
-        self.epochs: NDArray[np.int64] = np.zeros(n, np.int64)
+        self.incarnations: NDArray[np.int64] = np.zeros(n, np.int64)
         #: the nodes still to get it, by arrival, and their arrival times; the next one's place
         self.order: list[int] = []
         self.order_times: list[int] = []
         self.pos = 0
         #: bumped by every (re-)plan: a step queued for an older plan does nothing
         self.generation = 0
-        self.done = False
+
+    def have(self) -> NDArray[np.bool_]:
+        """Per node: it has the message (its first copy was delivered, or it sent it)."""
+        return np.frombuffer(self.delivered, dtype=np.uint8).astype(np.bool_)
 
 
 class FloodPlanner:
@@ -181,16 +183,16 @@ class FloodPlanner:
             self._fanout(flood, fanout)
         flood.arrival[source] = now_us
         flood.delivered[source] = 1
-        flood.epochs = self._incarnations(flood.n)
+        flood.incarnations = self._incarnations(flood.n)
         _shortest(flood, np.array([source]))
 
     def replan(self, flood: Flood, now_us: int, nodes: list[VirtualNode]) -> None:
         """Re-plan a flood in flight after the network changed."""
-        have = np.frombuffer(flood.delivered, dtype=np.uint8).astype(np.bool_)
-        epochs = self._incarnations(flood.n)
+        have = flood.have()
+        incarnations = self._incarnations(flood.n)
         rows, weights = flood.rows, flood.weights
         # copies still on their way from nodes that have it, to a node since gone or restarted
-        gone = epochs != flood.epochs
+        gone = incarnations != flood.incarnations
         sent = have[:, None] & (rows >= 0)
         on_way = sent & (flood.arrival[:, None] + weights >= now_us)
         lost = on_way & gone[np.where(rows >= 0, rows, 0)]
@@ -201,7 +203,7 @@ class FloodPlanner:
         flood.weights = np.where(keep, weights, new_weights)
         if flood.dups is not None and new_dups is not None:
             flood.dups = np.where(keep, flood.dups, new_dups)
-        flood.epochs = epochs
+        flood.incarnations = incarnations
         flood.arrival[~have] = NEVER
         _shortest(flood, np.flatnonzero(have))
 
@@ -341,7 +343,7 @@ def account(flood: Flood) -> tuple[NDArray[np.int64], NDArray[np.int64], int, in
     """The traffic of the nodes that have ``flood`` and were not counted yet: per node
     (messages sent, messages received) over ``flood.n`` nodes, total copies sent, total
     received, and how many of those were first copies."""
-    have = np.frombuffer(flood.delivered, dtype=np.uint8).astype(np.bool_)
+    have = flood.have()
     fresh = np.flatnonzero(have & ~flood.accounted)
     n = flood.n
     if not fresh.size:

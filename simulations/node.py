@@ -22,6 +22,7 @@ Contract
 from __future__ import annotations
 
 import random
+from array import array
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -67,6 +68,21 @@ class MachineSlot:
         self.spec = spec
         self.machine = machine
         self.armed_us: int | None = None
+
+
+class _TrafficCounter:
+    """A node's entry in the swarm's per-node traffic array of the same name."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, node: VirtualNode, owner: type | None = None) -> int:
+        counts: array[int] = getattr(node.swarm.traffic, self.name)
+        return counts[node.index]
+
+    def __set__(self, node: VirtualNode, value: int) -> None:
+        counts: array[int] = getattr(node.swarm.traffic, self.name)
+        counts[node.index] = value
 
 
 class VirtualNode:
@@ -124,40 +140,12 @@ class VirtualNode:
         #: free-form labels set by the workload (e.g. "cheater", "sybil")
         self.tags: set[str] = set()
 
-    # ------------------------------------------------------------------ traffic counters
-    # (kept in the swarm's per-node arrays: the transport bumps them for many nodes at once)
-
-    @property
-    def bytes_sent(self) -> int:
-        return self.swarm.traffic.bytes_sent[self.index]
-
-    @bytes_sent.setter
-    def bytes_sent(self, value: int) -> None:
-        self.swarm.traffic.bytes_sent[self.index] = value
-
-    @property
-    def bytes_received(self) -> int:
-        return self.swarm.traffic.bytes_received[self.index]
-
-    @bytes_received.setter
-    def bytes_received(self, value: int) -> None:
-        self.swarm.traffic.bytes_received[self.index] = value
-
-    @property
-    def msgs_sent(self) -> int:
-        return self.swarm.traffic.msgs_sent[self.index]
-
-    @msgs_sent.setter
-    def msgs_sent(self, value: int) -> None:
-        self.swarm.traffic.msgs_sent[self.index] = value
-
-    @property
-    def msgs_received(self) -> int:
-        return self.swarm.traffic.msgs_received[self.index]
-
-    @msgs_received.setter
-    def msgs_received(self, value: int) -> None:
-        self.swarm.traffic.msgs_received[self.index] = value
+    # traffic counters (kept in the swarm's per-node arrays: the transport bumps them for many
+    # nodes at once)
+    bytes_sent = _TrafficCounter()
+    bytes_received = _TrafficCounter()
+    msgs_sent = _TrafficCounter()
+    msgs_received = _TrafficCounter()
 
     # ------------------------------------------------------------------ life cycle
 

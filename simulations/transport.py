@@ -217,8 +217,7 @@ class SimTransport:
 
     def _mesh_changed(self, index: int, topic: str | None = None) -> None:
         self.planner.touch(index, topic)
-        if self._floods:
-            self._stale = True
+        self.network_changed()
 
     # ------------------------------------------------------------------ gossip mesh
 
@@ -359,9 +358,8 @@ class SimTransport:
     def _schedule(self, flood: Flood) -> None:
         """Line up the nodes still to get ``flood`` by arrival and queue the first: each step
         delivers as many in a row as come before anything else queued (``horizon_us``)."""
-        have = np.frombuffer(flood.delivered, dtype=np.uint8).astype(np.bool_)
         arrival = flood.arrival
-        pending = np.flatnonzero((arrival < NEVER) & ~have)
+        pending = np.flatnonzero((arrival < NEVER) & ~flood.have())
         order = pending[np.argsort(arrival[pending], kind="stable")]
         flood.order = order.tolist()
         flood.order_times = arrival[order].tolist()
@@ -427,7 +425,6 @@ class SimTransport:
     def _flood_done(self, flood: Flood) -> None:
         """Every node the flood reaches has it (and has sent its copies on)."""
         self._account_flood(flood)
-        flood.done = True
         self._floods.remove(flood)
 
     def _account_flood(self, flood: Flood) -> None:

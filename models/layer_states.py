@@ -33,7 +33,7 @@ prompt token ~9e-3 at layer 1, another quantization or model ~1e-1 and up; :data
 What it catches: a result from another model, quantization or precision fails every layer,
 so every check. A cheater that computes some layers properly and fakes the rest is caught
 with the probability that a sampled layer is a faked one; the protocol draws
-``protocol.verifier.LAYERS_PER_CHECK`` of them per check from the unsteerable seed.
+``protocol.verification.verifier.LAYERS_PER_CHECK`` of them per check from the unsteerable seed.
 Cost: 1 + sampled layers of L, at the compared positions, plus keys and values elsewhere:
 well under 1/10 of one prefill here, plus fetching the leaves (``BLOCK_TOKENS * C * 4``
 bytes each, 74 KB for SmolLM2-135M).

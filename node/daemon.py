@@ -38,24 +38,24 @@ from typing import Any
 import trio
 
 from crypto.keys import Identity, load_identity, save_identity
-from node.api import build_app, load_or_create_token, serve_api
+from node.api.app import build_app, load_or_create_token, serve_api
 from node.config import Config, default_toml
 from node.control import remove_daemon_info, write_daemon_info
 from node.db import Database
 from node.driver import Driver
 from node.logs import get_logger
-from node.membership_service import agent_version
+from node.membership import agent_version
 from node.service import NodeContext, Service
 from protocol.names import PROTOCOL_VERSION
 
 #: service name -> "module:Class", started in this order (see the module docstring).
 SERVICES: dict[str, str] = {
-    "membership": "node.membership_service:MembershipService",
-    "ledger": "node.ledger_service:LedgerService",
-    "tasks": "node.tasks_service:TasksService",
-    "executor": "node.executor_service:ExecutorService",
-    "relay": "node.relay_service:RelayService",
-    "verify": "node.verify_service:VerifyService",
+    "membership": "node.membership:MembershipService",
+    "ledger": "node.ledger.service:LedgerService",
+    "tasks": "node.market.requester:TasksService",
+    "executor": "node.market.executor:ExecutorService",
+    "relay": "node.relay.service:RelayService",
+    "verify": "node.verification.service:VerifyService",
 }
 
 #: after the first signal the daemon must be gone within this long, or it exits forcibly

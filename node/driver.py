@@ -57,7 +57,7 @@ from protocol.machine import (
     SendFailed,
     Tick,
 )
-from protocol.messages import Hello
+from protocol.membership.messages import Hello
 from protocol.names import peer_id_of_multiaddr, protocol_id, topic
 
 MSG_PROTOCOL_NAME = "msg"

@@ -88,7 +88,7 @@ class NodeProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", "from node.cli import main; main()", "node", "run",
+                [sys.executable, "-c", "from node.cli.main import main; main()", "node", "run",
                  "--data-dir", str(self.data_dir), *self.args],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         finally:

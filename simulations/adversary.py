@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from crypto.hashing import digest
 from protocol.machine import Send, Tick
-from protocol.task_events import ComputeDone, StartCompute
+from protocol.market.events import ComputeDone, StartCompute
 
 if TYPE_CHECKING:
     from simulations.compute import CostModel
@@ -243,8 +243,8 @@ class SybilPraise(Behaviour):
         return [event]
 
     def on_tick(self, node: VirtualNode, now: int) -> list[object]:
-        from protocol.ledger import Attest
-        from protocol.ledger_records import AttestationKind
+        from protocol.ledger.machine import Attest
+        from protocol.ledger.records import AttestationKind
 
         self._next = now + self.period_ms
         return [

@@ -15,7 +15,7 @@ Contract
   (a calibrated executor is confident when right, unsure when wrong; an uncalibrated one is
   equally confident either way); a CoT whose length follows the token count. Every draw comes
   from the rng handed in (the node's), so answers are reproducible from the seed.
-* Alternatively :class:`SolverBackend` runs a real solver (node/executor_service.py's
+* Alternatively :class:`SolverBackend` runs a real solver (node/market/executor.py's
   ``Solver`` protocol) synchronously, and simulations/models_compute.py the models/ backend on
   the shipped evaluation set (``[compute] backend = "models"``): for small runs only.
 
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crypto.hashing import digest
-from protocol.task_events import ComputeDone, ComputeFailed, StartCompute
+from protocol.market.events import ComputeDone, ComputeFailed, StartCompute
 
 #: answer type of the generated questions: compared by value, so "42" and "42.0" agree
 ANSWER_TYPE = "number"

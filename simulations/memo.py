@@ -16,12 +16,12 @@ What is shared: ``crypto.keys.verify_signature`` (as bound in crypto.envelope),
 bytes), ``protocol.codec.encode`` likewise, keyed by the identity of the (immutable)
 message object: a machine that counts the bytes of what it sends and the transport that sends
 it encode one object once; and the ledger's envelope checks that depend on the envelope's
-bytes alone (``protocol.ledger_records.envelope_hash`` and ``_open``: signature, domain,
+bytes alone (``protocol.ledger.records.envelope_hash`` and ``_open``: signature, domain,
 version, decoding), keyed by the envelope object, then by its value. Checks that depend on the node (network,
 signer, clock, replay, quota) still run on every node.
 
 Also shared: the immutable tuples a ledger state keeps per item (``held_attestation``,
-``attestation_expiry``, ``record_expiry`` in protocol.ledger_state: made of their arguments,
+``attestation_expiry``, ``record_expiry`` in protocol.ledger.state: made of their arguments,
 so one tuple serves every node that holds the item) and ``bucket_digest`` (a hash of bytes).
 Ten thousand nodes holding the same items then hold one copy of these, not ten thousand:
 less memory, and fewer cold cache lines touched per delivery.
@@ -41,7 +41,7 @@ import crypto.keys
 from crypto.keys import verify_signature
 from crypto.peer_id import peer_id_from_public_key
 from protocol import codec, ledger_records, ledger_state
-from protocol.ledger_records import LedgerDigest
+from protocol.ledger.records import LedgerDigest
 
 #: distinct argument tuples remembered per function; the oldest are forgotten first
 CACHE_ENTRIES = 1 << 17

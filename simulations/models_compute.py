@@ -7,7 +7,7 @@ Contract
   evaluation set (models/evalset.py) instead of the synthetic bank (:func:`evalset_questions`).
 * One model per process and spec: loaded on first use and shared by every executor of every
   run (the simulator is single-threaded, so calls never overlap).
-* Each executor answers through its own ``node.models_solver.ModelsSolver`` over that model,
+* Each executor answers through its own ``models.solver.ModelsSolver`` over that model,
   salted from its node's rng (derived from the scenario seed): at temperature > 0 the k
   executors of a task sample k different chains, as k daemons would, and the same scenario and
   seed give the same answers (on one machine, thread count and library versions: see
@@ -29,7 +29,7 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from protocol.answers import AnswerType, normalize_answer
-from protocol.task_events import ComputeDone, ComputeFailed, StartCompute
+from protocol.market.events import ComputeDone, ComputeFailed, StartCompute
 from simulations.compute import (
     DISTRACTORS,
     PREFILL_FACTOR,
@@ -123,7 +123,7 @@ class ModelsCompute:
     def _solver(self, profile: ExecutorProfile, rng: random.Random) -> Any:
         held = self._solvers.get(id(profile))
         if held is None:
-            from node.models_solver import ModelsSolver
+            from models.solver import ModelsSolver
 
             solver = ModelsSolver(
                 self.backend, temperature=self.spec.temperature, salt=rng.randbytes(_SALT_BYTES)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from protocol.relay_manifest import Manifest
-from protocol.relay_plan import build_plan
+from protocol.relay.manifest import Manifest
+from protocol.relay.plan import build_plan
 
 
 def plan_shape(manifest: Manifest, *, max_fanout: int) -> dict[str, int]:

@@ -1,7 +1,7 @@
 """Run a scenario: pick its workload, share pure functions across nodes, time it, report.
 
 ``run_scenario(scenario, progress) -> (Report, wall_s)``; ``write`` puts report.json and
-report.html in a directory. The CLI (node/cli_simulate.py) and the tests call these.
+report.html in a directory. The CLI (node/cli/simulate.py) and the tests call these.
 """
 
 from __future__ import annotations

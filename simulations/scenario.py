@@ -83,7 +83,7 @@ COMPUTE_KEYS = {"backend", "model", "max_tokens", "temperature", "time", "thread
 COMPUTE_BACKENDS = ("cost", "models")
 #: ``[compute] time`` with the models backend: reproducible token time, or wall-clock time
 COMPUTE_TIMES = ("tokens", "measured")
-#: ``[compute] max_tokens`` upper bound (protocol.tasks caps a task's budget far higher; a
+#: ``[compute] max_tokens`` upper bound (protocol.market.messages caps a task's budget far higher; a
 #: real solve on a CPU at this budget already takes seconds)
 MAX_COMPUTE_TOKENS = 4096
 

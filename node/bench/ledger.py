@@ -35,11 +35,11 @@ import httpx
 from crypto.envelope import Envelope
 from crypto.keys import Identity
 from node.db import Database
-from node.ledger_store import SCHEMA, LedgerStore
+from node.ledger.store import SCHEMA, LedgerStore
 from node.testnet import LocalTestnet, NodeProcess, TestnetError
 from protocol.codec import decode, encode
-from protocol.ledger import LedgerMachine
-from protocol.ledger_records import ATTESTATION_DOMAIN, Attestation, AttestationKind
+from protocol.ledger.machine import LedgerMachine
+from protocol.ledger.records import ATTESTATION_DOMAIN, Attestation, AttestationKind
 
 NETWORK_ID = "bench-ledger"
 #: (founders, attestations)

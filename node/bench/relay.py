@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from node.api import read_token
+from node.api.app import read_token
 from node.testnet import LocalTestnet, NodeProcess
 
 #: (peers, artifact MiB, capped artifact MiB, uplink cap MB/s, chunk KiB, swept chunk KiB).

@@ -70,7 +70,7 @@ def run(quick: bool) -> dict[str, Any]:
     from models.config import ModelConfig
     from models.cot import Problem, solve
     from node.control import ApiClient
-    from node.tasks_service import TasksSection
+    from node.market.requester import TasksSection
     from node.testnet import LocalTestnet
     from protocol.answers import AnswerType
 

@@ -4,8 +4,8 @@ On the default model (SmolLM2-135M Q4_1: served with llama.cpp, its commitments 
 checked on transformers fp32 from the same GGUF), for questions of the shipped evaluation set:
 
 * ``verify_cost_ratio``: one verifier's whole check of a committed result, as daemons run it
-  (node/verify_service.py): prompt rebuild, CoT/answer binding, the leaves of the executor's
-  layer states it needs (served from a real node.state_store.StateStore, each Merkle proof
+  (node/verification/service.py): prompt rebuild, CoT/answer binding, the leaves of the executor's
+  layer states it needs (served from a real node.verification.state_store.StateStore, each Merkle proof
   checked and decoded; the network hop itself is left out), layer 1 over every position and
   ``LAYERS_PER_CHECK`` layers drawn from the seed over ``CHUNKS_PER_CHECK`` sampled chunks
   (models.layer_states), over the executor's generation time for the same result, measured
@@ -48,11 +48,11 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from node.verify_checks import CHUNK_TOKENS, CheckRunner, Commitments, LayerJob, commitments_for
-from protocol.tasks import Requirement, TaskSpec
-from protocol.verification_rules import choose_chunks, choose_layers
-from protocol.verification_state import DEFAULT_SAMPLE_RATE, DEFAULT_VERIFIERS
-from protocol.verifier import LAYERS_PER_CHECK, StartCheck
+from node.verification.checks import CHUNK_TOKENS, CheckRunner, Commitments, LayerJob, commitments_for
+from protocol.market.messages import Requirement, TaskSpec
+from protocol.verification.rules import choose_chunks, choose_layers
+from protocol.verification.state import DEFAULT_SAMPLE_RATE, DEFAULT_VERIFIERS
+from protocol.verification.verifier import LAYERS_PER_CHECK, StartCheck
 
 CHUNKS_PER_CHECK = 2
 ADVERSARIES = ("tamper", "fabricated_cot", "wrong_answer", "lower_precision")
@@ -87,7 +87,7 @@ def run(quick: bool) -> dict[str, float | int | str]:
     from models.cot import solve
     from models.evalset import load_evalset
     from models.fingerprint import fingerprint_backend
-    from node.state_store import StateStore
+    from node.verification.state_store import StateStore
 
     n_questions, samples, max_tokens = (2, 2, 96) if quick else (6, 4, 256)
     t0 = time.perf_counter()
@@ -207,7 +207,7 @@ def _fetch(store: Any, e: StartCheck, job: LayerJob, sizes: list[int] | None = N
            task_id: bytes | None = None) -> dict:
     """What node/state_streams.fetch_leaves does, minus the network: serve, prove, decode."""
     from models.layer_states import leaf_index, n_blocks
-    from node.state_streams import open_leaf
+    from node.verification.state_streams import open_leaf
 
     blocks = n_blocks(job.plan.total_tokens)
     wanted = {leaf_index(la, b, blocks): (la, b) for la, b in job.wanted}
@@ -250,12 +250,12 @@ def _result_to_verdict_ms(runner: CheckRunner, store: Any,
                           rounds: int) -> list[float]:
     """Run requester, executor and two verifiers' machines with the real checks, in-process."""
     from crypto.keys import Identity
-    from protocol.auction import AuctionConfig, SubmitTask
-    from protocol.executor import ExecutorConfig, ServedModel
-    from protocol.selection import ScoreSelector
-    from protocol.verification import VerifiedAuction, VerifyConfig
-    from protocol.verification_executor import VerifiedExecutor
-    from protocol.verifier import Verifier, VerifierConfig
+    from protocol.market.auction import AuctionConfig, SubmitTask
+    from protocol.market.executor import ExecutorConfig, ServedModel
+    from protocol.market.selection import ScoreSelector
+    from protocol.verification.requester import VerifiedAuction, VerifyConfig
+    from protocol.verification.executor import VerifiedExecutor
+    from protocol.verification.verifier import Verifier, VerifierConfig
 
     ids = {name: Identity.from_seed(bytes([n]) * 32) for n, name in enumerate(
         ("requester", "executor", "v1", "v2"), start=1)}
@@ -300,10 +300,10 @@ class _Loop:
         self.times: list[float] = []
 
     def perform(self, src: str, effects: list[object]) -> None:
-        from protocol.executor import StartCompute
+        from protocol.market.executor import StartCompute
         from protocol.machine import Emit, Publish, Received, Send
-        from protocol.task_events import ComputeDone
-        from protocol.verification_messages import Reveal
+        from protocol.market.events import ComputeDone
+        from protocol.verification.messages import Reveal
 
         for e in effects:
             if isinstance(e, Send):

@@ -1,4 +1,4 @@
-"""Hosting protocol.ledger.LedgerMachine on virtual nodes.
+"""Hosting protocol.ledger.machine.LedgerMachine on virtual nodes.
 
 * ``build`` makes the machine from the node's identity and rng and restores it from what the
   node's store kept (``LedgerMachine.restore``, as the daemon does from SQLite at start).
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from protocol.ledger import (
+from protocol.ledger.machine import (
     CapabilitySpec,
     ForgetAttestations,
     ForgetCapabilities,
@@ -23,7 +23,7 @@ from protocol.ledger import (
     StoreAttestation,
     StoreCapability,
 )
-from protocol.ledger_records import LEDGER_TOPIC, LedgerDigest, LedgerPush, LedgerSyncRequest
+from protocol.ledger.records import LEDGER_TOPIC, LedgerDigest, LedgerPush, LedgerSyncRequest
 from simulations.node import MachineSpec, VirtualNode
 
 NAME = "ledger"

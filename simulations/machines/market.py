@@ -1,6 +1,6 @@
 """Hosting the task market on virtual nodes: the requester's Auction and the Executor.
 
-As node/tasks_service.py and node/executor_service.py do for the daemon:
+As node/market/requester.py and node/market/executor.py do for the daemon:
 
 * the auction's ``reputation`` callback reads the node's ledger machine, if it hosts one
   (0.5 otherwise); its ``Attest`` effects become ledger ``Attest`` commands with the same
@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from protocol.auction import Auction
-from protocol.executor import Executor, ExecutorConfig
-from protocol.selection import Selector
-from protocol.task_events import (
+from protocol.market.auction import Auction
+from protocol.market.executor import Executor, ExecutorConfig
+from protocol.market.selection import Selector
+from protocol.market.events import (
     COMPLETED,
     TIMEOUT,
     WRONG,
@@ -30,13 +30,13 @@ from protocol.task_events import (
     StartCompute,
     TaskUpdated,
 )
-from protocol.tasks import BEACON_TOPIC, Assign, Beacon, Bid, Cancel, Reject, Result
+from protocol.market.messages import BEACON_TOPIC, Assign, Beacon, Bid, Cancel, Reject, Result
 from simulations.adversary import Behaviour, Wrapped, unwrap
 from simulations.node import MachineSpec, VirtualNode
 
 AUCTION = "auction"
 EXECUTOR = "executor"
-#: task outcome -> ledger attestation kind (node/tasks_service.py's LEDGER_KINDS)
+#: task outcome -> ledger attestation kind (node/market/requester.py's LEDGER_KINDS)
 LEDGER_KINDS = {COMPLETED: "TASK_COMPLETED", WRONG: "TASK_FAILED", TIMEOUT: "TASK_TIMED_OUT"}
 SNAPSHOTS = "tasks.snapshots"
 _RUNNING = "compute.running"
@@ -69,8 +69,8 @@ def auction_spec(
         node.swarm.metrics.count(f"task_attest.{effect.outcome}")
         if "ledger" not in node.slots:
             return
-        from protocol.ledger import Attest as LedgerAttest
-        from protocol.ledger_records import AttestationKind
+        from protocol.ledger.machine import Attest as LedgerAttest
+        from protocol.ledger.records import AttestationKind
 
         kind = AttestationKind[LEDGER_KINDS.get(effect.outcome, "TASK_FAILED")]
         outcome = f"{effect.outcome}: {effect.detail}" if effect.detail else effect.outcome

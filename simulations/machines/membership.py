@@ -1,9 +1,9 @@
-"""Hosting protocol.membership on virtual nodes: Hello, ping, peer exchange, dialling."""
+"""Hosting protocol.membership.machine on virtual nodes: Hello, ping, peer exchange, dialling."""
 
 from __future__ import annotations
 
-from protocol.membership import AddBootstrap, Membership, MembershipConfig, SetListenAddrs
-from protocol.messages import Hello, PeerList, PeerListRequest, Ping, Pong
+from protocol.membership.machine import AddBootstrap, Membership, MembershipConfig, SetListenAddrs
+from protocol.membership.messages import Hello, PeerList, PeerListRequest, Ping, Pong
 from simulations.node import MachineSpec, VirtualNode
 
 NAME = "membership"

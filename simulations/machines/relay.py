@@ -1,6 +1,6 @@
-"""Hosting protocol.relay.RelayMachine on virtual nodes, with chunk bytes as sized transfers.
+"""Hosting protocol.relay.machine.RelayMachine on virtual nodes, with chunk bytes as sized transfers.
 
-As node/relay_service.py and node/relay_streams.py do for the daemon:
+As node/relay/service.py and node/relay/streams.py do for the daemon:
 
 * ``RequestChunk`` sends a ``ChunkRequest`` frame to the source, which gets ``ChunkRequested``;
   an unreachable or crashed source comes back as ``ChunkFailed`` after the request timeout.
@@ -26,8 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 from protocol.codec import encode
-from protocol.relay import RelayMachine
-from protocol.relay_events import (
+from protocol.relay.machine import RelayMachine
+from protocol.relay.events import (
     AttestBadChunk,
     ChunkFailed,
     ChunkReceived,
@@ -43,7 +43,7 @@ from protocol.relay_events import (
     VersionComplete,
     VersionPrepared,
 )
-from protocol.relay_manifest import (
+from protocol.relay.manifest import (
     RELAY_TOPIC,
     ChunkHeader,
     ChunkRequest,
@@ -246,7 +246,7 @@ class BulkSender:
 def _asked(
     server: VirtualNode, epoch: int, peer: str, manifest: Manifest | None, ask: ChunkRequested
 ) -> None:
-    """A chunk stream opens with the manifest frame, then the request (node/relay_streams.py)."""
+    """A chunk stream opens with the manifest frame, then the request (node/relay/streams.py)."""
     if server.epoch != epoch or not server.up:
         return
     slot = server.slots.get(NAME)

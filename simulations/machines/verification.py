@@ -1,9 +1,9 @@
 """Hosting commitment-based verification: VerifiedAuction, VerifiedExecutor and Verifier.
 
-As node/verify_service.py does for the daemon: the requester runs
-``protocol.verification.VerifiedAuction`` (candidates for verification are ledger peers with
+As node/verification/service.py does for the daemon: the requester runs
+``protocol.verification.requester.VerifiedAuction`` (candidates for verification are ledger peers with
 the verifier role whose model offer has the result's model hash), executors run
-``VerifiedExecutor`` and the ``Verifier`` role; every ``protocol.ledger_events.Attest`` goes
+``VerifiedExecutor`` and the ``Verifier`` role; every ``protocol.ledger.events.Attest`` goes
 to the node's ledger machine.
 
 Simulated fingerprints (the compute model's side of issue 6): the fingerprint of chunk i of
@@ -23,14 +23,14 @@ from collections.abc import Callable
 from typing import Any
 
 from crypto.hashing import digest
-from protocol.ledger_events import Attest as LedgerAttest
-from protocol.ledger_records import Role
-from protocol.selection import Selector
-from protocol.task_events import AuctionConfig, ComputeDone, StartCompute
-from protocol.tasks import Assign, Beacon, Bid, Cancel, Reject, Result
-from protocol.verification import VerifiedAuction
-from protocol.verification_executor import DEFAULT_CHUNK_TOKENS, VerifiedExecutor
-from protocol.verification_messages import (
+from protocol.ledger.events import Attest as LedgerAttest
+from protocol.ledger.records import Role
+from protocol.market.selection import Selector
+from protocol.market.events import AuctionConfig, ComputeDone, StartCompute
+from protocol.market.messages import Assign, Beacon, Bid, Cancel, Reject, Result
+from protocol.verification.requester import VerifiedAuction
+from protocol.verification.executor import DEFAULT_CHUNK_TOKENS, VerifiedExecutor
+from protocol.verification.messages import (
     CheckRequest,
     Commit,
     Reveal,
@@ -38,8 +38,8 @@ from protocol.verification_messages import (
     Terms,
     Verdict,
 )
-from protocol.verification_state import VerifyConfig
-from protocol.verifier import CancelCheck, CheckDone, StartCheck, Verifier, VerifierConfig
+from protocol.verification.state import VerifyConfig
+from protocol.verification.verifier import CancelCheck, CheckDone, StartCheck, Verifier, VerifierConfig
 from simulations.adversary import unwrap
 from simulations.compute import PREFILL_FACTOR, CostModel
 from simulations.machines.market import AUCTION, EXECUTOR, auction_spec, executor_spec

@@ -16,10 +16,10 @@ import resource
 import time
 from typing import Any
 
-from protocol.executor import ExecutorConfig, ServedModel
-from protocol.ledger import LedgerConfig
-from protocol.selection import ScoreSelector
-from protocol.task_events import AuctionConfig, SubmitTask
+from protocol.market.executor import ExecutorConfig, ServedModel
+from protocol.ledger.machine import LedgerConfig
+from protocol.market.selection import ScoreSelector
+from protocol.market.events import AuctionConfig, SubmitTask
 from simulations.compute import (
     ANSWER_TYPE,
     DEVICES,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from protocol.ledger import CapabilitySpec
-from protocol.ledger_records import HardwareSummary, ModelOffer, Role
+from protocol.ledger.machine import CapabilitySpec
+from protocol.ledger.records import HardwareSummary, ModelOffer, Role
 from simulations.compute import DeviceProfile, model_hash
 from simulations.node import VirtualNode
 from simulations.swarm import Swarm

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from protocol.ledger import LedgerConfig, SetLoad, StoreCapability
+from protocol.ledger.machine import LedgerConfig, SetLoad, StoreCapability
 from simulations.compute import DEVICES
 from simulations.machines.ledger import NAME, ledger_of, ledger_spec
 from simulations.metrics import percentile, summary

@@ -17,7 +17,7 @@ number or choice type, ``truth`` normalized as the daemon's vote does).
 Tasks arrive as a Poisson stream (``tasks_per_min``) at random requesters, each a random
 question of the bank. Every task's end (``task.done`` / ``task.failed``) is recorded once
 with its ballots, so the workloads can score the protocol's weighted vote, a plain majority
-(the same ``protocol.voting.vote`` with neutral weights) and a single executor on the very
+(the same ``protocol.market.voting.vote`` with neutral weights) and a single executor on the very
 same answers. Conservation: a task that ends twice, or never, is counted in ``violations``.
 """
 
@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.answers import AnswerType
-from protocol.auction import Auction
-from protocol.executor import ExecutorConfig, ServedModel
-from protocol.ledger import LedgerConfig
-from protocol.linucb import LinUCBSelector
-from protocol.selection import ScoreSelector, Selector
-from protocol.task_events import AuctionConfig, SubmitTask
-from protocol.voting import Ballot, vote
+from protocol.market.auction import Auction
+from protocol.market.executor import ExecutorConfig, ServedModel
+from protocol.ledger.machine import LedgerConfig
+from protocol.market.linucb import LinUCBSelector
+from protocol.market.selection import ScoreSelector, Selector
+from protocol.market.events import AuctionConfig, SubmitTask
+from protocol.market.voting import Ballot, vote
 from simulations.adversary import (
     Behaviour,
     BidSpammer,

@@ -1,7 +1,7 @@
 """Relay: time for N peers to receive S bytes, star vs chain vs the protocol's plan, versus N
 and chunk size, against the S/B limit of one link.
 
-One publisher signs a manifest (protocol.relay_manifest) for an artifact of ``size_mib`` MiB
+One publisher signs a manifest (protocol.relay.manifest) for an artifact of ``size_mib`` MiB
 naming N recipients, and every node runs the real ``RelayMachine``; chunks move as sized
 transfers over the network model (each node's uplink and downlink: ``link_mbps``), so what is
 measured is the protocol's plan and pipelining, not Python's speed.
@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from crypto.hashing import digest
-from protocol.relay_manifest import make_body, sign_manifest
+from protocol.relay.manifest import make_body, sign_manifest
 from simulations.adversary import FreeRider
 from simulations.machines.relay import Published, publish, relay_spec
 from simulations.network import MBIT

@@ -2,8 +2,8 @@
 through a distribution shift and failing agents.
 
 Two swarms with the same seed, the same executors and the same stream of tasks (k =
-``[workload] k``, 1 by default) differ only in the requesters' selector (protocol.selection's
-``ScoreSelector`` or protocol.linucb's ``LinUCBSelector``). When a task ends, the requester's
+``[workload] k``, 1 by default) differ only in the requesters' selector (protocol.market.selection's
+``ScoreSelector`` or protocol.market.linucb's ``LinUCBSelector``). When a task ends, the requester's
 auction gets ``Reward(task, executor, 1 if the answer is right else 0)``, the delayed reward
 a verifier or the asker would give (the simulator knows the truth; the protocol does not).
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.task_events import AuctionConfig, Reward
+from protocol.market.events import AuctionConfig, Reward
 from simulations.compute import p_correct
 from simulations.machines.market import AUCTION
 from simulations.report import Plot, Report, Series

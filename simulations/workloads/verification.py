@@ -22,13 +22,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.executor import ExecutorConfig, ServedModel
-from protocol.ledger import LedgerConfig
-from protocol.ledger_events import Attest as LedgerAttest
-from protocol.ledger_records import AttestationKind, Role
-from protocol.selection import ScoreSelector
-from protocol.task_events import AuctionConfig
-from protocol.verification_state import VerifyConfig
+from protocol.market.executor import ExecutorConfig, ServedModel
+from protocol.ledger.machine import LedgerConfig
+from protocol.ledger.events import Attest as LedgerAttest
+from protocol.ledger.records import AttestationKind, Role
+from protocol.market.selection import ScoreSelector
+from protocol.market.events import AuctionConfig
+from protocol.verification.state import VerifyConfig
 from simulations.adversary import unwrap
 from simulations.compute import DEVICES, CostModel, ExecutorProfile, model_hash, question_bank
 from simulations.machines.ledger import ledger_spec

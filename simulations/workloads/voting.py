@@ -145,7 +145,7 @@ def run(scenario: Scenario, progress: Progress) -> Report:
         headline[f"{mix_name}_weighted_k{max(ks)}"] = top["weighted"]
     headline["best_weighted"] = best["weighted"]
     notes = [
-        "Majority and single are computed with protocol.voting.vote on the same results "
+        "Majority and single are computed with protocol.market.voting.vote on the same results "
         "the protocol's weighted vote used; failed tasks count as wrong."
     ]
     results: dict[str, Any] = {"accuracy": rows, "reputation_by_behaviour_at_max_k": per_label}

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from crypto.hashing import digest
-from node.executor_service import Solution
-from protocol.executor import ServedModel
-from protocol.tasks import TaskSpec
+from node.market.executor import Solution
+from protocol.market.executor import ServedModel
+from protocol.market.messages import TaskSpec
 
 DELAY_ENV = "SYMPHONY_ARITH_SOLVER_DELAY_MS"
 MODEL_NAME = "test-arith"

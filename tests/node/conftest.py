@@ -101,6 +101,6 @@ def run_cli(*args: str, data_dir: Path | None = None,
             timeout_s: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     extra = ["--data-dir", str(data_dir)] if data_dir is not None else []
     return subprocess.run(
-        [sys.executable, "-c", "from node.cli import main; main()", *args, *extra],
+        [sys.executable, "-c", "from node.cli.main import main; main()", *args, *extra],
         capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
     )

@@ -9,8 +9,8 @@ import pytest
 
 from crypto.keys import Identity
 from crypto.merkle import leaf_hash
-from node.chunk_store import ChunkStore, ChunkStoreError
-from protocol.relay_manifest import Manifest, chunk_hash, make_body, sign_manifest
+from node.relay.chunk_store import ChunkStore, ChunkStoreError
+from protocol.relay.manifest import Manifest, chunk_hash, make_body, sign_manifest
 
 PUB = Identity.from_seed(b"\x05" * 32)
 CHUNK = 4096

@@ -38,7 +38,7 @@ from protocol.machine import (
     SendFailed,
     Tick,
 )
-from protocol.messages import Hello, PeerList, PeerListRequest, Ping, Pong
+from protocol.membership.messages import Hello, PeerList, PeerListRequest, Ping, Pong
 from protocol.names import protocol_id, topic
 
 NET = "testnet"

@@ -20,7 +20,7 @@ from crypto.keys import Identity
 from node.p2p import open_p2p
 from node.testnet import NodeProcess
 from protocol.codec import encode
-from protocol.ledger_records import (
+from protocol.ledger.records import (
     ATTESTATION_DOMAIN,
     CAPABILITY_DOMAIN,
     Attestation,

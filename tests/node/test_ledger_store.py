@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from node.db import Database
-from node.ledger_store import SCHEMA, LedgerStore
-from protocol.ledger import (
+from node.ledger.store import SCHEMA, LedgerStore
+from protocol.ledger.machine import (
     ForgetAttestations,
     ForgetCapabilities,
     LedgerMachine,

@@ -18,14 +18,14 @@ import structlog
 import trio
 
 from crypto.keys import Identity
-from node.chunk_store import ChunkStore
+from node.relay.chunk_store import ChunkStore
 from node.db import Database
 from node.driver import Driver
 from node.p2p import open_p2p
-from node.relay_service import RelaySection, RelayService
+from node.relay.service import RelaySection, RelayService
 from node.service import NodeContext
 from protocol.names import topic
-from protocol.relay_manifest import RELAY_TOPIC, Manifest
+from protocol.relay.manifest import RELAY_TOPIC, Manifest
 
 NET = "relaytest"
 CHUNK = 64 * 1024

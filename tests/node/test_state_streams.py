@@ -1,4 +1,4 @@
-"""The states stream (node/state_streams.py) over an in-memory stream pair: honest leaves
+"""The states stream (node/verification/state_streams.py) over an in-memory stream pair: honest leaves
 arrive proven; a damaged, missing or unprovable leaf is the executor's failure (BadStates);
 an executor nobody can reach is not (StatesUnavailable). And the store itself: atomic files,
 a byte budget, strays from a kill cleaned up."""
@@ -13,8 +13,8 @@ import pytest
 import trio
 
 from models.layer_states import BLOCK_TOKENS, n_blocks
-from node.state_store import StatesMissing, StateStore
-from node.state_streams import BadStates, StatesUnavailable, fetch_leaves, serve_states
+from node.verification.state_store import StatesMissing, StateStore
+from node.verification.state_streams import BadStates, StatesUnavailable, fetch_leaves, serve_states
 from node.transport import TransportError
 
 TASK = b"\x07" * 32

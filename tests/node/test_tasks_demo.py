@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from node.demo import UNPARSEABLE, ballots_of
+from node.cli.demo import UNPARSEABLE, ballots_of
 
 from .conftest import run_cli
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from node.config import ConfigError, load_config
-from node.executor_service import ExecutorSection, load_solver
-from protocol.tasks import Requirement, TaskSpec
+from node.market.executor import ExecutorSection, load_solver
+from protocol.market.messages import Requirement, TaskSpec
 
 from .conftest import ARITH_SOLVER
 
@@ -58,7 +58,7 @@ def test_a_test_module_path_loads_as_a_solver(tmp_path: Path) -> None:
 def test_the_model_solver_advertises_quantization_and_seeds_each_executor(
         tmp_path: Path) -> None:
     pytest.importorskip("llama_cpp")
-    from node.models_solver import ModelsSolver, factory
+    from models.solver import ModelsSolver, factory
 
     one = factory(ExecutorSection(temperature=0.7, threads=1), tmp_path)
     (model,) = one.models()

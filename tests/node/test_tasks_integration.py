@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from node.api import read_token
+from node.api.app import read_token
 
 from .arith_solver import DELAY_ENV
 from .conftest import ARITH_SOLVER, FAST_MEMBERSHIP, TEST_NETWORK_ID, Testnet, run_cli

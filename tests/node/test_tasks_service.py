@@ -13,10 +13,10 @@ from typing import Any
 import trio
 
 from node.db import Database
-from node.tasks_service import TasksSection, TasksService, restore_event
-from protocol.auction import RestoreTask, TaskUpdated
-from protocol.linucb import LinUCBSelector
-from protocol.task_state import TaskSnapshot
+from node.market.requester import TasksSection, TasksService, restore_event
+from protocol.market.auction import RestoreTask, TaskUpdated
+from protocol.market.linucb import LinUCBSelector
+from protocol.market.state import TaskSnapshot
 from tests.protocol.market_net import MarketNet
 
 

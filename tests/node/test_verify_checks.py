@@ -16,10 +16,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("torch")
 pytest.importorskip("gguf")
 
-from node.verify_checks import CHUNK_TOKENS, CheckRunner, fingerprints_for  # noqa: E402
-from protocol.tasks import Requirement, TaskSpec  # noqa: E402
-from protocol.verification_rules import choose_chunks  # noqa: E402
-from protocol.verifier import StartCheck  # noqa: E402
+from node.verification.checks import CHUNK_TOKENS, CheckRunner, fingerprints_for  # noqa: E402
+from protocol.market.messages import Requirement, TaskSpec  # noqa: E402
+from protocol.verification.rules import choose_chunks  # noqa: E402
+from protocol.verification.verifier import StartCheck  # noqa: E402
 from tests.models import tiny  # noqa: E402
 
 TASK = TaskSpec(task_id=b"\x01" * 32, requester="rq", question="What is 6 * 7?",
@@ -110,7 +110,7 @@ def layer_check(exec_backend: Any, verifier: CheckRunner, store: Any, seed: int 
     """An executor's committed result (fingerprints + layer states in ``store``) and the
     StartCheck a verifier gets for it, with the leaves it asks for already fetched."""
     from models.cot import Problem, solve
-    from node.verify_checks import commitments_for
+    from node.verification.checks import commitments_for
 
     sol = solve(exec_backend, Problem(TASK.question), max_tokens=80, seed=seed,
                 temperature=0.8)
@@ -141,8 +141,8 @@ def fetched_from(store: Any, check: StartCheck, job: Any) -> dict[Any, Any]:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_layer_check_of_an_honest_llama_cpp_executor_passes(
         ggufs: dict[str, Path], verifier: CheckRunner, tmp_path: Path, seed: int) -> None:
-    from node.state_store import StateStore
-    from node.verify_checks import LayerJob
+    from node.verification.state_store import StateStore
+    from node.verification.checks import LayerJob
 
     store = StateStore(tmp_path)
     check = layer_check(backend(ggufs["f32"], "llama.cpp"), verifier, store, seed)
@@ -156,7 +156,7 @@ def test_layer_check_of_an_honest_llama_cpp_executor_passes(
 @pytest.mark.parametrize("which", ["other", "q8"])
 def test_layer_check_of_another_model_or_quantization_fails(
         ggufs: dict[str, Path], verifier: CheckRunner, tmp_path: Path, which: str) -> None:
-    from node.state_store import StateStore
+    from node.verification.state_store import StateStore
 
     store = StateStore(tmp_path)
     check = layer_check(backend(ggufs[which], "transformers"), verifier, store)
@@ -167,7 +167,7 @@ def test_layer_check_of_another_model_or_quantization_fails(
 
 def test_layer_check_catches_tampered_tokens_and_binding(
         ggufs: dict[str, Path], verifier: CheckRunner, tmp_path: Path) -> None:
-    from node.state_store import StateStore
+    from node.verification.state_store import StateStore
 
     store = StateStore(tmp_path)
     honest = layer_check(backend(ggufs["f32"], "transformers"), verifier, store)

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from crypto.envelope import Envelope
 from crypto.keys import Identity
 from protocol.codec import decode, encode
-from protocol.ledger import CapabilitySpec, LedgerConfig, LedgerMachine
-from protocol.ledger_records import (
+from protocol.ledger.machine import CapabilitySpec, LedgerConfig, LedgerMachine
+from protocol.ledger.records import (
     ATTESTATION_DOMAIN,
     CAPABILITY_DOMAIN,
     LEDGER_TOPIC,

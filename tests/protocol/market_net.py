@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crypto.keys import Identity
-from protocol.auction import Attest, Auction, AuctionConfig, TaskUpdated
+from protocol.market.auction import Attest, Auction, AuctionConfig, TaskUpdated
 from protocol.codec import Message, decode, encode
-from protocol.executor import (
+from protocol.market.executor import (
     CancelCompute,
     ComputeDone,
     Executor,
@@ -26,7 +26,7 @@ from protocol.executor import (
     StartCompute,
 )
 from protocol.machine import Emit, PeerDisconnected, Penalize, Publish, Received, Send, Tick
-from protocol.selection import ScoreSelector, Selector
+from protocol.market.selection import ScoreSelector, Selector
 
 LATENCY_MS = 2
 MODEL = ServedModel(name="smollm2-135m", family="smollm2", context=2048,
@@ -153,7 +153,7 @@ class MarketNet:
                 self.perform(peer, self.machine(peer).handle(Tick(), self.now))
 
     def submit(self, **kw: object) -> bytes:
-        from protocol.auction import SubmitTask
+        from protocol.market.auction import SubmitTask
 
         fields: dict[str, object] = {"question": "6*7?", "answer_type": "number",
                                      "deadline_ms": 30_000, "k": 3}

@@ -1,6 +1,6 @@
 """A tiny synchronous network of RelayMachines for tests: instant delivery, FIFO, no clock.
 
-It performs the relay effects the way node/relay_service.py does, minus the bytes: a chunk is
+It performs the relay effects the way node/relay/service.py does, minus the bytes: a chunk is
 its index, a "store" is a set of indices per version, and a node listed in ``corrupt`` serves
 wrong digests. A chunk request to a node that does not know the manifest first delivers the
 manifest to it (the real service sends it as the first frame of every chunk stream).
@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from crypto.hashing import digest
 from crypto.keys import Identity
 from protocol.machine import Emit, PeerDisconnected, Penalize, Publish, Received, Send, Tick
-from protocol.relay import RelayMachine
-from protocol.relay_events import (
+from protocol.relay.machine import RelayMachine
+from protocol.relay.events import (
     AttestBadChunk,
     ChunkFailed,
     ChunkReceived,
@@ -31,7 +31,7 @@ from protocol.relay_events import (
     VersionComplete,
     VersionPrepared,
 )
-from protocol.relay_manifest import Manifest, chunk_hash, make_body, sign_manifest
+from protocol.relay.manifest import Manifest, chunk_hash, make_body, sign_manifest
 
 CHUNK = 4096
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from protocol.auction import (
+from protocol.market.auction import (
     Auction,
     AuctionConfig,
     CancelTask,
@@ -16,9 +16,9 @@ from protocol.auction import (
 )
 from protocol.errors import LocalProtocolError
 from protocol.machine import Publish, Received, Send, SendFailed, Tick
-from protocol.selection import Candidate, ScoreSelector
-from protocol.task_state import AttemptState, TaskPhase, move_attempt, move_phase
-from protocol.tasks import (
+from protocol.market.selection import Candidate, ScoreSelector
+from protocol.market.state import AttemptState, TaskPhase, move_attempt, move_phase
+from protocol.market.messages import (
     ASSIGN_DOMAIN,
     BEACON_DOMAIN,
     BEACON_TOPIC,

@@ -14,7 +14,7 @@ from crypto.envelope import Envelope
 from crypto.keys import Identity
 from protocol.codec import MAX_DEPTH, Message, decode, encode, limits, message
 from protocol.errors import InvalidMessage
-from protocol.messages import Hello, PeerInfo, PeerList, Ping
+from protocol.membership.messages import Hello, PeerInfo, PeerList, Ping
 
 
 class Color(str, Enum):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from protocol.codec import decode, encode
-from protocol.executor import (
+from protocol.market.executor import (
     MATCH_ANY,
     MATCH_EXACT,
     MATCH_FAMILY,
@@ -20,7 +20,7 @@ from protocol.executor import (
     match_score,
 )
 from protocol.machine import Penalize, Received, Send, Tick
-from protocol.tasks import (
+from protocol.market.messages import (
     ASSIGN_DOMAIN,
     BEACON_DOMAIN,
     BEACON_TOPIC,

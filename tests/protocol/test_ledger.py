@@ -8,7 +8,7 @@ import pytest
 
 from protocol.codec import decode
 from protocol.errors import LocalProtocolError
-from protocol.ledger import (
+from protocol.ledger.machine import (
     Attest,
     ForgetAttestations,
     ForgetCapabilities,
@@ -19,7 +19,7 @@ from protocol.ledger import (
     StoreAttestation,
     StoreCapability,
 )
-from protocol.ledger_records import (
+from protocol.ledger.records import (
     CAPABILITY_DOMAIN,
     AttestationKind,
     CapabilityRecord,
@@ -28,7 +28,7 @@ from protocol.ledger_records import (
     open_capability,
 )
 from protocol.machine import Publish, Received, Tick
-from protocol.reputation import NEUTRAL
+from protocol.ledger.reputation import NEUTRAL
 from tests.protocol.ledger_net import (
     HOUR,
     MINUTE,

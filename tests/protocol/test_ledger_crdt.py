@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crypto.envelope import Envelope
-from protocol.ledger import LedgerConfig, LedgerMachine
-from protocol.ledger_records import AttestationKind
+from protocol.ledger.machine import LedgerConfig, LedgerMachine
+from protocol.ledger.records import AttestationKind
 from protocol.machine import Received
 from tests.protocol.ledger_net import NET, T0, Net, attestation, gossip, identity, machine, record
 

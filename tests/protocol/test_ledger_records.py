@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from crypto.envelope import Envelope
 from protocol.codec import decode, encode
 from protocol.errors import InvalidMessage
-from protocol.ledger import LedgerConfig, StoreAttestation, StoreCapability
-from protocol.ledger_records import (
+from protocol.ledger.machine import LedgerConfig, StoreAttestation, StoreCapability
+from protocol.ledger.records import (
     ATTESTATION_DOMAIN,
     CAPABILITY_DOMAIN,
     MAX_RECORD_BYTES,

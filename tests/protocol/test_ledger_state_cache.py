@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crypto.hashing import digest
-from protocol.ledger_records import BUCKETS, PREFIX_LEN
-from protocol.ledger_state import LedgerState
+from protocol.ledger.records import BUCKETS, PREFIX_LEN
+from protocol.ledger.state import LedgerState
 from protocol.machine import Received, Tick
 from tests.protocol.ledger_net import MINUTE, T0, gossip, machine
 from tests.protocol.test_ledger_crdt import POOL

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from crypto.envelope import Envelope
 from protocol.codec import decode
-from protocol.ledger_records import Attestation, Rejected
-from protocol.ledger_state import LedgerState
+from protocol.ledger.records import Attestation, Rejected
+from protocol.ledger.state import LedgerState
 from tests.protocol.ledger_net import HOUR, MINUTE, T0, attestation, identity
 
 OBSERVERS = [identity(40 + i) for i in range(3)]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from protocol.ledger import LedgerConfig, LedgerMachine, SetCapability
-from protocol.ledger_records import BucketHave, LedgerDigest, LedgerPush, LedgerSyncRequest
-from protocol.ledger_sync import SyncState
+from protocol.ledger.machine import LedgerConfig, LedgerMachine, SetCapability
+from protocol.ledger.records import BucketHave, LedgerDigest, LedgerPush, LedgerSyncRequest
+from protocol.ledger.sync import SyncState
 from protocol.machine import Received, Send
 from tests.protocol.ledger_net import (
     HOUR,

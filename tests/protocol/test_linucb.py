@@ -9,8 +9,8 @@ import random
 
 import pytest
 
-from protocol.linucb import FEATURES, LinUCB, LinUCBSelector, features
-from protocol.selection import Candidate
+from protocol.market.linucb import FEATURES, LinUCB, LinUCBSelector, features
+from protocol.market.selection import Candidate
 
 SEED = 20240611
 D = 4

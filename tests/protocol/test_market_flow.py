@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.auction import AuctionConfig, KeptResult, RestoredAttempt, RestoreTask
+from protocol.market.auction import AuctionConfig, KeptResult, RestoredAttempt, RestoreTask
 from protocol.codec import Message
-from protocol.linucb import LinUCBSelector
-from protocol.tasks import (
+from protocol.market.linucb import LinUCBSelector
+from protocol.market.messages import (
     BEACON_DOMAIN,
     BID_DOMAIN,
     MAX_COT_CHARS,
@@ -175,7 +175,7 @@ def test_malformed_answer_replaced(behaviour: str) -> None:
     bad = net.peers()[0]
     tid = net.submit()
     if behaviour in ("model_mismatch", "compute_failed"):
-        from protocol.executor import ComputeDone, ComputeFailed
+        from protocol.market.executor import ComputeDone, ComputeFailed
 
         net.workers[bad].behaviour = "silent"
         net.step_to(20)

@@ -18,7 +18,7 @@ from protocol.machine import (
     Send,
     Tick,
 )
-from protocol.membership import (
+from protocol.membership.machine import (
     MAX_FAILURES,
     AddBootstrap,
     ConnState,
@@ -26,7 +26,7 @@ from protocol.membership import (
     MembershipConfig,
     SetListenAddrs,
 )
-from protocol.messages import Hello, PeerList, PeerListRequest, Ping, Pong
+from protocol.membership.messages import Hello, PeerList, PeerListRequest, Ping, Pong
 
 
 def pid(n: int) -> str:
@@ -153,7 +153,7 @@ def test_non_bootstrap_peer_forgotten_after_max_failures() -> None:
     out = m.handle(Received(A, hello(A)), 0)
     reqs = [s for s in of(out, Send) if isinstance(s.message, PeerListRequest)]
     assert [r.peer for r in reqs] == [A]
-    from protocol.messages import PeerInfo
+    from protocol.membership.messages import PeerInfo
     out = m.handle(Received(A, PeerList(peers=(PeerInfo(peer_id=B, addrs=(addr(B),)),))), 1)
     assert [d.peer for d in of(out, Dial)] == [B]
     now = 1
@@ -167,7 +167,7 @@ def test_non_bootstrap_peer_forgotten_after_max_failures() -> None:
 def test_peer_exchange_only_vouches_for_own_addresses() -> None:
     m = machine()
     ready(m, A)  # the first ready peer is asked for peers at once
-    from protocol.messages import PeerInfo
+    from protocol.membership.messages import PeerInfo
     # A claims an address for C that ends in B's id: ignored
     bogus = PeerInfo(peer_id=C, addrs=(addr(B),))
     m.handle(Received(A, PeerList(peers=(bogus,))), 1)

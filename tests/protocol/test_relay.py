@@ -8,8 +8,8 @@ import pytest
 
 from protocol.errors import LocalProtocolError
 from protocol.machine import Penalize, Publish, Received, Tick
-from protocol.relay import RelayMachine, TransferState
-from protocol.relay_events import (
+from protocol.relay.machine import RelayMachine, TransferState
+from protocol.relay.events import (
     AttestBadChunk,
     ChunkFailed,
     ChunkReceived,
@@ -28,7 +28,7 @@ from protocol.relay_events import (
     VersionComplete,
     VersionPrepared,
 )
-from protocol.relay_manifest import ChunkStatus, RelayManifest, RelayProgress
+from protocol.relay.manifest import ChunkStatus, RelayManifest, RelayProgress
 from tests.protocol.relay_net import Net, identity, manifest_for
 
 PUB = identity(1)

@@ -11,7 +11,7 @@ from crypto.hashing import digest
 from crypto.keys import Identity
 from protocol.codec import decode, encode
 from protocol.errors import InvalidMessage
-from protocol.relay_manifest import (
+from protocol.relay.manifest import (
     MANIFEST_DOMAIN,
     MAX_CHUNKS,
     ArtifactFormat,

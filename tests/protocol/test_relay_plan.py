@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from protocol.relay_plan import DEFAULT_UPLOAD_BPS, MAX_FANOUT, RelayPlan, _place, build_plan
+from protocol.relay.plan import DEFAULT_UPLOAD_BPS, MAX_FANOUT, RelayPlan, _place, build_plan
 
 MB = 1 << 20
 SEEDS = range(40)

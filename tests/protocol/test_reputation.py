@@ -7,8 +7,8 @@ import random
 import pytest
 
 from protocol.codec import decode
-from protocol.ledger_records import Attestation, AttestationKind
-from protocol.reputation import (
+from protocol.ledger.records import Attestation, AttestationKind
+from protocol.ledger.reputation import (
     HALF_LIFE_MS,
     NEUTRAL,
     OBSERVER_SUCCESS_CAP,

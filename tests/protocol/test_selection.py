@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.selection import (
+from protocol.market.selection import (
     W_LATENCY,
     W_MATCH,
     W_PRICE,

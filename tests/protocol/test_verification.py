@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from protocol.tasks import open_envelope
-from protocol.verification import VerifyConfig
-from protocol.verification_messages import CHECK_DOMAIN, CheckBody, CheckRequest, VerdictStatus
-from protocol.verification_rules import (
+from protocol.market.messages import open_envelope
+from protocol.verification.requester import VerifyConfig
+from protocol.verification.messages import CHECK_DOMAIN, CheckBody, CheckRequest, VerdictStatus
+from protocol.verification.rules import (
     choose_chunks,
     rank_verifiers,
     sampled,
@@ -201,7 +201,7 @@ def test_any_node_recomputes_the_choices_from_the_check_data() -> None:
 
 
 def decode_attempt(body: CheckBody) -> int:
-    from protocol.verification_messages import COMMIT_DOMAIN, CommitBody
+    from protocol.verification.messages import COMMIT_DOMAIN, CommitBody
 
     return open_envelope(body.commit, COMMIT_DOMAIN, CommitBody, 1 << 20).attempt
 

@@ -11,9 +11,9 @@ import pytest
 from crypto.envelope import Envelope
 from protocol.codec import Message
 from protocol.machine import Received
-from protocol.tasks import RESULT_DOMAIN, Cancel, Result, ResultBody, open_envelope, seal
-from protocol.verification import VerifyConfig
-from protocol.verification_messages import (
+from protocol.market.messages import RESULT_DOMAIN, Cancel, Result, ResultBody, open_envelope, seal
+from protocol.verification.requester import VerifyConfig
+from protocol.verification.messages import (
     CHECK_DOMAIN,
     COMMIT_DOMAIN,
     VERDICT_DOMAIN,
@@ -27,7 +27,7 @@ from protocol.verification_messages import (
     VerdictBody,
     VerdictStatus,
 )
-from protocol.verification_rules import pack_ids
+from protocol.verification.rules import pack_ids
 from tests.protocol.verify_net import MODEL_HASH, VerifyNet, ident
 
 HONEST3 = ["honest", "honest", "honest"]

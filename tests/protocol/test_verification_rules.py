@@ -10,14 +10,14 @@ from crypto.keys import Identity
 from crypto.merkle import merkle_proof, merkle_root, verify_proof
 from protocol.codec import decode, encode, registered
 from protocol.errors import InvalidMessage
-from protocol.ledger_records import AttestationKind
-from protocol.ledger_view import LedgerView
-from protocol.verification_messages import (
+from protocol.ledger.records import AttestationKind
+from protocol.ledger.view import LedgerView
+from protocol.verification.messages import (
     COMMIT_DOMAIN,
     CommitBody,
     Reveal,
 )
-from protocol.verification_rules import (
+from protocol.verification.rules import (
     Decision,
     choose_chunks,
     choose_layers,
@@ -190,8 +190,8 @@ def test_reveal_refuses_partial_token_ids() -> None:
 def _ledger_with(*specs: tuple[int, int, AttestationKind, int]) -> LedgerView:
     """(observer, subject, kind, observed_at) identity indices -> a view holding them."""
     from protocol.codec import decode as _decode
-    from protocol.ledger_records import Attestation
-    from protocol.ledger_state import LedgerState
+    from protocol.ledger.records import Attestation
+    from protocol.ledger.state import LedgerState
     from tests.protocol.ledger_net import HOUR, attestation, identity
 
     state = LedgerState()

@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from protocol.answers import AnswerType
-from protocol.voting import WEIGHT_FLOOR, Ballot, ballot_weight, vote
+from protocol.market.voting import WEIGHT_FLOOR, Ballot, ballot_weight, vote
 
 
 def b(executor: str, answer: str, conf: float = 1.0, rep: float = 1.0,

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from protocol.executor import ExecutorConfig
-from protocol.selection import ScoreSelector
-from protocol.task_events import AuctionConfig, SubmitTask
+from protocol.market.executor import ExecutorConfig
+from protocol.market.selection import ScoreSelector
+from protocol.market.events import AuctionConfig, SubmitTask
 from simulations.adversary import unwrap
 from simulations.compute import SolverBackend
 from simulations.machines.market import AUCTION, auction_spec, executor_spec

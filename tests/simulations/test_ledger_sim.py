@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from protocol.ledger import CapabilitySpec, LedgerConfig, SetLoad, StoreCapability
-from protocol.ledger_records import HardwareSummary, ModelOffer, Role
+from protocol.ledger.machine import CapabilitySpec, LedgerConfig, SetLoad, StoreCapability
+from protocol.ledger.records import HardwareSummary, ModelOffer, Role
 from simulations.machines.ledger import NAME, ledger_of, ledger_spec
 from simulations.memo import shared_pure_functions
 from simulations.network import LatencyModel

@@ -3,7 +3,7 @@ what it would make itself, and nothing is shared outside the context."""
 
 from __future__ import annotations
 
-from protocol.ledger_state import LedgerState
+from protocol.ledger.state import LedgerState
 from protocol.machine import Received
 from simulations.memo import shared_pure_functions
 from tests.protocol.ledger_net import T0, gossip, machine

@@ -165,7 +165,7 @@ def test_report_files_and_html_plots(tmp_path: Path) -> None:
 
 
 def test_cli_simulate_writes_a_report(tmp_path: Path) -> None:
-    from node.cli import main
+    from node.cli.main import main
 
     scenario = tmp_path / "mini.toml"
     scenario.write_text(

@@ -10,7 +10,7 @@ import pytest
 
 from protocol.errors import LocalProtocolError
 from protocol.machine import Emit, Send
-from protocol.messages import Ping
+from protocol.membership.messages import Ping
 from simulations.network import MBIT, LatencyModel, LinkFaults
 from simulations.node import MachineSpec
 from simulations.swarm import Swarm
@@ -201,7 +201,7 @@ def test_a_garbage_frame_penalizes_its_sender() -> None:
 
 
 def test_membership_machines_build_a_connected_network() -> None:
-    from protocol.membership import MembershipConfig
+    from protocol.membership.machine import MembershipConfig
     from simulations.machines.membership import bootstrap, membership_spec
 
     swarm = Swarm(14, latency=LatencyModel("uniform", 5.0, 40.0), wire_bytes=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from protocol.machine import Emit, Publish, Received, Send, SendFailed, Tick
-from protocol.messages import Ping, Pong
+from protocol.membership.messages import Ping, Pong
 from simulations.node import MachineSpec, VirtualNode
 
 TOPIC = "tiny"

@@ -1,0 +1,81 @@
+"""The `symphony` command line.
+
+The CLI only parses: each command builds a frozen config or a request and hands it to the code
+that does the work. Subcommands live in their own modules and are imported lazily, so
+``symphony --help`` does not pay for libp2p, torch or llama.cpp.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from typing import Any
+
+import click
+
+#: command name -> "module:attribute" of a click command or group.
+SUBCOMMANDS: dict[str, str] = {
+    "keygen": "node.cli.node:keygen",
+    "node": "node.cli.node:node_group",
+    "demo": "node.cli.node:demo",
+    "testnet": "node.cli.node:testnet",
+    "bench": "node.cli.main:bench",
+    "ask": "node.cli.tasks:ask",
+    "tasks": "node.cli.tasks:tasks",
+    "ledger": "node.cli.ledger:ledger",
+    "relay": "node.cli.relay:relay",
+    "simulate": "node.cli.simulate:simulate",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = SUBCOMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        command: click.Command = getattr(importlib.import_module(module_name), attr)
+        return command
+
+
+@click.group(cls=LazyGroup)
+@click.version_option(package_name="symphony-node")
+def main() -> None:
+    """symphony: a peer-to-peer network of AI agents."""
+
+
+@click.command()
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object of named figures.")
+@click.option("--quick", is_flag=True, help="A smaller run, under a minute.")
+def bench(name: str, as_json: bool, quick: bool) -> None:
+    """Run benchmark NAME and print its figures."""
+    from node.bench import BENCHMARKS, load
+
+    if name not in BENCHMARKS:
+        raise click.BadParameter(
+            f"unknown benchmark {name!r}; choose from {', '.join(sorted(BENCHMARKS))}",
+            param_hint="NAME",
+        )
+    figures = load(name)(quick)
+    if as_json:
+        click.echo(json.dumps(figures, sort_keys=True))
+    else:
+        print_figures(name, figures)
+
+
+def print_figures(title: str, figures: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"symphony bench {title}")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key, value in figures.items():
+        text = f"{value:.4g}" if isinstance(value, float) else str(value)
+        table.add_row(key, text)
+    Console(file=sys.stdout).print(table)

@@ -1,0 +1,199 @@
+"""`symphony keygen`, `symphony node run|status`, `symphony demo`, `symphony testnet`.
+
+These commands only parse: ``node run`` builds a frozen Config (flag > SYMPHONY_* env > TOML >
+defaults, node/config.py) and calls ``node.daemon.run_daemon``; client commands find their
+daemon through the data dir (node/control.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from node.config import ConfigError, default_data_dir
+
+
+def _data_dir(value: str | None) -> Path:
+    return Path(value).expanduser() if value else default_data_dir()
+
+
+@click.command()
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Data directory (default: $SYMPHONY_DATA_DIR or ~/.symphony).")
+@click.option("--force", is_flag=True, help="Replace an existing key (a new peer id!).")
+def keygen(data_dir: str | None, force: bool) -> None:
+    """Create this node's Ed25519 key (its identity and peer id)."""
+    from crypto.keys import Identity, load_identity, save_identity
+
+    directory = _data_dir(data_dir)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = directory / "node.key"
+    if path.exists() and not force:
+        identity = load_identity(path)
+        raise click.ClickException(
+            f"{path} exists (peer id {identity.peer_id}); use --force to replace it")
+    identity = Identity.generate()
+    save_identity(identity, path)
+    click.echo(identity.peer_id)
+
+
+@click.group("node")
+def node_group() -> None:
+    """Run a node, or ask the running one."""
+
+
+@node_group.command("run")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
+              help="TOML config file (default: <data-dir>/node.toml if present).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+@click.option("--listen", multiple=True, help="Multiaddr to listen on (repeatable).")
+@click.option("--bootstrap", multiple=True, help="Peer multiaddr ending in /p2p/<id> (repeatable).")
+@click.option("--network-id", default=None)
+@click.option("--target-peers", type=int, default=None)
+@click.option("--api-port", type=int, default=None, help="Local API port (0: any free port).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default=None)
+@click.option("--json-logs/--console-logs", default=None, help="One JSON object per log line.")
+def run(config_file: str | None, **flags: Any) -> None:
+    """Run the daemon until SIGINT/SIGTERM (a second signal forces exit)."""
+    from node.config import load_config
+    from node.daemon import (
+        config_sections,
+        load_extra_services,
+        load_service_classes,
+        run_daemon,
+    )
+    from node.logs import configure_logging
+
+    classes = load_service_classes()
+    try:
+        config = load_config(flags, config_file=Path(config_file) if config_file else None,
+                             sections=config_sections(classes))
+        classes.update(load_extra_services(config.extra_services))
+    except (ConfigError, ImportError, AttributeError, RuntimeError) as exc:
+        raise click.ClickException(str(exc)) from None
+    configure_logging(config.log_level, json_logs=config.json_logs)
+    sys.exit(run_daemon(config, classes))
+
+
+@node_group.command("status")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print the raw status JSON.")
+def status(data_dir: str | None, as_json: bool) -> None:
+    """Show the running daemon's peer id, addresses and peers."""
+    from node.control import ApiClient, DaemonNotRunning
+
+    try:
+        result = ApiClient(_data_dir(data_dir)).status()
+    except DaemonNotRunning as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(result, indent=2, sort_keys=True))
+    else:
+        print_status(result)
+
+
+def print_status(s: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=sys.stdout)
+    console.print(f"peer id   {s['peer_id']}\nnetwork   {s['network_id']}\n"
+                  f"uptime    {s['uptime_s']:.0f} s\nversion   {s['versions']['agent']}")
+    for addr in s["addresses"]:
+        console.print(f"address   {addr}")
+    table = Table(title=f"peers ({len(s['peers'])} connected, target {s['target_peers']})")
+    for col in ("peer id", "state", "latency ms", "last seen s ago", "address"):
+        table.add_column(col)
+    for p in s["peers"]:
+        table.add_row(p["peer_id"], p.get("state", ""), str(p.get("latency_ms", "")),
+                      str(p.get("last_seen_s_ago", "")), (p.get("addrs") or [""])[0])
+    console.print(table)
+    for d in s["dropped"][-5:]:
+        console.print(f"dropped   {d['peer_id']}: {d['reason']} ({d['s_ago']:.0f} s ago)")
+    for peer, pen in s["penalties"].items():
+        console.print(f"penalty   {peer}: score {pen['score']} ({pen['reasons'][-1]})")
+
+
+@click.command()
+@click.option("--executors", type=click.IntRange(1, 8), default=3, show_default=True,
+              help="Daemons serving the default model (besides node a, which asks).")
+@click.option("--questions", type=click.IntRange(0, 100), default=None,
+              help="Evaluation-set questions to ask (default 20; 0: only start and stop).")
+@click.option("--max-tokens", type=click.IntRange(8, 1024), default=None,
+              help="Chain-of-thought budget per executor (default 96).")
+@click.option("--timeout", "timeout_s", type=float, default=90.0, show_default=True,
+              help="Seconds to wait for the nodes to find each other.")
+def demo(executors: int, questions: int | None, max_tokens: int | None,
+         timeout_s: float) -> None:
+    """A local network of daemons answers the shipped evaluation set: single vs voted accuracy.
+
+    Starts 1 + EXECUTORS daemons on loopback (node a asks, the others serve the embedded
+    SmolLM2), prints each node's peers, asks the questions through the network with k=3,
+    prints single-executor and voted accuracy, and stops every daemon cleanly.
+    """
+    from rich.console import Console
+
+    from node.cli.demo import DEFAULT_MAX_TOKENS, DEFAULT_QUESTIONS, run_demo
+    from node.testnet import TestnetError
+
+    console = Console(file=sys.stdout)
+    with tempfile.TemporaryDirectory(prefix="symphony-demo-") as base:
+        try:
+            codes = run_demo(Path(base), executors=executors,
+                             questions=DEFAULT_QUESTIONS if questions is None else questions,
+                             max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
+                             timeout_s=timeout_s, echo=click.echo, console=console)
+        except TestnetError as exc:
+            raise click.ClickException(str(exc)) from None
+        if any(codes.values()):
+            raise click.ClickException(f"unclean exits: {codes}")
+        click.echo(f"\nstopped {len(codes)} nodes cleanly (exit codes {sorted(codes.values())})")
+
+
+@click.command()
+@click.option("--nodes", type=click.IntRange(1, 32), default=3, show_default=True)
+@click.option("--base-dir", type=click.Path(file_okay=False), default=None,
+              help="Where the nodes' data dirs go (default: a fresh temp dir).")
+@click.option("--network-id", default="localtest", show_default=True)
+def testnet(nodes: int, base_dir: str | None, network_id: str) -> None:
+    """Start N daemons on loopback as a local testnet; Ctrl-C or SIGTERM stops them all."""
+    import signal
+
+    from node.testnet import LocalTestnet, TestnetError
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # SIGTERM stops the testnet like Ctrl-C; SIGINT is re-armed because a shell starting us in
+    # the background sets it to "ignore", which would leave no way to stop the daemons cleanly.
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    base = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="symphony-testnet-"))
+    net = LocalTestnet(base, network_id=network_id)
+    try:
+        first = net.start("node0")
+        for node in [net.start(f"node{i}", bootstrap=[first], wait=False)
+                     for i in range(1, nodes)]:
+            node.wait_ready()
+        for node in net.nodes.values():
+            click.echo(f"{node.name}  {node.peer_id}  api {node.api_url}  "
+                       f"data {node.data_dir}  {node.addresses[0]}")
+        click.echo(f"ask one: symphony node status --data-dir {first.data_dir}\n"
+                   "Ctrl-C stops the testnet.")
+        while all(n.running for n in net.nodes.values()):
+            time.sleep(1)  # idle until Ctrl-C, noticing a node that exits on its own
+        click.echo("a node exited:\n" + net.log_tails(10))
+    except TestnetError as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        pass
+    finally:
+        codes = net.stop_all()
+        click.echo(f"stopped: {codes}")

@@ -1,0 +1,277 @@
+"""The gossip ledger in the daemon: drives protocol/ledger/machine.py and keeps it in SQLite.
+
+* Owns ``LedgerPush``, ``LedgerDigest`` and ``LedgerSyncRequest`` and the gossip topic
+  ``ledger``. Anti-entropy, rate limits and rejections are the machine's; the driver performs
+  its sends, publishes and penalties.
+* ``start`` loads the stored envelopes and re-verifies them (``LedgerMachine.restore``);
+  whatever no longer passes is deleted. ``Store*``/``Forget*`` effects are written at once.
+* This node's capability record: ``run`` polls (every ``capability_poll_ms``) what the node
+  offers and submits ``SetCapability`` when it changed; the machine coalesces changes and
+  re-signs periodically. Models, measured tokens/s, slots and load come from the executor
+  service when one runs (``services["executor"]``, whose solver ran the models'
+  self-benchmark at start); addresses from the transport; price, roles and tags from
+  ``[ledger]``; hardware is detected once. Nothing here imports torch.
+* Clock: the machine works in Unix epoch ms; ``clock_offset_ms`` (wall clock minus the
+  driver's monotonic clock, fixed at start) converts, so every ``now`` handed to the machine
+  or its view is ``ctx.clock()``.
+* Query API for other services: ``reputation(peer)``, ``find_peers(model=, role=, ...)``,
+  ``await attest(...)``, and ``machine.view`` (protocol/ledger/view.py) with ``ctx.clock()``.
+* HTTP (mounted under ``/ledger``, read-only, open to local readers like ``/status``):
+  ``GET /ledger/peers`` (``?model=&family=&role=&sort=``), ``GET /ledger/peers/{peer_id}``,
+  ``GET /ledger/attestations`` (``?peer=&observer=&kind=&limit=``); and, with the API token,
+  ``POST /ledger/capability`` (JSON ``tags``, ``price_per_1k_tokens``) to change what this
+  node advertises without a restart (re-signed and published within ``min_republish_ms``).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import trio
+
+from node.ledger.store import SCHEMA, LedgerStore
+from node.service import NodeContext, Service
+from protocol.ledger.machine import (
+    Attest,
+    CapabilitySpec,
+    ForgetAttestations,
+    ForgetCapabilities,
+    LedgerConfig,
+    LedgerMachine,
+    SetCapability,
+    StoreAttestation,
+    StoreCapability,
+)
+from protocol.ledger.records import (
+    HASH_LEN,
+    LEDGER_TOPIC,
+    MAX_ADDRS,
+    AttestationKind,
+    HardwareSummary,
+    LedgerDigest,
+    LedgerPush,
+    LedgerSyncRequest,
+    ModelOffer,
+    Role,
+)
+from protocol.ledger.view import PeerMatch
+from protocol.ledger.reputation import Reputation
+
+if TYPE_CHECKING:
+    from starlette.routing import BaseRoute
+
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(LedgerConfig)}
+#: roles that need a model to be worth advertising
+_MODEL_ROLES = (Role.EXECUTOR, Role.VERIFIER)
+
+
+@dataclass(frozen=True)
+class LedgerSection:
+    """Tunables of the ledger (``[ledger]`` in node.toml); defaults from protocol/ledger/machine.py."""
+
+    #: roles this node offers (executor and verifier only when it serves a model)
+    roles: tuple[str, ...] = ("executor", "verifier", "relay")
+    tags: tuple[str, ...] = ()
+    #: advertised price when no executor service sets one
+    price_per_1k_tokens: float = 0.0
+    #: how often the service checks whether what the node offers changed
+    capability_poll_ms: int = 1_000
+    record_ttl_ms: int = _DEFAULTS["record_ttl_ms"]
+    refresh_ms: int = _DEFAULTS["refresh_ms"]
+    min_republish_ms: int = _DEFAULTS["min_republish_ms"]
+    attestation_ttl_ms: int = _DEFAULTS["attestation_ttl_ms"]
+    anti_entropy_ms: int = _DEFAULTS["anti_entropy_ms"]
+    sync_fanout: int = _DEFAULTS["sync_fanout"]
+    sync_timeout_ms: int = _DEFAULTS["sync_timeout_ms"]
+    attestation_rate_per_minute: int = _DEFAULTS["attestation_rate_per_minute"]
+
+    def __post_init__(self) -> None:
+        for role in self.roles:
+            Role(role)  # ValueError names the bad role
+        if self.price_per_1k_tokens < 0:
+            raise ValueError("price_per_1k_tokens must not be negative")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, int) and value <= 0:
+                raise ValueError(f"{f.name} must be positive, got {value!r}")
+        if self.refresh_ms >= self.record_ttl_ms:
+            raise ValueError("refresh_ms must be shorter than record_ttl_ms")
+
+    def machine_config(self) -> LedgerConfig:
+        keep = {f.name for f in fields(LedgerConfig)}
+        return LedgerConfig(**{k: v for k, v in vars(self).items() if k in keep})
+
+
+def detect_hardware() -> HardwareSummary:
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        memory = 0
+    return HardwareSummary(
+        device_kind="cpu",
+        device_name=(platform.processor() or platform.machine())[:128],
+        memory_bytes=max(0, memory),
+        cpu_cores=os.cpu_count() or 0,
+    )
+
+
+class LedgerService(Service):
+    name: ClassVar[str] = "ledger"
+    message_types = (LedgerPush, LedgerDigest, LedgerSyncRequest)
+    topics = (LEDGER_TOPIC,)
+    schema = SCHEMA
+    config_section = LedgerSection
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        try:
+            self.section: LedgerSection = ctx.config.section(self.name)
+        except (KeyError, AttributeError):
+            self.section = LedgerSection()
+        self.clock_offset_ms = int(time.time() * 1000) - ctx.clock()
+        self._machine = LedgerMachine(
+            ctx.identity,
+            ctx.network_id,
+            ctx.rng,
+            self.section.machine_config(),
+            clock_offset_ms=self.clock_offset_ms,
+        )
+        self.store = LedgerStore(ctx.db)
+        self.hardware = detect_hardware()
+        self._offered: CapabilitySpec | None = None
+        #: operator changes at run time (``POST /ledger/capability``): tags, price
+        self.overrides: dict[str, Any] = {}
+
+    @property
+    def machine(self) -> LedgerMachine:
+        return self._machine
+
+    async def start(self) -> None:
+        records, atts = self.store.load()
+        report = self._machine.restore(records, atts, self.ctx.clock())
+        self.store.delete_stale(report)
+        self.ctx.log.info(
+            "ledger.restored",
+            records=report.records,
+            attestations=report.attestations,
+            stale=len(report.stale_records) + len(report.stale_attestations) + len(report.evicted),
+        )
+
+    async def perform(self, effect: object) -> None:
+        if isinstance(effect, StoreCapability):
+            self.store.save_capability(effect.envelope, effect.record)
+        elif isinstance(effect, StoreAttestation):
+            self.store.save_attestation(effect.envelope, effect.attestation, effect.hash)
+        elif isinstance(effect, ForgetCapabilities):
+            self.store.forget_capabilities(effect.peer_ids)
+        elif isinstance(effect, ForgetAttestations):
+            self.store.forget_attestations(effect.hashes)
+        else:
+            await super().perform(effect)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await self.refresh_capability()
+        task_status.started()
+        while True:
+            await trio.sleep(self.section.capability_poll_ms / 1000)  # a periodic poll
+            await self.refresh_capability()
+
+    # ------------------------------------------------------------ our capability
+
+    def offered(self) -> CapabilitySpec:
+        """What this node offers right now (models and load from the executor service)."""
+        models: list[ModelOffer] = []
+        free_slots = max_slots = 0
+        load = 0.0
+        price = float(self.overrides.get("price_per_1k_tokens", self.section.price_per_1k_tokens))
+        executor = self.ctx.services.get("executor")
+        machine = getattr(executor, "machine", None)
+        served = getattr(getattr(machine, "config", None), "models", ())
+        for m in served:
+            if len(m.model_hash) != HASH_LEN:
+                continue
+            models.append(
+                ModelOffer(
+                    name=m.name[:128],
+                    family=m.family[:64],
+                    quantization=getattr(m, "quantization", "")[:32],
+                    context_length=m.context,
+                    weights_hash=m.model_hash,
+                    tokens_per_s=float(m.tokens_per_s),
+                )
+            )
+            price = float(self.overrides.get("price_per_1k_tokens", m.price_per_1k))
+        if models and machine is not None:
+            max_slots = int(machine.config.slots)
+            free_slots = int(machine.free_slots())
+            load = (max_slots - free_slots) / max_slots if max_slots else 0.0
+        roles = tuple(Role(r) for r in self.section.roles if models or Role(r) not in _MODEL_ROLES)
+        from node.membership import agent_version
+
+        return CapabilitySpec(
+            listen_addrs=tuple(self.ctx.transport.listen_addrs())[:MAX_ADDRS],
+            models=tuple(models),
+            hardware=self.hardware,
+            price_per_1k_tokens=price,
+            free_slots=free_slots,
+            max_slots=max_slots,
+            load=min(1.0, max(0.0, load)),
+            roles=roles,
+            tags=tuple(self.overrides.get("tags", self.section.tags)),
+            software_version=agent_version(),
+        )
+
+    async def refresh_capability(self) -> None:
+        spec = self.offered()
+        if spec != self._offered:
+            self._offered = spec
+            await self.ctx.submit(self.name, SetCapability(spec))
+
+    # ------------------------------------------------------------ query API
+
+    def now_ms(self) -> int:
+        """Unix epoch milliseconds on the ledger's clock (what records and JSON carry)."""
+        return self.ctx.clock() + self.clock_offset_ms
+
+    def reputation(self, peer: str) -> Reputation:
+        return self._machine.view.reputation(peer, self.ctx.clock())
+
+    def find_peers(self, **query: Any) -> list[PeerMatch]:
+        """``LedgerView.find_peers`` at the current time (model=, family=, role=, ...)."""
+        return self._machine.view.find_peers(self.ctx.clock(), **query)
+
+    async def attest(
+        self,
+        subject: str,
+        object_id: bytes,
+        kind: AttestationKind,
+        *,
+        outcome: str = "",
+        evidence_hash: bytes = b"",
+        amount: int = 0,
+    ) -> None:
+        await self.ctx.submit(
+            self.name,
+            Attest(
+                subject=subject,
+                object_id=object_id,
+                kind=kind,
+                outcome=outcome,
+                evidence_hash=evidence_hash,
+                amount=amount,
+            ),
+        )
+
+    def status(self) -> dict[str, Any]:
+        st = self._machine.status(self.ctx.clock())
+        st["stored"] = self.store.counts()
+        return st
+
+    def routes(self) -> list[BaseRoute]:
+        from node.ledger.api import ledger_routes
+
+        return ledger_routes(self)

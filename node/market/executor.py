@@ -1,0 +1,232 @@
+"""The executor side of the task market in the daemon: drives protocol/market/executor.py.
+
+* Owns the beacon topic and ``Beacon``, ``Assign`` and ``Cancel``: it bids on beacons its
+  models match, within its free slots, and runs the tasks it is assigned.
+* Computation goes to a *solver* in a worker thread (``trio.to_thread``), so the event loop
+  never stalls; a finished one comes back to the machine as ``ComputeDone`` (or
+  ``ComputeFailed`` if the solver raised), and ``CancelCompute`` stops waiting for it.
+* A solver is any object with ``models() -> list[ServedModel]`` (names, context, weights
+  hash, *measured* tokens/s; called once at start, in a thread) and
+  ``solve(task: TaskSpec, model: str, max_tokens: int) -> Solution`` (blocking); one with a
+  ``fingerprints`` attribute gets it set to whether this executor commits (verification). The
+  ``[executor] solver`` setting names a factory ``"module:callable"`` taking
+  ``(section, data_dir)`` (any importable module: tests load their own double this way).
+  The default, ``"models"``, is the real one (models/solver.py: the models/ backend;
+  ``model`` picks the model, "" = the embedded default), so a plain ``symphony node run``
+  executes. ``solver = ""`` opts out: the node never bids, and says so in its status and log;
+  so does a solver that fails to start (e.g. models/ not installed), without stopping the node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import trio
+
+from node.service import NodeContext, Service
+from protocol.market.executor import (
+    DEFAULT_HOLD_MS,
+    DEFAULT_MAX_TASK_MS,
+    DEFAULT_MAX_TOKENS,
+    CancelCompute,
+    ComputeDone,
+    ComputeFailed,
+    Executor,
+    ExecutorConfig,
+    JobState,
+    ServedModel,
+    StartCompute,
+)
+from protocol.market.messages import BEACON_TOPIC, MAX_QUESTION_CHARS, Assign, Beacon, Cancel, TaskSpec
+from protocol.verification.executor import VerifiedExecutor
+
+MAX_FAILURE_TEXT = 120
+MAX_TEMPERATURE = 2.0
+#: solver names that need no "module:callable"
+BUILTIN_SOLVERS = {"models": "models.solver:factory"}
+
+
+@dataclass(frozen=True, slots=True)
+class Solution:
+    answer: str
+    cot: str
+    confidence: float
+    tokens: int
+    compute_ms: int
+    #: content hash of the weights file that produced it
+    model_hash: bytes
+    fingerprints: tuple[bytes, ...] = ()
+    fingerprint_root: bytes = b""
+    #: the generated token ids (commit/reveal binds them, verifiers re-run them)
+    output_ids: tuple[int, ...] = ()
+    #: Merkle root and layer count of the layer states kept for verifiers (node.verification.state_store)
+    states_root: bytes = b""
+    state_layers: int = 0
+
+
+class Solver(Protocol):
+    def models(self) -> list[ServedModel]: ...
+
+    def solve(self, task: TaskSpec, model: str, max_tokens: int) -> Solution: ...
+
+
+@dataclass(frozen=True)
+class ExecutorSection:
+    """Tunables of the executor side (``[executor]`` in node.toml)."""
+
+    #: "models" (models/solver.py), or "module:callable" building a solver from
+    #: (section, data_dir); "" = do not execute
+    solver: str = "models"
+    #: with solver = "models": registry name, .gguf path or HF dir ("" = the default model)
+    model: str = ""
+    #: with solver = "models": sampling temperature (0 = greedy). Above 0, each executor
+    #: draws its own seed per task, so k executors give k independent chains to vote on
+    temperature: float = 0.0
+    #: with solver = "models": CPU threads for the model (0 = the backend's default)
+    threads: int = 0
+    #: tasks computed at once; each bid holds one slot for hold_ms
+    slots: int = 1
+    hold_ms: int = DEFAULT_HOLD_MS
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    max_task_ms: int = DEFAULT_MAX_TASK_MS
+    max_question_chars: int = MAX_QUESTION_CHARS
+    price_per_1k: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("slots", "hold_ms", "max_tokens", "max_task_ms", "max_question_chars"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+        if self.price_per_1k < 0:
+            raise ValueError("price_per_1k must not be negative")
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE}]")
+        if self.threads < 0:
+            raise ValueError("threads must not be negative (0 = the backend's default)")
+        module, colon, attr = self.solver.partition(":")
+        if self.solver and self.solver not in BUILTIN_SOLVERS and not (colon and module and attr):
+            raise ValueError(f"solver {self.solver!r} is neither one of "
+                             f"{sorted(BUILTIN_SOLVERS)} nor 'module:callable' ('' = none)")
+
+
+def load_solver(spec: str, section: ExecutorSection, data_dir: Path) -> Solver:
+    module_name, _, attr = BUILTIN_SOLVERS.get(spec, spec).partition(":")
+    factory = getattr(importlib.import_module(module_name), attr)
+    solver: Solver = factory(section, data_dir)
+    return solver
+
+
+class ExecutorService(Service):
+    name: ClassVar[str] = "executor"
+    message_types = (Beacon, Assign, Cancel)
+    topics = (BEACON_TOPIC,)
+    config_section = ExecutorSection
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.section: ExecutorSection = ctx.config.section(self.name)
+        s = self.section
+        from node.verification.service import executor_machine  # VerifiedExecutor if [verify] on
+
+        self._machine = executor_machine(ctx, ExecutorConfig(
+            models=(), slots=s.slots, hold_ms=s.hold_ms, max_tokens=s.max_tokens,
+            max_task_ms=s.max_task_ms, max_question_chars=s.max_question_chars))
+        self.solver: Solver | None = None
+        self.problem = "no solver configured ([executor] solver)" if not s.solver else ""
+        self._scopes: dict[tuple[bytes, int], trio.CancelScope] = {}
+        self._nursery: trio.Nursery | None = None
+        self.computed = 0
+        self.failed = 0
+
+    @property
+    def machine(self) -> Executor:
+        return self._machine
+
+    async def start(self) -> None:
+        if not self.section.solver:
+            self.ctx.log.warning("executor.disabled", reason=self.problem)
+            return
+        try:
+            solver = await trio.to_thread.run_sync(  # imports and loads weights: blocking
+                load_solver, self.section.solver, self.section, self.ctx.data_dir)
+            if hasattr(solver, "fingerprints"):  # only a committing executor needs them
+                solver.fingerprints = isinstance(self._machine, VerifiedExecutor)
+            models = await trio.to_thread.run_sync(solver.models)
+        except Exception as exc:  # a broken backend disables executing, not the node
+            self.problem = f"solver {self.section.solver} failed to start: {exc}"
+            self.ctx.log.exception("executor.solver_failed", solver=self.section.solver)
+            return
+        price = self.section.price_per_1k
+        models = [dataclasses.replace(m, price_per_1k=price) for m in models]
+        self.solver = solver
+        self._machine.config = dataclasses.replace(self._machine.config, models=tuple(models))
+        self.ctx.log.info("executor.ready", models=[m.name for m in models],
+                          tokens_per_s=[round(m.tokens_per_s, 1) for m in models])
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def perform(self, effect: object) -> None:
+        if isinstance(effect, StartCompute):
+            if self._nursery is None or self.solver is None:
+                await self.ctx.submit(self.name, ComputeFailed(
+                    effect.task.task_id, effect.attempt, self.problem or "executor not running"))
+                return
+            scope = trio.CancelScope()
+            self._scopes[(effect.task.task_id, effect.attempt)] = scope
+            self._nursery.start_soon(self._compute, effect, scope)
+        elif isinstance(effect, CancelCompute):
+            running = self._scopes.pop((effect.task_id, effect.attempt), None)
+            if running is not None:
+                running.cancel()
+        else:
+            await super().perform(effect)
+
+    async def _compute(self, job: StartCompute, scope: trio.CancelScope) -> None:
+        solver = self.solver
+        assert solver is not None  # perform() only starts jobs once the solver is up
+        key = (job.task.task_id, job.attempt)
+        event: object | None = None
+        with scope:
+            try:
+                # abandon_on_cancel: a cancelled job stops being waited for; the thread
+                # finishes on its own and its result is dropped
+                sol = await trio.to_thread.run_sync(
+                    functools.partial(solver.solve, job.task, job.model, job.task.max_tokens),
+                    abandon_on_cancel=True)
+            except Exception as exc:
+                self.failed += 1
+                self.ctx.log.exception("executor.solve_failed", task_id=job.task.task_id.hex())
+                event = ComputeFailed(job.task.task_id, job.attempt,
+                                      f"{type(exc).__name__}: {exc}"[:MAX_FAILURE_TEXT])
+            else:
+                self.computed += 1
+                event = ComputeDone(job.task.task_id, job.attempt, sol.answer, sol.cot,
+                                    sol.confidence, sol.tokens, sol.compute_ms, sol.model_hash,
+                                    sol.fingerprints, sol.fingerprint_root, sol.output_ids,
+                                    sol.states_root, sol.state_layers)
+        self._scopes.pop(key, None)
+        if event is not None and not scope.cancelled_caught:
+            await self.ctx.submit(self.name, event)
+
+    def status(self) -> dict[str, Any]:
+        m = self._machine
+        running = [{"task_id": j.task_id.hex(), "attempt": j.attempt, "requester": j.requester,
+                    "model": j.model} for j in m.jobs.values() if j.state is JobState.RUNNING]
+        return {
+            "enabled": self.solver is not None, "problem": self.problem,
+            "models": [{"name": x.name, "family": x.family, "quantization": x.quantization,
+                        "context": x.context, "tokens_per_s": x.tokens_per_s,
+                        "model_hash": x.model_hash.hex()}
+                       for x in m.config.models],
+            "slots": m.config.slots, "free_slots": m.free_slots(), "running": running,
+            "computed": self.computed, "failed": self.failed,
+            "counters": dict(sorted(m.counters.items())),
+        }

@@ -1,0 +1,346 @@
+"""The requester side of the task market in the daemon: drives protocol/market/auction.py.
+
+* Owns ``Bid``, ``Result`` and ``Reject``; publishes beacons (the executor service, in
+  node/market/executor.py, owns the beacon topic and the executor side).
+* Every ``TaskUpdated`` snapshot is written to the ``tasks`` table (JSON, one row per task),
+  so ``symphony tasks list/show`` and ``GET /tasks/{id}`` read the database, and a requester
+  restarted with open tasks resumes them (``RestoreTask``: kept results, a new beacon round)
+  or fails them cleanly when their deadline has passed. Wall-clock deadlines are stored,
+  because the daemon's millisecond clock restarts with the process.
+* The LinUCB selector's state lives in ``task_bandit`` and is saved after every finished
+  task, so learning survives restarts.
+* Reputation comes from the ledger service (``services["ledger"].machine.view``) when one is
+  running, else every peer is neutral (0.5). ``Attest`` effects become ledger attestations
+  (``protocol.ledger.machine.Attest``) the same way, and are only logged without a ledger.
+* ``ask(...)`` submits a task and waits (bounded by its deadline) for its final snapshot; the
+  HTTP routes in node/market/api.py call it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import trio
+
+from node.service import NodeContext, Service
+from protocol.answers import AnswerType
+from protocol.market.auction import (
+    Attest,
+    Auction,
+    AuctionConfig,
+    KeptResult,
+    RestoredAttempt,
+    RestoreTask,
+    SubmitTask,
+    TaskUpdated,
+)
+from protocol.market.linucb import DEFAULT_ALPHA, DEFAULT_LAMBDA, FEATURES, LinUCB, LinUCBSelector
+from protocol.market.selection import ScoreSelector, Selector
+from protocol.market.events import COMPLETED, TIMEOUT, WRONG
+from protocol.market.messages import (
+    MAX_K,
+    MAX_QUESTION_CHARS,
+    MAX_TASK_MS,
+    MAX_TOKENS,
+    Bid,
+    Reject,
+    Requirement,
+    Result,
+    TaskSpec,
+)
+
+#: snapshots of finished tasks kept in memory for waiters (the database keeps them all)
+MAX_CACHED_SNAPSHOTS = 256
+#: an ask waits this much longer than its deadline for the final vote
+ASK_GRACE_S = 5.0
+OPEN_PHASES = ("bidding", "running")
+_AUCTION = AuctionConfig()  # defaults (a slots dataclass has no class-level defaults)
+
+
+@dataclass(frozen=True)
+class TasksSection:
+    """Tunables of the requester side (``[tasks]`` in node.toml)."""
+
+    #: "score" (weighted sum, protocol/market/selection.py) or "linucb" (protocol/market/linucb.py)
+    selector: str = "score"
+    linucb_alpha: float = DEFAULT_ALPHA
+    linucb_lambda: float = DEFAULT_LAMBDA
+    bid_window_ms: int = _AUCTION.bid_window_ms
+    spare_bids: int = _AUCTION.spare_bids
+    max_rounds: int = _AUCTION.max_rounds
+    min_round_ms: int = _AUCTION.min_round_ms
+    assign_base_ms: int = _AUCTION.assign_base_ms
+    assign_slack: float = _AUCTION.assign_slack
+    default_k: int = 3
+    default_deadline_ms: int = 120_000
+    default_max_tokens: int = 256
+    #: price ceiling per executor when a request names none
+    default_max_price: float = 1e6
+
+    def __post_init__(self) -> None:
+        if self.selector not in ("score", "linucb"):
+            raise ValueError(f"selector must be 'score' or 'linucb', got {self.selector!r}")
+        if not 1 <= self.default_k <= MAX_K:
+            raise ValueError(f"default_k must be in [1, {MAX_K}]")
+        for name in ("bid_window_ms", "max_rounds", "assign_base_ms", "default_deadline_ms",
+                     "default_max_tokens"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+
+
+class AskError(ValueError):
+    """A request to ask is malformed (the HTTP layer answers 400 with this message)."""
+
+
+LEDGER_KINDS = {COMPLETED: "TASK_COMPLETED", WRONG: "TASK_FAILED", TIMEOUT: "TASK_TIMED_OUT"}
+
+
+class TasksService(Service):
+    name: ClassVar[str] = "tasks"
+    message_types = (Bid, Result, Reject)
+    config_section = TasksSection
+    schema = """
+    CREATE TABLE IF NOT EXISTS tasks (
+        task_id TEXT PRIMARY KEY,
+        phase TEXT NOT NULL,
+        created_at REAL NOT NULL,      -- wall clock, seconds
+        deadline_at REAL NOT NULL,     -- wall clock, seconds
+        snapshot TEXT NOT NULL         -- protocol.market.state.TaskSnapshot as JSON
+    );
+    CREATE INDEX IF NOT EXISTS tasks_by_phase ON tasks(phase);
+    CREATE INDEX IF NOT EXISTS tasks_by_created ON tasks(created_at);
+    CREATE TABLE IF NOT EXISTS task_bandit (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        state TEXT NOT NULL            -- protocol.market.linucb.LinUCB.to_dict() as JSON
+    );
+    """
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.section: TasksSection = ctx.config.section(self.name)
+        s = self.section
+        self._bandit: LinUCB | None = None
+        selector: Selector = ScoreSelector()
+        if s.selector == "linucb":
+            self._bandit = LinUCB(len(FEATURES), alpha=s.linucb_alpha, ridge=s.linucb_lambda)
+            selector = LinUCBSelector(self._bandit)
+        self.selector = selector
+        from node.verification.service import requester_machine  # VerifiedAuction if [verify] on
+
+        self._machine = requester_machine(
+            ctx, selector,
+            AuctionConfig(bid_window_ms=s.bid_window_ms, spare_bids=s.spare_bids,
+                          max_rounds=s.max_rounds, min_round_ms=s.min_round_ms,
+                          assign_base_ms=s.assign_base_ms, assign_slack=s.assign_slack),
+            self.reputation,
+        )
+        self._waiters: dict[str, trio.Event] = {}
+        self._latest: dict[str, dict[str, Any]] = {}
+        self._restored = 0
+
+    @property
+    def machine(self) -> Auction:
+        return self._machine
+
+    # ---------------------------------------------------------------- ledger adapters
+
+    def reputation(self, peer: str) -> float:
+        view = getattr(getattr(self.ctx.services.get("ledger"), "machine", None), "view", None)
+        if view is None:
+            return 0.5
+        return float(view.reputation(peer, self.ctx.clock()).score)
+
+    async def _attest(self, effect: Attest) -> None:
+        self.ctx.log.info("tasks.attest", subject=effect.subject, task_id=effect.task_id.hex(),
+                          outcome=effect.outcome, detail=effect.detail)
+        if "ledger" not in self.ctx.services:
+            return
+        from protocol.ledger.machine import Attest as LedgerAttest
+        from protocol.ledger.records import AttestationKind
+
+        kind = AttestationKind[LEDGER_KINDS.get(effect.outcome, "TASK_FAILED")]
+        outcome = f"{effect.outcome}: {effect.detail}" if effect.detail else effect.outcome
+        await self.ctx.submit("ledger", LedgerAttest(subject=effect.subject,
+                                                     object_id=effect.task_id, kind=kind,
+                                                     outcome=outcome[:128]))
+
+    # ---------------------------------------------------------------- storage
+
+    async def start(self) -> None:
+        if self._bandit is not None:
+            rows = self.ctx.db.query("SELECT state FROM task_bandit WHERE id = 1")
+            if rows:
+                try:
+                    self._bandit = LinUCB.from_dict(json.loads(rows[0]["state"]))
+                    self.selector = LinUCBSelector(self._bandit)
+                    self._machine.selector = self.selector
+                except ValueError as exc:
+                    self.ctx.log.warning("tasks.bandit_state_unreadable", error=str(exc))
+
+    def _wall(self, at_ms: int) -> float:
+        return time.time() + (at_ms - self.ctx.clock()) / 1000.0
+
+    def _store(self, snap: dict[str, Any]) -> None:
+        task_id = str(snap["task_id"])
+        created = self._wall(int(snap["created_at_ms"]))
+        deadline = self._wall(int(snap["deadline_at_ms"]))
+        with self.ctx.db.transaction() as conn:
+            conn.execute(
+                "INSERT INTO tasks(task_id, phase, created_at, deadline_at, snapshot) "
+                "VALUES(?, ?, ?, ?, ?) ON CONFLICT(task_id) DO UPDATE SET "
+                "phase = excluded.phase, deadline_at = excluded.deadline_at, "
+                "snapshot = excluded.snapshot",
+                (task_id, snap["phase"], created, deadline, json.dumps(snap)))
+            if self._bandit is not None and snap["phase"] not in OPEN_PHASES:
+                conn.execute("INSERT INTO task_bandit(id, state) VALUES(1, ?) ON CONFLICT(id) "
+                             "DO UPDATE SET state = excluded.state",
+                             (json.dumps(self._bandit.to_dict()),))
+
+    def load(self, task_id: str) -> dict[str, Any] | None:
+        rows = self.ctx.db.query("SELECT snapshot FROM tasks WHERE task_id = ?", (task_id,))
+        return json.loads(rows[0]["snapshot"]) if rows else None
+
+    def recent(self, limit: int = 50) -> list[dict[str, Any]]:
+        rows = self.ctx.db.query(
+            "SELECT snapshot FROM tasks ORDER BY created_at DESC LIMIT ?", (limit,))
+        return [json.loads(r["snapshot"]) for r in rows]
+
+    async def perform(self, effect: object) -> None:
+        if isinstance(effect, TaskUpdated):
+            snap = effect.snapshot.to_dict()
+            self._store(snap)
+            task_id = str(snap["task_id"])
+            if snap["phase"] not in OPEN_PHASES:
+                self._latest[task_id] = snap
+                while len(self._latest) > MAX_CACHED_SNAPSHOTS:
+                    del self._latest[next(iter(self._latest))]
+                waiter = self._waiters.pop(task_id, None)
+                if waiter is not None:
+                    waiter.set()
+        elif isinstance(effect, Attest):
+            await self._attest(effect)
+        else:
+            from node.verification.service import perform_verification_effect  # verdict attestations
+
+            if not await perform_verification_effect(self.ctx, effect):
+                await super().perform(effect)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Resume (or cleanly fail) the tasks left open by the previous process."""
+        rows = self.ctx.db.query(
+            "SELECT snapshot, deadline_at FROM tasks WHERE phase IN ('bidding', 'running')")
+        for row in rows:
+            snap = json.loads(row["snapshot"])
+            remaining_ms = int((float(row["deadline_at"]) - time.time()) * 1000)
+            await self.ctx.submit(self.name, restore_event(snap, self.ctx.identity.peer_id,
+                                                           remaining_ms))
+            self._restored += 1
+        if rows:
+            self.ctx.log.info("tasks.restored", count=len(rows))
+        task_status.started()
+
+    # ---------------------------------------------------------------- asking
+
+    def submit_event(self, request: dict[str, Any]) -> SubmitTask:
+        """Validate an ask request (JSON-like) into a ``SubmitTask``; raises AskError."""
+        s = self.section
+        question = request.get("question")
+        if not isinstance(question, str) or not question.strip():
+            raise AskError("question must be a non-empty string")
+        if len(question) > MAX_QUESTION_CHARS:
+            raise AskError(f"question is longer than {MAX_QUESTION_CHARS} characters")
+        answer_type = request.get("answer_type") or AnswerType.TEXT.value
+        if answer_type not in {t.value for t in AnswerType}:
+            raise AskError(f"answer_type must be one of {[t.value for t in AnswerType]}")
+        choices = request.get("choices") or []
+        if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
+            raise AskError("choices must be a list of strings")
+
+        def number(key: str, default: int, lo: int, hi: int) -> int:
+            value = request.get(key)
+            if value is None:
+                return default
+            if type(value) is not int or not lo <= value <= hi:
+                raise AskError(f"{key} must be an integer in [{lo}, {hi}]")
+            return value
+
+        model = request.get("model") or ""
+        family = request.get("family") or ""
+        if not isinstance(model, str) or not isinstance(family, str):
+            raise AskError("model and family must be strings")
+        return SubmitTask(
+            question=question, answer_type=answer_type, choices=tuple(choices), model=model,
+            family=family, k=number("k", s.default_k, 1, MAX_K),
+            deadline_ms=number("deadline_ms", s.default_deadline_ms, 1_000, MAX_TASK_MS),
+            max_tokens=number("max_tokens", s.default_max_tokens, 1, MAX_TOKENS),
+            max_price=s.default_max_price, task_id=self.ctx.rng.randbytes(32),
+        )
+
+    async def ask(self, request: dict[str, Any], *, wait: bool = True) -> dict[str, Any]:
+        event = self.submit_event(request)
+        assert event.task_id is not None  # submit_event always draws one
+        task_id = event.task_id.hex()
+        done = self._waiters[task_id] = trio.Event()
+        await self.ctx.submit(self.name, event)
+        if wait:
+            with trio.move_on_after(event.deadline_ms / 1000.0 + ASK_GRACE_S):
+                await done.wait()
+        self._waiters.pop(task_id, None)
+        snap = self._latest.get(task_id) or self.load(task_id)
+        if snap is None:
+            raise AskError("the task was refused by the auction (see the daemon log)")
+        return snap
+
+    def known_models(self) -> set[str]:
+        """Model names this node or any live ledger peer serves."""
+        names: set[str] = set()
+        executor = self.ctx.services.get("executor")
+        config = getattr(getattr(executor, "machine", None), "config", None)
+        names.update(m.name for m in getattr(config, "models", ()))
+        view = getattr(getattr(self.ctx.services.get("ledger"), "machine", None), "view", None)
+        if view is not None:
+            for match in view.find_peers(self.ctx.clock()):
+                names.update(offer.name for offer in match.record.models)
+        return names
+
+    def status(self) -> dict[str, Any]:
+        m = self._machine
+        return {"open": len(m.open_tasks()), "selector": self.section.selector,
+                "restored": self._restored, "counters": dict(sorted(m.counters.items()))}
+
+    def routes(self) -> list[Any]:
+        from node.market.api import task_routes
+
+        return task_routes(self)
+
+    def root_routes(self) -> list[Any]:
+        from node.market.api import openai_routes
+
+        return openai_routes(self)
+
+
+def restore_event(snap: dict[str, Any], own_peer: str, remaining_ms: int) -> RestoreTask:
+    """Rebuild a ``RestoreTask`` from a stored snapshot (see protocol.market.state.snapshot)."""
+    spec = TaskSpec(
+        task_id=bytes.fromhex(snap["task_id"]), requester=own_peer, question=snap["question"],
+        answer_type=snap["answer_type"], choices=tuple(snap["choices"]),
+        requirement=Requirement(model=snap["model"], family=snap["family"],
+                                min_context=int(snap["min_context"])),
+        k=int(snap["k"]), max_price=float(snap["max_price"]), max_tokens=int(snap["max_tokens"]),
+    )
+    kept = tuple(KeptResult(bytes.fromhex(r["envelope"]), float(r["match_score"]))
+                 for r in snap["results"])
+    # an attempt's time left keeps its distance to the task's deadline
+    assigned = tuple(
+        RestoredAttempt(peer=a["peer"], attempt=int(a["attempt"]),
+                        due_in_ms=remaining_ms - (int(snap["deadline_at_ms"])
+                                                  - int(a["due_at_ms"])),
+                        match_score=float(a["match_score"]), model=a["model"])
+        for a in snap["attempts"] if a["state"] == "assigned")
+    return RestoreTask(spec=spec, allow_self=bool(snap["allow_self"]),
+                       remaining_ms=max(0, remaining_ms), round=int(snap["round"]),
+                       next_attempt=int(snap["next_attempt"]), tried=tuple(snap["tried"]),
+                       kept=kept, assigned=assigned)

@@ -1,0 +1,108 @@
+"""The membership service: drives protocol/membership/machine.py in the daemon.
+
+It owns the core messages (Hello, Ping/Pong, PeerListRequest/PeerList). At start it tells the
+machine this node's dialable addresses and the configured bootstrap peers; from then on the
+machine decides whom to dial, ping, ask for peers and drop, and the driver performs it.
+Timings come from the ``[membership]`` config section (``SYMPHONY_MEMBERSHIP__<KEY>``), the
+target connection count and network id from the top-level config.
+
+``status()`` gives what ``symphony node status`` shows about peers: one entry per connection
+(state, latency, addresses, last seen), the recent drops with their reasons, the address book
+size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, ClassVar
+
+import trio
+
+from node.service import NodeContext, Service
+from protocol.membership.machine import AddBootstrap, Membership, MembershipConfig, SetListenAddrs
+from protocol.membership.messages import Hello, PeerList, PeerListRequest, Ping, Pong
+
+
+def agent_version() -> str:
+    try:
+        return f"symphony-node/{version('symphony-node')}"
+    except PackageNotFoundError:
+        return "symphony-node/dev"
+
+
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(MembershipConfig)}
+
+
+@dataclass(frozen=True)
+class MembershipSection:
+    """Tunables of the membership machine (defaults from protocol/membership/machine.py)."""
+
+    hello_timeout_ms: int = _DEFAULTS["hello_timeout_ms"]
+    ping_interval_ms: int = _DEFAULTS["ping_interval_ms"]
+    unresponsive_after_ms: int = _DEFAULTS["unresponsive_after_ms"]
+    exchange_interval_ms: int = _DEFAULTS["exchange_interval_ms"]
+    backoff_base_ms: int = _DEFAULTS["backoff_base_ms"]
+    backoff_max_ms: int = _DEFAULTS["backoff_max_ms"]
+    refused_backoff_ms: int = _DEFAULTS["refused_backoff_ms"]
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value!r}")
+
+
+class MembershipService(Service):
+    name: ClassVar[str] = "membership"
+    message_types = (Hello, Ping, Pong, PeerListRequest, PeerList)
+    config_section = MembershipSection
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        section: MembershipSection = ctx.config.section(self.name)
+        self._machine = Membership(
+            config=MembershipConfig(
+                network_id=ctx.network_id,
+                agent_version=agent_version(),
+                target_peers=ctx.config.target_peers,
+                **vars(section),
+            ),
+            self_peer=ctx.identity.peer_id,
+            rng=ctx.rng,
+        )
+
+    @property
+    def machine(self) -> Membership:
+        return self._machine
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        addrs = tuple(self.ctx.transport.listen_addrs())
+        await self.ctx.submit(self.name, SetListenAddrs(addrs))
+        await self.ctx.submit(self.name, AddBootstrap(tuple(self.ctx.config.bootstrap)))
+        task_status.started()
+
+    def ready_peers(self) -> list[str]:
+        return self._machine.ready_peers()
+
+    def status(self) -> dict[str, Any]:
+        m = self._machine
+        now = self.ctx.clock()
+        peers = []
+        for peer, conn in sorted(m.conns.items()):
+            known = m.book.get(peer)
+            peers.append({
+                "peer_id": peer,
+                "state": conn.state.value,
+                "latency_ms": conn.rtt_ms,
+                "addrs": list(known.addrs) if known else [],
+                "last_seen_s_ago": round((now - conn.last_seen_ms) / 1000, 3),
+                "connected_s": round((now - conn.connected_at_ms) / 1000, 3),
+                "outbound": conn.outbound,
+                "agent_version": conn.agent_version,
+            })
+        dropped = [
+            {"peer_id": d.peer, "reason": d.reason, "s_ago": round((now - d.at_ms) / 1000, 3)}
+            for d in m.dropped
+        ]
+        return {"peers": peers, "dropped": dropped, "known_peers": len(m.book),
+                "target_peers": m.config.target_peers}

@@ -1,0 +1,371 @@
+"""The weight relay in the daemon: drives protocol/relay/machine.py over bulk libp2p streams.
+
+Contract
+--------
+* Manifests arrive on the ``relay`` gossip topic, by unicast from the plan parent (both routed
+  by the driver) or as the first frame of a chunk stream; progress reports on the gossip
+  topic. Chunk bytes never touch gossip: they go over dedicated streams (node/relay/streams.py,
+  which states that wire protocol).
+* Pipelining and bounded memory: bytes are written to a temporary chunk file while hashed, so a
+  node holds no more than a piece per stream in memory; a chunk is stored (renamed) only when
+  the machine has checked its digest against the manifest, and served to waiting children
+  right then, while the next chunk is still arriving on the parent stream. Every queue is
+  bounded (stream flow control is the backpressure).
+* ``upload_limit_bps`` (config, for benchmarks): one token bucket shared by every outgoing
+  chunk stream of this node, i.e. a capped uplink.
+* Hot swap: ``on_version_complete(callback)`` runs ``callback(manifest)`` (sync or async) each
+  time a version completes; ``wait_version(name)`` waits for one; ``export(manifest, path)``
+  writes the artifact file.
+* HTTP (under ``/relay``): see node/relay/api.py.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, ClassVar
+
+import trio
+
+from node.relay.chunk_store import ChunkStore, ChunkStoreError, ChunkWriter
+from node.relay.streams import RelayStreams
+from node.service import NodeContext, Service
+from protocol.ledger.records import AttestationKind
+from protocol.relay.machine import (
+    DEFAULT_WINDOW,
+    KEEP_VERSIONS,
+    MAX_QUEUED_PER_PEER,
+    STALL_TIMEOUT_MS,
+    RelayMachine,
+    TransferState,
+)
+from protocol.relay.events import (
+    AttestBadChunk,
+    DiscardChunk,
+    DropVersion,
+    FetchVersion,
+    PrepareVersion,
+    PublishVersion,
+    RefuseChunk,
+    RequestChunk,
+    Restore,
+    ServeChunk,
+    StoreChunk,
+    VersionComplete,
+    VersionPrepared,
+)
+from protocol.relay.manifest import (
+    MAX_CHUNK_SIZE,
+    MIN_CHUNK_SIZE,
+    RELAY_TOPIC,
+    ArtifactFormat,
+    Manifest,
+    RelayManifest,
+    RelayProgress,
+    make_body,
+    sign_manifest,
+)
+
+DEFAULT_CHUNK_SIZE = 1 << 20
+VersionCallback = Callable[[Manifest], Awaitable[None] | None]
+
+
+@dataclass(frozen=True)
+class RelaySection:
+    """``[relay]`` config (``SYMPHONY_RELAY__<KEY>``)."""
+
+    #: chunk size of versions this node publishes
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    #: chunk requests in flight per version (the pipeline depth towards one source)
+    window: int = DEFAULT_WINDOW
+    #: complete versions kept per artifact; older ones are garbage-collected
+    keep_versions: int = KEEP_VERSIONS
+    #: a source with requests in flight and silent this long is dropped
+    stall_timeout_ms: int = STALL_TIMEOUT_MS
+    #: upload bandwidth this node advertises in manifests it publishes (0: unknown)
+    upload_bps: int = 0
+    #: cap on this node's total chunk upload, bytes/s (0: none); for benchmarks
+    upload_limit_bps: int = 0
+    #: if set, only versions signed by these peer ids are accepted
+    trusted_publishers: tuple[str, ...] = ()
+    #: re-hash stored chunks of saved versions at start (resume after a crash)
+    verify_on_start: bool = True
+
+    def __post_init__(self) -> None:
+        if not MIN_CHUNK_SIZE <= self.chunk_size <= MAX_CHUNK_SIZE:
+            raise ValueError(f"chunk_size must be within {MIN_CHUNK_SIZE}..{MAX_CHUNK_SIZE}")
+        for name in ("window", "keep_versions", "stall_timeout_ms"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+        if self.upload_bps < 0 or self.upload_limit_bps < 0:
+            raise ValueError("bandwidths must not be negative")
+
+
+class RelayService(Service):
+    name: ClassVar[str] = "relay"
+    message_types = (RelayManifest, RelayProgress)
+    topics = (RELAY_TOPIC,)
+    config_section: ClassVar[type | None] = RelaySection
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        sections = getattr(ctx.config, "sections", {})
+        self.section: RelaySection = sections.get(self.name) or RelaySection()
+        s = self.section
+        self._machine = RelayMachine(
+            ctx.identity.peer_id,
+            window=s.window,
+            keep_versions=s.keep_versions,
+            stall_timeout_ms=s.stall_timeout_ms,
+            max_queued_per_peer=MAX_QUEUED_PER_PEER,
+            trusted=frozenset(s.trusted_publishers) or None,
+        )
+        self.store = ChunkStore(Path(ctx.data_dir) / "chunks")
+        self.streams = RelayStreams(self, s.upload_limit_bps)
+        #: verified-but-not-yet-stored chunks: (peer, manifest id, index) -> open writer
+        self.pending: dict[tuple[str, bytes, int], ChunkWriter] = {}
+        self._callbacks: list[VersionCallback] = []
+        self._completed = trio.Event()
+        self._restored: list[tuple[Manifest, frozenset[int]]] = []
+        self._nursery: trio.Nursery | None = None
+        #: manifest id -> source peer -> chunks it served us (attested when complete)
+        self._served: dict[bytes, dict[str, int]] = {}
+        self.counters = {
+            "bad_chunks": 0,
+            "chunks_in": 0,
+            "chunks_out": 0,
+            "bytes_in": 0,
+            "bytes_out": 0,
+        }
+
+    @property
+    def machine(self) -> RelayMachine:
+        return self._machine
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        verify = self.section.verify_on_start
+        for manifest in await trio.to_thread.run_sync(self.store.manifests):
+            present = await trio.to_thread.run_sync(
+                lambda m=manifest: self.store.present(m, verify=verify)
+            )
+            self._restored.append((manifest, present))
+        self.streams.install()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for manifest, present in self._restored:
+                await self.ctx.submit(self.name, Restore(manifest, present))
+            self._restored.clear()
+            task_status.started()
+            await trio.sleep_forever()
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run ``fn(*args)`` in the service's nursery; a failure is logged, never fatal."""
+        if self._nursery is None:
+            raise RuntimeError("the relay service is not running")
+        self._nursery.start_soon(self._guard, fn, args)
+
+    async def _guard(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
+        try:
+            await fn(*args)
+        except Exception:
+            self.ctx.log.exception("relay.task_failed", task=getattr(fn, "__name__", str(fn)))
+
+    async def submit(self, event: object) -> None:
+        await self.ctx.submit(self.name, event)
+
+    # ------------------------------------------------------------ effects
+
+    async def perform(self, effect: object) -> None:
+        if isinstance(effect, RequestChunk):
+            self.streams.request(effect.peer, effect.manifest_id, effect.index)
+        elif isinstance(effect, ServeChunk):
+            self.streams.serve(effect.peer, effect.manifest_id, effect.index, None)
+        elif isinstance(effect, RefuseChunk):
+            self.streams.serve(effect.peer, effect.manifest_id, effect.index, effect.status)
+        elif isinstance(effect, StoreChunk):
+            self._store_chunk(effect)
+        elif isinstance(effect, DiscardChunk):
+            writer = self.pending.pop((effect.peer, effect.manifest_id, effect.index), None)
+            if writer is not None:
+                writer.abort()
+        elif isinstance(effect, PrepareVersion):
+            self.spawn(self._prepare, effect.manifest)
+        elif isinstance(effect, VersionComplete):
+            self.streams.close_version(effect.manifest.id)
+            self.spawn(self._completed_version, effect.manifest)
+        elif isinstance(effect, DropVersion):
+            self.streams.close_version(effect.manifest_id)
+            self.store.drop_manifest(effect.manifest_id)
+            self.spawn(trio.to_thread.run_sync, self.store.collect)
+        elif isinstance(effect, AttestBadChunk):
+            self.counters["bad_chunks"] += 1
+            self.spawn(self._attest, effect.peer, effect.manifest_id,
+                       AttestationKind.RELAY_BAD_CHUNK, effect.got, effect.index)
+            self.ctx.log.warning(
+                "relay.bad_chunk",
+                peer=effect.peer,
+                index=effect.index,
+                manifest=effect.manifest_id.hex(),
+                expected=effect.expected.hex(),
+                got=effect.got.hex(),
+            )
+        else:
+            raise NotImplementedError(f"relay cannot perform {type(effect).__name__}")
+
+    def _store_chunk(self, effect: StoreChunk) -> None:
+        writer = self.pending.pop((effect.peer, effect.manifest_id, effect.index), None)
+        t = self._machine.transfers.get(effect.manifest_id)
+        if writer is None or t is None:
+            return
+        try:
+            writer.commit(t.manifest.chunk_hashes[effect.index])
+        except (ChunkStoreError, OSError) as exc:  # disk trouble: fetch it again later
+            self.ctx.log.error("relay.store_failed", index=effect.index, error=str(exc))
+            return
+        self.counters["chunks_in"] += 1
+        self.counters["bytes_in"] += writer.size
+        served = self._served.setdefault(effect.manifest_id, {})
+        served[effect.peer] = served.get(effect.peer, 0) + 1
+
+    async def _prepare(self, manifest: Manifest) -> None:
+        await trio.to_thread.run_sync(self.store.save_manifest, manifest)
+        present = await trio.to_thread.run_sync(self.store.present, manifest)
+        await self.submit(VersionPrepared(manifest.id, present))
+
+    async def _attest(self, subject: str, object_id: bytes, kind: AttestationKind,
+                      evidence: bytes = b"", amount: int = 0) -> None:
+        """Record what a relay peer did for us in the ledger (signed, gossiped)."""
+        ledger = self.ctx.services.get("ledger")
+        if ledger is None or subject == self.ctx.identity.peer_id:
+            return
+        await ledger.attest(subject, object_id, kind, evidence_hash=evidence, amount=amount)
+
+    async def _completed_version(self, manifest: Manifest) -> None:
+        for peer, count in sorted(self._served.pop(manifest.id, {}).items()):
+            await self._attest(peer, manifest.id, AttestationKind.RELAY_SERVED, amount=count)
+        self._completed.set()
+        self._completed = trio.Event()
+        for callback in list(self._callbacks):
+            try:
+                result = callback(manifest)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                self.ctx.log.exception("relay.callback_failed", name=manifest.name)
+
+    # ------------------------------------------------------------ public API
+
+    def on_version_complete(self, callback: VersionCallback) -> None:
+        """Call ``callback(manifest)`` whenever a version completes here (the hot-swap hook)."""
+        self._callbacks.append(callback)
+
+    def latest(self, name: str, signer: str | None = None) -> Manifest | None:
+        return self._machine.latest_complete(name, signer)
+
+    def complete_version(self, name: str, version: int) -> Manifest | None:
+        for t in self._machine.transfers.values():
+            m = t.manifest
+            if m.name == name and m.version == version and t.state is TransferState.COMPLETE:
+                return m
+        return None
+
+    async def wait_version(
+        self, name: str, version: int | None = None, signer: str | None = None
+    ) -> Manifest:
+        """Wait (bound it with a cancel scope) until ``name`` (>= ``version``) is complete."""
+        while True:
+            m = self.latest(name, signer)
+            if m is not None and (version is None or m.version >= version):
+                return m
+            await self._completed.wait()
+
+    async def publish(
+        self,
+        path: Path,
+        name: str,
+        *,
+        version: int | None = None,
+        format: ArtifactFormat = ArtifactFormat.RAW,
+        chunk_size: int | None = None,
+        recipients: list[str] | None = None,
+    ) -> Manifest:
+        """Chunk ``path`` into the store, sign a manifest for the connected peers, relay it."""
+        size = chunk_size or self.section.chunk_size
+        hashes, total = await trio.to_thread.run_sync(self.store.import_file, Path(path), size)
+        me = self.ctx.identity.peer_id
+        if version is None:
+            version = self._machine.latest_version((me, name)) + 1
+        peers = recipients if recipients is not None else self.ctx.transport.connected_peers()
+        body = make_body(
+            name=name,
+            version=version,
+            chunk_size=size,
+            chunk_hashes=hashes,
+            total_size=total,
+            format=format,
+            publisher_upload_bps=self.section.upload_bps,
+            recipients=[(p, 0) for p in sorted(peers)],
+        )
+        manifest = sign_manifest(self.ctx.identity, body)
+        await trio.to_thread.run_sync(self.store.save_manifest, manifest)
+        await self.submit(PublishVersion(manifest))
+        return manifest
+
+    def set_upload(self, *, limit_bps: int, advertised_bps: int = 0) -> None:
+        """Change the uplink cap and the advertised upload at run time (benchmarks)."""
+        if limit_bps < 0 or advertised_bps < 0:
+            raise ValueError("bandwidths must not be negative")
+        self.section = replace(self.section, upload_limit_bps=limit_bps, upload_bps=advertised_bps)
+        self.streams.limiter.bps = limit_bps
+
+    async def fetch(self, name: str, signer: str | None = None) -> None:
+        await self.submit(FetchVersion(name, signer))
+
+    async def export(self, manifest: Manifest, out: Path) -> None:
+        await trio.to_thread.run_sync(self.store.export, manifest, Path(out))
+
+    def status(self) -> dict[str, Any]:
+        me = self.ctx.identity.peer_id
+        versions = []
+        for t in self._machine.transfers.values():
+            m = t.manifest
+            versions.append(
+                {
+                    "id": m.id.hex(),
+                    "name": m.name,
+                    "version": m.version,
+                    "signer": m.signer,
+                    "format": m.body.format.value,
+                    "state": t.state.value,
+                    "total_size": m.body.total_size,
+                    "chunk_size": m.body.chunk_size,
+                    "chunks": m.chunks,
+                    "held": t.have_count,
+                    "source": t.source,
+                    "parent": t.plan.parent.get(me),
+                    "children": list(t.plan.children.get(me, ())),
+                    "plan_depth": t.plan.max_depth,
+                    "plan_rate_bps": round(t.plan.rate_bps),
+                    "served": dict(t.served),
+                    "peers": dict(t.progress),
+                    "failed_sources": sorted(t.failed),
+                }
+            )
+        versions.sort(key=lambda v: (v["name"], v["version"]))
+        return {
+            "versions": versions,
+            **self.counters,
+            **self.streams.status(),
+            "upload_limit_bps": self.section.upload_limit_bps,
+        }
+
+    def routes(self) -> list[Any]:
+        from node.relay.api import relay_routes
+
+        return relay_routes(self)

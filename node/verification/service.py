@@ -1,0 +1,311 @@
+"""Commitment-based verification in the daemon: the verifier role and the message routing.
+
+* ``[verify] enabled = true`` makes this node's requester a ``protocol.verification.requester.
+  VerifiedAuction`` and its executor a ``VerifiedExecutor`` (node/market/requester.py and
+  node/market/executor.py build their machines with :func:`requester_machine` and
+  :func:`executor_machine`). Enable it on every node of a network: a verifying requester
+  refuses uncommitted results, and a verifying executor waits ``terms_grace_ms`` for Terms.
+* This service owns the verification messages (tags 70-79). Its machine (:class:`VerifyRouter`)
+  forwards ``Terms`` / ``RevealRequest`` to the executor machine and ``Commit`` / ``Reveal`` /
+  ``Verdict`` to the tasks machine (``Forward`` effects, performed with ``ctx.submit``), and
+  runs the verifier role (``protocol.verification.verifier.Verifier``) on ``CheckRequest``.
+* The verifier role (``[verify] verifier = true``, needs the model) re-runs checks with
+  node/verification/checks.py in a worker thread (``trio.to_thread``); the machine's ledger
+  attestations (verdicts) go to the ledger service, so ``symphony ledger attestations`` lists
+  them. Verifier candidates for a requester are ledger peers advertising the verifier role
+  with a model offer whose weights hash is the result's model hash.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import trio
+
+from node.service import NodeContext, Service
+from protocol.market.auction import Auction, AuctionConfig
+from protocol.market.executor import Executor, ExecutorConfig
+from protocol.ledger.events import Attest as LedgerAttest
+from protocol.ledger.records import Role
+from protocol.machine import Effect, Received
+from protocol.market.selection import Selector
+from protocol.verification.requester import VerifiedAuction
+from protocol.verification.executor import VerifiedExecutor
+from protocol.verification.messages import (
+    CheckRequest,
+    Commit,
+    Reveal,
+    RevealRequest,
+    Terms,
+    Verdict,
+)
+from protocol.verification.rules import ledger_convicted
+from protocol.verification.state import VerifyConfig
+from protocol.verification.verifier import (
+    CancelCheck,
+    CheckDone,
+    CheckFailed,
+    StartCheck,
+    Verifier,
+    VerifierConfig,
+)
+
+_V = VerifyConfig()
+MAX_FAILURE_TEXT = 120
+#: how long a node-side executor waits for a requester's Terms before a plain Result
+TERMS_GRACE_MS = 500
+
+
+@dataclass(frozen=True)
+class VerifySection:
+    """Tunables of verification (``[verify]`` in node.toml); see protocol/verification/requester.py."""
+
+    #: commit/reveal and sampled checks for this node's tasks and executions
+    enabled: bool = False
+    sample_rate: float = _V.sample_rate
+    verifiers: int = _V.verifiers
+    panel: int = _V.panel
+    max_escalations: int = _V.max_escalations
+    chunks_per_check: int = _V.chunks_per_check
+    commit_window_ms: int = _V.commit_window_ms
+    reveal_ms: int = _V.reveal_ms
+    check_timeout_ms: int = _V.check_timeout_ms
+    exclusion_ms: int = _V.exclusion_ms
+    require_fingerprints: bool = _V.require_fingerprints
+    #: serve the verifier role (re-run others' checks); needs the model below
+    verifier: bool = True
+    #: model for checks: registry name, .gguf path or HF dir ("" = the default model)
+    model: str = ""
+    #: checks computed at once (more wait in a queue)
+    slots: int = 1
+
+    def __post_init__(self) -> None:
+        self.verify_config()  # raises ValueError for bad values
+        if self.slots < 1:
+            raise ValueError("slots must be >= 1")
+
+    def verify_config(self) -> VerifyConfig:
+        return VerifyConfig(
+            sample_rate=self.sample_rate, verifiers=self.verifiers, panel=self.panel,
+            max_escalations=self.max_escalations, chunks_per_check=self.chunks_per_check,
+            commit_window_ms=self.commit_window_ms, reveal_ms=self.reveal_ms,
+            check_timeout_ms=self.check_timeout_ms, exclusion_ms=self.exclusion_ms,
+            require_fingerprints=self.require_fingerprints)
+
+
+def _section(ctx: NodeContext) -> VerifySection | None:
+    try:
+        section = ctx.config.section(VerifyService.name)
+    except (KeyError, AttributeError):
+        return None
+    return section if isinstance(section, VerifySection) else None
+
+
+def ledger_verifiers(ctx: NodeContext, model_hash: bytes, now: int) -> list[str]:
+    """Peers the ledger shows with the verifier role and a model of weights ``model_hash``."""
+    ledger = ctx.services.get("ledger")
+    if ledger is None or not hasattr(ledger, "find_peers"):
+        return []
+    return [m.peer_id for m in ledger.find_peers(role=Role.VERIFIER)
+            if any(o.weights_hash == model_hash for o in m.record.models)]
+
+
+def ledger_excluded(ctx: NodeContext, window_ms: int, peer: str, now: int) -> bool:
+    """Peers the ledger shows convicted by others (verification_rules.ledger_convicted)."""
+    ledger = ctx.services.get("ledger")
+    view = getattr(getattr(ledger, "machine", None), "view", None)
+    if view is None:
+        return False
+    return ledger_convicted(view, peer, ctx.clock(), window_ms)
+
+
+def requester_machine(ctx: NodeContext, selector: Selector, config: AuctionConfig,
+                      reputation: Any) -> Auction:
+    """The tasks service's machine: a VerifiedAuction when verification is enabled."""
+    section = _section(ctx)
+    if section is None or not section.enabled:
+        return Auction(ctx.identity, selector, ctx.rng, config, reputation)
+    return VerifiedAuction(ctx.identity, selector, ctx.rng, config, reputation,
+                           verify=section.verify_config(),
+                           verifier_candidates=functools.partial(ledger_verifiers, ctx),
+                           excluded=functools.partial(ledger_excluded, ctx,
+                                                      section.exclusion_ms))
+
+
+def executor_machine(ctx: NodeContext, config: ExecutorConfig) -> Executor:
+    """The executor service's machine: a VerifiedExecutor when verification is enabled."""
+    section = _section(ctx)
+    if section is None or not section.enabled:
+        return Executor(ctx.identity, config)
+    return VerifiedExecutor(ctx.identity, config, ctx.rng, terms_grace_ms=TERMS_GRACE_MS)
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Hand ``event`` to service ``service``'s machine."""
+
+    service: str
+    event: object
+
+
+class VerifyRouter:
+    """This service's machine: routing plus the verifier role (None when not a verifier)."""
+
+    def __init__(self, verifier: Verifier | None) -> None:
+        self.verifier = verifier
+
+    def handle(self, event: object, now: int) -> list[Effect]:
+        if isinstance(event, Received):
+            msg = event.message
+            if isinstance(msg, (Terms, RevealRequest)):
+                return [Forward("executor", event)]
+            if isinstance(msg, (Commit, Reveal, Verdict)):
+                return [Forward("tasks", event)]
+            if not isinstance(msg, CheckRequest) or self.verifier is None:
+                return []
+        if self.verifier is None:
+            return []
+        return self.verifier.handle(event, now)
+
+    def next_deadline(self) -> int | None:
+        return self.verifier.next_deadline() if self.verifier is not None else None
+
+
+class VerifyService(Service):
+    name: ClassVar[str] = "verify"
+    message_types = (Terms, Commit, RevealRequest, Reveal, CheckRequest, Verdict)
+    config_section = VerifySection
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.section: VerifySection = ctx.config.section(self.name)
+        self._machine = VerifyRouter(None)
+        self.runner: Any = None
+        self.problem = ""
+        self._scopes: dict[bytes, trio.CancelScope] = {}
+        self._nursery: trio.Nursery | None = None
+        self.checked = 0
+
+    @property
+    def machine(self) -> VerifyRouter:
+        return self._machine
+
+    async def start(self) -> None:
+        if self.section.enabled:  # an executor here keeps layer states: serve them
+            try:
+                from models.solver import STATES_DIR
+                from node.verification.state_store import StateStore
+                from node.verification.state_streams import serve_states, states_protocol
+            except ImportError as exc:  # installed without the models extra: no states here
+                self.ctx.log.warning("verify.no_states", error=str(exc))
+            else:
+                store = StateStore(self.ctx.data_dir / STATES_DIR)
+                self.ctx.transport.set_stream_handler(states_protocol(self.ctx.network_id),
+                                                      serve_states(store))
+        if not (self.section.enabled and self.section.verifier):
+            self.problem = "verification off ([verify] enabled / verifier)"
+            return
+        from node.verification.checks import CheckRunner
+
+        try:
+            self.runner = await trio.to_thread.run_sync(CheckRunner.load, self.section.model)
+        except Exception as exc:  # no model here: route messages, verify nothing
+            self.problem = f"no model for checks: {exc}"[:200]
+            self.ctx.log.warning("verify.no_model", error=str(exc))
+            return
+        self._machine.verifier = Verifier(self.ctx.identity, VerifierConfig(
+            model_hashes=frozenset({self.runner.model_hash}), slots=self.section.slots))
+        self.ctx.log.info("verify.ready", model_hash=self.runner.model_hash.hex())
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def perform(self, effect: object) -> None:
+        if isinstance(effect, Forward):
+            if effect.service in self.ctx.services:
+                await self.ctx.submit(effect.service, effect.event)
+        elif isinstance(effect, LedgerAttest):
+            await submit_attestation(self.ctx, effect)
+        elif isinstance(effect, StartCheck):
+            if self._nursery is None or self.runner is None:
+                await self.ctx.submit(self.name, CheckFailed(effect.check_id, "no checker"))
+                return
+            scope = trio.CancelScope()
+            self._scopes[effect.check_id] = scope
+            self._nursery.start_soon(self._check, effect, scope)
+        elif isinstance(effect, CancelCheck):
+            scope = self._scopes.pop(effect.check_id, None)
+            if scope is not None:
+                scope.cancel()
+        else:
+            await super().perform(effect)
+
+    async def _check(self, job: StartCheck, scope: trio.CancelScope) -> None:
+        event: object
+        with scope:
+            try:
+                if job.states_root:
+                    event = await self._check_layers(job)
+                else:
+                    event = await trio.to_thread.run_sync(self.runner.run, job,
+                                                          abandon_on_cancel=True)
+                self.checked += 1
+            except Exception as exc:
+                self.ctx.log.exception("verify.check_failed", check_id=job.check_id.hex())
+                event = CheckFailed(job.check_id, f"{type(exc).__name__}: {exc}"
+                                    [:MAX_FAILURE_TEXT])
+        self._scopes.pop(job.check_id, None)
+        if not scope.cancelled_caught:
+            await self.ctx.submit(self.name, event)
+
+    async def _check_layers(self, job: StartCheck) -> object:
+        """Fetch the sampled leaves of the executor's layer states, then re-run the layers.
+
+        A leaf that is missing, malformed or not under the committed root fails the check
+        (the executor committed to it); an executor that cannot be reached at all is a
+        declined check (the requester asks another verifier)."""
+        from node.verification.state_streams import BadStates, StatesUnavailable, fetch_leaves, states_protocol
+        from node.verification.checks import LayerJob
+
+        prep = await trio.to_thread.run_sync(self.runner.prepare, job, abandon_on_cancel=True)
+        if not isinstance(prep, LayerJob):
+            return prep  # the binding checks already failed
+        try:
+            fetched = await fetch_leaves(
+                self.ctx.transport, states_protocol(self.ctx.network_id), job.executor,
+                job.task.task_id, job.states_root, job.state_layers, prep.plan.total_tokens,
+                prep.wanted)
+        except BadStates as exc:
+            return CheckDone(job.check_id, False, f"layer states: {exc}"[:MAX_FAILURE_TEXT])
+        except StatesUnavailable as exc:
+            return CheckFailed(job.check_id, f"executor unreachable: {exc}"[:MAX_FAILURE_TEXT])
+        return await trio.to_thread.run_sync(self.runner.run_layers, job, prep, fetched,
+                                             abandon_on_cancel=True)
+
+    def status(self) -> dict[str, Any]:
+        v = self._machine.verifier
+        return {"enabled": self.section.enabled, "verifier": v is not None,
+                "problem": self.problem, "checked": self.checked,
+                "sample_rate": self.section.sample_rate,
+                "counters": dict(sorted(v.counters.items())) if v is not None else {}}
+
+
+async def perform_verification_effect(ctx: NodeContext, effect: object) -> bool:
+    """Perform an effect the VerifiedAuction adds to the auction's; False if not one of them."""
+    if isinstance(effect, LedgerAttest):
+        await submit_attestation(ctx, effect)
+        return True
+    return False
+
+
+async def submit_attestation(ctx: NodeContext, effect: LedgerAttest) -> None:
+    """A verification attestation (verdict, conviction, contradiction) into the ledger."""
+    ctx.log.info("verify.attest", subject=effect.subject, kind=effect.kind.value,
+                 object_id=effect.object_id.hex(), outcome=effect.outcome)
+    if "ledger" in ctx.services:
+        await ctx.submit("ledger", effect)

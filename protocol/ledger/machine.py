@@ -1,0 +1,596 @@
+"""The gossip ledger machine (sans-IO): publish, merge, anti-entropy, rate limits, rejections.
+
+Contract
+--------
+* Local events: ``SetCapability(spec)`` / ``SetLoad`` publish this node's signed record (seq =
+  max(previous + 1, now), so a node that lost its data dir still moves forward), coalesced to
+  one record per ``min_republish_ms`` and re-signed every ``refresh_ms``; ``Attest(...)`` signs,
+  stores and publishes an attestation. Both go out as a ``LedgerPush`` on ``LEDGER_TOPIC``.
+* Every received record and attestation is checked (protocol/ledger/records.py) and merged into
+  the CRDT (protocol/ledger/state.py). A refused item is counted per peer and reason; each
+  message's refusals become one ``Penalize`` per reason (the driver disconnects over its
+  threshold). Peer data never raises out of ``handle``.
+* Anti-entropy: on ``PeerConnected`` and every ``anti_entropy_ms`` (to ``sync_fanout`` random
+  peers) we send a ``LedgerDigest``. A receiver that sees what it lacks pulls with
+  ``LedgerSyncRequest`` in bounded batches; the holder answers with ``LedgerPush(reply=True,
+  more=...)``. A receiver that sees the sender may lack something answers once with its own
+  digest (``reply=True``, never answered). One pull per peer, ``max_concurrent_syncs`` at once,
+  each bounded by ``sync_timeout_ms`` per round and ``max_sync_rounds``.
+* Unsolicited attestations (gossip) are rate limited per sending peer; digests and requests
+  too. Replies are accepted only for a request we have outstanding to that peer.
+* Effects beyond protocol/machine.py: ``StoreCapability``, ``StoreAttestation``,
+  ``ForgetCapabilities``, ``ForgetAttestations`` (the driver persists them).
+* Queries: ``machine.view`` (protocol/ledger/view.py: ``find_peers``, ``reputation``,
+  ``attestations``, ``capability``, ``digest_hash``) and ``status(now)``.
+* ``restore`` re-verifies stored envelopes at start-up and names those that no longer pass.
+
+Time: records carry Unix epoch milliseconds (they cross machines). Every ``now`` given to the
+machine and its view is the driver's clock; ``clock_offset_ms`` maps it to the epoch (the daemon
+passes wall-clock minus its monotonic clock at start; the simulator and tests pass 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from random import Random
+
+from crypto.envelope import Envelope, EnvelopeError
+from crypto.keys import Identity
+from protocol.codec import Message, decode, encode
+from protocol.errors import InvalidMessage, LocalProtocolError
+from protocol.ledger.events import (
+    Attest,
+    CapabilitySpec,
+    ForgetAttestations,
+    ForgetCapabilities,
+    LedgerConfig,
+    SetCapability,
+    SetLoad,
+    StoreAttestation,
+    StoreCapability,
+)
+from protocol.ledger.records import (
+    ATTESTATION_DOMAIN,
+    CAPABILITY_DOMAIN,
+    LEDGER_TOPIC,
+    PENALTY_POINTS,
+    Attestation,
+    CapabilityRecord,
+    LedgerDigest,
+    LedgerPush,
+    LedgerSyncRequest,
+    Rejected,
+    Rejection,
+    check_attestation,
+    check_capability,
+    envelope_hash,
+    open_attestation,
+    open_capability,
+)
+from protocol.ledger.state import LedgerState
+from protocol.ledger.sync import SyncSessions, build_reply
+from protocol.ledger.view import LedgerView
+from protocol.machine import (
+    Effect,
+    Emit,
+    Event,
+    PeerConnected,
+    PeerDisconnected,
+    Penalize,
+    Publish,
+    Received,
+    Send,
+    SendFailed,
+    Tick,
+)
+
+__all__ = [
+    "Attest",
+    "CapabilitySpec",
+    "ForgetAttestations",
+    "ForgetCapabilities",
+    "LedgerConfig",
+    "LedgerMachine",
+    "RestoreReport",
+    "SetCapability",
+    "SetLoad",
+    "StoreAttestation",
+    "StoreCapability",
+]
+
+#: a message's penalty points per reason are capped at this (one bad batch is one offence)
+MAX_PENALTY_PER_MESSAGE = 100
+#: peers whose rejection counts are tracked separately; beyond, they pool under OTHER_PEERS
+MAX_TRACKED_PEERS = 4096
+OTHER_PEERS = "*"
+
+
+@dataclass(slots=True)
+class _RateLimiter:
+    """Token bucket per peer: ``per_minute`` tokens a minute, bursts up to ``per_minute``."""
+
+    per_minute: int
+    buckets: dict[str, tuple[float, int]] = field(default_factory=dict)
+
+    def take(self, peer: str, now_ms: int) -> bool:
+        buckets = self.buckets
+        per_minute = self.per_minute
+        held = buckets.get(peer)
+        if held is None:
+            tokens = float(per_minute)
+        else:
+            tokens = held[0] + (now_ms - held[1]) * per_minute / 60_000
+            if tokens > per_minute:
+                tokens = float(per_minute)
+        if len(buckets) > MAX_TRACKED_PEERS:
+            buckets.clear()  # a crowd of peers: forget history rather than grow
+        if tokens < 1.0:
+            buckets[peer] = (tokens, now_ms)
+            return False
+        buckets[peer] = (tokens - 1.0, now_ms)
+        return True
+
+
+def _count(counts: dict[Rejection, int], reason: Rejection) -> None:
+    counts[reason] = counts.get(reason, 0) + 1
+
+
+class LedgerMachine:
+    def __init__(
+        self,
+        identity: Identity,
+        network_id: str,
+        rng: Random,
+        config: LedgerConfig | None = None,
+        *,
+        clock_offset_ms: int = 0,
+    ) -> None:
+        config = config if config is not None else LedgerConfig()
+        self.identity = identity
+        self.peer_id = identity.peer_id
+        self.network_id = network_id
+        self.config = config
+        self.rng = rng
+        self.state = LedgerState(
+            observer_quota=config.observer_quota,
+            max_records=config.max_records,
+            max_attestations=config.max_attestations,
+            tombstone_ms=config.max_record_ttl_ms,
+        )
+        self.sync = SyncSessions(self.state, config)
+        self.clock_offset_ms = clock_offset_ms
+        self.view = LedgerView(self.state, self.peer_id, clock_offset_ms)
+        self._stats: Counter[str] = Counter()
+        #: stats["items_accepted"], kept apart (bumped on every delivery; None: never)
+        self._accepted: int | None = None
+        self._rejections: dict[str, Counter[str]] = {}
+        self._spec: CapabilitySpec | None = None
+        self._own_seq = 0
+        self._published_at: int | None = None
+        self._dirty = False
+        self._connected: set[str] = set()
+        self._next_anti_entropy: int | None = None
+        self._signers: dict[bytes, str] = {}
+        self._attestation_ttl_ms = config.max_attestation_ttl_ms
+        self._skew_ms = config.clock_skew_ms
+        self._limits = {
+            "attestation": _RateLimiter(config.attestation_rate_per_minute),
+            "digest": _RateLimiter(config.digest_rate_per_minute),
+            "request": _RateLimiter(config.request_rate_per_minute),
+        }
+        self._attestation_limiter = self._limits["attestation"]
+
+    @property
+    def stats(self) -> Counter[str]:
+        """What this machine did: bytes and messages sent, items accepted, rejections."""
+        if self._accepted is not None:
+            self._stats["items_accepted"] = self._accepted
+        return self._stats
+
+    # ------------------------------------------------------------ machine contract
+
+    def handle(self, event: Event, now: int) -> list[Effect]:
+        now += self.clock_offset_ms
+        if self._next_anti_entropy is None:
+            self._next_anti_entropy = now + self.config.anti_entropy_ms
+        if type(event) is Received:  # the common case first
+            if event.topic is not None:  # gossip: never answered by a Send or Publish
+                return self._on_gossip(event.peer, event.message, now)
+            effects = self._on_received(event.peer, event.message, None, now)
+        else:
+            effects = self._dispatch(event, now)
+        for effect in effects:
+            if isinstance(effect, (Send, Publish)):
+                self._stats["bytes_sent"] += len(encode(effect.message))
+                self._stats["messages_sent"] += 1
+        return effects
+
+    def next_deadline(self) -> int | None:
+        soonest = self.state.next_expiry()
+        if self.sync.sessions:  # (asked after every delivery: skip the call when idle)
+            t = self.sync.next_deadline()
+            if t is not None and (soonest is None or t < soonest):
+                soonest = t
+        if self._spec is not None and self._published_at is not None:
+            t = self._published_at + (
+                self.config.min_republish_ms if self._dirty else self.config.refresh_ms
+            )
+            if self._dirty:  # the sooner of the two (both configurable)
+                t = min(t, self._published_at + self.config.refresh_ms)
+            if soonest is None or t < soonest:
+                soonest = t
+        if self._connected:
+            t = self._next_anti_entropy
+            if t is not None and (soonest is None or t < soonest):
+                soonest = t
+        return None if soonest is None else soonest - self.clock_offset_ms
+
+    def _dispatch(self, event: Event, now: int) -> list[Effect]:
+        if isinstance(event, Tick):
+            return self._on_tick(now)
+        if isinstance(event, Received):
+            return self._on_received(event.peer, event.message, event.topic, now)
+        if isinstance(event, PeerConnected):
+            self._connected.add(event.peer)
+            return [self.sync.send_digest(event.peer, now, reply=False)]
+        if isinstance(event, PeerDisconnected):
+            self._connected.discard(event.peer)
+            return self.sync.drop(event.peer, now)
+        if isinstance(event, SendFailed):
+            if isinstance(event.message, LedgerSyncRequest):
+                return self.sync.drop(event.peer, now)
+            return []
+        if isinstance(event, SetCapability):
+            self._check_spec(event.spec)
+            self._spec = event.spec
+            return self._maybe_publish_record(now, changed=True)
+        if isinstance(event, SetLoad):
+            if self._spec is None:
+                raise LocalProtocolError("SetLoad before SetCapability")
+            new = dataclasses.replace(self._spec, free_slots=event.free_slots, load=event.load)
+            self._check_spec(new)
+            changed, self._spec = new != self._spec, new
+            return self._maybe_publish_record(now, changed=changed)
+        if isinstance(event, Attest):
+            return self._attest(event, now)
+        raise LocalProtocolError(f"the ledger machine does not handle {type(event).__name__}")
+
+    # ------------------------------------------------------------ our own records
+
+    def _record_from(self, spec: CapabilitySpec, seq: int, now: int) -> CapabilityRecord:
+        ttl = min(self.config.record_ttl_ms, self.config.max_record_ttl_ms)
+        return CapabilityRecord(
+            network_id=self.network_id,
+            peer_id=self.peer_id,
+            seq=seq,
+            issued_at_ms=now,
+            expires_at_ms=now + ttl,
+            **{f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)},
+        )
+
+    @staticmethod
+    def _checked(msg: Message) -> bytes:
+        """Canonical bytes of our own payload, refused if peers would refuse it."""
+        payload = encode(msg)
+        try:
+            decode(payload, type(msg))
+        except InvalidMessage as exc:
+            raise LocalProtocolError(f"invalid {type(msg).__name__}: {exc}") from None
+        return payload
+
+    def _check_spec(self, spec: CapabilitySpec) -> None:
+        self._checked(self._record_from(spec, 0, 0))
+
+    def _maybe_publish_record(self, now: int, *, changed: bool) -> list[Effect]:
+        """Publish if our record changed (at most once per min_republish_ms) or is due."""
+        self._dirty = self._dirty or changed
+        if self._spec is None:
+            return []
+        last = self._published_at
+        if (
+            last is None
+            or now >= last + self.config.refresh_ms
+            or (self._dirty and now >= last + self.config.min_republish_ms)
+        ):
+            return self._publish_record(self._spec, now)
+        return []
+
+    def _publish_record(self, spec: CapabilitySpec, now: int) -> list[Effect]:
+        self._own_seq = max(self._own_seq + 1, now)
+        record = self._record_from(spec, self._own_seq, now)
+        envelope = Envelope.sign(self.identity, CAPABILITY_DOMAIN, self._checked(record))
+        self.state.merge_record(envelope, record, envelope.content_hash, now)
+        self._published_at = now
+        self._dirty = False
+        push = LedgerPush(records=(envelope,), attestations=(), reply=False, more=False)
+        return [StoreCapability(envelope, record), Publish(LEDGER_TOPIC, push)]
+
+    def _attest(self, cmd: Attest, now: int) -> list[Effect]:
+        if cmd.subject == self.peer_id:
+            raise LocalProtocolError("a node may not attest itself")
+        att = Attestation(
+            network_id=self.network_id,
+            subject=cmd.subject,
+            object_id=cmd.object_id,
+            kind=cmd.kind,
+            outcome=cmd.outcome,
+            evidence_hash=cmd.evidence_hash,
+            amount=cmd.amount,
+            observed_at_ms=now,
+            expires_at_ms=now
+            + min(self.config.attestation_ttl_ms, self.config.max_attestation_ttl_ms),
+        )
+        envelope = Envelope.sign(self.identity, ATTESTATION_DOMAIN, self._checked(att))
+        h = envelope.content_hash
+        try:
+            new, evicted = self.state.merge_attestation(envelope, att, self.peer_id, h)
+        except Rejected as exc:
+            return [Emit("attestation_dropped", {"reason": exc.reason.value, "level": "warning"})]
+        push = LedgerPush(records=(), attestations=(envelope,), reply=False, more=False)
+        effects: list[Effect] = [StoreAttestation(envelope, att, h), Publish(LEDGER_TOPIC, push)]
+        if evicted:
+            effects.append(ForgetAttestations(tuple(evicted)))
+        return effects if new else []
+
+    # ------------------------------------------------------------ timers
+
+    def _on_tick(self, now: int) -> list[Effect]:
+        effects: list[Effect] = []
+        expiry = self.state.next_expiry()
+        if expiry is not None and expiry <= now:
+            peers, gone = self.state.prune(now)
+            if peers:
+                effects.append(ForgetCapabilities(tuple(peers)))
+            if gone:
+                effects.append(ForgetAttestations(tuple(h.hash for h in gone)))
+        effects += self._maybe_publish_record(now, changed=False)
+        effects += self.sync.on_tick(now)
+        if self._next_anti_entropy is not None and now >= self._next_anti_entropy:
+            self._next_anti_entropy = now + self.config.anti_entropy_ms
+            peers_now = sorted(self._connected)
+            for peer in self.rng.sample(peers_now, min(self.config.sync_fanout, len(peers_now))):
+                effects.append(self.sync.send_digest(peer, now, reply=False))
+        return effects
+
+    # ------------------------------------------------------------ received messages
+
+    def _on_gossip(self, peer: str, msg: Message, now: int) -> list[Effect]:
+        """A message on the ledger topic: an unsolicited push, merged item by item.
+
+        What comes back is only Store*, Forget*, Penalize and Emit (nothing is sent).
+        """
+        rejected: dict[Rejection, int] = {}
+        effects: list[Effect] = []
+        if not isinstance(msg, LedgerPush):
+            _count(rejected, Rejection.MALFORMED)  # only pushes travel by gossip
+        elif msg.reply:
+            _count(rejected, Rejection.UNSOLICITED)
+        elif len(msg.records) + len(msg.attestations) > self.config.max_gossip_items:
+            _count(rejected, Rejection.OVERSIZED)
+        else:
+            self._apply(peer, msg, now, False, effects, rejected)
+        if rejected:
+            effects += self._account(peer, rejected)
+        return effects
+
+    def _on_received(self, peer: str, msg: Message, topic: str | None, now: int) -> list[Effect]:
+        if topic is not None:
+            return self._on_gossip(peer, msg, now)
+        rejected: dict[Rejection, int] = {}
+        effects: list[Effect] = []
+        if isinstance(msg, LedgerPush):
+            solicited = msg.reply and self.sync.awaiting(peer)
+            if msg.reply and not solicited:
+                _count(rejected, Rejection.UNSOLICITED)
+            elif (
+                not solicited
+                and len(msg.records) + len(msg.attestations) > self.config.max_gossip_items
+            ):
+                _count(rejected, Rejection.OVERSIZED)
+            else:
+                _, refused = self._apply(peer, msg, now, solicited, effects, rejected)
+                if solicited:
+                    effects += self.sync.on_reply(peer, msg, refused, now)
+        elif isinstance(msg, LedgerDigest):
+            if self._limits["digest"].take(peer, now):
+                effects += self.sync.on_digest(peer, msg, now)
+            else:
+                _count(rejected, Rejection.RATE_LIMITED)
+        elif isinstance(msg, LedgerSyncRequest):
+            if self._limits["request"].take(peer, now):
+                effects.append(Send(peer, build_reply(self.state, msg, self.config, now)))
+            else:
+                _count(rejected, Rejection.RATE_LIMITED)
+        else:
+            raise LocalProtocolError(f"the ledger was routed a {type(msg).__name__}")
+        if rejected:
+            effects += self._account(peer, rejected)
+        return effects
+
+    def _signer(self, envelope: Envelope) -> str:
+        signer = self._signers.get(envelope.public_key)
+        if signer is None:
+            if len(self._signers) >= self.config.max_records:
+                self._signers.clear()
+            signer = self._signers[envelope.public_key] = envelope.signer
+        return signer
+
+    def _open_record(self, env: Envelope, now: int) -> CapabilityRecord:
+        return open_capability(
+            env,
+            network_id=self.network_id,
+            now_ms=now,
+            signer=self._signer(env),
+            max_ttl_ms=self.config.max_record_ttl_ms,
+            skew_ms=self.config.clock_skew_ms,
+        )
+
+    def _open_attestation(self, env: Envelope, now: int) -> Attestation:
+        return open_attestation(
+            env,
+            network_id=self.network_id,
+            now_ms=now,
+            signer=self._signer(env),
+            max_ttl_ms=self.config.max_attestation_ttl_ms,
+            skew_ms=self.config.clock_skew_ms,
+        )
+
+    def _apply(
+        self,
+        peer: str,
+        push: LedgerPush,
+        now: int,
+        solicited: bool,
+        effects: list[Effect],
+        rejected: dict[Rejection, int],
+    ) -> tuple[int, list[bytes]]:
+        """Merge a push: (new items, hashes of refused or evicted attestations)."""
+        new = 0
+        refused: list[bytes] = []
+        state = self.state
+        for env in push.records:
+            h = envelope_hash(env)
+            signer = self._signers.get(env.public_key) or self._signer(env)
+            held = state.records.get(signer)
+            if held is not None and held.hash == h:
+                continue
+            try:
+                rec = check_capability(
+                    env,
+                    self.network_id,
+                    now,
+                    signer,
+                    self.config.max_record_ttl_ms,
+                    self.config.clock_skew_ms,
+                )
+                if state.merge_record(env, rec, h, now):
+                    new += 1
+                    effects.append(tuple.__new__(StoreCapability, (env, rec)))  # (as below)
+                    if rec.peer_id == self.peer_id:  # ours from a previous life: move past it
+                        self._own_seq = max(self._own_seq, rec.seq)
+                        self._dirty = self._spec is not None
+            except Rejected as exc:
+                _count(rejected, exc.reason)
+        held_atts = state.attestations
+        limiter = self._attestation_limiter
+        signers = self._signers
+        for env in push.attestations:
+            h = envelope_hash(env)
+            if h in held_atts:
+                continue
+            if not solicited and not limiter.take(peer, now):
+                _count(rejected, Rejection.RATE_LIMITED)
+                continue
+            try:
+                signer = signers.get(env.public_key) or self._signer(env)
+                att = check_attestation(
+                    env, self.network_id, now, signer, self._attestation_ttl_ms, self._skew_ms
+                )
+                added, evicted = state.merge_attestation(env, att, signer, h)
+            except Rejected as exc:
+                _count(rejected, exc.reason)
+                refused.append(h)
+                continue
+            if added:
+                new += 1
+                # StoreAttestation(env, att, h), without the named tuple's slower __new__
+                effects.append(tuple.__new__(StoreAttestation, (env, att, h)))
+            if evicted:
+                refused.extend(evicted)
+                effects.append(ForgetAttestations(evicted))
+        accepted = self._accepted
+        self._accepted = new if accepted is None else accepted + new
+        return new, refused
+
+    def _account(self, peer: str, rejected: dict[Rejection, int]) -> list[Effect]:
+        if not rejected:
+            return []
+        key = (
+            peer
+            if peer in self._rejections or len(self._rejections) < MAX_TRACKED_PEERS
+            else OTHER_PEERS
+        )
+        counts = self._rejections.setdefault(key, Counter())
+        effects: list[Effect] = []
+        for reason, n in sorted(rejected.items(), key=lambda kv: kv[0].value):
+            counts[reason.value] += n
+            self._stats[f"rejected.{reason.value}"] += n
+            points = min(PENALTY_POINTS[reason] * n, MAX_PENALTY_PER_MESSAGE)
+            if points:
+                effects.append(Penalize(peer, f"ledger:{reason.value}", points))
+        effects.append(
+            Emit(
+                "rejected",
+                {"peer": peer, "level": "warning", **{r.value: n for r, n in rejected.items()}},
+            )
+        )
+        return effects
+
+    # ------------------------------------------------------------ storage and status
+
+    def restore(
+        self, records: Iterable[bytes], attestations: Iterable[bytes], now: int
+    ) -> RestoreReport:
+        """Re-verify and merge stored envelopes (the bytes as received); produces no effects.
+
+        Whatever no longer passes (expired, corrupt) is reported by its stored bytes, and what
+        the observer quota evicted by content hash, so the store can delete them.
+        """
+        report = RestoreReport()
+        now += self.clock_offset_ms
+        for data in records:
+            try:
+                env = Envelope.decode(data)
+                rec = self._open_record(env, now)
+                self.state.merge_record(env, rec, env.content_hash, now)
+            except (EnvelopeError, Rejected):
+                report.stale_records.append(data)
+                continue
+            report.records += 1
+            if rec.peer_id == self.peer_id:
+                self._own_seq = max(self._own_seq, rec.seq)
+        for data in attestations:
+            try:
+                env = Envelope.decode(data)
+                att = self._open_attestation(env, now)
+                h = env.content_hash
+                _, evicted = self.state.merge_attestation(env, att, self._signer(env), h)
+            except (EnvelopeError, Rejected):
+                report.stale_attestations.append(data)
+                continue
+            report.attestations += 1
+            report.evicted.extend(evicted)
+        return report
+
+    def rejections(self) -> dict[str, dict[str, int]]:
+        """Refusals per peer and reason (peers beyond MAX_TRACKED_PEERS pool under "*")."""
+        return {peer: dict(sorted(c.items())) for peer, c in sorted(self._rejections.items())}
+
+    def status(self, now: int) -> dict[str, object]:
+        own = self.state.records.get(self.peer_id)
+        epoch_now = now + self.clock_offset_ms
+        return {
+            "peer_id": self.peer_id,
+            "records": len(self.state.records),
+            "live_peers": sum(1 for _ in self.state.live_records(epoch_now)),
+            "attestations": len(self.state.attestations),
+            "own_seq": own.record.seq if own is not None else None,
+            "digest": self.view.digest_hash(now).hex(),
+            "syncing": {p: s.state.value for p, s in sorted(self.sync.sessions.items())},
+            "rejections": self.rejections(),
+            "stats": dict(sorted(self.stats.items())),
+        }
+
+
+@dataclass(slots=True)
+class RestoreReport:
+    records: int = 0
+    attestations: int = 0
+    #: stored envelope bytes that no longer pass
+    stale_records: list[bytes] = field(default_factory=list)
+    stale_attestations: list[bytes] = field(default_factory=list)
+    #: content hashes of attestations the observer quota evicted
+    evicted: list[bytes] = field(default_factory=list)

@@ -1,0 +1,367 @@
+"""The ledger's replicated state: a CRDT of capability records and attestations.
+
+Merge rules (each commutative, associative and idempotent, so the same records applied in any
+order, with duplicates, give the same state):
+
+* **Records**: per peer, keep the record with the greatest ``(seq, content_hash)``. A lower
+  one is a ``SEQ_REPLAY``; an equal seq with a smaller hash (the subject signed two records
+  with one seq) loses deterministically and is counted as a replay too. An expired record
+  stops counting (it leaves the digest and queries) but is kept as a tombstone until
+  ``expires_at + tombstone_ms``, so an older record cannot be replayed while it is still valid.
+* **Attestations**: a grow-only set keyed by envelope content hash, minus expired members.
+  Per observer and minute of ``observed_at`` at most ``observer_quota`` are kept: the ones with
+  the smallest hashes (a deterministic choice), so a flood from one identity is bounded the
+  same way on every node whatever order it arrives in.
+
+The summary (``bucket_summary``) groups attestation hashes by their first byte and hashes each
+bucket's sorted members, so two nodes find what differs by comparing 256 short hashes.
+Validation of signatures and fields happens before (protocol/ledger/records.py); this module
+only sees checked records and never raises for anything but ``Rejected``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+from crypto.envelope import Envelope
+from crypto.hashing import digest
+from protocol.ledger.records import (
+    BUCKETS,
+    MAX_DIGEST_RECORDS,
+    MAX_RECORD_TTL_MS,
+    PREFIX_LEN,
+    Attestation,
+    CapabilityRecord,
+    LedgerDigest,
+    RecordVersion,
+    Rejected,
+    Rejection,
+)
+
+MINUTE_MS = 60 * 1000
+_EMPTY_BUCKET = bytes(PREFIX_LEN)
+#: where bucket b starts in the sorted hashes
+_BUCKET_START = tuple(bytes([b]) for b in range(BUCKETS))
+#: hashes put in place one by one, up to this many at once; more are sorted in together
+_INSORT_MAX = 16
+_BUCKET_PERSON = b"symphony-bucket"
+_NEVER = 1 << 62
+_EMPTY_DIGEST = LedgerDigest(records=(), attestation_count=0, attestation_buckets=b"", reply=False)
+
+
+class HeldRecord(NamedTuple):
+    """One held record (a named tuple: made once per delivered record version)."""
+
+    envelope: Envelope
+    record: CapabilityRecord
+    hash: bytes
+    #: our clock when this version first arrived (local display only, not replicated)
+    received_at_ms: int
+
+    def live(self, now_ms: int) -> bool:
+        return self.record.expires_at_ms > now_ms
+
+
+class HeldAttestation(NamedTuple):
+    """One held attestation (a named tuple: a simulator holds millions, made per delivery)."""
+
+    envelope: Envelope
+    attestation: Attestation
+    observer: str
+    hash: bytes
+
+
+# Pure constructors of what a state holds: values of their arguments alone, never mutated,
+# so the simulator shares one result among its thousands of virtual nodes
+# (simulations/memo.py), as it shares the envelope checks.
+
+
+def held_attestation(
+    envelope: Envelope, att: Attestation, observer: str, h: bytes
+) -> HeldAttestation:
+    """``HeldAttestation(...)`` without the named tuple's Python-level ``__new__`` (twice as
+    slow, and this runs once per delivered attestation)."""
+    return tuple.__new__(HeldAttestation, (envelope, att, observer, h))
+
+
+def attestation_expiry(at_ms: int, h: bytes) -> tuple[int, bytes]:
+    """An entry of the attestations' expiry heap."""
+    return (at_ms, h)
+
+
+def record_expiry(at_ms: int, peer: str, h: bytes) -> tuple[int, str, bytes]:
+    """An entry of the records' expiry heap."""
+    return (at_ms, peer, h)
+
+
+def bucket_digest(members: bytes) -> bytes:
+    """The hash of one bucket of attestation hashes (their concatenation, sorted)."""
+    return digest(members, person=_BUCKET_PERSON)[:PREFIX_LEN]
+
+
+class LedgerState:
+    def __init__(
+        self,
+        *,
+        observer_quota: int = 240,
+        max_records: int = 10_000,
+        max_attestations: int = 200_000,
+        tombstone_ms: int = MAX_RECORD_TTL_MS,
+    ) -> None:
+        self.observer_quota = observer_quota
+        self.max_records = max_records
+        self.max_attestations = max_attestations
+        self.tombstone_ms = tombstone_ms
+        self.records: dict[str, HeldRecord] = {}
+        self.attestations: dict[bytes, HeldAttestation] = {}
+        self._by_subject: dict[str, set[bytes]] = {}
+        self._subject_version: dict[str, int] = {}
+        self._changes = 0
+        #: attestations merged but not yet indexed by subject (done when the index is read or
+        #: an attestation leaves, so the numbering is the same as if done at once; a node that
+        #: never asks about subjects, like most simulated ones, never pays for the index)
+        self._unindexed: list[HeldAttestation] = []
+        #: every attestation hash held, sorted: bucket b is the run whose first byte is b (one
+        #: list, not one per bucket: a simulator keeps this for each of thousands of nodes)
+        self._sorted: list[bytes] = []
+        #: hashes merged but not yet put in their bucket (done when buckets are looked at)
+        self._unbucketed: list[bytes] = []
+        self._summary: bytes | None = b""  # cached bucket_summary(); None: recompute
+        #: every bucket's hash, up to date but for ``_stale_buckets``
+        self._summary_buf = bytearray(_EMPTY_BUCKET * BUCKETS)
+        self._stale_buckets: set[int] = set()
+        #: cached digest(): (computed at, valid before, digest); None after any change
+        self._digest: tuple[int, int, LedgerDigest] | None = None
+        #: its record part alike, kept across attestation changes (records change seldom)
+        self._versions: tuple[int, int, tuple[RecordVersion, ...]] | None = None
+        self._quota: dict[tuple[str, int], list[bytes]] = {}  # sorted hashes
+        self._expiry: list[tuple[int, bytes]] = []  # heap of (expires_at, hash), lazy
+        self._record_expiry: list[tuple[int, str, bytes]] = []  # heap, lazy
+
+    # ------------------------------------------------------------ merge
+
+    def merge_record(
+        self, envelope: Envelope, record: CapabilityRecord, h: bytes, now_ms: int
+    ) -> bool:
+        """True if the record is new; False for a duplicate; ``Rejected`` if it loses."""
+        current = self.records.get(record.peer_id)
+        if current is not None:
+            if current.hash == h:
+                return False
+            if (record.seq, h) < (current.record.seq, current.hash):
+                raise Rejected(
+                    Rejection.SEQ_REPLAY, f"seq {record.seq} <= held {current.record.seq}"
+                )
+        elif len(self.records) >= self.max_records:
+            raise Rejected(Rejection.LEDGER_FULL, f"{len(self.records)} records held")
+        # HeldRecord(...) without the named tuple's Python-level __new__ (twice as slow)
+        self.records[record.peer_id] = tuple.__new__(HeldRecord, (envelope, record, h, now_ms))
+        self._digest = self._versions = None
+        heapq.heappush(
+            self._record_expiry,
+            record_expiry(record.expires_at_ms + self.tombstone_ms, record.peer_id, h),
+        )
+        return True
+
+    def merge_attestation(
+        self, envelope: Envelope, att: Attestation, observer: str, h: bytes
+    ) -> tuple[bool, tuple[bytes, ...]]:
+        """(new?, hashes evicted by the observer quota), or ``Rejected``."""
+        attestations = self.attestations
+        if h in attestations:
+            return False, ()
+        key = (observer, att.observed_at_ms // MINUTE_MS)
+        slot = self._quota.get(key)
+        if slot is None:
+            slot = self._quota[key] = []
+        evicted: tuple[bytes, ...] = ()
+        if len(slot) >= self.observer_quota:
+            if h > slot[-1]:
+                raise Rejected(Rejection.OBSERVER_QUOTA, f"{observer} over its quota")
+            evicted = (slot[-1],)
+            self._remove_attestation(slot[-1])
+        elif len(attestations) >= self.max_attestations:
+            raise Rejected(Rejection.LEDGER_FULL, f"{len(attestations)} attestations held")
+        held = attestations[h] = held_attestation(envelope, att, observer, h)
+        bisect.insort(slot, h)
+        self._unbucketed.append(h)
+        self._unindexed.append(held)
+        self._digest = None
+        heapq.heappush(self._expiry, attestation_expiry(att.expires_at_ms, h))
+        return True, evicted
+
+    # ------------------------------------------------------------ by subject
+
+    @property
+    def by_subject(self) -> dict[str, set[bytes]]:
+        """Subject -> the hashes of the attestations about it (do not mutate)."""
+        if self._unindexed:
+            self._index_subjects()
+        return self._by_subject
+
+    @property
+    def subject_version(self) -> dict[str, int]:
+        """A fresh number whenever a subject's attestations change (reputation caches key on
+        it); never reused, absent for a subject with no attestations (do not mutate)."""
+        if self._unindexed:
+            self._index_subjects()
+        return self._subject_version
+
+    def _index_subjects(self) -> None:
+        """Index the attestations merged since last time, in the order they were merged."""
+        by_subject = self._by_subject
+        for held in self._unindexed:
+            subject = held.attestation.subject
+            hashes = by_subject.get(subject)
+            if hashes is None:
+                by_subject[subject] = {held.hash}
+            else:
+                hashes.add(held.hash)
+            self._touch(subject)
+        self._unindexed.clear()
+
+    def _put_in_buckets(self) -> None:
+        """Sort the hashes merged since last time into their buckets."""
+        pending = self._unbucketed
+        hashes = self._sorted
+        if len(pending) > _INSORT_MAX:  # many at once (a restore, a sync reply): one sort
+            hashes.extend(pending)
+            hashes.sort()
+        else:
+            for h in pending:
+                bisect.insort(hashes, h)
+        self._stale_buckets.update(h[0] for h in pending)
+        pending.clear()
+        self._summary = None
+
+    def _bucket_range(self, b: int) -> tuple[int, int]:
+        hashes = self._sorted
+        lo = bisect.bisect_left(hashes, _BUCKET_START[b])
+        if b + 1 == BUCKETS:
+            return lo, len(hashes)
+        return lo, bisect.bisect_left(hashes, _BUCKET_START[b + 1], lo)
+
+    def _remove_attestation(self, h: bytes) -> HeldAttestation | None:
+        held = self.attestations.pop(h, None)
+        if held is None:
+            return None
+        if self._unbucketed:
+            self._put_in_buckets()
+        att = held.attestation
+        key = (held.observer, att.observed_at_ms // MINUTE_MS)
+        slot = self._quota[key]
+        del slot[bisect.bisect_left(slot, h)]
+        if not slot:
+            del self._quota[key]
+        del self._sorted[bisect.bisect_left(self._sorted, h)]
+        self._stale_buckets.add(h[0])
+        self._summary = None
+        self._digest = None
+        if self._unindexed:
+            self._index_subjects()
+        subject = self._by_subject[att.subject]
+        subject.discard(h)
+        self._touch(att.subject)
+        if not subject:
+            del self._by_subject[att.subject]
+            del self._subject_version[att.subject]
+        return held
+
+    def _touch(self, subject: str) -> None:
+        self._changes += 1
+        self._subject_version[subject] = self._changes
+
+    # ------------------------------------------------------------ expiry
+
+    def prune(self, now_ms: int) -> tuple[list[str], list[HeldAttestation]]:
+        """Drop expired attestations and records past their tombstone time."""
+        gone: list[HeldAttestation] = []
+        while self._expiry and self._expiry[0][0] <= now_ms:
+            _, h = heapq.heappop(self._expiry)
+            held = self._remove_attestation(h)
+            if held is not None:
+                gone.append(held)
+        peers: list[str] = []
+        while self._record_expiry and self._record_expiry[0][0] <= now_ms:
+            _, peer, h = heapq.heappop(self._record_expiry)
+            current = self.records.get(peer)
+            if current is not None and current.hash == h:
+                del self.records[peer]
+                self._digest = self._versions = None
+                peers.append(peer)
+        return peers, gone
+
+    def next_expiry(self) -> int | None:
+        """When ``prune`` next has something to do (may be early: the heaps are lazy)."""
+        atts, recs = self._expiry, self._record_expiry
+        if atts:
+            if recs and recs[0][0] < atts[0][0]:
+                return recs[0][0]
+            return atts[0][0]
+        return recs[0][0] if recs else None
+
+    # ------------------------------------------------------------ summary
+
+    def live_records(self, now_ms: int) -> Iterator[HeldRecord]:
+        for peer in sorted(self.records):
+            held = self.records[peer]
+            if held.live(now_ms):
+                yield held
+
+    def bucket_summary(self) -> bytes:
+        if self._unbucketed:
+            self._put_in_buckets()
+        summary = self._summary
+        if summary is None:
+            buf = self._summary_buf
+            hashes = self._sorted
+            for b in self._stale_buckets:
+                lo, hi = self._bucket_range(b)
+                buf[b * PREFIX_LEN : (b + 1) * PREFIX_LEN] = (
+                    bucket_digest(b"".join(hashes[lo:hi])) if hi > lo else _EMPTY_BUCKET
+                )
+            self._stale_buckets.clear()
+            summary = bytes(buf) if self.attestations else b""
+            self._summary = summary
+        return summary
+
+    def bucket(self, b: int) -> Sequence[bytes]:
+        """The sorted hashes in bucket ``b`` (do not mutate)."""
+        if self._unbucketed:
+            self._put_in_buckets()
+        lo, hi = self._bucket_range(b)
+        return self._sorted[lo:hi]
+
+    def digest(self, now_ms: int) -> LedgerDigest:
+        """What we hold, as a ``LedgerDigest`` with ``reply`` false (the same object until
+        something changes or a record in it expires)."""
+        cached = self._digest
+        if cached is not None and cached[0] <= now_ms < cached[1]:
+            return cached[2]
+        if not self.records and not self.attestations:
+            return _EMPTY_DIGEST  # one object for every empty ledger
+        versions = self._versions
+        if versions is None or not versions[0] <= now_ms < versions[1]:
+            live = list(self.live_records(now_ms))
+            versions = self._versions = (
+                now_ms,
+                min((h.record.expires_at_ms for h in live), default=_NEVER),
+                tuple(
+                    RecordVersion(
+                        peer_id=h.record.peer_id, seq=h.record.seq, hash_prefix=h.hash[:PREFIX_LEN]
+                    )
+                    for h in live
+                ),
+            )
+        d = LedgerDigest(
+            records=versions[2][:MAX_DIGEST_RECORDS],
+            attestation_count=len(self.attestations),
+            attestation_buckets=self.bucket_summary(),
+            reply=False,
+        )
+        valid_before = versions[1]
+        self._digest = (now_ms, valid_before, d)
+        return d

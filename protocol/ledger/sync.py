@@ -1,0 +1,318 @@
+"""Anti-entropy for the ledger: digests, pull sessions, and answers to pulls (sans-IO).
+
+Per peer, a pull session moves through ``SyncState`` (no session object means IDLE)::
+
+    IDLE --digest shows we lack something--> QUEUED --slot free, request sent--> PULLING
+    PULLING --reply with items and (more, or our request was truncated)--> PULLING
+    PULLING --reply empty / complete, timeout, send failure, disconnect--> IDLE
+    QUEUED --nothing left to ask, disconnect--> IDLE
+
+What we ask for: the peers whose record version in the digest beats ours, and the attestation
+buckets whose summary hash differs, each with the hash prefixes we already hold there (plus
+those we refused during this session, so they are not sent again). The holder answers with at
+most ``batch_attestations`` items / ``batch_bytes`` and says whether it stopped early. Every
+round is bounded in time (``sync_timeout_ms``) and a session in rounds (``max_sync_rounds``):
+a session always ends, whatever the peer sends.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from crypto.envelope import Envelope
+from protocol.errors import LocalProtocolError
+from protocol.ledger.events import LedgerConfig
+from protocol.ledger.records import (
+    BUCKETS,
+    MAX_DIGEST_RECORDS,
+    MAX_HAVE_PREFIXES,
+    MAX_PUSH_ATTESTATIONS,
+    MAX_PUSH_RECORDS,
+    MAX_REQUEST_RECORDS,
+    PREFIX_LEN,
+    BucketHave,
+    LedgerDigest,
+    LedgerPush,
+    LedgerSyncRequest,
+)
+from protocol.ledger.state import LedgerState
+from protocol.machine import Effect, Emit, Send
+
+_EMPTY = bytes(PREFIX_LEN)
+#: overhead of an envelope around its payload on the wire (key, signature, domain, framing)
+_ENVELOPE_OVERHEAD = 32 + 64 + 64 + 16
+
+
+class SyncState(enum.Enum):
+    IDLE = "idle"
+    QUEUED = "queued"
+    PULLING = "pulling"
+
+
+TRANSITIONS: dict[SyncState, frozenset[SyncState]] = {
+    SyncState.IDLE: frozenset({SyncState.QUEUED}),
+    SyncState.QUEUED: frozenset({SyncState.PULLING, SyncState.IDLE}),
+    SyncState.PULLING: frozenset({SyncState.PULLING, SyncState.IDLE}),
+}
+
+
+@dataclass(slots=True)
+class _Session:
+    their: LedgerDigest
+    state: SyncState = SyncState.IDLE
+    awaiting: bool = False
+    deadline_ms: int | None = None
+    rounds: int = 0
+    received: int = 0
+    truncated: bool = False
+    refused: dict[int, set[bytes]] = field(default_factory=dict)  # bucket -> prefixes
+    #: peers whose records we asked for once this session (asked again only in a new session)
+    asked_peers: set[str] = field(default_factory=set)
+
+
+def envelope_size(envelope: Envelope) -> int:
+    return len(envelope.payload) + _ENVELOPE_OVERHEAD
+
+
+class SyncSessions:
+    def __init__(self, state: LedgerState, config: LedgerConfig) -> None:
+        self.state = state
+        self.config = config
+        self.sessions: dict[str, _Session] = {}
+        self._digest_sent_at: dict[str, int] = {}
+
+    # ------------------------------------------------------------ queries
+
+    def awaiting(self, peer: str) -> bool:
+        s = self.sessions.get(peer)
+        return s is not None and s.awaiting
+
+    def next_deadline(self) -> int | None:
+        if not self.sessions:
+            return None
+        times = [s.deadline_ms for s in self.sessions.values() if s.awaiting and s.deadline_ms]
+        return min(times) if times else None
+
+    def wanted(self, d: LedgerDigest, now: int) -> tuple[list[str], list[int]]:
+        """Peers whose record in ``d`` beats ours, and buckets whose summary differs."""
+        peers: list[str] = []
+        seen: set[str] = set()
+        for rv in d.records:
+            if rv.peer_id in seen:
+                continue
+            held = self.state.records.get(rv.peer_id)
+            if held is None or (rv.seq, rv.hash_prefix) > (held.record.seq, held.hash[:PREFIX_LEN]):
+                peers.append(rv.peer_id)
+                seen.add(rv.peer_id)
+        buckets: list[int] = []
+        summary = d.attestation_buckets
+        if summary:
+            ours = self.state.bucket_summary()  # b"" when we hold none: every bucket differs
+            if summary != ours:
+                for b in range(BUCKETS):
+                    lo = b * PREFIX_LEN
+                    theirs = summary[lo : lo + PREFIX_LEN]
+                    if theirs != _EMPTY and theirs != ours[lo : lo + PREFIX_LEN]:
+                        buckets.append(b)
+        return peers, buckets
+
+    def _they_may_lack(self, d: LedgerDigest, now: int) -> bool:
+        theirs: dict[str, tuple[int, bytes]] = {}
+        for rv in d.records:
+            theirs[rv.peer_id] = max(theirs.get(rv.peer_id, (-1, b"")), (rv.seq, rv.hash_prefix))
+        for held in self.state.live_records(now):
+            if theirs.get(held.record.peer_id, (-1, b"")) < (
+                held.record.seq,
+                held.hash[:PREFIX_LEN],
+            ):
+                return True
+        ours = self.state.bucket_summary()
+        if not ours:
+            return False
+        if not d.attestation_buckets:
+            return True
+        if ours == d.attestation_buckets:
+            return False
+        for b in range(BUCKETS):
+            mine = ours[b * PREFIX_LEN : (b + 1) * PREFIX_LEN]
+            if (
+                mine != _EMPTY
+                and mine != d.attestation_buckets[b * PREFIX_LEN : (b + 1) * PREFIX_LEN]
+            ):
+                return True
+        return False
+
+    # ------------------------------------------------------------ events
+
+    def send_digest(self, peer: str, now: int, *, reply: bool) -> Send:
+        self._digest_sent_at[peer] = now
+        d = self.state.digest(now)
+        if not reply:
+            return Send(peer, d)  # the state's (shared) digest: reply is false in it
+        return Send(
+            peer,
+            LedgerDigest(
+                records=d.records,
+                attestation_count=d.attestation_count,
+                attestation_buckets=d.attestation_buckets,
+                reply=True,
+            ),
+        )
+
+    def on_digest(self, peer: str, d: LedgerDigest, now: int) -> list[Effect]:
+        ours = self.state.digest(now)
+        if (
+            len(ours.records) < MAX_DIGEST_RECORDS  # (a full digest may leave records out)
+            and d.attestation_buckets == ours.attestation_buckets
+            and d.records == ours.records
+        ):
+            return []  # the peer holds what we hold: neither side lacks anything
+        effects: list[Effect] = []
+        last = self._digest_sent_at.get(peer)
+        if (
+            not d.reply
+            and (last is None or now - last >= self.config.digest_reply_min_ms)
+            and self._they_may_lack(d, now)
+        ):
+            effects.append(self.send_digest(peer, now, reply=True))
+        peers, buckets = self.wanted(d, now)
+        if peers or buckets:
+            s = self.sessions.get(peer)
+            if s is None:
+                s = self.sessions[peer] = _Session(their=d)
+                self._move(s, SyncState.QUEUED)
+            else:
+                s.their = d
+            effects += self._start_queued(now)
+        return effects
+
+    def on_reply(self, peer: str, push: LedgerPush, refused: list[bytes], now: int) -> list[Effect]:
+        s = self.sessions[peer]
+        s.awaiting = False
+        for h in refused:
+            s.refused.setdefault(h[0], set()).add(h[:PREFIX_LEN])
+        items = len(push.records) + len(push.attestations)
+        s.received += items
+        if items and (push.more or s.truncated) and s.rounds < self.config.max_sync_rounds:
+            request = self._request(s, now)
+            if request is not None:
+                self._move(s, SyncState.PULLING)
+                s.rounds += 1
+                s.awaiting = True
+                s.deadline_ms = now + self.config.sync_timeout_ms
+                return [Send(peer, request)]
+        return self._end(peer, now, "complete")
+
+    def on_tick(self, now: int) -> list[Effect]:
+        effects: list[Effect] = []
+        for peer, s in list(self.sessions.items()):
+            if s.awaiting and s.deadline_ms is not None and s.deadline_ms <= now:
+                effects += self._end(peer, now, "timeout")
+        return effects
+
+    def drop(self, peer: str, now: int) -> list[Effect]:
+        self._digest_sent_at.pop(peer, None)
+        if peer not in self.sessions:
+            return []
+        return self._end(peer, now, "dropped")
+
+    # ------------------------------------------------------------ internals
+
+    @staticmethod
+    def _move(s: _Session, new: SyncState) -> None:
+        if new not in TRANSITIONS[s.state]:
+            raise LocalProtocolError(f"sync session cannot go {s.state.value} -> {new.value}")
+        s.state = new
+
+    def _end(self, peer: str, now: int, why: str) -> list[Effect]:
+        s = self.sessions.pop(peer)
+        self._move(s, SyncState.IDLE)
+        done = Emit(
+            "sync_end", {"peer": peer, "why": why, "rounds": s.rounds, "items": s.received}
+        )
+        return [done, *self._start_queued(now)]
+
+    def _start_queued(self, now: int) -> list[Effect]:
+        effects: list[Effect] = []
+        active = sum(1 for s in self.sessions.values() if s.state is SyncState.PULLING)
+        for peer, s in list(self.sessions.items()):
+            if active >= self.config.max_concurrent_syncs:
+                break
+            if s.state is not SyncState.QUEUED:
+                continue
+            request = self._request(s, now)
+            if request is None:
+                self.sessions.pop(peer)
+                self._move(s, SyncState.IDLE)
+                continue
+            self._move(s, SyncState.PULLING)
+            s.rounds, s.awaiting, s.deadline_ms = 1, True, now + self.config.sync_timeout_ms
+            effects.append(Send(peer, request))
+            active += 1
+        return effects
+
+    def _request(self, s: _Session, now: int) -> LedgerSyncRequest | None:
+        peers, buckets = self.wanted(s.their, now)
+        peers = [p for p in peers if p not in s.asked_peers]
+        truncated = len(peers) > MAX_REQUEST_RECORDS
+        peers = peers[:MAX_REQUEST_RECORDS]
+        haves: list[BucketHave] = []
+        budget = self.config.request_have_bytes
+        for b in buckets:
+            prefixes = [h[:PREFIX_LEN] for h in self.state.bucket(b)]
+            prefixes += sorted(s.refused.get(b, ()))
+            have = b"".join(prefixes[:MAX_HAVE_PREFIXES])
+            if haves and len(have) > budget:
+                truncated = True
+                break
+            haves.append(BucketHave(bucket=b, have=have))
+            budget -= len(have)
+        if not peers and not haves:
+            return None
+        s.truncated = truncated
+        s.asked_peers.update(peers)
+        return LedgerSyncRequest(
+            records=tuple(peers),
+            buckets=tuple(haves),
+            max_attestations=min(self.config.batch_attestations, MAX_PUSH_ATTESTATIONS),
+        )
+
+
+def build_reply(
+    state: LedgerState, req: LedgerSyncRequest, config: LedgerConfig, now: int
+) -> LedgerPush:
+    """Our answer to a pull: the live records asked for, and attestations the asker lacks."""
+    records: list[Envelope] = []
+    budget = config.batch_bytes
+    for peer in dict.fromkeys(req.records):
+        held = state.records.get(peer)
+        if held is not None and held.live(now) and len(records) < MAX_PUSH_RECORDS:
+            records.append(held.envelope)
+            budget -= envelope_size(held.envelope)
+    attestations: list[Envelope] = []
+    limit = min(req.max_attestations, config.batch_attestations, MAX_PUSH_ATTESTATIONS)
+    more = False
+    done: set[int] = set()
+    for bh in req.buckets:
+        if bh.bucket in done:
+            continue
+        done.add(bh.bucket)
+        have = {bh.have[i : i + PREFIX_LEN] for i in range(0, len(bh.have), PREFIX_LEN)}
+        for h in state.bucket(bh.bucket):
+            if h[:PREFIX_LEN] in have:
+                continue
+            att = state.attestations[h]
+            if att.attestation.expires_at_ms <= now:
+                continue
+            size = envelope_size(att.envelope)
+            if len(attestations) >= limit or size > budget:
+                more = True
+                break
+            attestations.append(att.envelope)
+            budget -= size
+        if more:
+            break
+    return LedgerPush(
+        records=tuple(records), attestations=tuple(attestations), reply=True, more=more
+    )

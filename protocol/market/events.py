@@ -1,0 +1,164 @@
+"""Inputs and outputs of the task-market machines besides wire messages.
+
+The requester's ``Auction`` takes an ``AuctionConfig`` and the local events ``SubmitTask``,
+``RestoreTask``, ``CancelTask`` and ``Reward``; it returns ``TaskUpdated`` (store / show a
+snapshot) and ``Attest`` (an observation for the ledger) besides the common effects. The
+``Executor`` returns ``StartCompute`` / ``CancelCompute`` and takes ``ComputeDone`` /
+``ComputeFailed`` back. Drivers (node/ and simulations/) perform and produce these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from protocol.codec import MAX_FRAME_BYTES
+from protocol.market.state import TaskSnapshot
+from protocol.market.messages import MAX_COT_CHARS, TaskSpec
+
+#: ``Attest.kind`` for task outcomes, and its outcomes about an executor's work on one task
+TASK_ATTEST = "task"
+COMPLETED, WRONG, FAILED, TIMEOUT = "completed", "wrong", "failed", "timeout"
+
+
+@dataclass(frozen=True, slots=True)
+class AuctionConfig:
+    bid_window_ms: int = 1_500
+    #: close early once this many bids beyond the wanted count are in
+    spare_bids: int = 1
+    #: beacons per task: the first one plus replans
+    max_rounds: int = 4
+    #: do not open a new round with less time than this left before the deadline
+    min_round_ms: int = 1_000
+    assign_base_ms: int = 2_000
+    assign_slack: float = 3.0
+    max_bids_per_task: int = 64
+    bid_rate: int = 32
+    rate_window_ms: int = 1_000
+    max_open_tasks: int = 256
+    max_cot_chars: int = MAX_COT_CHARS
+    min_match: float = 0.0
+    #: give the selector a reward (1 agreed with the vote, 0 otherwise) when voting
+    reward_on_vote: bool = True
+    fail_on_disconnect: bool = True
+    keep_finished_ms: int = 10 * 60 * 1000
+    max_frame: int = MAX_FRAME_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitTask:
+    question: str
+    answer_type: str
+    deadline_ms: int
+    k: int = 3
+    choices: tuple[str, ...] = ()
+    model: str = ""
+    family: str = ""
+    min_context: int = 0
+    max_price: float = 1e6
+    max_tokens: int = 512
+    allow_self: bool = False
+    #: None: the auction draws one from its rng
+    task_id: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KeptResult:
+    """A result stored before a restart, with the bid's match score."""
+
+    envelope: bytes
+    match_score: float
+
+
+@dataclass(frozen=True, slots=True)
+class RestoredAttempt:
+    """An assignment still running when the requester stopped: its result stays welcome."""
+
+    peer: str
+    attempt: int
+    due_in_ms: int
+    match_score: float
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreTask:
+    """Resume a task stored before a restart (fails it cleanly when no time is left)."""
+
+    spec: TaskSpec
+    allow_self: bool
+    remaining_ms: int
+    round: int
+    next_attempt: int
+    tried: tuple[str, ...] = ()
+    kept: tuple[KeptResult, ...] = ()
+    assigned: tuple[RestoredAttempt, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CancelTask:
+    task_id: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Reward:
+    task_id: bytes
+    peer: str
+    reward: float
+
+
+@dataclass(frozen=True, slots=True)
+class TaskUpdated:
+    snapshot: TaskSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class Attest:
+    subject: str
+    task_id: bytes
+    kind: str
+    outcome: str
+    detail: str = ""
+
+
+# ------------------------------------------------------------------ executor
+
+
+@dataclass(frozen=True, slots=True)
+class StartCompute:
+    task: TaskSpec
+    attempt: int
+    model: str
+    deadline_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelCompute:
+    task_id: bytes
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeDone:
+    task_id: bytes
+    attempt: int
+    answer: str
+    cot: str
+    confidence: float
+    tokens: int
+    compute_ms: int
+    model_hash: bytes
+    fingerprints: tuple[bytes, ...] = ()
+    fingerprint_root: bytes = b""
+    #: the generated token ids (commit/reveal binds them; verifiers re-run them, issue 6)
+    output_ids: tuple[int, ...] = ()
+    #: Merkle root of the per-layer hidden states the node keeps for verifiers, and their
+    #: layer count (models.layer_states; empty / 0 when it keeps none)
+    states_root: bytes = b""
+    state_layers: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeFailed:
+    task_id: bytes
+    attempt: int
+    reason: str

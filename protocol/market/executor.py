@@ -1,0 +1,434 @@
+"""Executor side of the task market: bid on matching beacons, run assigned tasks, return results.
+
+Promises:
+* bids only on beacons it can verify (signed by the requester they name), once per
+  (task, round), only with a model that matches the requirement and a price within the
+  requester's budget, and never beyond its free slots: a bid holds a slot (RESERVED) for
+  ``hold_ms``, after which the slot is released;
+* accepts an assignment only if it is signed by the task's requester, sent by that requester,
+  addressed to this node, for a task it holds a live reservation for, within its limits
+  (question length, tokens, deadline); it answers anything else with a ``Reject``;
+* runs at most one attempt per task; computation is the driver's job: ``StartCompute``
+  out, ``ComputeDone`` / ``ComputeFailed`` back (``CancelCompute`` when it is no longer wanted);
+* sends the signed ``Result`` only while the assignment's deadline has not passed.
+
+Seam for verification (commit/reveal): a finished computation goes through
+``Executor.deliver(job, body)``, which here sends the result at once; a commit/reveal step
+replaces that method (send a commitment, keep ``body`` until the reveal is asked for).
+
+Job states and their legal transitions are in ``TRANSITIONS``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from crypto.keys import Identity
+from protocol.codec import MAX_FRAME_BYTES
+from protocol.errors import InvalidMessage, LocalProtocolError
+from protocol.machine import Effect, Emit, Penalize, Received, Send, Tick
+from protocol.market.events import CancelCompute, ComputeDone, ComputeFailed, StartCompute
+from protocol.market.messages import (
+    ASSIGN_DOMAIN,
+    BEACON_DOMAIN,
+    BID_DOMAIN,
+    MAX_COT_CHARS,
+    MAX_QUESTION_CHARS,
+    RESULT_DOMAIN,
+    Assign,
+    AssignBody,
+    Beacon,
+    BeaconBody,
+    Bid,
+    BidBody,
+    Cancel,
+    Reject,
+    RejectReason,
+    Requirement,
+    Result,
+    ResultBody,
+    TaskSpec,
+    open_envelope,
+    seal,
+)
+
+__all__ = [
+    "CancelCompute", "ComputeDone", "ComputeFailed", "Executor", "ExecutorConfig", "Job",
+    "JobState", "ServedModel", "StartCompute", "match_score",
+]
+
+DEFAULT_HOLD_MS = 5_000
+DEFAULT_MAX_TOKENS = 1_024
+DEFAULT_MAX_TASK_MS = 10 * 60 * 1000
+#: a job still running this long after its deadline is cancelled
+OVERRUN_GRACE_MS = 1_000
+#: how long finished jobs and seen beacons are remembered (replay protection)
+REMEMBER_MS = 10 * 60 * 1000
+MAX_REMEMBERED = 4_096
+MATCH_EXACT = 1.0
+MATCH_FAMILY = 0.75
+MATCH_ANY = 0.5
+PENALTY_FORGED = 20
+COT_TRUNCATION_MARK = "\n[... truncated]"
+
+
+class JobState(enum.Enum):
+    RESERVED = "reserved"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    RELEASED = "released"
+
+
+TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    JobState.RESERVED: frozenset({JobState.RUNNING, JobState.RELEASED}),
+    JobState.RUNNING: frozenset({JobState.DONE, JobState.FAILED, JobState.RELEASED}),
+    JobState.DONE: frozenset(),
+    JobState.FAILED: frozenset(),
+    JobState.RELEASED: frozenset(),
+}
+_BUSY = (JobState.RESERVED, JobState.RUNNING)
+
+
+@dataclass(frozen=True, slots=True)
+class ServedModel:
+    name: str
+    family: str
+    context: int
+    model_hash: bytes
+    #: measured by the self-benchmark
+    tokens_per_s: float
+    price_per_1k: float
+    #: weights format as the registry names it ("Q4_1", "F16", ...); "" = not known
+    quantization: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorConfig:
+    models: tuple[ServedModel, ...]
+    slots: int = 1
+    hold_ms: int = DEFAULT_HOLD_MS
+    max_question_chars: int = MAX_QUESTION_CHARS
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    max_task_ms: int = DEFAULT_MAX_TASK_MS
+    max_cot_chars: int = MAX_COT_CHARS
+    max_frame: int = MAX_FRAME_BYTES
+
+
+@dataclass(slots=True)
+class Job:
+    task_id: bytes
+    requester: str
+    round: int
+    model: str
+    state: JobState
+    #: reservation expiry while RESERVED, result deadline while RUNNING, forget-at when final
+    until_ms: int
+    attempt: int = -1
+    #: the assignment's result deadline (while RUNNING, until_ms adds OVERRUN_GRACE_MS)
+    deadline_at_ms: int = 0
+    task: TaskSpec | None = None
+    history: list[JobState] = field(default_factory=list)
+
+
+def match_score(req: Requirement, model: ServedModel) -> float | None:
+    """How well ``model`` fits ``req``, in [0, 1]; None when it does not fit at all."""
+    if model.context < req.min_context:
+        return None
+    wanted_name, wanted_family = req.model.lower(), req.family.lower()
+    if not wanted_name and not wanted_family:
+        return MATCH_ANY
+    if wanted_name and wanted_name == model.name.lower():
+        return MATCH_EXACT
+    if model.family.lower() in {wanted_family, wanted_name} - {""}:
+        return MATCH_FAMILY
+    return None
+
+
+class Executor:
+    def __init__(self, identity: Identity, config: ExecutorConfig) -> None:
+        if config.slots < 1:
+            raise LocalProtocolError("an executor needs at least one slot")
+        self.identity = identity
+        self.peer = identity.peer_id
+        self.config = config
+        self.jobs: dict[bytes, Job] = {}
+        #: (task id, round) -> forget-at, for beacon dedup
+        self.seen: dict[tuple[bytes, int], int] = {}
+        self.counters: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ machine contract
+
+    def handle(self, event: object, now: int) -> list[Effect]:
+        if isinstance(event, Received):
+            msg = event.message
+            if isinstance(msg, Beacon):
+                return self._on_beacon(event.peer, msg, now)
+            if isinstance(msg, Assign):
+                return self._on_assign(event.peer, msg, now)
+            if isinstance(msg, Cancel):
+                return self._on_cancel(event.peer, msg)
+            return []
+        if isinstance(event, ComputeDone):
+            return self._on_done(event, now)
+        if isinstance(event, ComputeFailed):
+            return self._on_failed(event, now)
+        if isinstance(event, Tick):
+            return self._on_tick(now)
+        return []
+
+    def next_deadline(self) -> int | None:
+        times = [j.until_ms for j in self.jobs.values()]
+        times.extend(self.seen.values())
+        return min(times) if times else None
+
+    # ------------------------------------------------------------------ queries
+
+    def busy(self) -> int:
+        return sum(1 for j in self.jobs.values() if j.state in _BUSY)
+
+    def free_slots(self) -> int:
+        return max(0, self.config.slots - self.busy())
+
+    def running(self) -> list[Job]:
+        return [j for j in self.jobs.values() if j.state is JobState.RUNNING]
+
+    # ------------------------------------------------------------------ helpers
+
+    def _count(self, what: str) -> None:
+        self.counters[what] = self.counters.get(what, 0) + 1
+
+    def _move(self, job: Job, to: JobState, until_ms: int) -> None:
+        if to not in TRANSITIONS[job.state]:
+            raise LocalProtocolError(f"job {job.task_id.hex()[:8]}: {job.state} -> {to}")
+        job.history.append(job.state)
+        job.state = to
+        job.until_ms = until_ms
+
+    def _reject(self, peer: str, task_id: bytes, attempt: int, reason: RejectReason,
+                detail: str) -> list[Effect]:
+        self._count(f"assign_rejected.{reason.value}")
+        return [
+            Send(peer, Reject(task_id=task_id, attempt=attempt, reason=reason, detail=detail)),
+            Emit("task.assign_rejected", {"task_id": task_id.hex(), "peer": peer,
+                                          "reason": reason.value, "detail": detail}),
+        ]
+
+    def _best_model(self, req: Requirement) -> tuple[ServedModel, float] | None:
+        best: tuple[ServedModel, float] | None = None
+        for m in self.config.models:
+            score = match_score(req, m)
+            if score is None:
+                continue
+            if best is None or (score, m.tokens_per_s, m.name) > (best[1], best[0].tokens_per_s,
+                                                                   best[0].name):
+                best = (m, score)
+        return best
+
+    # ------------------------------------------------------------------ beacons -> bids
+
+    def _on_beacon(self, origin: str, msg: Beacon, now: int) -> list[Effect]:
+        try:
+            body = open_envelope(msg.envelope, BEACON_DOMAIN, BeaconBody, self.config.max_frame)
+        except InvalidMessage as exc:
+            self._count("beacon_rejected.invalid")
+            return [Penalize(origin, f"invalid beacon: {exc}", PENALTY_FORGED)]
+        if msg.envelope.signer != body.requester:
+            self._count("beacon_rejected.forged")
+            return [Penalize(origin, "beacon signed by another peer than its requester",
+                             PENALTY_FORGED)]
+        key = (body.task_id, body.round)
+        if key in self.seen:
+            self._count("beacon_duplicate")
+            return []
+        self.seen[key] = now + REMEMBER_MS
+        if len(self.seen) > MAX_REMEMBERED:
+            del self.seen[min(self.seen, key=lambda k: self.seen[k])]
+        if body.requester == self.peer and not body.allow_self:
+            return []
+        return self._maybe_bid(body, now)
+
+    def _maybe_bid(self, body: BeaconBody, now: int) -> list[Effect]:
+        def skip(why: str) -> list[Effect]:
+            self._count(f"beacon_skipped.{why}")
+            return [Emit("task.beacon_skipped", {"task_id": body.task_id.hex(), "why": why})]
+
+        existing = self.jobs.get(body.task_id)
+        if existing is not None and (existing.state is not JobState.RELEASED
+                                     or existing.attempt >= 0):
+            return skip("already_bid")  # or already ran it: one attempt per task
+        if self.free_slots() < 1:
+            return skip("no_slot")
+        if body.max_tokens > self.config.max_tokens or body.deadline_ms > self.config.max_task_ms:
+            return skip("over_limits")
+        best = self._best_model(body.requirement)
+        if best is None:
+            return skip("no_model")
+        model, score = best
+        price = model.price_per_1k * body.max_tokens / 1000.0
+        if price > body.max_price:
+            return skip("too_cheap")
+        gen_ms = body.max_tokens / max(model.tokens_per_s, 1e-6) * 1000.0
+        est_latency = int(gen_ms * (1.0 + self.busy() / self.config.slots))
+        if est_latency > body.deadline_ms:
+            return skip("too_slow")
+        hold = min(self.config.hold_ms, body.deadline_ms)
+        self.jobs[body.task_id] = Job(
+            task_id=body.task_id, requester=body.requester, round=body.round,
+            model=model.name, state=JobState.RESERVED, until_ms=now + hold,
+        )
+        bid = BidBody(
+            task_id=body.task_id, round=body.round, bidder=self.peer, model=model.name,
+            model_hash=model.model_hash, match_score=score, price=price,
+            est_latency_ms=min(est_latency, 2**31), load=self.busy() / self.config.slots,
+            free_slots=self.free_slots(), hold_ms=hold,
+        )
+        self._count("bids_sent")
+        return [
+            Send(body.requester, Bid(envelope=seal(self.identity, BID_DOMAIN, bid))),
+            Emit("task.bid_sent", {"task_id": body.task_id.hex(), "requester": body.requester,
+                                   "model": model.name, "match": score, "price": price}),
+        ]
+
+    # ------------------------------------------------------------------ assignments
+
+    def _on_assign(self, peer: str, msg: Assign, now: int) -> list[Effect]:
+        try:
+            body = open_envelope(msg.envelope, ASSIGN_DOMAIN, AssignBody, self.config.max_frame)
+        except InvalidMessage as exc:
+            self._count("assign_rejected.invalid")
+            return [Penalize(peer, f"invalid assignment: {exc}", PENALTY_FORGED)]
+        task = body.task
+        if msg.envelope.signer != task.requester or peer != task.requester:
+            return [Penalize(peer, "assignment not signed and sent by its requester",
+                             PENALTY_FORGED),
+                    *self._reject(peer, task.task_id, body.attempt, RejectReason.BAD_ASSIGN,
+                                  "not signed and sent by the requester")]
+        if body.executor != self.peer:
+            return self._reject(peer, task.task_id, body.attempt, RejectReason.BAD_ASSIGN,
+                                "addressed to another executor")
+        job = self.jobs.get(task.task_id)
+        if job is None:
+            return self._reject(peer, task.task_id, body.attempt, RejectReason.NOT_BID,
+                                "no bid for this task")
+        if job.state is JobState.RUNNING and job.attempt == body.attempt:
+            self._count("assign_duplicate")
+            return []  # a retransmission of what we already run
+        if job.state is not JobState.RESERVED:
+            reason = RejectReason.EXPIRED if job.state is JobState.RELEASED else \
+                RejectReason.DUPLICATE
+            return self._reject(peer, task.task_id, body.attempt, reason,
+                                f"task is {job.state.value} here")
+        if job.requester != task.requester:
+            return self._reject(peer, task.task_id, body.attempt, RejectReason.BAD_ASSIGN,
+                                "bid was for another requester")
+        if now >= job.until_ms:
+            self._move(job, JobState.RELEASED, now + REMEMBER_MS)
+            return self._reject(peer, task.task_id, body.attempt, RejectReason.EXPIRED,
+                                "reservation expired")
+        if (len(task.question) > self.config.max_question_chars
+                or task.max_tokens > self.config.max_tokens
+                or body.deadline_ms > self.config.max_task_ms):
+            self._move(job, JobState.RELEASED, now + REMEMBER_MS)
+            return self._reject(peer, task.task_id, body.attempt, RejectReason.OVER_LIMITS,
+                                "question, tokens or deadline over this executor's limits")
+        if body.model not in {m.name for m in self.config.models}:
+            self._move(job, JobState.RELEASED, now + REMEMBER_MS)
+            return self._reject(peer, task.task_id, body.attempt, RejectReason.BAD_ASSIGN,
+                                f"model {body.model!r} is not served here")
+        job.attempt, job.task, job.model = body.attempt, task, body.model
+        job.deadline_at_ms = now + body.deadline_ms
+        self._move(job, JobState.RUNNING, job.deadline_at_ms + OVERRUN_GRACE_MS)
+        self._count("assign_accepted")
+        return [
+            StartCompute(task=task, attempt=body.attempt, model=body.model,
+                         deadline_at_ms=job.deadline_at_ms),
+            Emit("task.assign_accepted", {"task_id": task.task_id.hex(), "attempt": body.attempt,
+                                          "requester": peer, "model": body.model}),
+        ]
+
+    def _on_cancel(self, peer: str, msg: Cancel) -> list[Effect]:
+        job = self.jobs.get(msg.task_id)
+        if job is None or peer != job.requester or job.state not in _BUSY:
+            return []
+        if msg.attempt not in (-1, job.attempt):
+            return []
+        effects: list[Effect] = []
+        if job.state is JobState.RUNNING:
+            effects.append(CancelCompute(job.task_id, job.attempt))
+        self._move(job, JobState.RELEASED, job.until_ms + REMEMBER_MS)
+        self._count("cancelled")
+        effects.append(Emit("task.cancelled", {"task_id": msg.task_id.hex()}))
+        return effects
+
+    # ------------------------------------------------------------------ results
+
+    def _running(self, task_id: bytes, attempt: int) -> Job | None:
+        job = self.jobs.get(task_id)
+        if job is None or job.state is not JobState.RUNNING or job.attempt != attempt:
+            return None
+        return job
+
+    def _on_done(self, ev: ComputeDone, now: int) -> list[Effect]:
+        job = self._running(ev.task_id, ev.attempt)
+        if job is None:
+            return [Emit("task.compute_orphaned", {"task_id": ev.task_id.hex()})]
+        if now > job.deadline_at_ms:
+            self._move(job, JobState.FAILED, now + REMEMBER_MS)
+            self._count("results_late")
+            return [Emit("task.result_late", {"task_id": ev.task_id.hex(),
+                                              "late_ms": now - job.deadline_at_ms})]
+        cot = ev.cot
+        if len(cot) > self.config.max_cot_chars:
+            cut = self.config.max_cot_chars - len(COT_TRUNCATION_MARK)
+            cot = cot[:max(0, cut)] + COT_TRUNCATION_MARK
+        body = ResultBody(
+            task_id=ev.task_id, attempt=ev.attempt, executor=self.peer, answer=ev.answer[:1024],
+            cot=cot, confidence=min(1.0, max(0.0, ev.confidence)), tokens=max(0, ev.tokens),
+            compute_ms=max(0, ev.compute_ms), model_hash=ev.model_hash,
+            fingerprints=ev.fingerprints, fingerprint_root=ev.fingerprint_root,
+        )
+        self._move(job, JobState.DONE, now + REMEMBER_MS)
+        self._count("results_sent")
+        return self.deliver(job, body)
+
+    def deliver(self, job: Job, body: ResultBody) -> list[Effect]:
+        """Send a finished result to its requester (the commit/reveal seam, see top)."""
+        return [
+            Send(job.requester, Result(envelope=seal(self.identity, RESULT_DOMAIN, body))),
+            Emit("task.result_sent", {"task_id": body.task_id.hex(), "answer": body.answer,
+                                      "tokens": body.tokens, "compute_ms": body.compute_ms}),
+        ]
+
+    def _on_failed(self, ev: ComputeFailed, now: int) -> list[Effect]:
+        job = self._running(ev.task_id, ev.attempt)
+        if job is None:
+            return []
+        self._move(job, JobState.FAILED, now + REMEMBER_MS)
+        return self._reject(job.requester, ev.task_id, ev.attempt, RejectReason.COMPUTE_FAILED,
+                            ev.reason[:128])
+
+    # ------------------------------------------------------------------ timers
+
+    def _on_tick(self, now: int) -> list[Effect]:
+        effects: list[Effect] = []
+        for task_id, job in list(self.jobs.items()):
+            if now < job.until_ms:
+                continue
+            if job.state is JobState.RESERVED:
+                self._move(job, JobState.RELEASED, now + REMEMBER_MS)
+                self._count("reservations_expired")
+                effects.append(Emit("task.reservation_expired", {"task_id": task_id.hex()}))
+            elif job.state is JobState.RUNNING:
+                self._move(job, JobState.FAILED, now + REMEMBER_MS)
+                self._count("jobs_overran")
+                effects.append(CancelCompute(task_id, job.attempt))
+                effects.append(Emit("task.overran", {"task_id": task_id.hex()}))
+            else:
+                del self.jobs[task_id]
+        for key, until in list(self.seen.items()):
+            if now >= until:
+                del self.seen[key]
+        return effects
+

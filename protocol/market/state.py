@@ -1,0 +1,215 @@
+"""The requester's record of one task, its attempts and results, and its storable snapshot.
+
+Used by protocol.market.auction. ``TaskPhase`` and ``AttemptState`` list their legal transitions in
+``PHASE_TRANSITIONS`` and ``ATTEMPT_TRANSITIONS``; ``move_phase`` / ``move_attempt`` enforce
+them (a violation is our own bug: ``LocalProtocolError``).
+
+``TaskSnapshot`` is what the driver stores and shows: plain str/int/float/bool/list/dict data
+(``to_dict``) so it can go into SQLite as JSON and out over the HTTP API unchanged.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from crypto.envelope import Envelope
+from protocol.errors import LocalProtocolError
+from protocol.market.messages import BidBody, ResultBody, TaskSpec
+from protocol.market.voting import VoteOutcome
+
+
+class TaskPhase(enum.Enum):
+    BIDDING = "bidding"  # a bid window is open (earlier attempts may still run)
+    RUNNING = "running"  # no window open; waiting for assigned executors
+    DONE = "done"  # voted (possibly on partial results)
+    FAILED = "failed"  # no usable result by the deadline, or cancelled
+
+
+PHASE_TRANSITIONS: dict[TaskPhase, frozenset[TaskPhase]] = {
+    TaskPhase.BIDDING: frozenset(
+        {TaskPhase.BIDDING, TaskPhase.RUNNING, TaskPhase.DONE, TaskPhase.FAILED}
+    ),
+    TaskPhase.RUNNING: frozenset({TaskPhase.BIDDING, TaskPhase.DONE, TaskPhase.FAILED}),
+    TaskPhase.DONE: frozenset(),
+    TaskPhase.FAILED: frozenset(),
+}
+
+
+class AttemptState(enum.Enum):
+    ASSIGNED = "assigned"
+    ANSWERED = "answered"
+    FAILED = "failed"  # timed out, unreachable, refused, malformed
+    CANCELLED = "cancelled"  # the task ended before it answered
+
+
+ATTEMPT_TRANSITIONS: dict[AttemptState, frozenset[AttemptState]] = {
+    AttemptState.ASSIGNED: frozenset(
+        {AttemptState.ANSWERED, AttemptState.FAILED, AttemptState.CANCELLED}
+    ),
+    AttemptState.ANSWERED: frozenset(),
+    AttemptState.FAILED: frozenset(),
+    AttemptState.CANCELLED: frozenset(),
+}
+
+
+@dataclass(slots=True)
+class BidInfo:
+    body: BidBody
+    received_at_ms: int
+    #: the bidder holds its slot until then
+    hold_until_ms: int
+
+
+@dataclass(slots=True)
+class Attempt:
+    attempt: int
+    peer: str
+    bid: BidInfo
+    state: AttemptState
+    assigned_at_ms: int
+    due_at_ms: int
+    reason: str = ""
+
+
+@dataclass(slots=True)
+class ResultInfo:
+    body: ResultBody
+    envelope: Envelope
+    attempt: int
+    match_score: float
+    received_at_ms: int
+
+
+@dataclass(slots=True)
+class OpenTask:
+    spec: TaskSpec
+    allow_self: bool
+    phase: TaskPhase
+    created_at_ms: int
+    deadline_at_ms: int
+    round: int = 0
+    window_closes_at_ms: int = 0
+    next_attempt: int = 0
+    bids: dict[str, BidInfo] = field(default_factory=dict)
+    spares: dict[str, BidInfo] = field(default_factory=dict)
+    tried: set[str] = field(default_factory=set)
+    attempts: dict[int, Attempt] = field(default_factory=dict)
+    results: dict[str, ResultInfo] = field(default_factory=dict)
+    outcome: VoteOutcome | None = None
+    partial: bool = False
+    failure: str = ""
+    first_assigned_at_ms: int | None = None
+    finished_at_ms: int | None = None
+    forget_at_ms: int = 0
+
+    @property
+    def active(self) -> list[Attempt]:
+        return [a for a in self.attempts.values() if a.state is AttemptState.ASSIGNED]
+
+    @property
+    def needed(self) -> int:
+        return max(0, self.spec.k - len(self.results) - len(self.active))
+
+    @property
+    def finished(self) -> bool:
+        return self.phase in (TaskPhase.DONE, TaskPhase.FAILED)
+
+
+def move_phase(task: OpenTask, to: TaskPhase) -> None:
+    if to not in PHASE_TRANSITIONS[task.phase]:
+        raise LocalProtocolError(f"task {task.spec.task_id.hex()[:8]}: {task.phase} -> {to}")
+    task.phase = to
+
+
+def move_attempt(attempt: Attempt, to: AttemptState, reason: str = "") -> None:
+    if to not in ATTEMPT_TRANSITIONS[attempt.state]:
+        raise LocalProtocolError(f"attempt {attempt.attempt}: {attempt.state} -> {to}")
+    attempt.state = to
+    attempt.reason = reason
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSnapshot:
+    """Everything about one task a person or the database needs, as plain data."""
+
+    data: dict[str, object]
+
+    @property
+    def task_id(self) -> str:
+        return str(self.data["task_id"])
+
+    @property
+    def phase(self) -> str:
+        return str(self.data["phase"])
+
+    def to_dict(self) -> dict[str, object]:
+        return dict(self.data)
+
+
+def snapshot(task: OpenTask) -> TaskSnapshot:
+    spec = task.spec
+    outcome = task.outcome
+    weights = {}
+    normalized = {}
+    if outcome is not None:
+        for s in outcome.ballots:
+            weights[s.ballot.executor] = s.weight
+            normalized[s.ballot.executor] = s.normalized
+    results = [
+        {
+            "executor": peer,
+            "attempt": r.attempt,
+            "answer": r.body.answer,
+            "normalized": normalized.get(peer),
+            "weight": weights.get(peer),
+            "confidence": r.body.confidence,
+            "match_score": r.match_score,
+            "tokens": r.body.tokens,
+            "compute_ms": r.body.compute_ms,
+            "model_hash": r.body.model_hash.hex(),
+            "fingerprint_root": r.body.fingerprint_root.hex(),
+            "cot": r.body.cot,
+            "received_at_ms": r.received_at_ms,
+            "envelope": r.envelope.encode().hex(),
+        }
+        for peer, r in sorted(task.results.items())
+    ]
+    data: dict[str, object] = {
+        "task_id": spec.task_id.hex(),
+        "phase": task.phase.value,
+        "question": spec.question,
+        "answer_type": spec.answer_type,
+        "choices": list(spec.choices),
+        "model": spec.requirement.model,
+        "family": spec.requirement.family,
+        "min_context": spec.requirement.min_context,
+        "k": spec.k,
+        "max_price": spec.max_price,
+        "max_tokens": spec.max_tokens,
+        "allow_self": task.allow_self,
+        "round": task.round,
+        "next_attempt": task.next_attempt,
+        "tried": sorted(task.tried),
+        "created_at_ms": task.created_at_ms,
+        "deadline_at_ms": task.deadline_at_ms,
+        "first_assigned_at_ms": task.first_assigned_at_ms,
+        "finished_at_ms": task.finished_at_ms,
+        "answer": outcome.winner if outcome is not None else None,
+        "partial": task.partial,
+        "failure": task.failure,
+        "votes": [
+            {"answer": row.answer, "weight": row.weight, "count": row.count,
+             "share": row.share, "voters": list(row.voters)}
+            for row in (outcome.rows if outcome is not None else ())
+        ],
+        "results": results,
+        "attempts": [
+            {"attempt": a.attempt, "peer": a.peer, "state": a.state.value, "reason": a.reason,
+             "assigned_at_ms": a.assigned_at_ms, "due_at_ms": a.due_at_ms,
+             "model": a.bid.body.model, "match_score": a.bid.body.match_score,
+             "price": a.bid.body.price, "est_latency_ms": a.bid.body.est_latency_ms}
+            for a in sorted(task.attempts.values(), key=lambda a: a.attempt)
+        ],
+    }
+    return TaskSnapshot(data)

@@ -1,0 +1,529 @@
+"""The relay machine: which chunk to pull from whom, and what to serve to whom. Sans-IO.
+
+Contract
+--------
+One ``RelayMachine`` per node handles every artifact version it hears of. It never sees chunk
+bytes: the driver moves bytes over bulk streams, hashes what arrives, and reports the digest;
+chunks are ``(manifest_id, index)`` and sizes are ints, so the simulator can run it with a
+bandwidth model.
+
+* Manifests (``Received`` of a ``RelayManifest``: gossiped, sent by the plan parent, or
+  opening a chunk stream) are verified; one whose signer is not trusted, a replay (same id) or a stale one (a version not
+  above the newest accepted for its ``(signer, name)``) is ignored. A newer version supersedes
+  an unfinished older one. A node fetches a version when it is a recipient in the manifest or
+  asked for that artifact (``FetchVersion``); otherwise it only remembers it (``KNOWN``). An
+  accepted manifest is also sent (``Send``) to our children in the plan, so a lost gossip
+  message never stalls a subtree.
+* Fetching: after ``PrepareVersion`` (the driver persists the manifest, scans its store and
+  answers ``VersionPrepared`` with the chunks it already holds) the machine requests missing
+  chunks in ascending order, at most ``window`` in flight, from one source: its parent in the
+  relay plan, or after a failure the next of ``plan.sources_for`` (re-attach rule).
+* A received chunk whose digest matches the manifest is stored (``StoreChunk``) and then served
+  to every peer waiting for it (``ServeChunk``); a mismatch is discarded, its sender penalized,
+  attested (``AttestBadChunk``) and dropped as a source for that version for good. A failed
+  request, a disconnect, or a source silent for ``stall_timeout_ms`` with requests in flight
+  drops the source until every source has failed, then all but the bad ones are retried after
+  ``retry_ms``.
+* Serving: a request for a held chunk is served at once; for a chunk of a version being fetched
+  it waits (at most ``max_queued_per_peer`` per peer) and is served when the chunk is stored;
+  otherwise it is refused with a ``ChunkStatus``.
+* Progress: a receiver gossips ``RelayProgress`` ``PROGRESS_REPORTS`` times per version and on
+  completion; the machine keeps what others report (``Transfer.progress``) for status.
+* Completion emits ``VersionComplete`` (the hot-swap hook).
+
+Events and effects are declared in protocol/relay/events.py. Per artifact the newest
+  ``keep_versions`` complete versions are kept; older ones get ``DropVersion``.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from collections import Counter
+from collections.abc import Set
+from dataclasses import dataclass, field
+
+from protocol.errors import LocalProtocolError
+from protocol.machine import (
+    Effect,
+    Emit,
+    Event,
+    PeerConnected,
+    PeerDisconnected,
+    Penalize,
+    Publish,
+    Received,
+    Send,
+    Tick,
+)
+from protocol.relay.events import (
+    AttestBadChunk,
+    ChunkFailed,
+    ChunkReceived,
+    ChunkRequested,
+    DiscardChunk,
+    DropVersion,
+    FetchVersion,
+    PrepareVersion,
+    PublishVersion,
+    RefuseChunk,
+    RequestChunk,
+    Restore,
+    ServeChunk,
+    StoreChunk,
+    StreamClosed,
+    VersionComplete,
+    VersionPrepared,
+)
+from protocol.relay.manifest import (
+    MAX_RECIPIENTS,
+    RELAY_TOPIC,
+    ChunkStatus,
+    Manifest,
+    ManifestError,
+    RelayManifest,
+    RelayProgress,
+    verify_manifest,
+)
+from protocol.relay.plan import MAX_FANOUT, RelayPlan, build_plan
+
+DEFAULT_WINDOW = 8
+KEEP_VERSIONS = 2
+STALL_TIMEOUT_MS = 30_000
+RETRY_MS = 1_000
+MAX_QUEUED_PER_PEER = 64
+BAD_CHUNK_PENALTY = 50
+BAD_MANIFEST_PENALTY = 20
+BAD_REQUEST_PENALTY = 5
+#: a receiver gossips its progress this many times per version (and on completion)
+PROGRESS_REPORTS = 8
+
+
+class TransferState(enum.Enum):
+    KNOWN = "known"  # heard of, not fetching, nothing to serve
+    PREPARING = "preparing"  # waiting for VersionPrepared (local store scan)
+    FETCHING = "fetching"
+    COMPLETE = "complete"
+    ABANDONED = "abandoned"  # superseded, dropped by GC
+
+
+TRANSITIONS: dict[TransferState, frozenset[TransferState]] = {
+    TransferState.KNOWN: frozenset({TransferState.PREPARING, TransferState.ABANDONED}),
+    TransferState.PREPARING: frozenset(
+        {TransferState.FETCHING, TransferState.COMPLETE, TransferState.ABANDONED}
+    ),
+    TransferState.FETCHING: frozenset({TransferState.COMPLETE, TransferState.ABANDONED}),
+    TransferState.COMPLETE: frozenset({TransferState.ABANDONED}),
+    TransferState.ABANDONED: frozenset(),
+}
+
+# ---------------------------------------------------------------- state
+
+
+@dataclass
+class Transfer:
+    manifest: Manifest
+    plan: RelayPlan
+    state: TransferState
+    have: bytearray
+    have_count: int = 0
+    pending: list[int] = field(default_factory=list)  # heap of indices to request
+    in_flight: dict[int, str] = field(default_factory=dict)
+    source: str | None = None
+    #: peer -> permanent (a bad chunk) or not (cleared when every source has failed)
+    failed: dict[str, bool] = field(default_factory=dict)
+    last_progress_ms: int = 0
+    retry_at_ms: int | None = None
+    waiting: dict[int, list[str]] = field(default_factory=dict)
+    queued: Counter[str] = field(default_factory=Counter)
+    served: Counter[str] = field(default_factory=Counter)
+    by_hash: dict[bytes, list[int]] = field(default_factory=dict)
+    #: chunks held by other peers, from their RelayProgress gossip
+    progress: dict[str, int] = field(default_factory=dict)
+    reported: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.have_count == self.manifest.chunks
+
+
+def _emit(event: str, manifest: Manifest, **fields: object) -> Emit:
+    return Emit(
+        event,
+        {"name": manifest.name, "version": manifest.version, "id": manifest.id.hex(), **fields},
+    )
+
+
+class RelayMachine:
+    def __init__(
+        self,
+        self_id: str,
+        *,
+        window: int = DEFAULT_WINDOW,
+        keep_versions: int = KEEP_VERSIONS,
+        stall_timeout_ms: int = STALL_TIMEOUT_MS,
+        retry_ms: int = RETRY_MS,
+        max_queued_per_peer: int = MAX_QUEUED_PER_PEER,
+        max_fanout: int = MAX_FANOUT,
+        trusted: Set[str] | None = None,
+    ) -> None:
+        if window < 1 or keep_versions < 1 or max_queued_per_peer < 1:
+            raise LocalProtocolError("window, keep_versions and max_queued_per_peer must be >= 1")
+        self.self_id = self_id
+        self.window = window
+        self.keep_versions = keep_versions
+        self.stall_timeout_ms = stall_timeout_ms
+        self.retry_ms = retry_ms
+        self.max_queued_per_peer = max_queued_per_peer
+        self.max_fanout = max_fanout
+        self.trusted = None if trusted is None else frozenset(trusted)
+        self.transfers: dict[bytes, Transfer] = {}
+        self._latest: dict[tuple[str, str], int] = {}
+        self._wanted: set[tuple[str | None, str]] = set()
+
+    # ------------------------------------------------------------ queries
+
+    def latest_complete(self, name: str, signer: str | None = None) -> Manifest | None:
+        done = [
+            t.manifest
+            for t in self.transfers.values()
+            if t.state is TransferState.COMPLETE
+            and t.manifest.name == name
+            and (signer is None or t.manifest.signer == signer)
+        ]
+        return max(done, key=lambda m: m.version, default=None)
+
+    def latest_version(self, key: tuple[str, str]) -> int:
+        """The newest version accepted for artifact ``(signer, name)``, 0 if none."""
+        return self._latest.get(key, 0)
+
+    def next_deadline(self) -> int | None:
+        deadlines = []
+        for t in self.transfers.values():
+            if t.state is not TransferState.FETCHING:
+                continue
+            if t.in_flight:
+                deadlines.append(t.last_progress_ms + self.stall_timeout_ms)
+            if t.retry_at_ms is not None:
+                deadlines.append(t.retry_at_ms)
+        return min(deadlines, default=None)
+
+    # ------------------------------------------------------------ events
+
+    def handle(self, event: Event, now: int) -> list[Effect]:
+        out: list[Effect] = []
+        if isinstance(event, Received) and isinstance(event.message, RelayManifest):
+            self._on_manifest(event.peer, event.message, now, out)
+        elif isinstance(event, ChunkReceived):
+            self._on_chunk(event, now, out)
+        elif isinstance(event, ChunkRequested):
+            self._on_request(event, out)
+        elif isinstance(event, Received) and isinstance(event.message, RelayProgress):
+            t = self.transfers.get(event.message.manifest_id)
+            if t is not None and (event.peer in t.plan or len(t.progress) < MAX_RECIPIENTS):
+                held = min(event.message.chunks_held, t.manifest.chunks)
+                t.progress[event.peer] = max(held, t.progress.get(event.peer, 0))
+        elif isinstance(event, ChunkFailed):
+            if event.penalty > 0:
+                out.append(Penalize(event.peer, event.reason, event.penalty))
+            t = self.transfers.get(event.manifest_id)
+            if t is not None and t.in_flight.get(event.index) == event.peer:
+                self._fail_source(t, event.peer, event.reason, False, now, out)
+        elif isinstance(event, PeerDisconnected):
+            for t in list(self.transfers.values()):
+                self._forget_waiter(t, event.peer)
+                if t.state is TransferState.FETCHING and (
+                    t.source == event.peer or event.peer in t.in_flight.values()
+                ):
+                    self._fail_source(t, event.peer, "disconnected", False, now, out)
+                elif event.peer in t.plan:
+                    t.failed.setdefault(event.peer, False)
+        elif isinstance(event, StreamClosed):
+            t = self.transfers.get(event.manifest_id)
+            if t is not None:
+                self._forget_waiter(t, event.peer)
+        elif isinstance(event, PeerConnected):
+            for t in self.transfers.values():
+                if t.failed.get(event.peer) is False:
+                    del t.failed[event.peer]
+        elif isinstance(event, Tick):
+            self._on_tick(now, out)
+        elif isinstance(event, VersionPrepared):
+            t = self.transfers.get(event.manifest_id)
+            if t is not None and t.state is TransferState.PREPARING:
+                self._mark_present(t, event.present)
+                self._set_state(t, TransferState.FETCHING)
+                self._after_progress(t, now, out)
+        elif isinstance(event, PublishVersion):
+            self._on_publish(event.manifest, out)
+        elif isinstance(event, FetchVersion):
+            self._wanted.add((event.signer, event.name))
+            for t in list(self.transfers.values()):
+                newest = self._latest.get(t.manifest.key) == t.manifest.version
+                if newest and t.state is TransferState.KNOWN and self._is_wanted(t.manifest):
+                    self._set_state(t, TransferState.PREPARING)
+                    out.append(PrepareVersion(t.manifest))
+        elif isinstance(event, Restore):
+            self._on_restore(event, now, out)
+        return out
+
+    def _on_manifest(self, peer: str, msg: RelayManifest, now: int, out: list[Effect]) -> None:
+        try:
+            manifest = verify_manifest(msg)
+        except ManifestError as exc:
+            out.append(Penalize(peer, f"invalid relay manifest: {exc}", BAD_MANIFEST_PENALTY))
+            out.append(Emit("manifest_invalid", {"peer": peer, "error": str(exc)}))
+            return
+        if manifest.id in self.transfers:
+            return  # a replay of a manifest we hold: nothing new
+        if self.trusted is not None and manifest.signer not in self.trusted:
+            out.append(_emit("manifest_untrusted", manifest, peer=peer))
+            return
+        latest = self._latest.get(manifest.key)
+        if latest is not None and manifest.version <= latest:
+            out.append(_emit("manifest_stale", manifest, peer=peer, latest=latest))
+            return
+        t = self._register(manifest, TransferState.KNOWN, out)
+        out.append(_emit("manifest_accepted", manifest, peer=peer))
+        self._push_down(t, out)
+        if manifest.signer != self.self_id and (
+            self.self_id in t.plan or self._is_wanted(manifest)
+        ):
+            self._set_state(t, TransferState.PREPARING)
+            out.append(PrepareVersion(manifest))
+
+    def _on_publish(self, manifest: Manifest, out: list[Effect]) -> None:
+        if manifest.signer != self.self_id:
+            raise LocalProtocolError("can only publish a manifest this node signed")
+        latest = self._latest.get(manifest.key)
+        if latest is not None and manifest.version <= latest:
+            raise LocalProtocolError(f"version {manifest.version} is not above {latest}")
+        t = self._register(manifest, TransferState.COMPLETE, out)
+        self._mark_present(t, frozenset(range(manifest.chunks)))
+        out.append(Publish(RELAY_TOPIC, manifest.message))
+        self._push_down(t, out)
+        out.append(_emit("published", manifest, chunks=manifest.chunks))
+        self._gc(manifest.key, out)
+
+    def _on_restore(self, event: Restore, now: int, out: list[Effect]) -> None:
+        manifest = event.manifest
+        if manifest.id in self.transfers:
+            return
+        latest = self._latest.get(manifest.key, 0)
+        t = self._register(manifest, TransferState.KNOWN, out)
+        self._mark_present(t, event.present)
+        if t.complete:
+            self._set_state(t, TransferState.PREPARING)
+            self._set_state(t, TransferState.COMPLETE)
+        elif (
+            manifest.version > latest
+            and manifest.signer != self.self_id
+            and (self.self_id in t.plan or self._is_wanted(manifest))
+        ):
+            self._set_state(t, TransferState.PREPARING)
+            self._set_state(t, TransferState.FETCHING)
+            self._pump(t, now, out)
+        self._gc(manifest.key, out)
+
+    def _register(self, manifest: Manifest, state: TransferState, out: list[Effect]) -> Transfer:
+        body = manifest.body
+        plan = build_plan(
+            manifest.signer,
+            body.publisher_upload_bps,
+            ((r.peer_id, r.upload_bps) for r in body.recipients),
+            total_size=body.total_size,
+            chunk_size=body.chunk_size,
+            seed=manifest.id,
+            max_fanout=self.max_fanout,
+        )
+        t = Transfer(manifest=manifest, plan=plan, state=state, have=bytearray(manifest.chunks))
+        for i, h in enumerate(manifest.chunk_hashes):
+            t.by_hash.setdefault(h, []).append(i)
+        t.pending = list(range(manifest.chunks))  # ascending: already a heap
+        key = manifest.key
+        if manifest.version > self._latest.get(key, 0):
+            self._latest[key] = manifest.version
+            for old in list(self.transfers.values()):
+                if old.manifest.key == key and old.state in (
+                    TransferState.PREPARING,
+                    TransferState.FETCHING,
+                    TransferState.KNOWN,
+                ):
+                    self._abandon(old, "superseded", out)
+        self.transfers[manifest.id] = t
+        return t
+
+    # ------------------------------------------------------------ fetching
+
+    def _on_chunk(self, ev: ChunkReceived, now: int, out: list[Effect]) -> None:
+        t = self.transfers.get(ev.manifest_id)
+        if (
+            t is None
+            or t.state is not TransferState.FETCHING
+            or t.in_flight.get(ev.index) != ev.peer
+        ):
+            out.append(DiscardChunk(ev.peer, ev.manifest_id, ev.index))
+            return
+        expected = t.manifest.chunk_hashes[ev.index]
+        if ev.digest != expected:
+            out.append(DiscardChunk(ev.peer, ev.manifest_id, ev.index))
+            out.append(Penalize(ev.peer, f"bad relay chunk {ev.index}", BAD_CHUNK_PENALTY))
+            out.append(AttestBadChunk(ev.peer, ev.manifest_id, ev.index, expected, ev.digest))
+            self._fail_source(t, ev.peer, "bad chunk", True, now, out)
+            return
+        del t.in_flight[ev.index]
+        out.append(StoreChunk(ev.peer, ev.manifest_id, ev.index))
+        t.last_progress_ms = now
+        self._mark_present(t, t.by_hash[expected], out)
+        self._after_progress(t, now, out)
+
+    def _after_progress(self, t: Transfer, now: int, out: list[Effect]) -> None:
+        step = max(1, t.manifest.chunks // PROGRESS_REPORTS)
+        if t.complete or t.have_count >= t.reported + step:
+            t.reported = t.have_count
+            out.append(
+                Publish(
+                    RELAY_TOPIC, RelayProgress(manifest_id=t.manifest.id, chunks_held=t.have_count)
+                )
+            )
+        if t.complete:
+            self._set_state(t, TransferState.COMPLETE)
+            t.in_flight.clear()
+            t.retry_at_ms = None
+            out.append(VersionComplete(t.manifest))
+            out.append(_emit("complete", t.manifest))
+            self._gc(t.manifest.key, out)
+        else:
+            self._pump(t, now, out)
+
+    def _push_down(self, t: Transfer, out: list[Effect]) -> None:
+        """Send the manifest to our children in the plan: nobody waits on a lost gossip."""
+        for child in t.plan.children.get(self.self_id, ()):
+            out.append(Send(child, t.manifest.message))
+
+    def _pump(self, t: Transfer, now: int, out: list[Effect]) -> None:
+        """Top up the in-flight window from the current source, choosing one if needed."""
+        if t.state is not TransferState.FETCHING:
+            return
+        if t.source is None:
+            sources = t.plan.sources_for(self.self_id, set(t.failed) | {self.self_id})
+            if not sources:
+                if t.retry_at_ms is None:
+                    t.retry_at_ms = now + self.retry_ms
+                    out.append(_emit("no_source", t.manifest))
+                return
+            t.source = sources[0]
+            t.last_progress_ms = now
+            if t.plan.parent.get(self.self_id) != t.source:
+                out.append(_emit("reattached", t.manifest, source=t.source))
+        while len(t.in_flight) < self.window and t.pending:
+            index = heapq.heappop(t.pending)
+            if t.have[index] or index in t.in_flight:
+                continue
+            t.in_flight[index] = t.source
+            out.append(RequestChunk(t.source, t.manifest.id, index))
+
+    def _fail_source(
+        self, t: Transfer, peer: str, reason: str, permanent: bool, now: int, out: list[Effect]
+    ) -> None:
+        t.failed[peer] = permanent or t.failed.get(peer, False)
+        for index, source in list(t.in_flight.items()):
+            if source == peer:
+                del t.in_flight[index]
+                heapq.heappush(t.pending, index)
+        if t.source == peer:
+            t.source = None
+        out.append(_emit("source_failed", t.manifest, peer=peer, reason=reason))
+        self._pump(t, now, out)
+
+    def _on_tick(self, now: int, out: list[Effect]) -> None:
+        for t in list(self.transfers.values()):
+            if t.state is not TransferState.FETCHING:
+                continue
+            if t.in_flight and now >= t.last_progress_ms + self.stall_timeout_ms:
+                stalled = t.source or next(iter(t.in_flight.values()))
+                self._fail_source(t, stalled, "stalled", False, now, out)
+            if t.retry_at_ms is not None and now >= t.retry_at_ms:
+                t.retry_at_ms = None
+                t.failed = {p: bad for p, bad in t.failed.items() if bad}
+                self._pump(t, now, out)
+
+    # ------------------------------------------------------------ serving
+
+    def _on_request(self, ev: ChunkRequested, out: list[Effect]) -> None:
+        t = self.transfers.get(ev.manifest_id)
+        if t is None or t.state is TransferState.ABANDONED:
+            out.append(RefuseChunk(ev.peer, ev.manifest_id, ev.index, ChunkStatus.GONE))
+        elif ev.index >= t.manifest.chunks:
+            out.append(
+                Penalize(ev.peer, f"relay chunk {ev.index} out of range", BAD_REQUEST_PENALTY)
+            )
+            out.append(RefuseChunk(ev.peer, ev.manifest_id, ev.index, ChunkStatus.GONE))
+        elif t.have[ev.index]:
+            t.served[ev.peer] += 1
+            out.append(ServeChunk(ev.peer, ev.manifest_id, ev.index))
+        elif t.state not in (TransferState.PREPARING, TransferState.FETCHING):
+            out.append(RefuseChunk(ev.peer, ev.manifest_id, ev.index, ChunkStatus.NOT_HELD))
+        elif t.queued[ev.peer] >= self.max_queued_per_peer:
+            out.append(RefuseChunk(ev.peer, ev.manifest_id, ev.index, ChunkStatus.BUSY))
+        else:
+            t.queued[ev.peer] += 1
+            t.waiting.setdefault(ev.index, []).append(ev.peer)
+
+    def _mark_present(
+        self, t: Transfer, indices: Set[int] | list[int], out: list[Effect] | None = None
+    ) -> None:
+        for index in indices:
+            if 0 <= index < len(t.have) and not t.have[index]:
+                t.have[index] = 1
+                t.have_count += 1
+                for peer in t.waiting.pop(index, ()):
+                    t.queued[peer] -= 1
+                    t.served[peer] += 1
+                    if out is not None:
+                        out.append(ServeChunk(peer, t.manifest.id, index))
+
+    def _forget_waiter(self, t: Transfer, peer: str) -> None:
+        if not t.queued.pop(peer, 0):
+            return
+        for index in list(t.waiting):
+            t.waiting[index] = [p for p in t.waiting[index] if p != peer]
+            if not t.waiting[index]:
+                del t.waiting[index]
+
+    # ------------------------------------------------------------ lifecycle
+
+    def _is_wanted(self, manifest: Manifest) -> bool:
+        wanted = self._wanted
+        return (manifest.signer, manifest.name) in wanted or (None, manifest.name) in wanted
+
+    def _set_state(self, t: Transfer, new: TransferState) -> None:
+        if new not in TRANSITIONS[t.state]:
+            raise LocalProtocolError(
+                f"relay transfer cannot go from {t.state.value} to {new.value}"
+            )
+        t.state = new
+
+    def _abandon(self, t: Transfer, reason: str, out: list[Effect]) -> None:
+        self._set_state(t, TransferState.ABANDONED)
+        for index, peers in t.waiting.items():
+            for peer in peers:
+                out.append(RefuseChunk(peer, t.manifest.id, index, ChunkStatus.GONE))
+        t.waiting.clear()
+        t.queued.clear()
+        t.in_flight.clear()
+        out.append(DropVersion(t.manifest.id, reason))
+        out.append(_emit("dropped", t.manifest, reason=reason))
+        del self.transfers[t.manifest.id]
+
+    def _gc(self, key: tuple[str, str], out: list[Effect]) -> None:
+        done = sorted(
+            (
+                t
+                for t in self.transfers.values()
+                if t.manifest.key == key and t.state is TransferState.COMPLETE
+            ),
+            key=lambda t: t.manifest.version,
+        )
+        for t in done[: max(0, len(done) - self.keep_versions)]:
+            self._abandon(t, "garbage-collected", out)

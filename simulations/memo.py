@@ -40,7 +40,9 @@ import crypto.envelope
 import crypto.keys
 from crypto.keys import verify_signature
 from crypto.peer_id import peer_id_from_public_key
-from protocol import codec, ledger_records, ledger_state
+from protocol import codec
+from protocol.ledger import records as ledger_records
+from protocol.ledger import state as ledger_state
 from protocol.ledger.records import LedgerDigest
 
 #: distinct argument tuples remembered per function; the oldest are forgotten first

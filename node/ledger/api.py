@@ -18,20 +18,19 @@ Times in the JSON are Unix epoch milliseconds; hashes are hex.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from node.api.app import token_route
+from node.service import NodeContext
+from protocol.ledger.machine import LedgerMachine
 from protocol.ledger.records import MAX_TAGS, AttestationKind, CapabilityRecord, Role
-from protocol.ledger.state import HeldAttestation
-from protocol.ledger.view import SORT_KEYS
 from protocol.ledger.reputation import Reputation
-
-if TYPE_CHECKING:
-    from node.ledger.service import LedgerService
+from protocol.ledger.state import HeldAttestation
+from protocol.ledger.view import SORT_KEYS, PeerMatch
 
 MAX_LIST = 1000
 
@@ -98,10 +97,66 @@ def _limit(request: Request) -> int:
     return min(MAX_LIST, max(1, int(request.query_params.get("limit", str(MAX_LIST)))))
 
 
-def ledger_routes(service: LedgerService) -> list[BaseRoute]:
-    view = service.machine.view
+class LedgerAccess(Protocol):
+    """What the routes use of the ledger service (node/ledger/service.py passes itself)."""
 
-    async def peers(request: Request) -> Response:
+    ctx: NodeContext
+    #: operator changes at run time: ``tags``, ``price_per_1k_tokens``
+    overrides: dict[str, Any]
+
+    @property
+    def machine(self) -> LedgerMachine: ...
+
+    def now_ms(self) -> int: ...
+
+    def reputation(self, peer: str) -> Reputation: ...
+
+    def find_peers(self, **query: Any) -> list[PeerMatch]: ...
+
+    async def refresh_capability(self) -> None: ...
+
+
+def ledger_routes(service: LedgerAccess) -> list[BaseRoute]:
+    endpoints = LedgerEndpoints(service)
+    return [
+        token_route("/capability", endpoints.set_capability, methods=["POST"]),
+        Route("/peers", endpoints.peers, methods=["GET"]),
+        Route("/peers/{peer_id}", endpoints.show_peer, methods=["GET"]),
+        Route("/attestations", endpoints.attestations, methods=["GET"]),
+    ]
+
+
+def _capability_change(body: object) -> tuple[dict[str, Any], str]:
+    """The overrides a ``POST /ledger/capability`` body asks for, or ({}, what is wrong)."""
+    if not isinstance(body, dict) or set(body) - {"tags", "price_per_1k_tokens"}:
+        return {}, "the body must be a JSON object with tags and/or price_per_1k_tokens"
+    tags, price = body.get("tags"), body.get("price_per_1k_tokens")
+    if tags is not None and not (
+        isinstance(tags, list)
+        and len(tags) <= MAX_TAGS
+        and all(isinstance(t, str) and len(t) <= 64 for t in tags)
+    ):
+        return {}, f"tags must be a list of at most {MAX_TAGS} strings of <= 64 chars"
+    if price is not None and (
+        isinstance(price, bool) or not isinstance(price, (int, float)) or not 0 <= price <= 1e9
+    ):
+        return {}, "price_per_1k_tokens must be a number in [0, 1e9]"
+    change: dict[str, Any] = {}
+    if tags is not None:
+        change["tags"] = tuple(tags)
+    if price is not None:
+        change["price_per_1k_tokens"] = float(price)
+    return change, ""
+
+
+class LedgerEndpoints:
+    """One endpoint per route, answering from the ledger service and its view."""
+
+    def __init__(self, service: LedgerAccess) -> None:
+        self.service = service
+        self.view = service.machine.view
+
+    async def peers(self, request: Request) -> Response:
         q = request.query_params
         try:
             role = Role(q["role"]) if q.get("role") else None
@@ -111,17 +166,17 @@ def ledger_routes(service: LedgerService) -> list[BaseRoute]:
         sort = q.get("sort", "reputation")
         if sort not in SORT_KEYS:
             return _error(f"sort must be one of {', '.join(SORT_KEYS)}")
-        found = service.find_peers(
+        found = self.service.find_peers(
             model=q.get("model") or None,
             family=q.get("family") or None,
             role=role,
             min_context=min_context,
             sort_by=sort,
         )
-        own = service.ctx.identity.peer_id
+        own = self.service.ctx.identity.peer_id
         return JSONResponse(
             {
-                "now_ms": service.now_ms(),
+                "now_ms": self.service.now_ms(),
                 "peers": [
                     {
                         **record_json(m.record),
@@ -134,68 +189,48 @@ def ledger_routes(service: LedgerService) -> list[BaseRoute]:
             }
         )
 
-    async def show_peer(request: Request) -> Response:
+    async def show_peer(self, request: Request) -> Response:
         peer = request.path_params["peer_id"]
-        held = view.capability(peer)
-        atts = view.attestations(subject=peer)
+        held = self.view.capability(peer)
+        atts = self.view.attestations(subject=peer)
         if held is None and not atts:
             return _error("no record or attestation of this peer", 404)
-        now = service.ctx.clock()
+        now = self.service.ctx.clock()
         return JSONResponse(
             {
                 "peer_id": peer,
-                "now_ms": service.now_ms(),
-                "live": held is not None and view.capability(peer, now) is not None,
+                "now_ms": self.service.now_ms(),
+                "live": held is not None and self.view.capability(peer, now) is not None,
                 "record": record_json(held.record) if held is not None else None,
                 "last_seen_ms": held.received_at_ms if held is not None else None,
-                "reputation": reputation_json(service.reputation(peer)),
+                "reputation": reputation_json(self.service.reputation(peer)),
                 "attestations": [attestation_json(a) for a in atts[:MAX_LIST]],
             }
         )
 
-    async def attestations(request: Request) -> Response:
+    async def attestations(self, request: Request) -> Response:
         q = request.query_params
         try:
             kind = AttestationKind(q["kind"]) if q.get("kind") else None
             limit = _limit(request)
         except ValueError as exc:
             return _error(str(exc))
-        found = view.attestations(
+        found = self.view.attestations(
             subject=q.get("peer") or None, observer=q.get("observer") or None, kind=kind
         )
         return JSONResponse(
             {"count": len(found), "attestations": [attestation_json(a) for a in found[:limit]]}
         )
 
-    async def set_capability(request: Request) -> Response:
+    async def set_capability(self, request: Request) -> Response:
         try:
             body = await request.json()
         except ValueError:
             body = None
-        if not isinstance(body, dict) or set(body) - {"tags", "price_per_1k_tokens"}:
-            return _error("the body must be a JSON object with tags and/or price_per_1k_tokens")
-        tags, price = body.get("tags"), body.get("price_per_1k_tokens")
-        if tags is not None and not (
-            isinstance(tags, list)
-            and len(tags) <= MAX_TAGS
-            and all(isinstance(t, str) and len(t) <= 64 for t in tags)
-        ):
-            return _error(f"tags must be a list of at most {MAX_TAGS} strings of <= 64 chars")
-        if price is not None and (
-            isinstance(price, bool) or not isinstance(price, (int, float)) or not 0 <= price <= 1e9
-        ):
-            return _error("price_per_1k_tokens must be a number in [0, 1e9]")
-        if tags is not None:
-            service.overrides["tags"] = tuple(tags)
-        if price is not None:
-            service.overrides["price_per_1k_tokens"] = float(price)
-        await service.refresh_capability()
-        held = view.capability(service.ctx.identity.peer_id)
+        change, problem = _capability_change(body)
+        if problem:
+            return _error(problem)
+        self.service.overrides.update(change)
+        await self.service.refresh_capability()
+        held = self.view.capability(self.service.ctx.identity.peer_id)
         return JSONResponse({"record": record_json(held.record) if held is not None else None})
-
-    return [
-        token_route("/capability", set_capability, methods=["POST"]),
-        Route("/peers", peers, methods=["GET"]),
-        Route("/peers/{peer_id}", show_peer, methods=["GET"]),
-        Route("/attestations", attestations, methods=["GET"]),
-    ]

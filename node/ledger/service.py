@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import trio
 
+from node.ledger.api import ledger_routes
 from node.ledger.store import SCHEMA, LedgerStore
 from node.service import NodeContext, Service
 from protocol.ledger.machine import (
@@ -272,6 +273,4 @@ class LedgerService(Service):
         return st
 
     def routes(self) -> list[BaseRoute]:
-        from node.ledger.api import ledger_routes
-
         return ledger_routes(self)

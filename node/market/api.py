@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -25,12 +25,27 @@ from starlette.routing import BaseRoute, Route
 
 from node.api.app import require_token, token_route
 
-if TYPE_CHECKING:
-    from node.market.requester import TasksService
-
 #: model names that mean "any model the network serves"
 ANY_MODEL = ("", "auto", "symphony", "default")
 MAX_LIST = 1000
+
+
+class AskError(ValueError):
+    """A request to ask is malformed (the routes answer 400 with this message)."""
+
+
+class TasksAccess(Protocol):
+    """What the routes use of the tasks service (node/market/requester.py passes itself)."""
+
+    def recent(self, limit: int = 50) -> list[dict[str, Any]]: ...
+
+    def load(self, task_id: str) -> dict[str, Any] | None: ...
+
+    async def ask(self, request: dict[str, Any], *, wait: bool = True) -> dict[str, Any]:
+        """The task's snapshot; raises :class:`AskError` for a malformed request."""
+        ...
+
+    def known_models(self) -> set[str]: ...
 
 
 def _error(message: str, status: int = 400) -> Response:
@@ -57,9 +72,7 @@ def best_answer_text(snap: dict[str, Any]) -> str:
     return str(max(voters, key=lambda r: (r.get("weight") or 0.0, r["executor"]))["answer"])
 
 
-def task_routes(service: TasksService) -> list[BaseRoute]:
-    from node.market.requester import AskError
-
+def task_routes(service: TasksAccess) -> list[BaseRoute]:
     async def list_tasks(request: Request) -> Response:
         try:
             limit = min(MAX_LIST, max(1, int(request.query_params.get("limit", "50"))))
@@ -91,9 +104,8 @@ def task_routes(service: TasksService) -> list[BaseRoute]:
     ]
 
 
-def openai_routes(service: TasksService) -> list[BaseRoute]:
+def openai_routes(service: TasksAccess) -> list[BaseRoute]:
     """``/v1/chat/completions`` and ``/v1/models``, mounted at the API's root."""
-    from node.market.requester import AskError
 
     async def chat_completions(request: Request) -> Response:
         body = await _json(request)

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 import trio
 
+from node.market.api import AskError, openai_routes, task_routes
 from node.service import NodeContext, Service
 from protocol.answers import AnswerType
 from protocol.market.auction import (
@@ -89,10 +90,6 @@ class TasksSection:
                      "default_max_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
-
-
-class AskError(ValueError):
-    """A request to ask is malformed (the HTTP layer answers 400 with this message)."""
 
 
 LEDGER_KINDS = {COMPLETED: "TASK_COMPLETED", WRONG: "TASK_FAILED", TIMEOUT: "TASK_TIMED_OUT"}
@@ -312,13 +309,9 @@ class TasksService(Service):
                 "restored": self._restored, "counters": dict(sorted(m.counters.items()))}
 
     def routes(self) -> list[Any]:
-        from node.market.api import task_routes
-
         return task_routes(self)
 
     def root_routes(self) -> list[Any]:
-        from node.market.api import openai_routes
-
         return openai_routes(self)
 
 

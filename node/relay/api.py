@@ -10,7 +10,7 @@ not held 404. Paths name files on this machine (the CLI and the daemon share it)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -18,66 +18,118 @@ from starlette.routing import BaseRoute, Route
 
 from node.api.app import token_route
 from node.relay.chunk_store import ChunkStoreError
-from protocol.relay.manifest import ArtifactFormat, ManifestError
+from protocol.relay.manifest import ArtifactFormat, Manifest, ManifestError
 
-if TYPE_CHECKING:
-    from node.relay.service import RelayService
+
+class RelayAccess(Protocol):
+    """What the routes use of the relay service (node/relay/service.py passes itself)."""
+
+    def status(self) -> dict[str, Any]: ...
+
+    async def publish(
+        self,
+        path: Path,
+        name: str,
+        *,
+        version: int | None = None,
+        format: ArtifactFormat = ArtifactFormat.RAW,
+        chunk_size: int | None = None,
+        recipients: list[str] | None = None,
+    ) -> Manifest: ...
+
+    async def fetch(self, name: str, signer: str | None = None) -> None: ...
+
+    def latest(self, name: str, signer: str | None = None) -> Manifest | None: ...
+
+    def complete_version(self, name: str, version: int) -> Manifest | None: ...
+
+    async def export(self, manifest: Manifest, out: Path) -> None: ...
+
+    def set_upload(self, *, limit_bps: int, advertised_bps: int = 0) -> None:
+        """Raises ValueError for a negative bandwidth."""
+        ...
+
+    def upload_settings(self) -> tuple[int, int]:
+        """(upload_limit_bps, advertised upload_bps) in force now."""
+        ...
 
 
 def _error(message: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def relay_routes(service: RelayService) -> list[BaseRoute]:
-    async def status(request: Request) -> Response:
-        return JSONResponse(service.status())
+def relay_routes(service: RelayAccess) -> list[BaseRoute]:
+    endpoints = RelayEndpoints(service)
+    return [
+        Route("/status", endpoints.status, methods=["GET"]),
+        token_route("/limits", endpoints.limits),
+        token_route("/publish", endpoints.publish),
+        token_route("/fetch", endpoints.fetch),
+        token_route("/export", endpoints.export),
+    ]
 
-    async def publish(request: Request) -> Response:
+
+def _manifest_json(manifest: Manifest) -> dict[str, Any]:
+    return {
+        "id": manifest.id.hex(),
+        "name": manifest.name,
+        "version": manifest.version,
+        "chunks": manifest.chunks,
+        "total_size": manifest.body.total_size,
+        "recipients": [r.peer_id for r in manifest.body.recipients],
+    }
+
+
+def _optional_int(body: dict[str, Any], key: str) -> int | None:
+    return None if body.get(key) is None else int(body[key])
+
+
+class RelayEndpoints:
+    """One endpoint per route, each a call on the relay service."""
+
+    def __init__(self, service: RelayAccess) -> None:
+        self.service = service
+
+    async def status(self, request: Request) -> Response:
+        return JSONResponse(self.service.status())
+
+    async def publish(self, request: Request) -> Response:
         body: dict[str, Any] = await request.json()
         try:
             path = Path(str(body["path"])).expanduser()
             if not path.is_file():
                 return _error(f"{path} is not a file")
-            manifest = await service.publish(
+            manifest = await self.service.publish(
                 path,
                 str(body["name"]),
-                version=None if body.get("version") is None else int(body["version"]),
+                version=_optional_int(body, "version"),
                 format=ArtifactFormat(body.get("format", ArtifactFormat.RAW.value)),
-                chunk_size=None if body.get("chunk_size") is None else int(body["chunk_size"]),
+                chunk_size=_optional_int(body, "chunk_size"),
                 recipients=None
                 if body.get("recipients") is None
                 else [str(p) for p in body["recipients"]],
             )
         except (KeyError, ValueError, TypeError, ManifestError, ChunkStoreError) as exc:
             return _error(f"cannot publish: {exc}")
-        return JSONResponse(
-            {
-                "id": manifest.id.hex(),
-                "name": manifest.name,
-                "version": manifest.version,
-                "chunks": manifest.chunks,
-                "total_size": manifest.body.total_size,
-                "recipients": [r.peer_id for r in manifest.body.recipients],
-            }
-        )
+        return JSONResponse(_manifest_json(manifest))
 
-    async def fetch(request: Request) -> Response:
+    async def fetch(self, request: Request) -> Response:
         body: dict[str, Any] = await request.json()
         if not isinstance(body.get("name"), str):
             return _error("fetch needs a name")
-        await service.fetch(body["name"], body.get("signer"))
+        await self.service.fetch(body["name"], body.get("signer"))
         return JSONResponse({"fetching": body["name"]})
 
-    async def export(request: Request) -> Response:
+    async def export(self, request: Request) -> Response:
         body: dict[str, Any] = await request.json()
         try:
             name, out = str(body["name"]), Path(str(body["out"])).expanduser()
-            version = None if body.get("version") is None else int(body["version"])
+            version = _optional_int(body, "version")
         except (KeyError, ValueError, TypeError) as exc:
             return _error(f"export needs name and out: {exc}")
-        manifest = service.latest(name)
+        manifest = self.service.latest(name)
         if version is not None:
-            manifest = service.complete_version(name, version)
+            manifest = self.service.complete_version(name, version)
         if manifest is None:
             return _error(
                 f"no complete version of {name!r}"
@@ -85,7 +137,7 @@ def relay_routes(service: RelayService) -> list[BaseRoute]:
                 404,
             )
         try:
-            await service.export(manifest, out)
+            await self.service.export(manifest, out)
         except (ChunkStoreError, OSError) as exc:
             return _error(f"export failed: {exc}", 500)
         return JSONResponse(
@@ -98,26 +150,14 @@ def relay_routes(service: RelayService) -> list[BaseRoute]:
             }
         )
 
-    async def limits(request: Request) -> Response:
+    async def limits(self, request: Request) -> Response:
         body: dict[str, Any] = await request.json()
         try:
-            service.set_upload(
+            self.service.set_upload(
                 limit_bps=int(body["upload_limit_bps"]),
                 advertised_bps=int(body.get("upload_bps", 0)),
             )
         except (KeyError, ValueError, TypeError) as exc:
             return _error(f"limits need upload_limit_bps >= 0: {exc}")
-        return JSONResponse(
-            {
-                "upload_limit_bps": service.section.upload_limit_bps,
-                "upload_bps": service.section.upload_bps,
-            }
-        )
-
-    return [
-        Route("/status", status, methods=["GET"]),
-        token_route("/limits", limits),
-        token_route("/publish", publish),
-        token_route("/fetch", fetch),
-        token_route("/export", export),
-    ]
+        limit_bps, upload_bps = self.service.upload_settings()
+        return JSONResponse({"upload_limit_bps": limit_bps, "upload_bps": upload_bps})

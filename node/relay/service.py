@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 import trio
 
+from node.relay.api import relay_routes
 from node.relay.chunk_store import ChunkStore, ChunkStoreError, ChunkWriter
 from node.relay.streams import RelayStreams
 from node.service import NodeContext, Service
@@ -324,6 +325,10 @@ class RelayService(Service):
         self.section = replace(self.section, upload_limit_bps=limit_bps, upload_bps=advertised_bps)
         self.streams.limiter.bps = limit_bps
 
+    def upload_settings(self) -> tuple[int, int]:
+        """(upload_limit_bps, advertised upload_bps) in force now."""
+        return self.section.upload_limit_bps, self.section.upload_bps
+
     async def fetch(self, name: str, signer: str | None = None) -> None:
         await self.submit(FetchVersion(name, signer))
 
@@ -366,6 +371,4 @@ class RelayService(Service):
         }
 
     def routes(self) -> list[Any]:
-        from node.relay.api import relay_routes
-
         return relay_routes(self)

@@ -19,20 +19,21 @@ bytes. Frames are length-prefixed (node/transport.py).
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import trio
 
-from node.relay.chunk_store import ChunkStoreError
+from node.relay.chunk_store import ChunkStore, ChunkStoreError, ChunkWriter
+from node.service import NodeContext
 from node.transport import BulkStream, TransportError, read_frame, write_frame
 from protocol.codec import MAX_FRAME_BYTES, decode, encode
 from protocol.errors import InvalidMessage
 from protocol.machine import Received
 from protocol.names import protocol_id
-from protocol.relay.machine import DEFAULT_WINDOW, MAX_QUEUED_PER_PEER
 from protocol.relay.events import ChunkFailed, ChunkReceived, ChunkRequested, StreamClosed
+from protocol.relay.machine import DEFAULT_WINDOW, MAX_QUEUED_PER_PEER, RelayMachine
 from protocol.relay.manifest import (
     ChunkHeader,
     ChunkRequest,
@@ -40,9 +41,6 @@ from protocol.relay.manifest import (
     Manifest,
     RelayManifest,
 )
-
-if TYPE_CHECKING:
-    from node.relay.service import RelayService
 
 CHUNK_PROTOCOL_NAME = "relay-chunks"
 MAX_SMALL_FRAME = 256
@@ -100,8 +98,29 @@ class _Session:
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
 
 
+class StreamsOwner(Protocol):
+    """What the chunk streams use of the relay service (node/relay/service.py passes itself)."""
+
+    ctx: NodeContext
+    store: ChunkStore
+    #: verified-but-not-yet-stored chunks: (peer, manifest id, index) -> open writer
+    pending: dict[tuple[str, bytes, int], ChunkWriter]
+    counters: dict[str, int]
+
+    @property
+    def machine(self) -> RelayMachine: ...
+
+    def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run ``fn(*args)`` for the life of the service; a failure is logged, never fatal."""
+        ...
+
+    async def submit(self, event: object) -> None:
+        """Feed ``event`` to the relay machine and perform its effects."""
+        ...
+
+
 class RelayStreams:
-    def __init__(self, service: RelayService, upload_limit_bps: int) -> None:
+    def __init__(self, service: StreamsOwner, upload_limit_bps: int) -> None:
         self.service = service
         self.limiter = UploadLimiter(upload_limit_bps)
         self.protocol = protocol_id(service.ctx.network_id, CHUNK_PROTOCOL_NAME)

@@ -85,104 +85,141 @@ def _fail(path: str, what: str) -> InvalidMessage:
     return InvalidMessage(f"{path}: {what}")
 
 
+def _optional_checker(tp: Any, meta: dict[str, Any], path: str) -> _Checker:
+    """``T | None``: nil, or a value ``T``'s checker accepts."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if len(args) != 1 or type(None) not in typing.get_args(tp):
+        raise TypeError(f"{path}: only `T | None` unions are supported")
+    inner = _checker(args[0], meta, path)
+    return lambda v, d: None if v is None else inner(v, d)
+
+
+def _tuple_checker(tp: Any, meta: dict[str, Any], path: str) -> _Checker:
+    """``tuple[T, ...]``: an array of at most ``max_items``, each item checked as ``T``."""
+    items = typing.get_args(tp)
+    if len(items) != 2 or items[1] is not Ellipsis:
+        raise TypeError(f"{path}: only homogeneous tuple[T, ...] is supported")
+    item = _checker(items[0], {k: v for k, v in meta.items() if k != "max_items"}, path + "[]")
+    max_items = meta.get("max_items", DEFAULT_MAX_ITEMS)
+
+    def check_tuple(v: object, d: int) -> object:
+        if type(v) is not tuple:
+            raise _fail(path, f"expected an array, got {type(v).__name__}")
+        if len(v) > max_items:
+            raise _fail(path, f"{len(v)} items exceed the limit of {max_items}")
+        return tuple(item(x, d) for x in v)
+
+    return check_tuple
+
+
+def _bool_checker(meta: dict[str, Any], path: str) -> _Checker:
+    def check_bool(v: object, d: int) -> object:
+        if type(v) is not bool:
+            raise _fail(path, f"expected a bool, got {type(v).__name__}")
+        return v
+
+    return check_bool
+
+
+def _int_checker(meta: dict[str, Any], path: str) -> _Checker:
+    lo, hi = meta.get("lo", INT64_MIN), meta.get("hi", INT64_MAX)
+
+    def check_int(v: object, d: int) -> object:
+        if type(v) is not int:
+            raise _fail(path, f"expected an int, got {type(v).__name__}")
+        if not lo <= v <= hi:
+            raise _fail(path, f"{v} is outside [{lo}, {hi}]")
+        return v
+
+    return check_int
+
+
+def _float_checker(meta: dict[str, Any], path: str) -> _Checker:
+    flo, fhi = meta.get("lo", -math.inf), meta.get("hi", math.inf)
+
+    def check_float(v: object, d: int) -> object:
+        if type(v) is not float:
+            raise _fail(path, f"expected a float, got {type(v).__name__}")
+        if not math.isfinite(v) or not flo <= v <= fhi:
+            raise _fail(path, f"{v} is not finite or outside [{flo}, {fhi}]")
+        return v
+
+    return check_float
+
+
+def _str_checker(meta: dict[str, Any], path: str) -> _Checker:
+    max_len = meta.get("max_len", DEFAULT_MAX_STR)
+
+    def check_str(v: object, d: int) -> object:
+        if type(v) is not str:
+            raise _fail(path, f"expected a string, got {type(v).__name__}")
+        if len(v) > max_len:
+            raise _fail(path, f"string of {len(v)} chars exceeds {max_len}")
+        return v
+
+    return check_str
+
+
+def _bytes_checker(meta: dict[str, Any], path: str) -> _Checker:
+    size, max_bytes = meta.get("size"), meta.get("max_len", DEFAULT_MAX_BYTES)
+
+    def check_bytes(v: object, d: int) -> object:
+        if type(v) is not bytes:
+            raise _fail(path, f"expected bytes, got {type(v).__name__}")
+        if size is not None and len(v) != size:
+            raise _fail(path, f"expected exactly {size} bytes, got {len(v)}")
+        if len(v) > max_bytes:
+            raise _fail(path, f"{len(v)} bytes exceed {max_bytes}")
+        return v
+
+    return check_bytes
+
+
+def _envelope_checker(meta: dict[str, Any], path: str) -> _Checker:
+    def check_envelope(v: object, d: int) -> object:
+        try:
+            return Envelope.from_wire(v)
+        except EnvelopeError as exc:
+            raise _fail(path, str(exc)) from None
+
+    return check_envelope
+
+
+def _enum_checker(enum_type: type[enum.Enum], path: str) -> _Checker:
+    def check_enum(v: object, d: int) -> object:
+        if type(v) not in (int, str):
+            raise _fail(path, f"expected an enum value, got {type(v).__name__}")
+        try:
+            return enum_type(v)
+        except ValueError:
+            raise _fail(path, f"{v!r} is not a {enum_type.__name__}") from None
+
+    return check_enum
+
+
+#: the checker builder for each plain field type, given the field's limits and its path
+_PLAIN_CHECKERS: dict[object, Callable[[dict[str, Any], str], _Checker]] = {
+    bool: _bool_checker,
+    int: _int_checker,
+    float: _float_checker,
+    str: _str_checker,
+    bytes: _bytes_checker,
+    Envelope: _envelope_checker,
+}
+
+
 def _checker(tp: Any, meta: dict[str, Any], path: str) -> _Checker:
+    """The decode check for one field of annotation ``tp`` (see the table at the top)."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) != 1 or type(None) not in typing.get_args(tp):
-            raise TypeError(f"{path}: only `T | None` unions are supported")
-        inner = _checker(args[0], meta, path)
-        return lambda v, d: None if v is None else inner(v, d)
+        return _optional_checker(tp, meta, path)
     if origin is tuple:
-        items = typing.get_args(tp)
-        if len(items) != 2 or items[1] is not Ellipsis:
-            raise TypeError(f"{path}: only homogeneous tuple[T, ...] is supported")
-        item = _checker(items[0], {k: v for k, v in meta.items() if k != "max_items"}, path + "[]")
-        max_items = meta.get("max_items", DEFAULT_MAX_ITEMS)
-
-        def check_tuple(v: object, d: int) -> object:
-            if type(v) is not tuple:
-                raise _fail(path, f"expected an array, got {type(v).__name__}")
-            if len(v) > max_items:
-                raise _fail(path, f"{len(v)} items exceed the limit of {max_items}")
-            return tuple(item(x, d) for x in v)
-
-        return check_tuple
-    if tp is bool:
-
-        def check_bool(v: object, d: int) -> object:
-            if type(v) is not bool:
-                raise _fail(path, f"expected a bool, got {type(v).__name__}")
-            return v
-
-        return check_bool
-    if tp is int:
-        lo, hi = meta.get("lo", INT64_MIN), meta.get("hi", INT64_MAX)
-
-        def check_int(v: object, d: int) -> object:
-            if type(v) is not int:
-                raise _fail(path, f"expected an int, got {type(v).__name__}")
-            if not lo <= v <= hi:
-                raise _fail(path, f"{v} is outside [{lo}, {hi}]")
-            return v
-
-        return check_int
-    if tp is float:
-        flo, fhi = meta.get("lo", -math.inf), meta.get("hi", math.inf)
-
-        def check_float(v: object, d: int) -> object:
-            if type(v) is not float:
-                raise _fail(path, f"expected a float, got {type(v).__name__}")
-            if not math.isfinite(v) or not flo <= v <= fhi:
-                raise _fail(path, f"{v} is not finite or outside [{flo}, {fhi}]")
-            return v
-
-        return check_float
-    if tp is str:
-        max_len = meta.get("max_len", DEFAULT_MAX_STR)
-
-        def check_str(v: object, d: int) -> object:
-            if type(v) is not str:
-                raise _fail(path, f"expected a string, got {type(v).__name__}")
-            if len(v) > max_len:
-                raise _fail(path, f"string of {len(v)} chars exceeds {max_len}")
-            return v
-
-        return check_str
-    if tp is bytes:
-        size, max_bytes = meta.get("size"), meta.get("max_len", DEFAULT_MAX_BYTES)
-
-        def check_bytes(v: object, d: int) -> object:
-            if type(v) is not bytes:
-                raise _fail(path, f"expected bytes, got {type(v).__name__}")
-            if size is not None and len(v) != size:
-                raise _fail(path, f"expected exactly {size} bytes, got {len(v)}")
-            if len(v) > max_bytes:
-                raise _fail(path, f"{len(v)} bytes exceed {max_bytes}")
-            return v
-
-        return check_bytes
-    if tp is Envelope:
-
-        def check_envelope(v: object, d: int) -> object:
-            try:
-                return Envelope.from_wire(v)
-            except EnvelopeError as exc:
-                raise _fail(path, str(exc)) from None
-
-        return check_envelope
+        return _tuple_checker(tp, meta, path)
+    plain = _PLAIN_CHECKERS.get(tp)
+    if plain is not None:
+        return plain(meta, path)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        enum_type = tp
-
-        def check_enum(v: object, d: int) -> object:
-            if type(v) not in (int, str):
-                raise _fail(path, f"expected an enum value, got {type(v).__name__}")
-            try:
-                return enum_type(v)
-            except ValueError:
-                raise _fail(path, f"{v!r} is not a {enum_type.__name__}") from None
-
-        return check_enum
+        return _enum_checker(tp, path)
     if isinstance(tp, type) and issubclass(tp, Message):
         nested = tp
         return lambda v, d: _from_array(v, d + 1, expect=nested)

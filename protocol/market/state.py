@@ -147,8 +147,8 @@ class TaskSnapshot:
         return dict(self.data)
 
 
-def snapshot(task: OpenTask) -> TaskSnapshot:
-    spec = task.spec
+def _result_rows(task: OpenTask) -> list[dict[str, object]]:
+    """One row per result received, by executor, with its vote weight once the task is decided."""
     outcome = task.outcome
     weights = {}
     normalized = {}
@@ -156,7 +156,7 @@ def snapshot(task: OpenTask) -> TaskSnapshot:
         for s in outcome.ballots:
             weights[s.ballot.executor] = s.weight
             normalized[s.ballot.executor] = s.normalized
-    results = [
+    return [
         {
             "executor": peer,
             "attempt": r.attempt,
@@ -175,6 +175,32 @@ def snapshot(task: OpenTask) -> TaskSnapshot:
         }
         for peer, r in sorted(task.results.items())
     ]
+
+
+def _vote_rows(task: OpenTask) -> list[dict[str, object]]:
+    """The decided vote's tally, one row per distinct answer (none before the decision)."""
+    outcome = task.outcome
+    return [
+        {"answer": row.answer, "weight": row.weight, "count": row.count,
+         "share": row.share, "voters": list(row.voters)}
+        for row in (outcome.rows if outcome is not None else ())
+    ]
+
+
+def _attempt_rows(task: OpenTask) -> list[dict[str, object]]:
+    """Every attempt in the order it was made, with the bid it was assigned on."""
+    return [
+        {"attempt": a.attempt, "peer": a.peer, "state": a.state.value, "reason": a.reason,
+         "assigned_at_ms": a.assigned_at_ms, "due_at_ms": a.due_at_ms,
+         "model": a.bid.body.model, "match_score": a.bid.body.match_score,
+         "price": a.bid.body.price, "est_latency_ms": a.bid.body.est_latency_ms}
+        for a in sorted(task.attempts.values(), key=lambda a: a.attempt)
+    ]
+
+
+def snapshot(task: OpenTask) -> TaskSnapshot:
+    spec = task.spec
+    outcome = task.outcome
     data: dict[str, object] = {
         "task_id": spec.task_id.hex(),
         "phase": task.phase.value,
@@ -198,18 +224,8 @@ def snapshot(task: OpenTask) -> TaskSnapshot:
         "answer": outcome.winner if outcome is not None else None,
         "partial": task.partial,
         "failure": task.failure,
-        "votes": [
-            {"answer": row.answer, "weight": row.weight, "count": row.count,
-             "share": row.share, "voters": list(row.voters)}
-            for row in (outcome.rows if outcome is not None else ())
-        ],
-        "results": results,
-        "attempts": [
-            {"attempt": a.attempt, "peer": a.peer, "state": a.state.value, "reason": a.reason,
-             "assigned_at_ms": a.assigned_at_ms, "due_at_ms": a.due_at_ms,
-             "model": a.bid.body.model, "match_score": a.bid.body.match_score,
-             "price": a.bid.body.price, "est_latency_ms": a.bid.body.est_latency_ms}
-            for a in sorted(task.attempts.values(), key=lambda a: a.attempt)
-        ],
+        "votes": _vote_rows(task),
+        "results": _result_rows(task),
+        "attempts": _attempt_rows(task),
     }
     return TaskSnapshot(data)

@@ -127,6 +127,88 @@ def _place(uploads: Sequence[int], num: int, den: int, max_fanout: int) -> list[
     return parents
 
 
+#: a placed tree at one rate: (its depth, the parent index of each node, the depth of each)
+_Placement = tuple[int, list[int], list[int]]
+
+
+def _placement_order(
+    root: str, root_up: int, recipients: Iterable[tuple[str, int]], seed: bytes
+) -> tuple[list[str], list[int]]:
+    """The nodes in placement order, root first, and their uploads (the best one a recipient
+    listed; unknown: links like the publisher's)."""
+    best_upload: dict[str, int] = {}
+    for peer, upload in recipients:
+        if peer != root:
+            up = upload if upload > 0 else root_up
+            best_upload[peer] = max(up, best_upload.get(peer, 0))
+    peers = sorted(best_upload, key=lambda p: (-best_upload[p], _tiebreak(seed, p), p))
+    return [root, *peers], [root_up, *(best_upload[p] for p in peers)]
+
+
+def _candidate_rates(uploads: Sequence[int], max_fanout: int) -> list[Fraction]:
+    """Every distinct upload / 1..max_fanout, no faster than the root's upload, fastest first."""
+    all_rates = {Fraction(u, k) for u in set(uploads) for k in range(1, max_fanout + 1)}
+    return sorted((r for r in all_rates if r <= uploads[0]), reverse=True)
+
+
+def _placements(
+    uploads: Sequence[int], rates: Sequence[Fraction], max_fanout: int
+) -> dict[int, _Placement | None]:
+    """The tree placed at the rates that can be best (by index into ``rates``; None:
+    infeasible). Slower rates give every node more slots, so depth falls monotonically along
+    ``rates``: bisect for where it changes and keep, per depth, its fastest rate (the only one
+    that can be best), instead of placing the tree at every rate."""
+    evaluated: dict[int, _Placement | None] = {}
+    n = len(uploads)
+
+    def depth_at(i: int) -> int:
+        if i not in evaluated:
+            rate = rates[i]
+            parents = _place(uploads, rate.numerator, rate.denominator, max_fanout)
+            if parents is None:
+                evaluated[i] = None
+            else:
+                depths = [0] * n
+                for j in range(1, n):
+                    depths[j] = depths[parents[j]] + 1
+                evaluated[i] = (max(depths), parents, depths)
+        result = evaluated[i]
+        return n + 1 if result is None else result[0]
+
+    def scan(lo: int, hi: int) -> None:
+        if hi - lo <= 1 or depth_at(lo) == depth_at(hi):
+            return  # no depth change strictly inside: lo is the fastest rate of its depth
+        mid = (lo + hi) // 2
+        depth_at(mid)
+        scan(lo, mid)
+        scan(mid, hi)
+
+    depth_at(0)
+    depth_at(len(rates) - 1)
+    scan(0, len(rates) - 1)
+    return evaluated
+
+
+def _fastest(
+    evaluated: dict[int, _Placement | None],
+    rates: Sequence[Fraction],
+    total_size: int,
+    chunk_size: int,
+) -> tuple[Fraction, int, list[int], list[int]]:
+    """(rate, work in bytes, parents, depths) of the placement with the smallest estimate."""
+    best: tuple[Fraction, int, list[int], list[int]] | None = None
+    for i in sorted(evaluated):
+        result = evaluated[i]
+        if result is None:
+            continue
+        work = total_size + result[0] * chunk_size  # bytes-equivalent; time = work / rate
+        if best is None or Fraction(work) / rates[i] < Fraction(best[1]) / best[0]:
+            best = (rates[i], work, result[1], result[2])
+    if best is None:  # unreachable: rate = min(uploads) gives every node a slot
+        raise ValueError("no feasible relay plan")
+    return best
+
+
 def build_plan(
     root: str,
     root_upload_bps: int,
@@ -141,62 +223,10 @@ def build_plan(
     if max_fanout < 1 or total_size < 1 or chunk_size < 1:
         raise ValueError("max_fanout, total_size and chunk_size must be positive")
     root_up = root_upload_bps if root_upload_bps > 0 else DEFAULT_UPLOAD_BPS
-    best_upload: dict[str, int] = {}
-    for peer, upload in recipients:
-        if peer != root:
-            up = upload if upload > 0 else root_up  # unknown: links like the publisher's
-            best_upload[peer] = max(up, best_upload.get(peer, 0))
-    peers = sorted(best_upload, key=lambda p: (-best_upload[p], _tiebreak(seed, p), p))
-    order = [root, *peers]
-    uploads = [root_up, *(best_upload[p] for p in peers)]
-
-    # Candidate rates, fastest first: every distinct upload / 1..max_fanout, at most root_up.
-    # Slower rates give every node more slots, so depth falls monotonically along the list:
-    # bisect for where it changes and keep, per depth, its fastest rate (the only one that can
-    # be best), instead of placing the tree at every rate.
-    all_rates = {Fraction(u, k) for u in set(uploads) for k in range(1, max_fanout + 1)}
-    rates = sorted((r for r in all_rates if r <= root_up), reverse=True)
-    evaluated: dict[int, tuple[int, list[int], list[int]] | None] = {}
-
-    def evaluate(i: int) -> tuple[int, list[int], list[int]] | None:
-        if i not in evaluated:
-            rate = rates[i]
-            parents = _place(uploads, rate.numerator, rate.denominator, max_fanout)
-            if parents is None:
-                evaluated[i] = None
-            else:
-                depths = [0] * len(order)
-                for j in range(1, len(order)):
-                    depths[j] = depths[parents[j]] + 1
-                evaluated[i] = (max(depths), parents, depths)
-        return evaluated[i]
-
-    def depth_at(i: int) -> int:
-        result = evaluate(i)
-        return len(order) + 1 if result is None else result[0]
-
-    def scan(lo: int, hi: int) -> None:
-        if hi - lo <= 1 or depth_at(lo) == depth_at(hi):
-            return  # no depth change strictly inside: lo is the fastest rate of its depth
-        mid = (lo + hi) // 2
-        depth_at(mid)
-        scan(lo, mid)
-        scan(mid, hi)
-
-    depth_at(0)
-    depth_at(len(rates) - 1)
-    scan(0, len(rates) - 1)
-    best: tuple[Fraction, int, list[int], list[int]] | None = None
-    for i in sorted(evaluated):
-        result = evaluated[i]
-        if result is None:
-            continue
-        work = total_size + result[0] * chunk_size  # bytes-equivalent; time = work / rate
-        if best is None or Fraction(work) / rates[i] < Fraction(best[1]) / best[0]:
-            best = (rates[i], work, result[1], result[2])
-    if best is None:  # unreachable: rate = min(uploads) gives every node a slot
-        raise ValueError("no feasible relay plan")
-    rate, work, parents, depths = best
+    order, uploads = _placement_order(root, root_up, recipients, seed)
+    rates = _candidate_rates(uploads, max_fanout)
+    evaluated = _placements(uploads, rates, max_fanout)
+    rate, work, parents, depths = _fastest(evaluated, rates, total_size, chunk_size)
     num, den = rate.numerator, rate.denominator
     children: dict[str, list[str]] = {p: [] for p in order}
     parent: dict[str, str] = {}

@@ -33,7 +33,7 @@ from random import Random
 from crypto.envelope import Envelope, EnvelopeError
 from crypto.keys import Identity
 from protocol.answers import AnswerType
-from protocol.market.results import ResultIntake
+from protocol.envelopes import Unopened, open_authored, open_envelope, seal
 from protocol.errors import InvalidMessage, LocalProtocolError
 from protocol.machine import (
     Effect,
@@ -46,7 +46,6 @@ from protocol.machine import (
     SendFailed,
     Tick,
 )
-from protocol.market.selection import Candidate, Selector
 from protocol.market.events import (
     FAILED,
     TASK_ATTEST,
@@ -60,17 +59,6 @@ from protocol.market.events import (
     Reward,
     SubmitTask,
     TaskUpdated,
-)
-from protocol.market.state import (
-    Attempt,
-    AttemptState,
-    BidInfo,
-    OpenTask,
-    ResultInfo,
-    TaskPhase,
-    move_attempt,
-    move_phase,
-    snapshot,
 )
 from protocol.market.messages import (
     ASSIGN_DOMAIN,
@@ -93,8 +81,19 @@ from protocol.market.messages import (
     Result,
     ResultBody,
     TaskSpec,
-    open_envelope,
-    seal,
+)
+from protocol.market.results import ResultIntake
+from protocol.market.selection import Candidate, Selector
+from protocol.market.state import (
+    Attempt,
+    AttemptState,
+    BidInfo,
+    OpenTask,
+    ResultInfo,
+    TaskPhase,
+    move_attempt,
+    move_phase,
+    snapshot,
 )
 
 __all__ = [
@@ -302,11 +301,10 @@ class Auction(ResultIntake):
         if self._rate_limited(peer, now):
             return reject("rate_limited", PENALTY_RATE)
         try:
-            body = open_envelope(msg.envelope, BID_DOMAIN, BidBody, self.config.max_frame)
-        except InvalidMessage:
-            return reject("invalid", PENALTY_FORGED)
-        if msg.envelope.signer != body.bidder or peer != body.bidder:
-            return reject("forged", PENALTY_FORGED)
+            body = open_authored(msg.envelope, BID_DOMAIN, BidBody,
+                                 self.config.max_frame, sender=peer, author=lambda b: b.bidder)
+        except Unopened as refused:
+            return reject(refused.why, PENALTY_FORGED)
         task = self.tasks.get(body.task_id)
         if task is None:
             return reject("unknown_task")

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from crypto.keys import Identity
 from protocol.codec import MAX_FRAME_BYTES
+from protocol.envelopes import open_envelope, seal
 from protocol.errors import InvalidMessage, LocalProtocolError
 from protocol.machine import Effect, Emit, Penalize, Received, Send, Tick
 from protocol.market.events import CancelCompute, ComputeDone, ComputeFailed, StartCompute
@@ -49,8 +50,6 @@ from protocol.market.messages import (
     Result,
     ResultBody,
     TaskSpec,
-    open_envelope,
-    seal,
 )
 
 __all__ = [

@@ -4,7 +4,7 @@ Everything a node asserts in the market is signed. A signed message is a wire me
 one ``Envelope`` whose payload is the canonical encoding of a ``*Body`` message; the receiver
 verifies the envelope for its domain, decodes the payload bytes as received (never
 re-encoding first) and checks that the signer is who the body says it is
-(:func:`open_envelope`). Unsigned messages (``Reject``, ``Cancel``) only ever travel on an
+(``protocol.envelopes.open_authored``). Unsigned messages (``Reject``, ``Cancel``) only ever travel on an
 authenticated direct stream, where the transport already proves the sender.
 
 Times on the wire are durations relative to sending (``*_ms``), never instants: nodes do not
@@ -32,12 +32,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TypeVar
 
-from crypto.envelope import Envelope, EnvelopeError
-from crypto.keys import Identity
-from protocol.codec import Message, decode, encode, limits, message
-from protocol.errors import InvalidMessage
+from crypto.envelope import Envelope
+from protocol.codec import Message, limits, message
 
 BEACON_DOMAIN = "symphony/task-beacon/v1"
 BID_DOMAIN = "symphony/task-bid/v1"
@@ -221,24 +218,3 @@ class Cancel(Message):
     task_id: bytes = limits(size=TASK_ID_LEN)
     #: the attempt to cancel, or -1 for "release any reservation for this task"
     attempt: int = limits(lo=-1, hi=MAX_ATTEMPT)
-
-
-B = TypeVar("B", bound=Message)
-
-
-def seal(identity: Identity, domain: str, body: Message) -> Envelope:
-    """Sign the canonical encoding of ``body`` for ``domain``."""
-    return Envelope.sign(identity, domain, encode(body))
-
-
-def open_envelope(envelope: Envelope, domain: str, body_type: type[B], max_frame: int) -> B:
-    """Verify ``envelope`` for ``domain`` and decode its payload as ``body_type``.
-
-    Raises InvalidMessage for a bad signature, a wrong domain, an oversized or malformed
-    payload. The caller still checks that ``envelope.signer`` is who the body names.
-    """
-    try:
-        payload = envelope.verify(domain)
-    except EnvelopeError as exc:
-        raise InvalidMessage(f"bad envelope: {exc}") from None
-    return decode(payload, body_type, max_frame=max_frame)

@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from protocol.answers import AnswerType, normalize_answer
-from protocol.errors import InvalidMessage
+from protocol.envelopes import Unopened, open_authored
 from protocol.machine import Effect, Emit, Send
-from protocol.market.selection import Selector
 from protocol.market.events import (
     COMPLETED,
     FAILED,
@@ -24,6 +23,15 @@ from protocol.market.events import (
     AuctionConfig,
     TaskUpdated,
 )
+from protocol.market.messages import (
+    RESULT_DOMAIN,
+    Cancel,
+    Reject,
+    RejectReason,
+    Result,
+    ResultBody,
+)
+from protocol.market.selection import Selector
 from protocol.market.state import (
     Attempt,
     AttemptState,
@@ -32,15 +40,6 @@ from protocol.market.state import (
     TaskPhase,
     move_attempt,
     move_phase,
-)
-from protocol.market.messages import (
-    RESULT_DOMAIN,
-    Cancel,
-    Reject,
-    RejectReason,
-    Result,
-    ResultBody,
-    open_envelope,
 )
 from protocol.market.voting import Ballot, vote
 
@@ -86,11 +85,10 @@ class ResultIntake:
         reject = self._rejecter("task", "result", peer)
 
         try:
-            body = open_envelope(msg.envelope, RESULT_DOMAIN, ResultBody, self.config.max_frame)
-        except InvalidMessage:
-            return reject("invalid", PENALTY_FORGED)
-        if msg.envelope.signer != body.executor or peer != body.executor:
-            return reject("forged", PENALTY_FORGED)
+            body = open_authored(msg.envelope, RESULT_DOMAIN, ResultBody,
+                                 self.config.max_frame, sender=peer, author=lambda b: b.executor)
+        except Unopened as refused:
+            return reject(refused.why, PENALTY_FORGED)
         task = self.tasks.get(body.task_id)
         if task is None:
             return reject("unknown_task")

@@ -15,13 +15,14 @@ from random import Random
 
 from crypto.keys import Identity
 from crypto.merkle import merkle_root
-from protocol.market.auction import Auction
+from protocol.envelopes import Unopened, open_authored, open_envelope
 from protocol.errors import InvalidMessage
 from protocol.machine import Effect, Emit, Send
-from protocol.market.selection import Selector
+from protocol.market.auction import Auction
 from protocol.market.events import FAILED, AuctionConfig
+from protocol.market.messages import RESULT_DOMAIN, Result, ResultBody
+from protocol.market.selection import Selector
 from protocol.market.state import Attempt, AttemptState, OpenTask
-from protocol.market.messages import RESULT_DOMAIN, Result, ResultBody, open_envelope
 from protocol.verification.messages import (
     COMMIT_DOMAIN,
     NONCE_LEN,
@@ -76,11 +77,10 @@ class CommitRevealAuction(Auction):
         reject = self._rejecter("verify", "commit", peer)
 
         try:
-            body = open_envelope(msg.envelope, COMMIT_DOMAIN, CommitBody, self.config.max_frame)
-        except InvalidMessage:
-            return reject("invalid", PENALTY_FORGED)
-        if msg.envelope.signer != body.executor or peer != body.executor:
-            return reject("forged", PENALTY_FORGED)
+            body = open_authored(msg.envelope, COMMIT_DOMAIN, CommitBody,
+                                 self.config.max_frame, sender=peer, author=lambda b: b.executor)
+        except Unopened as refused:
+            return reject(refused.why, PENALTY_FORGED)
         task = self.tasks.get(body.task_id)
         if task is None:
             return reject("unknown_task")

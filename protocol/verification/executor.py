@@ -30,11 +30,12 @@ from random import Random
 from crypto.envelope import Envelope
 from crypto.keys import Identity
 from crypto.merkle import merkle_root
+from protocol.envelopes import open_envelope, seal
 from protocol.errors import InvalidMessage
-from protocol.market.executor import REMEMBER_MS, Executor, ExecutorConfig, Job
 from protocol.machine import Effect, Emit, Penalize, Received, Send, Tick
 from protocol.market.events import ComputeDone
-from protocol.market.messages import RESULT_DOMAIN, RejectReason, Result, ResultBody, open_envelope, seal
+from protocol.market.executor import REMEMBER_MS, Executor, ExecutorConfig, Job
+from protocol.market.messages import RESULT_DOMAIN, RejectReason, Result, ResultBody
 from protocol.verification.messages import (
     COMMIT_DOMAIN,
     SALT_LEN,

@@ -50,12 +50,13 @@ from random import Random
 from crypto.keys import Identity
 from crypto.merkle import merkle_proof
 from protocol.codec import decode
-from protocol.errors import InvalidMessage
+from protocol.envelopes import Unopened, open_authored, seal
 from protocol.ledger.events import Attest as LedgerAttest
 from protocol.ledger.records import AttestationKind
 from protocol.machine import Effect, Emit, Received, Send, Tick
-from protocol.market.selection import Selector
 from protocol.market.events import AuctionConfig, TaskUpdated
+from protocol.market.messages import Assign, AssignBody, Result
+from protocol.market.selection import Selector
 from protocol.market.state import (
     Attempt,
     AttemptState,
@@ -63,13 +64,6 @@ from protocol.market.state import (
     OpenTask,
     ResultInfo,
     TaskSnapshot,
-)
-from protocol.market.messages import (
-    Assign,
-    AssignBody,
-    Result,
-    open_envelope,
-    seal,
 )
 from protocol.verification.commits import CommitRevealAuction
 from protocol.verification.messages import (
@@ -302,11 +296,10 @@ class VerifiedAuction(CommitRevealAuction):
         reject = self._rejecter("verify", "verdict", peer)
 
         try:
-            body = open_envelope(msg.envelope, VERDICT_DOMAIN, VerdictBody, self.config.max_frame)
-        except InvalidMessage:
-            return reject("invalid", PENALTY_FORGED)
-        if msg.envelope.signer != body.verifier or peer != body.verifier:
-            return reject("forged", PENALTY_FORGED)
+            body = open_authored(msg.envelope, VERDICT_DOMAIN, VerdictBody,
+                                 self.config.max_frame, sender=peer, author=lambda b: b.verifier)
+        except Unopened as refused:
+            return reject(refused.why, PENALTY_FORGED)
         check = self.checks.get((body.task_id, body.attempt))
         task = self.tasks.get(body.task_id)
         wanted = check.outstanding.get(peer) if check is not None else None

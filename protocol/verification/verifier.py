@@ -31,11 +31,12 @@ from dataclasses import dataclass
 from crypto.keys import Identity
 from crypto.merkle import verify_proof
 from protocol.codec import MAX_FRAME_BYTES
+from protocol.envelopes import open_envelope, seal
 from protocol.errors import InvalidMessage
 from protocol.ledger.events import Attest as LedgerAttest
 from protocol.ledger.records import AttestationKind
 from protocol.machine import Effect, Emit, Penalize, Received, Send, Tick
-from protocol.market.messages import TaskSpec, open_envelope, seal
+from protocol.market.messages import TaskSpec
 from protocol.verification.messages import (
     CHECK_DOMAIN,
     COMMIT_DOMAIN,

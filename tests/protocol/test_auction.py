@@ -6,6 +6,9 @@ import random
 
 import pytest
 
+from protocol.envelopes import open_envelope, seal
+from protocol.errors import LocalProtocolError
+from protocol.machine import Publish, Received, Send, SendFailed, Tick
 from protocol.market.auction import (
     Auction,
     AuctionConfig,
@@ -14,10 +17,6 @@ from protocol.market.auction import (
     SubmitTask,
     TaskUpdated,
 )
-from protocol.errors import LocalProtocolError
-from protocol.machine import Publish, Received, Send, SendFailed, Tick
-from protocol.market.selection import Candidate, ScoreSelector
-from protocol.market.state import AttemptState, TaskPhase, move_attempt, move_phase
 from protocol.market.messages import (
     ASSIGN_DOMAIN,
     BEACON_DOMAIN,
@@ -29,9 +28,9 @@ from protocol.market.messages import (
     Bid,
     BidBody,
     Cancel,
-    open_envelope,
-    seal,
 )
+from protocol.market.selection import Candidate, ScoreSelector
+from protocol.market.state import AttemptState, TaskPhase, move_attempt, move_phase
 from tests.protocol.market_net import MODEL, ident
 
 ME = ident(1)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from protocol.codec import decode, encode
+from protocol.envelopes import open_envelope, seal
+from protocol.machine import Penalize, Received, Send, Tick
 from protocol.market.executor import (
     MATCH_ANY,
     MATCH_EXACT,
@@ -19,7 +21,6 @@ from protocol.market.executor import (
     StartCompute,
     match_score,
 )
-from protocol.machine import Penalize, Received, Send, Tick
 from protocol.market.messages import (
     ASSIGN_DOMAIN,
     BEACON_DOMAIN,
@@ -39,8 +40,6 @@ from protocol.market.messages import (
     Result,
     ResultBody,
     TaskSpec,
-    open_envelope,
-    seal,
 )
 from tests.protocol.market_net import MODEL, ident
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.market.auction import AuctionConfig, KeptResult, RestoredAttempt, RestoreTask
 from protocol.codec import Message
+from protocol.envelopes import open_envelope, seal
+from protocol.market.auction import AuctionConfig, KeptResult, RestoredAttempt, RestoreTask
 from protocol.market.linucb import LinUCBSelector
 from protocol.market.messages import (
     BEACON_DOMAIN,
@@ -19,8 +20,6 @@ from protocol.market.messages import (
     BidBody,
     Result,
     ResultBody,
-    open_envelope,
-    seal,
 )
 from tests.protocol.market_net import MODEL, MarketNet, ident
 

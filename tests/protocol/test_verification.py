@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from protocol.market.messages import open_envelope
-from protocol.verification.requester import VerifyConfig
+from protocol.envelopes import open_envelope
 from protocol.verification.messages import CHECK_DOMAIN, CheckBody, CheckRequest, VerdictStatus
+from protocol.verification.requester import VerifyConfig
 from protocol.verification.rules import (
     choose_chunks,
     rank_verifiers,

@@ -10,9 +10,9 @@ import pytest
 
 from crypto.envelope import Envelope
 from protocol.codec import Message
+from protocol.envelopes import open_envelope, seal
 from protocol.machine import Received
-from protocol.market.messages import RESULT_DOMAIN, Cancel, Result, ResultBody, open_envelope, seal
-from protocol.verification.requester import VerifyConfig
+from protocol.market.messages import RESULT_DOMAIN, Cancel, Result, ResultBody
 from protocol.verification.messages import (
     CHECK_DOMAIN,
     COMMIT_DOMAIN,
@@ -27,6 +27,7 @@ from protocol.verification.messages import (
     VerdictBody,
     VerdictStatus,
 )
+from protocol.verification.requester import VerifyConfig
 from protocol.verification.rules import pack_ids
 from tests.protocol.verify_net import MODEL_HASH, VerifyNet, ident
 

@@ -21,8 +21,8 @@ from typing import Any
 from crypto.hashing import digest
 from protocol.codec import encode
 from protocol.ledger.records import AttestationKind, CapabilityRecord, ModelOffer, Role
-from protocol.ledger.state import HeldAttestation, HeldRecord, LedgerState
 from protocol.ledger.reputation import NEUTRAL, REPUTATION_EPOCH_MS, Reputation, reputation
+from protocol.ledger.state import HeldAttestation, HeldRecord, LedgerState
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol.codec import MAX_FRAME_BYTES
-from protocol.market.state import TaskSnapshot
 from protocol.market.messages import MAX_COT_CHARS, TaskSpec
+from protocol.market.state import TaskSnapshot
 
 #: ``Attest.kind`` for task outcomes, and its outcomes about an executor's work on one task
 TASK_ATTEST = "task"

@@ -43,8 +43,8 @@ from crypto.hashing import digest, digest_parts
 from crypto.merkle import ProofStep
 from protocol.codec import encode
 from protocol.ledger.records import AttestationKind
-from protocol.ledger.view import LedgerView
 from protocol.ledger.reputation import NEUTRAL
+from protocol.ledger.view import LedgerView
 from protocol.market.messages import HASH_LEN, TaskSpec
 from protocol.verification.messages import ID_BYTES, PROOF_STEP_BYTES
 

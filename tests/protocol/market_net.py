@@ -15,8 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crypto.keys import Identity
-from protocol.market.auction import Attest, Auction, AuctionConfig, TaskUpdated
 from protocol.codec import Message, decode, encode
+from protocol.machine import Emit, PeerDisconnected, Penalize, Publish, Received, Send, Tick
+from protocol.market.auction import Attest, Auction, AuctionConfig, TaskUpdated
 from protocol.market.executor import (
     CancelCompute,
     ComputeDone,
@@ -25,7 +26,6 @@ from protocol.market.executor import (
     ServedModel,
     StartCompute,
 )
-from protocol.machine import Emit, PeerDisconnected, Penalize, Publish, Received, Send, Tick
 from protocol.market.selection import ScoreSelector, Selector
 
 LATENCY_MS = 2

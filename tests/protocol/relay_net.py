@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from crypto.hashing import digest
 from crypto.keys import Identity
 from protocol.machine import Emit, PeerDisconnected, Penalize, Publish, Received, Send, Tick
-from protocol.relay.machine import RelayMachine
 from protocol.relay.events import (
     AttestBadChunk,
     ChunkFailed,
@@ -31,6 +30,7 @@ from protocol.relay.events import (
     VersionComplete,
     VersionPrepared,
 )
+from protocol.relay.machine import RelayMachine
 from protocol.relay.manifest import Manifest, chunk_hash, make_body, sign_manifest
 
 CHUNK = 4096

@@ -27,8 +27,8 @@ from protocol.ledger.records import (
     Role,
     open_capability,
 )
-from protocol.machine import Publish, Received, Tick
 from protocol.ledger.reputation import NEUTRAL
+from protocol.machine import Publish, Received, Tick
 from tests.protocol.ledger_net import (
     HOUR,
     MINUTE,

@@ -8,7 +8,6 @@ import pytest
 
 from protocol.errors import LocalProtocolError
 from protocol.machine import Penalize, Publish, Received, Tick
-from protocol.relay.machine import RelayMachine, TransferState
 from protocol.relay.events import (
     AttestBadChunk,
     ChunkFailed,
@@ -28,6 +27,7 @@ from protocol.relay.events import (
     VersionComplete,
     VersionPrepared,
 )
+from protocol.relay.machine import RelayMachine, TransferState
 from protocol.relay.manifest import ChunkStatus, RelayManifest, RelayProgress
 from tests.protocol.relay_net import Net, identity, manifest_for
 

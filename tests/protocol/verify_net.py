@@ -23,16 +23,28 @@ from dataclasses import dataclass, field
 
 from crypto.hashing import digest
 from crypto.keys import Identity
-from protocol.market.auction import Attest, AuctionConfig, SubmitTask, TaskUpdated
 from protocol.codec import Message, decode, encode
-from protocol.market.executor import CancelCompute, ComputeDone, ExecutorConfig, ServedModel, StartCompute
 from protocol.ledger.events import Attest as LedgerAttest
 from protocol.machine import Emit, Penalize, Publish, Received, Send, Tick
+from protocol.market.auction import Attest, AuctionConfig, SubmitTask, TaskUpdated
+from protocol.market.executor import (
+    CancelCompute,
+    ComputeDone,
+    ExecutorConfig,
+    ServedModel,
+    StartCompute,
+)
 from protocol.market.selection import ScoreSelector
-from protocol.verification.requester import VerifiedAuction, VerifyConfig
 from protocol.verification.executor import VerifiedExecutor
+from protocol.verification.requester import VerifiedAuction, VerifyConfig
 from protocol.verification.rules import pack_ids
-from protocol.verification.verifier import CancelCheck, CheckDone, StartCheck, Verifier, VerifierConfig
+from protocol.verification.verifier import (
+    CancelCheck,
+    CheckDone,
+    StartCheck,
+    Verifier,
+    VerifierConfig,
+)
 
 LATENCY_MS = 2
 TRUE_KEY, OTHER_KEY = b"smollm2-q4_1", b"smollm2-q2_k"

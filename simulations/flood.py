@@ -28,7 +28,8 @@ Contract
 from __future__ import annotations
 
 from array import array
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -38,10 +39,17 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     from simulations.network import NetworkModel
-    from simulations.node import VirtualNode
 
 #: "never": an unreached node's arrival, a lost copy's weight (two of them do not overflow)
 NEVER = 1 << 62
+
+
+class MeshMember(Protocol):
+    """What a plan reads of a node: its gossip mesh, topic -> mesh peers' indices in mesh
+    order (simulations/node.py's ``VirtualNode`` is one)."""
+
+    @property
+    def mesh(self) -> dict[str, list[int]]: ...
 
 
 class MeshTable:
@@ -57,7 +65,7 @@ class MeshTable:
         self.latency: NDArray[np.int64] = np.zeros((0, width), dtype=np.int64)
         self.dirty: set[int] = set()
 
-    def refresh(self, nodes: list[VirtualNode], net: NetworkModel) -> None:
+    def refresh(self, nodes: Sequence[MeshMember], net: NetworkModel) -> None:
         n = len(nodes)
         if n > len(self.peers):
             grow = n - len(self.peers)
@@ -172,7 +180,7 @@ class FloodPlanner:
         self,
         flood: Flood,
         now_us: int,
-        nodes: list[VirtualNode],
+        nodes: Sequence[MeshMember],
         fanout: list[int] | None,
     ) -> None:
         """Plan a new flood sent by ``flood.source`` at ``now_us`` (to ``fanout`` instead of
@@ -186,7 +194,7 @@ class FloodPlanner:
         flood.incarnations = self._incarnations(flood.n)
         _shortest(flood, np.array([source]))
 
-    def replan(self, flood: Flood, now_us: int, nodes: list[VirtualNode]) -> None:
+    def replan(self, flood: Flood, now_us: int, nodes: Sequence[MeshMember]) -> None:
         """Re-plan a flood in flight after the network changed."""
         have = flood.have()
         incarnations = self._incarnations(flood.n)
@@ -208,7 +216,7 @@ class FloodPlanner:
         _shortest(flood, np.flatnonzero(have))
 
     def _edges(
-        self, flood: Flood, nodes: list[VirtualNode]
+        self, flood: Flood, nodes: Sequence[MeshMember]
     ) -> tuple[NDArray[np.int32], NDArray[np.int64], NDArray[np.bool_] | None]:
         """Every node's copies as it would send them now: peers, times, duplicated."""
         n = flood.n

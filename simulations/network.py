@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import random
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from simulations.engine import US_PER_S
 
@@ -76,15 +76,6 @@ class LinkFaults:
                 raise ValueError(f"{name} must be a probability, got {value}")
 
 
-@dataclass(slots=True)
-class Partition:
-    """Nodes split into ``groups`` (lists of node indices) from ``start_us`` until ``heal_us``."""
-
-    start_us: int
-    heal_us: int
-    groups: list[list[int]] = field(default_factory=list)
-
-
 class NetworkModel:
     """Per-node bandwidth and region, per-link latency, loss, duplication, partitions."""
 
@@ -107,8 +98,6 @@ class NetworkModel:
         self._pair_latency_us: dict[int, int] = {}
         #: min(up, down) when every node has the same up and down rates, else None
         self._one_rate: float | None = None
-        #: node a -> {b: base latency a-b}, filled as links are used (flood_hop's lookups)
-        self._latency_rows: list[dict[int, int]] = []
         #: node index -> partition group, or -1 when no partition is in force
         self.group: list[int] = []
         self._partitioned = False
@@ -135,7 +124,6 @@ class NetworkModel:
         self.region.append(region)
         self._up_free_us.append(0)
         self._down_free_us.append(0)
-        self._latency_rows.append({})
         self.group.append(-1)
         return len(self.up_bps) - 1
 
@@ -210,6 +198,12 @@ class NetworkModel:
         Occupies a's uplink and b's downlink even when the message is then lost, as a real
         lost packet does.
         """
+        end, latency = self._copy_end(a, b, size, now_us)
+        return self._faults(end, latency)
+
+    def _copy_end(self, a: int, b: int, size: int, now_us: int) -> tuple[int, int]:
+        """When a copy of ``size`` bytes sent now by a ends at b, before faults, and the
+        latency it met (jitter drawn); the links' queues advance as it takes them."""
         up = self.up_bps[a]
         down = self.down_bps[b]
         duration = int(size * US_PER_S / (up if up < down else down)) + 1
@@ -223,7 +217,7 @@ class NetworkModel:
         ):
             # a small frame interleaves with bulk transfers (packets, not whole messages,
             # share a link): it pays its own serialization, not the queue's
-            return self._faults(now_us + latency + duration, latency)
+            return now_us + latency + duration, latency
         start = self._up_free_us[a]
         if start < now_us:
             start = now_us
@@ -235,7 +229,7 @@ class NetworkModel:
         # backpressure: the sender's uplink stays committed until b has taken the bytes
         self._up_free_us[a] = rx_start - latency + duration
         self._down_free_us[b] = end
-        return self._faults(end, latency)
+        return end, latency
 
     def flood_hop(
         self,
@@ -259,90 +253,23 @@ class NetworkModel:
         message already is not timed (too small to matter to the link's queue). Copies to a
         node cut off by a partition are neither.
         """
-        if self._partitioned or self._loss or self._duplicate:
-            return self._flood_hop_slow(a, mesh, skip, arrival, size, now_us, rx_bytes, rx_msgs)
-        first: list[tuple[int, int]] = []
-        dups = 0
-        small = size <= SMALL_MESSAGE_BYTES
-        up_bps = self.up_bps[a]
-        down_bps = self.down_bps
-        up_free = self._up_free_us
-        down_free = self._down_free_us
-        jitter = self._jitter_us
-        draw = self.rng.random
-        constant = self._constant_us
-        row = self._latency_rows[a]
-        bits = size * US_PER_S
-        one_rate = self._one_rate
-        same_duration = int(bits / one_rate) + 1 if one_rate is not None else 0
-        for b in mesh:
-            if b == skip:
-                continue
-            seen = arrival[b]
-            if seen == -1 and small:
-                dups += 1
-                rx_bytes[b] += size
-                rx_msgs[b] += 1
-                continue
-            # transfer(a, b, size, now_us), inlined (keep the two in step)
-            if same_duration:
-                duration = same_duration
-            else:
-                down = down_bps[b]
-                duration = int(bits / (up_bps if up_bps < down else down)) + 1
-            if constant is not None:
-                latency = constant
-            else:
-                cached = row.get(b)
-                if cached is None:
-                    cached = row[b] = self.base_latency_us(a, b)
-                latency = cached
-            if jitter:
-                latency += int(draw() * jitter)
-            if small and (up_free[a] > now_us + duration or down_free[b] > now_us):
-                end = now_us + latency + duration
-            else:
-                start = up_free[a]
-                if start < now_us:
-                    start = now_us
-                rx_start = start + latency
-                if rx_start < down_free[b]:
-                    rx_start = down_free[b]
-                end = rx_start + duration
-                up_free[a] = rx_start - latency + duration
-                down_free[b] = end
-            if seen == -1 or 0 < seen <= end + 1:
-                dups += 1
-                rx_bytes[b] += size
-                rx_msgs[b] += 1
-            else:
-                arrival[b] = end + 1
-                first.append((b, end))
-        return first, dups
-
-    def _flood_hop_slow(
-        self,
-        a: int,
-        mesh: list[int],
-        skip: int,
-        arrival: array[int],
-        size: int,
-        now_us: int,
-        rx_bytes: array[int],
-        rx_msgs: array[int],
-    ) -> tuple[list[tuple[int, int]], int]:
+        faulty = self._partitioned or self._loss or self._duplicate
         first: list[tuple[int, int]] = []
         dups = 0
         small = size <= SMALL_MESSAGE_BYTES
         for b in mesh:
-            if b == skip or not self.reachable(a, b):
+            if b == skip or (faulty and not self.reachable(a, b)):
                 continue
             if small and arrival[b] == -1:
                 dups += 1
                 rx_bytes[b] += size
                 rx_msgs[b] += 1
                 continue
-            for at in self.transfer(a, b, size, now_us):
+            if faulty:
+                ends = self.transfer(a, b, size, now_us)
+            else:  # a copy arrives once, and _faults would draw nothing
+                ends = (self._copy_end(a, b, size, now_us)[0],)
+            for at in ends:
                 seen = arrival[b]
                 if seen == -1 or 0 < seen <= at + 1:
                     dups += 1

@@ -17,23 +17,26 @@ Contract
 * ``store`` is the node's data directory: it survives ``crash``/``restart``; machines and
   connections do not. ``epoch`` counts incarnations so that events addressed to a crashed
   incarnation are dropped.
+* A node knows the swarm that hosts it only as a :class:`NodeHost` (simulations/swarm.py's
+  ``Swarm`` is the one implementation), so this module imports neither the swarm nor the
+  transport: imports run swarm -> transport -> node, never back.
 """
 
 from __future__ import annotations
 
 import random
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from crypto.keys import Identity
 from protocol.codec import Message
 from protocol.errors import RemoteProtocolError
 from protocol.machine import Machine, PeerConnected, PeerDisconnected, Received, Tick
-
-if TYPE_CHECKING:
-    from simulations.swarm import Swarm
+from simulations.engine import EventLoop
+from simulations.metrics import Metrics, Traffic
+from simulations.network import NetworkModel
 
 Performer = Callable[["VirtualNode", str, Any], None]
 
@@ -57,6 +60,41 @@ class MachineSpec:
     performers: Mapping[type, Performer] = field(default_factory=dict)
     #: called after every machine of the node is built (submit start-up commands here)
     on_boot: Callable[[VirtualNode], None] | None = None
+
+
+class PeerDisconnector(Protocol):
+    """The part of the transport a node calls itself: closing a connection it penalized."""
+
+    def disconnect(self, node: VirtualNode, peer: str, reason: str) -> None: ...
+
+
+class NodeHost(Protocol):
+    """What a virtual node and the performers of its machines use of the swarm hosting it."""
+
+    seed: int
+    #: machines see virtual time plus this (Unix-epoch ms)
+    epoch_ms: int
+    loop: EventLoop
+    net: NetworkModel
+    metrics: Metrics
+    #: per-node traffic counters, indexed by ``VirtualNode.index``
+    traffic: Traffic
+    transport: PeerDisconnector
+
+    @property
+    def nodes(self) -> Sequence[VirtualNode]: ...
+
+    @property
+    def now_ms(self) -> int: ...
+
+    @property
+    def machine_now_ms(self) -> int: ...
+
+    def node_of(self, peer: str) -> VirtualNode | None: ...
+
+    def at_ms(self, time_ms: int, callback: Callable[..., None], *args: Any) -> None: ...
+
+    def perform(self, node: VirtualNode, slot: MachineSlot, effect: object) -> None: ...
 
 
 class MachineSlot:
@@ -110,7 +148,7 @@ class VirtualNode:
 
     def __init__(
         self,
-        swarm: Swarm,
+        swarm: NodeHost,
         index: int,
         identity: Identity,
         rng: random.Random,

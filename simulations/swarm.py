@@ -144,9 +144,6 @@ class Swarm:
         self.crash(node)
         self.start(node)
 
-    def live_nodes(self) -> list[VirtualNode]:
-        return [n for n in self.nodes if n.up]
-
     # ------------------------------------------------------------------ topology helpers
 
     def connect(self, a: VirtualNode, b: VirtualNode) -> None:

@@ -7,7 +7,8 @@ Layers, bottom up:
 
 * engine.py: the seeded discrete-event loop (heap of ``(time_us, seq, callback)``);
 * network.py: bandwidth, latency (distribution or region matrix), loss, duplication,
-  partitions; transport.py: connections, unicast with ``SendFailed``, gossip over a mesh;
+  partitions; transport.py: connections, unicast with ``SendFailed``, gossip meshes;
+  gossip.py: planned floods (flood.py) and hop-by-hop gossip; frames.py: wire framing;
 * node.py / swarm.py: virtual nodes hosting machines through ``handle``/``next_deadline``
   exactly as node/driver.py does, performing their effects; churn and topology in world.py;
 * machines/: one adapter per protocol/ machine (ledger, market, verification, relay,

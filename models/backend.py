@@ -1,5 +1,7 @@
 """One interface over inference backends (llama.cpp, transformers+torch).
 
+models.llama_backend and models.hf_backend implement it; models.loader.load_backend picks one.
+
 Contract of every :class:`Backend`:
 - ``tokenize(text)`` parses special tokens (``<|im_start|>``) and adds no BOS unless the model
   asks for it; ``detokenize(ids)`` is its inverse for generated text.
@@ -30,8 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from models.config import LLAMA_CPP, TRANSFORMERS, ModelConfig
-from models.registry import ModelInfo, identity_hash, resolve
+from models.registry import ModelInfo, identity_hash
 
 #: Used when a model ships no chat template: ChatML, as SmolLM2 and many small models use.
 CHATML_TEMPLATE = (
@@ -176,26 +177,6 @@ class Backend(ABC):
         return Generation(text=self.detokenize(out), token_ids=tuple(out), prompt_token_ids=tuple(ids),
                           logprobs=tuple(lps), finish_reason=finish,
                           prompt_ms=(t1 - t0) * 1000.0, generate_ms=(t2 - t1) * 1000.0)
-
-
-def load_backend(config: ModelConfig | str | None = None, backend: str | None = None) -> Backend:
-    """Load a model by config or spec (None = default model) on the named backend."""
-    if not isinstance(config, ModelConfig):
-        config = ModelConfig(spec=config or ModelConfig().spec, **({"backend": backend} if backend else {}))
-    elif backend:
-        config = ModelConfig(**{**{f: getattr(config, f) for f in config.__dataclass_fields__},
-                                "backend": backend})
-    info = resolve(config.spec)
-    if config.backend == LLAMA_CPP:
-        if info.fmt != "gguf":
-            raise ValueError(f"model {info.name!r} is an HF directory: llama.cpp needs a .gguf file "
-                             f"(use backend={TRANSFORMERS!r})")
-        from models.llama_backend import LlamaCppBackend
-
-        return LlamaCppBackend(info, config)
-    from models.hf_backend import TransformersBackend
-
-    return TransformersBackend.load(info, config)
 
 
 def measure_throughput(backend: Backend, n_tokens: int = 32, seed: int = 0) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 #: The embedded default model (see models.registry): works with no config and no download.
@@ -15,7 +16,7 @@ TRANSFORMERS = "transformers"
 class ModelConfig:
     spec: str = DEFAULT_MODEL_NAME  # registry name, path to a .gguf file, or an HF directory
     backend: str = LLAMA_CPP  # "llama.cpp" (default for serving) or "transformers"
-    n_threads: int = 0  # CPU threads for compute; 0 = let the backend decide (all cores)
+    n_threads: int = 0  # CPU threads; 0 = the backend's default (llama.cpp: default_threads())
     n_ctx: int = 2048  # llama.cpp context window in tokens (prompt + generation)
     n_batch: int = 256  # llama.cpp prompt-processing batch size in tokens
     max_tokens: int = 256  # default generation budget (chain of thought + final answer line)
@@ -31,3 +32,10 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.n_threads < 0:
             raise ValueError(f"ModelConfig.n_threads must be >= 0, got {self.n_threads}")
+
+
+def default_threads() -> int:
+    """The thread count ``n_threads = 0`` stands for: half the logical CPUs (~physical cores).
+    llama.cpp's thread barriers spin, and with more threads than free cores (shared or
+    hyperthreaded machines) it slows down many-fold."""
+    return max(1, (os.cpu_count() or 2) // 2)

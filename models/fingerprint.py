@@ -162,9 +162,8 @@ def fingerprint_backend(backend: object) -> object:
     else a transformers backend on the same GGUF file (loaded once and cached)."""
     if hasattr(backend, "hidden_states"):
         return backend
-    from models.config import TRANSFORMERS, ModelConfig
+    from models.config import TRANSFORMERS, ModelConfig, default_threads
     from models.hf_backend import TransformersBackend
-    from models.llama_backend import default_threads
 
     info = backend.info  # type: ignore[attr-defined]
     key = str(info.path)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from models.backend import Backend
-from models.config import LLAMA_CPP, ModelConfig
+from models.config import LLAMA_CPP, ModelConfig, default_threads
 from models.registry import ModelInfo
 
 # llama.cpp's OpenMP threads spin-wait between kernels by default. On a machine whose cores
@@ -27,12 +27,6 @@ from models.registry import ModelInfo
 # policy and 6.5 s with PASSIVE. Set before llama_cpp loads its OpenMP runtime; a user's own
 # setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
-def default_threads() -> int:
-    """Half the logical CPUs (~physical cores): llama.cpp's thread barriers spin, and with
-    more threads than free cores (shared or hyperthreaded machines) it slows down many-fold."""
-    return max(1, (os.cpu_count() or 2) // 2)
 
 
 class LlamaCppBackend(Backend):

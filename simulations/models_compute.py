@@ -58,8 +58,8 @@ def shared_backend(model: str, threads: int) -> Backend:
     """The backend of ``model`` ("" = the embedded default), loaded once per process."""
     key = (model, threads)
     if key not in _LOADED:
-        from models.backend import load_backend
         from models.config import DEFAULT_MODEL_NAME, ModelConfig
+        from models.loader import load_backend
 
         _LOADED[key] = load_backend(
             ModelConfig(spec=model or DEFAULT_MODEL_NAME, n_threads=threads)

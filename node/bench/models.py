@@ -27,11 +27,11 @@ COT_BUDGET = 160
 def run(quick: bool) -> dict[str, Any]:
     from models import fingerprint as fp
     from models import layer_states as ls
-    from models.backend import SamplingParams, load_backend, measure_throughput
-    from models.config import TRANSFORMERS, ModelConfig
+    from models.backend import SamplingParams, measure_throughput
+    from models.config import TRANSFORMERS, ModelConfig, default_threads
     from models.cot import Problem, build_messages
     from models.evalset import evaluate, load_evalset
-    from models.llama_backend import default_threads
+    from models.loader import load_backend
     from protocol.answers import AnswerType
 
     threads = default_threads()

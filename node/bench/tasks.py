@@ -66,9 +66,9 @@ def _ask(client: Any, question: str, k: int, max_tokens: int) -> tuple[float, di
 
 
 def run(quick: bool) -> dict[str, Any]:
-    from models.backend import load_backend
     from models.config import ModelConfig
     from models.cot import Problem, solve
+    from models.loader import load_backend
     from node.control import ApiClient
     from node.market.requester import TasksSection
     from node.testnet import LocalTestnet

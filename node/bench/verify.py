@@ -5,7 +5,7 @@ checked on transformers fp32 from the same GGUF), for questions of the shipped e
 
 * ``verify_cost_ratio``: one verifier's whole check of a committed result, as daemons run it
   (node/verification/service.py): prompt rebuild, CoT/answer binding, the leaves of the executor's
-  layer states it needs (served from a real node.verification.state_store.StateStore, each Merkle proof
+  layer states it needs (served from a real models.state_store.StateStore, each Merkle proof
   checked and decoded; the network hop itself is left out), layer 1 over every position and
   ``LAYERS_PER_CHECK`` layers drawn from the seed over ``CHUNKS_PER_CHECK`` sampled chunks
   (models.layer_states), over the executor's generation time for the same result, measured
@@ -48,7 +48,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from node.verification.checks import CHUNK_TOKENS, CheckRunner, Commitments, LayerJob, commitments_for
+from models.checks import CheckRunner, LayerJob
+from models.commitments import CHUNK_TOKENS, Commitments, commitments_for
 from protocol.market.messages import Requirement, TaskSpec
 from protocol.verification.rules import choose_chunks, choose_layers
 from protocol.verification.state import DEFAULT_SAMPLE_RATE, DEFAULT_VERIFIERS
@@ -82,12 +83,12 @@ def run(quick: bool) -> dict[str, float | int | str]:
 
     import torch
 
-    from models.backend import load_backend
     from models.config import ModelConfig
     from models.cot import solve
     from models.evalset import load_evalset
     from models.fingerprint import fingerprint_backend
-    from node.verification.state_store import StateStore
+    from models.loader import load_backend
+    from models.state_store import StateStore
 
     n_questions, samples, max_tokens = (2, 2, 96) if quick else (6, 4, 256)
     t0 = time.perf_counter()

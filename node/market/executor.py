@@ -11,10 +11,11 @@
   ``fingerprints`` attribute gets it set to whether this executor commits (verification). The
   ``[executor] solver`` setting names a factory ``"module:callable"`` taking
   ``(section, data_dir)`` (any importable module: tests load their own double this way).
-  The default, ``"models"``, is the real one (models/solver.py: the models/ backend;
-  ``model`` picks the model, "" = the embedded default), so a plain ``symphony node run``
-  executes. ``solver = ""`` opts out: the node never bids, and says so in its status and log;
-  so does a solver that fails to start (e.g. models/ not installed), without stopping the node.
+  The default, ``"models"``, is the real one (:func:`models_solver`: models/solver.py's
+  solver on the models/ backend; ``model`` picks the model, "" = the embedded default), so a
+  plain ``symphony node run`` executes. ``solver = ""`` opts out: the node never bids, and
+  says so in its status and log; so does a solver that fails to start (e.g. models/ not
+  installed), without stopping the node. A solver's result is a models.solver.Solution.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any, ClassVar, Protocol
 
 import trio
 
+from models.solver import Solution
 from node.service import NodeContext, Service
 from protocol.market.executor import (
     DEFAULT_HOLD_MS,
@@ -42,31 +44,20 @@ from protocol.market.executor import (
     ServedModel,
     StartCompute,
 )
-from protocol.market.messages import BEACON_TOPIC, MAX_QUESTION_CHARS, Assign, Beacon, Cancel, TaskSpec
+from protocol.market.messages import (
+    BEACON_TOPIC,
+    MAX_QUESTION_CHARS,
+    Assign,
+    Beacon,
+    Cancel,
+    TaskSpec,
+)
 from protocol.verification.executor import VerifiedExecutor
 
 MAX_FAILURE_TEXT = 120
 MAX_TEMPERATURE = 2.0
 #: solver names that need no "module:callable"
-BUILTIN_SOLVERS = {"models": "models.solver:factory"}
-
-
-@dataclass(frozen=True, slots=True)
-class Solution:
-    answer: str
-    cot: str
-    confidence: float
-    tokens: int
-    compute_ms: int
-    #: content hash of the weights file that produced it
-    model_hash: bytes
-    fingerprints: tuple[bytes, ...] = ()
-    fingerprint_root: bytes = b""
-    #: the generated token ids (commit/reveal binds them, verifiers re-run them)
-    output_ids: tuple[int, ...] = ()
-    #: Merkle root and layer count of the layer states kept for verifiers (node.verification.state_store)
-    states_root: bytes = b""
-    state_layers: int = 0
+BUILTIN_SOLVERS = {"models": "node.market.executor:models_solver"}
 
 
 class Solver(Protocol):
@@ -111,6 +102,16 @@ class ExecutorSection:
         if self.solver and self.solver not in BUILTIN_SOLVERS and not (colon and module and attr):
             raise ValueError(f"solver {self.solver!r} is neither one of "
                              f"{sorted(BUILTIN_SOLVERS)} nor 'module:callable' ('' = none)")
+
+
+def models_solver(section: ExecutorSection, data_dir: Path) -> Solver:
+    """The builtin solver: models/solver.py on ``section``'s model, threads and temperature,
+    keeping committed layer states under ``data_dir`` for verifiers."""
+    from models.solver import load_models_solver
+    from models.state_store import STATES_DIR
+
+    return load_models_solver(section.model, threads=section.threads,
+                              temperature=section.temperature, states_dir=data_dir / STATES_DIR)
 
 
 def load_solver(spec: str, section: ExecutorSection, data_dir: Path) -> Solver:

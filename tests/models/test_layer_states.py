@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from models import layer_states as ls
-from models.backend import SamplingParams, load_backend
+from models.backend import SamplingParams
+from models.loader import load_backend
 
 PROMPT = "<|im_start|>user\nhello the world, tell a story<|im_end|>\n<|im_start|>assistant\n"
 

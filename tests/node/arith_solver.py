@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from crypto.hashing import digest
-from node.market.executor import Solution
+from models.solver import Solution
 from protocol.market.executor import ServedModel
 from protocol.market.messages import TaskSpec
 

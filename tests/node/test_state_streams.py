@@ -13,9 +13,9 @@ import pytest
 import trio
 
 from models.layer_states import BLOCK_TOKENS, n_blocks
-from node.verification.state_store import StatesMissing, StateStore
-from node.verification.state_streams import BadStates, StatesUnavailable, fetch_leaves, serve_states
+from models.state_store import StatesMissing, StateStore
 from node.transport import TransportError
+from node.verification.state_streams import BadStates, StatesUnavailable, fetch_leaves, serve_states
 
 TASK = b"\x07" * 32
 L, T, C = 3, 70, 16  # 3 blocks per layer

@@ -58,9 +58,11 @@ def test_a_test_module_path_loads_as_a_solver(tmp_path: Path) -> None:
 def test_the_model_solver_advertises_quantization_and_seeds_each_executor(
         tmp_path: Path) -> None:
     pytest.importorskip("llama_cpp")
-    from models.solver import ModelsSolver, factory
+    from models.solver import ModelsSolver
 
-    one = factory(ExecutorSection(temperature=0.7, threads=1), tmp_path)
+    one = load_solver("models", ExecutorSection(temperature=0.7, threads=1), tmp_path)
+    assert isinstance(one, ModelsSolver) and one.temperature == 0.7
+    assert one.states is not None and one.states.root == tmp_path / "states"
     (model,) = one.models()
     assert (model.name, model.quantization) == ("smollm2-135m-instruct-q4_1", "Q4_1")
     assert model.tokens_per_s > 0 and len(model.model_hash) == 32

@@ -1,11 +1,12 @@
 """The layer states an executor committed to, kept on disk for the verifiers that ask.
 
 A committing executor (models/solver.py) runs one prefill per result and keeps every
-decoder layer's output (models.layer_states); :meth:`StateStore.put` writes them under
-``<data dir>/states/`` as ``<task id>-<states root>.npy`` beside a ``.hashes`` file of the
-Merkle leaf hashes (so proofs need no re-hashing), each written to a temporary name and
-renamed into place: a kill leaves either a whole entry or a stray temporary, never half a
-file that would be served. The states file is written last, so it marks a complete entry.
+decoder layer's output (models.layer_states); :meth:`StateStore.put` writes them into its
+folder (a node's is ``<data dir>/states``, :data:`STATES_DIR`) as ``<task id>-<states
+root>.npy`` beside a ``.hashes`` file of the Merkle leaf hashes (so proofs need no
+re-hashing), each written to a temporary name and renamed into place: a kill leaves either
+a whole entry or a stray temporary, never half a file that would be served. The states file
+is written last, so it marks a complete entry.
 
 The store holds at most ``budget_bytes`` (oldest entries go first): states are only asked
 for within a task's verification window, minutes at most. SmolLM2-135M keeps ~70 KB per
@@ -27,6 +28,8 @@ from models.layer_states import BLOCK_TOKENS, blocks_of, encode_leaf, leaf_posit
 from protocol.verification.rules import encode_proof
 
 DEFAULT_BUDGET_BYTES = 1 << 30
+#: the store's folder under a node's data dir
+STATES_DIR = "states"
 
 
 class StatesMissing(LookupError):

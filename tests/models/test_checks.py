@@ -16,7 +16,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 pytest.importorskip("torch")
 pytest.importorskip("gguf")
 
-from node.verification.checks import CHUNK_TOKENS, CheckRunner, fingerprints_for  # noqa: E402
+from models.checks import CheckRunner  # noqa: E402
+from models.commitments import CHUNK_TOKENS, fingerprints_for  # noqa: E402
 from protocol.market.messages import Requirement, TaskSpec  # noqa: E402
 from protocol.verification.rules import choose_chunks  # noqa: E402
 from protocol.verification.verifier import StartCheck  # noqa: E402
@@ -38,7 +39,7 @@ def ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def backend(path: Path, kind: str) -> Any:
-    from models.backend import load_backend
+    from models.loader import load_backend
 
     if kind == "llama.cpp":
         pytest.importorskip("llama_cpp")
@@ -109,8 +110,8 @@ def test_verifier_refuses_a_check_for_another_model(verifier: CheckRunner,
 def layer_check(exec_backend: Any, verifier: CheckRunner, store: Any, seed: int = 0) -> Any:
     """An executor's committed result (fingerprints + layer states in ``store``) and the
     StartCheck a verifier gets for it, with the leaves it asks for already fetched."""
+    from models.commitments import commitments_for
     from models.cot import Problem, solve
-    from node.verification.checks import commitments_for
 
     sol = solve(exec_backend, Problem(TASK.question), max_tokens=80, seed=seed,
                 temperature=0.8)
@@ -141,8 +142,8 @@ def fetched_from(store: Any, check: StartCheck, job: Any) -> dict[Any, Any]:
 @pytest.mark.parametrize("seed", [0, 1])
 def test_layer_check_of_an_honest_llama_cpp_executor_passes(
         ggufs: dict[str, Path], verifier: CheckRunner, tmp_path: Path, seed: int) -> None:
-    from node.verification.state_store import StateStore
-    from node.verification.checks import LayerJob
+    from models.checks import LayerJob
+    from models.state_store import StateStore
 
     store = StateStore(tmp_path)
     check = layer_check(backend(ggufs["f32"], "llama.cpp"), verifier, store, seed)
@@ -156,7 +157,7 @@ def test_layer_check_of_an_honest_llama_cpp_executor_passes(
 @pytest.mark.parametrize("which", ["other", "q8"])
 def test_layer_check_of_another_model_or_quantization_fails(
         ggufs: dict[str, Path], verifier: CheckRunner, tmp_path: Path, which: str) -> None:
-    from node.verification.state_store import StateStore
+    from models.state_store import StateStore
 
     store = StateStore(tmp_path)
     check = layer_check(backend(ggufs[which], "transformers"), verifier, store)
@@ -167,7 +168,7 @@ def test_layer_check_of_another_model_or_quantization_fails(
 
 def test_layer_check_catches_tampered_tokens_and_binding(
         ggufs: dict[str, Path], verifier: CheckRunner, tmp_path: Path) -> None:
-    from node.verification.state_store import StateStore
+    from models.state_store import StateStore
 
     store = StateStore(tmp_path)
     honest = layer_check(backend(ggufs["f32"], "transformers"), verifier, store)

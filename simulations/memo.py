@@ -43,7 +43,7 @@ from crypto.peer_id import peer_id_from_public_key
 from protocol import codec
 from protocol.ledger import records as ledger_records
 from protocol.ledger import state as ledger_state
-from protocol.ledger.records import LedgerDigest
+from protocol.ledger.messages import LedgerDigest
 
 #: distinct argument tuples remembered per function; the oldest are forgotten first
 CACHE_ENTRIES = 1 << 17

@@ -47,15 +47,12 @@ from protocol.ledger.machine import (
     StoreAttestation,
     StoreCapability,
 )
+from protocol.ledger.messages import LEDGER_TOPIC, LedgerDigest, LedgerPush, LedgerSyncRequest
 from protocol.ledger.records import (
     HASH_LEN,
-    LEDGER_TOPIC,
     MAX_ADDRS,
     AttestationKind,
     HardwareSummary,
-    LedgerDigest,
-    LedgerPush,
-    LedgerSyncRequest,
     ModelOffer,
     Role,
 )

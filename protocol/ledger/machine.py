@@ -52,20 +52,15 @@ from protocol.ledger.events import (
     StoreAttestation,
     StoreCapability,
 )
+from protocol.ledger.messages import LEDGER_TOPIC, LedgerDigest, LedgerPush, LedgerSyncRequest
 from protocol.ledger.records import (
     ATTESTATION_DOMAIN,
     CAPABILITY_DOMAIN,
-    LEDGER_TOPIC,
     PENALTY_POINTS,
     Attestation,
     CapabilityRecord,
-    LedgerDigest,
-    LedgerPush,
-    LedgerSyncRequest,
     Rejected,
     Rejection,
-    check_attestation,
-    check_capability,
     envelope_hash,
     open_attestation,
     open_capability,
@@ -458,7 +453,7 @@ class LedgerMachine:
             if held is not None and held.hash == h:
                 continue
             try:
-                rec = check_capability(
+                rec = open_capability(
                     env,
                     self.network_id,
                     now,
@@ -486,7 +481,7 @@ class LedgerMachine:
                 continue
             try:
                 signer = signers.get(env.public_key) or self._signer(env)
-                att = check_attestation(
+                att = open_attestation(
                     env, self.network_id, now, signer, self._attestation_ttl_ms, self._skew_ms
                 )
                 added, evicted = state.merge_attestation(env, att, signer, h)

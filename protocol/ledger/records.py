@@ -1,5 +1,5 @@
-"""Ledger records: signed capability records and attestations, the ledger's wire messages,
-and the checks every received record goes through.
+"""Ledger records: signed capability records and attestations, and the checks every received
+record goes through (the wire messages that carry them are in protocol/ledger/messages.py).
 
 Contract
 --------
@@ -33,8 +33,6 @@ from crypto.envelope import Envelope, EnvelopeError
 from protocol.codec import M, Message, decode, limits, message
 from protocol.errors import InvalidMessage
 
-#: short gossip topic name (the driver adds the network id: ``symphony/<net>/ledger/1``).
-LEDGER_TOPIC = "ledger"
 CAPABILITY_DOMAIN = "symphony/ledger/capability/v1"
 ATTESTATION_DOMAIN = "symphony/ledger/attestation/v1"
 _CAPABILITY_FAMILY = "symphony/ledger/capability/"
@@ -56,15 +54,6 @@ MAX_ATTESTATION_TTL_MS = 30 * 24 * 60 * 60 * 1000
 #: how far ahead of our clock a peer's clock may run.
 MAX_CLOCK_SKEW_MS = 60 * 1000
 
-#: digest and sync limits
-BUCKETS = 256
-PREFIX_LEN = 8
-MAX_DIGEST_RECORDS = 4096
-MAX_REQUEST_RECORDS = 64
-MAX_HAVE_PREFIXES = 8192
-MAX_PUSH_RECORDS = 64
-MAX_PUSH_ATTESTATIONS = 1024
-
 
 class Role(enum.Enum):
     EXECUTOR = "executor"
@@ -82,7 +71,7 @@ class AttestationKind(enum.Enum):
     VERIFICATION_FAILED = "verification_failed"
     #: ``amount`` is the number of chunks served
     RELAY_SERVED = "relay_served"
-    #: a verifier's verdict was overturned by escalation (issue 6); requires ``evidence_hash``
+    #: a verifier's verdict was overturned by an escalation panel; requires ``evidence_hash``
     VERDICT_CONTRADICTED = "verdict_contradicted"
     #: a relay sent bytes that do not match the signed manifest; requires ``evidence_hash``
     #: (the hash of the bytes received); ``amount`` is the chunk index
@@ -237,73 +226,6 @@ class Attestation(Message):
             raise ValueError("an attestation must expire after it was observed")
 
 
-# ---------------------------------------------------------------- wire messages
-
-
-@message(24)
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RecordVersion(Message):
-    peer_id: str = limits(max_len=MAX_PEER_ID_LEN)
-    seq: int = limits(lo=0)
-    #: first bytes of the record envelope's content hash (breaks same-seq ties)
-    hash_prefix: bytes = limits(size=PREFIX_LEN)
-
-
-@message(25)
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LedgerDigest(Message):
-    """What a node holds: live record versions, and a summary of its attestation set.
-
-    ``attestation_buckets`` is empty for an empty set, else ``BUCKETS`` hashes of
-    ``PREFIX_LEN`` bytes: bucket ``b`` summarizes the attestations whose content hash starts
-    with byte ``b``, so two nodes find the differing buckets without listing 10,000 hashes.
-    """
-
-    records: tuple[RecordVersion, ...] = limits(max_items=MAX_DIGEST_RECORDS)
-    attestation_count: int = limits(lo=0)
-    attestation_buckets: bytes = limits(max_len=BUCKETS * PREFIX_LEN)
-    #: an answer to the peer's digest (never answered in turn, so digests cannot ping-pong)
-    reply: bool
-
-    def check(self) -> None:
-        if len(self.attestation_buckets) not in (0, BUCKETS * PREFIX_LEN):
-            raise ValueError("attestation_buckets must be empty or one prefix per bucket")
-
-
-@message(26)
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BucketHave(Message):
-    bucket: int = limits(lo=0, hi=BUCKETS - 1)
-    #: concatenated hash prefixes the requester already holds in this bucket
-    have: bytes = limits(max_len=MAX_HAVE_PREFIXES * PREFIX_LEN)
-
-    def check(self) -> None:
-        if len(self.have) % PREFIX_LEN:
-            raise ValueError("have must be whole hash prefixes")
-
-
-@message(27)
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LedgerSyncRequest(Message):
-    """Pull: send me these peers' records and the attestations of these buckets I lack."""
-
-    records: tuple[str, ...] = limits(max_items=MAX_REQUEST_RECORDS, max_len=MAX_PEER_ID_LEN)
-    buckets: tuple[BucketHave, ...] = limits(max_items=BUCKETS)
-    max_attestations: int = limits(lo=1, hi=MAX_PUSH_ATTESTATIONS)
-
-
-@message(28)
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LedgerPush(Message):
-    """Records and attestations: gossip (``reply`` false) or the answer to a sync request."""
-
-    records: tuple[Envelope, ...] = limits(max_items=MAX_PUSH_RECORDS)
-    attestations: tuple[Envelope, ...] = limits(max_items=MAX_PUSH_ATTESTATIONS)
-    reply: bool
-    #: in a reply: the responder stopped at a batch limit and holds more for this request
-    more: bool
-
-
 # ---------------------------------------------------------------- checks
 
 
@@ -362,34 +284,21 @@ def _check_times(
 
 def open_capability(
     envelope: Envelope,
-    *,
     network_id: str,
     now_ms: int,
     signer: str | None = None,
     max_ttl_ms: int = MAX_RECORD_TTL_MS,
     skew_ms: int = MAX_CLOCK_SKEW_MS,
 ) -> CapabilityRecord:
-    """The checked record in ``envelope``, or ``Rejected``. ``signer`` is a cached peer id."""
-    return check_capability(
-        envelope,
-        network_id,
-        now_ms,
-        signer if signer is not None else envelope.signer,
-        max_ttl_ms,
-        skew_ms,
-    )
-
-
-def check_capability(
-    envelope: Envelope, network_id: str, now_ms: int, signer: str, max_ttl_ms: int, skew_ms: int
-) -> CapabilityRecord:
-    """``open_capability`` with every argument given, by position (the ledger's hot path)."""
+    """The checked record in ``envelope``, or ``Rejected``. ``signer`` is the envelope's peer
+    id where the caller has it cached (the ledger's hot path passes every argument by position).
+    """
     record = _open(
         envelope, CAPABILITY_DOMAIN, _CAPABILITY_FAMILY, MAX_RECORD_BYTES, CapabilityRecord
     )
     if record.network_id != network_id:
         raise Rejected(Rejection.WRONG_NETWORK, f"network {record.network_id!r}")
-    if record.peer_id != signer:
+    if record.peer_id != (signer if signer is not None else envelope.signer):
         raise Rejected(Rejection.SIGNER_NOT_SUBJECT, f"record for {record.peer_id}")
     _check_times(record.issued_at_ms, record.expires_at_ms, now_ms, max_ttl_ms, skew_ms)
     return record
@@ -397,34 +306,19 @@ def check_capability(
 
 def open_attestation(
     envelope: Envelope,
-    *,
     network_id: str,
     now_ms: int,
     signer: str | None = None,
     max_ttl_ms: int = MAX_ATTESTATION_TTL_MS,
     skew_ms: int = MAX_CLOCK_SKEW_MS,
 ) -> Attestation:
-    """The checked attestation in ``envelope``, or ``Rejected``."""
-    return check_attestation(
-        envelope,
-        network_id,
-        now_ms,
-        signer if signer is not None else envelope.signer,
-        max_ttl_ms,
-        skew_ms,
-    )
-
-
-def check_attestation(
-    envelope: Envelope, network_id: str, now_ms: int, signer: str, max_ttl_ms: int, skew_ms: int
-) -> Attestation:
-    """``open_attestation`` with every argument given, by position (the ledger's hot path)."""
+    """The checked attestation in ``envelope``, or ``Rejected`` (``signer`` as above)."""
     att = _open(
         envelope, ATTESTATION_DOMAIN, _ATTESTATION_FAMILY, MAX_ATTESTATION_BYTES, Attestation
     )
     if att.network_id != network_id:
         raise Rejected(Rejection.WRONG_NETWORK, f"network {att.network_id!r}")
-    if att.subject == signer:
+    if att.subject == (signer if signer is not None else envelope.signer):
         raise Rejected(Rejection.SELF_ATTESTATION, "an observer may not attest itself")
     _check_times(att.observed_at_ms, att.expires_at_ms, now_ms, max_ttl_ms, skew_ms)
     return att

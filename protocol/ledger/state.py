@@ -28,15 +28,17 @@ from typing import NamedTuple
 
 from crypto.envelope import Envelope
 from crypto.hashing import digest
-from protocol.ledger.records import (
+from protocol.ledger.messages import (
     BUCKETS,
     MAX_DIGEST_RECORDS,
-    MAX_RECORD_TTL_MS,
     PREFIX_LEN,
-    Attestation,
-    CapabilityRecord,
     LedgerDigest,
     RecordVersion,
+)
+from protocol.ledger.records import (
+    MAX_RECORD_TTL_MS,
+    Attestation,
+    CapabilityRecord,
     Rejected,
     Rejection,
 )

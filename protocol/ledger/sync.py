@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from crypto.envelope import Envelope
 from protocol.errors import LocalProtocolError
 from protocol.ledger.events import LedgerConfig
-from protocol.ledger.records import (
+from protocol.ledger.messages import (
     BUCKETS,
     MAX_DIGEST_RECORDS,
     MAX_HAVE_PREFIXES,

@@ -23,7 +23,7 @@ from protocol.ledger.machine import (
     StoreAttestation,
     StoreCapability,
 )
-from protocol.ledger.records import LEDGER_TOPIC, LedgerDigest, LedgerPush, LedgerSyncRequest
+from protocol.ledger.messages import LEDGER_TOPIC, LedgerDigest, LedgerPush, LedgerSyncRequest
 from simulations.node import MachineSpec, VirtualNode
 
 NAME = "ledger"

@@ -20,6 +20,7 @@ from crypto.keys import Identity
 from node.p2p import open_p2p
 from node.testnet import NodeProcess
 from protocol.codec import encode
+from protocol.ledger.messages import LedgerPush
 from protocol.ledger.records import (
     ATTESTATION_DOMAIN,
     CAPABILITY_DOMAIN,
@@ -27,7 +28,6 @@ from protocol.ledger.records import (
     AttestationKind,
     CapabilityRecord,
     HardwareSummary,
-    LedgerPush,
     Role,
 )
 from protocol.names import protocol_id

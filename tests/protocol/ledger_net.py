@@ -13,15 +13,14 @@ from crypto.envelope import Envelope
 from crypto.keys import Identity
 from protocol.codec import decode, encode
 from protocol.ledger.machine import CapabilitySpec, LedgerConfig, LedgerMachine
+from protocol.ledger.messages import LEDGER_TOPIC, LedgerPush
 from protocol.ledger.records import (
     ATTESTATION_DOMAIN,
     CAPABILITY_DOMAIN,
-    LEDGER_TOPIC,
     Attestation,
     AttestationKind,
     CapabilityRecord,
     HardwareSummary,
-    LedgerPush,
     ModelOffer,
     Role,
 )

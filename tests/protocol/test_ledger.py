@@ -19,11 +19,11 @@ from protocol.ledger.machine import (
     StoreAttestation,
     StoreCapability,
 )
+from protocol.ledger.messages import LedgerPush
 from protocol.ledger.records import (
     CAPABILITY_DOMAIN,
     AttestationKind,
     CapabilityRecord,
-    LedgerPush,
     Role,
     open_capability,
 )

@@ -11,6 +11,7 @@ from crypto.envelope import Envelope
 from protocol.codec import decode, encode
 from protocol.errors import InvalidMessage
 from protocol.ledger.machine import LedgerConfig, StoreAttestation, StoreCapability
+from protocol.ledger.messages import LedgerDigest, LedgerPush
 from protocol.ledger.records import (
     ATTESTATION_DOMAIN,
     CAPABILITY_DOMAIN,
@@ -19,8 +20,6 @@ from protocol.ledger.records import (
     Attestation,
     AttestationKind,
     CapabilityRecord,
-    LedgerDigest,
-    LedgerPush,
     Rejected,
     Rejection,
     open_attestation,

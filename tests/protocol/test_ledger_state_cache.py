@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from crypto.hashing import digest
-from protocol.ledger.records import BUCKETS, PREFIX_LEN
+from protocol.ledger.messages import BUCKETS, PREFIX_LEN
 from protocol.ledger.state import LedgerState
 from protocol.machine import Received, Tick
 from tests.protocol.ledger_net import MINUTE, T0, gossip, machine

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from protocol.ledger.machine import LedgerConfig, LedgerMachine, SetCapability
-from protocol.ledger.records import BucketHave, LedgerDigest, LedgerPush, LedgerSyncRequest
+from protocol.ledger.messages import BucketHave, LedgerDigest, LedgerPush, LedgerSyncRequest
 from protocol.ledger.sync import SyncState
 from protocol.machine import Received, Send
 from tests.protocol.ledger_net import (

@@ -1,0 +1,98 @@
+"""The ledger's wire messages (tags 24-28): digests, sync requests and pushes.
+
+Contract
+--------
+* ``LedgerPush`` carries signed capability records and attestations (envelopes as received;
+  protocol/ledger/records.py checks each one): as gossip on ``LEDGER_TOPIC`` (``reply``
+  false), or as the answer to a ``LedgerSyncRequest`` (``reply`` true, ``more`` when the
+  responder stopped at a batch limit).
+* ``LedgerDigest`` summarizes what a node holds: live record versions and one hash prefix per
+  attestation bucket, so two nodes find what differs without listing every hash.
+* ``LedgerSyncRequest`` pulls the named peers' records and the attestations of the listed
+  buckets that the requester lacks (``BucketHave``: the prefixes it already holds).
+* Every count and length is bounded by the limits below; decoding refuses anything past them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from crypto.envelope import Envelope
+from protocol.codec import Message, limits, message
+from protocol.ledger.records import MAX_PEER_ID_LEN
+
+#: short gossip topic name (the driver adds the network id: ``symphony/<net>/ledger/1``).
+LEDGER_TOPIC = "ledger"
+
+#: digest and sync limits
+BUCKETS = 256
+PREFIX_LEN = 8
+MAX_DIGEST_RECORDS = 4096
+MAX_REQUEST_RECORDS = 64
+MAX_HAVE_PREFIXES = 8192
+MAX_PUSH_RECORDS = 64
+MAX_PUSH_ATTESTATIONS = 1024
+
+
+@message(24)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordVersion(Message):
+    peer_id: str = limits(max_len=MAX_PEER_ID_LEN)
+    seq: int = limits(lo=0)
+    #: first bytes of the record envelope's content hash (breaks same-seq ties)
+    hash_prefix: bytes = limits(size=PREFIX_LEN)
+
+
+@message(25)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LedgerDigest(Message):
+    """What a node holds: live record versions, and a summary of its attestation set.
+
+    ``attestation_buckets`` is empty for an empty set, else ``BUCKETS`` hashes of
+    ``PREFIX_LEN`` bytes: bucket ``b`` summarizes the attestations whose content hash starts
+    with byte ``b``, so two nodes find the differing buckets without listing 10,000 hashes.
+    """
+
+    records: tuple[RecordVersion, ...] = limits(max_items=MAX_DIGEST_RECORDS)
+    attestation_count: int = limits(lo=0)
+    attestation_buckets: bytes = limits(max_len=BUCKETS * PREFIX_LEN)
+    #: an answer to the peer's digest (never answered in turn, so digests cannot ping-pong)
+    reply: bool
+
+    def check(self) -> None:
+        if len(self.attestation_buckets) not in (0, BUCKETS * PREFIX_LEN):
+            raise ValueError("attestation_buckets must be empty or one prefix per bucket")
+
+
+@message(26)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BucketHave(Message):
+    bucket: int = limits(lo=0, hi=BUCKETS - 1)
+    #: concatenated hash prefixes the requester already holds in this bucket
+    have: bytes = limits(max_len=MAX_HAVE_PREFIXES * PREFIX_LEN)
+
+    def check(self) -> None:
+        if len(self.have) % PREFIX_LEN:
+            raise ValueError("have must be whole hash prefixes")
+
+
+@message(27)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LedgerSyncRequest(Message):
+    """Pull: send me these peers' records and the attestations of these buckets I lack."""
+
+    records: tuple[str, ...] = limits(max_items=MAX_REQUEST_RECORDS, max_len=MAX_PEER_ID_LEN)
+    buckets: tuple[BucketHave, ...] = limits(max_items=BUCKETS)
+    max_attestations: int = limits(lo=1, hi=MAX_PUSH_ATTESTATIONS)
+
+
+@message(28)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LedgerPush(Message):
+    """Records and attestations: gossip (``reply`` false) or the answer to a sync request."""
+
+    records: tuple[Envelope, ...] = limits(max_items=MAX_PUSH_RECORDS)
+    attestations: tuple[Envelope, ...] = limits(max_items=MAX_PUSH_ATTESTATIONS)
+    reply: bool
+    #: in a reply: the responder stopped at a batch limit and holds more for this request
+    more: bool

@@ -119,6 +119,11 @@ class Backend(ABC):
     _identity: str | None = None
 
     @property
+    def gpu(self) -> int | None:
+        """The CUDA device the model's weights are on; None: the CPU (models.device)."""
+        return None
+
+    @property
     def identity_hash(self) -> str:
         """BLAKE2b-256 hex of the weights file(s); computed once, lazily."""
         if self._identity is None:

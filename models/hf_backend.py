@@ -103,6 +103,12 @@ class TransformersBackend(Backend):
         tokenizer = AutoTokenizer.from_pretrained(str(info.path), local_files_only=True)
         return cls(model, tokenizer, info, config)
 
+    @property
+    def gpu(self) -> int | None:
+        """The CUDA device of the model's weights; None when they are on the CPU."""
+        device = next(self.model.parameters()).device
+        return (device.index or 0) if device.type == "cuda" else None
+
     def tokenize(self, text: str) -> list[int]:
         return self.tok.encode(text)
 

@@ -59,6 +59,14 @@ class LlamaCppBackend(Backend):
         self.eos_text = self._piece(self.llm.token_eos())
         self._add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", "false") in ("true", True))
 
+    @property
+    def gpu(self) -> int | None:
+        """llama.cpp's main GPU when it offloads layers there; None: every layer on the CPU."""
+        params = self.llm.model_params
+        if params.n_gpu_layers == 0 or not self._llama_cpp.llama_supports_gpu_offload():
+            return None
+        return int(params.main_gpu)
+
     def _piece(self, token: int) -> str:
         if token < 0:
             return ""

@@ -10,7 +10,9 @@
   re-signs periodically. Models, measured tokens/s, slots and load come from the executor
   service when one runs (``services["executor"]``, whose solver ran the models'
   self-benchmark at start); addresses from the transport; price, roles and tags from
-  ``[ledger]``; hardware is detected once. Nothing here imports torch.
+  ``[ledger]``; hardware (models.device) is the host CPU until the executor's model is
+  loaded, then the device that model runs on (its GPU's name and VRAM when it offloads
+  there). Nothing here imports torch.
 * Clock: the machine works in Unix epoch ms; ``clock_offset_ms`` (wall clock minus the
   driver's monotonic clock, fixed at start) converts, so every ``now`` handed to the machine
   or its view is ``ctx.clock()``.
@@ -25,14 +27,13 @@
 
 from __future__ import annotations
 
-import os
-import platform
 import time
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import trio
 
+from models.device import describe_device
 from node.ledger.api import ledger_routes
 from node.ledger.store import SCHEMA, LedgerStore
 from node.service import NodeContext, Service
@@ -104,17 +105,11 @@ class LedgerSection:
         return LedgerConfig(**{k: v for k, v in vars(self).items() if k in keep})
 
 
-def detect_hardware() -> HardwareSummary:
-    try:
-        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        memory = 0
-    return HardwareSummary(
-        device_kind="cpu",
-        device_name=(platform.processor() or platform.machine())[:128],
-        memory_bytes=max(0, memory),
-        cpu_cores=os.cpu_count() or 0,
-    )
+def detect_hardware(backend: object | None = None) -> HardwareSummary:
+    """The device ``backend``'s model runs on (None: the host CPU), as the record carries it."""
+    device = describe_device(backend)
+    return HardwareSummary(device_kind=device.kind, device_name=device.name,
+                           memory_bytes=device.memory_bytes, cpu_cores=device.cpu_cores)
 
 
 class LedgerService(Service):
@@ -140,6 +135,8 @@ class LedgerService(Service):
         )
         self.store = LedgerStore(ctx.db)
         self.hardware = detect_hardware()
+        #: the model backend ``hardware`` describes (None: none loaded yet, the host CPU)
+        self._hardware_of: object | None = None
         self._offered: CapabilitySpec | None = None
         #: operator changes at run time (``POST /ledger/capability``): tags, price
         self.overrides: dict[str, Any] = {}
@@ -187,6 +184,7 @@ class LedgerService(Service):
         load = 0.0
         price = float(self.overrides.get("price_per_1k_tokens", self.section.price_per_1k_tokens))
         executor = self.ctx.services.get("executor")
+        self._describe_model_device(executor)
         machine = getattr(executor, "machine", None)
         served = getattr(getattr(machine, "config", None), "models", ())
         for m in served:
@@ -222,6 +220,13 @@ class LedgerService(Service):
             tags=tuple(self.overrides.get("tags", self.section.tags)),
             software_version=agent_version(),
         )
+
+    def _describe_model_device(self, executor: object) -> None:
+        """Describe the device of the executor's model once its solver has loaded one."""
+        backend = getattr(getattr(executor, "solver", None), "backend", None)
+        if backend is not None and backend is not self._hardware_of:
+            self._hardware_of = backend
+            self.hardware = detect_hardware(backend)
 
     async def refresh_capability(self) -> None:
         spec = self.offered()

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 import trio
 
 from node.db import Database
@@ -41,7 +43,21 @@ def service(db: Database, submitted: list[object], selector: str = "score") -> T
     return svc
 
 
-def test_open_task_is_stored_and_resumed_with_its_attempts(tmp_path: Path) -> None:
+class WallClock:
+    """``time.time`` under the test's control: the service stores deadlines in wall-clock
+    seconds, so the time between a stop and the restart is whatever the test says."""
+
+    def __init__(self, start_s: float) -> None:
+        self.now_s = start_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def test_open_task_is_stored_and_resumed_with_its_attempts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    wall = WallClock(1_700_000_000.0)
+    monkeypatch.setattr(time, "time", wall)
     net = MarketNet(3)
     tid = net.submit(deadline_ms=60_000)
     net.step_to(1_550)  # three attempts running
@@ -54,12 +70,19 @@ def test_open_task_is_stored_and_resumed_with_its_attempts(tmp_path: Path) -> No
     assert svc.load(tid.hex())["phase"] == "running"  # type: ignore[index]
     assert [t["task_id"] for t in svc.recent()] == [tid.hex()]
 
+    wall.now_s += 2.0  # the node was down for two seconds
     restarted = service(db, submitted)  # a new process on the same database
     trio.run(restarted.run)
     (event,) = submitted
     assert isinstance(event, RestoreTask) and event.spec.task_id == tid
     assert {a.peer for a in event.assigned} == set(net.peers())
-    assert 50_000 < event.remaining_ms <= 60_000 - 1_550
+    # the time left is the deadline's distance at the stop less the downtime (float seconds
+    # in SQLite: within a millisecond)
+    assert abs(event.remaining_ms - (60_000 - 1_550 - 2_000)) <= 1, event.remaining_ms
+    attempts: list[dict[str, Any]] = snap["attempts"]  # type: ignore[assignment]
+    dues = {a["peer"]: int(a["due_at_ms"]) for a in attempts}
+    for attempt in event.assigned:  # each attempt keeps its distance to the deadline
+        assert attempt.due_in_ms == event.remaining_ms - (60_000 - dues[attempt.peer])
     # the rebuilt event resumes the task in a fresh auction without a new beacon
     fresh = MarketNet(0)
     fresh.perform(fresh.rq, fresh.auction.handle(event, 0))

@@ -11,6 +11,10 @@ The driver (node/driver.py) gives every service a ``NodeContext`` and then:
 * lets code outside the machine feed it a local event with ``ctx.submit(name, event)``, e.g.
   an HTTP handler submitting "ask this question", or a finished computation.
 
+A service whose effects start background work (a model computation, a chunk transfer) derives
+from ``NurseryService``, which owns a nursery for that work and reports ``started`` once it is
+open.
+
 A service must never raise out of ``perform`` for a peer's fault: it emits, penalizes, and goes
 on. Its ``schema`` (``CREATE TABLE IF NOT EXISTS ...``) is applied at start, before ``start``
 loads state from the database, and before the node connects to anyone.
@@ -93,4 +97,34 @@ class Service(ABC):
         return []
 
 
-ServiceFactory = Callable[[NodeContext], Service]
+class NurseryService(Service):
+    """A service that runs work in a nursery of its own for the life of the daemon.
+
+    ``run`` opens the nursery, awaits :meth:`on_running` (e.g. to feed restored state to the
+    machine), reports ``started`` and then sleeps until the daemon cancels it, which cancels
+    the work too. :meth:`start_soon` runs work there; until ``run`` has opened the nursery,
+    :attr:`running` is false and ``start_soon`` raises ``RuntimeError``.
+    """
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self._nursery: trio.Nursery | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._nursery is not None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            await self.on_running()
+            task_status.started()
+            await trio.sleep_forever()
+
+    async def on_running(self) -> None:  # noqa: B027 (an optional hook)
+        """Runs once the nursery is open, before ``started`` is reported."""
+
+    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        if self._nursery is None:
+            raise RuntimeError(f"the {self.name} service is not running")
+        self._nursery.start_soon(fn, *args)

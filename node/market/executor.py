@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Protocol
 import trio
 
 from models.solver import Solution
-from node.service import NodeContext, Service
+from node.service import NodeContext, NurseryService
 from protocol.market.executor import (
     DEFAULT_HOLD_MS,
     DEFAULT_MAX_TASK_MS,
@@ -121,7 +121,7 @@ def load_solver(spec: str, section: ExecutorSection, data_dir: Path) -> Solver:
     return solver
 
 
-class ExecutorService(Service):
+class ExecutorService(NurseryService):
     name: ClassVar[str] = "executor"
     message_types = (Beacon, Assign, Cancel)
     topics = (BEACON_TOPIC,)
@@ -139,7 +139,6 @@ class ExecutorService(Service):
         self.solver: Solver | None = None
         self.problem = "no solver configured ([executor] solver)" if not s.solver else ""
         self._scopes: dict[tuple[bytes, int], trio.CancelScope] = {}
-        self._nursery: trio.Nursery | None = None
         self.computed = 0
         self.failed = 0
 
@@ -168,21 +167,15 @@ class ExecutorService(Service):
         self.ctx.log.info("executor.ready", models=[m.name for m in models],
                           tokens_per_s=[round(m.tokens_per_s, 1) for m in models])
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
-
     async def perform(self, effect: object) -> None:
         if isinstance(effect, StartCompute):
-            if self._nursery is None or self.solver is None:
+            if not self.running or self.solver is None:
                 await self.ctx.submit(self.name, ComputeFailed(
                     effect.task.task_id, effect.attempt, self.problem or "executor not running"))
                 return
             scope = trio.CancelScope()
             self._scopes[(effect.task.task_id, effect.attempt)] = scope
-            self._nursery.start_soon(self._compute, effect, scope)
+            self.start_soon(self._compute, effect, scope)
         elif isinstance(effect, CancelCompute):
             running = self._scopes.pop((effect.task_id, effect.attempt), None)
             if running is not None:

@@ -32,7 +32,7 @@ import trio
 from node.relay.api import relay_routes
 from node.relay.chunk_store import ChunkStore, ChunkStoreError, ChunkWriter
 from node.relay.streams import RelayStreams
-from node.service import NodeContext, Service
+from node.service import NodeContext, NurseryService
 from protocol.ledger.records import AttestationKind
 from protocol.relay.machine import (
     DEFAULT_WINDOW,
@@ -104,7 +104,7 @@ class RelaySection:
             raise ValueError("bandwidths must not be negative")
 
 
-class RelayService(Service):
+class RelayService(NurseryService):
     name: ClassVar[str] = "relay"
     message_types = (RelayManifest, RelayProgress)
     topics = (RELAY_TOPIC,)
@@ -130,7 +130,6 @@ class RelayService(Service):
         self._callbacks: list[VersionCallback] = []
         self._completed = trio.Event()
         self._restored: list[tuple[Manifest, frozenset[int]]] = []
-        self._nursery: trio.Nursery | None = None
         #: manifest id -> source peer -> chunks it served us (attested when complete)
         self._served: dict[bytes, dict[str, int]] = {}
         self.counters = {
@@ -156,20 +155,15 @@ class RelayService(Service):
             self._restored.append((manifest, present))
         self.streams.install()
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            for manifest, present in self._restored:
-                await self.ctx.submit(self.name, Restore(manifest, present))
-            self._restored.clear()
-            task_status.started()
-            await trio.sleep_forever()
+    async def on_running(self) -> None:
+        """The versions found at start go to the machine before the service reports started."""
+        for manifest, present in self._restored:
+            await self.ctx.submit(self.name, Restore(manifest, present))
+        self._restored.clear()
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run ``fn(*args)`` in the service's nursery; a failure is logged, never fatal."""
-        if self._nursery is None:
-            raise RuntimeError("the relay service is not running")
-        self._nursery.start_soon(self._guard, fn, args)
+        self.start_soon(self._guard, fn, args)
 
     async def _guard(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
         try:

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import trio
 
-from node.service import NodeContext, Service
+from node.service import NodeContext, NurseryService
 from protocol.market.auction import Auction, AuctionConfig
 from protocol.market.executor import Executor, ExecutorConfig
 from protocol.ledger.events import Attest as LedgerAttest
@@ -173,7 +173,7 @@ class VerifyRouter:
         return self.verifier.next_deadline() if self.verifier is not None else None
 
 
-class VerifyService(Service):
+class VerifyService(NurseryService):
     name: ClassVar[str] = "verify"
     message_types = (Terms, Commit, RevealRequest, Reveal, CheckRequest, Verdict)
     config_section = VerifySection
@@ -185,7 +185,6 @@ class VerifyService(Service):
         self.runner: Any = None
         self.problem = ""
         self._scopes: dict[bytes, trio.CancelScope] = {}
-        self._nursery: trio.Nursery | None = None
         self.checked = 0
 
     @property
@@ -218,12 +217,6 @@ class VerifyService(Service):
             model_hashes=frozenset({self.runner.model_hash}), slots=self.section.slots))
         self.ctx.log.info("verify.ready", model_hash=self.runner.model_hash.hex())
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
-
     async def perform(self, effect: object) -> None:
         if isinstance(effect, Forward):
             if effect.service in self.ctx.services:
@@ -231,12 +224,12 @@ class VerifyService(Service):
         elif isinstance(effect, LedgerAttest):
             await submit_attestation(self.ctx, effect)
         elif isinstance(effect, StartCheck):
-            if self._nursery is None or self.runner is None:
+            if not self.running or self.runner is None:
                 await self.ctx.submit(self.name, CheckFailed(effect.check_id, "no checker"))
                 return
             scope = trio.CancelScope()
             self._scopes[effect.check_id] = scope
-            self._nursery.start_soon(self._check, effect, scope)
+            self.start_soon(self._check, effect, scope)
         elif isinstance(effect, CancelCheck):
             scope = self._scopes.pop(effect.check_id, None)
             if scope is not None:

@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import tomli_w
 
-from node.control import daemon_file, pid_alive
+from node.control import daemon_file
 
 #: default bound on waiting for one daemon to be ready (imports + libp2p start on 2 cores)
 READY_TIMEOUT_S = 60.0
@@ -269,12 +269,3 @@ def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
-
-
-def pid_of(data_dir: Path) -> int | None:
-    """The pid recorded in ``data_dir``'s daemon.json if that process is alive."""
-    try:
-        pid = int(json.loads(daemon_file(data_dir).read_text())["pid"])
-    except (OSError, ValueError, KeyError):
-        return None
-    return pid if pid_alive(pid) else None

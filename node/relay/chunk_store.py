@@ -291,6 +291,3 @@ class ChunkStore:
         for sub in self.objects.iterdir():
             if sub.is_dir():
                 yield from (p for p in sub.iterdir() if len(p.name) == 2 * HASH_LEN)
-
-    def stored_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self._all_objects())

@@ -138,7 +138,7 @@ class Daemon:
         self._stop.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        from node.p2p import P2PTransport  # the only libp2p import; kept out of `--help`
+        from node.p2p.host import P2PTransport  # the only libp2p import; kept out of `--help`
 
         config = self.config
         identity = prepare_data_dir(config.data_dir, config_sections(self.classes))

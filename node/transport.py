@@ -1,7 +1,7 @@
 """The transport interface that the daemon codes against.
 
 Everything in node/ that talks to other peers goes through a :class:`Transport`; only
-``node/p2p.py`` implements it over py-libp2p, and ``simulations/`` implements it in memory.
+``node/p2p/`` implements it over py-libp2p, and ``simulations/`` implements it in memory.
 Nothing here mentions libp2p: peer ids, protocol ids and topics are ``str``, payloads are
 ``bytes``, so an implementation can never leak its own types.
 

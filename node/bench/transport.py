@@ -26,7 +26,7 @@ from typing import Any
 import structlog
 import trio
 
-from node.p2p import P2PTransport
+from node.p2p.host import P2PTransport
 
 PREFIX = "/symphony/bench/transport"
 CHUNK = 256 * 1024

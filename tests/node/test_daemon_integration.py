@@ -13,7 +13,7 @@ import trio
 
 from node.daemon import EXIT_FORCED, SHUTDOWN_DEADLINE_S
 from node.driver import HANDSHAKE_PROTOCOL_ID, INVALID_MESSAGE_PENALTY
-from node.p2p import open_p2p
+from node.p2p.host import open_p2p
 from node.transport import TransportError
 from protocol.names import protocol_id
 

@@ -17,7 +17,7 @@ import trio
 
 from crypto.envelope import Envelope
 from crypto.keys import Identity
-from node.p2p import open_p2p
+from node.p2p.host import open_p2p
 from node.testnet import NodeProcess
 from protocol.codec import encode
 from protocol.ledger.messages import LedgerPush

@@ -1,4 +1,4 @@
-"""node/p2p.py and node/transport.py: real libp2p hosts on 127.0.0.1, port 0.
+"""node/p2p/ and node/transport.py: real libp2p hosts on 127.0.0.1, port 0.
 
 Every wait is on an event or a channel, bounded by a trio deadline; none sleeps for a state.
 """
@@ -23,7 +23,7 @@ import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from node.p2p import P2PTransport, open_p2p
+from node.p2p.host import P2PTransport, open_p2p
 from node.transport import (
     FRAME_HEADER,
     FrameTooLarge,

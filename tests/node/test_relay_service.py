@@ -21,7 +21,7 @@ from crypto.keys import Identity
 from node.relay.chunk_store import ChunkStore
 from node.db import Database
 from node.driver import Driver
-from node.p2p import open_p2p
+from node.p2p.host import open_p2p
 from node.relay.service import RelaySection, RelayService
 from node.service import NodeContext
 from protocol.names import topic

@@ -1,0 +1,15 @@
+"""The libp2p transport: the only package of the project that imports libp2p (py-libp2p 0.8.1).
+
+:class:`node.p2p.host.P2PTransport` implements :class:`node.transport.Transport` (read that
+module for the contract) over TCP + Noise + yamux; no QUIC (it truncated bulk transfers), no
+mplex (5x slower), no TLS/secio/plaintext (a peer offering only those is refused).
+
+* ``host.py``: the transport itself (lifecycle, dials, request/response, bulk streams).
+* ``swarm.py``: the libp2p host as we build it (security, muxer, dial settings) and the
+  per-peer connect/disconnect tracking.
+* ``streams.py``: libp2p streams as :class:`node.transport.BulkStream`, and the guard around
+  every handler we register.
+* ``gossip.py``: gossipsub with our settings, subscriptions and paced publishes.
+
+Nothing is re-exported here: import from the module that defines it.
+"""

@@ -1,0 +1,137 @@
+"""Gossipsub as the transport runs it: our settings, subscriptions and paced publishes.
+
+Settings changed from py-libp2p's defaults, on purpose (all are constants below):
+
+* heartbeat every ``GOSSIP_HEARTBEAT_S`` (py-libp2p defaults to 120 s);
+* spam protection raised from 10 to ``GOSSIP_MAX_MSGS_PER_TOPIC_PER_S`` messages per
+  forwarding peer per topic per second, and our own publishes paced below it (beyond the cap
+  py-libp2p silently stops forwarding, own messages included);
+* each peer's outbound RPC queue raised from 32 to ``GOSSIP_OUTBOUND_QUEUE`` (a full queue
+  silently drops);
+* each subscription is drained at once from py-libp2p's 32-message channel (which drops when
+  full) into our own ``GOSSIP_SUBSCRIPTION_BUFFER``-message channel, whose overflow is counted
+  in :attr:`Gossip.dropped` and logged.
+
+Own publishes are never delivered back to our own subscriptions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+import trio
+from libp2p.host.basic_host import BasicHost
+from libp2p.peer.id import ID
+from libp2p.pubsub import gossipsub as libp2p_gossipsub
+from libp2p.pubsub.pubsub import Pubsub
+
+from node.transport import TransportError
+
+GOSSIP_PROTOCOLS = [
+    libp2p_gossipsub.PROTOCOL_ID_V12,  # IDONTWANT: fewer duplicate sends
+    libp2p_gossipsub.PROTOCOL_ID_V11,
+    libp2p_gossipsub.PROTOCOL_ID,
+]
+GOSSIP_DEGREE, GOSSIP_DEGREE_LOW, GOSSIP_DEGREE_HIGH = 6, 4, 12  # the gossipsub spec's D
+#: Mesh maintenance period; py-libp2p's default of 120 s leaves late joiners out for minutes.
+GOSSIP_HEARTBEAT_S = 1
+#: Spam cap per forwarding peer per topic per second (py-libp2p default: 10, beyond which it
+#: silently stops forwarding). A forwarder relays everyone's messages on a topic, so this caps
+#: the whole topic's rate; the protocol layer validates and penalizes peers on content.
+GOSSIP_MAX_MSGS_PER_TOPIC_PER_S = 1000
+#: Our own publishes are paced to at most this many per second (they count against the cap
+#: too). Measured: py-libp2p spends ~1-2 ms of CPU per message per hop, so one process cannot
+#: sustain much more; publishing faster only grows queues and stalls everything else, shutdown
+#: included. Bursts up to this size in a second go out at once.
+GOSSIP_OWN_PUBLISH_PER_S = 200
+#: Outbound RPCs queued per peer before py-libp2p drops (its default: 32).
+GOSSIP_OUTBOUND_QUEUE = 4096
+#: Messages buffered per subscription for a slow consumer; beyond it they are dropped and
+#: counted (gossip is best effort; the ledger re-syncs over request/response).
+GOSSIP_SUBSCRIPTION_BUFFER = 1024
+
+
+class _SizedQueues(dict[Any, Any]):
+    """py-libp2p's per-peer outbound RPC queues, each enlarged to GOSSIP_OUTBOUND_QUEUE.
+
+    py-libp2p creates a queue of 32 per peer with no option to size it; this map resizes each
+    queue as py-libp2p stores it, for this host only (no module-level patching).
+    """
+
+    def __setitem__(self, key: Any, queue: Any) -> None:
+        queue._queue.max_size = GOSSIP_OUTBOUND_QUEUE
+        super().__setitem__(key, queue)
+
+
+class Gossip:
+    """One host's gossipsub router and pubsub, with our subscriptions and publish pacing."""
+
+    def __init__(self, host: BasicHost, log: Any) -> None:
+        self._own_id = host.get_id()
+        self._log = log
+        self.router = libp2p_gossipsub.GossipSub(
+            protocols=GOSSIP_PROTOCOLS,
+            degree=GOSSIP_DEGREE,
+            degree_low=GOSSIP_DEGREE_LOW,
+            degree_high=GOSSIP_DEGREE_HIGH,
+            heartbeat_interval=GOSSIP_HEARTBEAT_S,
+            max_messages_per_topic_per_second=GOSSIP_MAX_MSGS_PER_TOPIC_PER_S,
+        )
+        self.pubsub = Pubsub(host, self.router)
+        self.pubsub.peer_queues = _SizedQueues()
+        self._subscriptions: set[str] = set()
+        self._publish_times: deque[float] = deque()
+        #: messages lost to a full subscription buffer, all topics together
+        self.dropped = 0
+
+    async def subscribe(
+        self, topic: str, nursery: trio.Nursery
+    ) -> trio.abc.ReceiveChannel[tuple[str, bytes]]:
+        """``(origin, data)`` of every message on ``topic`` but our own, pumped in ``nursery``."""
+        if topic in self._subscriptions:
+            raise TransportError(f"already subscribed to {topic!r}")
+        self._subscriptions.add(topic)
+        subscription = await self.pubsub.subscribe(topic)
+        # Buffered so a consumer that is briefly busy loses nothing; see the module doc.
+        send, receive = trio.open_memory_channel[tuple[str, bytes]](GOSSIP_SUBSCRIPTION_BUFFER)
+        nursery.start_soon(self._pump, topic, subscription, send)
+        return receive
+
+    async def _pump(self, topic: str, subscription: Any, send: trio.MemorySendChannel[Any]) -> None:
+        async with send:
+            while True:
+                try:
+                    message = await subscription.get()
+                except (trio.EndOfChannel, trio.ClosedResourceError):
+                    return
+                origin = ID(message.from_id)
+                if origin == self._own_id:
+                    continue
+                try:
+                    send.send_nowait((origin.to_base58(), bytes(message.data)))
+                except trio.WouldBlock:
+                    self.dropped += 1
+                    self._log.warning("transport.gossip_dropped", topic=topic,
+                                      dropped=self.dropped)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return  # the consumer closed its end
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        now = trio.current_time()
+        times = self._publish_times
+        while times and times[0] <= now - 1.0:
+            times.popleft()
+        if len(times) >= GOSSIP_OWN_PUBLISH_PER_S:
+            await trio.sleep_until(times[0] + 1.0)  # rate pacing, not a wait for a condition
+        else:
+            await trio.lowlevel.checkpoint()  # a publish loop must never starve the event loop
+        times.append(trio.current_time())
+        try:
+            await self.pubsub.publish(topic, data)
+        except Exception as exc:
+            raise TransportError(f"publish on {topic!r} failed: {exc!r}") from exc
+
+    async def wait_topic_peer(self, topic: str, peer_id: str) -> None:
+        await self.pubsub.wait_for_mesh(ID.from_base58(peer_id), topic, timeout=math.inf)

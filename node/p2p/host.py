@@ -1,0 +1,252 @@
+"""The libp2p transport: :class:`P2PTransport`, our :class:`node.transport.Transport`.
+
+Lifecycle: build it from the node's 32-byte Ed25519 seed (the same key that signs, so the
+libp2p peer id equals ``crypto.peer_id.peer_id_from_public_key``), then start it in the
+daemon's root nursery::
+
+    transport = P2PTransport(seed, listen=["/ip4/127.0.0.1/tcp/0"])
+    await nursery.start(transport.run)      # listening, gossip ready
+    ...
+    nursery.cancel_scope.cancel()           # or transport.stop(): graceful, bounded
+
+``run`` returns when ``stop()`` is called or raises Cancelled when cancelled; both ways it first
+closes listeners and connections (shielded, at most ``STOP_GRACE_S``) so no libp2p task is left
+spawning into a closing nursery, then stops pubsub and the swarm. ``open_p2p(seed)`` wraps
+that as an async context manager (tests, benchmarks).
+
+Dials, gossip and streams keep py-libp2p's settings only where the sibling modules say so:
+``swarm.py`` (one attempt per dial, no auto-redial), ``gossip.py`` (rates and queues),
+``streams.py`` (yamux window timeouts, guarded handlers). Each request/response exchange is
+one stream: one request frame, one response frame, both sides close it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import multiaddr
+import structlog
+import trio
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.tools.anyio_service import background_trio_service
+
+from node.p2p.gossip import Gossip
+from node.p2p.streams import NetBulkStream, guarded_handler
+from node.p2p.swarm import DIAL_TIMEOUT_S, PeerTracker, build_host
+from node.transport import (
+    BulkStream,
+    PeerEvent,
+    RequestHandler,
+    StreamHandler,
+    TransportError,
+    check_limit,
+    read_frame,
+    write_frame,
+)
+
+DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
+#: An inbound request must arrive completely within this long, and its response be written
+#: within this long, or the stream is reset (a stalled peer cannot pin a handler task).
+REQUEST_IO_TIMEOUT_S = 10.0
+#: stop() closes connections within this long, then tears down whatever is left.
+STOP_GRACE_S = 2.0
+
+
+class P2PTransport:
+    """A libp2p host, pubsub and our request/response and bulk-stream helpers; see module doc."""
+
+    def __init__(
+        self,
+        seed: bytes,
+        *,
+        listen: Sequence[str] = DEFAULT_LISTEN,
+        dial_timeout_s: float = DIAL_TIMEOUT_S,
+        request_io_timeout_s: float = REQUEST_IO_TIMEOUT_S,
+    ) -> None:
+        if len(seed) != 32:
+            raise ValueError(f"an Ed25519 seed is 32 bytes, got {len(seed)}")
+        self._listen = [multiaddr.Multiaddr(a) for a in listen]
+        self._dial_timeout_s = dial_timeout_s
+        self._request_io_timeout_s = request_io_timeout_s
+        self._host = build_host(create_new_key_pair(seed))
+        self._id = self._host.get_id()
+        self._peer_id = self._id.to_base58()
+        self._log = structlog.get_logger(__name__).bind(peer_id=self._peer_id)
+        self._swarm: Any = self._host.get_network()
+        self._peers = PeerTracker(self._log)
+        self._swarm.register_notifee(self._peers)
+        self._gossip = Gossip(self._host, self._log)
+        self._nursery: trio.Nursery | None = None
+        self._stop = trio.Event()
+
+    # ---- identity and lifecycle -------------------------------------------------------------
+
+    @property
+    def peer_id(self) -> str:
+        return self._peer_id
+
+    @property
+    def gossip_dropped(self) -> int:
+        """Gossip messages lost to a full subscription buffer (see node/p2p/gossip.py)."""
+        return self._gossip.dropped
+
+    def listen_addrs(self) -> list[str]:
+        return [str(a) for a in self._host.get_addrs()]
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with AsyncExitStack() as stack:
+            await stack.enter_async_context(self._host.run(self._listen))
+            await stack.enter_async_context(background_trio_service(self._gossip.pubsub))
+            await stack.enter_async_context(background_trio_service(self._gossip.router))
+            await self._gossip.pubsub.wait_until_ready()
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self._log.info("transport.started", addrs=self.listen_addrs())
+                task_status.started()
+                try:
+                    await self._stop.wait()
+                finally:
+                    with trio.CancelScope(shield=True) as scope:
+                        scope.deadline = trio.current_time() + STOP_GRACE_S
+                        await self._quiesce()
+                    nursery.cancel_scope.cancel()
+        self._log.info("transport.stopped")
+
+    def stop(self) -> None:
+        """Ask ``run`` to shut down gracefully; it returns once everything is closed."""
+        self._stop.set()
+
+    async def _quiesce(self) -> None:
+        """Stop accepting, close every connection: nothing left to spawn libp2p tasks."""
+        self._peers.mute()
+        for listener in list(self._swarm.listeners.values()):
+            try:
+                await listener.close()
+            except Exception as exc:
+                self._log.debug("transport.listener_close_failed", error=repr(exc))
+        for peer in list(self._swarm.connections):
+            try:
+                await self._host.disconnect(peer)
+            except Exception as exc:
+                self._log.debug("transport.disconnect_failed", peer=str(peer), error=repr(exc))
+        await self._peers.close()
+
+    # ---- connections ------------------------------------------------------------------------
+
+    async def connect(self, address: str) -> str:
+        try:
+            info = info_from_p2p_addr(multiaddr.Multiaddr(address))
+        except Exception as exc:
+            raise TransportError(f"not a dialable multiaddr with /p2p/: {address!r}") from exc
+        if info.peer_id == self._id:
+            raise TransportError("refusing to dial ourselves")
+        peerstore = self._host.get_peerstore()
+        peerstore.clear_addrs(info.peer_id)
+        peerstore.add_addrs(info.peer_id, info.addrs, 3600)
+        self._swarm._negative_peer_cache.evict(str(info.peer_id))
+        with trio.move_on_after(self._dial_timeout_s) as scope:
+            try:
+                await self._host.connect(info)
+            except Exception as exc:
+                raise TransportError(f"dial {address} failed: {exc!r}") from exc
+        if scope.cancelled_caught:
+            raise TransportError(f"dial {address} timed out after {self._dial_timeout_s} s")
+        return info.peer_id.to_base58()
+
+    async def disconnect(self, peer_id: str) -> None:
+        await self._host.disconnect(ID.from_base58(peer_id))
+
+    def connected_peers(self) -> list[str]:
+        return self._peers.connected_peers()
+
+    def open_stream_count(self, peer_id: str) -> int:
+        """Streams yamux still tracks to ``peer_id`` (diagnostics; a leak shows up here)."""
+        conns = self._swarm.connections.get(ID.from_base58(peer_id), [])
+        return sum(len(getattr(conn.muxed_conn, "streams", ())) for conn in conns)
+
+    def peer_events(self) -> trio.abc.ReceiveChannel[PeerEvent]:
+        return self._peers.events()
+
+    # ---- request/response -------------------------------------------------------------------
+
+    def set_request_handler(
+        self, protocol_id: str, handler: RequestHandler, *, max_request_bytes: int
+    ) -> None:
+        check_limit(max_request_bytes)
+
+        async def serve(stream: NetBulkStream) -> None:
+            with trio.fail_after(self._request_io_timeout_s):
+                request = await read_frame(stream, max_bytes=max_request_bytes)
+            response = await handler(stream.peer_id, request)
+            with trio.fail_after(self._request_io_timeout_s):
+                await write_frame(stream, response)
+
+        self._handle(protocol_id, serve)
+
+    async def request(
+        self, peer_id: str, protocol_id: str, data: bytes, *, max_response_bytes: int
+    ) -> bytes:
+        check_limit(max_response_bytes)
+        stream = await self._open(peer_id, protocol_id)
+        try:
+            await write_frame(stream, data)
+            return await read_frame(stream, max_bytes=max_response_bytes)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await stream.reset()
+            raise
+        finally:
+            with trio.CancelScope(shield=True):
+                await stream.close()
+
+    # ---- bulk streams -----------------------------------------------------------------------
+
+    def set_stream_handler(self, protocol_id: str, handler: StreamHandler) -> None:
+        async def serve(stream: NetBulkStream) -> None:
+            await handler(stream.peer_id, stream)
+
+        self._handle(protocol_id, serve)
+
+    async def open_stream(self, peer_id: str, protocol_id: str) -> BulkStream:
+        return await self._open(peer_id, protocol_id)
+
+    async def _open(self, peer_id: str, protocol_id: str) -> NetBulkStream:
+        try:
+            stream = await self._host.new_stream(ID.from_base58(peer_id), [TProtocol(protocol_id)])
+        except Exception as exc:
+            raise TransportError(f"open {protocol_id} to {peer_id} failed: {exc!r}") from exc
+        return NetBulkStream(stream, peer_id)
+
+    def _handle(self, protocol_id: str, serve: Any) -> None:
+        handler = guarded_handler(self._log, protocol_id, serve)
+        self._host.set_stream_handler(TProtocol(protocol_id), handler)
+
+    # ---- gossip -----------------------------------------------------------------------------
+
+    async def subscribe(self, topic: str) -> trio.abc.ReceiveChannel[tuple[str, bytes]]:
+        if self._nursery is None:
+            raise TransportError("subscribe before the transport runs")
+        return await self._gossip.subscribe(topic, self._nursery)
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        await self._gossip.publish(topic, data)
+
+    async def wait_topic_peer(self, topic: str, peer_id: str) -> None:
+        await self._gossip.wait_topic_peer(topic, peer_id)
+
+
+@asynccontextmanager
+async def open_p2p(seed: bytes, **kwargs: Any) -> AsyncIterator[P2PTransport]:
+    """Run a transport for the duration of the block; stopped gracefully on exit."""
+    transport = P2PTransport(seed, **kwargs)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(transport.run)
+        try:
+            yield transport
+        finally:
+            transport.stop()

@@ -1,0 +1,131 @@
+"""The libp2p host as we build it, and which peers it is connected to.
+
+:func:`build_host`: TCP + Noise + yamux only. Settings changed from py-libp2p's defaults, on
+purpose:
+
+* dials: one attempt per ``connect`` (swarm retries off), bounded by ``DIAL_TIMEOUT_S``; the
+  swarm's auto-connector, which would redial any peer in the peerstore on its own, is never
+  started: redialing is the daemon's decision. (The transport also clears the swarm's 60 s
+  "negative cache" of failed peers before each dial and replaces the peer's stored addresses
+  by the one given: py-libp2p dials one TCP address per peer, so a stale port would shadow a
+  restarted peer's new one.)
+
+:class:`PeerTracker` is the swarm's notifee: it turns per-connection notifications into
+per-peer transitions (``PeerEvent(peer, True)`` on the first connection, ``False`` when the
+last one closes) delivered on one bounded channel, whose backpressure stalls new connections
+rather than losing an event.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import multiaddr
+import structlog
+import trio
+from libp2p import new_swarm
+from libp2p.abc import INetConn, INetStream, INetwork, INotifee
+from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.host.basic_host import BasicHost
+from libp2p.network.config import ConnectionConfig, RetryConfig
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
+from libp2p.stream_muxer.yamux.yamux import Yamux
+from libp2p.transport.tcp.tcp import TCP
+
+from node.transport import PeerEvent
+
+#: One dial attempt (TCP connect + Noise + yamux) fails after this long.
+DIAL_TIMEOUT_S = 10.0
+#: Connect/disconnect events buffered for the daemon; beyond it new connections wait for it.
+PEER_EVENT_BUFFER = 256
+
+
+def build_host(key_pair: Any) -> BasicHost:
+    swarm: Any = new_swarm(
+        key_pair=key_pair,
+        sec_opt={
+            NOISE_PROTOCOL_ID: NoiseTransport(
+                key_pair, noise_privkey=create_new_x25519_key_pair().private_key
+            )
+        },
+        muxer_opt={TProtocol(YAMUX_PROTOCOL_ID): Yamux},
+        transports=[TCP()],
+        retry_config=RetryConfig(max_retries=0),
+        connection_config=ConnectionConfig(dial_timeout=DIAL_TIMEOUT_S),
+    )
+
+    async def _never_start() -> None:
+        """Replaces the auto-connector's start: redialing peers is the daemon's decision."""
+
+    swarm.auto_connector.start = _never_start
+    return BasicHost(network=swarm)
+
+
+class PeerTracker(INotifee):
+    """Per-peer connect/disconnect transitions from the swarm's per-connection notifications."""
+
+    def __init__(self, log: structlog.typing.FilteringBoundLogger) -> None:
+        self._log = log
+        self._conns: dict[str, set[INetConn]] = {}
+        self._events_send: trio.MemorySendChannel[PeerEvent] | None = None
+        self._muted = False
+
+    def connected_peers(self) -> list[str]:
+        return [peer for peer, conns in self._conns.items() if conns]
+
+    def events(self) -> trio.abc.ReceiveChannel[PeerEvent]:
+        if self._events_send is not None:
+            raise RuntimeError("peer_events() has one consumer; it was already called")
+        # Bounded so a stuck consumer shows up as stalled connects, never as lost events.
+        send, receive = trio.open_memory_channel[PeerEvent](PEER_EVENT_BUFFER)
+        self._events_send = send
+        return receive
+
+    def mute(self) -> None:
+        """Deliver no more events: the transport is stopping and closes connections itself."""
+        self._muted = True
+
+    async def close(self) -> None:
+        """End the consumer's channel (after :meth:`mute` and the connections closing)."""
+        self._muted = True
+        if self._events_send is not None:
+            await self._events_send.aclose()
+
+    async def _on_connection(self, conn: INetConn, *, opened: bool) -> None:
+        peer = conn.muxed_conn.peer_id.to_base58()
+        conns = self._conns.setdefault(peer, set())
+        before = bool(conns)
+        (conns.add if opened else conns.discard)(conn)
+        if not conns:
+            del self._conns[peer]
+        if before == bool(conns):
+            return
+        self._log.info("transport.peer", peer=peer, connected=opened)
+        if self._events_send is not None and not self._muted:
+            try:
+                await self._events_send.send(PeerEvent(peer, opened))
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                pass  # the daemon stopped listening: it is shutting down
+
+    # ---- INotifee ---------------------------------------------------------------------------
+
+    async def connected(self, network: INetwork, conn: INetConn) -> None:
+        await self._on_connection(conn, opened=True)
+
+    async def disconnected(self, network: INetwork, conn: INetConn) -> None:
+        await self._on_connection(conn, opened=False)
+
+    async def opened_stream(self, network: INetwork, stream: INetStream) -> None:
+        pass
+
+    async def closed_stream(self, network: INetwork, stream: INetStream) -> None:
+        pass
+
+    async def listen(self, network: INetwork, multiaddr: multiaddr.Multiaddr) -> None:
+        pass
+
+    async def listen_close(self, network: INetwork, multiaddr: multiaddr.Multiaddr) -> None:
+        pass

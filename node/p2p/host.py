@@ -124,7 +124,11 @@ class P2PTransport:
     async def _quiesce(self) -> None:
         """Stop accepting, close every connection: nothing left to spawn libp2p tasks."""
         self._peers.mute()
-        for listener in list(self._swarm.listeners.values()):
+        for key, listener in list(self._swarm.listeners.items()):
+            # Forgotten before it closes: py-libp2p reads the listening sockets' addresses for
+            # every gossip message it forwards, and one on a closing socket raises OSError
+            # out of the host's run (seen when stopping while gossip flows).
+            del self._swarm.listeners[key]
             try:
                 await listener.close()
             except Exception as exc:

@@ -89,8 +89,13 @@ class PeerTracker(INotifee):
         self._muted = True
 
     async def close(self) -> None:
-        """End the consumer's channel (after :meth:`mute` and the connections closing)."""
+        """End the consumer's channel (after :meth:`mute` and the connections closing).
+
+        The transport has closed every connection by then; py-libp2p may not have notified
+        each close yet, and never will once its nursery is cancelled, so none is left counted.
+        """
         self._muted = True
+        self._conns.clear()
         if self._events_send is not None:
             await self._events_send.aclose()
 

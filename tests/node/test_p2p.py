@@ -23,7 +23,7 @@ import trio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from node.p2p.host import P2PTransport, open_p2p
+from node.p2p.host import STOP_GRACE_S, P2PTransport, open_p2p
 from node.transport import (
     FRAME_HEADER,
     FrameTooLarge,
@@ -392,7 +392,10 @@ async def test_stopping_while_gossip_flows_raises_nothing() -> None:
 
         async with trio.open_nursery() as nursery:
             await nursery.start(run_b)
-            await line_of_three(a, b, c)
+            events_a, events_c = a.peer_events(), c.peer_events()
+            sub_c = (await line_of_three(a, b, c))[2]
+            for events in (events_a, events_c):
+                assert await next_event(events, b.peer_id) == PeerEvent(b.peer_id, True)
             in_flight = trio.Event()
             stop_publishing = trio.Event()
 
@@ -405,12 +408,19 @@ async def test_stopping_while_gossip_flows_raises_nothing() -> None:
                         in_flight.set()
 
             nursery.start_soon(flood, a)
-            await in_flight.wait()  # traffic is flowing through b to c
-            started = time.monotonic()
+            await in_flight.wait()
+            with trio.fail_after(10):
+                assert (await sub_c.receive())[0] == a.peer_id  # flowing through b to c
             b.stop()
-            with trio.fail_after(5):
+            with trio.fail_after(STOP_GRACE_S + 3):
                 await b_done.wait()
-            assert time.monotonic() - started < 5
+            # b closed its connections itself: both neighbours see it leave, and nothing of b
+            # is left running to disturb a, which keeps publishing without an error.
+            assert b.connected_peers() == []
+            for events in (events_a, events_c):
+                assert await next_event(events, b.peer_id) == PeerEvent(b.peer_id, False)
+            assert b.peer_id not in a.connected_peers() + c.connected_peers()
+            await a.publish(TOPIC, b"after b left")
             stop_publishing.set()
 
 

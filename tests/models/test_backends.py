@@ -1,3 +1,5 @@
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -47,9 +49,30 @@ def test_llama_cpp_matches_transformers_on_same_gguf(tiny_llama, tiny_hf):
     assert tiny_llama.identity_hash == tiny_hf.identity_hash
 
 
-def test_chat_messages_and_throughput(tiny_llama):
+def test_chat_messages_and_throughput(tiny_llama, tiny_hf, monkeypatch):
     msgs = [{"role": "user", "content": "hi"}]
-    assert render_chat(None, msgs) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    prompt = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert render_chat(None, msgs) == prompt
     g = tiny_llama.generate(msgs, SamplingParams(max_tokens=4, ignore_eos=True))
+    assert g.prompt_token_ids == tuple(tiny_llama.tokenize(prompt))  # through the template
+    reference = tiny_hf.generate(prompt, SamplingParams(max_tokens=4, ignore_eos=True))
+    assert g.token_ids == reference.token_ids and g.text == tiny_llama.detokenize(g.token_ids)
     assert len(g.token_ids) == 4 and g.finish_reason == "length"
-    assert measure_throughput(tiny_llama, n_tokens=8) > 0
+
+    made = []  # what measure_throughput generated, to check its figure against
+    generate = tiny_llama.generate
+
+    def recording(*args, **kwargs):
+        made.append(generate(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tiny_llama, "generate", recording)
+    started = time.perf_counter()
+    tps = measure_throughput(tiny_llama, n_tokens=8)
+    wall_s = time.perf_counter() - started
+    (gen,) = made
+    assert len(gen.token_ids) == 8 and gen.finish_reason == "length"  # EOS does not cut it short
+    assert gen.token_ids == tiny_hf.generate(gen.prompt_token_ids, SamplingParams(
+        max_tokens=8, ignore_eos=True)).token_ids  # greedy
+    assert 0 < gen.generate_ms and gen.prompt_ms + gen.generate_ms <= wall_s * 1000
+    assert tps == pytest.approx(8 / (gen.generate_ms / 1000))  # generated tokens per second

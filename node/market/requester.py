@@ -26,8 +26,10 @@ from typing import Any, ClassVar
 import trio
 
 from node.market.api import AskError, openai_routes, task_routes
+from node.config import fed_config
 from node.service import NodeContext, Service
 from protocol.answers import AnswerType
+from protocol.market.attestations import ledger_attestation
 from protocol.market.auction import (
     Attest,
     Auction,
@@ -40,7 +42,6 @@ from protocol.market.auction import (
 )
 from protocol.market.linucb import DEFAULT_ALPHA, DEFAULT_LAMBDA, FEATURES, LinUCB, LinUCBSelector
 from protocol.market.selection import ScoreSelector, Selector
-from protocol.market.events import COMPLETED, TIMEOUT, WRONG
 from protocol.market.messages import (
     MAX_K,
     MAX_QUESTION_CHARS,
@@ -65,6 +66,10 @@ _AUCTION = AuctionConfig()  # defaults (a slots dataclass has no class-level def
 class TasksSection:
     """Tunables of the requester side (``[tasks]`` in node.toml)."""
 
+    feeds: ClassVar[type] = AuctionConfig
+    node_fields: ClassVar[tuple[str, ...]] = (
+        "selector", "linucb_alpha", "linucb_lambda", "default_k", "default_deadline_ms",
+        "default_max_tokens", "default_max_price")
     #: "score" (weighted sum, protocol/market/selection.py) or "linucb" (protocol/market/linucb.py)
     selector: str = "score"
     linucb_alpha: float = DEFAULT_ALPHA
@@ -91,8 +96,6 @@ class TasksSection:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
 
-
-LEDGER_KINDS = {COMPLETED: "TASK_COMPLETED", WRONG: "TASK_FAILED", TIMEOUT: "TASK_TIMED_OUT"}
 
 
 class TasksService(Service):
@@ -129,9 +132,7 @@ class TasksService(Service):
 
         self._machine = requester_machine(
             ctx, selector,
-            AuctionConfig(bid_window_ms=s.bid_window_ms, spare_bids=s.spare_bids,
-                          max_rounds=s.max_rounds, min_round_ms=s.min_round_ms,
-                          assign_base_ms=s.assign_base_ms, assign_slack=s.assign_slack),
+            fed_config(s),
             self.reputation,
         )
         self._waiters: dict[str, trio.Event] = {}
@@ -155,14 +156,7 @@ class TasksService(Service):
                           outcome=effect.outcome, detail=effect.detail)
         if "ledger" not in self.ctx.services:
             return
-        from protocol.ledger.machine import Attest as LedgerAttest
-        from protocol.ledger.records import AttestationKind
-
-        kind = AttestationKind[LEDGER_KINDS.get(effect.outcome, "TASK_FAILED")]
-        outcome = f"{effect.outcome}: {effect.detail}" if effect.detail else effect.outcome
-        await self.ctx.submit("ledger", LedgerAttest(subject=effect.subject,
-                                                     object_id=effect.task_id, kind=kind,
-                                                     outcome=outcome[:128]))
+        await self.ctx.submit("ledger", ledger_attestation(effect))
 
     # ---------------------------------------------------------------- storage
 

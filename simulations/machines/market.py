@@ -3,8 +3,9 @@
 As node/market/requester.py and node/market/executor.py do for the daemon:
 
 * the auction's ``reputation`` callback reads the node's ledger machine, if it hosts one
-  (0.5 otherwise); its ``Attest`` effects become ledger ``Attest`` commands with the same
-  outcome -> kind mapping (``LEDGER_KINDS``); ``TaskUpdated`` snapshots go to the node's store;
+  (0.5 otherwise); its ``Attest`` effects become ledger ``Attest`` commands through
+  ``protocol.market.attestations.ledger_attestation``, the daemon's very mapping;
+  ``TaskUpdated`` snapshots go to the node's store;
 * the executor's ``StartCompute`` runs on the compute model (or a real solver) and comes back
   as ``ComputeDone``/``ComputeFailed`` after the compute time; ``CancelCompute`` drops a
   computation that has not finished.
@@ -17,27 +18,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from protocol.market.attestations import ledger_attestation
 from protocol.market.auction import Auction
-from protocol.market.executor import Executor, ExecutorConfig
-from protocol.market.selection import Selector
 from protocol.market.events import (
-    COMPLETED,
-    TIMEOUT,
-    WRONG,
     Attest,
     AuctionConfig,
     CancelCompute,
     StartCompute,
     TaskUpdated,
 )
+from protocol.market.executor import Executor, ExecutorConfig
 from protocol.market.messages import BEACON_TOPIC, Assign, Beacon, Bid, Cancel, Reject, Result
+from protocol.market.selection import Selector
 from simulations.adversary import Behaviour, Wrapped, unwrap
 from simulations.node import MachineSpec, VirtualNode
 
 AUCTION = "auction"
 EXECUTOR = "executor"
-#: task outcome -> ledger attestation kind (node/market/requester.py's LEDGER_KINDS)
-LEDGER_KINDS = {COMPLETED: "TASK_COMPLETED", WRONG: "TASK_FAILED", TIMEOUT: "TASK_TIMED_OUT"}
 SNAPSHOTS = "tasks.snapshots"
 _RUNNING = "compute.running"
 
@@ -69,17 +66,7 @@ def auction_spec(
         node.swarm.metrics.count(f"task_attest.{effect.outcome}")
         if "ledger" not in node.slots:
             return
-        from protocol.ledger.machine import Attest as LedgerAttest
-        from protocol.ledger.records import AttestationKind
-
-        kind = AttestationKind[LEDGER_KINDS.get(effect.outcome, "TASK_FAILED")]
-        outcome = f"{effect.outcome}: {effect.detail}" if effect.detail else effect.outcome
-        node.submit(
-            "ledger",
-            LedgerAttest(
-                subject=effect.subject, object_id=effect.task_id, kind=kind, outcome=outcome[:128]
-            ),
-        )
+        node.submit("ledger", ledger_attestation(effect))
 
     def task_updated(node: VirtualNode, name: str, effect: TaskUpdated) -> None:
         node.store.setdefault(SNAPSHOTS, {})[effect.snapshot.task_id] = effect.snapshot

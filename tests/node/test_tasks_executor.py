@@ -55,6 +55,7 @@ def test_a_test_module_path_loads_as_a_solver(tmp_path: Path) -> None:
     assert solver.solve(spec(), model.name, 24).answer == "42"
 
 
+@pytest.mark.integration  # loads the real default model
 def test_the_model_solver_advertises_quantization_and_seeds_each_executor(
         tmp_path: Path) -> None:
     pytest.importorskip("llama_cpp")

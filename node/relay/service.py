@@ -33,15 +33,8 @@ from node.relay.api import relay_routes
 from node.relay.chunk_store import ChunkStore, ChunkStoreError, ChunkWriter
 from node.relay.streams import RelayStreams
 from node.service import NodeContext, NurseryService
-from protocol.ledger.records import AttestationKind
-from protocol.relay.machine import (
-    DEFAULT_WINDOW,
-    KEEP_VERSIONS,
-    MAX_QUEUED_PER_PEER,
-    STALL_TIMEOUT_MS,
-    RelayMachine,
-    TransferState,
-)
+from protocol.ledger.events import Attest as LedgerAttest
+from protocol.relay.attestations import RelayAttestations
 from protocol.relay.events import (
     AttestBadChunk,
     DiscardChunk,
@@ -56,6 +49,14 @@ from protocol.relay.events import (
     StoreChunk,
     VersionComplete,
     VersionPrepared,
+)
+from protocol.relay.machine import (
+    DEFAULT_WINDOW,
+    KEEP_VERSIONS,
+    MAX_QUEUED_PER_PEER,
+    STALL_TIMEOUT_MS,
+    RelayMachine,
+    TransferState,
 )
 from protocol.relay.manifest import (
     MAX_CHUNK_SIZE,
@@ -130,8 +131,8 @@ class RelayService(NurseryService):
         self._callbacks: list[VersionCallback] = []
         self._completed = trio.Event()
         self._restored: list[tuple[Manifest, frozenset[int]]] = []
-        #: manifest id -> source peer -> chunks it served us (attested when complete)
-        self._served: dict[bytes, dict[str, int]] = {}
+        #: chunks each source served us, attested when a version completes
+        self.attestations = RelayAttestations(ctx.identity.peer_id)
         self.counters = {
             "bad_chunks": 0,
             "chunks_in": 0,
@@ -196,12 +197,12 @@ class RelayService(NurseryService):
             self.spawn(self._completed_version, effect.manifest)
         elif isinstance(effect, DropVersion):
             self.streams.close_version(effect.manifest_id)
+            self.attestations.dropped(effect.manifest_id)
             self.store.drop_manifest(effect.manifest_id)
             self.spawn(trio.to_thread.run_sync, self.store.collect)
         elif isinstance(effect, AttestBadChunk):
             self.counters["bad_chunks"] += 1
-            self.spawn(self._attest, effect.peer, effect.manifest_id,
-                       AttestationKind.RELAY_BAD_CHUNK, effect.got, effect.index)
+            self.spawn(self._attest, self.attestations.bad_chunk(effect))
             self.ctx.log.warning(
                 "relay.bad_chunk",
                 peer=effect.peer,
@@ -225,25 +226,22 @@ class RelayService(NurseryService):
             return
         self.counters["chunks_in"] += 1
         self.counters["bytes_in"] += writer.size
-        served = self._served.setdefault(effect.manifest_id, {})
-        served[effect.peer] = served.get(effect.peer, 0) + 1
+        self.attestations.stored(effect.manifest_id, effect.peer)
 
     async def _prepare(self, manifest: Manifest) -> None:
         await trio.to_thread.run_sync(self.store.save_manifest, manifest)
         present = await trio.to_thread.run_sync(self.store.present, manifest)
         await self.submit(VersionPrepared(manifest.id, present))
 
-    async def _attest(self, subject: str, object_id: bytes, kind: AttestationKind,
-                      evidence: bytes = b"", amount: int = 0) -> None:
-        """Record what a relay peer did for us in the ledger (signed, gossiped)."""
-        ledger = self.ctx.services.get("ledger")
-        if ledger is None or subject == self.ctx.identity.peer_id:
+    async def _attest(self, attestations: list[LedgerAttest]) -> None:
+        """Record what relay peers did for us in the ledger (signed, gossiped)."""
+        if "ledger" not in self.ctx.services:
             return
-        await ledger.attest(subject, object_id, kind, evidence_hash=evidence, amount=amount)
+        for attestation in attestations:
+            await self.ctx.submit("ledger", attestation)
 
     async def _completed_version(self, manifest: Manifest) -> None:
-        for peer, count in sorted(self._served.pop(manifest.id, {}).items()):
-            await self._attest(peer, manifest.id, AttestationKind.RELAY_SERVED, amount=count)
+        await self._attest(self.attestations.completed(manifest.id))
         self._completed.set()
         self._completed = trio.Event()
         for callback in list(self._callbacks):

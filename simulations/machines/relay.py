@@ -12,6 +12,10 @@ As node/relay/service.py and node/relay/streams.py do for the daemon:
   (:class:`BulkSender`). ``RefuseChunk`` arrives as ``ChunkFailed`` with the status.
 * ``PrepareVersion`` answers ``VersionPrepared`` with the chunks in the node's store (it
   survives restarts); ``StoreChunk`` keeps the verified digest there; ``DropVersion`` forgets.
+* Attestations: ``protocol.relay.attestations.RelayAttestations`` tallies the stored chunks per
+  source and yields ``RELAY_SERVED`` when a version completes and ``RELAY_BAD_CHUNK`` for a
+  corrupt chunk, exactly as node/relay/service.py does; they go to the node's ledger machine
+  when it hosts one, and are counted (``relay_attest.<kind>``) either way.
 * Conservation: every digest a server sends comes from its store, and the store only ever
   holds digests that a publisher put there or that arrived and were verified. The adapter
   counts ``relay.unpublished_delivery`` if a digest that no manifest published is delivered
@@ -26,7 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 from protocol.codec import encode
-from protocol.relay.machine import RelayMachine
+from protocol.ledger.events import Attest as LedgerAttest
+from protocol.relay.attestations import RelayAttestations
 from protocol.relay.events import (
     AttestBadChunk,
     ChunkFailed,
@@ -43,6 +48,7 @@ from protocol.relay.events import (
     VersionComplete,
     VersionPrepared,
 )
+from protocol.relay.machine import RelayMachine
 from protocol.relay.manifest import (
     RELAY_TOPIC,
     ChunkHeader,
@@ -59,6 +65,7 @@ NAME = "relay"
 CHUNKS = "relay.chunks"  # store: manifest id -> {index: digest}
 MANIFESTS = "relay.manifests"  # store: manifest id -> Manifest
 _ARRIVED = "relay.arrived"  # store: (manifest id, index) -> digest awaiting StoreChunk
+_ATTESTATIONS = "relay.attestations"  # store: (epoch, RelayAttestations)
 _REQUEST_BYTES = len(encode(ChunkRequest(manifest_id=bytes(32), index=0))) + 4
 _HEADER_BYTES = (
     len(encode(ChunkHeader(manifest_id=bytes(32), index=0, status=ChunkStatus.OK, size=0))) + 4
@@ -89,8 +96,6 @@ def relay_spec(
     behaviour_of: Callable[[VirtualNode], Behaviour | None] | None = None,
     stall_timeout_ms: int = 30_000,
 ) -> MachineSpec:
-    sender = BulkSender(published)
-
     def build(node: VirtualNode) -> Any:
         machine = RelayMachine(
             node.peer_id, window=window, max_fanout=max_fanout, stall_timeout_ms=stall_timeout_ms
@@ -98,13 +103,42 @@ def relay_spec(
         behaviour = behaviour_of(node) if behaviour_of is not None else None
         return machine if behaviour is None else Wrapped(machine, node, behaviour)
 
-    def prepare(node: VirtualNode, name: str, effect: PrepareVersion) -> None:
+    return MachineSpec(
+        name=NAME,
+        build=build,
+        message_types=(RelayManifest, RelayProgress),
+        topics=(RELAY_TOPIC,),
+        performers=RelayPerformers(published, on_complete).table(),
+    )
+
+
+class RelayPerformers:
+    """What each relay effect does on a virtual node (see the module docstring)."""
+
+    def __init__(self, published: Published, on_complete: CompleteObserver | None) -> None:
+        self.sender = BulkSender(published)
+        self.on_complete = on_complete
+
+    def table(self) -> dict[type, Callable[[VirtualNode, str, Any], None]]:
+        return {
+            PrepareVersion: self.prepare,
+            RequestChunk: self.request,
+            ServeChunk: self.serve,
+            RefuseChunk: self.refuse,
+            StoreChunk: self.store_chunk,
+            DiscardChunk: self.discard,
+            VersionComplete: self.complete,
+            DropVersion: self.drop,
+            AttestBadChunk: self.attest_bad,
+        }
+
+    def prepare(self, node: VirtualNode, name: str, effect: PrepareVersion) -> None:
         m = effect.manifest
         node.store.setdefault(MANIFESTS, {})[m.id] = m
         present = frozenset(node.store.get(CHUNKS, {}).get(m.id, {}))
         node.swarm.loop.after(1000, _submit, node, node.epoch, VersionPrepared(m.id, present))
 
-    def request(node: VirtualNode, name: str, effect: RequestChunk) -> None:
+    def request(self, node: VirtualNode, name: str, effect: RequestChunk) -> None:
         swarm = node.swarm
         server = swarm.node_of(effect.peer)
         node.bytes_sent += _REQUEST_BYTES
@@ -119,7 +153,7 @@ def relay_spec(
             ask = ChunkRequested(node.peer_id, effect.manifest_id, effect.index)
             swarm.loop.at(at, _asked, server, server.epoch, node.peer_id, manifest, ask)
 
-    def serve(node: VirtualNode, name: str, effect: ServeChunk) -> None:
+    def serve(self, node: VirtualNode, name: str, effect: ServeChunk) -> None:
         held = node.store.get(CHUNKS, {}).get(effect.manifest_id, {})
         digest = held.get(effect.index)
         manifest = node.store.get(MANIFESTS, {}).get(effect.manifest_id)
@@ -127,60 +161,61 @@ def relay_spec(
             node.swarm.metrics.count("relay.serve_unheld")
             return
         size = manifest.chunk_span(effect.index)[1] + _HEADER_BYTES
-        sender.enqueue(node, effect.peer, (effect.manifest_id, effect.index, digest, size))
+        self.sender.enqueue(node, effect.peer, (effect.manifest_id, effect.index, digest, size))
 
-    def refuse(node: VirtualNode, name: str, effect: RefuseChunk) -> None:
+    def refuse(self, node: VirtualNode, name: str, effect: RefuseChunk) -> None:
         swarm = node.swarm
         target = swarm.node_of(effect.peer)
         node.bytes_sent += _HEADER_BYTES
         if target is None or not target.up or not swarm.net.reachable(node.index, target.index):
             return
-        for at in swarm.net.transfer(node.index, target.index, _HEADER_BYTES, swarm.loop.now_us)[
-            :1
-        ]:
+        now = swarm.loop.now_us
+        for at in swarm.net.transfer(node.index, target.index, _HEADER_BYTES, now)[:1]:
             failed = ChunkFailed(
                 node.peer_id, effect.manifest_id, effect.index, "refused", effect.status
             )
             swarm.loop.at(at, _submit, target, target.epoch, failed)
 
-    def store_chunk(node: VirtualNode, name: str, effect: StoreChunk) -> None:
+    def store_chunk(self, node: VirtualNode, name: str, effect: StoreChunk) -> None:
         digest = node.store.setdefault(_ARRIVED, {}).pop((effect.manifest_id, effect.index), None)
         if digest is not None:
-            node.store.setdefault(CHUNKS, {}).setdefault(effect.manifest_id, {})[effect.index] = (
-                digest
-            )
+            held = node.store.setdefault(CHUNKS, {}).setdefault(effect.manifest_id, {})
+            held[effect.index] = digest
+            attestations_of(node).stored(effect.manifest_id, effect.peer)
 
-    def discard(node: VirtualNode, name: str, effect: DiscardChunk) -> None:
+    def discard(self, node: VirtualNode, name: str, effect: DiscardChunk) -> None:
         node.store.setdefault(_ARRIVED, {}).pop((effect.manifest_id, effect.index), None)
 
-    def complete(node: VirtualNode, name: str, effect: VersionComplete) -> None:
+    def complete(self, node: VirtualNode, name: str, effect: VersionComplete) -> None:
         node.swarm.metrics.count("relay.version_complete")
-        if on_complete is not None:
-            on_complete(node, effect.manifest)
+        _attest(node, attestations_of(node).completed(effect.manifest.id))
+        if self.on_complete is not None:
+            self.on_complete(node, effect.manifest)
 
-    def drop(node: VirtualNode, name: str, effect: DropVersion) -> None:
+    def drop(self, node: VirtualNode, name: str, effect: DropVersion) -> None:
         node.store.get(CHUNKS, {}).pop(effect.manifest_id, None)
+        attestations_of(node).dropped(effect.manifest_id)
 
-    def attest_bad(node: VirtualNode, name: str, effect: AttestBadChunk) -> None:
+    def attest_bad(self, node: VirtualNode, name: str, effect: AttestBadChunk) -> None:
         node.swarm.metrics.count("relay.bad_chunk_attested")
+        _attest(node, attestations_of(node).bad_chunk(effect))
 
-    return MachineSpec(
-        name=NAME,
-        build=build,
-        message_types=(RelayManifest, RelayProgress),
-        topics=(RELAY_TOPIC,),
-        performers={
-            PrepareVersion: prepare,
-            RequestChunk: request,
-            ServeChunk: serve,
-            RefuseChunk: refuse,
-            StoreChunk: store_chunk,
-            DiscardChunk: discard,
-            VersionComplete: complete,
-            DropVersion: drop,
-            AttestBadChunk: attest_bad,
-        },
-    )
+
+def attestations_of(node: VirtualNode) -> RelayAttestations:
+    """The node's relay attestation tally; like the daemon's, it does not survive a restart."""
+    epoch, tally = node.store.get(_ATTESTATIONS, (None, None))
+    if epoch != node.epoch or tally is None:
+        tally = RelayAttestations(node.peer_id)
+        node.store[_ATTESTATIONS] = (node.epoch, tally)
+    return tally
+
+
+def _attest(node: VirtualNode, attestations: list[LedgerAttest]) -> None:
+    """Relay attestations go to the node's ledger machine, if it hosts one (as the daemon's)."""
+    for attestation in attestations:
+        node.swarm.metrics.count(f"relay_attest.{attestation.kind.value}")
+        if "ledger" in node.slots:
+            node.submit("ledger", attestation)
 
 
 def publish(node: VirtualNode, manifest: Manifest, published: Published) -> None:

@@ -115,9 +115,8 @@ def test_a_relay_serving_a_corrupt_chunk_is_routed_around(tmp_path: Path) -> Non
                 relay.store.open_chunk = lying_open  # type: ignore[method-assign]
             attested: list[tuple[str, str, int]] = []
             for relay in (a, b):  # what each would put in the ledger
-                async def record(subject: str, object_id: bytes, kind: Any,
-                                 evidence: bytes = b"", amount: int = 0) -> None:
-                    attested.append((subject, kind.value, amount))
+                async def record(attestations: list[Any]) -> None:
+                    attested.extend((a.subject, a.kind.value, a.amount) for a in attestations)
 
                 relay._attest = record  # type: ignore[method-assign]
             path = artifact(tmp_path)

@@ -13,7 +13,9 @@
   models/checks.py in a worker thread (``trio.to_thread``); the machine's ledger
   attestations (verdicts) go to the ledger service, so ``symphony ledger attestations`` lists
   them. Verifier candidates for a requester are ledger peers advertising the verifier role
-  with a model offer whose weights hash is the result's model hash.
+  with a model offer whose weights hash is the result's model hash, and a bidder the ledger
+  shows convicted by others is excluded (both ``protocol.verification.candidates``, which the
+  simulator calls too).
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ from node.service import NodeContext, NurseryService
 from protocol.market.auction import Auction, AuctionConfig
 from protocol.market.executor import Executor, ExecutorConfig
 from protocol.ledger.events import Attest as LedgerAttest
-from protocol.ledger.records import Role
+from protocol.ledger.view import LedgerView
 from protocol.machine import Effect, Received
 from protocol.market.selection import Selector
-from protocol.verification.requester import VerifiedAuction
+from protocol.verification.candidates import verified_auction
 from protocol.verification.executor import VerifiedExecutor
 from protocol.verification.messages import (
     CheckRequest,
@@ -41,7 +43,6 @@ from protocol.verification.messages import (
     Terms,
     Verdict,
 )
-from protocol.verification.rules import ledger_convicted
 from protocol.verification.state import VerifyConfig
 from protocol.verification.verifier import (
     CancelCheck,
@@ -54,8 +55,6 @@ from protocol.verification.verifier import (
 
 _V = VerifyConfig()
 MAX_FAILURE_TEXT = 120
-#: how long a node-side executor waits for a requester's Terms before a plain Result
-TERMS_GRACE_MS = 500
 
 
 @dataclass(frozen=True)
@@ -103,22 +102,10 @@ def _section(ctx: NodeContext) -> VerifySection | None:
     return section if isinstance(section, VerifySection) else None
 
 
-def ledger_verifiers(ctx: NodeContext, model_hash: bytes, now: int) -> list[str]:
-    """Peers the ledger shows with the verifier role and a model of weights ``model_hash``."""
-    ledger = ctx.services.get("ledger")
-    if ledger is None or not hasattr(ledger, "find_peers"):
-        return []
-    return [m.peer_id for m in ledger.find_peers(role=Role.VERIFIER)
-            if any(o.weights_hash == model_hash for o in m.record.models)]
-
-
-def ledger_excluded(ctx: NodeContext, window_ms: int, peer: str, now: int) -> bool:
-    """Peers the ledger shows convicted by others (verification_rules.ledger_convicted)."""
-    ledger = ctx.services.get("ledger")
-    view = getattr(getattr(ledger, "machine", None), "view", None)
-    if view is None:
-        return False
-    return ledger_convicted(view, peer, ctx.clock(), window_ms)
+def ledger_view(ctx: NodeContext) -> LedgerView | None:
+    """The ledger service's view, when this node runs one (read at each call: services start
+    in any order)."""
+    return getattr(getattr(ctx.services.get("ledger"), "machine", None), "view", None)
 
 
 def requester_machine(ctx: NodeContext, selector: Selector, config: AuctionConfig,
@@ -127,11 +114,8 @@ def requester_machine(ctx: NodeContext, selector: Selector, config: AuctionConfi
     section = _section(ctx)
     if section is None or not section.enabled:
         return Auction(ctx.identity, selector, ctx.rng, config, reputation)
-    return VerifiedAuction(ctx.identity, selector, ctx.rng, config, reputation,
-                           verify=section.verify_config(),
-                           verifier_candidates=functools.partial(ledger_verifiers, ctx),
-                           excluded=functools.partial(ledger_excluded, ctx,
-                                                      section.exclusion_ms))
+    return verified_auction(ctx.identity, selector, ctx.rng, config, reputation,
+                            section.verify_config(), functools.partial(ledger_view, ctx))
 
 
 def executor_machine(ctx: NodeContext, config: ExecutorConfig) -> Executor:
@@ -139,7 +123,7 @@ def executor_machine(ctx: NodeContext, config: ExecutorConfig) -> Executor:
     section = _section(ctx)
     if section is None or not section.enabled:
         return Executor(ctx.identity, config)
-    return VerifiedExecutor(ctx.identity, config, ctx.rng, terms_grace_ms=TERMS_GRACE_MS)
+    return VerifiedExecutor(ctx.identity, config, ctx.rng)  # the protocol's Terms grace
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,8 +51,11 @@ from protocol.verification.rules import nonce_hash, pack_ids, result_commitment,
 
 #: tokens per fingerprint chunk (models/ fingerprints 32-token chunks)
 DEFAULT_CHUNK_TOKENS = 32
-#: how long a finished result waits for late Terms before it goes out as a plain Result
-DEFAULT_TERMS_GRACE_MS = 2_000
+#: how long a finished result waits for late Terms before it goes out as a plain Result (the
+#: Terms leave the requester with the assignment, so they are late only if delayed or lost; a
+#: requester that does not verify sends none and gets every result this much later). The one
+#: value daemon and simulator both use.
+DEFAULT_TERMS_GRACE_MS = 500
 PENALTY_FORGED = 20
 PENALTY_BAD_NONCE = 10
 MAX_TERMS = 4_096

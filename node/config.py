@@ -11,6 +11,16 @@ section by declaring a frozen dataclass of defaults (``Service.config_section``)
 is read from the TOML table ``[name]`` and from ``SYMPHONY_<NAME>__<KEY>`` variables, and
 reaches the service as ``ctx.config.section(name)`` (an instance of that dataclass).
 
+Sections that tune a protocol machine
+-------------------------------------
+A section whose keys feed a protocol config (``LedgerConfig``, ``AuctionConfig``, ...) names it
+in the class variable ``feeds`` and lists its other keys, the node's own, in ``node_fields``.
+Every other field must be a field of the protocol config with the same name, type and default:
+:func:`load_config` checks this (:func:`section_drift`) and refuses a section that drifted, so
+renaming or retuning a protocol field cannot leave its TOML key behind. The service builds the
+protocol config with :func:`fed_config`, which passes every such field on; protocol fields a
+section leaves out keep the protocol's default.
+
 Errors
 ------
 An unknown key, top level or inside a section, is a :class:`ConfigError` that names the key
@@ -100,6 +110,44 @@ def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
     return Path(raw).expanduser() if raw else DEFAULT_DATA_DIR.expanduser()
 
 
+def section_drift(section: type) -> list[str]:
+    """How the fields of ``section`` disagree with the protocol config it ``feeds`` (see the
+    module docstring); empty when they agree or when it feeds none."""
+    feeds = getattr(section, "feeds", None)
+    if feeds is None:
+        return []
+    node_fields = frozenset(getattr(section, "node_fields", ()))
+    theirs = {f.name: f for f in dataclasses.fields(feeds)}
+    their_types = typing.get_type_hints(feeds)
+    our_types = typing.get_type_hints(section)
+    problems = []
+    for ours in dataclasses.fields(section):
+        name, where = ours.name, f"{section.__name__}.{ours.name}"
+        if name in node_fields:
+            if name in theirs:
+                problems.append(f"{where} is listed in node_fields but is a field of "
+                                f"{feeds.__name__}")
+        elif name not in theirs:
+            problems.append(f"{where} is not a field of {feeds.__name__} (renamed there? "
+                            f"else list it in node_fields)")
+        elif our_types[name] != their_types[name]:
+            problems.append(f"{where} is {our_types[name]!r} but {feeds.__name__}.{name} is "
+                            f"{their_types[name]!r}")
+        elif ours.default != theirs[name].default:
+            problems.append(f"{where} defaults to {ours.default!r} but {feeds.__name__}.{name} "
+                            f"to {theirs[name].default!r}")
+    return problems
+
+
+def fed_config(section: Any, **set_by_node: Any) -> Any:
+    """The protocol config ``section`` feeds: every field of the section that is not one of its
+    ``node_fields``, plus ``set_by_node`` (values the node knows only at run time)."""
+    node_fields = frozenset(getattr(section, "node_fields", ()))
+    tuned = {f.name: getattr(section, f.name) for f in dataclasses.fields(section)
+             if f.name not in node_fields}
+    return type(section).feeds(**tuned, **set_by_node)
+
+
 def load_config(
     flags: Mapping[str, Any] | None = None,
     *,
@@ -116,53 +164,80 @@ def load_config(
     env = os.environ if env is None else env
     flags = {k: v for k, v in (flags or {}).items() if v is not None and v != ()}
     sections = dict(sections or {})
-    for name, cls in sections.items():
-        if name in TOP_LEVEL_KEYS or not dataclasses.is_dataclass(cls):
-            raise ConfigError(f"section {name!r} must be a dataclass whose name is not a key")
+    _check_sections(sections)
     unknown_flags = set(flags) - set(TOP_LEVEL_KEYS)
     if unknown_flags:
         raise ConfigError(f"unknown flag key(s) {sorted(unknown_flags)}")
 
     env_top, env_sections = _read_env(env, sections)
     # The data dir decides where the TOML file is, so resolve it first (flag > env > default).
+    data_dir = _data_dir(flags, env_top)
+    file_path = _config_file(config_file, data_dir)
+    file_top, file_sections = _read_toml(file_path, sections) if file_path else ({}, {})
+
+    values = _top_level_values(flags, env_top, file_top, str(file_path))
+    values["data_dir"] = Path(values.get("data_dir", data_dir)).expanduser()
+    built = {name: _build_section(name, cls, {**file_sections.get(name, {}),
+                                              **env_sections.get(name, {})})
+             for name, cls in sections.items()}
+    config = Config(**values, sections=built)
+    _validate(config)
+    return config
+
+
+def _check_sections(sections: Mapping[str, type]) -> None:
+    for name, cls in sections.items():
+        if name in TOP_LEVEL_KEYS or not dataclasses.is_dataclass(cls):
+            raise ConfigError(f"section {name!r} must be a dataclass whose name is not a key")
+        drift = section_drift(cls)
+        if drift:
+            raise ConfigError(f"section [{name}] drifted from the protocol config it feeds: "
+                              + "; ".join(drift))
+
+
+def _data_dir(flags: Mapping[str, Any], env_top: Mapping[str, str]) -> Path:
     if "data_dir" in flags:
         data_dir = _coerce("data_dir", Path, flags["data_dir"], "flag")
     elif "data_dir" in env_top:
         data_dir = _coerce("data_dir", Path, env_top["data_dir"], "env SYMPHONY_DATA_DIR")
     else:
         data_dir = DEFAULT_DATA_DIR
-    data_dir = Path(data_dir).expanduser()
+    return Path(data_dir).expanduser()
 
+
+def _config_file(config_file: Path | None, data_dir: Path) -> Path | None:
+    """The TOML file to read: the one given (it must exist), else ``<data_dir>/node.toml``
+    when present."""
     if config_file is not None:
         if not Path(config_file).is_file():
             raise ConfigError(f"config file {config_file} does not exist")
-        file_path: Path | None = Path(config_file)
-    else:
-        file_path = data_dir / CONFIG_FILE_NAME if (data_dir / CONFIG_FILE_NAME).is_file() else None
-    file_top, file_sections = _read_toml(file_path, sections) if file_path else ({}, {})
+        return Path(config_file)
+    default = data_dir / CONFIG_FILE_NAME
+    return default if default.is_file() else None
 
+
+def _top_level_values(flags: Mapping[str, Any], env_top: Mapping[str, str],
+                      file_top: Mapping[str, Any], file_source: str) -> dict[str, Any]:
+    """Each top-level key given in some layer, from the highest one (flag > env > file)."""
     hints = typing.get_type_hints(Config)
     values: dict[str, Any] = {}
     for key in TOP_LEVEL_KEYS:
-        for layer, source in ((flags, "flag"), (env_top, "env"), (file_top, str(file_path))):
+        for layer, source in ((flags, "flag"), (env_top, "env"), (file_top, file_source)):
             if key in layer:
                 where = f"env {ENV_PREFIX}{key.upper()}" if source == "env" else source
                 values[key] = _coerce(key, hints[key], layer[key], where)
                 break
-    values["data_dir"] = Path(values.get("data_dir", data_dir)).expanduser()
+    return values
 
-    built: dict[str, Any] = {}
-    for name, cls in sections.items():
-        merged = {**file_sections.get(name, {}), **env_sections.get(name, {})}
-        sec_hints = typing.get_type_hints(cls)
-        kwargs = {k: _coerce(f"{name}.{k}", sec_hints[k], v, src) for k, (v, src) in merged.items()}
-        try:
-            built[name] = cls(**kwargs)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"section [{name}]: {exc}") from None
-    config = Config(**values, sections=built)
-    _validate(config)
-    return config
+
+def _build_section(name: str, cls: type, given: Mapping[str, tuple[Any, str]]) -> Any:
+    """Section ``name`` from its given keys (key -> (value, source)) over its defaults."""
+    hints = typing.get_type_hints(cls)
+    kwargs = {k: _coerce(f"{name}.{k}", hints[k], v, src) for k, (v, src) in given.items()}
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"section [{name}]: {exc}") from None
 
 
 def _read_env(

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import trio
 
+from node.config import fed_config
 from node.service import NodeContext, Service
 from protocol.membership.machine import AddBootstrap, Membership, MembershipConfig, SetListenAddrs
 from protocol.membership.messages import Hello, PeerList, PeerListRequest, Ping, Pong
@@ -38,6 +39,7 @@ _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(MembershipConfig)
 class MembershipSection:
     """Tunables of the membership machine (defaults from protocol/membership/machine.py)."""
 
+    feeds: ClassVar[type] = MembershipConfig
     hello_timeout_ms: int = _DEFAULTS["hello_timeout_ms"]
     ping_interval_ms: int = _DEFAULTS["ping_interval_ms"]
     unresponsive_after_ms: int = _DEFAULTS["unresponsive_after_ms"]
@@ -61,11 +63,11 @@ class MembershipService(Service):
         super().__init__(ctx)
         section: MembershipSection = ctx.config.section(self.name)
         self._machine = Membership(
-            config=MembershipConfig(
+            config=fed_config(
+                section,
                 network_id=ctx.network_id,
                 agent_version=agent_version(),
                 target_peers=ctx.config.target_peers,
-                **vars(section),
             ),
             self_peer=ctx.identity.peer_id,
             rng=ctx.rng,

@@ -36,6 +36,7 @@ import trio
 from models.device import describe_device
 from node.ledger.api import ledger_routes
 from node.ledger.store import SCHEMA, LedgerStore
+from node.config import fed_config
 from node.service import NodeContext, Service
 from protocol.ledger.machine import (
     Attest,
@@ -72,6 +73,9 @@ _MODEL_ROLES = (Role.EXECUTOR, Role.VERIFIER)
 class LedgerSection:
     """Tunables of the ledger (``[ledger]`` in node.toml); defaults from protocol/ledger/machine.py."""
 
+    feeds: ClassVar[type] = LedgerConfig
+    node_fields: ClassVar[tuple[str, ...]] = ("roles", "tags", "price_per_1k_tokens",
+                                               "capability_poll_ms")
     #: roles this node offers (executor and verifier only when it serves a model)
     roles: tuple[str, ...] = ("executor", "verifier", "relay")
     tags: tuple[str, ...] = ()
@@ -101,8 +105,7 @@ class LedgerSection:
             raise ValueError("refresh_ms must be shorter than record_ttl_ms")
 
     def machine_config(self) -> LedgerConfig:
-        keep = {f.name for f in fields(LedgerConfig)}
-        return LedgerConfig(**{k: v for k, v in vars(self).items() if k in keep})
+        return fed_config(self)
 
 
 def detect_hardware(backend: object | None = None) -> HardwareSummary:

@@ -30,6 +30,7 @@ from typing import Any, ClassVar, Protocol
 import trio
 
 from models.solver import Solution
+from node.config import fed_config
 from node.service import NodeContext, NurseryService
 from protocol.market.executor import (
     DEFAULT_HOLD_MS,
@@ -70,6 +71,9 @@ class Solver(Protocol):
 class ExecutorSection:
     """Tunables of the executor side (``[executor]`` in node.toml)."""
 
+    feeds: ClassVar[type] = ExecutorConfig
+    node_fields: ClassVar[tuple[str, ...]] = ("solver", "model", "temperature", "threads",
+                                               "price_per_1k")
     #: "models" (models/solver.py), or "module:callable" building a solver from
     #: (section, data_dir); "" = do not execute
     solver: str = "models"
@@ -133,9 +137,8 @@ class ExecutorService(NurseryService):
         s = self.section
         from node.verification.service import executor_machine  # VerifiedExecutor if [verify] on
 
-        self._machine = executor_machine(ctx, ExecutorConfig(
-            models=(), slots=s.slots, hold_ms=s.hold_ms, max_tokens=s.max_tokens,
-            max_task_ms=s.max_task_ms, max_question_chars=s.max_question_chars))
+        # the models are the solver's, known once it has loaded them (start)
+        self._machine = executor_machine(ctx, fed_config(s, models=()))
         self.solver: Solver | None = None
         self.problem = "no solver configured ([executor] solver)" if not s.solver else ""
         self._scopes: dict[tuple[bytes, int], trio.CancelScope] = {}

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import trio
 
+from node.config import fed_config
 from node.service import NodeContext, NurseryService
 from protocol.market.auction import Auction, AuctionConfig
 from protocol.market.executor import Executor, ExecutorConfig
@@ -61,6 +62,8 @@ MAX_FAILURE_TEXT = 120
 class VerifySection:
     """Tunables of verification (``[verify]`` in node.toml); see protocol/verification/requester.py."""
 
+    feeds: ClassVar[type] = VerifyConfig
+    node_fields: ClassVar[tuple[str, ...]] = ("enabled", "verifier", "model", "slots")
     #: commit/reveal and sampled checks for this node's tasks and executions
     enabled: bool = False
     sample_rate: float = _V.sample_rate
@@ -86,12 +89,7 @@ class VerifySection:
             raise ValueError("slots must be >= 1")
 
     def verify_config(self) -> VerifyConfig:
-        return VerifyConfig(
-            sample_rate=self.sample_rate, verifiers=self.verifiers, panel=self.panel,
-            max_escalations=self.max_escalations, chunks_per_check=self.chunks_per_check,
-            commit_window_ms=self.commit_window_ms, reveal_ms=self.reveal_ms,
-            check_timeout_ms=self.check_timeout_ms, exclusion_ms=self.exclusion_ms,
-            require_fingerprints=self.require_fingerprints)
+        return fed_config(self)
 
 
 def _section(ctx: NodeContext) -> VerifySection | None:

@@ -1,13 +1,25 @@
-"""Config precedence (flag > env > TOML > default), sections, and errors that name the key."""
+"""Config precedence (flag > env > TOML > default), sections, errors that name the key, and
+sections that cannot drift from the protocol configs they feed."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 
-from node.config import Config, ConfigError, default_toml, load_config
+from node.config import (
+    Config,
+    ConfigError,
+    default_toml,
+    fed_config,
+    load_config,
+    section_drift,
+)
+from node.daemon import config_sections, load_service_classes
 
 
 @dataclass(frozen=True)
@@ -157,3 +169,61 @@ def test_the_first_run_template_loads_to_the_defaults(data_dir: Path) -> None:
     write(data_dir / "node.toml", default_toml(SECTIONS))
     assert "# [ledger]" in (data_dir / "node.toml").read_text()
     assert load(data_dir) == Config(data_dir=data_dir, sections={"ledger": LedgerSection()})
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    """Stands for a protocol config: two tunables and one value only the node knows."""
+
+    peer: str
+    fanout: int = 2
+    timeout_ms: int = 10_000
+
+
+@dataclass(frozen=True)
+class SyncSection:
+    feeds: ClassVar[type] = SyncConfig
+    node_fields: ClassVar[tuple[str, ...]] = ("poll_ms",)
+
+    fanout: int = 2
+    timeout_ms: int = 10_000
+    poll_ms: int = 1_000
+
+
+def drifted(node_fields: tuple[str, ...], *fields: tuple[str, type, Any]) -> type:
+    return dataclasses.make_dataclass(
+        "SyncSection", [(name, tp, dataclasses.field(default=default))
+                        for name, tp, default in fields],
+        frozen=True, namespace={"feeds": SyncConfig, "node_fields": node_fields})
+
+
+def test_a_section_feeds_its_protocol_config_every_field_but_the_nodes_own() -> None:
+    assert section_drift(SyncSection) == []
+    fed = fed_config(SyncSection(fanout=5, timeout_ms=7, poll_ms=9), peer="me")
+    assert fed == SyncConfig(peer="me", fanout=5, timeout_ms=7)
+
+
+@pytest.mark.parametrize(
+    ("section", "problem"),
+    [
+        (drifted((), ("fan_out", int, 2)), "SyncSection.fan_out is not a field of SyncConfig"),
+        (drifted((), ("fanout", int, 3)), "SyncSection.fanout defaults to 3 but SyncConfig.fanout to 2"),
+        (drifted((), ("fanout", float, 2.0)), "SyncSection.fanout is <class 'float'> but"),
+        (drifted(("fanout",), ("fanout", int, 2)),
+         "SyncSection.fanout is listed in node_fields but is a field of SyncConfig"),
+    ],
+)
+def test_a_section_that_drifted_from_its_protocol_config_is_refused(
+        data_dir: Path, section: type, problem: str) -> None:
+    drift = section_drift(section)
+    assert len(drift) == 1 and drift[0].startswith(problem)
+    with pytest.raises(ConfigError, match=r"section \[sync\] drifted.*" + re.escape(problem)):
+        load_config({"data_dir": data_dir}, env={}, sections={"sync": section})
+
+
+def test_the_daemons_sections_agree_with_the_protocol_configs_they_feed() -> None:
+    sections = config_sections(load_service_classes())
+    feeding = {name for name, cls in sections.items() if getattr(cls, "feeds", None)}
+    assert feeding >= {"ledger", "tasks", "executor", "membership", "verify"}
+    assert {name: section_drift(cls) for name, cls in sections.items()} == {
+        name: [] for name in sections}

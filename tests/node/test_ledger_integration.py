@@ -38,6 +38,11 @@ pytestmark = pytest.mark.integration
 
 #: bound on every convergence wait below
 CONVERGE_S = 45.0
+#: bound on a late joiner's convergence, from the moment it is up: its sync with the peer it
+#: connects to and a few anti-entropy rounds (1 s each, LEDGER_FAST), with room for a loaded
+#: machine; a joiner that only caught up by slower paths (record republishing, retries after
+#: failed syncs) would miss it
+JOIN_S = 20.0
 LEDGER_FAST = {
     "ledger": {"anti_entropy_ms": 1000, "capability_poll_ms": 200, "min_republish_ms": 200}
 }
@@ -162,14 +167,16 @@ def test_five_daemons_converge_reject_forgeries_and_keep_their_ledger(testnet: T
         assert shown["seq"] >= genuine_b["seq"] and shown["price_per_1k_tokens"] != 999.0
         assert node.running
 
-    # a late joiner converges to the same digest within a bounded time
-    started = time.monotonic()
+    # a late joiner converges to the same digest within JOIN_S of being up
     e = testnet.start("e", bootstrap=[a], config=LEDGER_FAST)
     everyone = [*nodes, e]
-    testnet.wait_until(lambda: _converged(everyone, 6, N_ATTESTATIONS), "e to converge", CONVERGE_S)
-    join_s = time.monotonic() - started
-    assert tester.peer_id not in _ledger(e)["rejections"]  # nobody passed the forgeries on
-    assert join_s < CONVERGE_S
+    testnet.wait_until(lambda: _converged(everyone, 6, N_ATTESTATIONS), "e to converge", JOIN_S)
+    # nobody passed the forgeries on: a daemon that had would be refused by its peers (counted
+    # under its own peer id, not the tester's), so the only refusals anywhere are of the
+    # tester's own pushes, and e, which the tester never met, refused nothing
+    assert _ledger(e)["rejections"] == {}, _ledger(e)["rejections"]
+    for node in nodes:
+        assert set(_ledger(node)["rejections"]) == {tester.peer_id}, (node.name, _ledger(node))
 
     # a daemon killed at any instant restarts with its ledger
     c.kill()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import signal
-import time
+from datetime import datetime
+from typing import Any
 
 import pytest
 import trio
@@ -30,8 +31,22 @@ pytestmark = pytest.mark.integration
 
 #: bound on any discovery/convergence wait below
 CONVERGE_S = 60.0
-#: the issue's promise: graceful shutdown within 5 s of SIGTERM
+#: the promise: graceful shutdown within 5 s of SIGTERM. The daemon keeps it itself: a stop
+#: still running SHUTDOWN_DEADLINE_S after the signal is forced (EXIT_FORCED), so the tests
+#: read the outcome from the exit status and the daemon's own log times, not from this
+#: process's clock, which a loaded machine stretches by however long it takes to reap a child
 SHUTDOWN_S = 5.0
+#: bound on waiting for a stopping daemon's process to exit
+EXIT_WAIT_S = 30.0
+
+
+def logged_at_s(event: dict[str, Any]) -> float:
+    """When the daemon logged ``event`` (its ISO-8601 UTC timestamp), in epoch seconds."""
+    return datetime.fromisoformat(str(event["timestamp"])).timestamp()
+
+
+def test_the_forced_exit_deadline_keeps_the_promise() -> None:
+    assert SHUTDOWN_DEADLINE_S < SHUTDOWN_S
 
 
 def test_three_daemons_discover_each_other_survive_a_crash_and_rejoin(testnet: Testnet) -> None:
@@ -126,15 +141,16 @@ def test_sigterm_under_gossip_load_exits_cleanly_within_five_seconds(testnet: Te
         lambda: all(n.status()["services"]["probe"]["received"] > 100 for n in (a, b)),
         "gossip to flow both ways", CONVERGE_S)
 
-    started = time.monotonic()
     a.send_stop()
     b.send_stop()
-    codes = (a.terminate(timeout_s=SHUTDOWN_S * 2), b.terminate(timeout_s=SHUTDOWN_S * 2))
-    elapsed = time.monotonic() - started
+    codes = (a.terminate(timeout_s=EXIT_WAIT_S), b.terminate(timeout_s=EXIT_WAIT_S))
+    # exit status 0: each stop beat the daemon's own forced-exit timer, which fires
+    # SHUTDOWN_DEADLINE_S after the signal and exits with EXIT_FORCED
     assert codes == (0, 0), a.log_tail() + b.log_tail()
-    assert elapsed < SHUTDOWN_S
     for node in (a, b):
-        assert node.log_events("daemon.stopped")
+        assert not node.log_events("daemon.forced_exit"), node.log_tail()
+        [signalled], [stopped] = node.log_events("daemon.signal"), node.log_events("daemon.stopped")
+        assert logged_at_s(stopped) - logged_at_s(signalled) < SHUTDOWN_DEADLINE_S
         assert not (node.data_dir / "daemon.json").exists()
 
 
@@ -144,22 +160,23 @@ def test_a_stuck_shutdown_is_forced_at_the_deadline_or_by_a_second_signal(
     assert a.proc is not None
     a.send_stop(signal.SIGINT)
     testnet.wait_until(lambda: a.log_events("daemon.signal"), "a to take the first SIGINT",
-                       SHUTDOWN_S)
-    started = time.monotonic()
+                       CONVERGE_S)
     a.proc.send_signal(signal.SIGINT)
-    assert a.terminate(timeout_s=SHUTDOWN_S) == EXIT_FORCED
-    assert time.monotonic() - started < SHUTDOWN_S
-    assert a.log_events("daemon.forced_exit")[0]["why"] == "second SIGINT"
+    assert a.terminate(timeout_s=EXIT_WAIT_S) == EXIT_FORCED
+    # the second signal ended it, not the deadline timer (which would say so)
+    [forced] = a.log_events("daemon.forced_exit")
+    assert forced["why"] == "second SIGINT", forced
 
-    started = time.monotonic()
     b.send_stop()
-    assert b.terminate(timeout_s=SHUTDOWN_S * 2) == EXIT_FORCED
-    assert SHUTDOWN_DEADLINE_S <= time.monotonic() - started < SHUTDOWN_S + 1
-    assert b.log_events("daemon.forced_exit")[0]["why"] == "shutdown deadline"
+    assert b.terminate(timeout_s=EXIT_WAIT_S) == EXIT_FORCED
+    [signalled], [forced] = b.log_events("daemon.signal"), b.log_events("daemon.forced_exit")
+    assert forced["why"] == "shutdown deadline", forced
+    # on the daemon's own clock: not before the deadline (the upper bound is the timer's)
+    assert logged_at_s(forced) - logged_at_s(signalled) >= SHUTDOWN_DEADLINE_S
 
 
 def test_an_error_while_stopping_is_logged_and_the_stop_stays_clean(testnet: Testnet) -> None:
     [a] = testnet.start_many(["a"], config={"extra_services": [FAILS_ON_SHUTDOWN]})
-    assert a.terminate(timeout_s=SHUTDOWN_S) == 0
+    assert a.terminate(timeout_s=EXIT_WAIT_S) == 0  # 0: clean, and within the deadline
     [event] = a.log_events("daemon.error_during_shutdown")
     assert "peer went away mid-shutdown" in event["error"]

@@ -27,7 +27,6 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from enum import Enum
 
 from protocol.machine import (
     Dial,
@@ -52,23 +51,12 @@ from protocol.membership.messages import (
     Ping,
     Pong,
 )
+from protocol.membership.peers import Connection, ConnState, Drop, KnownPeer, TimerQueue
 from protocol.names import PROTOCOL_VERSION, peer_id_of_multiaddr
 
 MAX_KNOWN_PEERS = 1024
 MAX_DROPPED = 64
 MAX_FAILURES = 8
-
-
-class ConnState(Enum):
-    AWAITING_HELLO = "awaiting_hello"
-    READY = "ready"
-
-
-#: legal transitions of a connection; leaving either state means the connection is gone.
-TRANSITIONS: dict[ConnState, frozenset[ConnState]] = {
-    ConnState.AWAITING_HELLO: frozenset({ConnState.READY}),
-    ConnState.READY: frozenset(),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,40 +89,6 @@ class SetListenAddrs:
     addrs: tuple[str, ...]
 
 
-# ------------------------------------------------------------------ state
-
-
-@dataclass(slots=True)
-class Connection:
-    peer: str
-    state: ConnState
-    connected_at_ms: int
-    last_seen_ms: int
-    outbound: bool
-    agent_version: str = ""
-    rtt_ms: int | None = None
-    ping_nonce: int | None = None
-    ping_sent_at_ms: int = 0
-    next_ping_at_ms: int = 0
-
-
-@dataclass(slots=True)
-class KnownPeer:
-    peer: str
-    addrs: tuple[str, ...]
-    bootstrap: bool = False
-    failures: int = 0
-    next_dial_at_ms: int = 0
-    dialing: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Drop:
-    peer: str
-    reason: str
-    at_ms: int
-
-
 @dataclass(slots=True)
 class Membership:
     config: MembershipConfig
@@ -148,6 +102,11 @@ class Membership:
     _exchange_pending: set[str] = field(default_factory=set)
     _next_exchange_at_ms: int = 0
     _next_nonce: int = 1
+    #: how many book entries are being dialled (kept by ``_set_dialing``: asked on every event)
+    _dialing: int = 0
+    #: each connection's next timer: an event costs O(log n) in the connections, not O(n)
+    _timers: TimerQueue = field(default_factory=TimerQueue)
+    _next_seq: int = 0
 
     # ---------------------------------------------------------------- queries
 
@@ -160,14 +119,9 @@ class Membership:
 
     def next_deadline(self) -> int | None:
         times: list[int] = []
-        for c in self.conns.values():
-            if c.peer in self._closing:
-                continue  # gone as soon as the driver reports the disconnect
-            if c.state is ConnState.AWAITING_HELLO:
-                times.append(c.connected_at_ms + self.config.hello_timeout_ms)
-            else:
-                times.append(c.next_ping_at_ms)
-                times.append(c.last_seen_ms + self.config.unresponsive_after_ms)
+        first = self._timers.first()
+        if first is not None:
+            times.append(first)
         if any(c.state is ConnState.READY for c in self.conns.values()):
             times.append(self._next_exchange_at_ms)
         if self._wants_dials():
@@ -210,21 +164,25 @@ class Membership:
         peer = event.peer
         if peer == self.self_peer or peer in self.conns:
             return
-        self.conns[peer] = Connection(
+        conn = self.conns[peer] = Connection(
             peer=peer,
             state=ConnState.AWAITING_HELLO,
             connected_at_ms=now,
             last_seen_ms=now,
             outbound=event.outbound,
+            seq=self._next_seq,
         )
+        self._next_seq += 1
+        self._queue_timer(conn)
         known = self.book.get(peer)
         if known is not None:
-            known.dialing = False
+            self._set_dialing(known, False)
             known.failures = 0
         out.append(Send(peer, self._hello()))
 
     def _on_disconnected(self, peer: str, now: int, out: list[Effect]) -> None:
         conn = self.conns.pop(peer, None)
+        self._timers.discard(peer)
         self._exchange_pending.discard(peer)
         if conn is None:
             return
@@ -239,7 +197,7 @@ class Membership:
         known = self.book.get(event.peer)
         if known is None:
             return
-        known.dialing = False
+        self._set_dialing(known, False)
         known.failures += 1
         if known.failures >= MAX_FAILURES and not known.bootstrap:
             del self.book[event.peer]
@@ -253,6 +211,11 @@ class Membership:
             self._on_connected(PeerConnected(peer), now, out)
         conn = self.conns[peer]
         conn.last_seen_ms = now
+        self._on_conn_message(conn, msg, now, out)
+        self._queue_timer(conn)
+
+    def _on_conn_message(self, conn: Connection, msg: object, now: int, out: list[Effect]) -> None:
+        peer = conn.peer
         if isinstance(msg, Hello):
             self._on_hello(conn, msg, now, out)
         elif conn.state is not ConnState.READY:
@@ -300,39 +263,60 @@ class Membership:
 
     # ---------------------------------------------------------------- timers
 
+    def _conn_deadline(self, conn: Connection) -> int | None:
+        """When ``conn``'s next timer is due (None: it is closing, it has none)."""
+        if conn.peer in self._closing:
+            return None  # gone as soon as the driver reports the disconnect
+        if conn.state is ConnState.AWAITING_HELLO:
+            return conn.connected_at_ms + self.config.hello_timeout_ms
+        return min(conn.next_ping_at_ms, conn.last_seen_ms + self.config.unresponsive_after_ms)
+
+    def _queue_timer(self, conn: Connection) -> None:
+        """Queue ``conn``'s next timer after anything that may have moved it."""
+        self._timers.set(conn.peer, conn.seq, self._conn_deadline(conn))
+
     def _on_timers(self, now: int, out: list[Effect]) -> None:
         cfg = self.config
-        for conn in list(self.conns.values()):
-            if conn.peer in self._closing:
-                continue
-            if conn.state is ConnState.AWAITING_HELLO:
-                if now >= conn.connected_at_ms + cfg.hello_timeout_ms:
-                    self._close(conn.peer, "no hello within the timeout", out)
-                continue
-            if now >= conn.last_seen_ms + cfg.unresponsive_after_ms:
-                self._close(conn.peer, "unresponsive", out)
-                continue
-            if now >= conn.next_ping_at_ms:
-                nonce = self._next_nonce
-                self._next_nonce += 1
-                conn.ping_nonce, conn.ping_sent_at_ms = nonce, now
-                conn.next_ping_at_ms = now + cfg.ping_interval_ms
-                out.append(Send(conn.peer, Ping(nonce=nonce)))
-        ready = [p for p in self.ready_peers() if p not in self._closing]
-        if ready and now >= self._next_exchange_at_ms:
-            self._next_exchange_at_ms = now + cfg.exchange_interval_ms
-            target = self.rng.choice(ready)
-            self._exchange_pending.add(target)
-            out.append(Send(target, PeerListRequest(max_peers=MAX_EXCHANGED_PEERS)))
+        for peer in self._timers.pop_due(now):
+            conn = self.conns[peer]
+            self._on_conn_timer(conn, now, out)
+            self._queue_timer(conn)
+        if now >= self._next_exchange_at_ms:
+            ready = [p for p in self.ready_peers() if p not in self._closing]
+            if ready:
+                self._next_exchange_at_ms = now + cfg.exchange_interval_ms
+                target = self.rng.choice(ready)
+                self._exchange_pending.add(target)
+                out.append(Send(target, PeerListRequest(max_peers=MAX_EXCHANGED_PEERS)))
         self._dial_more(now, out)
+
+    def _on_conn_timer(self, conn: Connection, now: int, out: list[Effect]) -> None:
+        cfg = self.config
+        if conn.state is ConnState.AWAITING_HELLO:
+            if now >= conn.connected_at_ms + cfg.hello_timeout_ms:
+                self._close(conn.peer, "no hello within the timeout", out)
+            return
+        if now >= conn.last_seen_ms + cfg.unresponsive_after_ms:
+            self._close(conn.peer, "unresponsive", out)
+            return
+        if now >= conn.next_ping_at_ms:
+            nonce = self._next_nonce
+            self._next_nonce += 1
+            conn.ping_nonce, conn.ping_sent_at_ms = nonce, now
+            conn.next_ping_at_ms = now + cfg.ping_interval_ms
+            out.append(Send(conn.peer, Ping(nonce=nonce)))
 
     def _close(self, peer: str, reason: str, out: list[Effect]) -> None:
         self._closing[peer] = reason
         out.append(Disconnect(peer, reason))
 
+    def _set_dialing(self, known: KnownPeer, dialing: bool) -> None:
+        if known.dialing != dialing:
+            known.dialing = dialing
+            self._dialing += 1 if dialing else -1
+
     def _wants_dials(self) -> bool:
-        dialing = sum(1 for k in self.book.values() if k.dialing)
-        return len(self.conns) + dialing < self.config.target_peers
+        return len(self.conns) + self._dialing < self.config.target_peers
 
     def _dialable(self, known: KnownPeer) -> bool:
         return not known.dialing and known.peer not in self.conns and bool(known.addrs)
@@ -346,10 +330,9 @@ class Membership:
         boot = sorted((k for k in due if k.bootstrap), key=lambda k: k.peer)
         rest = sorted((k for k in due if not k.bootstrap), key=lambda k: k.peer)
         self.rng.shuffle(rest)
-        dialing = sum(1 for k in self.book.values() if k.dialing)
-        room = self.config.target_peers - len(self.conns) - dialing
+        room = self.config.target_peers - len(self.conns) - self._dialing
         for known in (boot + rest)[:room]:
-            known.dialing = True
+            self._set_dialing(known, True)
             out.append(Dial(known.peer, known.addrs))
 
     def _backoff(self, failures: int) -> int:

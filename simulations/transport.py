@@ -81,6 +81,7 @@ class SimTransport:
 
     def dial(self, node: VirtualNode, peer: str) -> None:
         swarm = self.swarm
+        swarm.metrics.count("dials")
         target = swarm.node_of(peer)
         loop = swarm.loop
         if target is None or target is node:

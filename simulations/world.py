@@ -17,6 +17,8 @@ from simulations.swarm import Swarm, derive_rng
 
 SpecsOf = Callable[[int], tuple[MachineSpec, ...]]
 ProfileOf = Callable[[int], Any]
+#: what a node that (re)started does to find peers
+OnStart = Callable[[VirtualNode], None]
 
 
 def build_swarm(
@@ -27,7 +29,10 @@ def build_swarm(
     profile_of: ProfileOf | None = None,
     *,
     connect: bool = True,
+    start: bool = True,
 ) -> Swarm:
+    """A swarm of ``nodes`` nodes for ``scenario``: started (unless ``start`` is false: the
+    workload starts them) and connected at random (``connect``, started nodes only)."""
     net = scenario.network
     swarm = Swarm(
         seed,
@@ -39,9 +44,10 @@ def build_swarm(
     rng = derive_rng(seed, "world")
     for _ in range(nodes):
         add_node(swarm, scenario, specs_of, profile_of, rng.random())
-    for node in swarm.nodes:
-        swarm.start(node)
-    if connect:
+    if start:
+        for node in swarm.nodes:
+            swarm.start(node)
+    if connect and start:
         topo = derive_rng(seed, "topology")
         half = max(1, net.degree // 2)
         for node in swarm.nodes:
@@ -84,7 +90,11 @@ def add_node(
 
 
 class Churn:
-    """Poisson crash/leave/join events at the scenario's per-minute rates."""
+    """Poisson crash/leave/join events at the scenario's per-minute rates.
+
+    A restarted or joining node connects to ``network.degree`` random live nodes at once, or,
+    given ``on_start``, finds its peers itself (``on_start(node)``: e.g. through its
+    membership machine's bootstrap peers)."""
 
     def __init__(
         self,
@@ -96,8 +106,10 @@ class Churn:
         protected: frozenset[int] = frozenset(),
         start_ms: int = 0,
         end_ms: int | None = None,
+        on_start: OnStart | None = None,
     ) -> None:
         self.swarm = swarm
+        self.on_start = on_start
         self.scenario = scenario
         self.spec = scenario.churn
         self.specs_of = specs_of
@@ -155,7 +167,7 @@ class Churn:
         else:
             node = add_node(swarm, self.scenario, self.specs_of, self.profile_of, self.rng.random())
             swarm.start(node)
-            swarm.connect_random(node, self.scenario.network.degree, self.rng)
+            self._find_peers(node)
             self.joins += 1
         self._schedule(kind, swarm.now_ms)
 
@@ -163,8 +175,14 @@ class Churn:
         if node.up:
             return
         self.swarm.start(node)
-        self.swarm.connect_random(node, self.scenario.network.degree, self.rng)
+        self._find_peers(node)
         self.restarts += 1
+
+    def _find_peers(self, node: VirtualNode) -> None:
+        if self.on_start is not None:
+            self.on_start(node)
+        else:
+            self.swarm.connect_random(node, self.scenario.network.degree, self.rng)
 
     def summary(self) -> dict[str, int]:
         return {

@@ -14,4 +14,5 @@ WORKLOADS: dict[str, str] = {
     "verification": "simulations.workloads.verification",
     "relay": "simulations.workloads.relay",
     "bench": "simulations.workloads.bench",
+    "membership": "simulations.workloads.membership",
 }

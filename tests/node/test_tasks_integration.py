@@ -7,12 +7,14 @@ its ledger record and answers through the network."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from models.device import cpu_name, ram_bytes
 from node.api.app import read_token
 
 from .arith_solver import DELAY_ENV
@@ -118,6 +120,9 @@ def test_a_plain_node_serves_the_default_model_and_answers(testnet: Testnet,
 
         record = testnet.wait_until(advertised, "the model in the ledger record", CONVERGE_S)
         assert record["models"][0]["quantization"] == "Q4_1"
+        # the device the model runs on: this machine's CPU (llama.cpp here does not offload)
+        assert record["hardware"] == {"device_kind": "cpu", "device_name": cpu_name(),
+                                      "memory_bytes": ram_bytes(), "cpu_cores": os.cpu_count()}
         shown = run_cli("ask", "What is 6 * 7?", "--k", "1", "--answer-type", "number",
                         "--max-tokens", "16", "--json", data_dir=asker.data_dir, timeout_s=180)
         assert shown.returncode == 0, shown.stdout + shown.stderr

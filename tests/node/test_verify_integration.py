@@ -3,7 +3,7 @@
 come back through the verify service's routing, and the answer is voted as before; every
 result shows its verification status in `symphony ask --json`. The solver here has no model
 (so no fingerprints and nothing to re-check: require_fingerprints is off); the model checks
-themselves are covered by tests/node/test_verify_checks.py."""
+themselves are covered by tests/models/test_checks.py."""
 
 from __future__ import annotations
 

@@ -56,7 +56,6 @@ from protocol.relay.machine import (
     MAX_QUEUED_PER_PEER,
     STALL_TIMEOUT_MS,
     RelayMachine,
-    TransferState,
 )
 from protocol.relay.manifest import (
     MAX_CHUNK_SIZE,
@@ -69,6 +68,7 @@ from protocol.relay.manifest import (
     make_body,
     sign_manifest,
 )
+from protocol.relay.transfer import TransferState
 
 DEFAULT_CHUNK_SIZE = 1 << 20
 VersionCallback = Callable[[Manifest], Awaitable[None] | None]

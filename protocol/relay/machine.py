@@ -31,17 +31,15 @@ bandwidth model.
   completion; the machine keeps what others report (``Transfer.progress``) for status.
 * Completion emits ``VersionComplete`` (the hot-swap hook).
 
-Events and effects are declared in protocol/relay/events.py. Per artifact the newest
-  ``keep_versions`` complete versions are kept; older ones get ``DropVersion``.
+Events and effects are declared in protocol/relay/events.py; one version's state and its
+legal transitions in protocol/relay/transfer.py; the fetching half (requests, sources,
+progress) in protocol/relay/fetching.py. Per artifact the newest ``keep_versions`` complete
+versions are kept; older ones get ``DropVersion``.
 """
 
 from __future__ import annotations
 
-import enum
-import heapq
-from collections import Counter
 from collections.abc import Set
-from dataclasses import dataclass, field
 
 from protocol.errors import LocalProtocolError
 from protocol.machine import (
@@ -57,24 +55,20 @@ from protocol.machine import (
     Tick,
 )
 from protocol.relay.events import (
-    AttestBadChunk,
     ChunkFailed,
     ChunkReceived,
     ChunkRequested,
-    DiscardChunk,
     DropVersion,
     FetchVersion,
     PrepareVersion,
     PublishVersion,
     RefuseChunk,
-    RequestChunk,
     Restore,
     ServeChunk,
-    StoreChunk,
     StreamClosed,
-    VersionComplete,
     VersionPrepared,
 )
+from protocol.relay.fetching import RelayFetcher
 from protocol.relay.manifest import (
     MAX_RECIPIENTS,
     RELAY_TOPIC,
@@ -85,76 +79,19 @@ from protocol.relay.manifest import (
     RelayProgress,
     verify_manifest,
 )
-from protocol.relay.plan import MAX_FANOUT, RelayPlan, build_plan
+from protocol.relay.plan import MAX_FANOUT, build_plan
+from protocol.relay.transfer import Transfer, TransferState, manifest_event
 
 DEFAULT_WINDOW = 8
 KEEP_VERSIONS = 2
 STALL_TIMEOUT_MS = 30_000
 RETRY_MS = 1_000
 MAX_QUEUED_PER_PEER = 64
-BAD_CHUNK_PENALTY = 50
 BAD_MANIFEST_PENALTY = 20
 BAD_REQUEST_PENALTY = 5
-#: a receiver gossips its progress this many times per version (and on completion)
-PROGRESS_REPORTS = 8
 
 
-class TransferState(enum.Enum):
-    KNOWN = "known"  # heard of, not fetching, nothing to serve
-    PREPARING = "preparing"  # waiting for VersionPrepared (local store scan)
-    FETCHING = "fetching"
-    COMPLETE = "complete"
-    ABANDONED = "abandoned"  # superseded, dropped by GC
-
-
-TRANSITIONS: dict[TransferState, frozenset[TransferState]] = {
-    TransferState.KNOWN: frozenset({TransferState.PREPARING, TransferState.ABANDONED}),
-    TransferState.PREPARING: frozenset(
-        {TransferState.FETCHING, TransferState.COMPLETE, TransferState.ABANDONED}
-    ),
-    TransferState.FETCHING: frozenset({TransferState.COMPLETE, TransferState.ABANDONED}),
-    TransferState.COMPLETE: frozenset({TransferState.ABANDONED}),
-    TransferState.ABANDONED: frozenset(),
-}
-
-# ---------------------------------------------------------------- state
-
-
-@dataclass
-class Transfer:
-    manifest: Manifest
-    plan: RelayPlan
-    state: TransferState
-    have: bytearray
-    have_count: int = 0
-    pending: list[int] = field(default_factory=list)  # heap of indices to request
-    in_flight: dict[int, str] = field(default_factory=dict)
-    source: str | None = None
-    #: peer -> permanent (a bad chunk) or not (cleared when every source has failed)
-    failed: dict[str, bool] = field(default_factory=dict)
-    last_progress_ms: int = 0
-    retry_at_ms: int | None = None
-    waiting: dict[int, list[str]] = field(default_factory=dict)
-    queued: Counter[str] = field(default_factory=Counter)
-    served: Counter[str] = field(default_factory=Counter)
-    by_hash: dict[bytes, list[int]] = field(default_factory=dict)
-    #: chunks held by other peers, from their RelayProgress gossip
-    progress: dict[str, int] = field(default_factory=dict)
-    reported: int = 0
-
-    @property
-    def complete(self) -> bool:
-        return self.have_count == self.manifest.chunks
-
-
-def _emit(event: str, manifest: Manifest, **fields: object) -> Emit:
-    return Emit(
-        event,
-        {"name": manifest.name, "version": manifest.version, "id": manifest.id.hex(), **fields},
-    )
-
-
-class RelayMachine:
+class RelayMachine(RelayFetcher):
     def __init__(
         self,
         self_id: str,
@@ -231,7 +168,7 @@ class RelayMachine:
                 self._fail_source(t, event.peer, event.reason, False, now, out)
         elif isinstance(event, PeerDisconnected):
             for t in list(self.transfers.values()):
-                self._forget_waiter(t, event.peer)
+                t.forget_waiter(event.peer)
                 if t.state is TransferState.FETCHING and (
                     t.source == event.peer or event.peer in t.in_flight.values()
                 ):
@@ -241,7 +178,7 @@ class RelayMachine:
         elif isinstance(event, StreamClosed):
             t = self.transfers.get(event.manifest_id)
             if t is not None:
-                self._forget_waiter(t, event.peer)
+                t.forget_waiter(event.peer)
         elif isinstance(event, PeerConnected):
             for t in self.transfers.values():
                 if t.failed.get(event.peer) is False:
@@ -251,8 +188,8 @@ class RelayMachine:
         elif isinstance(event, VersionPrepared):
             t = self.transfers.get(event.manifest_id)
             if t is not None and t.state is TransferState.PREPARING:
-                self._mark_present(t, event.present)
-                self._set_state(t, TransferState.FETCHING)
+                t.mark_present(event.present)
+                t.move_to(TransferState.FETCHING)
                 self._after_progress(t, now, out)
         elif isinstance(event, PublishVersion):
             self._on_publish(event.manifest, out)
@@ -261,7 +198,7 @@ class RelayMachine:
             for t in list(self.transfers.values()):
                 newest = self._latest.get(t.manifest.key) == t.manifest.version
                 if newest and t.state is TransferState.KNOWN and self._is_wanted(t.manifest):
-                    self._set_state(t, TransferState.PREPARING)
+                    t.move_to(TransferState.PREPARING)
                     out.append(PrepareVersion(t.manifest))
         elif isinstance(event, Restore):
             self._on_restore(event, now, out)
@@ -277,19 +214,19 @@ class RelayMachine:
         if manifest.id in self.transfers:
             return  # a replay of a manifest we hold: nothing new
         if self.trusted is not None and manifest.signer not in self.trusted:
-            out.append(_emit("manifest_untrusted", manifest, peer=peer))
+            out.append(manifest_event("manifest_untrusted", manifest, peer=peer))
             return
         latest = self._latest.get(manifest.key)
         if latest is not None and manifest.version <= latest:
-            out.append(_emit("manifest_stale", manifest, peer=peer, latest=latest))
+            out.append(manifest_event("manifest_stale", manifest, peer=peer, latest=latest))
             return
         t = self._register(manifest, TransferState.KNOWN, out)
-        out.append(_emit("manifest_accepted", manifest, peer=peer))
+        out.append(manifest_event("manifest_accepted", manifest, peer=peer))
         self._push_down(t, out)
         if manifest.signer != self.self_id and (
             self.self_id in t.plan or self._is_wanted(manifest)
         ):
-            self._set_state(t, TransferState.PREPARING)
+            t.move_to(TransferState.PREPARING)
             out.append(PrepareVersion(manifest))
 
     def _on_publish(self, manifest: Manifest, out: list[Effect]) -> None:
@@ -299,10 +236,10 @@ class RelayMachine:
         if latest is not None and manifest.version <= latest:
             raise LocalProtocolError(f"version {manifest.version} is not above {latest}")
         t = self._register(manifest, TransferState.COMPLETE, out)
-        self._mark_present(t, frozenset(range(manifest.chunks)))
+        t.mark_present(frozenset(range(manifest.chunks)))
         out.append(Publish(RELAY_TOPIC, manifest.message))
         self._push_down(t, out)
-        out.append(_emit("published", manifest, chunks=manifest.chunks))
+        out.append(manifest_event("published", manifest, chunks=manifest.chunks))
         self._gc(manifest.key, out)
 
     def _on_restore(self, event: Restore, now: int, out: list[Effect]) -> None:
@@ -311,17 +248,17 @@ class RelayMachine:
             return
         latest = self._latest.get(manifest.key, 0)
         t = self._register(manifest, TransferState.KNOWN, out)
-        self._mark_present(t, event.present)
+        t.mark_present(event.present)
         if t.complete:
-            self._set_state(t, TransferState.PREPARING)
-            self._set_state(t, TransferState.COMPLETE)
+            t.move_to(TransferState.PREPARING)
+            t.move_to(TransferState.COMPLETE)
         elif (
             manifest.version > latest
             and manifest.signer != self.self_id
             and (self.self_id in t.plan or self._is_wanted(manifest))
         ):
-            self._set_state(t, TransferState.PREPARING)
-            self._set_state(t, TransferState.FETCHING)
+            t.move_to(TransferState.PREPARING)
+            t.move_to(TransferState.FETCHING)
             self._pump(t, now, out)
         self._gc(manifest.key, out)
 
@@ -353,100 +290,10 @@ class RelayMachine:
         self.transfers[manifest.id] = t
         return t
 
-    # ------------------------------------------------------------ fetching
-
-    def _on_chunk(self, ev: ChunkReceived, now: int, out: list[Effect]) -> None:
-        t = self.transfers.get(ev.manifest_id)
-        if (
-            t is None
-            or t.state is not TransferState.FETCHING
-            or t.in_flight.get(ev.index) != ev.peer
-        ):
-            out.append(DiscardChunk(ev.peer, ev.manifest_id, ev.index))
-            return
-        expected = t.manifest.chunk_hashes[ev.index]
-        if ev.digest != expected:
-            out.append(DiscardChunk(ev.peer, ev.manifest_id, ev.index))
-            out.append(Penalize(ev.peer, f"bad relay chunk {ev.index}", BAD_CHUNK_PENALTY))
-            out.append(AttestBadChunk(ev.peer, ev.manifest_id, ev.index, expected, ev.digest))
-            self._fail_source(t, ev.peer, "bad chunk", True, now, out)
-            return
-        del t.in_flight[ev.index]
-        out.append(StoreChunk(ev.peer, ev.manifest_id, ev.index))
-        t.last_progress_ms = now
-        self._mark_present(t, t.by_hash[expected], out)
-        self._after_progress(t, now, out)
-
-    def _after_progress(self, t: Transfer, now: int, out: list[Effect]) -> None:
-        step = max(1, t.manifest.chunks // PROGRESS_REPORTS)
-        if t.complete or t.have_count >= t.reported + step:
-            t.reported = t.have_count
-            out.append(
-                Publish(
-                    RELAY_TOPIC, RelayProgress(manifest_id=t.manifest.id, chunks_held=t.have_count)
-                )
-            )
-        if t.complete:
-            self._set_state(t, TransferState.COMPLETE)
-            t.in_flight.clear()
-            t.retry_at_ms = None
-            out.append(VersionComplete(t.manifest))
-            out.append(_emit("complete", t.manifest))
-            self._gc(t.manifest.key, out)
-        else:
-            self._pump(t, now, out)
-
     def _push_down(self, t: Transfer, out: list[Effect]) -> None:
         """Send the manifest to our children in the plan: nobody waits on a lost gossip."""
         for child in t.plan.children.get(self.self_id, ()):
             out.append(Send(child, t.manifest.message))
-
-    def _pump(self, t: Transfer, now: int, out: list[Effect]) -> None:
-        """Top up the in-flight window from the current source, choosing one if needed."""
-        if t.state is not TransferState.FETCHING:
-            return
-        if t.source is None:
-            sources = t.plan.sources_for(self.self_id, set(t.failed) | {self.self_id})
-            if not sources:
-                if t.retry_at_ms is None:
-                    t.retry_at_ms = now + self.retry_ms
-                    out.append(_emit("no_source", t.manifest))
-                return
-            t.source = sources[0]
-            t.last_progress_ms = now
-            if t.plan.parent.get(self.self_id) != t.source:
-                out.append(_emit("reattached", t.manifest, source=t.source))
-        while len(t.in_flight) < self.window and t.pending:
-            index = heapq.heappop(t.pending)
-            if t.have[index] or index in t.in_flight:
-                continue
-            t.in_flight[index] = t.source
-            out.append(RequestChunk(t.source, t.manifest.id, index))
-
-    def _fail_source(
-        self, t: Transfer, peer: str, reason: str, permanent: bool, now: int, out: list[Effect]
-    ) -> None:
-        t.failed[peer] = permanent or t.failed.get(peer, False)
-        for index, source in list(t.in_flight.items()):
-            if source == peer:
-                del t.in_flight[index]
-                heapq.heappush(t.pending, index)
-        if t.source == peer:
-            t.source = None
-        out.append(_emit("source_failed", t.manifest, peer=peer, reason=reason))
-        self._pump(t, now, out)
-
-    def _on_tick(self, now: int, out: list[Effect]) -> None:
-        for t in list(self.transfers.values()):
-            if t.state is not TransferState.FETCHING:
-                continue
-            if t.in_flight and now >= t.last_progress_ms + self.stall_timeout_ms:
-                stalled = t.source or next(iter(t.in_flight.values()))
-                self._fail_source(t, stalled, "stalled", False, now, out)
-            if t.retry_at_ms is not None and now >= t.retry_at_ms:
-                t.retry_at_ms = None
-                t.failed = {p: bad for p, bad in t.failed.items() if bad}
-                self._pump(t, now, out)
 
     # ------------------------------------------------------------ serving
 
@@ -470,42 +317,14 @@ class RelayMachine:
             t.queued[ev.peer] += 1
             t.waiting.setdefault(ev.index, []).append(ev.peer)
 
-    def _mark_present(
-        self, t: Transfer, indices: Set[int] | list[int], out: list[Effect] | None = None
-    ) -> None:
-        for index in indices:
-            if 0 <= index < len(t.have) and not t.have[index]:
-                t.have[index] = 1
-                t.have_count += 1
-                for peer in t.waiting.pop(index, ()):
-                    t.queued[peer] -= 1
-                    t.served[peer] += 1
-                    if out is not None:
-                        out.append(ServeChunk(peer, t.manifest.id, index))
-
-    def _forget_waiter(self, t: Transfer, peer: str) -> None:
-        if not t.queued.pop(peer, 0):
-            return
-        for index in list(t.waiting):
-            t.waiting[index] = [p for p in t.waiting[index] if p != peer]
-            if not t.waiting[index]:
-                del t.waiting[index]
-
     # ------------------------------------------------------------ lifecycle
 
     def _is_wanted(self, manifest: Manifest) -> bool:
         wanted = self._wanted
         return (manifest.signer, manifest.name) in wanted or (None, manifest.name) in wanted
 
-    def _set_state(self, t: Transfer, new: TransferState) -> None:
-        if new not in TRANSITIONS[t.state]:
-            raise LocalProtocolError(
-                f"relay transfer cannot go from {t.state.value} to {new.value}"
-            )
-        t.state = new
-
     def _abandon(self, t: Transfer, reason: str, out: list[Effect]) -> None:
-        self._set_state(t, TransferState.ABANDONED)
+        t.move_to(TransferState.ABANDONED)
         for index, peers in t.waiting.items():
             for peer in peers:
                 out.append(RefuseChunk(peer, t.manifest.id, index, ChunkStatus.GONE))
@@ -513,7 +332,7 @@ class RelayMachine:
         t.queued.clear()
         t.in_flight.clear()
         out.append(DropVersion(t.manifest.id, reason))
-        out.append(_emit("dropped", t.manifest, reason=reason))
+        out.append(manifest_event("dropped", t.manifest, reason=reason))
         del self.transfers[t.manifest.id]
 
     def _gc(self, key: tuple[str, str], out: list[Effect]) -> None:

@@ -27,8 +27,9 @@ from protocol.relay.events import (
     VersionComplete,
     VersionPrepared,
 )
-from protocol.relay.machine import RelayMachine, TransferState
+from protocol.relay.machine import RelayMachine
 from protocol.relay.manifest import ChunkStatus, RelayManifest, RelayProgress
+from protocol.relay.transfer import TransferState
 from tests.protocol.relay_net import Net, identity, manifest_for
 
 PUB = identity(1)

@@ -1,0 +1,107 @@
+"""One artifact version as a relay node sees it: its transfer state and the chunks it holds.
+
+Contract
+--------
+* A ``Transfer`` moves only along ``TRANSITIONS`` (``move_to``; any other move raises
+  ``LocalProtocolError``): KNOWN -> PREPARING -> FETCHING -> COMPLETE (PREPARING -> COMPLETE
+  when the store already holds every chunk), and from any other state to ABANDONED.
+* ``mark_present`` records held chunks and serves every peer waiting for one of them;
+  ``forget_waiter`` drops a departed peer's waiting requests. Neither ever sees chunk bytes.
+* ``manifest_event`` names every observable relay event after its artifact version.
+protocol/relay/machine.py owns the transfers and decides when each of these happens.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Set
+from dataclasses import dataclass, field
+
+from protocol.errors import LocalProtocolError
+from protocol.machine import Effect, Emit
+from protocol.relay.events import ServeChunk
+from protocol.relay.manifest import Manifest
+from protocol.relay.plan import RelayPlan
+
+
+class TransferState(enum.Enum):
+    KNOWN = "known"  # heard of, not fetching, nothing to serve
+    PREPARING = "preparing"  # waiting for VersionPrepared (local store scan)
+    FETCHING = "fetching"
+    COMPLETE = "complete"
+    ABANDONED = "abandoned"  # superseded, dropped by GC
+
+
+TRANSITIONS: dict[TransferState, frozenset[TransferState]] = {
+    TransferState.KNOWN: frozenset({TransferState.PREPARING, TransferState.ABANDONED}),
+    TransferState.PREPARING: frozenset(
+        {TransferState.FETCHING, TransferState.COMPLETE, TransferState.ABANDONED}
+    ),
+    TransferState.FETCHING: frozenset({TransferState.COMPLETE, TransferState.ABANDONED}),
+    TransferState.COMPLETE: frozenset({TransferState.ABANDONED}),
+    TransferState.ABANDONED: frozenset(),
+}
+
+@dataclass
+class Transfer:
+    manifest: Manifest
+    plan: RelayPlan
+    state: TransferState
+    have: bytearray
+    have_count: int = 0
+    pending: list[int] = field(default_factory=list)  # heap of indices to request
+    in_flight: dict[int, str] = field(default_factory=dict)
+    source: str | None = None
+    #: peer -> permanent (a bad chunk) or not (cleared when every source has failed)
+    failed: dict[str, bool] = field(default_factory=dict)
+    last_progress_ms: int = 0
+    retry_at_ms: int | None = None
+    waiting: dict[int, list[str]] = field(default_factory=dict)
+    queued: Counter[str] = field(default_factory=Counter)
+    served: Counter[str] = field(default_factory=Counter)
+    by_hash: dict[bytes, list[int]] = field(default_factory=dict)
+    #: chunks held by other peers, from their RelayProgress gossip
+    progress: dict[str, int] = field(default_factory=dict)
+    reported: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.have_count == self.manifest.chunks
+
+    def move_to(self, new: TransferState) -> None:
+        """Change state along ``TRANSITIONS``; any other move is our own bug."""
+        if new not in TRANSITIONS[self.state]:
+            raise LocalProtocolError(
+                f"relay transfer cannot go from {self.state.value} to {new.value}"
+            )
+        self.state = new
+
+    def mark_present(self, indices: Set[int] | list[int], out: list[Effect] | None = None) -> None:
+        """Record chunks as held; peers waiting for them are served (into ``out``, if given)."""
+        for index in indices:
+            if 0 <= index < len(self.have) and not self.have[index]:
+                self.have[index] = 1
+                self.have_count += 1
+                for peer in self.waiting.pop(index, ()):
+                    self.queued[peer] -= 1
+                    self.served[peer] += 1
+                    if out is not None:
+                        out.append(ServeChunk(peer, self.manifest.id, index))
+
+    def forget_waiter(self, peer: str) -> None:
+        """Drop every request ``peer`` has waiting here (it went away)."""
+        if not self.queued.pop(peer, 0):
+            return
+        for index in list(self.waiting):
+            self.waiting[index] = [p for p in self.waiting[index] if p != peer]
+            if not self.waiting[index]:
+                del self.waiting[index]
+
+
+def manifest_event(event: str, manifest: Manifest, **fields: object) -> Emit:
+    """An observable event about one artifact version, named by name, version and id."""
+    return Emit(
+        event,
+        {"name": manifest.name, "version": manifest.version, "id": manifest.id.hex(), **fields},
+    )

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from node.api.app import read_token
 from node.testnet import NodeProcess
 
 from .conftest import Testnet, run_cli
@@ -24,6 +25,17 @@ pytestmark = pytest.mark.integration
 SIZE = 64 * 1024 * 1024
 #: bound on a whole 64 MiB relay on a loaded 2-core machine
 RELAY_S = 240.0
+#: every node's upload cap while v2 spreads, until the kill: a relay's first half then takes
+#: at least SIZE / 2 / THROTTLE_BPS = 8 s to arrive, a window the 0.1 s poll cannot miss
+THROTTLE_BPS = 4 << 20
+
+
+def set_upload_limit(node: NodeProcess, bps: int) -> None:
+    """Cap ``node``'s total chunk upload at ``bps`` bytes/s (0: no cap)."""
+    reply = httpx.post(node.api_url + "/relay/limits", json={"upload_limit_bps": bps},
+                       headers={"Authorization": f"Bearer {read_token(node.data_dir)}"},
+                       timeout=10)
+    assert reply.status_code == 200 and reply.json()["upload_limit_bps"] == bps, reply.text
 
 
 def relay_status(node: NodeProcess) -> dict[str, Any]:
@@ -81,9 +93,13 @@ def test_64mib_reaches_five_daemons_and_survives_a_killed_middle_relay(
     assert all(v1["peers"].get(p.peer_id) == v1["chunks"] for p in peers)  # progress gossip
     assert sum(relay_status(p)["bytes_in"] for p in peers) == 5 * SIZE  # each chunk once
 
-    # v2: kill a relay that has children while it is forwarding
+    # v2: kill a relay that has children while it is forwarding. Every node's upload is
+    # capped until the kill, so a middle relay is part-way through for seconds, not for a
+    # moment the poll below could miss on a fast machine or a slow one
     art2 = tmp_path / "weights-v2.bin"
     digest2 = write_artifact(art2, 2)
+    for node in nodes:
+        set_upload_limit(node, THROTTLE_BPS)
     published = run_cli("relay", "publish", str(art2), "--name", "model", "--no-wait",
                         data_dir=pub.data_dir)
     assert published.returncode == 0, published.stderr
@@ -102,6 +118,8 @@ def test_64mib_reaches_five_daemons_and_survives_a_killed_middle_relay(
     orphans = [by_id[c] for c in version_of(victim, "model", 2)["children"]]  # type: ignore[index]
     victim.kill()
     survivors = [p for p in peers if p is not victim]
+    for node in (pub, *survivors):
+        set_upload_limit(node, 0)
     testnet.wait_until(lambda: all(complete(p, "model", 2) for p in survivors),
                        "every survivor to complete v2", RELAY_S)
     for orphan in orphans:

@@ -17,8 +17,8 @@ from models.registry import resolve
 def load_backend(config: ModelConfig | str | None = None, backend: str | None = None) -> Backend:
     """Load a model by config or spec (None = default model) on the named backend."""
     if not isinstance(config, ModelConfig):
-        config = ModelConfig(spec=config or ModelConfig().spec, **({"backend": backend} if backend else {}))
-    elif backend:
+        config = ModelConfig(spec=config or ModelConfig().spec)
+    if backend:
         config = replace(config, backend=backend)
     info = resolve(config.spec)
     if config.backend == LLAMA_CPP:

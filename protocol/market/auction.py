@@ -21,31 +21,33 @@ own effects: ``TaskUpdated`` (store/show the snapshot), ``Attest`` (an observati
 turns into a signed ledger attestation). ``Reward`` feeds later rewards (e.g. verification)
 to the selector. Seam for verification: every result that passes the checks goes through
 ``Auction.admit(task, result, now)``; a commit/reveal step wraps it.
+
+Beacons and bids are handled by the bidding half (protocol/market/bidding.py), results and
+the vote by the result half (protocol/market/results.py); this module holds the task's life
+around them: submit, restore, failures, replanning and timers.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from random import Random
 
 from crypto.envelope import Envelope, EnvelopeError
 from crypto.keys import Identity
 from protocol.answers import AnswerType
-from protocol.envelopes import Unopened, open_authored, open_envelope, seal
+from protocol.envelopes import open_envelope
 from protocol.errors import InvalidMessage, LocalProtocolError
 from protocol.machine import (
     Effect,
     Emit,
     PeerDisconnected,
     Penalize,
-    Publish,
     Received,
     Send,
     SendFailed,
     Tick,
 )
+from protocol.market.bidding import Bidding, RateWindow
 from protocol.market.events import (
     FAILED,
     TASK_ATTEST,
@@ -61,18 +63,11 @@ from protocol.market.events import (
     TaskUpdated,
 )
 from protocol.market.messages import (
-    ASSIGN_DOMAIN,
-    BEACON_DOMAIN,
-    BEACON_TOPIC,
-    BID_DOMAIN,
     MAX_ROUND,
     MAX_TASK_MS,
     RESULT_DOMAIN,
     TASK_ID_LEN,
     Assign,
-    AssignBody,
-    Beacon,
-    BeaconBody,
     Bid,
     BidBody,
     Cancel,
@@ -83,7 +78,7 @@ from protocol.market.messages import (
     TaskSpec,
 )
 from protocol.market.results import ResultIntake
-from protocol.market.selection import Candidate, Selector
+from protocol.market.selection import Selector
 from protocol.market.state import (
     Attempt,
     AttemptState,
@@ -102,16 +97,9 @@ __all__ = [
     "SubmitTask", "TaskUpdated",
 ]
 
-PENALTY_FORGED = 20
-PENALTY_RATE = 2
 
 
-@dataclass
-class _Rate:
-    times: deque[int] = field(default_factory=deque)
-
-
-class Auction(ResultIntake):
+class Auction(Bidding, ResultIntake):
     def __init__(
         self,
         identity: Identity,
@@ -128,7 +116,7 @@ class Auction(ResultIntake):
         self.reputation = reputation
         self.tasks: dict[bytes, OpenTask] = {}
         self.counters: dict[str, int] = {}
-        self._rates: dict[str, _Rate] = {}
+        self._rates: dict[str, RateWindow] = {}
 
     # ------------------------------------------------------------------ machine contract
 
@@ -197,7 +185,7 @@ class Auction(ResultIntake):
     def open_tasks(self) -> list[OpenTask]:
         return [t for t in self.tasks.values() if not t.finished]
 
-    # ------------------------------------------------------------------ submit and beacons
+    # ------------------------------------------------------------------ submit and restore
 
     def _submit(self, ev: SubmitTask, now: int) -> list[Effect]:
         try:
@@ -260,132 +248,6 @@ class Auction(ResultIntake):
         if len(task.results) >= spec.k or ev.remaining_ms <= 0:
             return self._finish(task, now, "requester restarted after the deadline")
         return self._replan(task, now, after_close=True)
-
-    def _beacon(self, task: OpenTask, now: int) -> list[Effect]:
-        remaining = task.deadline_at_ms - now
-        window = max(1, min(self.config.bid_window_ms, remaining // 3))
-        task.window_closes_at_ms = now + window
-        task.bids.clear()
-        spec = task.spec
-        body = BeaconBody(
-            task_id=spec.task_id, requester=self.peer, round=task.round,
-            requirement=spec.requirement, wanted=max(1, task.needed), max_price=spec.max_price,
-            max_tokens=spec.max_tokens, bid_window_ms=window, deadline_ms=max(1, remaining),
-            allow_self=task.allow_self,
-        )
-        self._count("beacons_sent")
-        return [
-            Publish(BEACON_TOPIC, Beacon(envelope=seal(self.identity, BEACON_DOMAIN, body))),
-            Emit("task.beacon", {"task_id": spec.task_id.hex(), "round": task.round,
-                                 "wanted": body.wanted, "window_ms": window}),
-            self._updated(task),
-        ]
-
-    # ------------------------------------------------------------------ bids
-
-    def _rate_limited(self, peer: str, now: int) -> bool:
-        rate = self._rates.setdefault(peer, _Rate())
-        while rate.times and rate.times[0] <= now - self.config.rate_window_ms:
-            rate.times.popleft()
-        if len(rate.times) >= self.config.bid_rate:
-            return True
-        rate.times.append(now)
-        if len(self._rates) > 4 * self.config.max_open_tasks * self.config.max_bids_per_task:
-            for p in [p for p, r in self._rates.items() if not r.times]:
-                del self._rates[p]
-        return False
-
-    def _on_bid(self, peer: str, msg: Bid, now: int) -> list[Effect]:
-        reject = self._rejecter("task", "bid", peer)
-
-        if self._rate_limited(peer, now):
-            return reject("rate_limited", PENALTY_RATE)
-        try:
-            body = open_authored(msg.envelope, BID_DOMAIN, BidBody,
-                                 self.config.max_frame, sender=peer, author=lambda b: b.bidder)
-        except Unopened as refused:
-            return reject(refused.why, PENALTY_FORGED)
-        task = self.tasks.get(body.task_id)
-        if task is None:
-            return reject("unknown_task")
-        if peer in task.bids or peer in task.tried or peer in task.spares:
-            return reject("duplicate")
-
-        def refuse(why: str) -> list[Effect]:
-            # a valid bid we will not use: release the slot the bidder holds for it
-            return reject(why) + [Send(peer, Cancel(task_id=body.task_id, attempt=-1))]
-
-        if task.phase is not TaskPhase.BIDDING or body.round != task.round \
-                or now >= task.window_closes_at_ms:
-            return refuse("late")
-        if peer == self.peer and not task.allow_self:
-            return refuse("self")
-        if body.price > task.spec.max_price:
-            return refuse("over_budget")
-        if body.match_score < self.config.min_match:
-            return refuse("poor_match")
-        if len(task.bids) >= self.config.max_bids_per_task:
-            return refuse("too_many")
-        task.bids[peer] = BidInfo(body, now, now + body.hold_ms)
-        self._count("bids_accepted")
-        effects: list[Effect] = [Emit("task.bid", {"task_id": body.task_id.hex(), "peer": peer,
-                                                    "match": body.match_score,
-                                                    "price": body.price})]
-        if len(task.bids) >= task.needed + self.config.spare_bids:
-            effects.extend(self._close(task, now))
-        return effects
-
-    def _candidate(self, task: OpenTask, info: BidInfo, now: int) -> Candidate:
-        b = info.body
-        return Candidate(
-            peer=b.bidder, match_score=b.match_score, reputation=self.reputation(b.bidder),
-            price=b.price, max_price=task.spec.max_price, est_latency_ms=b.est_latency_ms,
-            deadline_ms=max(0, task.deadline_at_ms - now), load=b.load, free_slots=b.free_slots,
-        )
-
-    def _pick(self, task: OpenTask, pool: dict[str, BidInfo], now: int) -> list[Effect]:
-        """Assign up to ``task.needed`` executors chosen from ``pool`` (which is consumed)."""
-        usable = {p: b for p, b in pool.items() if p not in task.tried and now < b.hold_until_ms}
-        chosen = self.selector.select(
-            task.spec.task_id, [self._candidate(task, b, now) for b in usable.values()],
-            task.needed,
-        )
-        effects: list[Effect] = []
-        for c in chosen:
-            info = usable.pop(c.peer, None)
-            if info is not None and task.needed > 0:
-                effects.extend(self._assign(task, info, now))
-        pool.clear()
-        pool.update(usable)
-        return effects
-
-    def _close(self, task: OpenTask, now: int) -> list[Effect]:
-        """Close the bid window: assign from the bids, keep the rest as spares."""
-        effects = self._pick(task, task.bids, now)
-        task.spares.update(task.bids)
-        task.bids.clear()
-        self._count("auctions_closed")
-        return effects + self._replan(task, now, after_close=True)
-
-    def _assign(self, task: OpenTask, info: BidInfo, now: int) -> list[Effect]:
-        b = info.body
-        due = now + self.config.assign_base_ms + int(self.config.assign_slack *
-                                                      b.est_latency_ms)
-        due = min(due, task.deadline_at_ms)
-        attempt = Attempt(task.next_attempt, b.bidder, info, AttemptState.ASSIGNED, now, due)
-        task.next_attempt += 1
-        task.attempts[attempt.attempt] = attempt
-        task.tried.add(b.bidder)
-        if task.first_assigned_at_ms is None:
-            task.first_assigned_at_ms = now
-        body = AssignBody(task=task.spec, executor=b.bidder, attempt=attempt.attempt,
-                          round=task.round, model=b.model, deadline_ms=max(1, due - now))
-        self._count("assigned")
-        return [
-            Send(b.bidder, Assign(envelope=seal(self.identity, ASSIGN_DOMAIN, body))),
-            Emit("task.assigned", {"task_id": task.spec.task_id.hex(), "peer": b.bidder,
-                                   "attempt": attempt.attempt, "due_in_ms": due - now}),
-        ]
 
     # ------------------------------------------------------------------ failures and replan
 

@@ -1,0 +1,195 @@
+"""Requester side, the bidding half: beacons out, bids in, executors chosen and assigned.
+
+``Bidding`` is mixed into ``protocol.market.auction.Auction`` (which documents the promises and
+sets every attribute declared here). A round's beacon opens a bid window of at most
+``bid_window_ms`` (and a third of the time left); a bid is accepted only if it opens as signed
+and sent by its bidder, is for a task in that round's open window, within budget, above
+``min_match``, from a peer not yet tried and not over ``bid_rate`` per ``rate_window_ms``; a
+valid bid we will not use is answered with a ``Cancel`` that releases the bidder's slot. The
+window closes with ``wanted + spare_bids`` bids or at its deadline: the selector picks the
+executors, each gets a signed assignment with its own deadline, the other bids stay as spares.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from crypto.keys import Identity
+from protocol.envelopes import Unopened, open_authored, seal
+from protocol.machine import Effect, Emit, Publish, Send
+from protocol.market.events import AuctionConfig, TaskUpdated
+from protocol.market.messages import (
+    ASSIGN_DOMAIN,
+    BEACON_DOMAIN,
+    BEACON_TOPIC,
+    BID_DOMAIN,
+    Assign,
+    AssignBody,
+    Beacon,
+    BeaconBody,
+    Bid,
+    BidBody,
+    Cancel,
+)
+from protocol.market.selection import Candidate, Selector
+from protocol.market.state import Attempt, AttemptState, BidInfo, OpenTask, TaskPhase
+
+PENALTY_FORGED = 20
+PENALTY_RATE = 2
+
+
+@dataclass
+class RateWindow:
+    """When one peer's recent bids arrived (within ``rate_window_ms``), oldest first."""
+
+    times: deque[int] = field(default_factory=deque)
+
+
+class Bidding:
+    """The bidding half of ``Auction`` (see the module docstring)."""
+
+    identity: Identity
+    peer: str
+    selector: Selector
+    config: AuctionConfig
+    reputation: Callable[[str], float]
+    tasks: dict[bytes, OpenTask]
+    _rates: dict[str, RateWindow]
+
+    def _count(self, what: str) -> None:
+        raise NotImplementedError
+
+    def _rejecter(self, scope: str, noun: str, peer: str) -> Callable[..., list[Effect]]:
+        raise NotImplementedError
+
+    def _updated(self, task: OpenTask) -> TaskUpdated:
+        raise NotImplementedError
+
+    def _replan(self, task: OpenTask, now: int, after_close: bool = False) -> list[Effect]:
+        raise NotImplementedError
+
+    def _beacon(self, task: OpenTask, now: int) -> list[Effect]:
+        remaining = task.deadline_at_ms - now
+        window = max(1, min(self.config.bid_window_ms, remaining // 3))
+        task.window_closes_at_ms = now + window
+        task.bids.clear()
+        spec = task.spec
+        body = BeaconBody(
+            task_id=spec.task_id, requester=self.peer, round=task.round,
+            requirement=spec.requirement, wanted=max(1, task.needed), max_price=spec.max_price,
+            max_tokens=spec.max_tokens, bid_window_ms=window, deadline_ms=max(1, remaining),
+            allow_self=task.allow_self,
+        )
+        self._count("beacons_sent")
+        return [
+            Publish(BEACON_TOPIC, Beacon(envelope=seal(self.identity, BEACON_DOMAIN, body))),
+            Emit("task.beacon", {"task_id": spec.task_id.hex(), "round": task.round,
+                                 "wanted": body.wanted, "window_ms": window}),
+            self._updated(task),
+        ]
+
+    def _rate_limited(self, peer: str, now: int) -> bool:
+        rate = self._rates.setdefault(peer, RateWindow())
+        while rate.times and rate.times[0] <= now - self.config.rate_window_ms:
+            rate.times.popleft()
+        if len(rate.times) >= self.config.bid_rate:
+            return True
+        rate.times.append(now)
+        if len(self._rates) > 4 * self.config.max_open_tasks * self.config.max_bids_per_task:
+            for p in [p for p, r in self._rates.items() if not r.times]:
+                del self._rates[p]
+        return False
+
+    def _on_bid(self, peer: str, msg: Bid, now: int) -> list[Effect]:
+        reject = self._rejecter("task", "bid", peer)
+
+        if self._rate_limited(peer, now):
+            return reject("rate_limited", PENALTY_RATE)
+        try:
+            body = open_authored(msg.envelope, BID_DOMAIN, BidBody,
+                                 self.config.max_frame, sender=peer, author=lambda b: b.bidder)
+        except Unopened as refused:
+            return reject(refused.why, PENALTY_FORGED)
+        task = self.tasks.get(body.task_id)
+        if task is None:
+            return reject("unknown_task")
+        if peer in task.bids or peer in task.tried or peer in task.spares:
+            return reject("duplicate")
+
+        def refuse(why: str) -> list[Effect]:
+            # a valid bid we will not use: release the slot the bidder holds for it
+            return reject(why) + [Send(peer, Cancel(task_id=body.task_id, attempt=-1))]
+
+        if task.phase is not TaskPhase.BIDDING or body.round != task.round \
+                or now >= task.window_closes_at_ms:
+            return refuse("late")
+        if peer == self.peer and not task.allow_self:
+            return refuse("self")
+        if body.price > task.spec.max_price:
+            return refuse("over_budget")
+        if body.match_score < self.config.min_match:
+            return refuse("poor_match")
+        if len(task.bids) >= self.config.max_bids_per_task:
+            return refuse("too_many")
+        task.bids[peer] = BidInfo(body, now, now + body.hold_ms)
+        self._count("bids_accepted")
+        effects: list[Effect] = [Emit("task.bid", {"task_id": body.task_id.hex(), "peer": peer,
+                                                    "match": body.match_score,
+                                                    "price": body.price})]
+        if len(task.bids) >= task.needed + self.config.spare_bids:
+            effects.extend(self._close(task, now))
+        return effects
+
+    def _candidate(self, task: OpenTask, info: BidInfo, now: int) -> Candidate:
+        b = info.body
+        return Candidate(
+            peer=b.bidder, match_score=b.match_score, reputation=self.reputation(b.bidder),
+            price=b.price, max_price=task.spec.max_price, est_latency_ms=b.est_latency_ms,
+            deadline_ms=max(0, task.deadline_at_ms - now), load=b.load, free_slots=b.free_slots,
+        )
+
+    def _pick(self, task: OpenTask, pool: dict[str, BidInfo], now: int) -> list[Effect]:
+        """Assign up to ``task.needed`` executors chosen from ``pool`` (which is consumed)."""
+        usable = {p: b for p, b in pool.items() if p not in task.tried and now < b.hold_until_ms}
+        chosen = self.selector.select(
+            task.spec.task_id, [self._candidate(task, b, now) for b in usable.values()],
+            task.needed,
+        )
+        effects: list[Effect] = []
+        for c in chosen:
+            info = usable.pop(c.peer, None)
+            if info is not None and task.needed > 0:
+                effects.extend(self._assign(task, info, now))
+        pool.clear()
+        pool.update(usable)
+        return effects
+
+    def _close(self, task: OpenTask, now: int) -> list[Effect]:
+        """Close the bid window: assign from the bids, keep the rest as spares."""
+        effects = self._pick(task, task.bids, now)
+        task.spares.update(task.bids)
+        task.bids.clear()
+        self._count("auctions_closed")
+        return effects + self._replan(task, now, after_close=True)
+
+    def _assign(self, task: OpenTask, info: BidInfo, now: int) -> list[Effect]:
+        b = info.body
+        due = now + self.config.assign_base_ms + int(self.config.assign_slack *
+                                                      b.est_latency_ms)
+        due = min(due, task.deadline_at_ms)
+        attempt = Attempt(task.next_attempt, b.bidder, info, AttemptState.ASSIGNED, now, due)
+        task.next_attempt += 1
+        task.attempts[attempt.attempt] = attempt
+        task.tried.add(b.bidder)
+        if task.first_assigned_at_ms is None:
+            task.first_assigned_at_ms = now
+        body = AssignBody(task=task.spec, executor=b.bidder, attempt=attempt.attempt,
+                          round=task.round, model=b.model, deadline_ms=max(1, due - now))
+        self._count("assigned")
+        return [
+            Send(b.bidder, Assign(envelope=seal(self.identity, ASSIGN_DOMAIN, body))),
+            Emit("task.assigned", {"task_id": task.spec.task_id.hex(), "peer": b.bidder,
+                                   "attempt": attempt.attempt, "due_in_ms": due - now}),
+        ]

@@ -82,7 +82,8 @@ def print_task(snap: dict[str, Any], show_cot: bool) -> None:
                             weight, str(r["tokens"]), str(r["compute_ms"]),
                             str(r.get("verification") or "-"))
         console.print(results)
-    for peer, v in sorted(snap.get("verification", {}).items()):  # issue 6: per-result checks
+    # per executor, verification that did not pass: failed, still pending, or not checkable
+    for peer, v in sorted(snap.get("verification", {}).items()):
         if v.get("status") not in ("passed", "not_sampled"):
             console.print(f"verification of {_short(peer)}: {v.get('status')} "
                           f"{v.get('detail', '')}".rstrip())

@@ -25,8 +25,8 @@ from typing import Any, ClassVar
 
 import trio
 
-from node.market.api import AskError, openai_routes, task_routes
 from node.config import fed_config
+from node.market.api import AskError, openai_routes, task_routes
 from node.service import NodeContext, Service
 from protocol.answers import AnswerType
 from protocol.market.attestations import ledger_attestation
@@ -41,7 +41,6 @@ from protocol.market.auction import (
     TaskUpdated,
 )
 from protocol.market.linucb import DEFAULT_ALPHA, DEFAULT_LAMBDA, FEATURES, LinUCB, LinUCBSelector
-from protocol.market.selection import ScoreSelector, Selector
 from protocol.market.messages import (
     MAX_K,
     MAX_QUESTION_CHARS,
@@ -53,6 +52,7 @@ from protocol.market.messages import (
     Result,
     TaskSpec,
 )
+from protocol.market.selection import ScoreSelector, Selector
 
 #: snapshots of finished tasks kept in memory for waiters (the database keeps them all)
 MAX_CACHED_SNAPSHOTS = 256
@@ -214,7 +214,9 @@ class TasksService(Service):
         elif isinstance(effect, Attest):
             await self._attest(effect)
         else:
-            from node.verification.service import perform_verification_effect  # verdict attestations
+            from node.verification.service import (
+                perform_verification_effect,  # verdict attestations
+            )
 
             if not await perform_verification_effect(self.ctx, effect):
                 await super().perform(effect)

@@ -28,11 +28,11 @@ import trio
 
 from node.config import fed_config
 from node.service import NodeContext, NurseryService
-from protocol.market.auction import Auction, AuctionConfig
-from protocol.market.executor import Executor, ExecutorConfig
 from protocol.ledger.events import Attest as LedgerAttest
 from protocol.ledger.view import LedgerView
 from protocol.machine import Effect, Received
+from protocol.market.auction import Auction, AuctionConfig
+from protocol.market.executor import Executor, ExecutorConfig
 from protocol.market.selection import Selector
 from protocol.verification.candidates import verified_auction
 from protocol.verification.executor import VerifiedExecutor

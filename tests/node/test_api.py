@@ -17,7 +17,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from node.api.app import API_HOST, build_app, load_or_create_token, read_token, serve_api, token_route
+from node.api.app import (
+    API_HOST,
+    build_app,
+    load_or_create_token,
+    read_token,
+    serve_api,
+    token_route,
+)
 from node.control import ApiClient, DaemonNotRunning, read_daemon_info, write_daemon_info
 from node.daemon import prepare_data_dir
 

@@ -41,10 +41,10 @@ from protocol.market.executor import (
     ComputeFailed,
     Executor,
     ExecutorConfig,
-    JobState,
     ServedModel,
     StartCompute,
 )
+from protocol.market.jobs import JobState
 from protocol.market.messages import (
     BEACON_TOPIC,
     MAX_QUESTION_CHARS,

@@ -16,13 +16,12 @@ Seam for verification (commit/reveal): a finished computation goes through
 ``Executor.deliver(job, body)``, which here sends the result at once; a commit/reveal step
 replaces that method (send a commitment, keep ``body`` until the reveal is asked for).
 
-Job states and their legal transitions are in ``TRANSITIONS``.
+Job states and their legal transitions are in protocol/market/jobs.py.
 """
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from crypto.keys import Identity
 from protocol.codec import MAX_FRAME_BYTES
@@ -30,6 +29,7 @@ from protocol.envelopes import open_envelope, seal
 from protocol.errors import InvalidMessage, LocalProtocolError
 from protocol.machine import Effect, Emit, Penalize, Received, Send, Tick
 from protocol.market.events import CancelCompute, ComputeDone, ComputeFailed, StartCompute
+from protocol.market.jobs import BUSY_STATES, Job, JobState, move_job
 from protocol.market.messages import (
     ASSIGN_DOMAIN,
     BEACON_DOMAIN,
@@ -49,12 +49,11 @@ from protocol.market.messages import (
     Requirement,
     Result,
     ResultBody,
-    TaskSpec,
 )
 
 __all__ = [
-    "CancelCompute", "ComputeDone", "ComputeFailed", "Executor", "ExecutorConfig", "Job",
-    "JobState", "ServedModel", "StartCompute", "match_score",
+    "CancelCompute", "ComputeDone", "ComputeFailed", "Executor", "ExecutorConfig",
+    "ServedModel", "StartCompute", "match_score",
 ]
 
 DEFAULT_HOLD_MS = 5_000
@@ -70,24 +69,6 @@ MATCH_FAMILY = 0.75
 MATCH_ANY = 0.5
 PENALTY_FORGED = 20
 COT_TRUNCATION_MARK = "\n[... truncated]"
-
-
-class JobState(enum.Enum):
-    RESERVED = "reserved"
-    RUNNING = "running"
-    DONE = "done"
-    FAILED = "failed"
-    RELEASED = "released"
-
-
-TRANSITIONS: dict[JobState, frozenset[JobState]] = {
-    JobState.RESERVED: frozenset({JobState.RUNNING, JobState.RELEASED}),
-    JobState.RUNNING: frozenset({JobState.DONE, JobState.FAILED, JobState.RELEASED}),
-    JobState.DONE: frozenset(),
-    JobState.FAILED: frozenset(),
-    JobState.RELEASED: frozenset(),
-}
-_BUSY = (JobState.RESERVED, JobState.RUNNING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,22 +94,6 @@ class ExecutorConfig:
     max_task_ms: int = DEFAULT_MAX_TASK_MS
     max_cot_chars: int = MAX_COT_CHARS
     max_frame: int = MAX_FRAME_BYTES
-
-
-@dataclass(slots=True)
-class Job:
-    task_id: bytes
-    requester: str
-    round: int
-    model: str
-    state: JobState
-    #: reservation expiry while RESERVED, result deadline while RUNNING, forget-at when final
-    until_ms: int
-    attempt: int = -1
-    #: the assignment's result deadline (while RUNNING, until_ms adds OVERRUN_GRACE_MS)
-    deadline_at_ms: int = 0
-    task: TaskSpec | None = None
-    history: list[JobState] = field(default_factory=list)
 
 
 def match_score(req: Requirement, model: ServedModel) -> float | None:
@@ -185,7 +150,7 @@ class Executor:
     # ------------------------------------------------------------------ queries
 
     def busy(self) -> int:
-        return sum(1 for j in self.jobs.values() if j.state in _BUSY)
+        return sum(1 for j in self.jobs.values() if j.state in BUSY_STATES)
 
     def free_slots(self) -> int:
         return max(0, self.config.slots - self.busy())
@@ -197,13 +162,6 @@ class Executor:
 
     def _count(self, what: str) -> None:
         self.counters[what] = self.counters.get(what, 0) + 1
-
-    def _move(self, job: Job, to: JobState, until_ms: int) -> None:
-        if to not in TRANSITIONS[job.state]:
-            raise LocalProtocolError(f"job {job.task_id.hex()[:8]}: {job.state} -> {to}")
-        job.history.append(job.state)
-        job.state = to
-        job.until_ms = until_ms
 
     def _reject(self, peer: str, task_id: bytes, attempt: int, reason: RejectReason,
                 detail: str) -> list[Effect]:
@@ -323,22 +281,22 @@ class Executor:
             return self._reject(peer, task.task_id, body.attempt, RejectReason.BAD_ASSIGN,
                                 "bid was for another requester")
         if now >= job.until_ms:
-            self._move(job, JobState.RELEASED, now + REMEMBER_MS)
+            move_job(job, JobState.RELEASED, now + REMEMBER_MS)
             return self._reject(peer, task.task_id, body.attempt, RejectReason.EXPIRED,
                                 "reservation expired")
         if (len(task.question) > self.config.max_question_chars
                 or task.max_tokens > self.config.max_tokens
                 or body.deadline_ms > self.config.max_task_ms):
-            self._move(job, JobState.RELEASED, now + REMEMBER_MS)
+            move_job(job, JobState.RELEASED, now + REMEMBER_MS)
             return self._reject(peer, task.task_id, body.attempt, RejectReason.OVER_LIMITS,
                                 "question, tokens or deadline over this executor's limits")
         if body.model not in {m.name for m in self.config.models}:
-            self._move(job, JobState.RELEASED, now + REMEMBER_MS)
+            move_job(job, JobState.RELEASED, now + REMEMBER_MS)
             return self._reject(peer, task.task_id, body.attempt, RejectReason.BAD_ASSIGN,
                                 f"model {body.model!r} is not served here")
         job.attempt, job.task, job.model = body.attempt, task, body.model
         job.deadline_at_ms = now + body.deadline_ms
-        self._move(job, JobState.RUNNING, job.deadline_at_ms + OVERRUN_GRACE_MS)
+        move_job(job, JobState.RUNNING, job.deadline_at_ms + OVERRUN_GRACE_MS)
         self._count("assign_accepted")
         return [
             StartCompute(task=task, attempt=body.attempt, model=body.model,
@@ -349,14 +307,14 @@ class Executor:
 
     def _on_cancel(self, peer: str, msg: Cancel) -> list[Effect]:
         job = self.jobs.get(msg.task_id)
-        if job is None or peer != job.requester or job.state not in _BUSY:
+        if job is None or peer != job.requester or job.state not in BUSY_STATES:
             return []
         if msg.attempt not in (-1, job.attempt):
             return []
         effects: list[Effect] = []
         if job.state is JobState.RUNNING:
             effects.append(CancelCompute(job.task_id, job.attempt))
-        self._move(job, JobState.RELEASED, job.until_ms + REMEMBER_MS)
+        move_job(job, JobState.RELEASED, job.until_ms + REMEMBER_MS)
         self._count("cancelled")
         effects.append(Emit("task.cancelled", {"task_id": msg.task_id.hex()}))
         return effects
@@ -374,7 +332,7 @@ class Executor:
         if job is None:
             return [Emit("task.compute_orphaned", {"task_id": ev.task_id.hex()})]
         if now > job.deadline_at_ms:
-            self._move(job, JobState.FAILED, now + REMEMBER_MS)
+            move_job(job, JobState.FAILED, now + REMEMBER_MS)
             self._count("results_late")
             return [Emit("task.result_late", {"task_id": ev.task_id.hex(),
                                               "late_ms": now - job.deadline_at_ms})]
@@ -388,7 +346,7 @@ class Executor:
             compute_ms=max(0, ev.compute_ms), model_hash=ev.model_hash,
             fingerprints=ev.fingerprints, fingerprint_root=ev.fingerprint_root,
         )
-        self._move(job, JobState.DONE, now + REMEMBER_MS)
+        move_job(job, JobState.DONE, now + REMEMBER_MS)
         self._count("results_sent")
         return self.deliver(job, body)
 
@@ -404,7 +362,7 @@ class Executor:
         job = self._running(ev.task_id, ev.attempt)
         if job is None:
             return []
-        self._move(job, JobState.FAILED, now + REMEMBER_MS)
+        move_job(job, JobState.FAILED, now + REMEMBER_MS)
         return self._reject(job.requester, ev.task_id, ev.attempt, RejectReason.COMPUTE_FAILED,
                             ev.reason[:128])
 
@@ -416,11 +374,11 @@ class Executor:
             if now < job.until_ms:
                 continue
             if job.state is JobState.RESERVED:
-                self._move(job, JobState.RELEASED, now + REMEMBER_MS)
+                move_job(job, JobState.RELEASED, now + REMEMBER_MS)
                 self._count("reservations_expired")
                 effects.append(Emit("task.reservation_expired", {"task_id": task_id.hex()}))
             elif job.state is JobState.RUNNING:
-                self._move(job, JobState.FAILED, now + REMEMBER_MS)
+                move_job(job, JobState.FAILED, now + REMEMBER_MS)
                 self._count("jobs_overran")
                 effects.append(CancelCompute(task_id, job.attempt))
                 effects.append(Emit("task.overran", {"task_id": task_id.hex()}))

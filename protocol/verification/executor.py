@@ -34,7 +34,8 @@ from protocol.envelopes import open_envelope, seal
 from protocol.errors import InvalidMessage
 from protocol.machine import Effect, Emit, Penalize, Received, Send, Tick
 from protocol.market.events import ComputeDone
-from protocol.market.executor import REMEMBER_MS, Executor, ExecutorConfig, Job
+from protocol.market.executor import REMEMBER_MS, Executor, ExecutorConfig
+from protocol.market.jobs import Job
 from protocol.market.messages import RESULT_DOMAIN, RejectReason, Result, ResultBody
 from protocol.verification.messages import (
     COMMIT_DOMAIN,

@@ -16,11 +16,11 @@ from protocol.market.executor import (
     ComputeFailed,
     Executor,
     ExecutorConfig,
-    JobState,
     ServedModel,
     StartCompute,
     match_score,
 )
+from protocol.market.jobs import JobState
 from protocol.market.messages import (
     ASSIGN_DOMAIN,
     BEACON_DOMAIN,

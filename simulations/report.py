@@ -116,58 +116,71 @@ def render_png(plot: Plot) -> bytes | None:
     try:
         for i, s in enumerate(plot.series):
             if plot.logx or plot.logy:  # a log axis cannot show values <= 0 (e.g. "never")
-                keep = [
-                    j
-                    for j in range(len(s.x))
-                    if (not plot.logx or s.x[j] > 0) and (not plot.logy or s.y[j] > 0)
-                ]
-                s = Series(
-                    s.label,
-                    [s.x[j] for j in keep],
-                    [s.y[j] for j in keep],
-                    None if s.lo is None else [s.lo[j] for j in keep],
-                    None if s.hi is None else [s.hi[j] for j in keep],
-                )
+                s = _positive_points(plot, s)
                 if not s.x:
                     continue
-            if plot.kind == "bar":
-                width = 0.8 / max(1, len(plot.series))
-                xs = [j + i * width for j in range(len(s.x))]
-                ax.bar(xs, s.y, width=width, label=s.label)
-                ax.set_xticks([j + 0.4 - width / 2 for j in range(len(s.x))])
-                ax.set_xticklabels([str(v) for v in s.x])
-            else:
-                ax.plot(
-                    s.x, s.y, marker="o" if len(s.x) <= 12 else None, markersize=4, label=s.label
-                )
-                if s.lo is not None and s.hi is not None:
-                    ax.fill_between(s.x, s.lo, s.hi, alpha=0.15)
-        for label, value in plot.hlines:
-            ax.axhline(value, linestyle="--", color="grey", linewidth=1)
-            ax.annotate(
-                label,
-                (0.01, value),
-                xycoords=("axes fraction", "data"),
-                fontsize=8,
-                color="grey",
-                va="bottom",
-            )
-        if plot.logx and ax.has_data():
-            ax.set_xscale("log")
-        if plot.logy and ax.has_data():
-            ax.set_yscale("log")
-        ax.set_title(plot.title)
-        ax.set_xlabel(plot.xlabel)
-        ax.set_ylabel(plot.ylabel)
-        ax.grid(True, alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
+            _draw_series(ax, plot, i, s)
+        _draw_axes(ax, plot)
         fig.tight_layout()
         buf = io.BytesIO()
         fig.savefig(buf, format="png")
         return buf.getvalue()
     finally:
         plt.close(fig)
+
+
+def _positive_points(plot: Plot, s: Series) -> Series:
+    """``s`` without the points a log axis of ``plot`` cannot show."""
+    keep = [
+        j
+        for j in range(len(s.x))
+        if (not plot.logx or s.x[j] > 0) and (not plot.logy or s.y[j] > 0)
+    ]
+    return Series(
+        s.label,
+        [s.x[j] for j in keep],
+        [s.y[j] for j in keep],
+        None if s.lo is None else [s.lo[j] for j in keep],
+        None if s.hi is None else [s.hi[j] for j in keep],
+    )
+
+
+def _draw_series(ax: Any, plot: Plot, i: int, s: Series) -> None:
+    """The ``i``-th series of ``plot``: bars side by side, or a line with its band."""
+    if plot.kind == "bar":
+        width = 0.8 / max(1, len(plot.series))
+        xs = [j + i * width for j in range(len(s.x))]
+        ax.bar(xs, s.y, width=width, label=s.label)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(s.x))])
+        ax.set_xticklabels([str(v) for v in s.x])
+        return
+    ax.plot(s.x, s.y, marker="o" if len(s.x) <= 12 else None, markersize=4, label=s.label)
+    if s.lo is not None and s.hi is not None:
+        ax.fill_between(s.x, s.lo, s.hi, alpha=0.15)
+
+
+def _draw_axes(ax: Any, plot: Plot) -> None:
+    """Reference lines, scales, titles, grid and legend."""
+    for label, value in plot.hlines:
+        ax.axhline(value, linestyle="--", color="grey", linewidth=1)
+        ax.annotate(
+            label,
+            (0.01, value),
+            xycoords=("axes fraction", "data"),
+            fontsize=8,
+            color="grey",
+            va="bottom",
+        )
+    if plot.logx and ax.has_data():
+        ax.set_xscale("log")
+    if plot.logy and ax.has_data():
+        ax.set_yscale("log")
+    ax.set_title(plot.title)
+    ax.set_xlabel(plot.xlabel)
+    ax.set_ylabel(plot.ylabel)
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
 
 
 def _table(data: dict[str, Any]) -> str:

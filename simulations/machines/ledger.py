@@ -24,7 +24,7 @@ from protocol.ledger.machine import (
     StoreCapability,
 )
 from protocol.ledger.messages import LEDGER_TOPIC, LedgerDigest, LedgerPush, LedgerSyncRequest
-from simulations.node import MachineSpec, VirtualNode
+from simulations.node import MachineSpec, Performer, VirtualNode
 
 NAME = "ledger"
 MESSAGE_TYPES = (LedgerPush, LedgerDigest, LedgerSyncRequest)
@@ -43,15 +43,7 @@ def ledger_spec(
 ) -> MachineSpec:
     def build(node: VirtualNode) -> LedgerMachine:
         machine = LedgerMachine(node.identity, network_id, node.rng, config)
-        records: dict[str, Any] = node.store.get(RECORDS, {})
-        atts: dict[bytes, Any] = node.store.get(ATTESTATIONS, {})
-        if records or atts:
-            report = machine.restore(
-                [env.encode() for _, env in sorted(records.items())],
-                [env.encode() for _, env in sorted(atts.items())],
-                node.swarm.machine_now_ms,
-            )
-            node.swarm.metrics.count("ledger_restored_items", report.records + report.attestations)
+        _restore(node, machine)
         return machine
 
     def on_boot(node: VirtualNode) -> None:
@@ -60,53 +52,74 @@ def ledger_spec(
             # after the current instant, so that connections made at boot are in place
             node.swarm.loop.after(0, _advertise, node, node.epoch, spec)
 
-    # performed once per accepted item on every node: no setdefault (it builds a dict each
-    # call), and the observer test is made once here rather than per call
-    def store_capability(node: VirtualNode, name: str, effect: StoreCapability) -> None:
-        records = node.store.get(RECORDS)
-        if records is None:
-            records = node.store[RECORDS] = {}
-        records[effect.record.peer_id] = effect.envelope
-
-    def store_attestation(node: VirtualNode, name: str, effect: StoreAttestation) -> None:
-        atts = node.store.get(ATTESTATIONS)
-        if atts is None:
-            atts = node.store[ATTESTATIONS] = {}
-        atts[effect.hash] = effect.envelope
-
-    def store_capability_observed(node: VirtualNode, name: str, effect: StoreCapability) -> None:
-        store_capability(node, name, effect)
-        if observer is not None:
-            observer(node, effect)
-
-    def store_attestation_observed(node: VirtualNode, name: str, effect: StoreAttestation) -> None:
-        store_attestation(node, name, effect)
-        if observer is not None:
-            observer(node, effect)
-
-    def forget_capabilities(node: VirtualNode, name: str, effect: ForgetCapabilities) -> None:
-        records = node.store.get(RECORDS, {})
-        for peer in effect.peer_ids:
-            records.pop(peer, None)
-
-    def forget_attestations(node: VirtualNode, name: str, effect: ForgetAttestations) -> None:
-        atts = node.store.get(ATTESTATIONS, {})
-        for h in effect.hashes:
-            atts.pop(h, None)
-
     return MachineSpec(
         name=NAME,
         build=build,
         message_types=MESSAGE_TYPES,
         topics=(LEDGER_TOPIC,),
         performers={
-            StoreCapability: store_capability if observer is None else store_capability_observed,
-            StoreAttestation: store_attestation if observer is None else store_attestation_observed,
-            ForgetCapabilities: forget_capabilities,
-            ForgetAttestations: forget_attestations,
+            StoreCapability: _observed(_store_capability, observer),
+            StoreAttestation: _observed(_store_attestation, observer),
+            ForgetCapabilities: _forget_capabilities,
+            ForgetAttestations: _forget_attestations,
         },
         on_boot=on_boot,
     )
+
+
+def _restore(node: VirtualNode, machine: LedgerMachine) -> None:
+    """What the node's store kept, back into a new machine (the daemon's start from SQLite)."""
+    records: dict[str, Any] = node.store.get(RECORDS, {})
+    atts: dict[bytes, Any] = node.store.get(ATTESTATIONS, {})
+    if records or atts:
+        report = machine.restore(
+            [env.encode() for _, env in sorted(records.items())],
+            [env.encode() for _, env in sorted(atts.items())],
+            node.swarm.machine_now_ms,
+        )
+        node.swarm.metrics.count("ledger_restored_items", report.records + report.attestations)
+
+
+# The store performers run once per accepted item on every node: no setdefault (it builds a
+# dict each call), and whether there is an observer is decided once, in ``_observed``.
+
+
+def _store_capability(node: VirtualNode, name: str, effect: StoreCapability) -> None:
+    records = node.store.get(RECORDS)
+    if records is None:
+        records = node.store[RECORDS] = {}
+    records[effect.record.peer_id] = effect.envelope
+
+
+def _store_attestation(node: VirtualNode, name: str, effect: StoreAttestation) -> None:
+    atts = node.store.get(ATTESTATIONS)
+    if atts is None:
+        atts = node.store[ATTESTATIONS] = {}
+    atts[effect.hash] = effect.envelope
+
+
+def _observed(performer: Performer, observer: StoreObserver | None) -> Performer:
+    """``performer``, then ``observer`` told of the effect (``performer`` itself if none)."""
+    if observer is None:
+        return performer
+
+    def perform_and_observe(node: VirtualNode, name: str, effect: Any) -> None:
+        performer(node, name, effect)
+        observer(node, effect)
+
+    return perform_and_observe
+
+
+def _forget_capabilities(node: VirtualNode, name: str, effect: ForgetCapabilities) -> None:
+    records = node.store.get(RECORDS, {})
+    for peer in effect.peer_ids:
+        records.pop(peer, None)
+
+
+def _forget_attestations(node: VirtualNode, name: str, effect: ForgetAttestations) -> None:
+    atts = node.store.get(ATTESTATIONS, {})
+    for h in effect.hashes:
+        atts.pop(h, None)
 
 
 def _advertise(node: VirtualNode, epoch: int, spec: CapabilitySpec) -> None:

@@ -16,15 +16,16 @@ import resource
 import time
 from typing import Any
 
-from protocol.market.executor import ExecutorConfig, ServedModel
 from protocol.ledger.machine import LedgerConfig
-from protocol.market.selection import ScoreSelector
 from protocol.market.events import AuctionConfig, SubmitTask
+from protocol.market.executor import ExecutorConfig, ServedModel
+from protocol.market.selection import ScoreSelector
 from simulations.compute import (
     ANSWER_TYPE,
     DEVICES,
     CostModel,
     ExecutorProfile,
+    Question,
     model_hash,
     question_bank,
 )
@@ -76,72 +77,15 @@ def bench_swarm(
     wall0, cpu0 = time.perf_counter(), time.process_time()
     rng = derive_rng(seed, "bench")
     bank = question_bank(rng, 500, ("math", "code"))
-    cost = CostModel(bank)
-    device = DEVICES["rtx3090"]
     n_exec = min(executors, nodes // 2)
     n_req = min(requesters, nodes - n_exec)
-
-    def exec_config(node: Any) -> ExecutorConfig:
-        return ExecutorConfig(
-            models=(
-                ServedModel(
-                    MODEL_NAME,
-                    MODEL_FAMILY,
-                    8192,
-                    model_hash(MODEL_NAME),
-                    device.tokens_per_s,
-                    device.price_per_1k,
-                ),
-            ),
-            slots=4,
-        )
-
-    led = ledger_spec(
-        "sim",
-        BENCH_LEDGER,
-        lambda node: capability(node, device, slots=4) if node.index < n_exec else None,
-    )
-    exe = executor_spec(exec_config, cost)
-    auc = auction_spec(lambda node: ScoreSelector(), AuctionConfig())
     done: list[int] = []
+    end_ms = int(minutes * 60_000)
     with shared_pure_functions(), fewer_gc_passes():
-        swarm = Swarm(seed, latency=LatencyModel("lognormal", 40.0, 0.5, jitter_ms=5.0))
-        for i in range(nodes):
-            specs = (led, exe) if i < n_exec else ((led, auc) if i < n_exec + n_req else (led,))
-            swarm.add_node(specs, profile=ExecutorProfile(device=device) if i < n_exec else None)
-        for node in swarm.nodes:
-            swarm.start(node)
-        topo = derive_rng(seed, "bench-topology")
-        for node in swarm.nodes:
-            swarm.connect_random(node, DEGREE // 2, topo)
-        core = swarm.nodes[:n_exec]
-        for node in swarm.nodes[: n_exec + n_req]:
-            for _ in range(CORE_LINKS):
-                swarm.connect(node, core[topo.randrange(len(core))])
+        swarm = _bench_world(seed, nodes, n_exec, n_req, CostModel(bank))
         swarm.on_emit("task.done", lambda node, f, now: done.append(now))
         swarm.on_emit("task.failed", lambda node, f, now: done.append(now))
-        t = 0.0
-        submitted = 0
-        end_ms = int(minutes * 60_000)
-        while True:
-            t += rng.expovariate(tasks_per_min / 60_000.0)
-            if t >= end_ms - 60_000:
-                break
-            q = bank[rng.randrange(len(bank))]
-            node = swarm.nodes[n_exec + rng.randrange(n_req)]
-            swarm.at_ms(
-                int(t),
-                node.submit,
-                AUCTION,
-                SubmitTask(
-                    question=q.text,
-                    answer_type=ANSWER_TYPE,
-                    deadline_ms=60_000,
-                    k=3,
-                    model=MODEL_NAME,
-                ),
-            )
-            submitted += 1
+        submitted = _schedule_tasks(swarm, rng, bank, n_exec, n_req, tasks_per_min, end_ms)
         setup_s = time.perf_counter() - wall0
         events = swarm.run(end_ms)
     wall_s = time.perf_counter() - wall0
@@ -164,3 +108,77 @@ def bench_swarm(
         "bytes_per_node": round(sum(swarm.bytes_per_node()) / nodes),
     }
     return report, swarm
+
+
+def _bench_world(seed: int, nodes: int, n_exec: int, n_req: int, cost: CostModel) -> Swarm:
+    """Every node a ledger; the first ``n_exec`` executors, the next ``n_req`` requesters;
+    a random topology of ``DEGREE`` plus ``CORE_LINKS`` from each of those into the
+    executors."""
+    device = DEVICES["rtx3090"]
+
+    def exec_config(node: Any) -> ExecutorConfig:
+        served = ServedModel(
+            MODEL_NAME,
+            MODEL_FAMILY,
+            8192,
+            model_hash(MODEL_NAME),
+            device.tokens_per_s,
+            device.price_per_1k,
+        )
+        return ExecutorConfig(models=(served,), slots=4)
+
+    led = ledger_spec(
+        "sim",
+        BENCH_LEDGER,
+        lambda node: capability(node, device, slots=4) if node.index < n_exec else None,
+    )
+    exe = executor_spec(exec_config, cost)
+    auc = auction_spec(lambda node: ScoreSelector(), AuctionConfig())
+    swarm = Swarm(seed, latency=LatencyModel("lognormal", 40.0, 0.5, jitter_ms=5.0))
+    for i in range(nodes):
+        specs = (led, exe) if i < n_exec else ((led, auc) if i < n_exec + n_req else (led,))
+        swarm.add_node(specs, profile=ExecutorProfile(device=device) if i < n_exec else None)
+    for node in swarm.nodes:
+        swarm.start(node)
+    topo = derive_rng(seed, "bench-topology")
+    for node in swarm.nodes:
+        swarm.connect_random(node, DEGREE // 2, topo)
+    core = swarm.nodes[:n_exec]
+    for node in swarm.nodes[: n_exec + n_req]:
+        for _ in range(CORE_LINKS):
+            swarm.connect(node, core[topo.randrange(len(core))])
+    return swarm
+
+
+def _schedule_tasks(
+    swarm: Swarm,
+    rng: Any,
+    bank: list[Question],
+    n_exec: int,
+    n_req: int,
+    tasks_per_min: float,
+    end_ms: int,
+) -> int:
+    """A Poisson stream of k=3 tasks from random requesters until a minute before the end;
+    returns how many."""
+    t = 0.0
+    submitted = 0
+    while True:
+        t += rng.expovariate(tasks_per_min / 60_000.0)
+        if t >= end_ms - 60_000:
+            return submitted
+        q = bank[rng.randrange(len(bank))]
+        node = swarm.nodes[n_exec + rng.randrange(n_req)]
+        swarm.at_ms(
+            int(t),
+            node.submit,
+            AUCTION,
+            SubmitTask(
+                question=q.text,
+                answer_type=ANSWER_TYPE,
+                deadline_ms=60_000,
+                k=3,
+                model=MODEL_NAME,
+            ),
+        )
+        submitted += 1

@@ -202,7 +202,6 @@ def run(scenario: Scenario, progress: Progress) -> Report:
     churn_rates = [
         float(c) for c in scenario.sweep.get("churn_crash_per_min", [0.0, 0.01, 0.05, 0.1])
     ]
-    base_churn = scenario.churn
     weights = [float(n) for n in sweep_nodes] + [float(churn_nodes)] * len(churn_rates)
     stages = Stages(progress, weights)
     size_rows = []
@@ -211,15 +210,48 @@ def run(scenario: Scenario, progress: Progress) -> Report:
         stages.next()
     churn_rows = []
     for rate in churn_rates:
-        churn = replace(base_churn, crash_per_min=rate)
+        churn = replace(scenario.churn, crash_per_min=rate)
         churn_rows.append(_measure(scenario, stages, churn_nodes, churn, f"churn {rate}/min"))
         stages.next()
+    return Report(
+        scenario=scenario.as_dict(),
+        question=QUESTION,
+        headline=_headline(size_rows, churn_rows),
+        results={"by_nodes": _public(size_rows), "by_churn": _public(churn_rows)},
+        plots=_size_plots(size_rows) + _churn_plots(churn_rows, churn_nodes),
+        invariants={
+            "every_update_reached_every_steady_node_without_churn": all(
+                r["reached_min"] == 1.0 for r in size_rows
+            ),
+        },
+        notes=[
+            "Steady nodes: up from the update until the end of the run without a restart; "
+            "restarted nodes catch up by anti-entropy and show in freshness.",
+            f"{size_rows[0]['advertisers']} advertisers publish records; all other nodes "
+            "replicate them (light nodes).",
+        ],
+    )
 
-    def public(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
 
+def _public(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows without their plot-only entries (keys starting with ``_``)."""
+    return [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+
+
+def _headline(size_rows: list[dict[str, Any]], churn_rows: list[dict[str, Any]]) -> dict[str, Any]:
+    biggest = size_rows[-1]
+    return {
+        "largest_n": biggest["nodes"],
+        "t99_s_at_largest_n": biggest["t99_ms_median"] / 1000,
+        "t100_s_at_largest_n": biggest["t100_ms_median"] / 1000,
+        "kB_per_node_per_min_at_largest_n": biggest["bytes_per_node_per_min"] / 1000,
+        "freshness_mean_at_highest_churn": churn_rows[-1]["freshness_mean"] if churn_rows else None,
+    }
+
+
+def _size_plots(size_rows: list[dict[str, Any]]) -> list[Plot]:
     xs = [float(r["nodes"]) for r in size_rows]
-    plots = [
+    return [
         Plot(
             "convergence_vs_n",
             "Time for a record update to reach the nodes",
@@ -252,6 +284,12 @@ def run(scenario: Scenario, progress: Progress) -> Report:
                 ),
             ],
         ),
+    ]
+
+
+def _churn_plots(churn_rows: list[dict[str, Any]], churn_nodes: int) -> list[Plot]:
+    rates = [r["crash_per_min"] for r in churn_rows]
+    return [
         Plot(
             "freshness_churn",
             f"Freshness under churn ({churn_nodes} nodes)",
@@ -273,42 +311,13 @@ def run(scenario: Scenario, progress: Progress) -> Report:
             "seconds",
             series=[
                 Series(
-                    "99% of steady nodes",
-                    [r["crash_per_min"] for r in churn_rows],
-                    [r["t99_ms_median"] / 1000 for r in churn_rows],
+                    "99% of steady nodes", rates, [r["t99_ms_median"] / 1000 for r in churn_rows]
                 ),
                 Series(
                     "all steady nodes (median update)",
-                    [r["crash_per_min"] for r in churn_rows],
+                    rates,
                     [r["t100_ms_median"] / 1000 for r in churn_rows],
                 ),
             ],
         ),
     ]
-    biggest = size_rows[-1]
-    headline = {
-        "largest_n": biggest["nodes"],
-        "t99_s_at_largest_n": biggest["t99_ms_median"] / 1000,
-        "t100_s_at_largest_n": biggest["t100_ms_median"] / 1000,
-        "kB_per_node_per_min_at_largest_n": biggest["bytes_per_node_per_min"] / 1000,
-        "freshness_mean_at_highest_churn": churn_rows[-1]["freshness_mean"] if churn_rows else None,
-    }
-    invariants = {
-        "every_update_reached_every_steady_node_without_churn": all(
-            r["reached_min"] == 1.0 for r in size_rows
-        ),
-    }
-    return Report(
-        scenario=scenario.as_dict(),
-        question=QUESTION,
-        headline=headline,
-        results={"by_nodes": public(size_rows), "by_churn": public(churn_rows)},
-        plots=plots,
-        invariants=invariants,
-        notes=[
-            "Steady nodes: up from the update until the end of the run without a restart; "
-            "restarted nodes catch up by anti-entropy and show in freshness.",
-            f"{size_rows[0]['advertisers']} advertisers publish records; all other nodes "
-            "replicate them (light nodes).",
-        ],
-    )

@@ -28,12 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.answers import AnswerType
-from protocol.market.auction import Auction
-from protocol.market.executor import ExecutorConfig, ServedModel
 from protocol.ledger.machine import LedgerConfig
+from protocol.market.auction import Auction
+from protocol.market.events import AuctionConfig, SubmitTask
+from protocol.market.executor import ExecutorConfig, ServedModel
 from protocol.market.linucb import LinUCBSelector
 from protocol.market.selection import ScoreSelector, Selector
-from protocol.market.events import AuctionConfig, SubmitTask
 from protocol.market.voting import Ballot, vote
 from simulations.adversary import (
     Behaviour,
@@ -130,20 +130,43 @@ def build_market(
     ledger: bool = True,
 ) -> MarketWorld:
     rng = derive_rng(seed, "market")
-    compute: Any = None
+    bank, compute = _questions(scenario, rng)
+    cost = CostModel(bank)  # the adversaries' wrong answers come from it in either case
+    profiles, behaviours = _executors(scenario, n_req, n_exec, rng)
+    sybil_peers: list[str] = []
+    specs = _MarketSpecs(
+        scenario, n_req, profiles, behaviours, cost, compute, sybil_peers, selector, auction, ledger
+    )
+    swarm = build_swarm(scenario, n_req + n_exec, seed, specs.of, lambda i: profiles.get(i))
+    sybil_peers.extend(swarm.nodes[i].peer_id for i, b in behaviours.items() if b == "sybil")
+    requesters = list(range(n_req))
+    executors = list(range(n_req, n_req + n_exec))
+    world = MarketWorld(swarm, cost, bank, requesters, executors, compute=compute or cost)
+    if scenario.compute.real:
+        world.max_tokens = scenario.compute.max_tokens
+    swarm.on_emit("task.done", lambda node, f, now: _ended(world, node, f, now, "done"))
+    swarm.on_emit("task.failed", lambda node, f, now: _ended(world, node, f, now, "failed"))
+    return world
+
+
+def _questions(scenario: Scenario, rng: Any) -> tuple[list[Question], Any]:
+    """The question bank, and the real model answering it (None: the cost model answers)."""
     if scenario.compute.real:
         from simulations.models_compute import ModelsCompute, evalset_questions
 
-        bank = evalset_questions()
-        compute = ModelsCompute(scenario.compute)
-    else:
-        categories = tuple(scenario.workload.get("categories", ["math", "code", "facts"]))
-        bank = question_bank(rng, int(workload_value(scenario, "questions", 2000)), categories)
-    cost = CostModel(bank)  # the adversaries' wrong answers come from it in either case
+        return evalset_questions(), ModelsCompute(scenario.compute)
+    categories = tuple(scenario.workload.get("categories", ["math", "code", "facts"]))
+    return question_bank(rng, int(workload_value(scenario, "questions", 2000)), categories), None
+
+
+def _executors(
+    scenario: Scenario, n_req: int, n_exec: int, rng: Any
+) -> tuple[dict[int, ExecutorProfile], dict[int, str]]:
+    """Each executor's profile and behaviour, by node index (executors follow requesters;
+    the classes are dealt to them in a shuffled order, so adversaries are not the first)."""
     classes = _profiles(scenario, n_exec)
     shuffled = list(range(n_exec))
-    rng.shuffle(shuffled)  # adversaries are not the first nodes
-    slots = int(workload_value(scenario, "slots", 2))
+    rng.shuffle(shuffled)
     profiles: dict[int, ExecutorProfile] = {}
     behaviours: dict[int, str] = {}
     for pos, cls in zip(shuffled, classes, strict=True):
@@ -159,69 +182,80 @@ def build_market(
         behaviours[index] = str(cls.get("behaviour", "honest"))
         if behaviours[index] not in BEHAVIOURS:
             raise ScenarioError(f"{scenario.name}: unknown behaviour {behaviours[index]!r}")
-    requesters = list(range(n_req))
-    executors = list(range(n_req, n_req + n_exec))
-    swarm_box: dict[str, Swarm] = {}
-    sybil_peers: list[str] = []
+    return profiles, behaviours
 
-    def exec_config(node: VirtualNode) -> ExecutorConfig:
+
+class _MarketSpecs:
+    """The machines of a market node: a ledger (optional, wrapped for sybils), then an
+    auction on requesters and an executor (wrapped for its behaviour) on executors."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        n_req: int,
+        profiles: dict[int, ExecutorProfile],
+        behaviours: dict[int, str],
+        cost: CostModel,
+        compute: Any,
+        sybil_peers: list[str],
+        selector: str,
+        auction: AuctionConfig | None,
+        ledger: bool,
+    ) -> None:
+        self.n_req = n_req
+        self.behaviours = behaviours
+        self.cost = cost
+        self.sybil_peers = sybil_peers
+        self.slots = int(workload_value(scenario, "slots", 2))
+        self.selector = selector
+        self.auction = auction_spec(self.selector_of, auction or AuctionConfig())
+        self.executor = executor_spec(self.exec_config, compute or cost, self.behaviour_of)
+        self.ledger: MachineSpec | None = None
+        if ledger:
+            slots = self.slots
+            led = ledger_spec(
+                NETWORK_ID,
+                LedgerConfig(anti_entropy_ms=30_000),
+                lambda node: (
+                    capability(node, node.profile.device, slots=slots)
+                    if node.index in profiles
+                    else None
+                ),
+            )
+            self.ledger = _with_wrapper(led, self.ledger_behaviour)
+
+    def of(self, index: int) -> tuple[MachineSpec, ...]:
+        base: tuple[MachineSpec, ...] = (self.ledger,) if self.ledger is not None else ()
+        return base + ((self.auction,) if index < self.n_req else (self.executor,))
+
+    def exec_config(self, node: VirtualNode) -> ExecutorConfig:
         d = node.profile.device
         served = ServedModel(
             MODEL_NAME, MODEL_FAMILY, 8192, model_hash(MODEL_NAME), d.tokens_per_s, d.price_per_1k
         )
-        return ExecutorConfig(models=(served,), slots=slots)
+        return ExecutorConfig(models=(served,), slots=self.slots)
 
-    def behaviour_of(node: VirtualNode) -> Behaviour | None:
-        kind = behaviours.get(node.index, "honest")
+    def behaviour_of(self, node: VirtualNode) -> Behaviour | None:
+        kind = self.behaviours.get(node.index, "honest")
         if kind == "lazy":
             return LazyExecutor()
         if kind == "wrong":
-            return WrongExecutor(cost)
+            return WrongExecutor(self.cost)
         if kind in ("colluder", "sybil"):
             return ColludingVoter("coalition")
         if kind == "bid_spammer":
             return BidSpammer()
         if kind == "model_swapper":
-            return ModelSwapper(cost, skill=0.3)
+            return ModelSwapper(self.cost, skill=0.3)
         return None
 
-    def ledger_behaviour(node: VirtualNode) -> Behaviour | None:
-        if behaviours.get(node.index) == "sybil":
-            return SybilPraise(sybil_peers, 60_000, node.rng)
+    def ledger_behaviour(self, node: VirtualNode) -> Behaviour | None:
+        if self.behaviours.get(node.index) == "sybil":
+            return SybilPraise(self.sybil_peers, 60_000, node.rng)
         return None
 
-    def selector_of(node: VirtualNode) -> Selector:
-        return LinUCBSelector() if selector == "linucb" else ScoreSelector()
-
-    auction_cfg = auction or AuctionConfig()
-    auc = auction_spec(selector_of, auction_cfg)
-    exe = executor_spec(exec_config, compute or cost, behaviour_of)
-    led: MachineSpec | None = None
-    if ledger:
-        led = ledger_spec(
-            NETWORK_ID,
-            LedgerConfig(anti_entropy_ms=30_000),
-            lambda node: (
-                capability(node, node.profile.device, slots=slots)
-                if node.index in profiles
-                else None
-            ),
-        )
-        led = _with_wrapper(led, ledger_behaviour)
-
-    def specs_of(index: int) -> tuple[MachineSpec, ...]:
-        base: tuple[MachineSpec, ...] = (led,) if led is not None else ()
-        return base + ((auc,) if index < n_req else (exe,))
-
-    swarm = build_swarm(scenario, n_req + n_exec, seed, specs_of, lambda i: profiles.get(i))
-    swarm_box["swarm"] = swarm
-    sybil_peers.extend(swarm.nodes[i].peer_id for i, b in behaviours.items() if b == "sybil")
-    world = MarketWorld(swarm, cost, bank, requesters, executors, compute=compute or cost)
-    if scenario.compute.real:
-        world.max_tokens = scenario.compute.max_tokens
-    swarm.on_emit("task.done", lambda node, f, now: _ended(world, node, f, now, "done"))
-    swarm.on_emit("task.failed", lambda node, f, now: _ended(world, node, f, now, "failed"))
-    return world
+    def selector_of(self, node: VirtualNode) -> Selector:
+        return LinUCBSelector() if self.selector == "linucb" else ScoreSelector()
 
 
 def _with_wrapper(spec: MachineSpec, behaviour_of: Any) -> MachineSpec:

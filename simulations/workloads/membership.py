@@ -139,7 +139,7 @@ class MembershipRun:
             swarm.at_ms(t, self._sample)
         swarm.at_ms(self.settle_end_ms, self._measure_degrees)
         swarm.at_ms(self.settle_end_ms, self._start_churn)
-        for phase, end in zip(PHASES, (self.join_ms, self.settle_end_ms, self.end_ms)):
+        for phase, end in zip(PHASES, (self.join_ms, self.settle_end_ms, self.end_ms), strict=True):
             swarm.at_ms(end, self._close_phase, phase)
 
     def _start_churn(self) -> None:
@@ -214,7 +214,7 @@ def _phase_traffic(run: MembershipRun) -> list[dict[str, Any]]:
     rows = []
     before: tuple[int, int, dict[str, int], int] = (0, 0, {}, 0)
     start_ms = 0
-    for phase, end_ms in zip(PHASES, (run.join_ms, run.settle_end_ms, run.end_ms)):
+    for phase, end_ms in zip(PHASES, (run.join_ms, run.settle_end_ms, run.end_ms), strict=True):
         after = run.traffic[phase]
         minutes = max(1, end_ms - start_ms) / 60_000
         per = 1.0 / max(1, after[3]) / minutes

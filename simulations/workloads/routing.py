@@ -65,7 +65,6 @@ def _one(scenario: Scenario, stages: Stages, selector: str) -> dict[str, Any]:
     n_exec = max(4, scenario.nodes - n_req)
     duration_ms = int(scenario.duration_s * 1000)
     deadline_ms = int(float(workload_value(scenario, "deadline_s", 30.0)) * 1000)
-    k = int(workload_value(scenario, "k", 1))
     world = build_market(
         scenario,
         n_exec=n_exec,
@@ -75,9 +74,43 @@ def _one(scenario: Scenario, stages: Stages, selector: str) -> dict[str, Any]:
         auction=AuctionConfig(reward_on_vote=False),
     )
     swarm = world.swarm
-    points: list[tuple[float, float, float]] = []  # (minute, success, regret)
+    tracker = _Outcomes(world)
+    swarm.on_emit("task.done", tracker.on_end)
+    swarm.on_emit("task.failed", tracker.on_end)
+    schedule_tasks(
+        world,
+        start_ms=10_000,
+        end_ms=duration_ms,
+        per_min=float(workload_value(scenario, "tasks_per_min", 20.0)),
+        k=int(workload_value(scenario, "k", 1)),
+        deadline_ms=deadline_ms,
+    )
+    shift_ms = int(float(workload_value(scenario, "shift_s", 1200.0)) * 1000)
+    fail_ms = int(float(workload_value(scenario, "fail_s", 2400.0)) * 1000)
+    if 0 < shift_ms < duration_ms:
+        swarm.at_ms(shift_ms, _shift, world)
+    if 0 < fail_ms < duration_ms:
+        swarm.at_ms(fail_ms, _fail, world, float(workload_value(scenario, "fail_share", 0.15)))
+    end_ms = duration_ms + deadline_ms + 5_000
+    stages.run(swarm, end_ms, f"routing {selector}")
+    stages.next()
+    row = _summary(selector, tracker.points, shift_ms, fail_ms, end_ms)
+    row["_conservation"] = conservation(world)
+    return row
 
-    def on_end(node: Any, fields: dict[str, Any], now: int) -> None:
+
+class _Outcomes:
+    """Rewards each ended task's executors by the truth and records, per task, its minute,
+    its success and its expected regret (best live executor's success probability minus
+    the chosen ones')."""
+
+    def __init__(self, world: MarketWorld) -> None:
+        self.world = world
+        self.points: list[tuple[float, float, float]] = []  # (minute, success, regret)
+
+    def on_end(self, node: Any, fields: dict[str, Any], now: int) -> None:
+        world = self.world
+        swarm = world.swarm
         rec = world.records.get(str(fields["task_id"]))
         if rec is None:
             return
@@ -105,26 +138,16 @@ def _one(scenario: Scenario, stages: Stages, selector: str) -> dict[str, Any]:
                 node.submit(
                     AUCTION, Reward(bytes.fromhex(rec.task_id), p, 1.0 if answer == right else 0.0)
                 )
-        points.append((now / 60_000, success, max(0.0, best - chosen)))
+        self.points.append((now / 60_000, success, max(0.0, best - chosen)))
 
-    swarm.on_emit("task.done", on_end)
-    swarm.on_emit("task.failed", on_end)
-    schedule_tasks(
-        world,
-        start_ms=10_000,
-        end_ms=duration_ms,
-        per_min=float(workload_value(scenario, "tasks_per_min", 20.0)),
-        k=k,
-        deadline_ms=deadline_ms,
-    )
-    shift_ms = int(float(workload_value(scenario, "shift_s", 1200.0)) * 1000)
-    fail_ms = int(float(workload_value(scenario, "fail_s", 2400.0)) * 1000)
-    if 0 < shift_ms < duration_ms:
-        swarm.at_ms(shift_ms, _shift, world)
-    if 0 < fail_ms < duration_ms:
-        swarm.at_ms(fail_ms, _fail, world, float(workload_value(scenario, "fail_share", 0.15)))
-    stages.run(swarm, duration_ms + deadline_ms + 5_000, f"routing {selector}")
-    stages.next()
+
+def _summary(
+    selector: str,
+    points: list[tuple[float, float, float]],
+    shift_ms: int,
+    fail_ms: int,
+    end_ms: int,
+) -> dict[str, Any]:
     points.sort()
     cum, total = [], 0.0
     for _, _, regret in points:
@@ -145,12 +168,11 @@ def _one(scenario: Scenario, stages: Stages, selector: str) -> dict[str, Any]:
         "success": sum(p[1] for p in points) / max(1, len(points)),
         "success_before_shift": phase(0, shift_ms),
         "success_after_shift": phase(shift_ms, fail_ms),
-        "success_after_failures": phase(fail_ms, duration_ms + deadline_ms + 5_000),
+        "success_after_failures": phase(fail_ms, end_ms),
         "cumulative_regret": total,
         "regret_per_task": total / max(1, len(points)),
         "_curve_regret": ([p[0] for p in points], cum),
         "_curve_success": (xs, roll),
-        "_conservation": conservation(world),
     }
 
 

@@ -19,7 +19,7 @@ are the shipped evaluation set, and answers are scored after the daemon's normal
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from simulations.report import Plot, Report, Series
@@ -63,6 +63,21 @@ def _rolling(world: MarketWorld, how: str) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
+@dataclass
+class VotingSweep:
+    """What the runs of every (mix, k) gave."""
+
+    mixes: dict[str, Any]
+    ks: list[int]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    #: mix -> "weighted"/"majority" -> rolling accuracy over time, at the largest k
+    curves: dict[str, dict[str, tuple[list[float], list[float]]]] = field(default_factory=dict)
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    per_label: dict[str, dict[str, float]] = field(default_factory=dict)
+    solves: int = 0
+    identity: str = ""
+
+
 def run(scenario: Scenario, progress: Progress) -> Report:
     mixes: dict[str, Any] = scenario.workload.get("mixes") or {
         "heterogeneous": scenario.workload.get("executors") or [{"share": 1.0}]
@@ -70,19 +85,35 @@ def run(scenario: Scenario, progress: Progress) -> Report:
     ks = [int(k) for k in scenario.sweep.get("k", [1, 3, 5, 7])]
     if any(not 1 <= k <= 16 for k in ks):
         raise ScenarioError(f"{scenario.name} [sweep] k: every k must be in 1..16")
+    sweep = VotingSweep(mixes, ks)
+    _run_sweep(scenario, sweep, Stages(progress, [1.0] * len(mixes) * len(ks)))
+    results, notes = _results(scenario, sweep)
+    return Report(
+        scenario=scenario.as_dict(),
+        question=QUESTION,
+        headline=_headline(sweep),
+        results=results,
+        plots=_plots(sweep),
+        invariants={
+            "every_task_ended_exactly_once": all(
+                c["every_task_ended_exactly_once"] for c in sweep.checks
+            ),
+            "tasks_never_ended": sum(c["tasks_never_ended"] for c in sweep.checks),
+            "violations": [v for c in sweep.checks for v in c["violations"]][:10],
+        },
+        notes=notes,
+    )
+
+
+def _run_sweep(scenario: Scenario, sweep: VotingSweep, stages: Stages) -> None:
+    """One market run per (mix, k), measured into ``sweep``."""
+    ks = sweep.ks
     n_req = int(workload_value(scenario, "requesters", 4))
     n_exec = max(max(ks) + 1, scenario.nodes - n_req)
     duration_ms = int(scenario.duration_s * 1000)
     per_min = float(workload_value(scenario, "tasks_per_min", 30.0))
     deadline_ms = int(float(workload_value(scenario, "deadline_s", 60.0)) * 1000)
-    stages = Stages(progress, [1.0] * len(mixes) * len(ks))
-    rows: list[dict[str, Any]] = []
-    curves: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
-    checks: list[dict[str, Any]] = []
-    per_label: dict[str, dict[str, float]] = {}
-    solves = 0
-    identity = ""
-    for mix_name, classes in mixes.items():
+    for mix_name, classes in sweep.mixes.items():
         sc = replace(scenario, workload={**scenario.workload, "executors": classes})
         for k in ks:
             world = build_market(sc, n_exec=n_exec, n_req=n_req, seed=scenario.seed)
@@ -97,17 +128,22 @@ def run(scenario: Scenario, progress: Progress) -> Report:
             stages.run(world.swarm, duration_ms + deadline_ms + 5_000, f"{mix_name} k={k}")
             stages.next()
             acc = _accuracy(world)
-            rows.append({"mix": mix_name, "k": k, **acc, "tasks": len(world.records)})
-            checks.append(conservation(world))
+            sweep.rows.append({"mix": mix_name, "k": k, **acc, "tasks": len(world.records)})
+            sweep.checks.append(conservation(world))
             if scenario.compute.real:
-                solves += world.compute.solves
-                identity = world.compute.identity
+                sweep.solves += world.compute.solves
+                sweep.identity = world.compute.identity
             if k == max(ks):
-                curves[mix_name] = {how: _rolling(world, how) for how in ("weighted", "majority")}
-                per_label[mix_name] = _label_reputation(world)
+                sweep.curves[mix_name] = {
+                    how: _rolling(world, how) for how in ("weighted", "majority")
+                }
+                sweep.per_label[mix_name] = _label_reputation(world)
+
+
+def _plots(sweep: VotingSweep) -> list[Plot]:
     plots = []
-    for mix_name in mixes:
-        mine = [r for r in rows if r["mix"] == mix_name]
+    for mix_name in sweep.mixes:
+        mine = [r for r in sweep.rows if r["mix"] == mix_name]
         xs = [float(r["k"]) for r in mine]
         plots.append(
             Plot(
@@ -122,11 +158,11 @@ def run(scenario: Scenario, progress: Progress) -> Report:
                 ],
             )
         )
-    for mix_name, curve in curves.items():
+    for mix_name, curve in sweep.curves.items():
         plots.append(
             Plot(
                 f"accuracy_over_time_{mix_name}",
-                f"Accuracy over time at k={max(ks)} ({mix_name}), rolling {ROLLING} tasks",
+                f"Accuracy over time at k={max(sweep.ks)} ({mix_name}), rolling {ROLLING} tasks",
                 "virtual minutes",
                 "accuracy",
                 series=[
@@ -135,43 +171,41 @@ def run(scenario: Scenario, progress: Progress) -> Report:
                 ],
             )
         )
-    best = max(rows, key=lambda r: (r["weighted"], -r["k"]))
+    return plots
+
+
+def _headline(sweep: VotingSweep) -> dict[str, Any]:
+    ks = sweep.ks
+    best = max(sweep.rows, key=lambda r: (r["weighted"], -r["k"]))
     headline: dict[str, Any] = {}
-    for mix_name in mixes:
-        by_k = {r["k"]: r for r in rows if r["mix"] == mix_name}
+    for mix_name in sweep.mixes:
+        by_k = {r["k"]: r for r in sweep.rows if r["mix"] == mix_name}
         top = by_k[max(ks)]
         headline[f"{mix_name}_single"] = by_k[min(ks)]["single"]
         headline[f"{mix_name}_majority_k{max(ks)}"] = top["majority"]
         headline[f"{mix_name}_weighted_k{max(ks)}"] = top["weighted"]
     headline["best_weighted"] = best["weighted"]
+    return headline
+
+
+def _results(scenario: Scenario, sweep: VotingSweep) -> tuple[dict[str, Any], list[str]]:
     notes = [
         "Majority and single are computed with protocol.market.voting.vote on the same results "
         "the protocol's weighted vote used; failed tasks count as wrong."
     ]
-    results: dict[str, Any] = {"accuracy": rows, "reputation_by_behaviour_at_max_k": per_label}
+    results: dict[str, Any] = {
+        "accuracy": sweep.rows,
+        "reputation_by_behaviour_at_max_k": sweep.per_label,
+    }
     if scenario.compute.real:
         spec = scenario.compute
-        results["real_model"] = {"model": identity, "solves": solves}
+        results["real_model"] = {"model": sweep.identity, "solves": sweep.solves}
         notes.append(
-            f"Answers from the real model {identity} at temperature {spec.temperature} "
+            f"Answers from the real model {sweep.identity} at temperature {spec.temperature} "
             f"(max {spec.max_tokens} tokens) on the shipped evaluation set "
             f"(models/data/evalset.jsonl); compute time: {spec.time}."
         )
-    return Report(
-        scenario=scenario.as_dict(),
-        question=QUESTION,
-        headline=headline,
-        results=results,
-        plots=plots,
-        invariants={
-            "every_task_ended_exactly_once": all(
-                c["every_task_ended_exactly_once"] for c in checks
-            ),
-            "tasks_never_ended": sum(c["tasks_never_ended"] for c in checks),
-            "violations": [v for c in checks for v in c["violations"]][:10],
-        },
-        notes=notes,
-    )
+    return results, notes
 
 
 def _label_reputation(world: MarketWorld) -> dict[str, float]:

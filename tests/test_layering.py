@@ -19,6 +19,7 @@ Each checker has a self-test on a small tree built to breach it.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -34,9 +35,19 @@ def modules(package: str) -> list[Path]:
     return sorted((ROOT / package).rglob("*.py"))
 
 
+def parse(path: Path) -> ast.Module:
+    """``path``'s syntax tree; every check walks the same trees, so each is parsed once."""
+    return _parse_source(path.read_text(), str(path))
+
+
+@functools.cache
+def _parse_source(source: str, filename: str) -> ast.Module:
+    return ast.parse(source, filename=filename)
+
+
 def violations(path: Path, forbidden: set[str], *, pure: bool = True) -> list[str]:
     """Imports of ``forbidden`` packages; with ``pure``, also global randomness and urandom."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parse(path)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -73,7 +84,7 @@ def test_protocol_imports_only_crypto_protocol_stdlib_msgpack() -> None:
     allowed = {"crypto", "protocol", "msgpack", "__future__"} | set(sys.stdlib_module_names)
     bad = {}
     for path in modules("protocol"):
-        tree = ast.parse(path.read_text())
+        tree = parse(path)
         for node in ast.walk(tree):
             names = []
             if isinstance(node, ast.Import):
@@ -145,7 +156,7 @@ def imported_names(path: Path, module: str) -> list[tuple[int, str]]:
     """
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     names = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(parse(path)):
         if isinstance(node, ast.Import):
             names += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -17,8 +17,8 @@ lists) under a heap of bucket numbers; a bucket is sorted once when its turn com
 event scheduled into the bucket being run is inserted in order. A big swarm keeps ~10^5 events
 in flight, and a heap of them cost ~17 tuple comparisons (cache misses) per event.
 
-The loop knows nothing of networks or machines; simulations/transport.py and
-simulations/node.py schedule their callbacks on it.
+The loop knows nothing of networks or machines; simulations/transport.py, gossip.py and
+node.py schedule their callbacks on it.
 """
 
 from __future__ import annotations

@@ -5,13 +5,13 @@ spread is a shortest-arrival-time problem: node b first gets it at ``min over me
 (arrival(a) + w(a, b))``, where a copy's time ``w`` is the link's latency, a jitter draw and
 the sender's serialization of its copies in mesh order (the copy to the j-th peer leaves
 after j + 1 serialization times). :class:`FloodPlanner` solves it at once in numpy over the
-topic's mesh (:class:`MeshTable`), instead of one Python event per copy: the transport then
-hands the message to each node's machines at its first arrival, in arrival order.
+topic's mesh (:class:`MeshTable`), instead of one Python event per copy: simulations/gossip.py
+then hands the message to each node's machines at its first arrival, in arrival order.
 
 Contract
 --------
 * A plan reads the mesh, liveness, partitions, loss and duplication as they are when it is
-  made. When any of them changes while a flood is in flight the transport re-plans it
+  made. When any of them changes while a flood is in flight gossip.py re-plans it
   (:meth:`FloodPlanner.replan`): the nodes that already have the message keep their arrival
   times and the copies they sent (copies on their way to a node that went down or restarted
   since are lost); every other node forwards with the mesh of now. So a node that crashes

@@ -27,6 +27,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +68,10 @@ def _ask(client: Any, question: str, k: int, max_tokens: int) -> tuple[float, di
 
 def run(quick: bool) -> dict[str, Any]:
     from models.config import ModelConfig
-    from models.cot import Problem, solve
     from models.loader import load_backend
     from node.control import ApiClient
     from node.market.requester import TasksSection
     from node.testnet import LocalTestnet
-    from protocol.answers import AnswerType
 
     asks = QUICK_ASKS if quick else FULL_ASKS
     max_tokens = QUICK_MAX_TOKENS if quick else FULL_MAX_TOKENS
@@ -82,57 +81,92 @@ def run(quick: bool) -> dict[str, Any]:
                                "bid_window_ms": TasksSection().bid_window_ms}
     backend = load_backend(ModelConfig(n_threads=THREADS))
     figures["model"] = backend.info.name
-    direct: list[float] = []
-    same: list[bool] = []
+    baseline = _Baseline(backend, max_tokens)
     with tempfile.TemporaryDirectory(prefix="symphony-bench-tasks-") as tmp:
         net = LocalTestnet(Path(tmp), network_id="bench-tasks",
                            config={"membership": {"ping_interval_ms": 1000,
                                                   "exchange_interval_ms": 500}})
         try:
             t0 = time.perf_counter()
-            asker = net.start("asker", config={"executor": {"solver": ""},
-                                               "tasks": {"assign_base_ms": ASSIGN_BASE_MS}},
-                              timeout_s=START_TIMEOUT_S)
-            execs = [net.start(f"e{i}", bootstrap=[asker], wait=False, config={"executor": {
-                "solver": "models", "temperature": 0.0, "threads": THREADS}})
-                for i in range(3)]
-            for node in execs:
-                node.wait_ready(START_TIMEOUT_S)
-            net.wait_all_connected(START_TIMEOUT_S)
+            asker = _start_network(net)
             figures["network_start_s"] = round(time.perf_counter() - t0, 1)
             client = ApiClient(asker.data_dir, timeout_s=ASK_DEADLINE_MS / 1000 + 15)
             _ask(client, "What is 2 plus 2?", 3, 4)  # warm-up: the beacon topic's mesh forms
             for k in (1, 3):
-                totals, auction, execution, voting, compute, votes = [], [], [], [], [], []
-                for question in questions:
-                    if k == 1:  # the baseline, interleaved: same load for both
-                        d0 = time.perf_counter()
-                        sol = solve(backend, Problem(question, AnswerType.NUMBER),
-                                    max_tokens=max_tokens)
-                        direct.append((time.perf_counter() - d0) * 1000)
-                    ms, snap = _ask(client, question, k, max_tokens)
-                    if snap["phase"] != "done":
-                        continue
-                    if k == 1:
-                        same.append(snap["answer"] == sol.normalized)
-                    totals.append(ms)
-                    last = max(r["received_at_ms"] for r in snap["results"])
-                    auction.append(snap["first_assigned_at_ms"] - snap["created_at_ms"])
-                    execution.append(last - snap["first_assigned_at_ms"])
-                    voting.append(snap["finished_at_ms"] - last)
-                    compute += [r["compute_ms"] for r in snap["results"]]
-                    votes.append(len(snap["results"]))
-                figures[f"k{k}_done"] = len(totals)
-                figures[f"k{k}_mean_votes"] = statistics.fmean(votes) if votes else 0.0
-                figures[f"k{k}_compute_p50_ms"] = _pct(compute, 0.5)
-                for name, values in (("total", totals), ("auction", auction),
-                                     ("execution", execution), ("voting", voting)):
-                    figures[f"k{k}_{name}_p50_ms"] = round(_pct(values, 0.5), 1)
-                    figures[f"k{k}_{name}_p99_ms"] = round(_pct(values, 0.99), 1)
+                figures.update(_asks_with_k(client, questions, k, max_tokens,
+                                            baseline if k == 1 else None))
         finally:
             net.kill_all()
-    figures["direct_solve_p50_ms"] = round(_pct(direct, 0.5), 1)
+    figures["direct_solve_p50_ms"] = round(_pct(baseline.direct_ms, 0.5), 1)
+    same = baseline.same_answer
     figures["k1_same_answer"] = statistics.fmean(same) if same else float("nan")
     figures["overhead_ratio_k1"] = round(
         figures["k1_total_p50_ms"] / figures["direct_solve_p50_ms"], 3)
+    return figures
+
+
+@dataclass
+class _Baseline:
+    """Calls of the model in this process, the baseline each k = 1 ask is compared with."""
+
+    backend: Any
+    max_tokens: int
+    direct_ms: list[float] = field(default_factory=list)
+    #: per k = 1 ask that finished: whether the network's answer equals the direct call's
+    same_answer: list[bool] = field(default_factory=list)
+
+    def solve(self, question: str) -> Any:
+        """Solve ``question`` directly (timed); its normalized answer."""
+        from models.cot import Problem, solve
+        from protocol.answers import AnswerType
+
+        d0 = time.perf_counter()
+        sol = solve(self.backend, Problem(question, AnswerType.NUMBER),
+                    max_tokens=self.max_tokens)
+        self.direct_ms.append((time.perf_counter() - d0) * 1000)
+        return sol.normalized
+
+
+def _start_network(net: Any) -> Any:
+    """The asker (no model) and three executors connected to it; the asker's handle."""
+    asker = net.start("asker", config={"executor": {"solver": ""},
+                                       "tasks": {"assign_base_ms": ASSIGN_BASE_MS}},
+                      timeout_s=START_TIMEOUT_S)
+    execs = [net.start(f"e{i}", bootstrap=[asker], wait=False, config={"executor": {
+        "solver": "models", "temperature": 0.0, "threads": THREADS}})
+        for i in range(3)]
+    for node in execs:
+        node.wait_ready(START_TIMEOUT_S)
+    net.wait_all_connected(START_TIMEOUT_S)
+    return asker
+
+
+def _asks_with_k(client: Any, questions: list[str], k: int, max_tokens: int,
+                 baseline: _Baseline | None) -> dict[str, Any]:
+    """Ask each question with ``k`` executors; the ``k<k>_*`` figures. With a ``baseline``,
+    each ask follows a direct call of the model (interleaved: the same load hits both)."""
+    totals, auction, execution, voting, compute, votes = [], [], [], [], [], []
+    for question in questions:
+        direct_answer = baseline.solve(question) if baseline is not None else None
+        ms, snap = _ask(client, question, k, max_tokens)
+        if snap["phase"] != "done":
+            continue
+        if baseline is not None:
+            baseline.same_answer.append(snap["answer"] == direct_answer)
+        totals.append(ms)
+        last = max(r["received_at_ms"] for r in snap["results"])
+        auction.append(snap["first_assigned_at_ms"] - snap["created_at_ms"])
+        execution.append(last - snap["first_assigned_at_ms"])
+        voting.append(snap["finished_at_ms"] - last)
+        compute += [r["compute_ms"] for r in snap["results"]]
+        votes.append(len(snap["results"]))
+    figures: dict[str, Any] = {
+        f"k{k}_done": len(totals),
+        f"k{k}_mean_votes": statistics.fmean(votes) if votes else 0.0,
+        f"k{k}_compute_p50_ms": _pct(compute, 0.5),
+    }
+    for name, values in (("total", totals), ("auction", auction),
+                         ("execution", execution), ("voting", voting)):
+        figures[f"k{k}_{name}_p50_ms"] = round(_pct(values, 0.5), 1)
+        figures[f"k{k}_{name}_p99_ms"] = round(_pct(values, 0.99), 1)
     return figures

@@ -1,35 +1,30 @@
 """Hosting commitment-based verification: VerifiedAuction, VerifiedExecutor and Verifier.
 
-As node/verification/service.py does for the daemon: the requester runs
-``protocol.verification.requester.VerifiedAuction`` (candidates for verification are ledger peers with
-the verifier role whose model offer has the result's model hash), executors run
-``VerifiedExecutor`` and the ``Verifier`` role; every ``protocol.ledger.events.Attest`` goes
-to the node's ledger machine.
+As node/verification/service.py does for the daemon, with the same protocol calls: the
+requester runs ``protocol.verification.candidates.verified_auction`` (verifier candidates and
+network-wide exclusions read from the node's ledger machine), executors run
+``VerifiedExecutor`` with the protocol's Terms grace and the ``Verifier`` role; every
+``protocol.ledger.events.Attest`` goes to the node's ledger machine.
 
-Simulated fingerprints (the compute model's side of issue 6): the fingerprint of chunk i of
-an output is ``H(model hash that really ran, task id, the chunk's token ids, i)``. An honest
-executor computes with the model it advertises; a cheater's fingerprints come from another
-model (``swap``) or are made up for a fraction of chunks (``fabricate``). A verifier re-runs
-the prefill with the claimed model: ``StartCheck`` passes iff every sampled fingerprint equals
-the recomputed one, after ``chunks * chunk_tokens * PREFILL_FACTOR / tokens_per_s`` seconds.
-That compute time is what the cost figure adds up.
+Compute is simulations/verification_cost.py: executors commit layer states (one extra
+prefill), and a ``StartCheck`` first fetches the leaves it needs from the executor over the
+network model (an executor that is down or cut off makes it ``CheckFailed``, as in the
+daemon), then re-runs the drawn layers; its verdict follows what the executor faked.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import random
 from collections.abc import Callable
 from typing import Any
 
-from crypto.hashing import digest
 from protocol.ledger.events import Attest as LedgerAttest
-from protocol.ledger.records import Role
-from protocol.market.selection import Selector
-from protocol.market.events import AuctionConfig, ComputeDone, StartCompute
+from protocol.ledger.view import LedgerView
+from protocol.market.events import AuctionConfig
 from protocol.market.messages import Assign, Beacon, Bid, Cancel, Reject, Result
-from protocol.verification.requester import VerifiedAuction
-from protocol.verification.executor import DEFAULT_CHUNK_TOKENS, VerifiedExecutor
+from protocol.market.selection import Selector
+from protocol.verification.candidates import verified_auction
+from protocol.verification.executor import VerifiedExecutor
 from protocol.verification.messages import (
     CheckRequest,
     Commit,
@@ -39,83 +34,23 @@ from protocol.verification.messages import (
     Verdict,
 )
 from protocol.verification.state import VerifyConfig
-from protocol.verification.verifier import CancelCheck, CheckDone, StartCheck, Verifier, VerifierConfig
+from protocol.verification.verifier import (
+    CancelCheck,
+    CheckDone,
+    CheckFailed,
+    StartCheck,
+    Verifier,
+    VerifierConfig,
+)
 from simulations.adversary import unwrap
-from simulations.compute import PREFILL_FACTOR, CostModel
 from simulations.machines.market import AUCTION, EXECUTOR, auction_spec, executor_spec
 from simulations.node import MachineSpec, VirtualNode
+from simulations.verification_cost import CheckCost, CheckWork, CommittingCost, fingerprints
 
 VERIFIER = "verifier"
 _CHECKS = "verify.running"
-
-
-def fingerprint(model_hash: bytes, task_id: bytes, ids: tuple[int, ...], index: int) -> bytes:
-    raw = b"".join(i.to_bytes(4, "big") for i in ids)
-    return digest(model_hash + task_id + raw + index.to_bytes(4, "big"), person=b"sim-fp")[:16]
-
-
-def fingerprints(
-    model_hash: bytes,
-    task_id: bytes,
-    ids: tuple[int, ...],
-    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
-) -> tuple[bytes, ...]:
-    return tuple(
-        fingerprint(model_hash, task_id, ids[i : i + chunk_tokens], i // chunk_tokens)
-        for i in range(0, len(ids), chunk_tokens)
-    )
-
-
-class FingerprintedCost:
-    """The cost model plus token ids and fingerprints, honest or per the node's cheat mode.
-
-    ``node.profile.cheat``: "" (honest), "swap" (another model computed every chunk) or
-    "fabricate:<fraction>" (that fraction of chunks made up).
-    """
-
-    def __init__(self, cost: CostModel) -> None:
-        self.cost = cost
-        self.compute_ms = 0
-
-    def compute(
-        self, profile: Any, job: StartCompute, rng: random.Random
-    ) -> tuple[int, object | None]:
-        duration, outcome = self.cost.compute(profile, job, rng)
-        if not isinstance(outcome, ComputeDone):
-            return duration, outcome
-        self.compute_ms += duration
-        ids = tuple(rng.randrange(32_000) for _ in range(outcome.tokens))
-        cheat: str = getattr(profile, "cheat", "")
-        ran = outcome.model_hash if cheat != "swap" else digest(b"a cheaper model", person=b"sim")
-        prints = list(fingerprints(ran, job.task.task_id, ids))
-        if cheat.startswith("fabricate:"):
-            share = float(cheat.split(":", 1)[1])
-            for i in range(len(prints)):
-                if rng.random() < share:
-                    prints[i] = rng.randbytes(16)
-        return duration, dataclasses.replace(outcome, output_ids=ids, fingerprints=tuple(prints))
-
-
-class CheckCost:
-    """Verifier compute: the prefill of the sampled chunks with the claimed model."""
-
-    def __init__(self, tokens_per_s: float) -> None:
-        self.tokens_per_s = tokens_per_s
-        self.check_ms = 0
-        self.checks = 0
-
-    def run(self, job: StartCheck) -> tuple[int, CheckDone]:
-        ct = job.chunk_tokens
-        passed = True
-        for index, fp in zip(job.chunk_indices, job.fingerprints, strict=False):
-            ids = job.output_ids[index * ct : (index + 1) * ct]
-            if fingerprint(job.model_hash, job.task.task_id, ids, index) != fp:
-                passed = False
-        tokens = len(job.chunk_indices) * ct
-        duration = max(1, int(tokens * PREFILL_FACTOR / self.tokens_per_s * 1000))
-        self.check_ms += duration
-        self.checks += 1
-        return duration, CheckDone(job.check_id, passed, "" if passed else "fingerprint mismatch")
+#: a verifier gives up on an executor that does not answer its states request after this long
+STATES_TIMEOUT_MS = 10_000
 
 
 def _to_ledger(node: VirtualNode, name: str, effect: LedgerAttest) -> None:
@@ -141,25 +76,12 @@ def verified_auction_spec(
                 unwrap(slot.machine).view.reputation(peer, node.swarm.machine_now_ms).score
             )
 
-        def candidates(model_hash: bytes, now: int) -> list[str]:
+        def view() -> LedgerView | None:
             slot = node.slots.get("ledger")
-            if slot is None:
-                return []
-            view = unwrap(slot.machine).view
-            return [
-                m.peer_id
-                for m in view.find_peers(now, role=Role.VERIFIER)
-                if any(o.weights_hash == model_hash for o in m.record.models)
-            ]
+            return None if slot is None else unwrap(slot.machine).view
 
-        return VerifiedAuction(
-            node.identity,
-            selector_of(node),
-            node.rng,
-            config,
-            reputation,
-            verify=verify,
-            verifier_candidates=candidates,
+        return verified_auction(
+            node.identity, selector_of(node), node.rng, config, reputation, verify, view
         )
 
     def attest(node: VirtualNode, name: str, effect: LedgerAttest) -> None:
@@ -176,7 +98,7 @@ def verified_auction_spec(
 
 
 def verified_executor_spec(
-    config_of: Callable[[VirtualNode], Any], backend: FingerprintedCost
+    config_of: Callable[[VirtualNode], Any], backend: CommittingCost
 ) -> MachineSpec:
     base = executor_spec(config_of, backend)
 
@@ -198,12 +120,14 @@ def verifier_spec(
         return Verifier(node.identity, VerifierConfig(model_hashes=model_hashes, slots=2))
 
     def start(node: VirtualNode, name: str, effect: StartCheck) -> None:
-        duration, done = checks.run(effect)
-        if lazy(node):  # a lazy verifier says "pass" without computing
-            duration, done = 1, CheckDone(effect.check_id, True, "")
+        done: object
+        if lazy(node):  # a lazy verifier says "pass" without computing or fetching
+            delay_us, done = 1000, CheckDone(effect.check_id, True, "")
+        else:
+            delay_us, done = _checked(node, effect, checks.work(effect))
         running = node.store.setdefault(_CHECKS, {})
         running[effect.check_id] = node.epoch
-        node.swarm.loop.after(duration * 1000, _finish_check, node, effect.check_id, done)
+        node.swarm.loop.after(delay_us, _finish_check, node, effect.check_id, done)
 
     def cancel(node: VirtualNode, name: str, effect: CancelCheck) -> None:
         node.store.get(_CHECKS, {}).pop(effect.check_id, None)
@@ -221,7 +145,30 @@ def verifier_spec(
     )
 
 
-def _finish_check(node: VirtualNode, check_id: bytes, done: CheckDone) -> None:
+def _checked(node: VirtualNode, job: StartCheck, work: CheckWork) -> tuple[int, object]:
+    """(delay in us, the event) of a check: the fetch of the executor's states, then compute.
+
+    As in the daemon, an executor that cannot be reached for its states makes the check fail
+    to run (``CheckFailed``: the requester asks another verifier), not fail the executor."""
+    delay_us = 0
+    if work.fetch_bytes:
+        swarm = node.swarm
+        source = swarm.node_of(job.executor)
+        if source is None or not source.up or not swarm.net.reachable(source.index, node.index):
+            return STATES_TIMEOUT_MS * 1000, CheckFailed(job.check_id, "executor unreachable")
+        swarm.metrics.add_bytes("states", work.fetch_bytes)
+        source.bytes_sent += work.fetch_bytes
+        node.bytes_received += work.fetch_bytes
+        now = swarm.loop.now_us
+        request_us = swarm.net.base_latency_us(node.index, source.index)
+        arrivals = swarm.net.transfer(source.index, node.index, work.fetch_bytes, now)
+        # a bulk stream retransmits what the network model drops: one more round trip
+        arrived = arrivals[0] if arrivals else now + 3 * request_us
+        delay_us = request_us + arrived - now
+    return delay_us + work.compute_ms * 1000, CheckDone(job.check_id, work.passed, work.detail)
+
+
+def _finish_check(node: VirtualNode, check_id: bytes, done: object) -> None:
     if node.store.get(_CHECKS, {}).pop(check_id, None) == node.epoch and node.up:
         node.submit(VERIFIER, done)
 
@@ -231,7 +178,7 @@ __all__ = [
     "EXECUTOR",
     "VERIFIER",
     "CheckCost",
-    "FingerprintedCost",
+    "CommittingCost",
     "fingerprints",
     "verified_auction_spec",
     "verified_executor_spec",

@@ -77,7 +77,7 @@ class PlannedFloods:
         if not self.frames.wire_bytes:
             # every node is handed the same (immutable) event, as it gets the same object
             flood.event = Received(node.peer_id, message, topic)
-        self.planner.plan(flood, host.loop.now_us, host.nodes, fanout)  # type: ignore[arg-type]
+        self.planner.plan(flood, host.loop.now_us, host.nodes, fanout)
         self.floods.append(flood)
         self._schedule(flood)
 
@@ -101,7 +101,7 @@ class PlannedFloods:
         host = self.host
         now = host.loop.now_us
         for flood in list(self.floods):
-            self.planner.replan(flood, now, host.nodes)  # type: ignore[arg-type]
+            self.planner.replan(flood, now, host.nodes)
             self._schedule(flood)
 
     def _step(self, flood: Flood, generation: int) -> None:

@@ -79,7 +79,9 @@ class NodeHost(Protocol):
     metrics: Metrics
     #: per-node traffic counters, indexed by ``VirtualNode.index``
     traffic: Traffic
-    transport: PeerDisconnector
+
+    @property
+    def transport(self) -> PeerDisconnector: ...
 
     @property
     def nodes(self) -> Sequence[VirtualNode]: ...

@@ -54,11 +54,11 @@ def build_swarm(
             swarm.connect_random(node, half, topo)
     for part in net.partitions:
         groups: list[list[int]] = []
-        start = 0
+        first = 0
         for share in part.groups:
-            end = min(nodes, start + round(share * nodes))
-            groups.append(list(range(start, end)))
-            start = end
+            end = min(nodes, first + round(share * nodes))
+            groups.append(list(range(first, end)))
+            first = end
         swarm.partition(groups, int(part.start_s * 1000), int(part.heal_s * 1000))
     return swarm
 

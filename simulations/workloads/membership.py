@@ -30,7 +30,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.membership.machine import ConnState, MembershipConfig
+from protocol.membership.machine import MembershipConfig
+from protocol.membership.peers import ConnState
 from simulations.machines.membership import bootstrap, membership_of, membership_spec
 from simulations.metrics import percentile
 from simulations.node import VirtualNode

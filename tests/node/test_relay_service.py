@@ -18,10 +18,10 @@ import structlog
 import trio
 
 from crypto.keys import Identity
-from node.relay.chunk_store import ChunkStore
 from node.db import Database
 from node.driver import Driver
 from node.p2p.host import open_p2p
+from node.relay.chunk_store import ChunkStore
 from node.relay.service import RelaySection, RelayService
 from node.service import NodeContext
 from protocol.names import topic

@@ -14,7 +14,7 @@ from simulations.scenario import ScenarioError, load, parse
 TARGET = 6
 
 
-def tiny_membership(seed: int, nodes: int = 200, **churn: float) -> Any:
+def tiny_membership(seed: int, nodes: int = 200, churn_s: float = 40, **churn: float) -> Any:
     return parse(
         {
             "kind": "membership",
@@ -28,7 +28,7 @@ def tiny_membership(seed: int, nodes: int = 200, **churn: float) -> Any:
                 "target_peers": TARGET,
                 "join_s": 20,
                 "settle_s": 30,
-                "churn_s": 40,
+                "churn_s": churn_s,
                 "sample_s": 5,
             },
         },
@@ -39,7 +39,7 @@ def tiny_membership(seed: int, nodes: int = 200, **churn: float) -> Any:
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_every_joined_node_reaches_its_target_in_one_component(seed: int) -> None:
-    report = run_scenario(tiny_membership(seed))[0]
+    report = run_scenario(tiny_membership(seed, churn_s=10))[0]
     joins = report.results["join_times"][0]
     assert joins["phase"] == "join"
     assert joins["reached_target"] == 200 - 4 and joins["never_reached"] == 0, f"seed {seed}"

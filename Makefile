@@ -10,13 +10,39 @@ STAMP := $(VENV)/.installed
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test install system-deps lint typecheck bench clean
+.PHONY: demo test check check-pure-tests check-other-tests install system-deps lint typecheck bench clean
 
 demo: $(STAMP)
 	@$(BIN)/symphony demo
 
+# The whole suite, daemons and the real model included; the 25 slowest tests are listed at
+# the end so the suite's time stays visible.
 test: $(STAMP)
-	@$(BIN)/python -m pytest -q
+	@$(BIN)/python -m pytest -q --durations=25
+
+# The fast loop (under a minute on 2 cores): lint, types, and every test that starts no daemon
+# and loads no real model (those are marked `integration`). The tests run as two pytest
+# processes side by side, one per core, each printing its report when it ends;
+# tests/test_static.py is left out because it runs the same ruff and mypy as the first two
+# steps. All steps run and report; the target fails if any did.
+CHECK_PYTEST := $(BIN)/python -m pytest -q -m "not integration" -p no:cacheprovider
+PURE_TESTS := tests/crypto tests/protocol tests/simulations
+
+check: $(STAMP)
+	@failed=""; \
+	$(BIN)/ruff check . || failed="$$failed lint"; \
+	$(BIN)/mypy protocol crypto || failed="$$failed types"; \
+	$(MAKE) --no-print-directory -j2 -O check-pure-tests check-other-tests \
+	  || failed="$$failed tests"; \
+	if [ -n "$$failed" ]; then echo "make check failed:$$failed"; exit 1; fi
+
+# the pure layers and the simulator
+check-pure-tests:
+	@$(CHECK_PYTEST) $(PURE_TESTS)
+
+# everything else: node/, models/, the layering rules
+check-other-tests:
+	@$(CHECK_PYTEST) tests $(addprefix --ignore=,$(PURE_TESTS)) --ignore=tests/test_static.py
 
 install: $(STAMP)
 

@@ -21,17 +21,22 @@ What it promises (services and their machines may rely on it)
 * Effects. ``Send``, ``Publish``, ``Dial`` (addresses tried in turn; ``DialFailed`` back to
   the dialing machine), ``Disconnect``, ``Penalize`` and ``Emit`` (a structured log line
   ``<service>.<event>``) are performed here and never wait on the network; every other effect
-  is awaited in ``service.perform`` in order.
+  is awaited in ``service.perform`` in order. When one event gives a service two or more of
+  those, they are performed inside ``service.performing()`` (the ledger writes a pulled batch
+  in one SQLite transaction there).
 * Peers' faults. Undecodable bytes (``InvalidMessage``), a message no service owns, or a
   ``RemoteProtocolError`` raised by a machine or a service: the peer is penalized and logged
   with its id, and the node keeps running. Scores decay; over the threshold the peer is
   disconnected and banned for a while (node/penalties.py): its connections are closed at
   once, its messages refused, dials to it fail with ``DialFailed("banned")``.
+
+The outboxes live in node/runtime/unicast.py, the publish queue in node/runtime/publish.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,9 +44,11 @@ import trio
 
 from node.logs import log_emit
 from node.penalties import BAN_MS, PenaltyBook
+from node.runtime.publish import PublishQueue
+from node.runtime.unicast import HANDSHAKE_PROTOCOL_ID, HANDSHAKE_TYPES, MSG_PROTOCOL_NAME, Outboxes
 from node.service import Service
 from node.transport import TransportError
-from protocol.codec import MAX_FRAME_BYTES, Message, decode, encode
+from protocol.codec import MAX_FRAME_BYTES, Message, decode
 from protocol.errors import InvalidMessage, LocalProtocolError, RemoteProtocolError
 from protocol.machine import (
     Dial,
@@ -54,28 +61,14 @@ from protocol.machine import (
     Publish,
     Received,
     Send,
-    SendFailed,
     Tick,
 )
-from protocol.membership.messages import Hello
 from protocol.names import peer_id_of_multiaddr, protocol_id, topic
 
-MSG_PROTOCOL_NAME = "msg"
-#: Network-independent: carries only HANDSHAKE_TYPES, so a foreign network can be told why.
-HANDSHAKE_PROTOCOL_ID = "/symphony/handshake/1"
-HANDSHAKE_TYPES: tuple[type[Message], ...] = (Hello,)
-#: A unicast send (request + ack) fails after this long.
-SEND_TIMEOUT_S = 10.0
-#: Messages waiting per peer; a machine that outruns a slow peer gets SendFailed, not memory.
-OUTBOX_SIZE = 256
-#: Gossip publishes waiting; beyond it they are dropped and logged (gossip is best effort).
-PUBLISH_QUEUE_SIZE = 1024
-#: A full publish queue is logged at most this often (with the running total).
-DROP_LOG_INTERVAL_MS = 1000
-#: An ack is empty; a refusal is a short utf-8 reason.
-MAX_ACK_BYTES = 256
 INVALID_MESSAGE_PENALTY = 10
 UNROUTED_MESSAGE_PENALTY = 5
+#: effects the driver performs itself; any other goes to the service's ``perform``
+_DRIVER_EFFECTS = (Send, Publish, Emit, Penalize, Dial, Disconnect)
 
 
 @dataclass
@@ -98,17 +91,17 @@ class Driver:
         self._peers: dict[str, PeerState] = {}
         self._dialing: dict[str, str] = {}  # peer -> address being dialled
         self._dialled: dict[str, str] = {}  # peer -> address that connected, until its event
-        self._outboxes: dict[str, trio.MemorySendChannel[tuple[str, Message]]] = {}
         self.penalties = PenaltyBook()
         self._nursery: trio.Nursery | None = None
         self._wake = trio.Event()
-        # Bounded (see PUBLISH_QUEUE_SIZE): a publish never blocks a machine's effects.
-        self._publish_send, self._publish_receive = trio.open_memory_channel[tuple[str, bytes]](
-            PUBLISH_QUEUE_SIZE)
         self._peer_events: Any = None
-        self._drop_logged_ms = -DROP_LOG_INTERVAL_MS
         self.counters = {"received": 0, "sent": 0, "send_failed": 0, "invalid": 0,
                          "published": 0, "publish_dropped": 0, "gossip_received": 0}
+        self._outboxes = Outboxes(
+            transport, self._msg_protocol, feed=self._feed, spawn=self._spawn,
+            is_connected=self._peers.__contains__, counters=self.counters, log=log)
+        self._publishes = PublishQueue(transport, network_id, counters=self.counters, log=log,
+                                       now_ms=self.now_ms)
 
     # ---- setup ----------------------------------------------------------------------------
 
@@ -143,7 +136,7 @@ class Driver:
                 channel = await self.transport.subscribe(full)
                 nursery.start_soon(self._gossip_pump, full, channel)
             nursery.start_soon(self._peer_pump)
-            nursery.start_soon(self._publisher)
+            nursery.start_soon(self._publishes.run)
             nursery.start_soon(self._timer_loop)
             task_status.started()
 
@@ -171,14 +164,26 @@ class Driver:
             return
         finally:
             self._wake.set()
+        with self._performing(service, effects):
+            for effect in effects:
+                await self._perform(name, effect)
+
+    @staticmethod
+    def _performing(service: Service, effects: list[object]) -> AbstractContextManager[object]:
+        """The service's grouping of its effects (one transaction, say) when it gets several."""
+        own = 0
         for effect in effects:
-            await self._perform(name, effect)
+            if not isinstance(effect, _DRIVER_EFFECTS):
+                own += 1
+                if own > 1:
+                    return service.performing()
+        return nullcontext()
 
     async def _perform(self, name: str, effect: object) -> None:
         if isinstance(effect, Send):
-            self._enqueue_send(name, effect.peer, effect.message)
+            self._outboxes.enqueue(name, effect.peer, effect.message)
         elif isinstance(effect, Publish):
-            self._enqueue_publish(effect.topic, effect.message)
+            self._publishes.enqueue(effect.topic, effect.message)
         elif isinstance(effect, Emit):
             log_emit(self.log, name, effect.event, effect.fields)
         elif isinstance(effect, Penalize):
@@ -221,50 +226,6 @@ class Driver:
 
     # ---- unicast --------------------------------------------------------------------------
 
-    def _enqueue_send(self, name: str, peer: str, message: Message) -> None:
-        box = self._outboxes.get(peer)
-        if box is None:
-            # Bounded (see OUTBOX_SIZE): order per peer is kept, memory per peer is capped.
-            box, receive = trio.open_memory_channel[tuple[str, Message]](OUTBOX_SIZE)
-            self._outboxes[peer] = box
-            self._spawn(self._sender, peer, box, receive)
-        try:
-            box.send_nowait((name, message))
-        except trio.WouldBlock:
-            self._spawn(self._feed, name, SendFailed(peer, message, "outbox full"))
-
-    async def _sender(self, peer: str, box: trio.MemorySendChannel[Any],
-                      receive: trio.MemoryReceiveChannel[tuple[str, Message]]) -> None:
-        async with receive:
-            async for name, message in receive:
-                await self._deliver(peer, name, message)
-                if peer not in self._peers and receive.statistics().current_buffer_used == 0:
-                    if self._outboxes.get(peer) is box:
-                        del self._outboxes[peer]
-                    box.close()
-
-    async def _deliver(self, peer: str, name: str, message: Message) -> None:
-        protocol = (HANDSHAKE_PROTOCOL_ID if type(message) in HANDSHAKE_TYPES
-                    else self._msg_protocol)
-        reason = ""
-        try:
-            with trio.fail_after(SEND_TIMEOUT_S):
-                ack = await self.transport.request(
-                    peer, protocol, encode(message), max_response_bytes=MAX_ACK_BYTES)
-            if ack:
-                reason = "refused: " + ack.decode("utf-8", errors="replace")
-        except trio.TooSlowError:
-            reason = f"no ack within {SEND_TIMEOUT_S} s"
-        except TransportError as exc:
-            reason = str(exc)
-        if reason:
-            self.counters["send_failed"] += 1
-            self.log.debug("driver.send_failed", peer=peer, message=type(message).__name__,
-                           reason=reason)
-            await self._feed(name, SendFailed(peer, message, reason))
-        else:
-            self.counters["sent"] += 1
-
     async def _on_message(self, peer: str, data: bytes) -> bytes:
         return await self._on_request(peer, data, handshake=False)
 
@@ -289,27 +250,6 @@ class Driver:
         return b""
 
     # ---- gossip ---------------------------------------------------------------------------
-
-    def _enqueue_publish(self, short: str, message: Message) -> None:
-        try:
-            self._publish_send.send_nowait((topic(self.network_id, short), encode(message)))
-        except trio.WouldBlock:
-            self.counters["publish_dropped"] += 1
-            now = self.now_ms()
-            if now - self._drop_logged_ms >= DROP_LOG_INTERVAL_MS:  # one line, not a flood
-                self._drop_logged_ms = now
-                self.log.warning("driver.publish_dropped", topic=short,
-                                 message=type(message).__name__,
-                                 dropped_total=self.counters["publish_dropped"])
-
-    async def _publisher(self) -> None:
-        async for full, data in self._publish_receive:
-            try:
-                await self.transport.publish(full, data)
-                self.counters["published"] += 1
-            except TransportError as exc:
-                self.counters["publish_dropped"] += 1
-                self.log.warning("driver.publish_failed", topic=full, error=str(exc))
 
     async def _gossip_pump(self, full: str, channel: Any) -> None:
         short = self._topics[full]
@@ -350,9 +290,7 @@ class Driver:
                 self._dialled.pop(peer, None)
                 if self._peers.pop(peer, None) is None:
                     continue
-                box = self._outboxes.pop(peer, None)
-                if box is not None:
-                    box.close()
+                self._outboxes.close(peer)
                 event_out = PeerDisconnected(peer)
             for name in list(self.services):
                 await self._feed(name, event_out)

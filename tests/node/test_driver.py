@@ -5,6 +5,8 @@ Every test runs in trio's MockClock with autojump, so timers and timeouts take n
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -12,14 +14,9 @@ import pytest
 import trio
 import trio.testing
 
-from node.driver import (
-    HANDSHAKE_PROTOCOL_ID,
-    INVALID_MESSAGE_PENALTY,
-    OUTBOX_SIZE,
-    SEND_TIMEOUT_S,
-    Driver,
-)
+from node.driver import INVALID_MESSAGE_PENALTY, Driver
 from node.penalties import BAN_MS, MAX_PENALIZED_PEERS, PENALTY_BAN_THRESHOLD, PenaltyBook
+from node.runtime.unicast import HANDSHAKE_PROTOCOL_ID, OUTBOX_SIZE, SEND_TIMEOUT_S
 from node.service import Service
 from node.transport import PeerEvent, TransportError
 from protocol.codec import encode
@@ -453,6 +450,33 @@ def test_other_effects_go_to_the_service_in_order() -> None:
             sa.machine.queued = [StoreThing("x"), Emit("between"), StoreThing("y")]
             await a.submit("pinger", None)
             assert sa.performed == [StoreThing("x"), StoreThing("y")]
+            nursery.cancel_scope.cancel()
+
+    run(main)
+
+
+def test_several_effects_of_one_event_are_performed_inside_the_services_grouping() -> None:
+    class GroupingService(PingService):
+        @contextmanager
+        def performing(self) -> Iterator[None]:
+            self.performed.append("begin")
+            yield
+            self.performed.append("end")
+
+    async def main() -> None:
+        net = FakeNet()
+        async with trio.open_nursery() as nursery:
+            a = Driver(FakeTransport(net, "A"), network_id=NET, log=RecordingLog())
+            service = GroupingService()
+            a.add_service(service)
+            await nursery.start(a.run)
+            service.machine.queued = [StoreThing("x"), Emit("between"), StoreThing("y")]
+            await a.submit("pinger", None)
+            assert service.performed == ["begin", StoreThing("x"), StoreThing("y"), "end"]
+            service.performed.clear()
+            service.machine.queued = [Emit("alone"), StoreThing("z")]
+            await a.submit("pinger", None)
+            assert service.performed == [StoreThing("z")]  # one effect: nothing to group
             nursery.cancel_scope.cancel()
 
     run(main)

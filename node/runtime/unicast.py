@@ -1,0 +1,116 @@
+"""Unicast sends for the driver: one ordered, bounded outbox per peer.
+
+What it promises (node/driver.py's contract, "Unicast"):
+
+* One request/response protocol per network, ``protocol_id(net, MSG_PROTOCOL_NAME)``,
+  carries every message: the request is the encoded message, the response an empty ack or a
+  short refusal reason. The handshake types (``HANDSHAKE_TYPES``) travel on the
+  network-independent ``HANDSHAKE_PROTOCOL_ID`` instead, so that two nodes of different
+  networks can still tell each other why they part.
+* Sends to one peer leave in order, one at a time, from an outbox of ``OUTBOX_SIZE``; a
+  failure, a refusal, a timeout (``SEND_TIMEOUT_S``) or a full outbox is handed back to the
+  sending service as ``SendFailed`` (through the ``feed`` callback).
+* An outbox lives while its peer is connected or while it still holds messages; a peer's
+  disconnect closes it (what is queued is still attempted and fails like any other send).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+from node.transport import TransportError
+from protocol.codec import Message, encode
+from protocol.machine import SendFailed
+from protocol.membership.messages import Hello
+
+MSG_PROTOCOL_NAME = "msg"
+#: Network-independent: carries only HANDSHAKE_TYPES, so a foreign network can be told why.
+HANDSHAKE_PROTOCOL_ID = "/symphony/handshake/1"
+HANDSHAKE_TYPES: tuple[type[Message], ...] = (Hello,)
+#: A unicast send (request + ack) fails after this long.
+SEND_TIMEOUT_S = 10.0
+#: Messages waiting per peer; a machine that outruns a slow peer gets SendFailed, not memory.
+OUTBOX_SIZE = 256
+#: An ack is empty; a refusal is a short utf-8 reason.
+MAX_ACK_BYTES = 256
+
+Feed = Callable[[str, object], Awaitable[None]]
+Spawn = Callable[..., None]
+
+
+class Outboxes:
+    """Per-peer outboxes, each drained by a sender task spawned with ``spawn``."""
+
+    def __init__(
+        self,
+        transport: Any,
+        msg_protocol: str,
+        *,
+        feed: Feed,
+        spawn: Spawn,
+        is_connected: Callable[[str], bool],
+        counters: dict[str, int],
+        log: Any,
+    ) -> None:
+        self._transport = transport
+        self._msg_protocol = msg_protocol
+        self._feed = feed
+        self._spawn = spawn
+        self._is_connected = is_connected
+        self._counters = counters
+        self._log = log
+        self._boxes: dict[str, trio.MemorySendChannel[tuple[str, Message]]] = {}
+
+    def enqueue(self, name: str, peer: str, message: Message) -> None:
+        """Queue ``message`` from service ``name`` for ``peer``; never waits."""
+        box = self._boxes.get(peer)
+        if box is None:
+            # Bounded (see OUTBOX_SIZE): order per peer is kept, memory per peer is capped.
+            box, receive = trio.open_memory_channel[tuple[str, Message]](OUTBOX_SIZE)
+            self._boxes[peer] = box
+            self._spawn(self._sender, peer, box, receive)
+        try:
+            box.send_nowait((name, message))
+        except trio.WouldBlock:
+            self._spawn(self._feed, name, SendFailed(peer, message, "outbox full"))
+
+    def close(self, peer: str) -> None:
+        """The peer disconnected: its sender ends once what is queued has been attempted."""
+        box = self._boxes.pop(peer, None)
+        if box is not None:
+            box.close()
+
+    async def _sender(self, peer: str, box: trio.MemorySendChannel[Any],
+                      receive: trio.MemoryReceiveChannel[tuple[str, Message]]) -> None:
+        async with receive:
+            async for name, message in receive:
+                await self._deliver(peer, name, message)
+                if not self._is_connected(peer) and receive.statistics().current_buffer_used == 0:
+                    if self._boxes.get(peer) is box:
+                        del self._boxes[peer]
+                    box.close()
+
+    async def _deliver(self, peer: str, name: str, message: Message) -> None:
+        protocol = (HANDSHAKE_PROTOCOL_ID if type(message) in HANDSHAKE_TYPES
+                    else self._msg_protocol)
+        reason = ""
+        try:
+            with trio.fail_after(SEND_TIMEOUT_S):
+                ack = await self._transport.request(
+                    peer, protocol, encode(message), max_response_bytes=MAX_ACK_BYTES)
+            if ack:
+                reason = "refused: " + ack.decode("utf-8", errors="replace")
+        except trio.TooSlowError:
+            reason = f"no ack within {SEND_TIMEOUT_S} s"
+        except TransportError as exc:
+            reason = str(exc)
+        if reason:
+            self._counters["send_failed"] += 1
+            self._log.debug("driver.send_failed", peer=peer, message=type(message).__name__,
+                            reason=reason)
+            await self._feed(name, SendFailed(peer, message, reason))
+        else:
+            self._counters["sent"] += 1

@@ -25,6 +25,7 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -80,6 +81,14 @@ class Service(ABC):
     async def perform(self, effect: object) -> None:
         """Perform a machine-specific effect; the common ones never reach here."""
         raise NotImplementedError(f"{self.name} cannot perform {type(effect).__name__}")
+
+    def performing(self) -> AbstractContextManager[object]:
+        """Wraps the performing of one event's effects when this service gets two or more.
+
+        The driver enters it around the whole list, so a service can group them, e.g. write
+        a pulled batch of records in one SQLite transaction instead of one per record.
+        """
+        return nullcontext()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Background work for the life of the daemon (optional)."""

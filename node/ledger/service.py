@@ -4,7 +4,8 @@
   ``ledger``. Anti-entropy, rate limits and rejections are the machine's; the driver performs
   its sends, publishes and penalties.
 * ``start`` loads the stored envelopes and re-verifies them (``LedgerMachine.restore``);
-  whatever no longer passes is deleted. ``Store*``/``Forget*`` effects are written at once.
+  whatever no longer passes is deleted. ``Store*``/``Forget*`` effects are written at once,
+  those of one event (a pulled batch) in one transaction (``performing``).
 * This node's capability record: ``run`` polls (every ``capability_poll_ms``) what the node
   offers and submits ``SetCapability`` when it changed; the machine coalesces changes and
   re-signs periodically. Models, measured tokens/s, slots and load come from the executor
@@ -28,6 +29,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -58,8 +60,8 @@ from protocol.ledger.records import (
     ModelOffer,
     Role,
 )
-from protocol.ledger.view import PeerMatch
 from protocol.ledger.reputation import Reputation
+from protocol.ledger.view import PeerMatch
 
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
@@ -170,6 +172,10 @@ class LedgerService(Service):
             self.store.forget_attestations(effect.hashes)
         else:
             await super().perform(effect)
+
+    def performing(self) -> AbstractContextManager[object]:
+        """One SQLite transaction for a pull's batch (hundreds of rows), not one per row."""
+        return self.store.db.transaction()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await self.refresh_capability()

@@ -25,14 +25,9 @@ COT_BUDGET = 160
 
 
 def run(quick: bool) -> dict[str, Any]:
-    from models import fingerprint as fp
-    from models import layer_states as ls
-    from models.backend import SamplingParams, measure_throughput
+    from models.backend import measure_throughput
     from models.config import TRANSFORMERS, ModelConfig, default_threads
-    from models.cot import Problem, build_messages
-    from models.evalset import evaluate, load_evalset
     from models.loader import load_backend
-    from protocol.answers import AnswerType
 
     threads = default_threads()
     figures: dict[str, Any] = {"threads": threads}
@@ -45,10 +40,24 @@ def run(quick: bool) -> dict[str, Any]:
     figures["model"] = llama.info.name
     figures["tokens_per_s_llama_cpp"] = measure_throughput(llama, n_tokens=32)
     figures["tokens_per_s_transformers"] = measure_throughput(hf, n_tokens=8 if quick else 32)
+    figures.update(_verification_costs(llama, hf))
+    figures.update(_accuracy(llama, quick))
+    llama.close()
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in figures.items()}
+
+
+def _verification_costs(llama: Any, hf: Any) -> dict[str, Any]:
+    """Generate COST_TOKENS with llama.cpp, then time on transformers the executor's
+    fingerprint prefill, the whole-prefill check of each chunk and the layer-state check."""
+    from models import fingerprint as fp
+    from models.backend import SamplingParams
+    from models.cot import Problem, build_messages
+    from protocol.answers import AnswerType
 
     problem = Problem("A shop sells 7 boxes with 6 pencils each. How many pencils?", AnswerType.NUMBER)
     gen = llama.generate(build_messages(problem), SamplingParams(max_tokens=COST_TOKENS, ignore_eos=True))
     generate_s = (gen.prompt_ms + gen.generate_ms) / 1000.0
+    figures: dict[str, Any] = {}
     t = time.perf_counter()
     blobs = fp.fingerprint(hf, gen.prompt_token_ids, gen.token_ids)
     figures["fingerprint_s"] = time.perf_counter() - t
@@ -60,23 +69,7 @@ def run(quick: bool) -> dict[str, Any]:
         checks.append(time.perf_counter() - t)
         if not result.ok:
             raise RuntimeError(f"honest fingerprint check failed: {result}")
-    ids = list(gen.prompt_token_ids) + list(gen.token_ids)
-    t = time.perf_counter()
-    states, _ = ls.layer_states(hf, ids)
-    figures["layer_states_s"] = time.perf_counter() - t
-    L = states.shape[0]
-    fetched = ls.blocks_of(states)
-    layer_checks = []
-    for c in range(len(blobs)):
-        for draw in range(3):
-            layers = (2 + (c * 7 + draw * 11) % (L - 1), 2 + (c * 13 + draw * 5 + 3) % (L - 1))
-            plan = ls.plan_check(len(gen.prompt_token_ids), len(gen.token_ids), [c],
-                                 fp.DEFAULT_CHUNK, layers)
-            t = time.perf_counter()
-            verdicts = ls.check_layers(hf, ids, plan, fetched)
-            layer_checks.append(time.perf_counter() - t)
-            if not all(v.ok for v in verdicts):
-                raise RuntimeError(f"honest layer check failed: {verdicts}")
+    figures["layer_states_s"], layer_checks = _layer_check_times(hf, gen, len(blobs))
     figures["generate_s"] = generate_s
     figures["generated_tokens"] = len(gen.token_ids)
     figures["check_chunk_s"] = sum(layer_checks) / len(layer_checks)
@@ -85,16 +78,47 @@ def run(quick: bool) -> dict[str, Any]:
     figures["check_chunk_prefill_s"] = sum(checks) / len(checks)
     figures["prefill_check_cost_ratio"] = figures["check_chunk_prefill_s"] / generate_s
     figures["fingerprint_cost_ratio"] = figures["fingerprint_s"] / generate_s
+    return figures
+
+
+def _layer_check_times(hf: Any, gen: Any, n_chunks: int) -> tuple[float, list[float]]:
+    """The executor's layer-state pass, then the check of each chunk for three layer draws:
+    (layer states time, one time per check)."""
+    from models import fingerprint as fp
+    from models import layer_states as ls
+
+    ids = list(gen.prompt_token_ids) + list(gen.token_ids)
+    t = time.perf_counter()
+    states, _ = ls.layer_states(hf, ids)
+    layer_states_s = time.perf_counter() - t
+    L = states.shape[0]
+    fetched = ls.blocks_of(states)
+    times = []
+    for c in range(n_chunks):
+        for draw in range(3):
+            layers = (2 + (c * 7 + draw * 11) % (L - 1), 2 + (c * 13 + draw * 5 + 3) % (L - 1))
+            plan = ls.plan_check(len(gen.prompt_token_ids), len(gen.token_ids), [c],
+                                 fp.DEFAULT_CHUNK, layers)
+            t = time.perf_counter()
+            verdicts = ls.check_layers(hf, ids, plan, fetched)
+            times.append(time.perf_counter() - t)
+            if not all(v.ok for v in verdicts):
+                raise RuntimeError(f"honest layer check failed: {verdicts}")
+    return layer_states_s, times
+
+
+def _accuracy(llama: Any, quick: bool) -> dict[str, Any]:
+    """Greedy accuracy on the shipped evaluation set, with and without chain of thought."""
+    from models.evalset import evaluate, load_evalset
 
     items = load_evalset()
     if quick:
         items = items[:QUICK_EVAL_ITEMS]
-    figures["eval_items"] = len(items)
+    figures: dict[str, Any] = {"eval_items": len(items)}
     for cot, key in ((True, "accuracy_cot"), (False, "accuracy_direct")):
         t = time.perf_counter()
         report = evaluate(llama, items, cot=cot, max_tokens=COT_BUDGET if cot else None)
         figures[key] = report.accuracy
         figures[f"{key}_unparsed"] = report.unparsed
         figures[f"{key}_s"] = time.perf_counter() - t
-    llama.close()
-    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in figures.items()}
+    return figures

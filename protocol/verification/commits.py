@@ -4,8 +4,9 @@
 It takes ``Commit`` s (checked, then batched into windows), sends ``RevealRequest`` s when a
 window closes, and opens each ``Reveal`` against its commitment: a matching result goes on to
 the auction's own result checks, which end in ``admit`` (the seam ``VerifiedAuction``
-overrides); a mismatching one goes to ``_convict``. protocol/verification/requester.py completes this
-class and lists the promises both halves keep.
+overrides); a mismatching one goes to ``_convict`` (protocol/verification/verdicts.py).
+protocol/verification/requester.py completes this class and lists the promises all the parts
+keep.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class CommitRevealAuction(Auction):
 
     def _convict(self, task: OpenTask, attempt: Attempt, why: str, evidence: bytes,
                  now: int) -> list[Effect]:
-        raise NotImplementedError  # protocol.verification.requester.VerifiedAuction
+        raise NotImplementedError  # protocol.verification.verdicts.VerdictChecks
 
     def _vtask(self, task_id: bytes) -> VerifyTask:
         vt = self.vtasks.get(task_id)

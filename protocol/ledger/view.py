@@ -1,4 +1,4 @@
-"""Read-only queries over the ledger state, for later issues (task market, verification).
+"""Read-only queries over the ledger state, for the task market and verification.
 
 * ``find_peers(now, model=, family=, role=, ...)``: live peers that serve a model (by name or
   family, with a minimum context) and offer a role, sorted best first by a named key

@@ -149,7 +149,7 @@ class ComputeDone:
     model_hash: bytes
     fingerprints: tuple[bytes, ...] = ()
     fingerprint_root: bytes = b""
-    #: the generated token ids (commit/reveal binds them; verifiers re-run them, issue 6)
+    #: the generated token ids (commit/reveal binds them; verifiers re-run them)
     output_ids: tuple[int, ...] = ()
     #: Merkle root of the per-layer hidden states the node keeps for verifiers, and their
     #: layer count (models.layer_states; empty / 0 when it keeps none)

@@ -64,7 +64,7 @@ MAX_TASK_MS = 24 * 3600 * 1000
 MAX_WINDOW_MS = 10 * 60 * 1000
 MAX_ROUND = 64
 MAX_ATTEMPT = 1 << 20
-#: activation fingerprints carried by a result (the verification issue fills these)
+#: activation fingerprints a result carries (for verifiers that re-compute chunks)
 MAX_FINGERPRINTS = 512
 MAX_FINGERPRINT_BYTES = 1024
 MAX_LATENCY_MS = MAX_TASK_MS

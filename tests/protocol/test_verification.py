@@ -1,5 +1,6 @@
-"""Commit/reveal and sampled verification through full market flows: every adversary of
-issue 6 is a test here (executors that cheat, verifiers that lie or idle), plus the rates."""
+"""Commit/reveal and sampled verification through full market flows: every adversary the
+scheme must withstand is a test here (executors that cheat, verifiers that lie, frame or idle,
+no verifier at all), plus the detection and exclusion rates."""
 
 from __future__ import annotations
 

@@ -10,8 +10,9 @@ What it promises (services and their machines may rely on it)
   every ``Send``: the request is the encoded message, the response an empty ack (or a short
   refusal reason). The handshake types (``Hello``) travel on the network-independent
   ``HANDSHAKE_PROTOCOL_ID`` instead, so that two nodes of different networks can still tell
-  each other why they part. Sends to one peer leave in order, one at a time, from a bounded
-  per-peer outbox; a failure, a refusal, a timeout (``SEND_TIMEOUT_S``) or a full outbox comes
+  each other why they part. Sends from one service to one peer leave in order, one at a time,
+  from a bounded outbox of that peer and service (another service's sends to the peer do not
+  wait for them); a failure, a refusal, a timeout (``SEND_TIMEOUT_S``) or a full outbox comes
   back to the sending machine as ``SendFailed``.
 * Gossip. A service's short topic names are subscribed as ``names.topic(net, short)``;
   ``Publish(short, msg)`` is queued (bounded, best effort) and published in order.

@@ -1,4 +1,4 @@
-"""Unicast sends for the driver: one ordered, bounded outbox per peer.
+"""Unicast sends for the driver: one ordered, bounded outbox per peer and service.
 
 What it promises (node/driver.py's contract, "Unicast"):
 
@@ -7,11 +7,15 @@ What it promises (node/driver.py's contract, "Unicast"):
   short refusal reason. The handshake types (``HANDSHAKE_TYPES``) travel on the
   network-independent ``HANDSHAKE_PROTOCOL_ID`` instead, so that two nodes of different
   networks can still tell each other why they part.
-* Sends to one peer leave in order, one at a time, from an outbox of ``OUTBOX_SIZE``; a
-  failure, a refusal, a timeout (``SEND_TIMEOUT_S``) or a full outbox is handed back to the
-  sending service as ``SendFailed`` (through the ``feed`` callback).
+* Sends from one service to one peer leave in order, one at a time, from an outbox of
+  ``OUTBOX_SIZE``; a failure, a refusal, a timeout (``SEND_TIMEOUT_S``) or a full outbox is
+  handed back to the sending service as ``SendFailed`` (through the ``feed`` callback).
+  Different services' outboxes to one peer do not wait for each other: a ledger pull request
+  does not queue behind membership's pings and peer lists (each send is a round trip of its
+  own), and no machine sees another's messages, so no order between them is lost.
 * An outbox lives while its peer is connected or while it still holds messages; a peer's
-  disconnect closes it (what is queued is still attempted and fails like any other send).
+  disconnect closes its outboxes (what is queued is still attempted and fails like any other
+  send).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ Spawn = Callable[..., None]
 
 
 class Outboxes:
-    """Per-peer outboxes, each drained by a sender task spawned with ``spawn``."""
+    """Outboxes per (peer, service), each drained by a sender task spawned with ``spawn``."""
 
     def __init__(
         self,
@@ -62,36 +66,43 @@ class Outboxes:
         self._is_connected = is_connected
         self._counters = counters
         self._log = log
-        self._boxes: dict[str, trio.MemorySendChannel[tuple[str, Message]]] = {}
+        #: peer -> service name -> that service's outbox to the peer
+        self._boxes: dict[str, dict[str, trio.MemorySendChannel[Message]]] = {}
 
     def enqueue(self, name: str, peer: str, message: Message) -> None:
         """Queue ``message`` from service ``name`` for ``peer``; never waits."""
-        box = self._boxes.get(peer)
+        boxes = self._boxes.setdefault(peer, {})
+        box = boxes.get(name)
         if box is None:
-            # Bounded (see OUTBOX_SIZE): order per peer is kept, memory per peer is capped.
-            box, receive = trio.open_memory_channel[tuple[str, Message]](OUTBOX_SIZE)
-            self._boxes[peer] = box
-            self._spawn(self._sender, peer, box, receive)
+            # Bounded (see OUTBOX_SIZE): order is kept, memory per peer and service is capped.
+            box, receive = trio.open_memory_channel[Message](OUTBOX_SIZE)
+            boxes[name] = box
+            self._spawn(self._sender, peer, name, box, receive)
         try:
-            box.send_nowait((name, message))
+            box.send_nowait(message)
         except trio.WouldBlock:
             self._spawn(self._feed, name, SendFailed(peer, message, "outbox full"))
 
     def close(self, peer: str) -> None:
-        """The peer disconnected: its sender ends once what is queued has been attempted."""
-        box = self._boxes.pop(peer, None)
-        if box is not None:
+        """The peer disconnected: its senders end once what is queued has been attempted."""
+        for box in self._boxes.pop(peer, {}).values():
             box.close()
 
-    async def _sender(self, peer: str, box: trio.MemorySendChannel[Any],
-                      receive: trio.MemoryReceiveChannel[tuple[str, Message]]) -> None:
+    async def _sender(self, peer: str, name: str, box: trio.MemorySendChannel[Message],
+                      receive: trio.MemoryReceiveChannel[Message]) -> None:
         async with receive:
-            async for name, message in receive:
+            async for message in receive:
                 await self._deliver(peer, name, message)
                 if not self._is_connected(peer) and receive.statistics().current_buffer_used == 0:
-                    if self._boxes.get(peer) is box:
-                        del self._boxes[peer]
+                    self._forget(peer, name, box)
                     box.close()
+
+    def _forget(self, peer: str, name: str, box: trio.MemorySendChannel[Message]) -> None:
+        boxes = self._boxes.get(peer)
+        if boxes is not None and boxes.get(name) is box:
+            del boxes[name]
+            if not boxes:
+                del self._boxes[peer]
 
     async def _deliver(self, peer: str, name: str, message: Message) -> None:
         protocol = (HANDSHAKE_PROTOCOL_ID if type(message) in HANDSHAKE_TYPES

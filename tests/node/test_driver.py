@@ -19,7 +19,7 @@ from node.penalties import BAN_MS, MAX_PENALIZED_PEERS, PENALTY_BAN_THRESHOLD, P
 from node.runtime.unicast import HANDSHAKE_PROTOCOL_ID, OUTBOX_SIZE, SEND_TIMEOUT_S
 from node.service import Service
 from node.transport import PeerEvent, TransportError
-from protocol.codec import encode
+from protocol.codec import decode, encode
 from protocol.errors import LocalProtocolError, RemoteProtocolError
 from protocol.machine import (
     Dial,
@@ -60,6 +60,7 @@ class FakeTransport:
         self.events_send, self.events = trio.open_memory_channel[PeerEvent](100)
         self.requests: list[tuple[str, str]] = []
         self.stall = False  # requests to this node never answer
+        self.stalled_types: set[type] = set()  # requests carrying these never answer
 
     def listen_addrs(self) -> list[str]:
         return [f"/memory/{self.peer_id}/p2p/{self.peer_id}"]
@@ -98,7 +99,7 @@ class FakeTransport:
             raise TransportError(f"no connection to {peer}")
         other = self.net.nodes[peer]
         self.requests.append((peer, pid))
-        if other.stall:
+        if other.stall or (other.stalled_types and type(decode(data)) in other.stalled_types):
             await trio.sleep_forever()
         if pid not in other.handlers:
             raise TransportError(f"{peer} does not speak {pid}")
@@ -352,6 +353,47 @@ def test_send_failures_come_back_as_send_failed() -> None:
                 lambda e: isinstance(e, SendFailed) and e.message == Ping(nonce=2))
             assert "no ack" in failed.reason
             assert trio.current_time() - start == pytest.approx(SEND_TIMEOUT_S)
+            nursery.cancel_scope.cancel()
+
+    run(main)
+
+
+def test_a_stalled_send_holds_up_its_own_service_only() -> None:
+    class ListService(PingService):
+        name: ClassVar[str] = "lister"
+        message_types = (PeerListRequest, PeerList)
+        topics = ()
+
+    async def node(nursery: trio.Nursery, net: FakeNet, peer: str) -> tuple[Driver, Any, Any]:
+        driver = Driver(FakeTransport(net, peer), network_id=NET, log=RecordingLog())
+        pinger, lister = PingService(), ListService()
+        driver.add_service(pinger)
+        driver.add_service(lister)
+        await nursery.start(driver.run)
+        return driver, pinger, lister
+
+    async def main() -> None:
+        net = FakeNet()
+        async with trio.open_nursery() as nursery:
+            a, a_pinger, a_lister = await node(nursery, net, "A")
+            b, b_pinger, b_lister = await node(nursery, net, "B")
+            await a.transport.connect("/memory/B/p2p/B")
+            b.transport.stalled_types = {Ping}
+            start = trio.current_time()
+            a_pinger.machine.queued = [Send("B", Ping(nonce=1)), Send("B", Ping(nonce=2))]
+            await a.submit("pinger", None)
+            a_lister.machine.queued = [Send("B", PeerListRequest(max_peers=5))]
+            await a.submit("lister", None)
+            await b_lister.machine.wait_for(is_received(PeerListRequest))
+            assert trio.current_time() - start < SEND_TIMEOUT_S  # not behind the stalled Ping
+            failed = await a_pinger.machine.wait_for(lambda e: isinstance(e, SendFailed))
+            assert failed.message == Ping(nonce=1)
+            assert trio.current_time() - start == pytest.approx(SEND_TIMEOUT_S)
+            # the pinger's own order holds: its second Ping waited for the first
+            second = await a_pinger.machine.wait_for(
+                lambda e: isinstance(e, SendFailed) and e.message == Ping(nonce=2))
+            assert second.peer == "B"
+            assert trio.current_time() - start == pytest.approx(2 * SEND_TIMEOUT_S)
             nursery.cancel_scope.cancel()
 
     run(main)

@@ -10,7 +10,7 @@ Contract
   and then the body's author (the field that names who speaks, e.g. a bid's bidder) must be
   both the envelope's signer and the peer that sent it. A refusal raises ``Unopened`` with
   ``why`` "invalid" (does not open) or "forged" (opens, but someone else signed or sent it);
-  the caller counts and penalizes it.
+  the caller counts it and penalizes the sender ``PENALTY_FORGED``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ from protocol.codec import Message, decode, encode
 from protocol.errors import InvalidMessage
 
 B = TypeVar("B", bound=Message)
+
+#: penalty points for a signed body a peer sent that does not open, or is not its author's
+#: (every machine that takes signed bodies from peers charges this one amount)
+PENALTY_FORGED = 20
 
 
 def seal(identity: Identity, domain: str, body: Message) -> Envelope:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crypto.keys import Identity
-from protocol.envelopes import Unopened, open_authored, seal
+from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored, seal
 from protocol.machine import Effect, Emit, Publish, Send
 from protocol.market.events import AuctionConfig, TaskUpdated
 from protocol.market.messages import (
@@ -36,7 +36,6 @@ from protocol.market.messages import (
 from protocol.market.selection import Candidate, Selector
 from protocol.market.state import Attempt, AttemptState, BidInfo, OpenTask, TaskPhase
 
-PENALTY_FORGED = 20
 PENALTY_RATE = 2
 
 

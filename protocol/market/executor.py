@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from crypto.keys import Identity
 from protocol.codec import MAX_FRAME_BYTES
-from protocol.envelopes import open_envelope, seal
+from protocol.envelopes import PENALTY_FORGED, open_envelope, seal
 from protocol.errors import InvalidMessage, LocalProtocolError
 from protocol.machine import Effect, Emit, Penalize, Received, Send, Tick
 from protocol.market.events import CancelCompute, ComputeDone, ComputeFailed, StartCompute
@@ -67,7 +67,6 @@ MAX_REMEMBERED = 4_096
 MATCH_EXACT = 1.0
 MATCH_FAMILY = 0.75
 MATCH_ANY = 0.5
-PENALTY_FORGED = 20
 COT_TRUNCATION_MARK = "\n[... truncated]"
 
 

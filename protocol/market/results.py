@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from protocol.answers import AnswerType, normalize_answer
-from protocol.envelopes import Unopened, open_authored
+from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored
 from protocol.machine import Effect, Emit, Send
 from protocol.market.events import (
     COMPLETED,
@@ -42,8 +42,6 @@ from protocol.market.state import (
     move_phase,
 )
 from protocol.market.voting import Ballot, vote
-
-PENALTY_FORGED = 20
 
 
 class ResultIntake:

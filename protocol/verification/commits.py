@@ -16,7 +16,7 @@ from random import Random
 
 from crypto.keys import Identity
 from crypto.merkle import merkle_root
-from protocol.envelopes import Unopened, open_authored, open_envelope
+from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored, open_envelope
 from protocol.errors import InvalidMessage
 from protocol.machine import Effect, Emit, Send
 from protocol.market.auction import Auction
@@ -40,8 +40,6 @@ from protocol.verification.rules import (
     spec_hash,
 )
 from protocol.verification.state import Batch, CommitInfo, VerifyConfig, VerifyTask
-
-PENALTY_FORGED = 20
 
 
 class CommitRevealAuction(Auction):

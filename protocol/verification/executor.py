@@ -30,7 +30,7 @@ from random import Random
 from crypto.envelope import Envelope
 from crypto.keys import Identity
 from crypto.merkle import merkle_root
-from protocol.envelopes import open_envelope, seal
+from protocol.envelopes import PENALTY_FORGED, open_envelope, seal
 from protocol.errors import InvalidMessage
 from protocol.machine import Effect, Emit, Penalize, Received, Send, Tick
 from protocol.market.events import ComputeDone
@@ -57,7 +57,6 @@ DEFAULT_CHUNK_TOKENS = 32
 #: requester that does not verify sends none and gets every result this much later). The one
 #: value daemon and simulator both use.
 DEFAULT_TERMS_GRACE_MS = 500
-PENALTY_FORGED = 20
 PENALTY_BAD_NONCE = 10
 MAX_TERMS = 4_096
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from crypto.merkle import merkle_proof
-from protocol.envelopes import Unopened, open_authored, seal
+from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored, seal
 from protocol.ledger.events import Attest as LedgerAttest
 from protocol.ledger.records import AttestationKind
 from protocol.machine import Effect, Emit, Send
@@ -42,7 +42,6 @@ from protocol.verification.messages import (
 from protocol.verification.rules import Decision, check_id, decide, encode_proof
 from protocol.verification.state import Check, CheckPhase, move_check, status_of
 
-PENALTY_FORGED = 20
 PENALTY_BAD_VERDICT = 10
 
 

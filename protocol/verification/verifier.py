@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from crypto.keys import Identity
 from crypto.merkle import verify_proof
 from protocol.codec import MAX_FRAME_BYTES
-from protocol.envelopes import open_envelope, seal
+from protocol.envelopes import PENALTY_FORGED, open_envelope, seal
 from protocol.errors import InvalidMessage
 from protocol.ledger.events import Attest as LedgerAttest
 from protocol.ledger.records import AttestationKind
@@ -61,7 +61,6 @@ from protocol.verification.rules import (
     unpack_ids,
 )
 
-PENALTY_FORGED = 20
 PENALTY_BAD_CHECK = 10
 #: checks remembered after they finish, so a repeated request is not computed twice
 MAX_DONE = 4_096

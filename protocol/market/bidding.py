@@ -4,8 +4,9 @@
 sets every attribute declared here). A round's beacon opens a bid window of at most
 ``bid_window_ms`` (and a third of the time left); a bid is accepted only if it opens as signed
 and sent by its bidder, is for a task in that round's open window, within budget, above
-``min_match``, from a peer not yet tried and not over ``bid_rate`` per ``rate_window_ms``; a
-valid bid we will not use is answered with a ``Cancel`` that releases the bidder's slot. The
+``min_match``, from a peer not yet tried (nor ourselves, unless the task allows it), within
+``max_bids_per_task`` and not over ``bid_rate`` per ``rate_window_ms``; a valid bid we will
+not use is answered with a ``Cancel`` that releases the bidder's slot. The
 window closes with ``wanted + spare_bids`` bids or at its deadline: the selector picks the
 executors, each gets a signed assignment with its own deadline, the other bids stay as spares.
 """

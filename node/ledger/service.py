@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import trio
 
 from models.device import describe_device
+from node.config import fed_config
 from node.ledger.api import ledger_routes
 from node.ledger.store import SCHEMA, LedgerStore
-from node.config import fed_config
 from node.service import NodeContext, Service
 from protocol.ledger.machine import (
     Attest,

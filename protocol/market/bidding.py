@@ -14,13 +14,11 @@ executors, each gets a signed assignment with its own deadline, the other bids s
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crypto.keys import Identity
 from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored, seal
 from protocol.machine import Effect, Emit, Publish, Send
-from protocol.market.events import AuctionConfig, TaskUpdated
 from protocol.market.messages import (
     ASSIGN_DOMAIN,
     BEACON_DOMAIN,
@@ -34,7 +32,8 @@ from protocol.market.messages import (
     BidBody,
     Cancel,
 )
-from protocol.market.selection import Candidate, Selector
+from protocol.market.parts import AuctionParts
+from protocol.market.selection import Candidate
 from protocol.market.state import Attempt, AttemptState, BidInfo, OpenTask, TaskPhase
 
 PENALTY_RATE = 2
@@ -47,28 +46,12 @@ class RateWindow:
     times: deque[int] = field(default_factory=deque)
 
 
-class Bidding:
+class Bidding(AuctionParts):
     """The bidding half of ``Auction`` (see the module docstring)."""
 
     identity: Identity
     peer: str
-    selector: Selector
-    config: AuctionConfig
-    reputation: Callable[[str], float]
-    tasks: dict[bytes, OpenTask]
     _rates: dict[str, RateWindow]
-
-    def _count(self, what: str) -> None:
-        raise NotImplementedError
-
-    def _rejecter(self, scope: str, noun: str, peer: str) -> Callable[..., list[Effect]]:
-        raise NotImplementedError
-
-    def _updated(self, task: OpenTask) -> TaskUpdated:
-        raise NotImplementedError
-
-    def _replan(self, task: OpenTask, now: int, after_close: bool = False) -> list[Effect]:
-        raise NotImplementedError
 
     def _beacon(self, task: OpenTask, now: int) -> list[Effect]:
         remaining = task.deadline_at_ms - now

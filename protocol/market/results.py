@@ -8,8 +8,6 @@ commit/reveal step wraps it) and ``_finish`` (vote, attest each executor, reward
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from protocol.answers import AnswerType, normalize_answer
 from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored
 from protocol.machine import Effect, Emit, Send
@@ -20,8 +18,6 @@ from protocol.market.events import (
     TIMEOUT,
     WRONG,
     Attest,
-    AuctionConfig,
-    TaskUpdated,
 )
 from protocol.market.messages import (
     RESULT_DOMAIN,
@@ -31,9 +27,8 @@ from protocol.market.messages import (
     Result,
     ResultBody,
 )
-from protocol.market.selection import Selector
+from protocol.market.parts import AuctionParts
 from protocol.market.state import (
-    Attempt,
     AttemptState,
     OpenTask,
     ResultInfo,
@@ -44,28 +39,7 @@ from protocol.market.state import (
 from protocol.market.voting import Ballot, vote
 
 
-class ResultIntake:
-    config: AuctionConfig
-    selector: Selector
-    reputation: Callable[[str], float]
-    tasks: dict[bytes, OpenTask]
-
-    def _count(self, what: str) -> None:
-        raise NotImplementedError
-
-    def _rejecter(self, scope: str, noun: str, peer: str) -> Callable[..., list[Effect]]:
-        raise NotImplementedError
-
-    def _updated(self, task: OpenTask) -> TaskUpdated:
-        raise NotImplementedError
-
-    def _replan(self, task: OpenTask, now: int, after_close: bool = False) -> list[Effect]:
-        raise NotImplementedError
-
-    def _fail_attempt(self, task: OpenTask, attempt: Attempt, reason: str, outcome: str | None,
-                      now: int, cancel: bool = True) -> list[Effect]:
-        raise NotImplementedError
-
+class ResultIntake(AuctionParts):
     # ------------------------------------------------------------------ results
 
     def _on_reject(self, peer: str, msg: Reject, now: int) -> list[Effect]:

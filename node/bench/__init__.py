@@ -1,6 +1,7 @@
 """Benchmarks behind `symphony bench NAME`.
 
-Each benchmark is a module here exposing ``run(quick: bool) -> dict[str, float | int | str]``:
+Each benchmark is a module here exposing ``run(quick: bool) -> dict[str, float | int | str]``
+(those listed in ``OPTIONS`` also take those keyword arguments, e.g. ``--frames``):
 one flat dict of named figures. The CLI prints it as a table or, with ``--json``, as one JSON
 object. Figures that depend on the machine are reported beside a baseline measured in the same
 run (a ratio), because these machines are shared and noisy.
@@ -20,11 +21,16 @@ BENCHMARKS: dict[str, str] = {
     "tasks": "node.bench.tasks",
     "verify": "node.bench.verify",
     "relay": "node.bench.relay",
+    "fuzz": "node.bench.fuzz",
     "simulate": "node.bench.simulate",
 }
 
 
-def load(name: str) -> Callable[[bool], dict[str, Any]]:
+#: options some benchmarks take beside --quick (keyword arguments of their ``run``)
+OPTIONS: dict[str, tuple[str, ...]] = {"fuzz": ("frames",)}
+
+
+def load(name: str) -> Callable[..., dict[str, Any]]:
     module = importlib.import_module(BENCHMARKS[name])
-    run: Callable[[bool], dict[str, Any]] = module.run
+    run: Callable[..., dict[str, Any]] = module.run
     return run

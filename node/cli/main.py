@@ -52,16 +52,24 @@ def main() -> None:
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object of named figures.")
 @click.option("--quick", is_flag=True, help="A smaller run, under a minute.")
-def bench(name: str, as_json: bool, quick: bool) -> None:
+@click.option("--frames", type=click.IntRange(min=1), default=None,
+              help="fuzz: frames per protocol (default 100,000).")
+def bench(name: str, as_json: bool, quick: bool, frames: int | None) -> None:
     """Run benchmark NAME and print its figures."""
-    from node.bench import BENCHMARKS, load
+    from node.bench import BENCHMARKS, OPTIONS, load
 
     if name not in BENCHMARKS:
         raise click.BadParameter(
             f"unknown benchmark {name!r}; choose from {', '.join(sorted(BENCHMARKS))}",
             param_hint="NAME",
         )
-    figures = load(name)(quick)
+    given = {k: v for k, v in {"frames": frames}.items() if v is not None}
+    for option in given:
+        if option not in OPTIONS.get(name, ()):
+            takers = ", ".join(n for n, opts in sorted(OPTIONS.items()) if option in opts)
+            raise click.BadParameter(f"--{option} applies only to: {takers}",
+                                     param_hint=f"--{option}")
+    figures = load(name)(quick, **given)
     if as_json:
         click.echo(json.dumps(figures, sort_keys=True))
     else:

@@ -1,0 +1,217 @@
+"""What the fuzz attacker writes: hostile frames for each protocol a daemon serves.
+
+A :class:`Target` is one served protocol id and how its frames look on the wire:
+
+* ``framed``: our protocols (``/symphony/<net>/msg/1``, ``relay-chunks``, ``verify-states``),
+  frames of a 4-byte big-endian length and a msgpack message (node/transport.py);
+* ``varint``: py-libp2p's protobuf protocols (gossipsub ``/meshsub/*``, identify push), frames
+  of an unsigned-varint length and a protobuf message (encoded here by hand, so this module
+  needs no libp2p);
+* ``raw``: ``/ipfs/ping/1.0.0``, 32-byte blocks that the daemon echoes.
+
+Attack kinds (:data:`KINDS`), each a function of a seeded ``random.Random``:
+
+* ``random``: random bytes; ``mutated``: a valid frame with bytes flipped, cut or inserted;
+* ``bad_length``: a length prefix that lies (4 GiB, or longer than what follows);
+* ``oversized``: a valid message larger than any frame limit (2 MiB);
+* ``replay``: one valid, signed message, the same bytes every time;
+* ``stall``: half a frame, then nothing (the attacker holds the stream open).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from crypto.keys import Identity
+from protocol.codec import encode
+from protocol.ledger.messages import LedgerPush
+from protocol.ledger.records import (
+    CAPABILITY_DOMAIN,
+    CapabilityRecord,
+    HardwareSummary,
+    ModelOffer,
+    Role,
+)
+from protocol.relay.manifest import ChunkRequest, chunk_hash, make_body, sign_manifest
+from protocol.verification.messages import StatesRequest
+
+KINDS = ("random", "mutated", "bad_length", "oversized", "replay", "stall")
+#: a valid message this much larger than the 1 MiB frame limit
+OVERSIZED_BYTES = 2 << 20
+#: the protocol ids py-libp2p 0.8.1 serves beside ours (pubsub, identify, ping)
+LIBP2P_PROTOCOLS = {
+    "meshsub-1.0": ("/meshsub/1.0.0", "varint"),
+    "meshsub-1.1": ("/meshsub/1.1.0", "varint"),
+    "meshsub-1.2": ("/meshsub/1.2.0", "varint"),
+    "identify-push": ("/ipfs/id/push/1.0.0", "varint"),
+    "identify": ("/ipfs/id/1.0.0", "varint"),
+    "ping": ("/ipfs/ping/1.0.0", "raw"),
+}
+#: ours: short name -> protocol name in ``/symphony/<net>/<name>/1``
+SYMPHONY_PROTOCOLS = {"msg": "msg", "relay-chunks": "relay-chunks",
+                      "verify-states": "verify-states"}
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    protocol_id: str
+    framing: str
+    #: valid payloads (unframed) to mutate and replay; the first is the replayed one
+    valid: tuple[bytes, ...]
+    #: frames written per stream before it is closed: 1 where the daemon reads one request
+    frames_per_stream: int
+
+
+def targets(network_id: str, attacker: Identity, daemon_peer: str, now_ms: int) -> list[Target]:
+    """Every protocol the attack tries, with valid payloads built for ``attacker``."""
+    push = _ledger_push(attacker, network_id, now_ms)
+    topic = f"symphony/{network_id}/ledger/1"
+    out = [
+        Target("msg", f"/symphony/{network_id}/msg/1", "framed", (push,), 1),
+        Target("relay-chunks", f"/symphony/{network_id}/relay-chunks/1", "framed",
+               _relay_frames(attacker, daemon_peer), 16),
+        Target("verify-states", f"/symphony/{network_id}/verify-states/1", "framed",
+               (encode(StatesRequest(task_id=b"\x01" * 32, states_root=b"\x02" * 32,
+                                     leaves=(0, 1, 2))),), 1),
+    ]
+    for name, (pid, framing) in LIBP2P_PROTOCOLS.items():
+        if framing == "raw":
+            valid: tuple[bytes, ...] = (bytes(range(32)),)
+        elif name.startswith("meshsub"):
+            valid = (_rpc_publish(attacker, topic, push), _rpc_subscribe(topic))
+        else:
+            valid = (_identify(attacker),)
+        out.append(Target(name, pid, framing, valid, 64))
+    return out
+
+
+# ---------------------------------------------------------------- valid payloads
+
+
+def _ledger_push(attacker: Identity, network_id: str, now_ms: int) -> bytes:
+    record = CapabilityRecord(
+        network_id=network_id, peer_id=attacker.peer_id, seq=now_ms, issued_at_ms=now_ms,
+        expires_at_ms=now_ms + 15 * 60_000, listen_addrs=(),
+        models=(ModelOffer(name="m", family="f", quantization="q4_1", context_length=2048,
+                           weights_hash=bytes(32), tokens_per_s=10.0),),
+        hardware=HardwareSummary(device_kind="cpu", device_name="fuzz", memory_bytes=1 << 30,
+                                 cpu_cores=2),
+        price_per_1k_tokens=1.0, free_slots=1, max_slots=1, load=0.0, roles=(Role.EXECUTOR,),
+        tags=(), software_version="fuzz")
+    from crypto.envelope import Envelope
+
+    env = Envelope.sign(attacker, CAPABILITY_DOMAIN, encode(record))
+    return encode(LedgerPush(records=(env,), attestations=(), reply=False, more=False))
+
+
+def _relay_frames(attacker: Identity, daemon_peer: str) -> tuple[bytes, ...]:
+    chunks = [bytes([i]) * 4096 for i in range(4)]
+    body = make_body(name="fuzz", version=1, chunk_size=4096,
+                     chunk_hashes=[chunk_hash(c) for c in chunks], total_size=4 * 4096,
+                     publisher_upload_bps=1 << 20, recipients=[(daemon_peer, 1 << 20)])
+    manifest = sign_manifest(attacker, body)
+    request = ChunkRequest(manifest_id=manifest.id, index=0)
+    return (encode(manifest.message), encode(request))
+
+
+def _pb_varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _pb_field(number: int, value: bytes) -> bytes:
+    """A length-delimited protobuf field (wire type 2)."""
+    return _pb_varint(number << 3 | 2) + _pb_varint(len(value)) + value
+
+
+def _rpc_subscribe(topic: str) -> bytes:
+    """A gossipsub RPC subscribing to ``topic`` (SubOpts: subscribe=1, topicid=2)."""
+    return _pb_field(1, b"\x08\x01" + _pb_field(2, topic.encode()))
+
+
+def _rpc_publish(attacker: Identity, topic: str, data: bytes) -> bytes:
+    """A gossipsub RPC publishing ``data`` (unsigned: the daemon's strict signing refuses it)."""
+    message = (_pb_field(1, attacker.peer_id.encode()) + _pb_field(2, data)
+               + _pb_field(3, b"\x00" * 8) + _pb_field(4, topic.encode()))
+    return _pb_field(2, message)
+
+
+def _identify(attacker: Identity) -> bytes:
+    """An identify message: agentVersion (6) and one protocol (3)."""
+    return _pb_field(6, b"fuzz/1") + _pb_field(3, b"/fuzz/1")
+
+
+# ---------------------------------------------------------------- framing and kinds
+
+
+def frame(target: Target, payload: bytes) -> bytes:
+    if target.framing == "framed":
+        return len(payload).to_bytes(4, "big") + payload
+    if target.framing == "varint":
+        return _pb_varint(len(payload)) + payload
+    return payload
+
+
+def _random(target: Target, rng: random.Random) -> bytes:
+    if target.framing == "raw":
+        return rng.randbytes(32)
+    return frame(target, rng.randbytes(rng.randint(1, 512)))
+
+
+def _mutated(target: Target, rng: random.Random) -> bytes:
+    data = bytearray(rng.choice(target.valid))
+    for _ in range(rng.randint(1, 4)):
+        at = rng.randrange(max(1, len(data)))
+        op = rng.randrange(3)
+        if op == 0 and data:
+            data[at] ^= rng.randint(1, 255)
+        elif op == 1:
+            del data[at:at + rng.randint(1, 8)]
+        else:
+            data[at:at] = rng.randbytes(rng.randint(1, 8))
+    return frame(target, bytes(data))
+
+
+def _bad_length(target: Target, rng: random.Random) -> bytes:
+    body = rng.randbytes(rng.randint(0, 64))
+    if target.framing == "framed":
+        prefix = rng.choice([0xFFFFFFFF, 1 << 31, len(body) + rng.randint(1, 1000)])
+        return prefix.to_bytes(4, "big") + body
+    if target.framing == "varint":
+        return _pb_varint(rng.choice([1 << 32, 1 << 62, len(body) + 500])) + body
+    return body[:rng.randint(0, 31)]
+
+
+def _oversized(target: Target, rng: random.Random) -> bytes:
+    if target.framing == "framed":
+        blob = rng.randbytes(16) * (OVERSIZED_BYTES // 16)
+        return frame(target, encode(StatesRequest(task_id=blob[:32], states_root=blob[:32],
+                                                  leaves=())) + blob)
+    if target.framing == "varint":
+        return frame(target, _pb_field(2, _pb_field(2, b"\x00" * OVERSIZED_BYTES)))
+    return b"\x00" * OVERSIZED_BYTES
+
+
+def _replay(target: Target, rng: random.Random) -> bytes:
+    return frame(target, target.valid[0])
+
+
+def _stall(target: Target, rng: random.Random) -> bytes:
+    whole = frame(target, target.valid[0])
+    return whole[: max(1, len(whole) // 2)]
+
+
+MAKERS: dict[str, Callable[[Target, random.Random], bytes]] = {
+    "random": _random, "mutated": _mutated, "bad_length": _bad_length,
+    "oversized": _oversized, "replay": _replay, "stall": _stall,
+}

@@ -45,6 +45,7 @@ from node.db import Database
 from node.driver import Driver
 from node.logs import get_logger
 from node.membership import agent_version
+from node.runtime.limits import NetLimits
 from node.service import NodeContext, Service
 from protocol.names import PROTOCOL_VERSION
 
@@ -89,9 +90,15 @@ def load_extra_services(targets: tuple[str, ...]) -> dict[str, type[Service]]:
     return classes
 
 
+#: the config section of the network limits
+LIMITS_SECTION = "limits"
+
+
 def config_sections(classes: Mapping[str, type[Service]]) -> dict[str, type]:
-    return {name: cls.config_section for name, cls in classes.items()
-            if cls.config_section is not None}
+    """Every config section: each service's, and ``[limits]`` (node/runtime/limits.py)."""
+    return {LIMITS_SECTION: NetLimits,
+            **{name: cls.config_section for name, cls in classes.items()
+               if cls.config_section is not None}}
 
 
 def prepare_data_dir(data_dir: Path, sections: Mapping[str, type] | None = None) -> Identity:
@@ -144,8 +151,11 @@ class Daemon:
         identity = prepare_data_dir(config.data_dir, config_sections(self.classes))
         log = self.log = get_logger(peer_id=identity.peer_id)
         db = Database(config.db_path)
-        self.transport = transport = P2PTransport(identity.seed, listen=config.listen)
-        self.driver = driver = Driver(transport, network_id=config.network_id, log=log)
+        limits = config.sections.get(LIMITS_SECTION) or NetLimits()
+        self.transport = transport = P2PTransport(identity.seed, listen=config.listen,
+                                                  limits=limits)
+        self.driver = driver = Driver(transport, network_id=config.network_id, log=log,
+                                      limits=limits)
         self._started_ms = driver.now_ms()
         ctx = NodeContext(
             identity=identity, network_id=config.network_id, data_dir=config.data_dir,
@@ -221,6 +231,8 @@ class Daemon:
             "penalties": drv["penalties"],
             "banned": drv["banned"],
             "counters": drv["counters"],
+            "faults": drv["faults"],
+            "log_lines_suppressed": drv["log_lines_suppressed"],
             "gossip_dropped": getattr(transport, "gossip_dropped", 0),
             "services": services,
         }

@@ -27,7 +27,12 @@ What it promises (services and their machines may rely on it)
   in one SQLite transaction there).
 * Peers' faults. Undecodable bytes (``InvalidMessage``), a message no service owns, or a
   ``RemoteProtocolError`` raised by a machine or a service: the peer is penalized and logged
-  with its id, and the node keeps running. Scores decay; over the threshold the peer is
+  with its id, and the node keeps running. So are the faults the transport reports on any
+  inbound stream (bad framing, oversize, stalls, floods of streams: ``on_fault``) and, on our
+  unicast protocol, floods and replays beyond ``NetLimits`` (node/runtime/intake.py): those
+  messages are refused before they are decoded. Costs: node/penalties.py. Each peer's faults
+  are logged once per kind, then summarized at most once per
+  ``NetLimits.log_summary_interval_s`` (node/logs.RepeatLog); a ban is always logged. Scores decay; over the threshold the peer is
   disconnected and banned for a while (node/penalties.py): its connections are closed at
   once, its messages refused, dials to it fail with ``DialFailed("banned")``.
 
@@ -43,8 +48,10 @@ from typing import Any
 
 import trio
 
-from node.logs import log_emit
-from node.penalties import BAN_MS, PenaltyBook
+from node.logs import RepeatLog, log_emit
+from node.penalties import BAN_MS, FAULT_PENALTIES, PenaltyBook
+from node.runtime.intake import PeerIntake
+from node.runtime.limits import NetLimits
 from node.runtime.publish import PublishQueue
 from node.runtime.unicast import HANDSHAKE_PROTOCOL_ID, HANDSHAKE_TYPES, MSG_PROTOCOL_NAME, Outboxes
 from node.service import Service
@@ -66,7 +73,7 @@ from protocol.machine import (
 )
 from protocol.names import peer_id_of_multiaddr, protocol_id, topic
 
-INVALID_MESSAGE_PENALTY = 10
+INVALID_MESSAGE_PENALTY = FAULT_PENALTIES["undecodable"]
 UNROUTED_MESSAGE_PENALTY = 5
 #: effects the driver performs itself; any other goes to the service's ``perform``
 _DRIVER_EFFECTS = (Send, Publish, Emit, Penalize, Dial, Disconnect)
@@ -80,7 +87,9 @@ class PeerState:
 
 
 class Driver:
-    def __init__(self, transport: Any, *, network_id: str, log: Any) -> None:
+    def __init__(self, transport: Any, *, network_id: str, log: Any,
+                 limits: NetLimits | None = None) -> None:
+        limits = NetLimits() if limits is None else limits
         self.transport = transport
         self.network_id = network_id
         self.log = log
@@ -93,11 +102,16 @@ class Driver:
         self._dialing: dict[str, str] = {}  # peer -> address being dialled
         self._dialled: dict[str, str] = {}  # peer -> address that connected, until its event
         self.penalties = PenaltyBook()
+        self._intake = PeerIntake(limits)
+        #: faults seen, by kind (stream faults from the transport, floods and replays here)
+        self.faults: dict[str, int] = {}
+        self._fault_log = RepeatLog(log, interval_ms=int(limits.log_summary_interval_s * 1000))
         self._nursery: trio.Nursery | None = None
         self._wake = trio.Event()
         self._peer_events: Any = None
         self.counters = {"received": 0, "sent": 0, "send_failed": 0, "invalid": 0,
-                         "published": 0, "publish_dropped": 0, "gossip_received": 0}
+                         "published": 0, "publish_dropped": 0, "gossip_received": 0,
+                         "refused_flood": 0, "refused_replay": 0}
         self._outboxes = Outboxes(
             transport, self._msg_protocol, feed=self._feed, spawn=self._spawn,
             is_connected=self._peers.__contains__, counters=self.counters, log=log)
@@ -125,6 +139,7 @@ class Driver:
             self._msg_protocol, self._on_message, max_request_bytes=MAX_FRAME_BYTES)
         self.transport.set_request_handler(
             HANDSHAKE_PROTOCOL_ID, self._on_handshake, max_request_bytes=MAX_FRAME_BYTES)
+        self.transport.set_fault_handler(self.on_fault)
         self._peer_events = self.transport.peer_events()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -236,15 +251,22 @@ class Driver:
     async def _on_request(self, peer: str, data: bytes, *, handshake: bool) -> bytes:
         if self.is_banned(peer):
             return b"banned"
+        fault = self._intake.check(peer, data, self.now_ms())
+        if fault is not None:
+            self.counters[f"refused_{fault}"] += 1
+            self.on_fault(peer, fault, f"a {len(data)}-byte message")
+            return fault.encode()
         try:
             message: Message = decode(data)
         except InvalidMessage as exc:
             self.counters["invalid"] += 1
-            self.penalize(peer, f"invalid message: {exc}", INVALID_MESSAGE_PENALTY)
+            self.penalize(peer, f"invalid message: {exc}", INVALID_MESSAGE_PENALTY,
+                          kind="undecodable")
             return b"invalid message"
         owner = self._routes.get(type(message))
         if owner is None or (handshake and type(message) not in HANDSHAKE_TYPES):
-            self.penalize(peer, f"unexpected {type(message).__name__}", UNROUTED_MESSAGE_PENALTY)
+            self.penalize(peer, f"unexpected {type(message).__name__}", UNROUTED_MESSAGE_PENALTY,
+                          kind="unexpected")
             return b"unexpected message type"
         self.counters["received"] += 1
         await self._feed(owner, Received(peer, message))
@@ -262,12 +284,12 @@ class Driver:
             except InvalidMessage as exc:
                 self.counters["invalid"] += 1
                 self.penalize(origin, f"invalid gossip on {short}: {exc}",
-                              INVALID_MESSAGE_PENALTY)
+                              INVALID_MESSAGE_PENALTY, kind="undecodable")
                 continue
             owner = self._routes.get(type(message))
             if owner is None or short not in self.services[owner].topics:
                 self.penalize(origin, f"unexpected {type(message).__name__} on {short}",
-                              UNROUTED_MESSAGE_PENALTY)
+                              UNROUTED_MESSAGE_PENALTY, kind="unexpected")
                 continue
             self.counters["gossip_received"] += 1
             await self._feed(owner, Received(origin, message, topic=short))
@@ -334,11 +356,17 @@ class Driver:
 
     # ---- penalties ------------------------------------------------------------------------
 
-    def penalize(self, peer: str, reason: str, points: int) -> None:
+    def on_fault(self, peer: str, kind: str, detail: str) -> None:
+        """A peer's fault of ``kind`` (a key of FAULT_PENALTIES), seen by the transport or here."""
+        self.faults[kind] = self.faults.get(kind, 0) + 1
+        self.penalize(peer, f"{kind}: {detail}", FAULT_PENALTIES[kind], kind=kind)
+
+    def penalize(self, peer: str, reason: str, points: int, *, kind: str = "invalid") -> None:
+        """Add ``points`` to ``peer``'s score (ban past the threshold); log it once per kind."""
         now = self.now_ms()
         banned = self.penalties.add(peer, reason, points, now)
-        self.log.warning("driver.penalized", peer=peer, reason=reason, points=points,
-                         score=round(self.penalties.score(peer), 1))
+        self._fault_log.note((peer, kind), now, "driver.penalized", peer=peer, reason=reason,
+                             points=points, score=round(self.penalties.score(peer), 1))
         if banned:
             self.log.warning("driver.banned", peer=peer, ban_s=BAN_MS // 1000, reason=reason)
             if self._nursery is not None:
@@ -360,4 +388,6 @@ class Driver:
                           for p, s in self._peers.items()},
             **self.penalties.status(now),
             "counters": dict(self.counters),
+            "faults": dict(self.faults),
+            "log_lines_suppressed": self._fault_log.suppressed,
         }

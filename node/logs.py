@@ -5,13 +5,21 @@ by default, one JSON object per line with ``--json-logs`` (what tests and log sh
 The daemon binds ``peer_id`` on its logger; protocol/ never logs: its ``Emit`` effects become
 log lines through :func:`log_emit`. The standard library's ``logging`` (py-libp2p, hypercorn)
 is routed to the same stream at the same level, so nothing prints in another format.
+
+Logs a peer can provoke cannot be used to fill the disk: :class:`RepeatLog` logs the first
+occurrence of a (peer, fault kind) and then at most one summary line per interval with the
+count, and :class:`RepeatFilter` does the same for third-party loggers (py-libp2p logs a line
+per bad frame), keyed by logger and message template, with their tracebacks dropped: a peer's
+bytes never produce a traceback, only our own bugs do.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Mapping
+import time
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping
 from typing import Any, TextIO
 
 import structlog
@@ -20,6 +28,85 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
            "error": logging.ERROR}
 #: chatty third-party loggers that stay at warning unless the node logs at debug
 _QUIET = ("libp2p", "multiaddr", "hypercorn.access", "hypercorn.error", "async_service")
+#: third-party loggers whose lines a peer's bytes can provoke (RepeatFilter applies to them)
+_PEER_FED = ("libp2p", "multiaddr", "async_service")
+#: a repeated line is summarized at most this often
+REPEAT_INTERVAL_MS = 60_000
+#: distinct keys remembered; the least recently seen is forgotten beyond it
+MAX_REPEAT_KEYS = 4096
+
+
+class RepeatLog:
+    """First occurrence of each key logged, later ones counted and summarized once per interval.
+
+    ``note(key, now_ms, event, **fields)`` logs ``event`` at warning level the first time
+    ``key`` is seen (an ``exc_info`` field makes it an error with its traceback); after that
+    it counts, and the first note at least ``interval_ms`` after the last line logs
+    ``<event>.repeated`` with ``repeats`` (how many were not logged) and the latest fields.
+    """
+
+    def __init__(self, log: Any, *, interval_ms: int = REPEAT_INTERVAL_MS,
+                 max_keys: int = MAX_REPEAT_KEYS) -> None:
+        self._log = log
+        self._interval_ms = interval_ms
+        self._max_keys = max_keys
+        #: key -> [last logged at ms, occurrences not logged since]
+        self._seen: OrderedDict[Hashable, list[int]] = OrderedDict()
+        #: lines not written because they repeated (all keys)
+        self.suppressed = 0
+
+    def note(self, key: Hashable, now_ms: int, event: str, **fields: Any) -> None:
+        entry = self._seen.get(key)
+        if entry is None:
+            if len(self._seen) >= self._max_keys:
+                self._seen.popitem(last=False)
+            self._seen[key] = [now_ms, 0]
+            self._write(event, fields)
+            return
+        self._seen.move_to_end(key)
+        entry[1] += 1
+        if now_ms - entry[0] < self._interval_ms:
+            self.suppressed += 1
+            return
+        fields.pop("exc_info", None)  # a summary carries no traceback
+        self._write(f"{event}.repeated", {**fields, "repeats": entry[1],
+                                          "over_s": round((now_ms - entry[0]) / 1000, 1)})
+        entry[0], entry[1] = now_ms, 0
+
+    def _write(self, event: str, fields: dict[str, Any]) -> None:
+        method = self._log.error if "exc_info" in fields else self._log.warning
+        method(event, **fields)
+
+
+class RepeatFilter(logging.Filter):
+    """RepeatLog's rule for stdlib records: first of each (logger, template) passes, then one
+    summary per interval; tracebacks dropped (third-party code logs them for peers' bytes)."""
+
+    def __init__(self, interval_s: float = REPEAT_INTERVAL_MS / 1000) -> None:
+        super().__init__()
+        self._interval_s = interval_s
+        self._seen: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(_PEER_FED):
+            return True
+        record.exc_info = None
+        record.exc_text = None
+        key = (record.name, str(record.msg))
+        now = time.monotonic()
+        entry = self._seen.get(key)
+        if entry is None:
+            if len(self._seen) >= MAX_REPEAT_KEYS:
+                self._seen.popitem(last=False)
+            self._seen[key] = [now, 0]
+            return True
+        self._seen.move_to_end(key)
+        entry[1] += 1
+        if now - entry[0] < self._interval_s:
+            return False
+        record.msg = f"{record.msg} [repeated {int(entry[1])} times in {now - entry[0]:.0f} s]"
+        entry[0], entry[1] = now, 0
+        return True
 
 
 def configure_logging(level: str = "info", *, json_logs: bool = False,
@@ -49,6 +136,7 @@ def configure_logging(level: str = "info", *, json_logs: bool = False,
         '{"event": "stdlib", "logger": "%(name)s", "level": "%(levelname)s", '
         '"message": %(message)r}' if json_logs else "%(levelname)s %(name)s: %(message)s"
     ))
+    handler.addFilter(RepeatFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(numeric)

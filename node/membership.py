@@ -14,23 +14,15 @@ size.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any, ClassVar
 
 import trio
 
 from node.config import fed_config
 from node.service import NodeContext, Service
+from node.transport import agent_version
 from protocol.membership.machine import AddBootstrap, Membership, MembershipConfig, SetListenAddrs
 from protocol.membership.messages import Hello, PeerList, PeerListRequest, Ping, Pong
-
-
-def agent_version() -> str:
-    try:
-        return f"symphony-node/{version('symphony-node')}"
-    except PackageNotFoundError:
-        return "symphony-node/dev"
-
 
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(MembershipConfig)}
 

@@ -5,6 +5,26 @@ minute, so occasional faults are forgiven and a burst is not. When it reaches
 ``PENALTY_BAN_THRESHOLD`` the peer is banned for ``BAN_MS`` (the driver disconnects it, drops
 its connections and messages and refuses dials to it) and its score starts again from zero.
 Times are the driver's milliseconds, passed in.
+
+What each kind of misbehaviour costs (``FAULT_PENALTIES``; ban at 100 points):
+
+=============  ======  =========================================================================
+kind           points  what the peer did
+=============  ======  =========================================================================
+bad_framing    10      a frame cut short, a length prefix that is no varint, a stream that
+                       ended mid-frame
+oversize       20      announced a frame (or gossip message) over the protocol's limit
+stall          10      started a frame (or opened a stream) and did not finish within the
+                       read deadline
+undecodable    10      bytes that are no valid message (msgpack or protobuf)
+invalid        10      a well-formed message that breaks a protocol rule (a machine's own
+                       ``RemoteProtocolError`` carries its own cost instead)
+replay         5       each identical copy of a unicast frame beyond the allowance in the window
+flood          5       each message over the per-peer rate, each stream over a stream cap
+=============  ======  =========================================================================
+
+So a peer that keeps sending garbage is banned after 10 bad streams, one that floods after
+20 refused messages: well within seconds at the rates a stream allows.
 """
 
 from __future__ import annotations
@@ -16,6 +36,9 @@ from typing import Any
 PENALTY_BAN_THRESHOLD = 100
 PENALTY_DECAY_PER_MIN = 10
 BAN_MS = 10 * 60_000
+#: the cost of each kind of fault the transport or the driver sees (table in the module doc)
+FAULT_PENALTIES = {"bad_framing": 10, "oversize": 20, "stall": 10, "undecodable": 10,
+                   "invalid": 10, "replay": 5, "flood": 5}
 #: Recent penalty reasons kept per peer for status.
 PENALTY_REASONS_KEPT = 8
 #: Peers whose penalty records are kept; the lowest scores are forgotten first beyond it.

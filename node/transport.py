@@ -53,6 +53,14 @@ Contract (what every implementation promises)
     Raw, backpressured byte streams (weight relay): :class:`BulkStream` below. A handler's
     stream is closed for it when the handler returns; an exception in a handler resets the
     stream and is logged, never propagated.
+``set_fault_handler(handler)``
+    ``handler(peer_id, kind, detail)`` is called for each fault a peer commits on an inbound
+    stream of any protocol the node serves: ``kind`` is a key of
+    ``node.penalties.FAULT_PENALTIES`` (bad framing, oversize, stall, undecodable, invalid,
+    flood). A handler raising ``ProtocolViolation`` or ``RemoteProtocolError`` is an
+    "invalid" fault, undecodable bytes (``InvalidMessage``) "undecodable", a timeout "stall",
+    an oversized or truncated frame "oversize" / "bad_framing"; a stream the peer reset or
+    closed (``StreamGone``) is no fault.
 
 Framing
 -------
@@ -65,6 +73,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from typing import Protocol
 
 import trio
@@ -75,8 +84,24 @@ FRAME_HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 2**32 - 1
 
 
+def agent_version() -> str:
+    """What this node says it is, to peers (identify, Hello): ``symphony-node/<version>``."""
+    try:
+        return f"symphony-node/{version('symphony-node')}"
+    except PackageNotFoundError:
+        return "symphony-node/dev"
+
+
 class TransportError(Exception):
     """A transport operation failed (dial, stream, request); says what and with whom."""
+
+
+class StreamGone(TransportError):
+    """The stream was reset or closed under us: the peer went away, no fault of its bytes."""
+
+
+class ProtocolViolation(Exception):
+    """A stream handler's peer broke the stream's protocol (the transport penalizes it)."""
 
 
 class FrameTooLarge(TransportError):
@@ -119,6 +144,8 @@ class BulkStream(Protocol):
 
 RequestHandler = Callable[[str, bytes], Awaitable[bytes]]
 StreamHandler = Callable[[str, BulkStream], Awaitable[None]]
+#: (peer_id, fault kind, detail) -> None
+FaultHandler = Callable[[str, str, str], None]
 
 
 class Transport(Protocol):
@@ -154,6 +181,8 @@ class Transport(Protocol):
     def set_stream_handler(self, protocol_id: str, handler: StreamHandler) -> None: ...
 
     async def open_stream(self, peer_id: str, protocol_id: str) -> BulkStream: ...
+
+    def set_fault_handler(self, handler: FaultHandler) -> None: ...
 
 
 def check_limit(limit: int) -> None:

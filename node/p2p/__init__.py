@@ -5,10 +5,12 @@ module for the contract) over TCP + Noise + yamux; no QUIC (it truncated bulk tr
 mplex (5x slower), no TLS/secio/plaintext (a peer offering only those is refused).
 
 * ``host.py``: the transport itself (lifecycle, dials, request/response, bulk streams).
-* ``swarm.py``: the libp2p host as we build it (security, muxer, dial settings) and the
-  per-peer connect/disconnect tracking.
-* ``streams.py``: libp2p streams as :class:`node.transport.BulkStream`, and the guard around
-  every handler we register.
+* ``swarm.py``: the libp2p host as we build it (security, muxer, dial settings, identify
+  announcing ``symphony-node/<version>``) and the per-peer connect/disconnect tracking.
+* ``streams.py``: libp2p streams as :class:`node.transport.BulkStream`.
+* ``guard.py``: the guard in front of every inbound stream, py-libp2p's own protocols
+  included (the one place py-libp2p's faults are caught); ``framing.py``: following the
+  frames of py-libp2p's protocols so oversize, truncated and stalled frames are penalized.
 * ``gossip.py``: gossipsub with our settings, subscriptions and paced publishes.
 
 Nothing is re-exported here: import from the module that defines it.

@@ -12,6 +12,11 @@ Settings changed from py-libp2p's defaults, on purpose (all are constants below)
   full) into our own ``GOSSIP_SUBSCRIPTION_BUFFER``-message channel, whose overflow is counted
   in :attr:`Gossip.dropped` and logged.
 
+* frames up to ``NetLimits.gossip_max_rpc_bytes`` (larger ones are refused by the guard's
+  framing, and the sending peer penalized), message payloads up to
+  ``NetLimits.gossip_max_message_bytes``: publishing more is a TransportError, and a received
+  message over it is dropped and its author penalized ("oversize").
+
 Own publishes are never delivered back to our own subscriptions.
 """
 
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import trio
@@ -27,7 +33,11 @@ from libp2p.peer.id import ID
 from libp2p.pubsub import gossipsub as libp2p_gossipsub
 from libp2p.pubsub.pubsub import Pubsub
 
+from node.runtime.limits import NetLimits
 from node.transport import TransportError
+
+#: (peer, protocol, kind, detail) -> None: the guard's fault report
+Fault = Callable[[str, str, str, str], None]
 
 GOSSIP_PROTOCOLS = [
     libp2p_gossipsub.PROTOCOL_ID_V12,  # IDONTWANT: fewer duplicate sends
@@ -68,9 +78,11 @@ class _SizedQueues(dict[Any, Any]):
 class Gossip:
     """One host's gossipsub router and pubsub, with our subscriptions and publish pacing."""
 
-    def __init__(self, host: BasicHost, log: Any) -> None:
+    def __init__(self, host: BasicHost, log: Any, limits: NetLimits, fault: Fault) -> None:
         self._own_id = host.get_id()
         self._log = log
+        self._max_message = limits.gossip_max_message_bytes
+        self._fault = fault
         self.router = libp2p_gossipsub.GossipSub(
             protocols=GOSSIP_PROTOCOLS,
             degree=GOSSIP_DEGREE,
@@ -79,7 +91,7 @@ class Gossip:
             heartbeat_interval=GOSSIP_HEARTBEAT_S,
             max_messages_per_topic_per_second=GOSSIP_MAX_MSGS_PER_TOPIC_PER_S,
         )
-        self.pubsub = Pubsub(host, self.router)
+        self.pubsub = Pubsub(host, self.router, max_inbound_rpc_size=limits.gossip_max_rpc_bytes)
         self.pubsub.peer_queues = _SizedQueues()
         self._subscriptions: set[str] = set()
         self._publish_times: deque[float] = deque()
@@ -109,6 +121,10 @@ class Gossip:
                 origin = ID(message.from_id)
                 if origin == self._own_id:
                     continue
+                if len(message.data) > self._max_message:
+                    self._fault(origin.to_base58(), topic, "oversize",
+                                f"a {len(message.data)}-byte gossip message")
+                    continue
                 try:
                     send.send_nowait((origin.to_base58(), bytes(message.data)))
                 except trio.WouldBlock:
@@ -119,6 +135,9 @@ class Gossip:
                     return  # the consumer closed its end
 
     async def publish(self, topic: str, data: bytes) -> None:
+        if len(data) > self._max_message:
+            raise TransportError(f"a {len(data)}-byte gossip message exceeds the limit of "
+                                 f"{self._max_message} bytes")
         now = trio.current_time()
         times = self._publish_times
         while times and times[0] <= now - 1.0:

@@ -16,7 +16,9 @@ that as an async context manager (tests, benchmarks).
 
 Dials, gossip and streams keep py-libp2p's settings only where the sibling modules say so:
 ``swarm.py`` (one attempt per dial, no auto-redial), ``gossip.py`` (rates and queues),
-``streams.py`` (yamux window timeouts, guarded handlers). Each request/response exchange is
+``streams.py`` (yamux window timeouts), ``guard.py`` (every inbound stream, py-libp2p's own
+protocols included, behind one guard: limits from ``node.runtime.limits.NetLimits``, faults
+reported to the handler given to ``set_fault_handler``). Each request/response exchange is
 one stream: one request frame, one response frame, both sides close it.
 """
 
@@ -31,28 +33,35 @@ import structlog
 import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.custom_types import TProtocol
+from libp2p.host.ping import ID as PING_ID
+from libp2p.host.ping import PING_LENGTH
+from libp2p.identity.identify.identify import ID as IDENTIFY_ID
+from libp2p.identity.identify.pb.identify_pb2 import Identify
+from libp2p.identity.identify_push.identify_push import ID_PUSH as IDENTIFY_PUSH_ID
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.tools.anyio_service import background_trio_service
 
-from node.p2p.gossip import Gossip
-from node.p2p.streams import NetBulkStream, guarded_handler
-from node.p2p.swarm import DIAL_TIMEOUT_S, PeerTracker, build_host
+from node.p2p.framing import Framing
+from node.p2p.gossip import GOSSIP_PROTOCOLS, Gossip
+from node.p2p.guard import StreamGuard
+from node.p2p.streams import NetBulkStream, bulk_handler
+from node.p2p.swarm import DIAL_TIMEOUT_S, PeerTracker, build_host, identify_handler
+from node.runtime.limits import NetLimits
 from node.transport import (
     BulkStream,
+    FaultHandler,
     PeerEvent,
     RequestHandler,
     StreamHandler,
     TransportError,
+    agent_version,
     check_limit,
     read_frame,
     write_frame,
 )
 
 DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
-#: An inbound request must arrive completely within this long, and its response be written
-#: within this long, or the stream is reset (a stalled peer cannot pin a handler task).
-REQUEST_IO_TIMEOUT_S = 10.0
 #: stop() closes connections within this long, then tears down whatever is left.
 STOP_GRACE_S = 2.0
 
@@ -66,13 +75,17 @@ class P2PTransport:
         *,
         listen: Sequence[str] = DEFAULT_LISTEN,
         dial_timeout_s: float = DIAL_TIMEOUT_S,
-        request_io_timeout_s: float = REQUEST_IO_TIMEOUT_S,
+        limits: NetLimits | None = None,
+        agent: str | None = None,
     ) -> None:
         if len(seed) != 32:
             raise ValueError(f"an Ed25519 seed is 32 bytes, got {len(seed)}")
         self._listen = [multiaddr.Multiaddr(a) for a in listen]
         self._dial_timeout_s = dial_timeout_s
-        self._request_io_timeout_s = request_io_timeout_s
+        self.limits = limits = NetLimits() if limits is None else limits
+        # An inbound request must arrive completely within this long, and its response be
+        # written within it, or the stream is reset (a stalled peer cannot pin a handler).
+        self._request_io_timeout_s = limits.read_deadline_s
         self._host = build_host(create_new_key_pair(seed))
         self._id = self._host.get_id()
         self._peer_id = self._id.to_base58()
@@ -80,9 +93,33 @@ class P2PTransport:
         self._swarm: Any = self._host.get_network()
         self._peers = PeerTracker(self._log)
         self._swarm.register_notifee(self._peers)
-        self._gossip = Gossip(self._host, self._log)
+        self._guard = StreamGuard(limits, self._log, lambda: int(trio.current_time() * 1000))
+        self._gossip = Gossip(self._host, self._log, limits, self._guard.fault)
+        self._guard_libp2p_protocols(agent_version() if agent is None else agent)
         self._nursery: trio.Nursery | None = None
         self._stop = trio.Event()
+
+    def _guard_libp2p_protocols(self, agent: str) -> None:
+        """Our identify, then the guard around everything py-libp2p serves (see guard.py)."""
+        limits = self.limits
+        self._host.set_stream_handler(IDENTIFY_ID, identify_handler(self._host, agent, limits))
+        for gossip_protocol in GOSSIP_PROTOCOLS:
+            self._guard.set_framing(str(gossip_protocol), Framing(
+                max_frame=limits.gossip_max_rpc_bytes, long_lived=True))
+        # py-libp2p's identify-push handler swallows a parse error: check each frame here
+        self._guard.set_framing(str(IDENTIFY_PUSH_ID), Framing(
+            max_frame=limits.identify_max_frame_bytes,
+            check=_parse_identify))
+        self._guard.set_framing(str(PING_ID), Framing(fixed_size=PING_LENGTH))
+        self._guard.install(self._host)
+
+    def set_fault_handler(self, handler: FaultHandler) -> None:
+        self._guard.on_fault = handler
+
+    @property
+    def stream_faults(self) -> dict[str, int]:
+        """Inbound streams ended for a peer's fault, by kind (and our handlers' own failures)."""
+        return dict(self._guard.faults)
 
     # ---- identity and lifecycle -------------------------------------------------------------
 
@@ -227,7 +264,7 @@ class P2PTransport:
         return NetBulkStream(stream, peer_id)
 
     def _handle(self, protocol_id: str, serve: Any) -> None:
-        handler = guarded_handler(self._log, protocol_id, serve)
+        handler = self._guard.wrap(protocol_id, bulk_handler(serve), ours=True)
         self._host.set_stream_handler(TProtocol(protocol_id), handler)
 
     # ---- gossip -----------------------------------------------------------------------------
@@ -242,6 +279,10 @@ class P2PTransport:
 
     async def wait_topic_peer(self, topic: str, peer_id: str) -> None:
         await self._gossip.wait_topic_peer(topic, peer_id)
+
+
+def _parse_identify(body: bytes) -> None:
+    Identify().ParseFromString(body)  # DecodeError for bytes that are no Identify message
 
 
 @asynccontextmanager

@@ -6,22 +6,20 @@
   it; bulk writes are therefore sent in frame-sized pieces and a piece that timed out
   (nothing of it sent) is retried for as long as the stream lives, so backpressure has no
   time limit.
-* :func:`guarded_handler`: py-libp2p lets an exception escaping a stream handler reach its
-  host's run loop, so every handler we register is wrapped: a peer's bad frame, a timeout
-  or a failing handler resets that stream and is logged with the peer id, and nothing else.
+* :func:`bulk_handler`: a handler of ours as the libp2p stream handler py-libp2p calls; the
+  transport puts node/p2p/guard.py's guard around it (a peer's bad frame, a timeout or a
+  failing handler resets that stream, is penalized or logged, and nothing else).
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
-import trio
 from libp2p.abc import INetStream
 from libp2p.stream_muxer.yamux.yamux import HEADER_SIZE as YAMUX_HEADER_SIZE
 from libp2p.stream_muxer.yamux.yamux import MAX_MESSAGE_SIZE as YAMUX_MAX_MESSAGE_SIZE
 
-from node.transport import FrameTooLarge, TransportError
+from node.transport import StreamGone
 
 _YAMUX_PIECE = YAMUX_MAX_MESSAGE_SIZE - YAMUX_HEADER_SIZE
 _WINDOW_TIMEOUT_TEXT = "Timed out waiting for window update"
@@ -46,7 +44,7 @@ class NetBulkStream:
         except EOFError:  # libp2p's StreamEOF
             return b""
         except Exception as exc:
-            raise TransportError(f"read from {self._peer_id} failed: {exc!r}") from exc
+            raise StreamGone(f"read from {self._peer_id} failed: {exc!r}") from exc
 
     async def write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -59,7 +57,7 @@ class NetBulkStream:
                 except Exception as exc:
                     if _WINDOW_TIMEOUT_TEXT in repr(exc.__cause__) + repr(exc):
                         continue  # a one-frame write that timed out sent nothing: retry
-                    raise TransportError(f"write to {self._peer_id} failed: {exc!r}") from exc
+                    raise StreamGone(f"write to {self._peer_id} failed: {exc!r}") from exc
 
     async def close(self) -> None:
         try:
@@ -77,23 +75,13 @@ class NetBulkStream:
 Serve = Callable[[NetBulkStream], Awaitable[None]]
 
 
-def guarded_handler(
-    log: Any, protocol_id: str, serve: Serve
-) -> Callable[[INetStream], Awaitable[None]]:
-    """A libp2p stream handler that never lets a peer's misbehaviour escape into libp2p."""
+def bulk_handler(serve: Serve) -> Callable[[INetStream], Awaitable[None]]:
+    """``serve`` on a :class:`NetBulkStream`; the stream is closed when it returns (errors
+    propagate to the guard, which resets the stream)."""
 
     async def handle(net_stream: INetStream) -> None:
-        peer = net_stream.muxed_conn.peer_id.to_base58()
-        stream = NetBulkStream(net_stream, peer)
-        try:
-            await serve(stream)
-            await stream.close()  # our FIN; yamux forgets the stream once both are sent
-        except (FrameTooLarge, TransportError, trio.TooSlowError) as exc:
-            log.warning("transport.bad_stream", peer=peer, protocol=protocol_id, error=repr(exc))
-            await stream.reset()
-        except Exception as exc:
-            log.exception("transport.handler_failed", peer=peer, protocol=protocol_id,
-                          error=repr(exc))
-            await stream.reset()
+        stream = NetBulkStream(net_stream, net_stream.muxed_conn.peer_id.to_base58())
+        await serve(stream)
+        await stream.close()  # our FIN; yamux forgets the stream once both are sent
 
     return handle

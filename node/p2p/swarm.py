@@ -10,6 +10,10 @@ purpose:
   by the one given: py-libp2p dials one TCP address per peer, so a stale port would shadow a
   restarted peer's new one.)
 
+:func:`identify_handler`: identify answers as py-libp2p's does, but announces this node as
+``symphony-node/<version>`` (py-libp2p 0.8.1 announces its own ``py-libp2p/0.8.1`` from a
+module constant, the same for every host in the process).
+
 :class:`PeerTracker` is the swarm's notifee: it turns per-connection notifications into
 per-peer transitions (``PeerEvent(peer, True)`` on the first connection, ``False`` when the
 last one closes) delivered on one bounded channel, whose backpressure stalls new connections
@@ -28,13 +32,17 @@ from libp2p.abc import INetConn, INetStream, INetwork, INotifee
 from libp2p.crypto.x25519 import create_new_key_pair as create_new_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.host.basic_host import BasicHost
+from libp2p.identity.identify import identify as libp2p_identify
 from libp2p.network.config import ConnectionConfig, RetryConfig
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.transport.tcp.tcp import TCP
+from libp2p.utils.varint import encode_uvarint
 
+from node.p2p.framing import PeerFault
+from node.runtime.limits import NetLimits
 from node.transport import PeerEvent
 
 #: One dial attempt (TCP connect + Noise + yamux) fails after this long.
@@ -62,6 +70,36 @@ def build_host(key_pair: Any) -> BasicHost:
 
     swarm.auto_connector.start = _never_start
     return BasicHost(network=swarm)
+
+
+def identify_handler(host: BasicHost, agent: str, limits: NetLimits) -> Any:
+    """The identify protocol's handler (varint-prefixed protobuf), announcing ``agent``.
+
+    Built on py-libp2p 0.8.1's private ``_mk_identify_protobuf`` (the message its own
+    ``identify_handler_for`` sends), with only ``agent_version`` replaced. The asking peer
+    sends nothing on this protocol: bytes from it within the read deadline are a fault."""
+
+    async def handle(stream: INetStream) -> None:
+        observed = None
+        try:
+            observed = libp2p_identify._remote_address_to_multiaddr(stream.get_remote_address())
+        except Exception:
+            pass  # no observed address to report: the field stays empty
+        message = libp2p_identify._mk_identify_protobuf(host, observed)
+        message.agent_version = agent
+        data = message.SerializeToString()
+        await stream.write(encode_uvarint(len(data)) + data)
+        await stream.close()
+        extra = b""
+        with trio.move_on_after(limits.read_deadline_s):
+            try:
+                extra = await stream.read(1)
+            except EOFError:
+                return
+        if extra:
+            raise PeerFault("undecodable", "the asking peer sent bytes on identify")
+
+    return handle
 
 
 class PeerTracker(INotifee):

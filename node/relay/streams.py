@@ -27,7 +27,7 @@ import trio
 
 from node.relay.chunk_store import ChunkStore, ChunkStoreError, ChunkWriter
 from node.service import NodeContext
-from node.transport import BulkStream, TransportError, read_frame, write_frame
+from node.transport import BulkStream, ProtocolViolation, TransportError, read_frame, write_frame
 from protocol.codec import MAX_FRAME_BYTES, decode, encode
 from protocol.errors import InvalidMessage
 from protocol.machine import Received
@@ -58,7 +58,7 @@ FETCH_QUEUE = 4 * MAX_QUEUED_PER_PEER
 VIOLATION_PENALTY = 20
 
 
-class StreamViolation(Exception):
+class StreamViolation(ProtocolViolation):
     """The peer broke the chunk-stream protocol."""
 
 

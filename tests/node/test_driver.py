@@ -14,8 +14,15 @@ import pytest
 import trio
 import trio.testing
 
-from node.driver import INVALID_MESSAGE_PENALTY, Driver
-from node.penalties import BAN_MS, MAX_PENALIZED_PEERS, PENALTY_BAN_THRESHOLD, PenaltyBook
+from node.driver import INVALID_MESSAGE_PENALTY, UNROUTED_MESSAGE_PENALTY, Driver
+from node.penalties import (
+    BAN_MS,
+    FAULT_PENALTIES,
+    MAX_PENALIZED_PEERS,
+    PENALTY_BAN_THRESHOLD,
+    PenaltyBook,
+)
+from node.runtime.limits import NetLimits
 from node.runtime.unicast import HANDSHAKE_PROTOCOL_ID, OUTBOX_SIZE, SEND_TIMEOUT_S
 from node.service import Service
 from node.transport import PeerEvent, TransportError
@@ -93,6 +100,9 @@ class FakeTransport:
 
     def set_request_handler(self, pid: str, handler: Any, *, max_request_bytes: int) -> None:
         self.handlers[pid] = handler
+
+    def set_fault_handler(self, handler: Any) -> None:
+        self.on_fault = handler
 
     async def request(self, peer: str, pid: str, data: bytes, *, max_response_bytes: int) -> bytes:
         if peer not in self.peers:
@@ -189,10 +199,11 @@ class StoreThing:
     key: str
 
 
-async def start_node(nursery: trio.Nursery, net: FakeNet, peer: str) -> tuple[Driver, Any, Any]:
+async def start_node(nursery: trio.Nursery, net: FakeNet, peer: str,
+                     limits: NetLimits | None = None) -> tuple[Driver, Any, Any]:
     transport = FakeTransport(net, peer)
     log = RecordingLog()
-    driver = Driver(transport, network_id=NET, log=log)
+    driver = Driver(transport, network_id=NET, log=log, limits=limits)
     service = PingService()
     driver.add_service(service)
     await nursery.start(driver.run)
@@ -260,13 +271,41 @@ def test_garbage_is_penalized_logged_with_peer_and_the_node_keeps_serving() -> N
             for frame in (b"\xff\x00garbage", b"", encode(Ping(nonce=1))[:-1]):
                 reply = await a.transport.request("B", MSG, frame, max_response_bytes=256)
                 assert reply == b"invalid message"
+            # logged once for the peer and kind; every one is counted
             penalties = blog.events("driver.penalized")
-            assert [p["peer"] for p in penalties] == ["A"] * 3
+            assert [p["peer"] for p in penalties] == ["A"]
             assert b.status()["penalties"]["A"]["score"] == 3 * INVALID_MESSAGE_PENALTY
             # a well-formed message from the same peer is still served
             assert await a.transport.request("B", MSG, encode(Ping(nonce=5)),
                                              max_response_bytes=256) == b""
             await sb.machine.wait_for(is_received(Ping))
+            nursery.cancel_scope.cancel()
+
+    run(main)
+
+
+def test_replays_and_floods_are_refused_before_decoding_and_penalized() -> None:
+    async def main() -> None:
+        net = FakeNet()
+        limits = NetLimits(replay_allowance=2, replay_min_bytes=1, max_messages_per_peer_per_s=8)
+        async with trio.open_nursery() as nursery:
+            a, _, _ = await start_node(nursery, net, "A")
+            b, sb, blog = await start_node(nursery, net, "B", limits)
+            await a.transport.connect("/memory/B/p2p/B")
+            frame = encode(Ping(nonce=7))
+            replies = [await a.transport.request("B", MSG, frame, max_response_bytes=256)
+                       for _ in range(5)]
+            assert replies == [b"", b"", b"replay", b"replay", b"replay"]
+            assert len([e for e in sb.machine.seen if is_received(Ping)(e)]) == 2
+            replies = [await a.transport.request("B", MSG, encode(Ping(nonce=n)),
+                                                 max_response_bytes=256) for n in range(4)]
+            assert replies == [b"", b"", b"", b"flood"]  # 8 per second, none refilled yet
+            status = b.status()
+            assert status["faults"] == {"replay": 3, "flood": 1}
+            assert status["penalties"]["A"]["total"] == (3 * FAULT_PENALTIES["replay"]
+                                                         + FAULT_PENALTIES["flood"])
+            assert [e["reason"].split(":")[0] for e in blog.events("driver.penalized")] == [
+                "replay", "flood"]
             nursery.cancel_scope.cancel()
 
     run(main)
@@ -460,7 +499,8 @@ def test_gossip_is_published_on_the_network_topic_and_routed_with_its_short_name
             await b.transport.subs[topic(NET, "chatter")].send(("A", b"\x93junk"))
             await a.transport.publish(topic(NET, "chatter"), encode(PeerList(peers=())))
             with trio.fail_after(5):
-                while len(blog.events("driver.penalized")) < 2:
+                while b.status()["penalties"].get("A", {}).get("total", 0) < (
+                        INVALID_MESSAGE_PENALTY + UNROUTED_MESSAGE_PENALTY):
                     await trio.sleep(0.01)
             assert {p["peer"] for p in blog.events("driver.penalized")} == {"A"}
             nursery.cancel_scope.cancel()

@@ -24,12 +24,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from node.p2p.host import STOP_GRACE_S, P2PTransport, open_p2p
+from node.runtime.limits import NetLimits
 from node.transport import (
     FRAME_HEADER,
     FrameTooLarge,
     PeerEvent,
     TransportError,
     check_limit,
+    read_exactly,
     read_frame,
     write_frame,
 )
@@ -275,8 +277,10 @@ async def test_finished_streams_are_released() -> None:
 
 
 @trio_test
-async def test_garbage_on_a_request_protocol_is_logged_and_survived() -> None:
+async def test_garbage_on_a_request_protocol_is_penalized_logged_once_and_survived() -> None:
     async with open_p2p(seed(1)) as a, open_p2p(seed(2)) as b:
+        faults: list[tuple[str, str, str]] = []
+        b.set_fault_handler(lambda peer, kind, detail: faults.append((peer, kind, detail)))
         b.set_request_handler(ECHO, echo, max_request_bytes=1000)
         await a.connect(b.listen_addrs()[0])
         garbage = [
@@ -298,9 +302,16 @@ async def test_garbage_on_a_request_protocol_is_logged_and_survived() -> None:
                     except TransportError:
                         pass  # b reset the stream
                 assert received == b"", "b answered garbage"
-        bad = [e for e in logs if e["event"] == "transport.bad_stream"]
-        assert len(bad) == len(garbage)
+        assert [(p, k) for p, k, _ in faults] == [
+            (a.peer_id, "oversize"), (a.peer_id, "oversize"),
+            (a.peer_id, "bad_framing"), (a.peer_id, "bad_framing")]
+        assert all(detail.endswith(f"on {ECHO}") for _, _, detail in faults)
+        # one line per peer and kind: the repeats are counted, not logged
+        bad = [e for e in logs if e["event"].startswith("transport.peer_fault")]
+        assert [e["kind"] for e in bad] == ["oversize", "bad_framing"]
         assert all(e["peer"] == a.peer_id and e["protocol"] == ECHO for e in bad)
+        assert not [e for e in logs if "exc_info" in e or e["log_level"] == "error"]
+        assert b.stream_faults == {"oversize": 2, "bad_framing": 2}
         assert await a.request(b.peer_id, ECHO, b"still here", max_response_bytes=100) == (
             b"still here"
         )
@@ -475,3 +486,101 @@ class peer_process:
         with trio.CancelScope(shield=True):
             self.process.kill()
             await self.process.wait()
+
+
+# ---- the guard in front of py-libp2p's own protocols --------------------------------------------
+
+
+class Faults:
+    """The faults a transport reports, and a wait for the n-th (no sleeping)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+        self._grew = trio.Event()
+
+    def __call__(self, peer: str, kind: str, detail: str) -> None:
+        self.seen.append((kind, detail))
+        self._grew.set()
+        self._grew = trio.Event()
+
+    @property
+    def kinds(self) -> list[str]:
+        return [kind for kind, _ in self.seen]
+
+    async def wait(self, n: int) -> None:
+        with trio.fail_after(10):
+            while len(self.seen) < n:
+                await self._grew.wait()
+
+
+async def _ended(stream: Any) -> None:
+    """Read until the other side ends or resets the stream."""
+    with trio.fail_after(10):
+        try:
+            while await stream.read(1024):
+                pass
+        except TransportError:
+            pass
+
+
+@trio_test
+async def test_gossip_stream_faults_are_reported_and_capped() -> None:
+    limits = NetLimits(read_deadline_s=0.5, max_gossip_streams_per_peer=2)
+    async with open_p2p(seed(1)) as a, open_p2p(seed(2), limits=limits) as b:
+        faults = Faults()
+        b.set_fault_handler(faults)
+        await a.connect(b.listen_addrs()[0])
+        gossip = "/meshsub/1.1.0"
+        # a length prefix announcing ~256 MiB: refused before any body is read
+        stream = await a.open_stream(b.peer_id, gossip)
+        await stream.write(b"\xff\xff\xff\x7f")
+        await _ended(stream)
+        # a frame that starts and never finishes: a stall after the read deadline
+        stream = await a.open_stream(b.peer_id, gossip)
+        await stream.write(b"\x05ab")
+        await _ended(stream)
+        # a body that is no protobuf: py-libp2p's decode error is caught, not fatal
+        stream = await a.open_stream(b.peer_id, gossip)
+        await stream.write(b"\x03\x0f\x0f\x0f")
+        await _ended(stream)
+        await faults.wait(3)
+        assert faults.kinds == ["oversize", "stall", "undecodable"]
+        assert all(detail.endswith(f"on {gossip}") for _, detail in faults.seen)
+        # quiet gossip streams are allowed (an honest peer keeps one open), but only so many:
+        # a's own pubsub holds one to b on the protocol they agreed, so open on another one
+        quiet = "/meshsub/1.0.0"
+        held = [await a.open_stream(b.peer_id, quiet) for _ in range(2)]
+        try:  # refused at once: the reset may even beat the protocol's acknowledgement
+            await _ended(await a.open_stream(b.peer_id, quiet))
+        except TransportError:
+            pass
+        await faults.wait(4)
+        assert faults.seen[-1][0] == "flood" and quiet in faults.seen[-1][1]
+        for stream in held:
+            await stream.reset()
+        assert b.stream_faults == {"oversize": 1, "stall": 1, "undecodable": 1, "flood": 1}
+
+
+@trio_test
+async def test_ping_and_identify_are_guarded_and_identify_names_the_node() -> None:
+    async with open_p2p(seed(1)) as a, open_p2p(seed(2), agent="symphony-node/test") as b:
+        faults = Faults()
+        b.set_fault_handler(faults)
+        await a.connect(b.listen_addrs()[0])
+        ping = await a.open_stream(b.peer_id, "/ipfs/ping/1.0.0")
+        await ping.write(b"x" * 32)  # one whole ping: echoed
+        assert await read_exactly(ping, 32) == b"x" * 32
+        await ping.write(b"short")
+        await ping.close()
+        await _ended(ping)
+        ident = await a.open_stream(b.peer_id, "/ipfs/id/1.0.0")
+        await ident.write(b"the asker sends nothing")
+        await _ended(ident)
+        await faults.wait(2)
+        assert faults.kinds == ["bad_framing", "undecodable"]
+        ident = await a.open_stream(b.peer_id, "/ipfs/id/1.0.0")
+        answer = b""
+        with trio.fail_after(10):
+            while chunk := await ident.read(1 << 16):
+                answer += chunk
+        assert b"symphony-node/test" in answer and b"py-libp2p" not in answer

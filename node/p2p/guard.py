@@ -1,0 +1,224 @@
+"""The guard in front of every inbound stream: ours and the ones py-libp2p serves itself.
+
+What it promises: no exception raised while serving a peer's stream reaches py-libp2p's run
+loop. A stream that misbehaves is reset, the fault is reported once to the fault handler
+(the driver penalizes, node/penalties.py lists the costs) and logged as one line without a
+traceback; a traceback is logged only for an exception in one of our own handlers that no
+peer's bytes explain (our bug), and repeats of it are summarized (node/logs.RepeatLog).
+
+Where it sits (the one place this project patches py-libp2p 0.8.1):
+
+* the swarm's stream handler, ``BasicHost._swarm_stream_handler`` (protocol negotiation,
+  then the protocol's handler), is wrapped: an exception escaping it is caught here. In
+  py-libp2p 0.8.1 an exception out of a handler propagates through
+  ``SwarmConn._handle_muxed_stream`` into the connection's nursery and ends the host: e.g.
+  ``Pubsub.continuously_read_stream`` lets protobuf's ``DecodeError`` out for a
+  non-protobuf frame on ``/meshsub/1.x``. The same wrapper caps a peer's open streams.
+* every handler in ``host.multiselect.handlers`` (gossipsub's, identify, identify push,
+  ping, and ours as they are registered) is wrapped per protocol: a cap on one peer's open
+  streams on it, and for py-libp2p's protocols a stream proxy that follows the frames as
+  they are read (:class:`node.p2p.framing.FramedReads`) so oversize, truncated and stalled
+  frames are seen and penalized (py-libp2p 0.8.1 drops them quietly, which makes them free).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+from google.protobuf.message import DecodeError
+from libp2p.abc import INetStream
+from libp2p.exceptions import ParseError
+from libp2p.io.exceptions import IncompleteReadError, IOException, MessageTooLarge
+from libp2p.network.stream.exceptions import StreamError
+from libp2p.stream_muxer.exceptions import MuxedStreamError
+
+from node.logs import RepeatLog
+from node.p2p.framing import FramedReads, Framing, PeerFault
+from node.runtime.limits import NetLimits
+from node.transport import (
+    FaultHandler,
+    FrameTooLarge,
+    ProtocolViolation,
+    StreamGone,
+    TransportError,
+)
+from protocol.errors import InvalidMessage, RemoteProtocolError
+
+Handler = Callable[[INetStream], Awaitable[None]]
+#: the stream was closed or broken under us: nobody's fault worth points
+_GONE = (StreamGone, StreamError, MuxedStreamError, IOException, trio.BrokenResourceError,
+         trio.ClosedResourceError)
+
+
+def classify(exc: BaseException) -> tuple[str, str] | None:
+    """The fault kind and a short detail a peer's stream raised, or None if no peer's fault.
+
+    An exception group (a handler's nursery) is the peer's fault if any of its leaves is."""
+    if isinstance(exc, BaseExceptionGroup):
+        for leaf in exc.exceptions:
+            found = classify(leaf)
+            if found is not None:
+                return found
+        return None
+    detail = f"{type(exc).__name__}: {exc}"[:200]
+    if isinstance(exc, StreamGone):
+        return None
+    if isinstance(exc, PeerFault):
+        return exc.kind, exc.detail
+    if isinstance(exc, (FrameTooLarge, MessageTooLarge)):
+        return "oversize", detail
+    if isinstance(exc, trio.TooSlowError):
+        return "stall", "no progress within the read deadline"
+    if isinstance(exc, (DecodeError, InvalidMessage, UnicodeDecodeError)):
+        return "undecodable", detail
+    if isinstance(exc, (RemoteProtocolError, ProtocolViolation)):
+        return "invalid", detail
+    if isinstance(exc, (ParseError, IncompleteReadError)):
+        return "bad_framing", detail
+    if isinstance(exc, TransportError):  # ours: truncated frame or broken read
+        return "bad_framing", detail
+    return None
+
+
+class StreamGuard:
+    """Caps, fault reports and logging for every inbound stream of one host; see module doc."""
+
+    def __init__(self, limits: NetLimits, log: Any, now_ms: Callable[[], int]) -> None:
+        self._limits = limits
+        self._log = log
+        self._now_ms = now_ms
+        self._repeats = RepeatLog(log, interval_ms=int(limits.log_summary_interval_s * 1000))
+        self.on_fault: FaultHandler | None = None
+        self._framings: dict[str, Framing] = {}
+        self._per_peer: Counter[str] = Counter()
+        self._per_protocol: Counter[tuple[str, str]] = Counter()
+        #: streams refused or reset for a fault, by kind (status, benchmarks)
+        self.faults: Counter[str] = Counter()
+
+    def set_framing(self, protocol_id: str, framing: Framing) -> None:
+        """Follow the frames of py-libp2p's handler for ``protocol_id`` (see framing.py)."""
+        self._framings[protocol_id] = framing
+
+    def install(self, host: Any) -> None:
+        """Wrap the host's stream entry point and every handler registered so far."""
+        inner = host._swarm_stream_handler
+        host.get_network().set_stream_handler(self._accepting(inner))
+        handlers = host.multiselect.handlers
+        for protocol, handler in list(handlers.items()):
+            if protocol is not None and handler is not None:
+                handlers[protocol] = self.wrap(str(protocol), handler, ours=False)
+
+    def fault(self, peer: str, protocol: str, kind: str, detail: str) -> None:
+        """Count, log (first time per peer and kind, then summaries) and report a fault."""
+        self.faults[kind] += 1
+        self._repeats.note((peer, kind), self._now_ms(), "transport.peer_fault", peer=peer,
+                           protocol=protocol, kind=kind, detail=detail)
+        if self.on_fault is not None:
+            self.on_fault(peer, kind, f"{detail} on {protocol}")
+
+    def _accepting(self, inner: Handler) -> Handler:
+        async def accept(net_stream: INetStream) -> None:
+            peer = net_stream.muxed_conn.peer_id.to_base58()
+            if self._per_peer[peer] >= self._limits.max_streams_per_peer:
+                self.fault(peer, "any", "flood",
+                           f"over {self._limits.max_streams_per_peer} open streams")
+                await _reset(net_stream)
+                return
+            self._per_peer[peer] += 1
+            try:
+                await inner(net_stream)
+            except Exception as exc:
+                await self._failed(net_stream, peer, _protocol_of(net_stream), exc, ours=False)
+            finally:
+                _release(self._per_peer, peer)
+
+        return accept
+
+    def wrap(self, protocol: str, handler: Handler, *, ours: bool) -> Handler:
+        """``handler`` behind the per-protocol stream cap and the fault handling."""
+        cap = self._limits.max_streams_per_protocol
+        framing = None if ours else self._framings.get(protocol)
+        if framing is not None and framing.long_lived:
+            cap = self._limits.max_gossip_streams_per_peer
+
+        async def guarded(net_stream: INetStream) -> None:
+            peer = net_stream.muxed_conn.peer_id.to_base58()
+            key = (peer, protocol)
+            if self._per_protocol[key] >= cap:
+                self.fault(peer, protocol, "flood", f"over {cap} open streams")
+                await _reset(net_stream)
+                return
+            self._per_protocol[key] += 1
+            stream: Any = net_stream
+            if framing is not None:
+                stream = FramedReads(net_stream, framing, self._limits, lambda f: self.fault(
+                    peer, protocol, f.kind, f.detail))
+            try:
+                await handler(stream)
+            except Exception as exc:
+                await self._failed(net_stream, peer, protocol, exc, ours=ours)
+            finally:
+                _release(self._per_protocol, key)
+
+        return guarded
+
+    async def _failed(self, net_stream: INetStream, peer: str, protocol: str,
+                      exc: Exception, *, ours: bool) -> None:
+        try:
+            self._report(peer, protocol, exc, ours=ours)
+        finally:  # reported first: whoever sees the reset may look for the fault at once
+            await _reset(net_stream)
+
+    def _report(self, peer: str, protocol: str, exc: Exception, *, ours: bool) -> None:
+        found = classify(exc)
+        if _reported(exc):
+            return
+        if found is not None:
+            self.fault(peer, protocol, *found)
+        elif _gone(exc):
+            self._log.debug("transport.stream_gone", peer=peer, protocol=protocol,
+                            error=repr(exc)[:200])
+        elif not ours:
+            # py-libp2p failed on what the peer sent: the peer's bytes, upstream's bug
+            self.fault(peer, protocol, "invalid", f"{type(exc).__name__}: {exc}"[:200])
+        else:  # our own handler failed on something no peer explains: our bug
+            self.faults["handler_failed"] += 1
+            self._repeats.note(("ours", f"{protocol} {type(exc).__name__}"), self._now_ms(),
+                               "transport.handler_failed", protocol=protocol, peer=peer,
+                               error=repr(exc)[:200], exc_info=exc)
+
+
+def _reported(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_reported(leaf) for leaf in exc.exceptions)
+    return isinstance(exc, PeerFault) and exc.reported
+
+
+def _gone(exc: BaseException) -> bool:
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_gone(leaf) for leaf in exc.exceptions)
+    return isinstance(exc, _GONE)
+
+
+def _protocol_of(net_stream: INetStream) -> str:
+    try:
+        return str(net_stream.get_protocol() or "negotiation")
+    except Exception:
+        return "negotiation"
+
+
+def _release(counter: Counter[Any], key: Any) -> None:
+    counter[key] -= 1
+    if counter[key] <= 0:
+        del counter[key]
+
+
+async def _reset(net_stream: INetStream) -> None:
+    with trio.CancelScope(shield=True):
+        try:
+            await net_stream.reset()
+        except Exception:
+            pass  # already gone: resetting is best effort

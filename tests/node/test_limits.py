@@ -1,0 +1,112 @@
+"""The network limits, the unicast intake (floods, replays) and logs a peer cannot flood."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from node.config import ConfigError, load_config
+from node.daemon import config_sections
+from node.logs import RepeatFilter, RepeatLog
+from node.penalties import FAULT_PENALTIES, PENALTY_BAN_THRESHOLD, PenaltyBook
+from node.runtime.intake import MAX_DIGESTS_PER_PEER, PeerIntake
+from node.runtime.limits import NetLimits
+
+
+class Lines:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, dict[str, Any]]] = []
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self.lines.append(("warning", event, fields))
+
+    def error(self, event: str, **fields: Any) -> None:
+        self.lines.append(("error", event, fields))
+
+
+def test_a_repeated_fault_is_logged_once_then_summarized_per_interval() -> None:
+    out = Lines()
+    log = RepeatLog(out, interval_ms=1000)
+    for t in range(0, 2500, 10):  # 250 faults in 2.5 s from one peer
+        log.note(("p", "undecodable"), t, "driver.penalized", peer="p")
+    log.note(("q", "undecodable"), 2500, "driver.penalized", peer="q")
+    assert [(e, f["peer"], f.get("repeats")) for _, e, f in out.lines] == [
+        ("driver.penalized", "p", None),
+        ("driver.penalized.repeated", "p", 100),
+        ("driver.penalized.repeated", "p", 100),
+        ("driver.penalized", "q", None)]
+    assert log.suppressed == 250 - 3
+
+
+def test_the_repeat_log_forgets_the_oldest_key_and_keeps_tracebacks_out_of_summaries() -> None:
+    out = Lines()
+    log = RepeatLog(out, interval_ms=10, max_keys=2)
+    boom = RuntimeError("ours")
+    log.note("a", 0, "x", exc_info=boom)
+    log.note("b", 0, "x")
+    log.note("c", 0, "x")  # forgets "a"
+    log.note("a", 1, "x", exc_info=boom)  # so "a" is new again
+    log.note("a", 20, "x", exc_info=boom)
+    assert [(level, "exc_info" in f) for level, _, f in out.lines] == [
+        ("error", True), ("warning", False), ("warning", False), ("error", True),
+        ("warning", False)]
+
+
+def test_third_party_lines_a_peer_provokes_are_summarized_without_tracebacks() -> None:
+    keep = RepeatFilter(interval_s=3600)
+
+    def record(name: str, msg: str) -> logging.LogRecord:
+        try:
+            raise ValueError("peer bytes")
+        except ValueError:
+            import sys
+            return logging.LogRecord(name, logging.ERROR, __file__, 1, msg, ("x",),
+                                     sys.exc_info())
+
+    first = record("libp2p.pubsub", "bad record from %s")
+    assert keep.filter(first) and first.exc_info is None
+    assert not keep.filter(record("libp2p.pubsub", "bad record from %s"))
+    assert keep.filter(record("libp2p.pubsub", "another line %s"))
+    assert keep.filter(record("hypercorn.access", "GET %s"))
+    assert keep.filter(record("hypercorn.access", "GET %s"))  # not a peer-fed logger
+
+
+def test_a_flood_is_refused_beyond_the_rate_and_the_bucket_refills() -> None:
+    intake = PeerIntake(NetLimits(max_messages_per_peer_per_s=10))
+    verdicts = [intake.check("p", i.to_bytes(4, "big"), 0) for i in range(15)]
+    assert verdicts == [None] * 10 + ["flood"] * 5
+    assert intake.check("q", b"other peer", 0) is None
+    assert intake.check("p", b"later", 500) is None  # half a second refills 5
+
+
+def test_replays_beyond_the_allowance_are_refused_within_the_window_only() -> None:
+    intake = PeerIntake(NetLimits(replay_window_s=10, replay_allowance=3))
+    frame = b"the same signed message" * 5
+    assert [intake.check("s", b"short request", t) for t in range(6)] == [None] * 6
+    assert [intake.check("p", frame, t) for t in range(6)] == [
+        None, None, None, "replay", "replay", "replay"]
+    assert intake.check("q", frame, 6) is None  # another peer's copy is its own
+    assert intake.check("p", frame, 10_007) is None  # a new window
+    for i in range(MAX_DIGESTS_PER_PEER + 1):  # memory stays bounded
+        intake.check("r", i.to_bytes(100, "big"), 20_000 + i)
+
+
+def test_a_persistent_attacker_is_banned_after_a_bounded_number_of_faults() -> None:
+    for kind, points in FAULT_PENALTIES.items():
+        book = PenaltyBook()
+        faults = 0
+        while not book.add("p", kind, points, now=0):  # a burst: no time to decay
+            faults += 1
+        assert faults + 1 == -(-PENALTY_BAN_THRESHOLD // points), kind
+        assert book.is_banned("p", 0)
+
+
+def test_limits_are_a_config_section_and_bad_values_are_named() -> None:
+    sections = config_sections({})
+    config = load_config({}, env={"SYMPHONY_LIMITS__REPLAY_ALLOWANCE": "5"},
+                         sections=sections)
+    assert config.section("limits") == NetLimits(replay_allowance=5)
+    with pytest.raises(ConfigError, match="read_deadline_s"):
+        load_config({}, env={"SYMPHONY_LIMITS__READ_DEADLINE_S": "0"}, sections=sections)

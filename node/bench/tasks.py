@@ -17,6 +17,11 @@ alike. ``k1_compute_p50_ms`` is the executor's own time for a task (it also comp
 activation fingerprints verification binds: one extra prefill); ``k1_same_answer`` is the
 share of k = 1 answers equal to the direct call's (greedy on the same backend: expect 1).
 
+Then the load (node/bench/tasks_load.py): 50 concurrent asks at a time against the asker's
+HTTP API, 1,000 in all (``--quick``: 100), each done or failed with a clear error
+(``load_unclear`` counts the others, goal 0), ``/status`` latency meanwhile, and the asker's
+fd and memory growth over them (``load_*`` keys).
+
 The daemons run with their default task settings: the auction closes when k + 1 bids are in
 (one spare) or when its bid window passes, so with three executors a k = 3 ask waits the
 whole window (``bid_window_ms``), which the k3 auction figures show.
@@ -69,6 +74,8 @@ def _ask(client: Any, question: str, k: int, max_tokens: int) -> tuple[float, di
 def run(quick: bool) -> dict[str, Any]:
     from models.config import ModelConfig
     from models.loader import load_backend
+    from node.api.app import read_token
+    from node.bench.tasks_load import FULL_LOAD_ASKS, QUICK_LOAD_ASKS, run_load
     from node.control import ApiClient
     from node.market.requester import TasksSection
     from node.testnet import LocalTestnet
@@ -95,6 +102,8 @@ def run(quick: bool) -> dict[str, Any]:
             for k in (1, 3):
                 figures.update(_asks_with_k(client, questions, k, max_tokens,
                                             baseline if k == 1 else None))
+            figures.update(run_load(asker, read_token(asker.data_dir),
+                                    QUICK_LOAD_ASKS if quick else FULL_LOAD_ASKS))
         finally:
             net.kill_all()
     figures["direct_solve_p50_ms"] = round(_pct(baseline.direct_ms, 0.5), 1)

@@ -8,15 +8,22 @@ re-hashing), each written to a temporary name and renamed into place: a kill lea
 a whole entry or a stray temporary, never half a file that would be served. The states file
 is written last, so it marks a complete entry.
 
-The store holds at most ``budget_bytes`` (oldest entries go first): states are only asked
-for within a task's verification window, minutes at most. SmolLM2-135M keeps ~70 KB per
-token of prompt + output (14 MB for a 200-token result), so the default 1 GiB holds ~70.
+Eviction: the store holds at most ``budget_bytes``, oldest entries first out, but never drops
+an entry younger than ``keep_ms``, which defaults to the verification check window
+(``protocol.verification.rules.states_check_window_ms``, about 3.5 minutes by default): states
+are only asked for within it, so an honest executor always still holds what a check in time
+asks for, even if that makes the store exceed its budget for a while. An evicted entry
+leaves a small tombstone (``<stem>.evicted``, the newest ``MAX_TOMBSTONES`` kept), so a late
+request is answered "evicted" (:class:`StatesEvicted`: the check is inconclusive) rather than
+"never held" (a conviction). SmolLM2-135M keeps ~70 KB per token of prompt + output (14 MB for
+a 200-token result), so the default 1 GiB holds ~70 entries.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,21 +32,32 @@ import numpy as np
 from crypto.hashing import HASH_LEN
 from crypto.merkle import leaf_hash, merkle_proof_of_hashes, merkle_root_of_hashes
 from models.layer_states import BLOCK_TOKENS, blocks_of, encode_leaf, leaf_position, n_blocks
-from protocol.verification.rules import encode_proof
+from protocol.verification.rules import encode_proof, states_check_window_ms
+from protocol.verification.state import VerifyConfig
 
 DEFAULT_BUDGET_BYTES = 1 << 30
+#: entries younger than this are never evicted: the default verification check window
+DEFAULT_KEEP_MS = states_check_window_ms(VerifyConfig())
+#: tombstones of evicted entries kept (the oldest go first beyond it)
+MAX_TOMBSTONES = 4096
 #: the store's folder under a node's data dir
 STATES_DIR = "states"
 
 
 class StatesMissing(LookupError):
-    """The store does not hold the states asked for (never kept, or already dropped)."""
+    """The store does not hold the states asked for (never kept, or damaged)."""
+
+
+class StatesEvicted(StatesMissing):
+    """The store held the states asked for and dropped them (older than the check window)."""
 
 
 class StateStore:
-    def __init__(self, root: Path, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
+    def __init__(self, root: Path, budget_bytes: int = DEFAULT_BUDGET_BYTES,
+                 keep_ms: int = DEFAULT_KEEP_MS) -> None:
         self.root = root
         self.budget_bytes = budget_bytes
+        self.keep_ms = keep_ms
         self._lock = threading.Lock()
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         for stray in root.glob("*.tmp"):
@@ -76,6 +94,8 @@ class StateStore:
             states = np.load(stem.with_suffix(".npy"), mmap_mode="r", allow_pickle=False)
             raw = stem.with_suffix(".hashes").read_bytes()
         except (FileNotFoundError, ValueError) as exc:
+            if stem.with_suffix(".evicted").exists():
+                raise StatesEvicted(f"states of task {task_id.hex()[:12]} were evicted") from exc
             raise StatesMissing(f"no states for task {task_id.hex()[:12]}") from exc
         hashes = [raw[i:i + HASH_LEN] for i in range(0, len(raw), HASH_LEN)]
         L, T, _ = states.shape
@@ -93,13 +113,21 @@ class StateStore:
         return out
 
     def _collect(self) -> None:
+        """Drop the oldest entries beyond the budget, none younger than ``keep_ms``."""
         entries = sorted(self.root.glob("*.npy"), key=lambda p: p.stat().st_mtime)
         total = sum(p.stat().st_size for p in entries)
+        young_after = time.time() - self.keep_ms / 1000
         while entries and total > self.budget_bytes:
             old = entries.pop(0)
+            if old.stat().st_mtime > young_after:
+                break  # still inside the check window: kept, over budget or not
             total -= old.stat().st_size
+            old.with_suffix(".evicted").touch()
             old.unlink(missing_ok=True)
             old.with_suffix(".hashes").unlink(missing_ok=True)
+        tombstones = sorted(self.root.glob("*.evicted"), key=lambda p: p.stat().st_mtime)
+        for stale in tombstones[:max(0, len(tombstones) - MAX_TOMBSTONES)]:
+            stale.unlink(missing_ok=True)
         live = {p.stem for p in self.root.glob("*.npy")}
         for h in self.root.glob("*.hashes"):
             if h.stem not in live and not h.with_suffix(".npy.tmp").exists():

@@ -182,8 +182,9 @@ class VerifyService(NurseryService):
                 self.ctx.log.warning("verify.no_states", error=str(exc))
             else:
                 store = StateStore(self.ctx.data_dir / STATES_DIR)
-                self.ctx.transport.set_stream_handler(states_protocol(self.ctx.network_id),
-                                                      serve_states(store))
+                self.ctx.transport.set_stream_handler(
+                    states_protocol(self.ctx.network_id),
+                    serve_states(store, self.ctx.config.sections.get("limits")))
         if not (self.section.enabled and self.section.verifier):
             self.problem = "verification off ([verify] enabled / verifier)"
             return
@@ -261,8 +262,8 @@ class VerifyService(NurseryService):
                 prep.wanted)
         except BadStates as exc:
             return CheckDone(job.check_id, False, f"layer states: {exc}"[:MAX_FAILURE_TEXT])
-        except StatesUnavailable as exc:
-            return CheckFailed(job.check_id, f"executor unreachable: {exc}"[:MAX_FAILURE_TEXT])
+        except StatesUnavailable as exc:  # unreachable, evicted or busy: inconclusive
+            return CheckFailed(job.check_id, f"no layer states: {exc}"[:MAX_FAILURE_TEXT])
         return await trio.to_thread.run_sync(self.runner.run_layers, job, prep, fetched,
                                              abandon_on_cancel=True)
 

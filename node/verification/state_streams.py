@@ -2,14 +2,22 @@
 
 One stream per check: the verifier writes a ``StatesRequest`` (task, states root, leaf
 indices), the executor answers one ``StateLeaf`` frame per index from its
-models.state_store.StateStore, or a single ``index = -1`` frame when it does not hold them.
-:func:`fetch_leaves` checks every leaf against the root of the executor's signed commitment
-(index-bound Merkle proof, header naming the layer and block asked for), so a wrong, missing
-or forged leaf is the executor's failure, never a pass.
+models.state_store.StateStore, or a single refusal frame (a negative index, see
+protocol/verification/messages.py): it does not hold them, it evicted them (past the check
+window), or the verifier is over its quota. :func:`fetch_leaves` checks every leaf against
+the root of the executor's signed commitment (index-bound Merkle proof, header naming the
+layer and block asked for), so a wrong, missing or forged leaf is the executor's failure,
+never a pass; an eviction or a quota refusal leaves the check inconclusive
+(``protocol.verification.rules.states_refusal_convicts``).
+
+The executor serves each peer at most ``NetLimits.states_requests_per_peer_per_min``
+requests a minute and ``NetLimits.states_concurrent_per_peer`` at once (:class:`StatesQuota`);
+beyond that it answers ``STATES_BUSY`` without reading the request.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 
 import numpy as np
@@ -17,13 +25,27 @@ import trio
 
 from crypto.merkle import verify_proof
 from models.layer_states import decode_leaf, leaf_index, n_blocks
-from models.state_store import StatesMissing, StateStore
-from node.transport import BulkStream, Transport, TransportError, read_frame, write_frame
+from models.state_store import StatesEvicted, StatesMissing, StateStore
+from node.runtime.limits import NetLimits
+from node.transport import (
+    BulkStream,
+    ProtocolViolation,
+    Transport,
+    TransportError,
+    read_frame,
+    write_frame,
+)
 from protocol.codec import MAX_FRAME_BYTES, decode, encode
 from protocol.errors import InvalidMessage
 from protocol.names import protocol_id
-from protocol.verification.messages import StateLeaf, StatesRequest
-from protocol.verification.rules import decode_proof
+from protocol.verification.messages import (
+    STATES_BUSY,
+    STATES_EVICTED,
+    STATES_NOT_HELD,
+    StateLeaf,
+    StatesRequest,
+)
+from protocol.verification.rules import decode_proof, states_refusal_convicts
 
 STATES_PROTOCOL_NAME = "verify-states"
 #: opening the stream and each frame after it must make progress within this long
@@ -35,8 +57,9 @@ def states_protocol(network_id: str) -> str:
 
 
 class StatesUnavailable(Exception):
-    """The executor could not be reached at all (not provably its fault: the check is
-    declined and the requester asks another verifier)."""
+    """The executor could not be reached at all, evicted the states past the check window, or
+    turned this verifier away over its quota (not provably its fault: the check is declined
+    and the requester asks another verifier)."""
 
 
 class BadStates(Exception):
@@ -44,25 +67,69 @@ class BadStates(Exception):
     stream, broke it off, said it holds no states, or sent a leaf its root does not prove."""
 
 
-def serve_states(store: StateStore) -> Callable[[str, BulkStream], Awaitable[None]]:
-    """The executor side: a stream handler answering from ``store``."""
+class StatesQuota:
+    """Per peer: requests admitted in the last minute, and streams being served now."""
+
+    def __init__(self, per_min: int, concurrent: int) -> None:
+        self._per_min = per_min
+        self._concurrent = concurrent
+        self._recent: dict[str, deque[float]] = {}
+        self._serving: dict[str, int] = {}
+
+    def admit(self, peer: str, now_s: float) -> bool:
+        recent = self._recent.setdefault(peer, deque())
+        while recent and recent[0] <= now_s - 60:
+            recent.popleft()
+        if len(recent) >= self._per_min or self._serving.get(peer, 0) >= self._concurrent:
+            return False
+        recent.append(now_s)
+        self._serving[peer] = self._serving.get(peer, 0) + 1
+        return True
+
+    def release(self, peer: str, now_s: float) -> None:
+        self._serving[peer] -= 1
+        if not self._serving[peer]:
+            del self._serving[peer]
+        for other in [p for p, times in self._recent.items()
+                      if not times or times[-1] <= now_s - 60]:
+            del self._recent[other]  # idle for a minute: nothing left to count
+
+
+def serve_states(store: StateStore, limits: NetLimits | None = None
+                 ) -> Callable[[str, BulkStream], Awaitable[None]]:
+    """The executor side: a stream handler answering from ``store`` within the quota."""
+    limits = NetLimits() if limits is None else limits
+    quota = StatesQuota(limits.states_requests_per_peer_per_min, limits.states_concurrent_per_peer)
 
     async def serve(peer: str, stream: BulkStream) -> None:
-        with trio.fail_after(STEP_TIMEOUT_S):
-            req = decode(await read_frame(stream, max_bytes=MAX_FRAME_BYTES))
-        if not isinstance(req, StatesRequest):
-            raise TransportError(f"states stream: expected a StatesRequest, got "
-                                 f"{type(req).__name__}")
-        try:
-            leaves = await trio.to_thread.run_sync(store.leaves, req.task_id, req.states_root,
-                                                   list(req.leaves))
-        except (StatesMissing, IndexError):
-            await write_frame(stream, encode(StateLeaf(index=-1, leaf=b"", proof=b"")))
+        if not quota.admit(peer, trio.current_time()):
+            await write_frame(stream, encode(StateLeaf(index=STATES_BUSY, leaf=b"", proof=b"")))
             return
-        for index, leaf, proof in leaves:
-            await write_frame(stream, encode(StateLeaf(index=index, leaf=leaf, proof=proof)))
+        try:
+            await _answer(store, stream)
+        finally:
+            quota.release(peer, trio.current_time())
 
     return serve
+
+
+async def _answer(store: StateStore, stream: BulkStream) -> None:
+    with trio.fail_after(STEP_TIMEOUT_S):
+        req = decode(await read_frame(stream, max_bytes=MAX_FRAME_BYTES))
+    if not isinstance(req, StatesRequest):
+        raise ProtocolViolation(f"states stream: expected a StatesRequest, got "
+                                f"{type(req).__name__}")
+    try:
+        leaves = await trio.to_thread.run_sync(store.leaves, req.task_id, req.states_root,
+                                               list(req.leaves))
+    except StatesEvicted:
+        await write_frame(stream, encode(StateLeaf(index=STATES_EVICTED, leaf=b"", proof=b"")))
+        return
+    except (StatesMissing, IndexError):
+        await write_frame(stream, encode(StateLeaf(index=STATES_NOT_HELD, leaf=b"", proof=b"")))
+        return
+    for index, leaf, proof in leaves:
+        await write_frame(stream, encode(StateLeaf(index=index, leaf=leaf, proof=proof)))
 
 
 def open_leaf(states_root: bytes, count: int, index: int, expected: tuple[int, int],
@@ -107,8 +174,11 @@ async def fetch_leaves(transport: Transport, protocol: str, executor: str, task_
             msg = decode(frame)
             if not isinstance(msg, StateLeaf):
                 raise BadStates(f"sent a {type(msg).__name__} instead of a state leaf")
-            if msg.index == -1:
+            if msg.index < 0 and states_refusal_convicts(msg.index):
                 raise BadStates("does not hold the layer states it committed to")
+            if msg.index < 0:  # evicted past the check window, or we are over its quota
+                raise StatesUnavailable("declined to open its states: " + (
+                    "evicted" if msg.index == STATES_EVICTED else "over the per-peer quota"))
             if msg.index != index:
                 raise BadStates(f"sent leaf {msg.index} when {index} was due")
             got[index_of[index]] = open_leaf(states_root, count, index, index_of[index],

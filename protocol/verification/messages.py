@@ -272,12 +272,23 @@ class StatesRequest(Message):
             raise ValueError("leaf indices must be ascending and distinct")
 
 
+#: StateLeaf refusals (negative indices): the executor never held the states asked for ...
+STATES_NOT_HELD = -1
+#: ... held them but dropped them, past the check window, to stay within its store's budget ...
+STATES_EVICTED = -2
+#: ... or will not serve this verifier now (over its per-peer quota)
+STATES_BUSY = -3
+
+
 @message(81)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StateLeaf(Message):
-    """Executor -> verifier: one requested leaf and its Merkle proof (one frame each); a leaf
-    index of -1 with an empty leaf says the executor does not hold the states."""
+    """Executor -> verifier: one requested leaf and its Merkle proof (one frame each); a
+    negative index with an empty leaf is a refusal instead: ``STATES_NOT_HELD`` (never kept),
+    ``STATES_EVICTED`` (kept, then dropped once older than the check window) or
+    ``STATES_BUSY`` (this verifier is over the executor's per-peer quota). What each one
+    means for the check: protocol/verification/rules.py ``states_refusal_convicts``."""
 
-    index: int = limits(lo=-1, hi=(1 << 31) - 1)
+    index: int = limits(lo=STATES_BUSY, hi=(1 << 31) - 1)
     leaf: bytes = limits(max_len=MAX_STATE_LEAF_BYTES)
     proof: bytes = limits(max_len=MAX_PROOF_BYTES)

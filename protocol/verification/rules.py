@@ -46,7 +46,14 @@ from protocol.ledger.records import AttestationKind
 from protocol.ledger.reputation import NEUTRAL
 from protocol.ledger.view import LedgerView
 from protocol.market.messages import HASH_LEN, TaskSpec
-from protocol.verification.messages import ID_BYTES, PROOF_STEP_BYTES
+from protocol.verification.messages import (
+    ID_BYTES,
+    PROOF_STEP_BYTES,
+    STATES_BUSY,
+    STATES_EVICTED,
+    STATES_NOT_HELD,
+)
+from protocol.verification.state import VerifyConfig
 
 _U32 = 1 << 32
 
@@ -216,3 +223,25 @@ def ledger_convicted(view: LedgerView, peer: str, now: int, window_ms: int,
         return False
     reputable = [o for o in observers if view.reputation(o, now).score > NEUTRAL.score]
     return len(reputable) >= min_observers
+
+
+def states_refusal_convicts(index: int) -> bool:
+    """Does an executor's refusal to open its committed layer states fail the check?
+
+    Only ``STATES_NOT_HELD``: it committed to states it does not have. ``STATES_EVICTED``
+    (dropped once past the check window, which an honest executor's store covers, so it never
+    happens to an honest one in time) and ``STATES_BUSY`` (the verifier is over the
+    executor's quota) make the check inconclusive: the verifier declines it, never convicts.
+    """
+    if index not in (STATES_NOT_HELD, STATES_EVICTED, STATES_BUSY):
+        raise ValueError(f"{index} is not a states refusal")
+    return index == STATES_NOT_HELD
+
+
+def states_check_window_ms(config: VerifyConfig) -> int:
+    """How long after committing an executor may be asked for its layer states: the commit
+    window, the reveal, then up to ``1 + max_escalations`` rounds of checks, in each of which
+    every verifier may time out once and be replaced. An executor keeps its states at least
+    this long (models/state_store.py)."""
+    rounds = 1 + config.max_escalations
+    return config.commit_window_ms + config.reveal_ms + rounds * 2 * config.check_timeout_ms

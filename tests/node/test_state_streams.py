@@ -5,6 +5,8 @@ a byte budget, strays from a kill cleaned up."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +15,18 @@ import pytest
 import trio
 
 from models.layer_states import BLOCK_TOKENS, n_blocks
-from models.state_store import StatesMissing, StateStore
+from models.state_store import DEFAULT_KEEP_MS, StatesEvicted, StatesMissing, StateStore
+from node.runtime.limits import NetLimits
 from node.transport import TransportError
-from node.verification.state_streams import BadStates, StatesUnavailable, fetch_leaves, serve_states
+from node.verification.state_streams import (
+    BadStates,
+    StatesQuota,
+    StatesUnavailable,
+    fetch_leaves,
+    serve_states,
+)
+from protocol.verification.rules import states_check_window_ms, states_refusal_convicts
+from protocol.verification.state import VerifyConfig
 
 TASK = b"\x07" * 32
 L, T, C = 3, 70, 16  # 3 blocks per layer
@@ -80,14 +91,15 @@ def states() -> np.ndarray:
 WANTED = [(1, 0), (1, 1), (1, 2), (2, 1), (3, 2)]
 
 
-async def _fetch(store: StateStore | None, root: bytes, *, connected: bool = True) -> dict:
+async def _fetch(store: StateStore | None, root: bytes, *, connected: bool = True,
+                 limits: NetLimits | None = None, task: bytes = TASK) -> dict:
     error: Exception | None = None
     got: dict = {}
     async with trio.open_nursery() as nursery:
-        handler = serve_states(store) if store is not None else None
+        handler = serve_states(store, limits) if store is not None else None
         transport = MemTransport(nursery, handler, connected)
         try:
-            got = await fetch_leaves(transport, "p", "exec", TASK, root,  # type: ignore[arg-type]
+            got = await fetch_leaves(transport, "p", "exec", task, root,  # type: ignore[arg-type]
                                      L, T, WANTED)
         except Exception as exc:
             error = exc
@@ -136,7 +148,7 @@ def test_unreachable_executor_is_not_its_fault(tmp_path: Path) -> None:
 def test_store_budget_drops_oldest_and_cleans_strays(tmp_path: Path) -> None:
     (tmp_path / "junk.npy.tmp").write_bytes(b"half a file")
     one = states().nbytes
-    store = StateStore(tmp_path, budget_bytes=int(2.5 * one))
+    store = StateStore(tmp_path, budget_bytes=int(2.5 * one), keep_ms=0)
     assert not (tmp_path / "junk.npy.tmp").exists()
     roots = []
     for i in range(4):
@@ -149,3 +161,59 @@ def test_store_budget_drops_oldest_and_cleans_strays(tmp_path: Path) -> None:
         store.leaves(*roots[0], [0])
     with pytest.raises(ValueError):
         store.put(TASK, states().astype(np.float64))
+
+
+def test_states_inside_the_check_window_are_kept_over_budget_and_evicted_ones_are_no_conviction(
+        tmp_path: Path) -> None:
+    assert DEFAULT_KEEP_MS >= states_check_window_ms(VerifyConfig()) > 0
+    one = states().nbytes
+    store = StateStore(tmp_path, budget_bytes=int(1.5 * one), keep_ms=60_000)
+    roots = [(bytes([i]) * 32, store.put(bytes([i]) * 32, states() + i)[0]) for i in range(3)]
+    assert len(list(tmp_path.glob("*.npy"))) == 3  # all young: kept, over budget or not
+    hour_ago = time.time() - 3600
+    for tid, root in roots[:2]:  # the first two leave the check window
+        os.utime(tmp_path / f"{tid.hex()}-{root.hex()}.npy", (hour_ago, hour_ago))
+    store.put(b"\x09" * 32, states() + 9)
+    with pytest.raises(StatesEvicted):
+        store.leaves(*roots[0], [0])
+    assert store.leaves(*roots[2], [0])  # the young one is still served
+    # a check arriving after the eviction is inconclusive, never the executor's failure
+    with pytest.raises(StatesUnavailable, match="evicted"):
+        trio.run(lambda: _fetch(store, roots[0][1], task=roots[0][0]))
+    # while states never held are
+    with pytest.raises(BadStates, match="does not hold"):
+        trio.run(lambda: _fetch(store, b"\x05" * 32))
+
+
+def test_only_states_never_held_convict() -> None:
+    assert states_refusal_convicts(-1)
+    assert not states_refusal_convicts(-2) and not states_refusal_convicts(-3)
+    with pytest.raises(ValueError):
+        states_refusal_convicts(-4)
+
+
+def test_a_verifier_over_its_quota_is_turned_away_without_a_conviction(tmp_path: Path) -> None:
+    store = StateStore(tmp_path)
+    root, _ = store.put(TASK, states())
+    limits = NetLimits(states_requests_per_peer_per_min=2)
+
+    async def three_checks() -> None:
+        async with trio.open_nursery() as nursery:
+            handler = serve_states(store, limits)
+            transport = MemTransport(nursery, handler)
+            for _ in range(2):
+                await fetch_leaves(transport, "p", "exec", TASK, root,  # type: ignore[arg-type]
+                                   L, T, WANTED)
+            with pytest.raises(StatesUnavailable, match="quota"):
+                await fetch_leaves(transport, "p", "exec", TASK, root,  # type: ignore[arg-type]
+                                   L, T, WANTED)
+            nursery.cancel_scope.cancel()
+
+    trio.run(three_checks)
+    quota = StatesQuota(per_min=2, concurrent=1)
+    assert quota.admit("v", 0.0) and not quota.admit("v", 1.0)  # one at a time
+    quota.release("v", 2.0)
+    assert quota.admit("v", 3.0) and quota.admit("w", 3.0)  # each peer its own
+    quota.release("v", 4.0)
+    assert not quota.admit("v", 5.0)  # two in the last minute already
+    assert quota.admit("v", 61.0)  # the first one has left the minute

@@ -22,12 +22,13 @@ BENCHMARKS: dict[str, str] = {
     "verify": "node.bench.verify",
     "relay": "node.bench.relay",
     "fuzz": "node.bench.fuzz",
+    "soak": "node.bench.soak",
     "simulate": "node.bench.simulate",
 }
 
 
 #: options some benchmarks take beside --quick (keyword arguments of their ``run``)
-OPTIONS: dict[str, tuple[str, ...]] = {"fuzz": ("frames",)}
+OPTIONS: dict[str, tuple[str, ...]] = {"fuzz": ("frames",), "soak": ("cycles",)}
 
 
 def load(name: str) -> Callable[..., dict[str, Any]]:

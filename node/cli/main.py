@@ -54,7 +54,10 @@ def main() -> None:
 @click.option("--quick", is_flag=True, help="A smaller run, under a minute.")
 @click.option("--frames", type=click.IntRange(min=1), default=None,
               help="fuzz: frames per protocol (default 100,000).")
-def bench(name: str, as_json: bool, quick: bool, frames: int | None) -> None:
+@click.option("--cycles", type=click.IntRange(min=1), default=None,
+              help="soak: kill-and-restart cycles (default 100).")
+def bench(name: str, as_json: bool, quick: bool, frames: int | None,
+          cycles: int | None) -> None:
     """Run benchmark NAME and print its figures."""
     from node.bench import BENCHMARKS, OPTIONS, load
 
@@ -63,7 +66,7 @@ def bench(name: str, as_json: bool, quick: bool, frames: int | None) -> None:
             f"unknown benchmark {name!r}; choose from {', '.join(sorted(BENCHMARKS))}",
             param_hint="NAME",
         )
-    given = {k: v for k, v in {"frames": frames}.items() if v is not None}
+    given = {k: v for k, v in {"frames": frames, "cycles": cycles}.items() if v is not None}
     for option in given:
         if option not in OPTIONS.get(name, ()):
             takers = ", ".join(n for n, opts in sorted(OPTIONS.items()) if option in opts)

@@ -29,6 +29,7 @@ from node.config import fed_config
 from node.market.api import AskError, openai_routes, task_routes
 from node.service import NodeContext, Service
 from protocol.answers import AnswerType
+from protocol.ledger.trust import TrustView
 from protocol.market.attestations import ledger_attestation
 from protocol.market.auction import (
     Attest,
@@ -123,7 +124,8 @@ class TasksService(Service):
         self.section: TasksSection = ctx.config.section(self.name)
         s = self.section
         self._bandit: LinUCB | None = None
-        selector: Selector = ScoreSelector()
+        self._trust_view: TrustView | None = None
+        selector: Selector = ScoreSelector(group_of=self.group)
         if s.selector == "linucb":
             self._bandit = LinUCB(len(FEATURES), alpha=s.linucb_alpha, ridge=s.linucb_lambda)
             selector = LinUCBSelector(self._bandit)
@@ -145,11 +147,23 @@ class TasksService(Service):
 
     # ---------------------------------------------------------------- ledger adapters
 
-    def reputation(self, peer: str) -> float:
+    def _trust(self) -> TrustView | None:
         view = getattr(getattr(self.ctx.services.get("ledger"), "machine", None), "view", None)
         if view is None:
-            return 0.5
-        return float(view.reputation(peer, self.ctx.clock()).score)
+            return None
+        if self._trust_view is None or self._trust_view.view is not view:
+            self._trust_view = TrustView(view)
+        return self._trust_view
+
+    def reputation(self, peer: str) -> float:
+        """The peer's earned reputation (protocol.ledger.trust), as the simulator's requester."""
+        trust = self._trust()
+        return 0.5 if trust is None else trust.record(peer, self.ctx.clock())
+
+    def group(self, peer: str) -> str:
+        """The peer's praise group, for choosing independent executors."""
+        trust = self._trust()
+        return peer if trust is None else trust.group(peer, self.ctx.clock())
 
     async def _attest(self, effect: Attest) -> None:
         self.ctx.log.info("tasks.attest", subject=effect.subject, task_id=effect.task_id.hex(),

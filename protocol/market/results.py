@@ -3,10 +3,14 @@
 ``ResultIntake`` is mixed into ``protocol.market.auction.Auction`` (which documents the promises);
 it holds the result checks (forged, unassigned, replayed, late, oversized CoT, wrong model;
 unparseable answers are kept as abstentions), ``admit`` (the verification seam: a
-commit/reveal step wraps it) and ``_finish`` (vote, attest each executor, reward the selector, release everyone still held).
+commit/reveal step wraps it) and ``_finish`` (vote, attest each executor: completed when
+the other executors' ballots confirm its answer, ``VoteOutcome.confirmed``; reward the
+selector, release everyone still held).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from protocol.answers import AnswerType, normalize_answer
 from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored
@@ -36,10 +40,17 @@ from protocol.market.state import (
     move_attempt,
     move_phase,
 )
-from protocol.market.voting import Ballot, vote
+from protocol.market.voting import Ballot, ballot_weight, vote
 
 
 class ResultIntake(AuctionParts):
+    #: how a ballot weighs (protocol.market.voting's rule), and whether an executor's answer
+    #: must be confirmed by the others' ballots to be attested completed (else: agree with the
+    #: winner); the voting scenario measures the former rule by giving its comparison runs'
+    #: requesters that (ballot weight as claimed, False) instead
+    weigh: Callable[[Ballot], float] = staticmethod(ballot_weight)
+    confirm_by_others: bool = True
+
     # ------------------------------------------------------------------ results
 
     def _on_reject(self, peer: str, msg: Reject, now: int) -> list[Effect]:
@@ -129,12 +140,14 @@ class ResultIntake(AuctionParts):
         if task.results and why != "cancelled":
             ballots = [Ballot(p, r.body.answer, r.body.confidence, self.reputation(p),
                               r.match_score) for p, r in task.results.items()]
-            task.outcome = vote(ballots, AnswerType(task.spec.answer_type), task.spec.choices)
+            task.outcome = vote(ballots, AnswerType(task.spec.answer_type), task.spec.choices,
+                                self.weigh)
             task.partial = len(task.results) < task.spec.k
             move_phase(task, TaskPhase.DONE)
             self._count("tasks_done")
             for p in task.results:
-                agreed = task.outcome.agrees(p)
+                agreed = (task.outcome.confirmed(p) if self.confirm_by_others
+                          else task.outcome.agrees(p))
                 effects.append(Attest(p, tid, TASK_ATTEST, COMPLETED if agreed else WRONG))
                 if self.config.reward_on_vote:
                     self.selector.observe(tid, p, 1.0 if agreed else 0.0)

@@ -18,11 +18,19 @@ Score formula (every term in [0, 1], weights sum to 1)::
           + W_LATENCY * (1 - min(1, est_latency / deadline))
 
 Ties are broken by peer id, so the choice is deterministic.
+
+Independence: given ``group_of`` (a peer's praise group, ``protocol.ledger.trust``: identities
+that vouch for each other in the ledger, likely one operator), the score selector picks
+greedily and lowers a candidate's score by ``INDEPENDENCE_PENALTY`` for every executor of its
+group already picked. A coalition that may otherwise fill all k seats of a task with its own
+members, and so outvote everyone, then gets one seat unless no independent bidder comes close.
+The reputation in a candidate is the requester's earned reputation (a track record from
+observers it trusts), so colluders that praise each other gain nothing in the ranking either.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -30,6 +38,8 @@ W_MATCH = 0.4
 W_REP = 0.3
 W_PRICE = 0.15
 W_LATENCY = 0.15
+#: score subtracted per executor of the candidate's praise group already picked for the task
+INDEPENDENCE_PENALTY = 0.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +87,18 @@ class ScoreWeights:
 
 
 class ScoreSelector:
-    """Rank by the documented weighted score; stateless, so ``observe`` does nothing."""
+    """Rank by the documented weighted score, preferring independent executors when
+    ``group_of`` names each peer's group; stateless, so ``observe`` does nothing."""
 
-    def __init__(self, weights: ScoreWeights = ScoreWeights()) -> None:
+    def __init__(
+        self,
+        weights: ScoreWeights = ScoreWeights(),
+        group_of: Callable[[str], str] | None = None,
+        independence_penalty: float = INDEPENDENCE_PENALTY,
+    ) -> None:
         self.weights = weights
+        self.group_of = group_of
+        self.independence_penalty = independence_penalty
 
     def score(self, c: Candidate) -> float:
         w = self.weights
@@ -94,10 +112,33 @@ class ScoreSelector:
 
     def select(self, task_id: bytes, candidates: Sequence[Candidate], n: int) -> list[Candidate]:
         ranked = sorted(unique(candidates), key=lambda c: (-self.score(c), c.peer))
-        return ranked[: max(0, n)]
+        if self.group_of is None:
+            return ranked[: max(0, n)]
+        return independent(ranked, n, self.score, self.group_of, self.independence_penalty)
 
     def observe(self, task_id: bytes, peer: str, reward: float) -> None:
         return None
+
+
+def independent(
+    ranked: Sequence[Candidate],
+    n: int,
+    score: Callable[[Candidate], float],
+    group_of: Callable[[str], str],
+    penalty: float,
+) -> list[Candidate]:
+    """Pick ``n`` greedily, each at its score less ``penalty`` per pick of its group so far."""
+    groups = {c.peer: group_of(c.peer) for c in ranked}
+    taken: dict[str, int] = {}
+    left = list(ranked)
+    picked: list[Candidate] = []
+    while left and len(picked) < n:
+        best = min(left, key=lambda c: (-(score(c) - penalty * taken.get(groups[c.peer], 0)),
+                                        c.peer))
+        left.remove(best)
+        picked.append(best)
+        taken[groups[best.peer]] = taken.get(groups[best.peer], 0) + 1
+    return picked
 
 
 def unique(candidates: Sequence[Candidate]) -> list[Candidate]:

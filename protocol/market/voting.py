@@ -4,13 +4,34 @@ Every answer is first normalized for the task's answer type with
 ``protocol.answers.normalize_answer``; an answer that does not normalize is an *invalid*
 ballot: it is listed but weighs nothing. Each valid ballot weighs
 
-    weight = f(reputation) * f(confidence) * f(match_score)
-    f(v)   = WEIGHT_FLOOR + (1 - WEIGHT_FLOOR) * clamp(v, 0, 1)
+    weight     = f(reputation) * f(confidence') * f(match_score)
+    confidence'= min(confidence, reputation)
+    f(v)       = WEIGHT_FLOOR + (1 - WEIGHT_FLOOR) * clamp(v, 0, 1)
 
-reputation is the executor's ledger reputation, confidence the executor's own answer
-confidence, match_score how well its model fit the task (Symphony weights each CoT by its
-executor's match score). The floor keeps a zero in one factor from silencing a ballot
-entirely, so three agreeing zero-confidence answers still beat nothing.
+reputation is the executor's *earned* reputation as the requester sees it: its track record
+weighted by how far the requester trusts each observer (``protocol.ledger.trust``; 0.5 for an
+executor nobody trusted has seen). confidence is the executor's own claim, match_score how
+well its model fit the task (Symphony weights each CoT by its executor's match score). The
+floor keeps a zero in one factor from silencing a ballot entirely, so three agreeing
+zero-confidence answers still beat nothing.
+
+The attack this answers: weighting by claimed confidence as claimed lets an executor buy
+influence for free by claiming 1.0 (measured by the voting scenario: confidently-wrong
+colluders took k = 3 weighted voting down to 6% correct). Here a claim counts only up to the
+executor's track record: an executor that wins half its votes weighs as if it claimed at most
+0.5, however sure it says it is, and a newcomer counts as an executor with an even record.
+One executor's weight is thus capped by its record, and a group whose record comes only from
+praising itself has no trusted record (``protocol.ledger.trust``), so its members weigh as
+newcomers. A calibrated executor loses nothing: its low-confidence answers keep their low
+weight and its confident ones weigh what its record has earned (up to ``CONFIDENCE_SLACK``
+above it, so a calibrated executor's confidence still separates its answers).
+
+The record is what the requester attests after each vote, and an executor's answer counts as
+right (``completed``) only when the *other* executors' ballots confirm it
+(``VoteOutcome.confirmed``): no executor can raise its own record by outweighing the others,
+which would otherwise let a confident executor that wins a few early votes weigh more, win
+more, and lock itself in (measured: with that loop, executors always giving the most common
+wrong answer ended with the best records at k = 3).
 
 The winner is the normalized answer with the largest total weight; ties go to the answer with
 more ballots, then to the smallest answer string, so every node computes the same outcome
@@ -19,12 +40,14 @@ from the same ballots in any order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from protocol.answers import AnswerType, normalize_answer
 
 WEIGHT_FLOOR = 0.05
+#: how far a claimed confidence may exceed the executor's record before it stops counting
+CONFIDENCE_SLACK = 0.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,23 +91,48 @@ class VoteOutcome:
             s.ballot.executor == executor and s.normalized == self.winner for s in self.ballots
         )
 
+    def confirmed(self, executor: str) -> bool:
+        """Did the *other* executors' ballots confirm ``executor``'s answer: is it a top answer
+        (ties included) by their weight alone? With no other valid ballot: did it win?"""
+        mine = next((s for s in self.ballots if s.ballot.executor == executor), None)
+        if mine is None or mine.normalized is None:
+            return False
+        totals: dict[str, float] = {}
+        for s in self.ballots:
+            if s.normalized is not None and s.ballot.executor != executor:
+                totals[s.normalized] = totals.get(s.normalized, 0.0) + s.weight
+        if not totals:
+            return self.winner == mine.normalized
+        own = totals.get(mine.normalized, 0.0)
+        return own > 0.0 and round(own, 12) >= round(max(totals.values()), 12)
+
 
 def _factor(v: float) -> float:
     return WEIGHT_FLOOR + (1.0 - WEIGHT_FLOOR) * min(1.0, max(0.0, v))
 
 
+def calibrated_confidence(b: Ballot) -> float:
+    """The confidence a ballot is allowed: its claim, capped by the executor's record."""
+    return min(b.confidence, b.reputation + CONFIDENCE_SLACK)
+
+
 def ballot_weight(b: Ballot) -> float:
-    return _factor(b.reputation) * _factor(b.confidence) * _factor(b.match_score)
+    return _factor(b.reputation) * _factor(calibrated_confidence(b)) * _factor(b.match_score)
 
 
 def vote(
-    ballots: Sequence[Ballot], answer_type: AnswerType, choices: Sequence[str] = ()
+    ballots: Sequence[Ballot],
+    answer_type: AnswerType,
+    choices: Sequence[str] = (),
+    weigh: Callable[[Ballot], float] = ballot_weight,
 ) -> VoteOutcome:
-    """Normalize, weigh and count ``ballots``; deterministic in their order and content."""
+    """Normalize, weigh and count ``ballots``; deterministic in their order and content.
+
+    ``weigh`` is the protocol's rule; a simulation may pass another to measure against it."""
     scored: list[ScoredBallot] = []
     for b in sorted(ballots, key=lambda b: (b.executor, b.answer)):
         normalized = normalize_answer(answer_type, b.answer, tuple(choices))
-        weight = ballot_weight(b) if normalized is not None else 0.0
+        weight = weigh(b) if normalized is not None else 0.0
         scored.append(ScoredBallot(b, normalized, weight))
     totals: dict[str, list[ScoredBallot]] = {}
     for s in scored:

@@ -2,8 +2,10 @@
 
 As node/market/requester.py and node/market/executor.py do for the daemon:
 
-* the auction's ``reputation`` callback reads the node's ledger machine, if it hosts one
-  (0.5 otherwise); its ``Attest`` effects become ledger ``Attest`` commands through
+* the auction's ``reputation`` callback is the node's earned reputation of the peer
+  (``protocol.ledger.trust.TrustView`` over its ledger machine, as the daemon's; 0.5 without
+  a ledger), and ``trust_view`` gives selectors the same view; its ``Attest`` effects
+  become ledger ``Attest`` commands through
   ``protocol.market.attestations.ledger_attestation``, the daemon's very mapping;
   ``TaskUpdated`` snapshots go to the node's store;
 * the executor's ``StartCompute`` runs on the compute model (or a real solver) and comes back
@@ -18,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from protocol.ledger.trust import TrustView
 from protocol.market.attestations import ledger_attestation
 from protocol.market.auction import Auction
 from protocol.market.events import (
@@ -39,6 +42,29 @@ SNAPSHOTS = "tasks.snapshots"
 _RUNNING = "compute.running"
 
 BehaviourOf = Callable[[VirtualNode], Behaviour | None]
+_TRUST = "ledger.trust"
+
+
+def trust_view(node: VirtualNode) -> TrustView | None:
+    """The node's ``TrustView`` over its ledger machine (None when it hosts no ledger)."""
+    slot = node.slots.get("ledger")
+    if slot is None:
+        return None
+    view = unwrap(slot.machine).view
+    held: TrustView | None = node.store.get(_TRUST)
+    if held is None or held.view is not view:
+        held = node.store[_TRUST] = TrustView(view)
+    return held
+
+
+def earned_reputation(node: VirtualNode) -> Callable[[str], float]:
+    """The auction's ``reputation`` callback: the peer's earned reputation at the node's now."""
+
+    def reputation(peer: str) -> float:
+        trust = trust_view(node)
+        return 0.5 if trust is None else trust.record(peer, node.swarm.machine_now_ms)
+
+    return reputation
 
 
 def _wrap(machine: Any, node: VirtualNode, behaviour_of: BehaviourOf | None) -> Any:
@@ -52,14 +78,8 @@ def auction_spec(
     behaviour_of: BehaviourOf | None = None,
 ) -> MachineSpec:
     def build(node: VirtualNode) -> Any:
-        def reputation(peer: str) -> float:
-            slot = node.slots.get("ledger")
-            if slot is None:
-                return 0.5
-            view = unwrap(slot.machine).view
-            return float(view.reputation(peer, node.swarm.machine_now_ms).score)
-
-        machine = Auction(node.identity, selector_of(node), node.rng, config, reputation)
+        machine = Auction(node.identity, selector_of(node), node.rng, config,
+                          earned_reputation(node))
         return _wrap(machine, node, behaviour_of)
 
     def attest(node: VirtualNode, name: str, effect: Attest) -> None:

@@ -43,7 +43,13 @@ from protocol.verification.verifier import (
     VerifierConfig,
 )
 from simulations.adversary import unwrap
-from simulations.machines.market import AUCTION, EXECUTOR, auction_spec, executor_spec
+from simulations.machines.market import (
+    AUCTION,
+    EXECUTOR,
+    auction_spec,
+    earned_reputation,
+    executor_spec,
+)
 from simulations.node import MachineSpec, VirtualNode
 from simulations.verification_cost import CheckCost, CheckWork, CommittingCost, fingerprints
 
@@ -68,20 +74,13 @@ def verified_auction_spec(
     base = auction_spec(selector_of, config)
 
     def build(node: VirtualNode) -> Any:
-        def reputation(peer: str) -> float:
-            slot = node.slots.get("ledger")
-            if slot is None:
-                return 0.5
-            return float(
-                unwrap(slot.machine).view.reputation(peer, node.swarm.machine_now_ms).score
-            )
-
         def view() -> LedgerView | None:
             slot = node.slots.get("ledger")
             return None if slot is None else unwrap(slot.machine).view
 
         return verified_auction(
-            node.identity, selector_of(node), node.rng, config, reputation, verify, view
+            node.identity, selector_of(node), node.rng, config, earned_reputation(node), verify,
+            view,
         )
 
     def attest(node: VirtualNode, name: str, effect: LedgerAttest) -> None:

@@ -8,7 +8,13 @@ task outcomes become signed attestations that spread). Executors come from the
 
     { share = 0.3, device = "rtx4090", skill = 0.8, calibration = 0.8, behaviour = "honest" }
 
-``skill`` is a number or a table per category; ``behaviour`` one of ``BEHAVIOURS``.
+``skill`` is a number or a table per category; ``behaviour`` one of ``BEHAVIOURS``
+(simulations/workloads/market_nodes.py builds each node's machines).
+
+Requesters weigh votes and rank bids by earned reputation (``protocol.ledger.trust``) and pick
+independent executors (``ScoreSelector`` with praise groups). ``build_market(rule="today")``
+gives them the former rule instead, for comparison: raw ledger reputation, confidence counted
+as claimed (``today_weight``), no independence.
 
 With ``[compute] backend = "models"`` executors answer with the real model
 (simulations/models_compute.py) and the bank is the shipped evaluation set (real questions of
@@ -28,42 +34,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.answers import AnswerType
-from protocol.ledger.machine import LedgerConfig
 from protocol.market.auction import Auction
 from protocol.market.events import AuctionConfig, SubmitTask
-from protocol.market.executor import ExecutorConfig, ServedModel
-from protocol.market.linucb import LinUCBSelector
-from protocol.market.selection import ScoreSelector, Selector
 from protocol.market.voting import Ballot, vote
-from simulations.adversary import (
-    Behaviour,
-    BidSpammer,
-    ColludingVoter,
-    LazyExecutor,
-    ModelSwapper,
-    SybilPraise,
-    WrongExecutor,
-    unwrap,
-)
-from simulations.compute import (
-    DEVICES,
-    CostModel,
-    ExecutorProfile,
-    Question,
-    model_hash,
-    question_bank,
-)
-from simulations.machines.ledger import ledger_spec
-from simulations.machines.market import AUCTION, EXECUTOR, auction_spec, executor_spec
-from simulations.node import MachineSpec, VirtualNode
+from simulations.adversary import unwrap
+from simulations.compute import CostModel, Question, question_bank
+from simulations.machines.market import AUCTION, EXECUTOR
+from simulations.node import VirtualNode
 from simulations.scenario import Scenario, ScenarioError, workload_value
 from simulations.swarm import Swarm, derive_rng
-from simulations.workloads.common import MODEL_FAMILY, MODEL_NAME, capability
+from simulations.workloads.common import MODEL_NAME
+from simulations.workloads.market_nodes import MarketSpecs, deal_executors, with_former_rule
 from simulations.world import build_swarm
 
-BEHAVIOURS = ("honest", "lazy", "wrong", "colluder", "bid_spammer", "sybil", "model_swapper")
-NETWORK_ID = "sim"
 _NEUTRAL = 1.0
+RULES = ("earned", "today")
 
 
 @dataclass
@@ -104,21 +89,6 @@ class MarketWorld:
         return answer is not None and answer == rec.question.truth
 
 
-def _profiles(scenario: Scenario, n_exec: int) -> list[dict[str, Any]]:
-    classes = scenario.workload.get("executors") or [{"share": 1.0}]
-    total = sum(float(c.get("share", 0)) for c in classes)
-    if abs(total - 1.0) > 1e-6:
-        raise ScenarioError(
-            f"{scenario.name} [workload.executors]: shares add up to {total}, not 1"
-        )
-    out: list[dict[str, Any]] = []
-    for c in classes:
-        out += [c] * round(float(c["share"]) * n_exec)
-    while len(out) < n_exec:
-        out.append(classes[0])
-    return out[:n_exec]
-
-
 def build_market(
     scenario: Scenario,
     *,
@@ -128,15 +98,21 @@ def build_market(
     selector: str = "score",
     auction: AuctionConfig | None = None,
     ledger: bool = True,
+    rule: str = "earned",
 ) -> MarketWorld:
     rng = derive_rng(seed, "market")
     bank, compute = _questions(scenario, rng)
     cost = CostModel(bank)  # the adversaries' wrong answers come from it in either case
-    profiles, behaviours = _executors(scenario, n_req, n_exec, rng)
+    profiles, behaviours = deal_executors(scenario, n_req, n_exec, rng)
     sybil_peers: list[str] = []
-    specs = _MarketSpecs(
+    if rule not in RULES:
+        raise ScenarioError(f"{scenario.name}: unknown voting rule {rule!r} (one of {RULES})")
+    specs = MarketSpecs(
         scenario, n_req, profiles, behaviours, cost, compute, sybil_peers, selector, auction, ledger
     )
+    if rule == "today":
+        specs.auction = with_former_rule(specs.auction)
+        specs.independent = False
     swarm = build_swarm(scenario, n_req + n_exec, seed, specs.of, lambda i: profiles.get(i))
     sybil_peers.extend(swarm.nodes[i].peer_id for i, b in behaviours.items() if b == "sybil")
     requesters = list(range(n_req))
@@ -157,118 +133,6 @@ def _questions(scenario: Scenario, rng: Any) -> tuple[list[Question], Any]:
         return evalset_questions(), ModelsCompute(scenario.compute)
     categories = tuple(scenario.workload.get("categories", ["math", "code", "facts"]))
     return question_bank(rng, int(workload_value(scenario, "questions", 2000)), categories), None
-
-
-def _executors(
-    scenario: Scenario, n_req: int, n_exec: int, rng: Any
-) -> tuple[dict[int, ExecutorProfile], dict[int, str]]:
-    """Each executor's profile and behaviour, by node index (executors follow requesters;
-    the classes are dealt to them in a shuffled order, so adversaries are not the first)."""
-    classes = _profiles(scenario, n_exec)
-    shuffled = list(range(n_exec))
-    rng.shuffle(shuffled)
-    profiles: dict[int, ExecutorProfile] = {}
-    behaviours: dict[int, str] = {}
-    for pos, cls in zip(shuffled, classes, strict=True):
-        index = n_req + pos
-        skill = cls.get("skill", 0.7)
-        profiles[index] = ExecutorProfile(
-            device=DEVICES[str(cls.get("device", "rtx3090"))],
-            skill=dict(skill) if isinstance(skill, dict) else {"*": float(skill)},
-            calibration=float(cls.get("calibration", 0.7)),
-            fail_rate=float(cls.get("fail_rate", 0.0)),
-            label=str(cls.get("behaviour", "honest")),
-        )
-        behaviours[index] = str(cls.get("behaviour", "honest"))
-        if behaviours[index] not in BEHAVIOURS:
-            raise ScenarioError(f"{scenario.name}: unknown behaviour {behaviours[index]!r}")
-    return profiles, behaviours
-
-
-class _MarketSpecs:
-    """The machines of a market node: a ledger (optional, wrapped for sybils), then an
-    auction on requesters and an executor (wrapped for its behaviour) on executors."""
-
-    def __init__(
-        self,
-        scenario: Scenario,
-        n_req: int,
-        profiles: dict[int, ExecutorProfile],
-        behaviours: dict[int, str],
-        cost: CostModel,
-        compute: Any,
-        sybil_peers: list[str],
-        selector: str,
-        auction: AuctionConfig | None,
-        ledger: bool,
-    ) -> None:
-        self.n_req = n_req
-        self.behaviours = behaviours
-        self.cost = cost
-        self.sybil_peers = sybil_peers
-        self.slots = int(workload_value(scenario, "slots", 2))
-        self.selector = selector
-        self.auction = auction_spec(self.selector_of, auction or AuctionConfig())
-        self.executor = executor_spec(self.exec_config, compute or cost, self.behaviour_of)
-        self.ledger: MachineSpec | None = None
-        if ledger:
-            slots = self.slots
-            led = ledger_spec(
-                NETWORK_ID,
-                LedgerConfig(anti_entropy_ms=30_000),
-                lambda node: (
-                    capability(node, node.profile.device, slots=slots)
-                    if node.index in profiles
-                    else None
-                ),
-            )
-            self.ledger = _with_wrapper(led, self.ledger_behaviour)
-
-    def of(self, index: int) -> tuple[MachineSpec, ...]:
-        base: tuple[MachineSpec, ...] = (self.ledger,) if self.ledger is not None else ()
-        return base + ((self.auction,) if index < self.n_req else (self.executor,))
-
-    def exec_config(self, node: VirtualNode) -> ExecutorConfig:
-        d = node.profile.device
-        served = ServedModel(
-            MODEL_NAME, MODEL_FAMILY, 8192, model_hash(MODEL_NAME), d.tokens_per_s, d.price_per_1k
-        )
-        return ExecutorConfig(models=(served,), slots=self.slots)
-
-    def behaviour_of(self, node: VirtualNode) -> Behaviour | None:
-        kind = self.behaviours.get(node.index, "honest")
-        if kind == "lazy":
-            return LazyExecutor()
-        if kind == "wrong":
-            return WrongExecutor(self.cost)
-        if kind in ("colluder", "sybil"):
-            return ColludingVoter("coalition")
-        if kind == "bid_spammer":
-            return BidSpammer()
-        if kind == "model_swapper":
-            return ModelSwapper(self.cost, skill=0.3)
-        return None
-
-    def ledger_behaviour(self, node: VirtualNode) -> Behaviour | None:
-        if self.behaviours.get(node.index) == "sybil":
-            return SybilPraise(self.sybil_peers, 60_000, node.rng)
-        return None
-
-    def selector_of(self, node: VirtualNode) -> Selector:
-        return LinUCBSelector() if self.selector == "linucb" else ScoreSelector()
-
-
-def _with_wrapper(spec: MachineSpec, behaviour_of: Any) -> MachineSpec:
-    from dataclasses import replace
-
-    from simulations.adversary import Wrapped
-
-    def build(node: VirtualNode) -> Any:
-        machine = spec.build(node)
-        b = behaviour_of(node)
-        return machine if b is None else Wrapped(machine, node, b)
-
-    return replace(spec, build=build)
 
 
 def _ended(

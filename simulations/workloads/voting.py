@@ -7,9 +7,16 @@ answers: *weighted* (the protocol's outcome: reputation x confidence x match wei
 *majority* (the same vote with neutral weights) and *single* (the first answer to arrive).
 A failed task counts as wrong for all three.
 
+Every (mix, k) runs under the protocol's rule (earned reputation, confidence capped by the
+track record, independent executors preferred); the k in ``[sweep] today_k`` also run under
+the former rule (raw ledger reputation, confidence as claimed), so one run prints both. The
+headline's ``colluders`` (the ``adversarial`` mix) and ``praising_colluders`` (``sybil``)
+objects hold ``weighted_k3``, ``majority_k3``, ``weighted_k7``, ``majority_k7`` under the
+protocol's rule; ``*_today`` the same under the former rule.
+
 ``[workload]``: ``requesters`` (4), ``tasks_per_min`` (30), ``deadline_s`` (60),
 ``slots`` (2), ``questions`` (2000), ``mixes`` (name -> list of executor classes, see
-market.py). ``[sweep]``: ``k`` ([1, 3, 5, 7]).
+market.py). ``[sweep]``: ``k`` ([1, 3, 5, 7]), ``today_k`` ([3, 7]).
 
 With ``[compute] backend = "models"`` (simulations/models_compute.py) the executors are one real
 model sampled at ``[compute] temperature`` with a seed per executor and task, the questions
@@ -40,6 +47,8 @@ QUESTION = (
 )
 #: tasks per point of the accuracy-over-time curve
 ROLLING = 40
+#: headline object name -> the mix it reports
+HEADLINE_MIXES = {"colluders": "adversarial", "praising_colluders": "sybil", "honest": "heterogeneous"}
 
 
 def _accuracy(world: MarketWorld) -> dict[str, float]:
@@ -69,6 +78,8 @@ class VotingSweep:
 
     mixes: dict[str, Any]
     ks: list[int]
+    #: the k also run under the former rule
+    today_ks: list[int] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
     #: mix -> "weighted"/"majority" -> rolling accuracy over time, at the largest k
     curves: dict[str, dict[str, tuple[list[float], list[float]]]] = field(default_factory=dict)
@@ -85,8 +96,10 @@ def run(scenario: Scenario, progress: Progress) -> Report:
     ks = [int(k) for k in scenario.sweep.get("k", [1, 3, 5, 7])]
     if any(not 1 <= k <= 16 for k in ks):
         raise ScenarioError(f"{scenario.name} [sweep] k: every k must be in 1..16")
-    sweep = VotingSweep(mixes, ks)
-    _run_sweep(scenario, sweep, Stages(progress, [1.0] * len(mixes) * len(ks)))
+    today_ks = [int(k) for k in scenario.sweep.get("today_k", [3, 7]) if int(k) in ks]
+    sweep = VotingSweep(mixes, ks, today_ks)
+    runs = len(mixes) * (len(ks) + len(today_ks))
+    _run_sweep(scenario, sweep, Stages(progress, [1.0] * runs))
     results, notes = _results(scenario, sweep)
     return Report(
         scenario=scenario.as_dict(),
@@ -106,44 +119,52 @@ def run(scenario: Scenario, progress: Progress) -> Report:
 
 
 def _run_sweep(scenario: Scenario, sweep: VotingSweep, stages: Stages) -> None:
-    """One market run per (mix, k), measured into ``sweep``."""
-    ks = sweep.ks
-    n_req = int(workload_value(scenario, "requesters", 4))
-    n_exec = max(max(ks) + 1, scenario.nodes - n_req)
-    duration_ms = int(scenario.duration_s * 1000)
-    per_min = float(workload_value(scenario, "tasks_per_min", 30.0))
-    deadline_ms = int(float(workload_value(scenario, "deadline_s", 60.0)) * 1000)
+    """One market run per (mix, k, rule), measured into ``sweep``."""
     for mix_name, classes in sweep.mixes.items():
         sc = replace(scenario, workload={**scenario.workload, "executors": classes})
-        for k in ks:
-            world = build_market(sc, n_exec=n_exec, n_req=n_req, seed=scenario.seed)
-            schedule_tasks(
-                world,
-                start_ms=10_000,
-                end_ms=duration_ms,
-                per_min=per_min,
-                k=k,
-                deadline_ms=deadline_ms,
-            )
-            stages.run(world.swarm, duration_ms + deadline_ms + 5_000, f"{mix_name} k={k}")
-            stages.next()
+        runs = [(k, "earned") for k in sweep.ks] + [(k, "today") for k in sweep.today_ks]
+        for k, rule in runs:
+            world = _run_one(sc, k, max(sweep.ks), rule, stages, f"{mix_name} k={k} {rule}")
             acc = _accuracy(world)
-            sweep.rows.append({"mix": mix_name, "k": k, **acc, "tasks": len(world.records)})
+            sweep.rows.append({"mix": mix_name, "k": k, "rule": rule, **acc,
+                               "tasks": len(world.records)})
             sweep.checks.append(conservation(world))
             if scenario.compute.real:
                 sweep.solves += world.compute.solves
                 sweep.identity = world.compute.identity
-            if k == max(ks):
+            if k == max(sweep.ks) and rule == "earned":
                 sweep.curves[mix_name] = {
                     how: _rolling(world, how) for how in ("weighted", "majority")
                 }
                 sweep.per_label[mix_name] = _label_reputation(world)
 
 
+def _run_one(
+    scenario: Scenario, k: int, max_k: int, rule: str, stages: Stages, label: str
+) -> MarketWorld:
+    """One market run answering the scenario's questions with redundancy ``k``."""
+    n_req = int(workload_value(scenario, "requesters", 4))
+    n_exec = max(max_k + 1, scenario.nodes - n_req)
+    duration_ms = int(scenario.duration_s * 1000)
+    deadline_ms = int(float(workload_value(scenario, "deadline_s", 60.0)) * 1000)
+    world = build_market(scenario, n_exec=n_exec, n_req=n_req, seed=scenario.seed, rule=rule)
+    schedule_tasks(
+        world,
+        start_ms=10_000,
+        end_ms=duration_ms,
+        per_min=float(workload_value(scenario, "tasks_per_min", 30.0)),
+        k=k,
+        deadline_ms=deadline_ms,
+    )
+    stages.run(world.swarm, duration_ms + deadline_ms + 5_000, label)
+    stages.next()
+    return world
+
+
 def _plots(sweep: VotingSweep) -> list[Plot]:
     plots = []
     for mix_name in sweep.mixes:
-        mine = [r for r in sweep.rows if r["mix"] == mix_name]
+        mine = [r for r in sweep.rows if r["mix"] == mix_name and r["rule"] == "earned"]
         xs = [float(r["k"]) for r in mine]
         plots.append(
             Plot(
@@ -176,22 +197,32 @@ def _plots(sweep: VotingSweep) -> list[Plot]:
 
 def _headline(sweep: VotingSweep) -> dict[str, Any]:
     ks = sweep.ks
-    best = max(sweep.rows, key=lambda r: (r["weighted"], -r["k"]))
+    earned = [r for r in sweep.rows if r["rule"] == "earned"]
+    best = max(earned, key=lambda r: (r["weighted"], -r["k"]))
     headline: dict[str, Any] = {}
     for mix_name in sweep.mixes:
-        by_k = {r["k"]: r for r in sweep.rows if r["mix"] == mix_name}
+        by_k = {r["k"]: r for r in earned if r["mix"] == mix_name}
         top = by_k[max(ks)]
         headline[f"{mix_name}_single"] = by_k[min(ks)]["single"]
         headline[f"{mix_name}_majority_k{max(ks)}"] = top["majority"]
         headline[f"{mix_name}_weighted_k{max(ks)}"] = top["weighted"]
     headline["best_weighted"] = best["weighted"]
+    for name, mix_name in HEADLINE_MIXES.items():
+        for rule, suffix in (("earned", ""), ("today", "_today")):
+            rows = {r["k"]: r for r in sweep.rows if r["mix"] == mix_name and r["rule"] == rule}
+            figures = {f"{how}_k{k}": rows[k][how] for k in (3, 7) if k in rows
+                       for how in ("weighted", "majority")}
+            if figures:
+                headline[name + suffix] = dict(sorted(figures.items()))
     return headline
 
 
 def _results(scenario: Scenario, sweep: VotingSweep) -> tuple[dict[str, Any], list[str]]:
     notes = [
         "Majority and single are computed with protocol.market.voting.vote on the same results "
-        "the protocol's weighted vote used; failed tasks count as wrong."
+        "the protocol's weighted vote used; failed tasks count as wrong.",
+        "Rows with rule 'today' are whole runs under the former rule (raw ledger reputation, "
+        "confidence as claimed, no preference for independent executors), same seed.",
     ]
     results: dict[str, Any] = {
         "accuracy": sweep.rows,

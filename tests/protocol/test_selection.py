@@ -56,3 +56,22 @@ def test_reputation_weight_can_be_configured() -> None:
     assert ScoreSelector().select(b"t", cs, 1)[0].peer == "trusted"
     only_match = ScoreSelector(ScoreWeights(match=1.0, reputation=0.0, price=0.0, latency=0.0))
     assert only_match.select(b"t", cs, 1)[0].peer == "cheap"
+
+
+def test_independent_executors_are_preferred_to_a_second_of_one_group() -> None:
+    cands = [cand("a1", rep=1.0), cand("a2", rep=1.0), cand("b", rep=0.7), cand("c", match=0.5, rep=0.0)]
+    groups = {"a1": "A", "a2": "A", "b": "b", "c": "c"}
+    assert [c.peer for c in ScoreSelector().select(b"t", cands, 2)] == ["a1", "a2"]
+    picked = ScoreSelector(group_of=groups.__getitem__).select(b"t", cands, 2)
+    assert [c.peer for c in picked] == ["a1", "b"]
+    # the group's second member still comes before a far worse independent bidder
+    picked = ScoreSelector(group_of=groups.__getitem__).select(b"t", cands, 3)
+    assert [c.peer for c in picked] == ["a1", "b", "a2"]
+
+
+def test_independence_penalty_is_per_pick_of_the_group() -> None:
+    cands = [cand(f"g{i}", rep=1.0) for i in range(3)] + [cand("x", rep=0.0)]
+    sel = ScoreSelector(group_of=lambda p: "G" if p.startswith("g") else p,
+                        independence_penalty=0.2)
+    # score gap g vs x is W_REP = 0.3: one penalty (0.2) keeps g1 ahead, two (0.4) do not
+    assert [c.peer for c in sel.select(b"t", cands, 4)] == ["g0", "g1", "x", "g2"]

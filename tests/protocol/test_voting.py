@@ -7,7 +7,14 @@ import itertools
 import pytest
 
 from protocol.answers import AnswerType
-from protocol.market.voting import WEIGHT_FLOOR, Ballot, ballot_weight, vote
+from protocol.market.voting import (
+    CONFIDENCE_SLACK,
+    WEIGHT_FLOOR,
+    Ballot,
+    ballot_weight,
+    calibrated_confidence,
+    vote,
+)
 
 
 def b(executor: str, answer: str, conf: float = 1.0, rep: float = 1.0,
@@ -20,7 +27,15 @@ def b(executor: str, answer: str, conf: float = 1.0, rep: float = 1.0,
     (b("a", "1"), 1.0),
     (b("a", "1", conf=0.0, rep=0.0, match=0.0), WEIGHT_FLOOR ** 3),
     (b("a", "1", conf=0.5, rep=1.0, match=1.0), WEIGHT_FLOOR + (1 - WEIGHT_FLOOR) * 0.5),
-    (b("a", "1", conf=2.0, rep=-1.0, match=1.0), WEIGHT_FLOOR),  # clamped into [0, 1]
+    # clamped into [0, 1]; the claim is capped by the record (-1) plus the slack first
+    (b("a", "1", conf=2.0, rep=-1.0, match=1.0), WEIGHT_FLOOR ** 2),
+    # a claim above the record plus the slack counts as that
+    (b("a", "1", conf=1.0, rep=0.5, match=1.0),
+     (WEIGHT_FLOOR + (1 - WEIGHT_FLOOR) * 0.5)
+     * (WEIGHT_FLOOR + (1 - WEIGHT_FLOOR) * (0.5 + CONFIDENCE_SLACK))),
+    # a claim below it counts as claimed
+    (b("a", "1", conf=0.2, rep=0.8, match=1.0),
+     (WEIGHT_FLOOR + (1 - WEIGHT_FLOOR) * 0.8) * (WEIGHT_FLOOR + (1 - WEIGHT_FLOOR) * 0.2)),
 ])
 def test_weight_formula(ballot: Ballot, weight: float) -> None:
     assert ballot_weight(ballot) == pytest.approx(weight)
@@ -39,6 +54,60 @@ def test_reputation_and_confidence_outweigh_numbers() -> None:
     ballots = [b("honest", "7", conf=0.95, rep=0.9),
                b("sybil1", "8", conf=0.2, rep=0.05), b("sybil2", "8", conf=0.2, rep=0.05)]
     assert vote(ballots, AnswerType.NUMBER).winner == "7"
+
+
+def test_confidence_counts_only_up_to_the_track_record() -> None:
+    assert calibrated_confidence(b("a", "1", conf=1.0, rep=0.3)) == 0.3 + CONFIDENCE_SLACK
+    assert calibrated_confidence(b("a", "1", conf=0.2, rep=0.9)) == 0.2
+    # two confidently-wrong colluders with a poor record against one calibrated executor with
+    # a good one: claimed at face value (the former rule) they would outweigh it
+    colluders = [b("c1", "13", conf=1.0, rep=0.45), b("c2", "13", conf=1.0, rep=0.45)]
+    honest = b("h", "7", conf=0.95, rep=0.85)
+    assert vote([*colluders, honest], AnswerType.NUMBER).winner == "7"
+
+    def face_value(x: Ballot) -> float:
+        f = [WEIGHT_FLOOR + (1 - WEIGHT_FLOOR) * v for v in (x.reputation, x.confidence)]
+        return f[0] * f[1]
+
+    assert vote([*colluders, honest], AnswerType.NUMBER, weigh=face_value).winner == "13"
+
+
+def test_a_newcomers_claim_counts_only_up_to_an_even_record_plus_the_slack() -> None:
+    top = 0.5 + CONFIDENCE_SLACK
+    sure, capped = b("new1", "1", conf=1.0, rep=0.5), b("new2", "2", conf=top, rep=0.5)
+    assert ballot_weight(sure) == ballot_weight(capped)
+    assert ballot_weight(b("new3", "3", conf=top - 0.1, rep=0.5)) < ballot_weight(capped)
+
+
+@pytest.mark.parametrize("answers,confirmed", [
+    # two agree, one dissents: the two confirm each other (each ties the dissenter among the
+    # others, and a tie confirms), nobody confirms the dissenter
+    ({"a": "42", "b": "42", "c": "41"}, {"a", "b"}),
+    # all different: nobody is confirmed, not even the winner
+    ({"a": "1", "b": "2", "c": "3"}, set()),
+    # an even split: each side is outvoted by the others
+    ({"a": "1", "b": "1", "c": "2", "d": "2"}, set()),
+    # alone: confirmed when valid (it won)
+    ({"a": "5"}, {"a"}),
+    ({"a": "what"}, set()),
+])
+def test_an_answer_is_confirmed_by_the_others_not_by_itself(
+        answers: dict[str, str], confirmed: set[str]) -> None:
+    out = vote([b(e, a) for e, a in answers.items()], AnswerType.NUMBER)
+    assert {e for e in answers if out.confirmed(e)} == confirmed
+    assert not out.confirmed("nobody")
+
+
+def test_a_heavy_ballot_cannot_confirm_itself() -> None:
+    # the confident executor wins the vote, but nobody else gave its answer
+    out = vote([b("heavy", "9", conf=1.0, rep=1.0), b("x", "7", conf=0.2, rep=0.3),
+                b("y", "7", conf=0.2, rep=0.3)], AnswerType.NUMBER)
+    assert out.winner == "9" and out.agrees("heavy")
+    assert not out.confirmed("heavy")
+    # the two light ones confirm each other only where the heavy one does not outweigh them
+    out = vote([b("heavy", "9", conf=0.3, rep=0.5), b("x", "7", conf=0.9, rep=0.8),
+                b("y", "7", conf=0.9, rep=0.8)], AnswerType.NUMBER)
+    assert out.confirmed("x") and out.confirmed("y") and not out.confirmed("heavy")
 
 
 def test_match_score_weighs_in() -> None:

@@ -9,8 +9,9 @@ is routed to the same stream at the same level, so nothing prints in another for
 Logs a peer can provoke cannot be used to fill the disk: :class:`RepeatLog` logs the first
 occurrence of a (peer, fault kind) and then at most one summary line per interval with the
 count, and :class:`RepeatFilter` does the same for third-party loggers (py-libp2p logs a line
-per bad frame), keyed by logger and message template, with their tracebacks dropped: a peer's
-bytes never produce a traceback, only our own bugs do.
+per bad frame), keyed by the line of code that logs, with their tracebacks dropped: a peer's
+bytes never produce a traceback, only our own bugs do. (py-libp2p detaches its own logger
+from the root at import; node/p2p reattaches it, see ``route_library_logs``.)
 """
 
 from __future__ import annotations
@@ -85,14 +86,14 @@ class RepeatFilter(logging.Filter):
     def __init__(self, interval_s: float = REPEAT_INTERVAL_MS / 1000) -> None:
         super().__init__()
         self._interval_s = interval_s
-        self._seen: OrderedDict[tuple[str, str], list[float]] = OrderedDict()
+        self._seen: OrderedDict[tuple[str, int], list[float]] = OrderedDict()
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.name.startswith(_PEER_FED):
             return True
         record.exc_info = None
         record.exc_text = None
-        key = (record.name, str(record.msg))
+        key = (record.pathname, record.lineno)  # the call site: its text may vary per peer
         now = time.monotonic()
         entry = self._seen.get(key)
         if entry is None:
@@ -142,6 +143,17 @@ def configure_logging(level: str = "info", *, json_logs: bool = False,
     root.setLevel(numeric)
     for name in _QUIET:
         logging.getLogger(name).setLevel(max(numeric, logging.WARNING))
+
+
+def route_library_logs(name: str) -> None:
+    """Send logger ``name``'s records to our handler (and its RepeatFilter) again.
+
+    py-libp2p 0.8.1 sets its ``libp2p`` logger's ``propagate`` to False at import when
+    ``LIBP2P_DEBUG`` is unset, so its warnings and errors reached stderr through logging's
+    last-resort handler: unformatted, multi-line, and not rate-limited."""
+    logger = logging.getLogger(name)
+    logger.propagate = True
+    logger.handlers.clear()
 
 
 def _noop(logger: Any, method: str, event_dict: Any) -> Any:

@@ -124,6 +124,7 @@ class FramedReads:
     def __init__(self, stream: Any, framing: Framing, limits: NetLimits,
                  report: Callable[[PeerFault], None]) -> None:
         self._report = report
+        self.faulted = False  # a fault was raised (and reported) on this stream
         self._stream = stream
         self._framing = framing
         self._parser = _Parser(framing)
@@ -134,10 +135,17 @@ class FramedReads:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
+    @property
+    def unfinished(self) -> bool:
+        """A frame was started and not completed (the handler gave up on it, or the peer
+        reset the stream in its middle), and no fault was reported for it already."""
+        return not self._parser.between_frames and not self.faulted
+
     async def read(self, n: int | None = None) -> bytes:
         try:
             return await self._read(n)
         except PeerFault as fault:
+            self.faulted = True
             if not fault.reported:
                 fault.reported = True
                 self._report(fault)

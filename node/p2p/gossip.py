@@ -17,6 +17,13 @@ Settings changed from py-libp2p's defaults, on purpose (all are constants below)
   ``NetLimits.gossip_max_message_bytes``: publishing more is a TransportError, and a received
   message over it is dropped and its author penalized ("oversize").
 
+A gossip message that fails py-libp2p 0.8.1's checks is dropped by ``Pubsub.push_msg``
+without a word, so sending invalid ones would be free; :meth:`Gossip._guard_push` wraps that
+method on our instance: a message without a signature or key is refused and its forwarder
+penalized ("invalid"), and one that py-libp2p rejected (it never became "seen") is checked
+again with py-libp2p's ``signature_validator``: a bad signature penalizes the forwarder too
+(an honest forwarder validates before it forwards). Valid messages cost nothing extra.
+
 Own publishes are never delivered back to our own subscriptions.
 """
 
@@ -32,6 +39,7 @@ from libp2p.host.basic_host import BasicHost
 from libp2p.peer.id import ID
 from libp2p.pubsub import gossipsub as libp2p_gossipsub
 from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.validators import signature_validator
 
 from node.runtime.limits import NetLimits
 from node.transport import TransportError
@@ -93,10 +101,30 @@ class Gossip:
         )
         self.pubsub = Pubsub(host, self.router, max_inbound_rpc_size=limits.gossip_max_rpc_bytes)
         self.pubsub.peer_queues = _SizedQueues()
+        self._guard_push()
         self._subscriptions: set[str] = set()
         self._publish_times: deque[float] = deque()
         #: messages lost to a full subscription buffer, all topics together
         self.dropped = 0
+
+    def _guard_push(self) -> None:
+        """Penalize the forwarder of a message py-libp2p drops as invalid (see module doc)."""
+        pubsub, original = self.pubsub, self.pubsub.push_msg
+
+        async def push_msg(forwarder: ID, msg: Any) -> None:
+            if forwarder == self._own_id:
+                await original(forwarder, msg)
+                return
+            peer = forwarder.to_base58()
+            if not msg.signature or not msg.key:
+                self._fault(peer, "gossip", "invalid", "an unsigned gossip message")
+                return
+            seen_before = pubsub._is_msg_seen(msg)
+            await original(forwarder, msg)
+            if not seen_before and not pubsub._is_msg_seen(msg) and not signature_validator(msg):
+                self._fault(peer, "gossip", "invalid", "a gossip message with a bad signature")
+
+        pubsub.push_msg = push_msg  # type: ignore[method-assign, assignment]
 
     async def subscribe(
         self, topic: str, nursery: trio.Nursery

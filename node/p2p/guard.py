@@ -18,7 +18,8 @@ Where it sits (the one place this project patches py-libp2p 0.8.1):
   ping, and ours as they are registered) is wrapped per protocol: a cap on one peer's open
   streams on it, and for py-libp2p's protocols a stream proxy that follows the frames as
   they are read (:class:`node.p2p.framing.FramedReads`) so oversize, truncated and stalled
-  frames are seen and penalized (py-libp2p 0.8.1 drops them quietly, which makes them free).
+  frames are seen and penalized (py-libp2p 0.8.1 drops them quietly, which makes them free),
+  also when py-libp2p's handler gives up on a frame by itself (its own timeout).
 """
 
 from __future__ import annotations
@@ -112,12 +113,14 @@ class StreamGuard:
                 handlers[protocol] = self.wrap(str(protocol), handler, ours=False)
 
     def fault(self, peer: str, protocol: str, kind: str, detail: str) -> None:
-        """Count, log (first time per peer and kind, then summaries) and report a fault."""
+        """Count and report a fault; logged here (first time per peer and kind, then
+        summaries) only while no fault handler is set: the driver logs what it penalizes."""
         self.faults[kind] += 1
-        self._repeats.note((peer, kind), self._now_ms(), "transport.peer_fault", peer=peer,
-                           protocol=protocol, kind=kind, detail=detail)
         if self.on_fault is not None:
             self.on_fault(peer, kind, f"{detail} on {protocol}")
+        else:
+            self._repeats.note((peer, kind), self._now_ms(), "transport.peer_fault",
+                               peer=peer, protocol=protocol, kind=kind, detail=detail)
 
     def _accepting(self, inner: Handler) -> Handler:
         async def accept(net_stream: INetStream) -> None:
@@ -158,6 +161,10 @@ class StreamGuard:
                     peer, protocol, f.kind, f.detail))
             try:
                 await handler(stream)
+                if isinstance(stream, FramedReads) and stream.unfinished:
+                    # py-libp2p's handler gave up mid-frame (its own timeout, a reset) and
+                    # said nothing: the peer left a frame unfinished
+                    self.fault(peer, protocol, "bad_framing", "a frame left unfinished")
             except Exception as exc:
                 await self._failed(net_stream, peer, protocol, exc, ours=ours)
             finally:

@@ -42,6 +42,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.tools.anyio_service import background_trio_service
 
+from node.logs import route_library_logs
 from node.p2p.framing import Framing
 from node.p2p.gossip import GOSSIP_PROTOCOLS, Gossip
 from node.p2p.guard import StreamGuard
@@ -86,6 +87,7 @@ class P2PTransport:
         # An inbound request must arrive completely within this long, and its response be
         # written within it, or the stream is reset (a stalled peer cannot pin a handler).
         self._request_io_timeout_s = limits.read_deadline_s
+        route_library_logs("libp2p")  # py-libp2p detached its logger at import
         self._host = build_host(create_new_key_pair(seed))
         self._id = self._host.get_id()
         self._peer_id = self._id.to_base58()

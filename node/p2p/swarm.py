@@ -77,9 +77,10 @@ def identify_handler(host: BasicHost, agent: str, limits: NetLimits) -> Any:
 
     Built on py-libp2p 0.8.1's private ``_mk_identify_protobuf`` (the message its own
     ``identify_handler_for`` sends), with only ``agent_version`` replaced. The asking peer
-    sends nothing on this protocol: bytes from it within the read deadline are a fault."""
+    sends nothing on this protocol: bytes from it, watched for while we answer and up to the
+    read deadline after, are a fault."""
 
-    async def handle(stream: INetStream) -> None:
+    async def answer(stream: INetStream) -> None:
         observed = None
         try:
             observed = libp2p_identify._remote_address_to_multiaddr(stream.get_remote_address())
@@ -90,12 +91,18 @@ def identify_handler(host: BasicHost, agent: str, limits: NetLimits) -> Any:
         data = message.SerializeToString()
         await stream.write(encode_uvarint(len(data)) + data)
         await stream.close()
+
+    async def handle(stream: INetStream) -> None:
         extra = b""
-        with trio.move_on_after(limits.read_deadline_s):
-            try:
-                extra = await stream.read(1)
-            except EOFError:
-                return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(answer, stream)
+            with trio.move_on_after(limits.read_deadline_s):
+                try:
+                    extra = await stream.read(1)
+                except EOFError:
+                    pass
+            if extra:
+                nursery.cancel_scope.cancel()
         if extra:
             raise PeerFault("undecodable", "the asking peer sent bytes on identify")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import pytest
@@ -57,20 +58,20 @@ def test_the_repeat_log_forgets_the_oldest_key_and_keeps_tracebacks_out_of_summa
 def test_third_party_lines_a_peer_provokes_are_summarized_without_tracebacks() -> None:
     keep = RepeatFilter(interval_s=3600)
 
-    def record(name: str, msg: str) -> logging.LogRecord:
+    def record(name: str, msg: str, line: int) -> logging.LogRecord:
         try:
             raise ValueError("peer bytes")
         except ValueError:
-            import sys
-            return logging.LogRecord(name, logging.ERROR, __file__, 1, msg, ("x",),
+            return logging.LogRecord(name, logging.ERROR, "upstream.py", line, msg, None,
                                      sys.exc_info())
 
-    first = record("libp2p.pubsub", "bad record from %s")
+    first = record("libp2p.pubsub", "bad record from peer A", 10)
     assert keep.filter(first) and first.exc_info is None
-    assert not keep.filter(record("libp2p.pubsub", "bad record from %s"))
-    assert keep.filter(record("libp2p.pubsub", "another line %s"))
-    assert keep.filter(record("hypercorn.access", "GET %s"))
-    assert keep.filter(record("hypercorn.access", "GET %s"))  # not a peer-fed logger
+    # the same line of code with other text (an f-string naming another peer): a repeat
+    assert not keep.filter(record("libp2p.pubsub", "bad record from peer B", 10))
+    assert keep.filter(record("libp2p.pubsub", "another line", 20))
+    assert keep.filter(record("hypercorn.access", "GET /status", 30))
+    assert keep.filter(record("hypercorn.access", "GET /status", 30))  # not peer-fed
 
 
 def test_a_flood_is_refused_beyond_the_rate_and_the_bucket_refills() -> None:

@@ -18,7 +18,10 @@ Per protocol ``<p>`` (a protocol the daemon does not serve reports ``<p>_served`
   was found dead after (it is restarted for the next protocol; goal 0);
 * ``<p>_<kind>_banned_after``: median frames one identity wrote before the daemon banned it
   (-1: never banned within the kind's share); ``<p>_bans``: identities banned;
-* ``<p>_rss_growth_mib``: the daemon's resident memory after minus before;
+* ``<p>_refused``: fresh identities whose dial failed though not banned, ``<p>_refusal`` the
+  first such error ("" when none);
+* ``<p>_rss_growth_mib``: the daemon's resident memory after minus before; ``<p>_fd_growth``
+  its open file descriptors after minus before;
 * ``<p>_status_p99_ms``: p99 latency of ``GET /status`` during the attack (a request that
   failed counts as its 10 s timeout);
 * ``<p>_log_bytes``: bytes the daemon's log grew by.
@@ -39,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from node.bench.fuzz_frames import KINDS, LIBP2P_PROTOCOLS, SYMPHONY_PROTOCOLS
-from node.bench.probes import StatusPoller, rss_mib
+from node.bench.probes import StatusPoller, fd_count, rss_mib
 
 FULL_FRAMES, QUICK_FRAMES = 100_000, 600
 #: the longest one attack kind runs on one protocol (full, quick)
@@ -80,7 +83,7 @@ def _attack_one(node: Any, name: str, config: dict[str, Any]) -> dict[str, Any]:
     """Attack protocol ``name`` of ``node``; its ``<name>_*`` figures (restarts a dead node)."""
     config = {**config, "daemon_peer": node.peer_id, "daemon_addr": node.addresses[0],
               "api_url": node.api_url}
-    rss0, log0 = rss_mib(node.proc.pid), _log_bytes(node)
+    rss0, log0, fd0 = rss_mib(node.proc.pid), _log_bytes(node), fd_count(node.proc.pid)
     limit_s = len(KINDS) * (config["kind_time_s"] + config["stall_hold_s"] + 30) + 60
     with StatusPoller(node.api_url) as poller:
         done = subprocess.run([sys.executable, "-m", "node.bench.fuzz_attacker"],
@@ -100,11 +103,14 @@ def _attack_one(node: Any, name: str, config: dict[str, Any]) -> dict[str, Any]:
     out[f"{name}_served"] = 1
     out[f"{name}_frames_sent"] = sum(k["frames"] for k in kinds.values())
     out[f"{name}_bans"] = sum(len(k["banned_after"]) for k in kinds.values())
+    out[f"{name}_refused"] = sum(k["refused"] for k in kinds.values())
+    out[f"{name}_refusal"] = next((k["refusal"] for k in kinds.values() if k["refusal"]), "")
     for kind, k in kinds.items():
         bans = k["banned_after"]
         out[f"{name}_{kind}_banned_after"] = int(statistics.median(bans)) if bans else -1
     out[f"{name}_rss_growth_mib"] = (round(rss_mib(node.proc.pid) - rss0, 1)
                                      if not crashed else None)
+    out[f"{name}_fd_growth"] = fd_count(node.proc.pid) - fd0 if not crashed else None
     out[f"{name}_status_p99_ms"] = poller.p99_ms()
     out[f"{name}_log_bytes"] = _log_bytes(node) - log0 if not crashed else None
     return out

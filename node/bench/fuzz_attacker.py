@@ -51,6 +51,8 @@ class KindResult:
     #: per banned identity: the frames it had written when the daemon dropped it
     banned_after: list[int] = field(default_factory=list)
     refused: int = 0
+    #: why the first refused dial failed ("" when none was)
+    refusal: str = ""
     unsupported: bool = False
 
 
@@ -143,9 +145,10 @@ async def _one_identity(config: dict[str, Any], target: Target, kind: str, seed:
             with trio.move_on_after(CONNECT_TIMEOUT_S):
                 try:
                     await transport.connect(addr)
-                except TransportError:
+                except TransportError as exc:
                     if await _is_banned(config["api_url"], transport.peer_id):
                         break
+                    result.refusal = result.refusal or str(exc)[:300]
                     return "refused"
             run.dropped = False
             with trio.move_on_at(deadline):

@@ -25,7 +25,7 @@ from protocol.verification.rules import decode_proof, unpack_ids
 from tests.protocol.fuzzing import SIGNERS, _Unbuilt, all_message_classes, frame_of, mutate
 
 CLASSES = all_message_classes()
-FUZZ = settings(max_examples=25, deadline=None, derandomize=True,
+FUZZ = settings(max_examples=15, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

@@ -33,7 +33,7 @@ from tests.protocol.market_net import MarketNet
 from tests.protocol.verify_net import VerifyNet
 
 STRANGER = ledger_net.identity(77).peer_id
-FUZZ = settings(max_examples=80, deadline=None, derandomize=True,
+FUZZ = settings(max_examples=50, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

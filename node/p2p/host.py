@@ -88,7 +88,7 @@ class P2PTransport:
         # written within it, or the stream is reset (a stalled peer cannot pin a handler).
         self._request_io_timeout_s = limits.read_deadline_s
         route_library_logs("libp2p")  # py-libp2p detached its logger at import
-        self._host = build_host(create_new_key_pair(seed))
+        self._host = build_host(create_new_key_pair(seed), limits)
         self._id = self._host.get_id()
         self._peer_id = self._id.to_base58()
         self._log = structlog.get_logger(__name__).bind(peer_id=self._peer_id)

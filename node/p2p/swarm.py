@@ -3,6 +3,8 @@
 :func:`build_host`: TCP + Noise + yamux only. Settings changed from py-libp2p's defaults, on
 purpose:
 
+* inbound connections: at most ``NetLimits.max_connections`` open at once (py-libp2p's own
+  inbound cap never gave its slots back: :class:`_LiveConnectionCap`);
 * dials: one attempt per ``connect`` (swarm retries off), bounded by ``DIAL_TIMEOUT_S``; the
   swarm's auto-connector, which would redial any peer in the peerstore on its own, is never
   started: redialing is the daemon's decision. (The transport also clears the swarm's 60 s
@@ -51,7 +53,28 @@ DIAL_TIMEOUT_S = 10.0
 PEER_EVENT_BUFFER = 256
 
 
-def build_host(key_pair: Any) -> BasicHost:
+class _LiveConnectionCap:
+    """Stands in for py-libp2p 0.8.1's ``Swarm._inbound_limiter`` (a trio.CapacityLimiter of
+    max_connections - min_connections = 250 tokens): ``Swarm._handle_inbound_connection``
+    takes a token per inbound connection and, after the upgrade, holds it until the whole
+    swarm stops (``await self.manager.wait_finished()``), not until the connection ends. So
+    after 250 inbound connections in a process's life every new one was refused: an attacker
+    with 250 keys, or ordinary churn, silenced the node (seen in the fuzz bench: every fresh
+    identity refused after ~240 bans). This cap counts the connections open now instead."""
+
+    def __init__(self, swarm: Any, cap: int) -> None:
+        self._swarm = swarm
+        self.total_tokens = cap
+
+    def acquire_nowait(self) -> None:
+        if len(self._swarm.get_connections()) >= self.total_tokens:
+            raise trio.WouldBlock
+
+    def release(self) -> None:
+        """Nothing to give back: the count is of live connections."""
+
+
+def build_host(key_pair: Any, limits: NetLimits) -> BasicHost:
     swarm: Any = new_swarm(
         key_pair=key_pair,
         sec_opt={
@@ -69,6 +92,7 @@ def build_host(key_pair: Any) -> BasicHost:
         """Replaces the auto-connector's start: redialing peers is the daemon's decision."""
 
     swarm.auto_connector.start = _never_start
+    swarm._inbound_limiter = _LiveConnectionCap(swarm, limits.max_connections)
     return BasicHost(network=swarm)
 
 

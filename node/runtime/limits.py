@@ -22,6 +22,8 @@ class NetLimits:
     #: for this long is closed; the long-lived gossip stream has no idle limit, only the
     #: per-protocol stream cap below
     idle_timeout_s: float = 60.0
+    #: connections open at once; an inbound one beyond it is closed at once
+    max_connections: int = 250
     #: inbound streams one peer may hold open at once, all protocols together
     max_streams_per_peer: int = 64
     #: inbound streams one peer may hold open at once on one protocol

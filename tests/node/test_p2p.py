@@ -635,3 +635,23 @@ def test_py_libp2p_logs_go_through_our_handler() -> None:
     P2PTransport(seed(9))
     libp2p_logger = logging.getLogger("libp2p")
     assert libp2p_logger.propagate and not libp2p_logger.handlers
+
+
+@trio_test
+async def test_inbound_connections_are_capped_by_those_open_now_not_ever_accepted() -> None:
+    """py-libp2p 0.8.1 kept an inbound slot per connection ever accepted, so after its cap of
+    connections over the process's life every new one was refused."""
+    async with open_p2p(seed(2), limits=NetLimits(max_connections=2)) as b:
+        events = b.peer_events()
+        for n in range(10, 14):  # four peers, one after another: each slot comes back
+            async with open_p2p(seed(n)) as a:
+                await a.connect(b.listen_addrs()[0])
+                assert await next_event(events, a.peer_id) == PeerEvent(a.peer_id, True)
+                await a.disconnect(b.peer_id)
+                assert await next_event(events, a.peer_id) == PeerEvent(a.peer_id, False)
+        async with open_p2p(seed(20)) as x, open_p2p(seed(21)) as y, open_p2p(seed(22)) as z:
+            await x.connect(b.listen_addrs()[0])
+            await y.connect(b.listen_addrs()[0])
+            with pytest.raises(TransportError):  # a third at once is over the cap
+                await z.connect(b.listen_addrs()[0])
+                await z.request(b.peer_id, ECHO, b"x", max_response_bytes=10)

@@ -81,11 +81,8 @@ class RelayFetcher:
         self._after_progress(t, now, out)
 
     def _report_progress(self, t: Transfer, out: list[Effect]) -> None:
-        """Tell our children in every stripe and the publisher how far we are (never the
-        same report twice: a repeated message is a replay to the receiving driver)."""
-        if t.have_count == t.last_report:
-            return
-        t.reported = t.last_report = t.have_count
+        """Tell our children in every stripe and the publisher how far we are."""
+        t.reported = t.have_count
         report = RelayProgress(
             manifest_id=t.manifest.id,
             chunks_held=t.have_count,

@@ -75,8 +75,6 @@ class Transfer:
     #: chunks held by other peers, from their RelayProgress gossip
     progress: dict[str, int] = field(default_factory=dict)
     reported: int = 0
-    #: chunks held at our last progress report (-1: none sent)
-    last_report: int = -1
 
     @property
     def source(self) -> str | None:

@@ -182,13 +182,3 @@ def test_a_parent_behind_in_our_stripe_is_excused_though_ahead_in_total() -> Non
     ahead = RelayProgress(manifest_id=m.id, chunks_held=9, stripes_held=(3, 3, 2, 1))
     other.handle(Received(parent, ahead), 400)
     assert AttestWithheld(parent, m.id) in other.handle(Tick(), 1_000)
-
-
-def test_no_progress_report_is_sent_twice() -> None:
-    n = Net.of([PUB.peer_id, *IDS], stripes=4)
-    m = manifest_for(PUB, IDS, chunks=16)
-    n.publish(PUB.peer_id, m)
-    for peer in IDS:
-        sent = [(e.peer, e.message) for p, e in n.log if p == peer and isinstance(e, Send)
-                and isinstance(e.message, RelayProgress)]
-        assert len(sent) == len(set(sent)), peer  # a repeat is a replay to its receiver

@@ -83,11 +83,7 @@ class RelayFetcher:
     def _report_progress(self, t: Transfer, out: list[Effect]) -> None:
         """Tell our children in every stripe and the publisher how far we are."""
         t.reported = t.have_count
-        report = RelayProgress(
-            manifest_id=t.manifest.id,
-            chunks_held=t.have_count,
-            stripes_held=tuple(t.stripe_have),
-        )
+        report = RelayProgress(manifest_id=t.manifest.id, chunks_held=t.have_count)
         for peer in (*t.plan.children_of(self.self_id), t.plan.root):
             if peer != self.self_id:
                 out.append(Send(peer, report))
@@ -165,8 +161,8 @@ class RelayFetcher:
 
         Silence counts from its last chunk to us (or from when it became our source). A
         source whose progress reports show it advancing and not yet past the lowest chunk we
-        wait for (in that chunk's stripe) is waiting on its own download: silence then counts
-        from its last such report, with one more ``stall_timeout_ms`` for its own re-attaching. A source that
+        wait for is waiting on its own download: silence then counts from its last such
+        report, with one more ``stall_timeout_ms`` for its own re-attaching. A source that
         reports holding what we asked for, or reports nothing new, gets no such excuse."""
         lowest: dict[str, int] = {}
         for index, peer in t.in_flight.items():
@@ -175,21 +171,12 @@ class RelayFetcher:
         out = {}
         for peer, waiting_for in lowest.items():
             deadline = t.heard_at_ms.get(peer, 0) + self.stall_timeout_ms
-            if self._behind(t, peer, waiting_for):
+            held = t.progress.get(peer)
+            if held is not None and held <= waiting_for:
                 excused = t.advanced_at_ms.get(peer, 0) + 2 * self.stall_timeout_ms
                 deadline = max(deadline, excused)
             out[peer] = deadline
         return out
-
-    @staticmethod
-    def _behind(t: Transfer, peer: str, index: int) -> bool:
-        """Whether ``peer``'s last report says it does not hold chunk ``index`` yet: per
-        stripe (it fetches each stripe in order), else by its total."""
-        stripes = t.stripe_progress.get(peer)
-        if stripes is not None:
-            return stripes[index % len(stripes)] <= index // len(stripes)
-        held = t.progress.get(peer)
-        return held is not None and held <= index
 
     def _on_tick(self, now: int, out: list[Effect]) -> None:
         for t in list(self.transfers.values()):

@@ -172,8 +172,6 @@ class RelayMachine(RelayFetcher):
                 if held > t.progress.get(event.peer, -1):
                     t.progress[event.peer] = held
                     t.advanced_at_ms[event.peer] = now
-                    if len(event.message.stripes_held) == t.plan.stripes:
-                        t.stripe_progress[event.peer] = event.message.stripes_held
         elif isinstance(event, ChunkFailed):
             if event.penalty > 0:
                 out.append(Penalize(event.peer, event.reason, event.penalty))
@@ -289,7 +287,6 @@ class RelayMachine(RelayFetcher):
             max_fanout=self.max_fanout,
         )
         t = Transfer(manifest=manifest, plan=plan, state=state, have=bytearray(manifest.chunks))
-        t.stripe_have = [0] * plan.stripes
         for i, h in enumerate(manifest.chunk_hashes):
             t.by_hash.setdefault(h, []).append(i)
         # ascending: each stripe's list is already a heap

@@ -57,8 +57,6 @@ MAX_PEER_ID_LEN = 64
 #: advertised upload bandwidth, bytes per second (0 = unknown; the plan assumes a default)
 MAX_UPLOAD_BPS = 1 << 40
 MAX_REASON_LEN = 64
-#: stripes a progress report can describe (protocol/relay/striping.py allows up to 16)
-MAX_PROGRESS_STRIPES = 16
 
 
 class ArtifactFormat(enum.Enum):
@@ -157,15 +155,10 @@ class ChunkHeader(Message):
 @message(95)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RelayProgress(Message):
-    """Sent by a receiver to its plan children and the publisher at milestones and on
-    completion: for status, progress bars and the stall rule (protocol/relay/fetching.py)."""
+    """Gossiped by a receiver at milestones and on completion, for status and progress bars."""
 
     manifest_id: bytes = limits(size=HASH_LEN)
     chunks_held: int = limits(lo=0, hi=MAX_CHUNKS)
-    #: chunks held per stripe of the plan (stripe k: chunks k, k + s, ...)
-    stripes_held: tuple[int, ...] = limits(
-        max_items=MAX_PROGRESS_STRIPES, lo=0, hi=MAX_CHUNKS, default=()
-    )
 
 
 class ManifestError(ValueError):

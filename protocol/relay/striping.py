@@ -50,8 +50,8 @@ from protocol.relay.plan import (
 DEFAULT_STRIPES = 4
 MAX_STRIPES = 16
 #: each failed attempt lowers the stripe rate by this factor (as a fraction num/den)
-_RATE_STEP = Fraction(63, 64)
-_MAX_RATE_STEPS = 384
+_RATE_STEP = Fraction(15, 16)
+_MAX_RATE_STEPS = 96
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,10 +57,6 @@ class Transfer:
     sources: dict[int, str] = field(default_factory=dict)
     #: peer -> when it last sent us a chunk, or became a source
     heard_at_ms: dict[str, int] = field(default_factory=dict)
-    #: chunks held per stripe of the plan
-    stripe_have: list[int] = field(default_factory=list)
-    #: peer -> chunks it reported holding per stripe
-    stripe_progress: dict[str, tuple[int, ...]] = field(default_factory=dict)
     #: no source can count as stalled before this (protocol/relay/fetching.py)
     check_at_ms: int | None = None
     #: peer -> when its progress report last showed it holding more chunks
@@ -99,8 +95,6 @@ class Transfer:
             if 0 <= index < len(self.have) and not self.have[index]:
                 self.have[index] = 1
                 self.have_count += 1
-                if self.stripe_have:
-                    self.stripe_have[index % len(self.stripe_have)] += 1
                 for peer in self.waiting.pop(index, ()):
                     self.queued[peer] -= 1
                     self.served[peer] += 1

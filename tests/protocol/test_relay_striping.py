@@ -159,26 +159,3 @@ def test_reported_free_riders_become_leaves_in_the_next_plan() -> None:
     assert dict(plan_recipients(peers, uploads, reports, min_reports=3))["p3"] == 100 * MBIT
     with pytest.raises(ValueError, match="min_reports"):
         plan_recipients(peers, uploads, reports, min_reports=0)
-
-
-def test_a_parent_behind_in_our_stripe_is_excused_though_ahead_in_total() -> None:
-    m = manifest_for(PUB, IDS, chunks=16)
-    probe = RelayMachine(IDS[0], stripes=4)
-    probe.handle(Received(PUB.peer_id, m.message), 0)
-    plan = probe.transfers[m.id].plan
-    me = next(p for p in IDS if plan.trees[1].depth[p] >= 2)
-    parent = plan.trees[1].parent[me]
-    machine = RelayMachine(me, stripes=4, stall_timeout_ms=500)
-    machine.handle(Received(PUB.peer_id, m.message), 0)
-    machine.handle(VersionPrepared(m.id, frozenset()), 0)
-    # it holds 9 chunks in all, none of stripe 1 (chunks 1, 5, 9, 13): waiting on its parent
-    behind = RelayProgress(manifest_id=m.id, chunks_held=9, stripes_held=(4, 0, 3, 2))
-    machine.handle(Received(parent, behind), 400)
-    assert AttestWithheld(parent, m.id) not in machine.handle(Tick(), 1_000)
-    # the same total with stripe 1 held: no excuse
-    other = RelayMachine(me, stripes=4, stall_timeout_ms=500)
-    other.handle(Received(PUB.peer_id, m.message), 0)
-    other.handle(VersionPrepared(m.id, frozenset()), 0)
-    ahead = RelayProgress(manifest_id=m.id, chunks_held=9, stripes_held=(3, 3, 2, 1))
-    other.handle(Received(parent, ahead), 400)
-    assert AttestWithheld(parent, m.id) in other.handle(Tick(), 1_000)

@@ -34,11 +34,9 @@ from node.relay.chunk_store import ChunkStore, ChunkStoreError, ChunkWriter
 from node.relay.streams import RelayStreams
 from node.service import NodeContext, NurseryService
 from protocol.ledger.events import Attest as LedgerAttest
-from protocol.ledger.records import AttestationKind
 from protocol.relay.attestations import RelayAttestations
 from protocol.relay.events import (
     AttestBadChunk,
-    AttestWithheld,
     DiscardChunk,
     DropVersion,
     FetchVersion,
@@ -70,8 +68,6 @@ from protocol.relay.manifest import (
     make_body,
     sign_manifest,
 )
-from protocol.relay.recipients import plan_recipients, withholders
-from protocol.relay.striping import DEFAULT_STRIPES, MAX_STRIPES
 from protocol.relay.transfer import TransferState
 
 DEFAULT_CHUNK_SIZE = 1 << 20
@@ -94,8 +90,6 @@ class RelaySection:
     upload_bps: int = 0
     #: cap on this node's total chunk upload, bytes/s (0: none); for benchmarks
     upload_limit_bps: int = 0
-    #: stripes per version (each its own relay tree); every peer must use the same
-    stripes: int = DEFAULT_STRIPES
     #: if set, only versions signed by these peer ids are accepted
     trusted_publishers: tuple[str, ...] = ()
     #: re-hash stored chunks of saved versions at start (resume after a crash)
@@ -107,8 +101,6 @@ class RelaySection:
         for name in ("window", "keep_versions", "stall_timeout_ms"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
-        if not 1 <= self.stripes <= MAX_STRIPES:
-            raise ValueError(f"stripes must be within 1..{MAX_STRIPES}, got {self.stripes}")
         if self.upload_bps < 0 or self.upload_limit_bps < 0:
             raise ValueError("bandwidths must not be negative")
 
@@ -130,7 +122,6 @@ class RelayService(NurseryService):
             keep_versions=s.keep_versions,
             stall_timeout_ms=s.stall_timeout_ms,
             max_queued_per_peer=MAX_QUEUED_PER_PEER,
-            stripes=s.stripes,
             trusted=frozenset(s.trusted_publishers) or None,
         )
         self.store = ChunkStore(Path(ctx.data_dir) / "chunks")
@@ -219,11 +210,6 @@ class RelayService(NurseryService):
                 manifest=effect.manifest_id.hex(),
                 expected=effect.expected.hex(),
                 got=effect.got.hex(),
-            )
-        elif isinstance(effect, AttestWithheld):
-            self.spawn(self._attest, self.attestations.withheld(effect))
-            self.ctx.log.warning(
-                "relay.withheld", peer=effect.peer, manifest=effect.manifest_id.hex()
             )
         else:
             raise NotImplementedError(f"relay cannot perform {type(effect).__name__}")
@@ -317,21 +303,12 @@ class RelayService(NurseryService):
             total_size=total,
             format=format,
             publisher_upload_bps=self.section.upload_bps,
-            recipients=plan_recipients(peers, {}, withholders(self._withheld_reports())),
+            recipients=[(p, 0) for p in sorted(peers)],
         )
         manifest = sign_manifest(self.ctx.identity, body)
         await trio.to_thread.run_sync(self.store.save_manifest, manifest)
         await self.submit(PublishVersion(manifest))
         return manifest
-
-    def _withheld_reports(self) -> list[tuple[str, str]]:
-        """(subject, observer) of every RELAY_WITHHELD attestation the ledger holds, if this
-        node runs a ledger: free riders become leaves in the plan of the next version."""
-        view = getattr(getattr(self.ctx.services.get("ledger"), "machine", None), "view", None)
-        if view is None:
-            return []
-        held = view.attestations(kind=AttestationKind.RELAY_WITHHELD)
-        return [(a.attestation.subject, a.observer) for a in held]
 
     def set_upload(self, *, limit_bps: int, advertised_bps: int = 0) -> None:
         """Change the uplink cap and the advertised upload at run time (benchmarks)."""
@@ -368,11 +345,8 @@ class RelayService(NurseryService):
                     "chunks": m.chunks,
                     "held": t.have_count,
                     "source": t.source,
-                    "sources": {str(k): p for k, p in sorted(t.sources.items())},
-                    "stripes": t.plan.stripes,
-                    "parent": t.plan.trees[0].parent.get(me),
-                    "parents": list(t.plan.parents_of(me)),
-                    "children": list(t.plan.children_of(me)),
+                    "parent": t.plan.parent.get(me),
+                    "children": list(t.plan.children.get(me, ())),
                     "plan_depth": t.plan.max_depth,
                     "plan_rate_bps": round(t.plan.rate_bps),
                     "served": dict(t.served),

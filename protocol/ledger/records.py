@@ -76,8 +76,6 @@ class AttestationKind(enum.Enum):
     #: a relay sent bytes that do not match the signed manifest; requires ``evidence_hash``
     #: (the hash of the bytes received); ``amount`` is the chunk index
     RELAY_BAD_CHUNK = "relay_bad_chunk"
-    #: a relay parent was asked for chunks of the version and sent none (a free rider)
-    RELAY_WITHHELD = "relay_withheld"
 
 
 _NEEDS_EVIDENCE = frozenset(

@@ -27,13 +27,8 @@ bandwidth model.
 * Serving: a request for a held chunk is served at once; for a chunk of a version being fetched
   it waits (at most ``max_queued_per_peer`` per peer) and is served when the chunk is stored;
   otherwise it is refused with a ``ChunkStatus``.
-* Progress: a receiver sends ``RelayProgress`` to its plan children and the publisher
-  ``PROGRESS_REPORTS`` times per version and on completion (not by gossip: that costs every
-  node a message per report of every other node); the machine keeps what others report
-  (``Transfer.progress``) for status and for the stall rule.
-* The plan is protocol/relay/striping.py's ``build_striped_plan`` with ``stripes`` trees
-  (1: the single tree of protocol/relay/plan.py); every peer must use the same ``stripes``
-  and ``max_fanout``.
+* Progress: a receiver gossips ``RelayProgress`` ``PROGRESS_REPORTS`` times per version and on
+  completion; the machine keeps what others report (``Transfer.progress``) for status.
 * Completion emits ``VersionComplete`` (the hot-swap hook).
 
 Events and effects are declared in protocol/relay/events.py; one version's state and its
@@ -84,8 +79,7 @@ from protocol.relay.manifest import (
     RelayProgress,
     verify_manifest,
 )
-from protocol.relay.plan import MAX_FANOUT
-from protocol.relay.striping import DEFAULT_STRIPES, MAX_STRIPES, build_striped_plan
+from protocol.relay.plan import MAX_FANOUT, build_plan
 from protocol.relay.transfer import Transfer, TransferState, manifest_event
 
 DEFAULT_WINDOW = 8
@@ -108,13 +102,10 @@ class RelayMachine(RelayFetcher):
         retry_ms: int = RETRY_MS,
         max_queued_per_peer: int = MAX_QUEUED_PER_PEER,
         max_fanout: int = MAX_FANOUT,
-        stripes: int = DEFAULT_STRIPES,
         trusted: Set[str] | None = None,
     ) -> None:
         if window < 1 or keep_versions < 1 or max_queued_per_peer < 1:
             raise LocalProtocolError("window, keep_versions and max_queued_per_peer must be >= 1")
-        if not 1 <= stripes <= MAX_STRIPES:
-            raise LocalProtocolError(f"stripes must be within 1..{MAX_STRIPES}, got {stripes}")
         self.self_id = self_id
         self.window = window
         self.keep_versions = keep_versions
@@ -122,7 +113,6 @@ class RelayMachine(RelayFetcher):
         self.retry_ms = retry_ms
         self.max_queued_per_peer = max_queued_per_peer
         self.max_fanout = max_fanout
-        self.stripes = stripes
         self.trusted = None if trusted is None else frozenset(trusted)
         self.transfers: dict[bytes, Transfer] = {}
         self._latest: dict[tuple[str, str], int] = {}
@@ -149,8 +139,8 @@ class RelayMachine(RelayFetcher):
         for t in self.transfers.values():
             if t.state is not TransferState.FETCHING:
                 continue
-            if t.in_flight and t.check_at_ms is not None:
-                deadlines.append(t.check_at_ms)
+            if t.in_flight:
+                deadlines.append(t.last_progress_ms + self.stall_timeout_ms)
             if t.retry_at_ms is not None:
                 deadlines.append(t.retry_at_ms)
         return min(deadlines, default=None)
@@ -169,9 +159,7 @@ class RelayMachine(RelayFetcher):
             t = self.transfers.get(event.message.manifest_id)
             if t is not None and (event.peer in t.plan or len(t.progress) < MAX_RECIPIENTS):
                 held = min(event.message.chunks_held, t.manifest.chunks)
-                if held > t.progress.get(event.peer, -1):
-                    t.progress[event.peer] = held
-                    t.advanced_at_ms[event.peer] = now
+                t.progress[event.peer] = max(held, t.progress.get(event.peer, 0))
         elif isinstance(event, ChunkFailed):
             if event.penalty > 0:
                 out.append(Penalize(event.peer, event.reason, event.penalty))
@@ -182,7 +170,7 @@ class RelayMachine(RelayFetcher):
             for t in list(self.transfers.values()):
                 t.forget_waiter(event.peer)
                 if t.state is TransferState.FETCHING and (
-                    event.peer in t.sources.values() or event.peer in t.in_flight.values()
+                    t.source == event.peer or event.peer in t.in_flight.values()
                 ):
                     self._fail_source(t, event.peer, "disconnected", False, now, out)
                 elif event.peer in t.plan:
@@ -276,21 +264,19 @@ class RelayMachine(RelayFetcher):
 
     def _register(self, manifest: Manifest, state: TransferState, out: list[Effect]) -> Transfer:
         body = manifest.body
-        plan = build_striped_plan(
+        plan = build_plan(
             manifest.signer,
             body.publisher_upload_bps,
-            tuple((r.peer_id, r.upload_bps) for r in body.recipients),
+            ((r.peer_id, r.upload_bps) for r in body.recipients),
             total_size=body.total_size,
             chunk_size=body.chunk_size,
             seed=manifest.id,
-            stripes=self.stripes,
             max_fanout=self.max_fanout,
         )
         t = Transfer(manifest=manifest, plan=plan, state=state, have=bytearray(manifest.chunks))
         for i, h in enumerate(manifest.chunk_hashes):
             t.by_hash.setdefault(h, []).append(i)
-        # ascending: each stripe's list is already a heap
-        t.pending = [list(range(k, manifest.chunks, plan.stripes)) for k in range(plan.stripes)]
+        t.pending = list(range(manifest.chunks))  # ascending: already a heap
         key = manifest.key
         if manifest.version > self._latest.get(key, 0):
             self._latest[key] = manifest.version
@@ -306,7 +292,7 @@ class RelayMachine(RelayFetcher):
 
     def _push_down(self, t: Transfer, out: list[Effect]) -> None:
         """Send the manifest to our children in the plan: nobody waits on a lost gossip."""
-        for child in t.plan.children_of(self.self_id):
+        for child in t.plan.children.get(self.self_id, ()):
             out.append(Send(child, t.manifest.message))
 
     # ------------------------------------------------------------ serving

@@ -131,7 +131,7 @@ def _place(uploads: Sequence[int], num: int, den: int, max_fanout: int) -> list[
 _Placement = tuple[int, list[int], list[int]]
 
 
-def placement_order(
+def _placement_order(
     root: str, root_up: int, recipients: Iterable[tuple[str, int]], seed: bytes
 ) -> tuple[list[str], list[int]]:
     """The nodes in placement order, root first, and their uploads (the best one a recipient
@@ -223,7 +223,7 @@ def build_plan(
     if max_fanout < 1 or total_size < 1 or chunk_size < 1:
         raise ValueError("max_fanout, total_size and chunk_size must be positive")
     root_up = root_upload_bps if root_upload_bps > 0 else DEFAULT_UPLOAD_BPS
-    order, uploads = placement_order(root, root_up, recipients, seed)
+    order, uploads = _placement_order(root, root_up, recipients, seed)
     rates = _candidate_rates(uploads, max_fanout)
     evaluated = _placements(uploads, rates, max_fanout)
     rate, work, parents, depths = _fastest(evaluated, rates, total_size, chunk_size)

@@ -22,7 +22,7 @@ from protocol.errors import LocalProtocolError
 from protocol.machine import Effect, Emit
 from protocol.relay.events import ServeChunk
 from protocol.relay.manifest import Manifest
-from protocol.relay.striping import StripedPlan
+from protocol.relay.plan import RelayPlan
 
 
 class TransferState(enum.Enum):
@@ -46,23 +46,16 @@ TRANSITIONS: dict[TransferState, frozenset[TransferState]] = {
 @dataclass
 class Transfer:
     manifest: Manifest
-    plan: StripedPlan
+    plan: RelayPlan
     state: TransferState
     have: bytearray
     have_count: int = 0
-    #: per stripe, a heap of the chunk indices still to request
-    pending: list[list[int]] = field(default_factory=list)
+    pending: list[int] = field(default_factory=list)  # heap of indices to request
     in_flight: dict[int, str] = field(default_factory=dict)
-    #: stripe -> the peer its chunks are requested from now
-    sources: dict[int, str] = field(default_factory=dict)
-    #: peer -> when it last sent us a chunk, or became a source
-    heard_at_ms: dict[str, int] = field(default_factory=dict)
-    #: no source can count as stalled before this (protocol/relay/fetching.py)
-    check_at_ms: int | None = None
-    #: peer -> when its progress report last showed it holding more chunks
-    advanced_at_ms: dict[str, int] = field(default_factory=dict)
+    source: str | None = None
     #: peer -> permanent (a bad chunk) or not (cleared when every source has failed)
     failed: dict[str, bool] = field(default_factory=dict)
+    last_progress_ms: int = 0
     retry_at_ms: int | None = None
     waiting: dict[int, list[str]] = field(default_factory=dict)
     queued: Counter[str] = field(default_factory=Counter)
@@ -71,11 +64,6 @@ class Transfer:
     #: chunks held by other peers, from their RelayProgress gossip
     progress: dict[str, int] = field(default_factory=dict)
     reported: int = 0
-
-    @property
-    def source(self) -> str | None:
-        """The first stripe's current source (for status)."""
-        return self.sources.get(0)
 
     @property
     def complete(self) -> bool:

@@ -224,8 +224,7 @@ class SimTransport:
                 self.send_timeout_us, self._send_failed, node, slot, peer, message, "timeout"
             )
             return
-        # opening a stream delays the message; it does not hold the uplink meanwhile
-        arrivals = [at + extra for at in swarm.net.transfer(node.index, target.index, size, now)]
+        arrivals = swarm.net.transfer(node.index, target.index, size, now + extra)
         if not arrivals:
             swarm.metrics.count("unicast_lost")
             loop.after(self.send_timeout_us, self._send_failed, node, slot, peer, message, "lost")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from protocol.envelopes import PENALTY_FORGED
 from protocol.machine import Effect
 from protocol.market.events import AuctionConfig, TaskUpdated
 from protocol.market.selection import Selector
@@ -37,3 +38,15 @@ class AuctionParts:
     def _fail_attempt(self, task: OpenTask, attempt: Attempt, reason: str, outcome: str | None,
                       now: int, cancel: bool = True) -> list[Effect]:
         raise NotImplementedError
+
+    def _assigned(self, peer: str, task_id: bytes, number: int,
+                  reject: Callable[..., list[Effect]]) -> tuple[OpenTask, Attempt] | list[Effect]:
+        """The open task and its attempt ``number`` when that attempt was assigned to ``peer``;
+        else the rejection's effects (an attempt of someone else's is a forgery)."""
+        task = self.tasks.get(task_id)
+        if task is None:
+            return reject("unknown_task")
+        attempt = task.attempts.get(number)
+        if attempt is None or attempt.peer != peer:
+            return reject("not_assigned", PENALTY_FORGED)
+        return task, attempt

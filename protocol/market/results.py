@@ -72,12 +72,10 @@ class ResultIntake(AuctionParts):
                                  self.config.max_frame, sender=peer, author=lambda b: b.executor)
         except Unopened as refused:
             return reject(refused.why, PENALTY_FORGED)
-        task = self.tasks.get(body.task_id)
-        if task is None:
-            return reject("unknown_task")
-        attempt = task.attempts.get(body.attempt)
-        if attempt is None or attempt.peer != peer:
-            return reject("not_assigned", PENALTY_FORGED)
+        found = self._assigned(peer, body.task_id, body.attempt, reject)
+        if isinstance(found, list):
+            return found
+        task, attempt = found
         if attempt.state is AttemptState.ANSWERED:
             return reject("duplicate")
         if attempt.state is not AttemptState.ASSIGNED or task.finished:

@@ -1,0 +1,1 @@
+"""Rules of RL rollout jobs: messages, staleness, capacity, validation and the job book."""

@@ -29,8 +29,9 @@ What it promises (services and their machines may rely on it)
   ``RemoteProtocolError`` raised by a machine or a service: the peer is penalized and logged
   with its id, and the node keeps running. So are the faults the transport reports on any
   inbound stream (bad framing, oversize, stalls, floods of streams: ``on_fault``) and, on our
-  unicast protocol, floods and replays beyond ``NetLimits`` (node/runtime/intake.py): those
-  messages are refused before they are decoded. Costs: node/penalties.py. Each peer's faults
+  unicast protocol, floods and replays beyond ``NetLimits`` (node/runtime/intake.py): a flood
+  is refused before decoding, a replay of a message type that is not ``repeatable`` right
+  after. Costs: node/penalties.py. Each peer's faults
   are logged once per kind, then summarized at most once per
   ``NetLimits.log_summary_interval_s`` (node/logs.RepeatLog); a ban is always logged. Scores decay; over the threshold the peer is
   disconnected and banned for a while (node/penalties.py): its connections are closed at
@@ -251,11 +252,9 @@ class Driver:
     async def _on_request(self, peer: str, data: bytes, *, handshake: bool) -> bytes:
         if self.is_banned(peer):
             return b"banned"
-        fault = self._intake.check(peer, data, self.now_ms())
+        fault = self._intake.admit(peer, self.now_ms())
         if fault is not None:
-            self.counters[f"refused_{fault}"] += 1
-            self.on_fault(peer, fault, f"a {len(data)}-byte message")
-            return fault.encode()
+            return self._refuse(peer, fault, data)
         try:
             message: Message = decode(data)
         except InvalidMessage as exc:
@@ -263,6 +262,10 @@ class Driver:
             self.penalize(peer, f"invalid message: {exc}", INVALID_MESSAGE_PENALTY,
                           kind="undecodable")
             return b"invalid message"
+        if not message.repeatable:
+            fault = self._intake.replayed(peer, data, self.now_ms())
+            if fault is not None:
+                return self._refuse(peer, fault, data)
         owner = self._routes.get(type(message))
         if owner is None or (handshake and type(message) not in HANDSHAKE_TYPES):
             self.penalize(peer, f"unexpected {type(message).__name__}", UNROUTED_MESSAGE_PENALTY,
@@ -271,6 +274,11 @@ class Driver:
         self.counters["received"] += 1
         await self._feed(owner, Received(peer, message))
         return b""
+
+    def _refuse(self, peer: str, fault: str, data: bytes) -> bytes:
+        self.counters[f"refused_{fault}"] += 1
+        self.on_fault(peer, fault, f"a {len(data)}-byte message")
+        return fault.encode()
 
     # ---- gossip ---------------------------------------------------------------------------
 

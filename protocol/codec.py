@@ -55,6 +55,10 @@ class Message:
 
     TAG: ClassVar[int]
     VERSION: ClassVar[int]
+    #: An honest peer may send the same bytes of this type again and again (a periodic digest,
+    #: a poll, a request for the same data): the receiver's replay rule does not apply to it,
+    #: only its rate limit. False for everything signed, where a verbatim copy is a replay.
+    repeatable: ClassVar[bool] = False
     __slots__ = ()
 
 

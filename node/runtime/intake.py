@@ -1,15 +1,20 @@
-"""Unicast intake limits per peer: floods and replays, decided before a message is decoded.
+"""Unicast intake limits per peer: floods and replays.
 
-:class:`PeerIntake` ``.check(peer, frame, now_ms)`` returns ``None`` for a frame to process,
-or the fault kind (node/penalties.py) for one to drop:
+Two checks, each returning ``None`` for a frame to process or the fault kind
+(node/penalties.py) for one to drop:
 
-* ``"flood"``: the peer is over ``NetLimits.max_messages_per_peer_per_s`` (a token bucket of
-  that size, refilled at that rate per second);
-* ``"replay"``: the same bytes came from the peer more than ``NetLimits.replay_allowance``
-  times within ``NetLimits.replay_window_s`` (a retry or a request that is the same as the
-  previous one stays within the allowance; a replayed signed message repeated a thousand
-  times does not). Frames shorter than ``NetLimits.replay_min_bytes`` carry no signature
-  and are only rate-limited.
+* :meth:`PeerIntake.admit` ``(peer, now_ms)``, before the frame is decoded: ``"flood"`` when
+  the peer is over ``NetLimits.max_messages_per_peer_per_s`` (a token bucket of that size,
+  refilled at that rate per second);
+* :meth:`PeerIntake.replayed` ``(peer, frame, now_ms)``, after decoding, for message types
+  that are not ``repeatable`` (protocol/codec.py): ``"replay"`` when the same bytes came from
+  the peer more than ``NetLimits.replay_allowance`` times within
+  ``NetLimits.replay_window_s`` (a retry stays within the allowance; a replayed signed
+  message repeated a thousand times does not). Repeatable types (periodic digests, polls,
+  requests for the same data) are sent verbatim again by honest peers: a ledger digest is
+  the same bytes every anti-entropy round while nothing changes, so counting those as
+  replays penalized honest peers; they are only rate-limited. Frames shorter than
+  ``NetLimits.replay_min_bytes`` carry no signature and are only rate-limited too.
 
 Memory is bounded: ``MAX_TRACKED_PEERS`` peers, ``MAX_DIGESTS_PER_PEER`` recent frames each,
 the least recently seen forgotten first.
@@ -44,6 +49,10 @@ class PeerIntake:
         self._peers: OrderedDict[str, _Peer] = OrderedDict()
 
     def check(self, peer: str, frame: bytes, now_ms: int) -> str | None:
+        """Both checks on a frame of a type that is not repeatable."""
+        return self.admit(peer, now_ms) or self.replayed(peer, frame, now_ms)
+
+    def admit(self, peer: str, now_ms: int) -> str | None:
         state = self._peer(peer, now_ms)
         state.tokens = min(self._rate, state.tokens
                            + (now_ms - state.updated_ms) / 1000 * self._rate)
@@ -51,8 +60,12 @@ class PeerIntake:
         if state.tokens < 1:
             return "flood"
         state.tokens -= 1
+        return None
+
+    def replayed(self, peer: str, frame: bytes, now_ms: int) -> str | None:
         if len(frame) < self._min_bytes:
             return None
+        state = self._peer(peer, now_ms)
         digest = hashlib.blake2b(frame, digest_size=16).digest()
         entry = state.seen.get(digest)
         if entry is None or now_ms - entry[0] > self._window_ms:

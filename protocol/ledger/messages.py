@@ -16,6 +16,7 @@ Contract
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from crypto.envelope import Envelope
 from protocol.codec import Message, limits, message
@@ -52,6 +53,7 @@ class LedgerDigest(Message):
     ``PREFIX_LEN`` bytes: bucket ``b`` summarizes the attestations whose content hash starts
     with byte ``b``, so two nodes find the differing buckets without listing 10,000 hashes.
     """
+    repeatable: ClassVar[bool] = True
 
     records: tuple[RecordVersion, ...] = limits(max_items=MAX_DIGEST_RECORDS)
     attestation_count: int = limits(lo=0)
@@ -80,6 +82,7 @@ class BucketHave(Message):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LedgerSyncRequest(Message):
     """Pull: send me these peers' records and the attestations of these buckets I lack."""
+    repeatable: ClassVar[bool] = True
 
     records: tuple[str, ...] = limits(max_items=MAX_REQUEST_RECORDS, max_len=MAX_PEER_ID_LEN)
     buckets: tuple[BucketHave, ...] = limits(max_items=BUCKETS)

@@ -8,6 +8,7 @@ Tag ranges, so that machines in separate modules never collide:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from protocol.codec import Message, limits, message
 
@@ -22,6 +23,7 @@ MAX_EXCHANGED_PEERS = 32
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Hello(Message):
     """First message on a new connection, both ways. A node on another network is refused."""
+    repeatable: ClassVar[bool] = True
 
     network_id: str = limits(max_len=32)
     protocol_version: int = limits(lo=0, hi=1 << 16)
@@ -45,6 +47,7 @@ class Pong(Message):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PeerListRequest(Message):
     """Ask a peer which other peers it knows (peer exchange)."""
+    repeatable: ClassVar[bool] = True
 
     max_peers: int = limits(lo=1, hi=MAX_EXCHANGED_PEERS)
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from crypto.envelope import Envelope, EnvelopeError
 from crypto.hashing import HASH_LEN
@@ -137,6 +138,7 @@ class RelayManifest(Message):
 @message(93)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ChunkRequest(Message):
+    repeatable: ClassVar[bool] = True
     manifest_id: bytes = limits(size=HASH_LEN)
     index: int = limits(lo=0, hi=MAX_CHUNKS - 1)
 
@@ -156,6 +158,7 @@ class ChunkHeader(Message):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RelayProgress(Message):
     """Gossiped by a receiver at milestones and on completion, for status and progress bars."""
+    repeatable: ClassVar[bool] = True
 
     manifest_id: bytes = limits(size=HASH_LEN)
     chunks_held: int = limits(lo=0, hi=MAX_CHUNKS)

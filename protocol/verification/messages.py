@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import ClassVar
 
 from crypto.envelope import Envelope
 from protocol.codec import Message, limits, message
@@ -145,6 +146,7 @@ class Commit(Message):
 @message(74)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RevealRequest(Message):
+    repeatable: ClassVar[bool] = True
     task_id: bytes = limits(size=TASK_ID_LEN)
     attempt: int = limits(lo=0, hi=MAX_ATTEMPT)
     nonce: bytes = limits(size=NONCE_LEN)
@@ -262,6 +264,7 @@ class StatesRequest(Message):
     The leaves are bound by the ``states_root`` of the executor's signed CommitBody, so asking
     for them tells the executor nothing it could still use: its commitment is already made.
     """
+    repeatable: ClassVar[bool] = True
 
     task_id: bytes = limits(size=TASK_ID_LEN)
     states_root: bytes = limits(size=HASH_LEN)

@@ -207,6 +207,8 @@ class Membership:
 
     def _on_message(self, event: Received, now: int, out: list[Effect]) -> None:
         peer, msg = event.peer, event.message
+        if peer == self.self_peer:
+            return  # our own id on a message: a transport loop or a forged origin, never a peer
         if peer not in self.conns:
             self._on_connected(PeerConnected(peer), now, out)
         conn = self.conns[peer]

@@ -107,6 +107,13 @@ def test_messages_before_hello_are_ignored() -> None:
     assert m.handle(Received(A, PeerListRequest(max_peers=5)), 1) == []
 
 
+def test_a_message_under_our_own_peer_id_is_ignored() -> None:
+    m = machine()
+    for msg in (hello(ME), Ping(nonce=1), PeerListRequest(max_peers=5)):
+        assert m.handle(Received(ME, msg), 1) == []
+    assert ME not in m.conns
+
+
 def test_ping_measures_latency_and_silence_drops() -> None:
     m = machine(ping_interval_ms=1000, unresponsive_after_ms=3000)
     m.handle(PeerConnected(A), 0)

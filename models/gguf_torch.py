@@ -13,6 +13,7 @@ llama.cpp's converter permutes the rows of the Q and K projections (interleaved 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,14 +123,10 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
 
 
-def load_gguf_llama(path: str | Path) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """(LlamaForCausalLM in fp32 eval mode, GGUF metadata). Raises ValueError for other archs."""
-    from gguf.constants import GGMLQuantizationType
-    from gguf.quants import dequantize
-    from transformers import LlamaConfig, LlamaForCausalLM
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+def llama_config(path: str | Path, meta: dict[str, Any], tensors: dict[str, GGUFTensor]) -> Any:
+    """The transformers ``LlamaConfig`` a GGUF's metadata describes; ValueError for other archs."""
+    from transformers import LlamaConfig
 
-    meta, tensors = read_gguf(path)
     arch = meta.get("general.architecture")
     if arch != "llama":
         raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported by the torch "
@@ -138,7 +135,7 @@ def load_gguf_llama(path: str | Path) -> tuple[torch.nn.Module, dict[str, Any]]:
     n_head = int(meta["llama.attention.head_count"])
     n_kv = int(meta.get("llama.attention.head_count_kv", n_head))
     vocab = int(meta.get("llama.vocab_size", tensors["token_embd.weight"].shape[0]))
-    config = LlamaConfig(
+    return LlamaConfig(
         vocab_size=vocab,
         hidden_size=hidden,
         intermediate_size=int(meta["llama.feed_forward_length"]),
@@ -154,21 +151,68 @@ def load_gguf_llama(path: str | Path) -> tuple[torch.nn.Module, dict[str, Any]]:
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
         pad_token_id=meta.get("tokenizer.ggml.padding_token_id"),
     )
+
+
+def _param_name(name: str) -> str | None:
+    """The transformers parameter name of GGUF tensor ``name``; None for tensors not used."""
+    if name in _GLOBAL_TENSORS:
+        return _GLOBAL_TENSORS[name]
+    prefix, _, rest = name.partition(".")[2].partition(".")
+    if not name.startswith("blk.") or rest not in _LAYER_TENSORS:
+        return None  # e.g. rope_freqs: not used by this loader
+    return f"model.layers.{prefix}.{_LAYER_TENSORS[rest]}"
+
+
+def _state(tensors: dict[str, GGUFTensor], n_head: int, n_kv: int,
+           wanted: Callable[[str], bool]) -> dict[str, torch.Tensor]:
+    """Dequantized fp32 parameters, by transformers name, of the tensors ``wanted`` accepts."""
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import dequantize
+
     state: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
+        param = _param_name(name)
+        if param is None or not wanted(param):
+            continue
         w = dequantize(np.asarray(tensor.data), GGMLQuantizationType(tensor.ggml_type))
         w = np.asarray(w, dtype=np.float32).reshape(tensor.shape)  # (rows, cols)
-        if name in _GLOBAL_TENSORS:
-            state[_GLOBAL_TENSORS[name]] = torch.from_numpy(np.array(w, copy=True))
-            continue
-        prefix, _, rest = name.partition(".")[2].partition(".")
-        if not name.startswith("blk.") or rest not in _LAYER_TENSORS:
-            continue  # e.g. rope_freqs: not used by this loader
-        if rest == "attn_q.weight":
+        if name.endswith(".attn_q.weight"):
             w = _unpermute(w, n_head)
-        elif rest == "attn_k.weight":
+        elif name.endswith(".attn_k.weight"):
             w = _unpermute(w, n_kv)
-        state[f"model.layers.{prefix}.{_LAYER_TENSORS[rest]}"] = torch.from_numpy(np.array(w, copy=True))
+        state[param] = torch.from_numpy(np.array(w, copy=True))
+    return state
+
+
+def load_gguf_part(path: str | Path, start: int, end: int,
+                   head: bool) -> tuple[Any, dict[str, torch.Tensor]]:
+    """(LlamaConfig, fp32 parameters) of decoder layers [start, end) only, plus the embedding,
+    final norm and output head when ``head``: a stage of a layer-sharded chain dequantizes
+    nothing else, so its memory grows with end - start. Names are transformers' own
+    (``model.layers.{i}.…``, ``model.embed_tokens.weight``, ``model.norm.weight``,
+    ``lm_head.weight``; a tied head comes back as the embedding only)."""
+    meta, tensors = read_gguf(path)
+    config = llama_config(path, meta, tensors)
+    if not 0 <= start <= end <= config.num_hidden_layers:
+        raise ValueError(f"{path}: layer range [{start}, {end}) is outside the model's "
+                         f"{config.num_hidden_layers} layers")
+    layers = tuple(f"model.layers.{i}." for i in range(start, end))
+
+    def wanted(param: str) -> bool:
+        return param.startswith(layers) if param.startswith("model.layers.") else head
+
+    return config, _state(tensors, config.num_attention_heads, config.num_key_value_heads, wanted)
+
+
+def load_gguf_llama(path: str | Path) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """(LlamaForCausalLM in fp32 eval mode, GGUF metadata). Raises ValueError for other archs."""
+    from transformers import LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    meta, tensors = read_gguf(path)
+    config = llama_config(path, meta, tensors)
+    n_head, n_kv = config.num_attention_heads, config.num_key_value_heads
+    state = _state(tensors, n_head, n_kv, lambda name: True)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     missing = set(model.state_dict()) - set(state) - ({"lm_head.weight"} if config.tie_word_embeddings else set())

@@ -1,0 +1,1 @@
+"""Distributed inference: routing a chain over block servers, sessions, speculative decoding."""

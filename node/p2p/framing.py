@@ -48,19 +48,24 @@ class Framing:
     """How a protocol frames its messages: varint-prefixed up to ``max_frame`` bytes, or a
     fixed ``fixed_size``; ``long_lived`` streams have no idle limit between frames. ``check``,
     if given, sees each whole frame body and raises for one that is no valid message (for a
-    handler that would swallow the error itself)."""
+    handler that would swallow the error itself). ``max_frames_per_min`` (0: no limit) caps
+    the frames one peer sends on the protocol, all its streams together (the guard keeps the
+    count): past it each frame is a flood fault, so a valid ping or identify push repeated
+    without end costs the peer points like any other flood."""
 
     max_frame: int = 0
     fixed_size: int = 0
     long_lived: bool = False
     check: Callable[[bytes], None] | None = None
+    max_frames_per_min: int = 0
 
 
 class _Parser:
     """Where the stream stands: inside a length prefix, inside a body, or between frames."""
 
-    def __init__(self, framing: Framing) -> None:
+    def __init__(self, framing: Framing, admit_frame: Callable[[], bool] | None = None) -> None:
         self._framing = framing
+        self._admit_frame = admit_frame
         self._prefix = 0  # bytes of the current length prefix read so far
         self._length = 0  # the length being decoded
         self._body = 0  # body bytes still due
@@ -105,6 +110,8 @@ class _Parser:
 
     def _frame_done(self) -> None:
         self.frames += 1
+        if self._admit_frame is not None and not self._admit_frame():
+            raise PeerFault("flood", f"over {self._framing.max_frames_per_min} frames a minute")
         if self._framing.check is not None:
             body, self._kept = bytes(self._kept), bytearray()
             try:
@@ -122,12 +129,13 @@ class FramedReads:
     """
 
     def __init__(self, stream: Any, framing: Framing, limits: NetLimits,
-                 report: Callable[[PeerFault], None]) -> None:
+                 report: Callable[[PeerFault], None],
+                 admit_frame: Callable[[], bool] | None = None) -> None:
         self._report = report
         self.faulted = False  # a fault was raised (and reported) on this stream
         self._stream = stream
         self._framing = framing
-        self._parser = _Parser(framing)
+        self._parser = _Parser(framing, admit_frame)
         self._deadline_s = limits.read_deadline_s
         self._idle_s = math.inf if framing.long_lived else limits.idle_timeout_s
         self._opened_at = trio.current_time()

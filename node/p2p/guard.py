@@ -38,6 +38,7 @@ from libp2p.stream_muxer.exceptions import MuxedStreamError
 
 from node.logs import RepeatLog
 from node.p2p.framing import FramedReads, Framing, PeerFault
+from node.runtime.intake import KeyedBuckets
 from node.runtime.limits import NetLimits
 from node.transport import (
     FaultHandler,
@@ -94,6 +95,7 @@ class StreamGuard:
         self._repeats = RepeatLog(log, interval_ms=int(limits.log_summary_interval_s * 1000))
         self.on_fault: FaultHandler | None = None
         self._framings: dict[str, Framing] = {}
+        self._frame_budgets: dict[str, KeyedBuckets] = {}
         self._per_peer: Counter[str] = Counter()
         self._per_protocol: Counter[tuple[str, str]] = Counter()
         #: streams refused or reset for a fault, by kind (status, benchmarks)
@@ -102,6 +104,9 @@ class StreamGuard:
     def set_framing(self, protocol_id: str, framing: Framing) -> None:
         """Follow the frames of py-libp2p's handler for ``protocol_id`` (see framing.py)."""
         self._framings[protocol_id] = framing
+        if framing.max_frames_per_min:
+            per_min = framing.max_frames_per_min
+            self._frame_budgets[protocol_id] = KeyedBuckets(per_min / 60, per_min)
 
     def install(self, host: Any) -> None:
         """Wrap the host's stream entry point and every handler registered so far."""
@@ -157,8 +162,11 @@ class StreamGuard:
             self._per_protocol[key] += 1
             stream: Any = net_stream
             if framing is not None:
+                budget = self._frame_budgets.get(protocol)
+                admit = None if budget is None else (
+                    lambda: budget.take(peer, self._now_ms()))
                 stream = FramedReads(net_stream, framing, self._limits, lambda f: self.fault(
-                    peer, protocol, f.kind, f.detail))
+                    peer, protocol, f.kind, f.detail), admit)
             try:
                 await handler(stream)
                 if isinstance(stream, FramedReads) and stream.unfinished:

@@ -111,8 +111,9 @@ class P2PTransport:
         # py-libp2p's identify-push handler swallows a parse error: check each frame here
         self._guard.set_framing(str(IDENTIFY_PUSH_ID), Framing(
             max_frame=limits.identify_max_frame_bytes,
-            check=_parse_identify))
-        self._guard.set_framing(str(PING_ID), Framing(fixed_size=PING_LENGTH))
+            check=_parse_identify, max_frames_per_min=limits.identify_push_frames_per_min))
+        self._guard.set_framing(str(PING_ID), Framing(
+            fixed_size=PING_LENGTH, max_frames_per_min=limits.ping_frames_per_min))
         self._guard.install(self._host)
 
     def set_fault_handler(self, handler: FaultHandler) -> None:

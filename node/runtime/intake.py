@@ -32,17 +32,36 @@ MAX_TRACKED_PEERS = 4096
 MAX_DIGESTS_PER_PEER = 1024
 
 
+class KeyedBuckets:
+    """Token buckets by key (a peer, a peer and protocol): ``rate`` per second, bursts of up to
+    ``burst``; at most ``max_keys`` keys, the least recently seen forgotten first (a
+    forgotten key starts again with a full bucket, which is the worst an attacker gains)."""
+
+    def __init__(self, rate: float, burst: float, max_keys: int = MAX_TRACKED_PEERS) -> None:
+        self._rate, self._burst, self._max_keys = rate, burst, max_keys
+        self._buckets: OrderedDict[object, tuple[float, int]] = OrderedDict()
+
+    def take(self, key: object, now_ms: int) -> bool:
+        """Spend one token of ``key``'s bucket; False (nothing spent) when it is empty."""
+        tokens, updated = self._buckets.pop(key, (self._burst, now_ms))
+        tokens = min(self._burst, tokens + max(0, now_ms - updated) / 1000 * self._rate)
+        if len(self._buckets) >= self._max_keys:
+            self._buckets.popitem(last=False)
+        ok = tokens >= 1
+        self._buckets[key] = (tokens - 1 if ok else tokens, now_ms)
+        return ok
+
+
 @dataclass
 class _Peer:
-    tokens: float
-    updated_ms: int
     #: digest -> [first seen in the window at ms, copies seen in the window]
     seen: OrderedDict[bytes, list[int]] = field(default_factory=OrderedDict)
 
 
 class PeerIntake:
     def __init__(self, limits: NetLimits) -> None:
-        self._rate = limits.max_messages_per_peer_per_s
+        rate = limits.max_messages_per_peer_per_s
+        self._buckets = KeyedBuckets(rate, rate)
         self._window_ms = int(limits.replay_window_s * 1000)
         self._allowance = limits.replay_allowance
         self._min_bytes = limits.replay_min_bytes
@@ -53,19 +72,12 @@ class PeerIntake:
         return self.admit(peer, now_ms) or self.replayed(peer, frame, now_ms)
 
     def admit(self, peer: str, now_ms: int) -> str | None:
-        state = self._peer(peer, now_ms)
-        state.tokens = min(self._rate, state.tokens
-                           + (now_ms - state.updated_ms) / 1000 * self._rate)
-        state.updated_ms = now_ms
-        if state.tokens < 1:
-            return "flood"
-        state.tokens -= 1
-        return None
+        return None if self._buckets.take(peer, now_ms) else "flood"
 
     def replayed(self, peer: str, frame: bytes, now_ms: int) -> str | None:
         if len(frame) < self._min_bytes:
             return None
-        state = self._peer(peer, now_ms)
+        state = self._peer(peer)
         digest = hashlib.blake2b(frame, digest_size=16).digest()
         entry = state.seen.get(digest)
         if entry is None or now_ms - entry[0] > self._window_ms:
@@ -78,12 +90,12 @@ class PeerIntake:
         state.seen.move_to_end(digest)
         return "replay" if entry[1] > self._allowance else None
 
-    def _peer(self, peer: str, now_ms: int) -> _Peer:
+    def _peer(self, peer: str) -> _Peer:
         state = self._peers.get(peer)
         if state is None:
             if len(self._peers) >= MAX_TRACKED_PEERS:
                 self._peers.popitem(last=False)
-            state = self._peers[peer] = _Peer(tokens=self._rate, updated_ms=now_ms)
+            state = self._peers[peer] = _Peer()
         else:
             self._peers.move_to_end(peer)
         return state

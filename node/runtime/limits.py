@@ -37,6 +37,12 @@ class NetLimits:
     gossip_max_message_bytes: int = (1 << 20) - (16 << 10)
     #: largest frame on the identify / identify-push streams
     identify_max_frame_bytes: int = 64 << 10
+    #: libp2p pings (``/ipfs/ping/1.0.0``) one peer may send per minute, all its streams
+    #: together (a burst of this many); an honest peer pings every 15 s or so
+    ping_frames_per_min: int = 30
+    #: identify pushes one peer may send per minute (a burst of this many); an honest peer
+    #: pushes when its addresses or protocols change
+    identify_push_frames_per_min: int = 10
     #: unicast messages one peer may send per second (a burst of this many is allowed)
     max_messages_per_peer_per_s: int = 500
     #: identical unicast frames from one peer are counted within this window ...

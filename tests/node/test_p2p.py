@@ -605,6 +605,28 @@ async def test_ping_and_identify_are_guarded_and_identify_names_the_node() -> No
 
 
 @trio_test
+async def test_valid_pings_past_the_per_minute_budget_are_a_flood() -> None:
+    limits = NetLimits(ping_frames_per_min=3)
+    async with open_p2p(seed(1)) as a, open_p2p(seed(2), limits=limits) as b:
+        faults = Faults()
+        b.set_fault_handler(faults)
+        await a.connect(b.listen_addrs()[0])
+        ping = await a.open_stream(b.peer_id, "/ipfs/ping/1.0.0")
+        for n in range(3):  # the budget: echoed
+            await ping.write(bytes([n]) * 32)
+            assert await read_exactly(ping, 32) == bytes([n]) * 32
+        await ping.write(b"4" * 32)
+        await _ended(ping)
+        # a new stream does not reset the budget: it is the peer's, not the stream's
+        ping = await a.open_stream(b.peer_id, "/ipfs/ping/1.0.0")
+        await ping.write(b"5" * 32)
+        await _ended(ping)
+        await faults.wait(2)
+        assert faults.kinds == ["flood", "flood"]
+        assert "frames a minute" in faults.seen[0][1]
+
+
+@trio_test
 async def test_invalid_gossip_messages_cost_their_forwarder() -> None:
     async with open_p2p(seed(1)) as a, open_p2p(seed(2)) as b:
         faults = Faults()

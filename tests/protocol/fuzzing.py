@@ -140,6 +140,7 @@ def all_message_classes() -> list[type[Message]]:
     import protocol.market.messages  # noqa: F401
     import protocol.membership.messages  # noqa: F401
     import protocol.relay.manifest  # noqa: F401
+    import protocol.rl.messages  # noqa: F401
     import protocol.verification.messages  # noqa: F401
 
     return [cls for _, cls in sorted(codec.registered().items())

@@ -33,7 +33,7 @@ def test_every_message_module_is_fuzzed() -> None:
     modules = {cls.__module__ for cls in CLASSES}
     assert modules == {
         "protocol.ledger.messages", "protocol.ledger.records", "protocol.market.messages",
-        "protocol.membership.messages", "protocol.relay.manifest",
+        "protocol.membership.messages", "protocol.relay.manifest", "protocol.rl.messages",
         "protocol.verification.messages"}
     assert len(CLASSES) >= 40
 

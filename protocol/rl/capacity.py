@@ -1,0 +1,109 @@
+"""The capacity rule: how big a swarm an asynchronous learner needs so that it never waits.
+
+With ``N`` workers each producing ``r`` rollouts per second, a learner that uses ``B`` rollouts
+per step and takes ``T`` seconds per step never waits for data when
+
+* supply covers demand: ``N * r >= B / T``; and
+* the staleness bound covers the pipeline: ``S >= ceil((dissemination + generation) / T)``,
+  where *dissemination* is the time a new policy version takes to reach the workers (the
+  relay plan's transfer time) and *generation* the time a worker takes for one job. A rollout
+  started on version ``v`` as soon as ``v`` arrives is returned that many steps later; with a
+  smaller ``S`` it is stale on arrival, and the learner idles or drops it.
+
+:func:`plan` evaluates both inequalities and the figures around them (``symphony rl plan``
+prints them; the simulator reproduces them). All times are seconds here, as the rule is stated;
+bad input raises ``ValueError`` naming the argument.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Swarm:
+    """A swarm as the capacity rule sees it."""
+
+    workers: int
+    #: rollouts per second one worker produces
+    rollouts_per_s: float
+    #: rollouts the learner consumes per step (B)
+    batch: int
+    #: seconds per learner step (T)
+    step_s: float
+    #: seconds for a new policy version to reach the workers
+    dissemination_s: float
+    #: seconds one job (a group of completions) takes on a worker
+    generation_s: float
+    #: the staleness bound the learner runs with (S)
+    staleness: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityPlan:
+    supply_per_s: float  # N * r
+    demand_per_s: float  # B / T
+    throughput_ok: bool  # N * r >= B / T
+    #: the fewest workers at this r for which supply covers demand
+    min_workers: int
+    #: ceil((dissemination + generation) / T)
+    min_staleness: int
+    staleness_ok: bool  # S >= min_staleness
+    #: the learner's busy fraction if nothing else limits it: min(1, N r T / B)
+    busy_bound: float
+
+    @property
+    def holds(self) -> bool:
+        return self.throughput_ok and self.staleness_ok
+
+
+def _positive(name: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+def _non_negative(name: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def check_swarm(swarm: Swarm) -> None:
+    """``ValueError`` naming the first field of ``swarm`` outside its domain."""
+    if type(swarm.workers) is not int or swarm.workers < 0:
+        raise ValueError(f"workers must be an int >= 0, got {swarm.workers!r}")
+    if type(swarm.batch) is not int or swarm.batch < 1:
+        raise ValueError(f"batch must be an int >= 1, got {swarm.batch!r}")
+    if type(swarm.staleness) is not int or swarm.staleness < 0:
+        raise ValueError(f"staleness must be an int >= 0, got {swarm.staleness!r}")
+    _positive("rollouts_per_s", swarm.rollouts_per_s)
+    _positive("step_s", swarm.step_s)
+    _non_negative("dissemination_s", swarm.dissemination_s)
+    _non_negative("generation_s", swarm.generation_s)
+
+
+def min_staleness(dissemination_s: float, generation_s: float, step_s: float) -> int:
+    """``ceil((dissemination + generation) / T)``, robust to float noise at exact multiples."""
+    _non_negative("dissemination_s", dissemination_s)
+    _non_negative("generation_s", generation_s)
+    _positive("step_s", step_s)
+    return max(0, math.ceil((dissemination_s + generation_s) / step_s - 1e-9))
+
+
+def plan(swarm: Swarm) -> CapacityPlan:
+    """Both inequalities of the capacity rule for ``swarm``, with the figures around them."""
+    check_swarm(swarm)
+    supply = swarm.workers * swarm.rollouts_per_s
+    demand = swarm.batch / swarm.step_s
+    need_s = min_staleness(swarm.dissemination_s, swarm.generation_s, swarm.step_s)
+    return CapacityPlan(
+        supply_per_s=supply,
+        demand_per_s=demand,
+        throughput_ok=supply >= demand * (1 - 1e-9),
+        min_workers=math.ceil(demand / swarm.rollouts_per_s - 1e-9),
+        min_staleness=need_s,
+        staleness_ok=swarm.staleness >= need_s,
+        busy_bound=min(1.0, supply / demand),
+    )

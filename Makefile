@@ -5,9 +5,21 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+STAMP := $(VENV)/.installed$(if $(GPU),-$(GPU))
 # A portable llama.cpp build: no -march=native, so the wheel runs on any x86-64 CPU.
+# `make install GPU=cuda` (needs the CUDA toolkit's nvcc) builds llama.cpp with -DGGML_CUDA=on
+# and takes torch's CUDA build instead of the CPU one; `symphony doctor` then reports the GPU,
+# and llama.cpp offloads every layer to it by default. CPU-only stays the default.
+GPU ?=
+ifeq ($(GPU),cuda)
+export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_CUDA=on
+# the wheel index of torch's CUDA build; pick the one matching the driver (nvidia-smi)
+TORCH_INDEX ?= https://download.pytorch.org/whl/cu128
+else ifneq ($(GPU),)
+$(error GPU=$(GPU) is not supported: use GPU=cuda, or leave GPU unset for the CPU build)
+else
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
+endif
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test check check-pure-tests check-other-tests install system-deps lint typecheck bench clean
@@ -63,6 +75,13 @@ $(STAMP): setup.cfg pyproject.toml
 	@echo "installing symphony-node and its dependencies into $(VENV) (first time: ~10 min)"
 	@$(BIN)/python -m pip install -q --upgrade pip wheel setuptools
 	@$(BIN)/python -m pip install -q -e '.[all]'
+	@if [ "$(GPU)" = cuda ]; then \
+	  echo "GPU=cuda: rebuilding llama-cpp-python with CUDA and taking torch's CUDA build"; \
+	  $(BIN)/python -m pip install -q --force-reinstall --no-deps --no-binary llama-cpp-python \
+	    "$$($(BIN)/python -c 'from importlib.metadata import version as v; print("llama-cpp-python==" + v("llama-cpp-python"))')" && \
+	  $(BIN)/python -m pip install -q --force-reinstall --no-deps --index-url $(TORCH_INDEX) \
+	    "torch==$$($(BIN)/python -c 'from importlib.metadata import version as v; print(v("torch").split("+")[0])')"; \
+	fi
 	@touch $(STAMP)
 
 lint: $(STAMP)

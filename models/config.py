@@ -19,6 +19,9 @@ class ModelConfig:
     n_threads: int = 0  # CPU threads; 0 = the backend's default (llama.cpp: default_threads())
     n_ctx: int = 2048  # llama.cpp context window in tokens (prompt + generation)
     n_batch: int = 256  # llama.cpp prompt-processing batch size in tokens
+    # llama.cpp layers offloaded to the GPU: -1 = all of them when llama.cpp was built with GPU
+    # offload (make install GPU=cuda), 0 = keep every layer on the CPU
+    n_gpu_layers: int = -1
     max_tokens: int = 256  # default generation budget (chain of thought + final answer line)
     fingerprint_chunk: int = 32  # generated tokens per fingerprint blob
     fingerprint_k: int = 4  # top-|activation| entries kept per position in a fingerprint
@@ -30,6 +33,8 @@ class ModelConfig:
         for name in ("n_ctx", "n_batch", "max_tokens", "fingerprint_chunk", "fingerprint_k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.n_gpu_layers < -1:
+            raise ValueError(f"ModelConfig.n_gpu_layers must be >= -1, got {self.n_gpu_layers}")
         if self.n_threads < 0:
             raise ValueError(f"ModelConfig.n_threads must be >= 0, got {self.n_threads}")
 

@@ -9,6 +9,10 @@ weights are on, None on the CPU) or, without one, for the host CPU:
   installed with CUDA, else from ``nvidia-smi``; a GPU that neither can name is reported as
   ``"gpu"`` with 0 bytes rather than passed off as the CPU.
 
+:func:`detect_gpu` says whether a CUDA GPU is usable at all, by torch and by llama.cpp
+(``llama_supports_gpu_offload``), and when none is, why not (a CPU-only torch build, llama.cpp
+built without CUDA, no driver): ``symphony doctor`` prints it.
+
 Everything here is standard library at import time: torch is imported only to name a GPU the
 model already runs on, so a node without the models extra still starts and describes its CPU.
 """
@@ -105,3 +109,72 @@ def parse_nvidia_smi(out: str) -> tuple[str, int] | None:
     if not sep or not name.strip() or not mib.strip().isdigit():
         return None
     return name.strip(), int(mib.strip()) << 20
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReport:
+    """Whether a CUDA GPU is usable here, and through what; ``why`` says why not."""
+
+    found: bool
+    name: str = ""
+    memory_bytes: int = 0
+    #: the libraries that can use it: "torch" and/or "llama.cpp"
+    via: tuple[str, ...] = ()
+    #: one reason per library that cannot, e.g. "torch 2.13.0 is a CPU-only build"
+    why: str = ""
+
+    def line(self) -> str:
+        if not self.found:
+            return f"no GPU: {self.why}"
+        memory = f"{self.memory_bytes / 2**30:.1f} GiB" if self.memory_bytes else "memory unknown"
+        missing = f" ({self.why})" if self.why else ""
+        return f"{self.name}, {memory}, used by {' and '.join(self.via)}{missing}"
+
+
+def detect_gpu(index: int = 0) -> GpuReport:
+    """CUDA device ``index`` as torch and llama.cpp see it (imports both when installed)."""
+    reasons: list[str] = []
+    via: list[str] = []
+    torch_gpu, why = _torch_view(index)
+    if torch_gpu is not None:
+        via.append("torch")
+    else:
+        reasons.append(why)
+    offload, why = _llama_view()
+    if offload:
+        via.append("llama.cpp")
+    else:
+        reasons.append(why)
+    named = torch_gpu or (_nvidia_smi_gpu(index) if offload else None)
+    if not via or named is None:
+        if offload:
+            reasons.append("llama.cpp offloads but nvidia-smi names no CUDA device "
+                           f"{index}")
+        return GpuReport(False, why="; ".join(reasons))
+    name, memory = named
+    return GpuReport(True, name[:MAX_NAME_CHARS], memory, tuple(via), "; ".join(reasons))
+
+
+def _torch_view(index: int) -> tuple[tuple[str, int] | None, str]:
+    try:
+        import torch
+    except ImportError:
+        return None, "torch is not installed"
+    cuda = getattr(torch.version, "cuda", None)
+    if not cuda:
+        return None, f"torch {torch.__version__} is a CPU-only build"
+    if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+        return None, (f"torch {torch.__version__} (CUDA {cuda}) sees no CUDA device {index} "
+                      "(driver missing, or CUDA_VISIBLE_DEVICES hides it)")
+    return _torch_gpu(index), ""
+
+
+def _llama_view() -> tuple[bool, str]:
+    try:
+        import llama_cpp
+    except ImportError:
+        return False, "llama-cpp-python is not installed"
+    if not llama_cpp.llama_supports_gpu_offload():
+        return False, (f"llama.cpp {getattr(llama_cpp, '__version__', '?')} was built without "
+                       "GPU offload (make install GPU=cuda rebuilds it with CUDA)")
+    return True, ""

@@ -42,6 +42,8 @@ class LlamaCppBackend(Backend):
             model_path=str(info.path), n_ctx=min(config.n_ctx, info.context_length),
             n_batch=config.n_batch, n_threads=config.n_threads or default_threads(),
             seed=0, verbose=False,
+            # offload to the GPU by default when this llama.cpp build can (a CPU build: 0)
+            n_gpu_layers=config.n_gpu_layers if llama_cpp.llama_supports_gpu_offload() else 0,
         )
         self.llm = llama_cpp.Llama(**self._kwargs)
         self._scorer: object | None = None

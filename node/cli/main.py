@@ -26,6 +26,8 @@ SUBCOMMANDS: dict[str, str] = {
     "ledger": "node.cli.ledger:ledger",
     "relay": "node.cli.relay:relay",
     "simulate": "node.cli.simulate:simulate",
+    "rl": "node.cli.rl:rl",
+    "doctor": "node.cli.doctor:doctor",
 }
 
 

@@ -1,0 +1,89 @@
+"""`symphony rl ...`: reinforcement learning on the network.
+
+``rl plan`` prints the capacity rule (protocol/rl/capacity.py) for a given swarm: whether N
+workers at r rollouts/s each feed a learner that uses B rollouts per T-second step
+(``N r >= B / T``), and the smallest staleness bound that hides dissemination and generation
+(``S >= ceil((dissemination + generation) / T)``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+
+@click.group()
+def rl() -> None:
+    """Reinforcement learning: rollout jobs on the network feeding a learner."""
+
+
+@rl.command()
+@click.option("--workers", type=click.IntRange(min=0), required=True, help="Workers N.")
+@click.option("--rollouts-per-s", "rate", type=float, required=True,
+              help="Rollouts (completions) per second one worker produces, r.")
+@click.option("--batch", type=click.IntRange(min=1), required=True,
+              help="Rollouts the learner uses per step, B.")
+@click.option("--step-s", type=float, required=True, help="Seconds per learner step, T.")
+@click.option("--dissemination-s", type=float, default=0.0, show_default=True,
+              help="Seconds for a new policy version to reach the workers (the relay).")
+@click.option("--generation-s", type=float, default=None,
+              help="Seconds one job takes on a worker (default: group / rollouts-per-s).")
+@click.option("--group", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Completions per job, G (used for the default generation time).")
+@click.option("--staleness", type=click.IntRange(min=0), default=0, show_default=True,
+              help="The staleness bound S to check.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def plan(workers: int, rate: float, batch: int, step_s: float, dissemination_s: float,
+         generation_s: float | None, group: int, staleness: int, as_json: bool) -> None:
+    """Print the capacity rule's figures for a swarm."""
+    from protocol.rl.capacity import Swarm
+    from protocol.rl.capacity import plan as capacity_plan
+
+    if not rate > 0:
+        raise click.BadParameter(f"must be > 0, got {rate}", param_hint="--rollouts-per-s")
+    generation = group / rate if generation_s is None else generation_s
+    swarm = Swarm(workers=workers, rollouts_per_s=rate, batch=batch, step_s=step_s,
+                  dissemination_s=dissemination_s, generation_s=generation,
+                  staleness=staleness)
+    try:
+        p = capacity_plan(swarm)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    figures = {
+        "supply_per_s": p.supply_per_s, "demand_per_s": p.demand_per_s,
+        "throughput_ok": p.throughput_ok, "min_workers": p.min_workers,
+        "generation_s": generation, "min_staleness": p.min_staleness,
+        "staleness": staleness, "staleness_ok": p.staleness_ok,
+        "busy_bound": p.busy_bound, "holds": p.holds,
+    }
+    if as_json:
+        click.echo(json.dumps(figures, sort_keys=True))
+        return
+    _print(figures, workers, rate, batch, step_s, dissemination_s)
+
+
+def _print(f: dict[str, object], workers: int, rate: float, batch: int, step_s: float,
+           dissemination_s: float) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    ok = {True: "yes", False: "NO"}
+    table = Table(title="symphony rl plan: the capacity rule")
+    table.add_column("rule")
+    table.add_column("figures", justify="right")
+    table.add_column("holds")
+    table.add_row("N r >= B / T",
+                  f"{workers} x {rate:.4g} = {f['supply_per_s']:.4g}/s vs "
+                  f"{batch} / {step_s:.4g} = {f['demand_per_s']:.4g}/s",
+                  ok[bool(f["throughput_ok"])])
+    table.add_row("S >= ceil((D + gen) / T)",
+                  f"S = {f['staleness']} vs ceil(({dissemination_s:.4g} + "
+                  f"{f['generation_s']:.4g}) / {step_s:.4g}) = {f['min_staleness']}",
+                  ok[bool(f["staleness_ok"])])
+    table.add_row("fewest workers at this r", str(f["min_workers"]), "")
+    table.add_row("learner busy at most", f"{f['busy_bound']:.0%}", "")
+    Console(file=sys.stdout).print(table)
+    if not f["holds"]:
+        click.echo("The learner will wait for rollouts: add workers or raise S as shown.")

@@ -27,7 +27,6 @@ SUBCOMMANDS: dict[str, str] = {
     "relay": "node.cli.relay:relay",
     "simulate": "node.cli.simulate:simulate",
     "rl": "node.cli.rl:rl",
-    "doctor": "node.cli.doctor:doctor",
 }
 
 

@@ -1,0 +1,1 @@
+"""Reinforcement learning on the default model: LoRA policy, GRPO, environments, adapters."""

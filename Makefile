@@ -58,10 +58,11 @@ check-other-tests:
 
 install: $(STAMP)
 
-# fastecdsa (a libp2p dependency) compiles against libgmp; cmake and a compiler build llama.cpp.
+# fastecdsa (a libp2p dependency) compiles against libgmp; cmake and a compiler build llama.cpp;
+# chromium is the headless browser of the dashboard's test (tests/node/test_dashboard_browser.py).
 system-deps:
 	@missing=""; \
-	for pkg in libgmp-dev cmake g++; do \
+	for pkg in libgmp-dev cmake g++ chromium; do \
 	  dpkg -s $$pkg >/dev/null 2>&1 || missing="$$missing $$pkg"; \
 	done; \
 	if [ -n "$$missing" ]; then \

@@ -39,6 +39,10 @@ import trio
 
 from crypto.keys import Identity, load_identity, save_identity
 from node.api.app import build_app, load_or_create_token, serve_api
+from node.api.dashboard import Dashboard
+from node.api.dashboard_state import LiveFeed
+from node.api.metrics import NodeMetrics
+from node.api.observed import ObservedDriver
 from node.config import Config, default_toml
 from node.control import remove_daemon_info, write_daemon_info
 from node.db import Database
@@ -57,6 +61,7 @@ SERVICES: dict[str, str] = {
     "executor": "node.market.executor:ExecutorService",
     "relay": "node.relay.service:RelayService",
     "verify": "node.verification.service:VerifyService",
+    "inference": "node.inference.service:InferenceService",
 }
 
 #: after the first signal the daemon must be gone within this long, or it exits forcibly
@@ -154,9 +159,15 @@ class Daemon:
         limits = config.sections.get(LIMITS_SECTION) or NetLimits()
         self.transport = transport = P2PTransport(identity.seed, listen=config.listen,
                                                   limits=limits)
-        self.driver = driver = Driver(transport, network_id=config.network_id, log=log,
-                                      limits=limits)
+        self.driver = driver = ObservedDriver(transport, network_id=config.network_id,
+                                              log=log, limits=limits)
         self._started_ms = driver.now_ms()
+        # what the local API shows beyond /status: Prometheus metrics and the dashboard
+        self.metrics = NodeMetrics(driver, {"peer_id": identity.peer_id,
+                                            "network_id": config.network_id,
+                                            "version": agent_version()})
+        feed = LiveFeed(driver.now_ms)
+        driver.observers += [self.metrics.observe, feed.observe]
         ctx = NodeContext(
             identity=identity, network_id=config.network_id, data_dir=config.data_dir,
             config=config, db=db, transport=transport, log=log,
@@ -180,7 +191,8 @@ class Daemon:
                     services = driver.services.values()
                     app = build_app(self.status, {s.name: s.routes() for s in services},
                                     load_or_create_token(config.data_dir),
-                                    [r for s in services for r in s.root_routes()])
+                                    [self.metrics.route(), *Dashboard(self, feed).routes(),
+                                     *(r for s in services for r in s.root_routes())])
                     self.api_port = await work.start(serve_api, app, config.api_port)
                     self._write_daemon_file()
                     log.info("daemon.ready", addrs=transport.listen_addrs(),
@@ -208,6 +220,10 @@ class Daemon:
             "started_at": self._started_at,
         })
 
+    @property
+    def services(self) -> Mapping[str, Service]:
+        return self.driver.services if self.driver is not None else {}
+
     def status(self) -> dict[str, Any]:
         driver, transport = self.driver, self.transport
         if driver is None or transport is None:
@@ -227,6 +243,7 @@ class Daemon:
                 {"peer_id": p, **s} for p, s in drv["connected"].items()]),
             "dropped": membership.get("dropped", []),
             "known_peers": membership.get("known_peers", 0),
+            "stored_peers": membership.get("stored_peers", 0),
             "target_peers": self.config.target_peers,
             "penalties": drv["penalties"],
             "banned": drv["banned"],

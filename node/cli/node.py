@@ -60,6 +60,9 @@ def node_group() -> None:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default=None)
 @click.option("--json-logs/--console-logs", default=None, help="One JSON object per log line.")
+@click.option("--serve-blocks", default=None, metavar="auto|A:B",
+              help="Serve blocks A..B-1 of the inference model to chains, or 'auto': the "
+                   "range the network covers worst.")
 def run(config_file: str | None, **flags: Any) -> None:
     """Run the daemon until SIGINT/SIGTERM (a second signal forces exit)."""
     from node.config import load_config
@@ -97,6 +100,22 @@ def status(data_dir: str | None, as_json: bool) -> None:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
     else:
         print_status(result)
+
+
+@node_group.command("dashboard")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+def dashboard(data_dir: str | None) -> None:
+    """Print the running daemon's web dashboard URL (it carries the API token once)."""
+    from node.api.app import read_token
+    from node.api.dashboard import dashboard_url
+    from node.control import DaemonNotRunning, read_daemon_info
+
+    directory = _data_dir(data_dir)
+    try:
+        info = read_daemon_info(directory)
+    except DaemonNotRunning as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(dashboard_url(info.api_url, read_token(directory)))
 
 
 def print_status(s: dict[str, Any]) -> None:

@@ -1,0 +1,96 @@
+"""The dashboard in a real headless Chromium (Debian's ``chromium``, driven by Playwright
+through its executable path; Playwright's own browser download is never used): on a 3-daemon
+testnet the page loads with no console error, shows the asker's two peers, and a question
+typed into the chat box gets the network's answer. It saves docs/dashboard.png.
+
+Skipped, with the reason, where Playwright is not installed or Chromium cannot start
+(``make system-deps`` installs ``chromium``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.api.app import read_token
+from node.api.dashboard import dashboard_url
+
+from .conftest import ARITH_SOLVER, ROOT, Testnet
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = os.environ.get("SYMPHONY_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+SCREENSHOT = ROOT / "docs" / "dashboard.png"
+CONVERGE_S = 60.0
+TASKS = {"bid_window_ms": 1500, "max_rounds": 8, "min_round_ms": 500}
+#: page waits (ms): a shared 2-core machine runs three daemons and a browser at once
+WAIT_MS = 60_000
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api",
+                                   reason="playwright is not installed (pip install -e .[test])")
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM}: apt-get install chromium (make system-deps)")
+    with sync_api.sync_playwright() as playwright:
+        try:
+            # no sandbox: the tests may run as root, where Chromium's sandbox refuses to start
+            chromium = playwright.chromium.launch(executable_path=CHROMIUM,
+                                                  args=["--no-sandbox"])
+        except Exception as exc:  # Playwright raises its own Error for a browser that fails
+            pytest.skip(f"Chromium at {CHROMIUM} does not start: {exc}")
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def test_dashboard_shows_the_testnet_and_answers_the_chat(testnet: Testnet,
+                                                          browser: Any) -> None:
+    asker = testnet.start("asker", config={"tasks": TASKS})
+    execs = [testnet.start(name, bootstrap=[asker], wait=False,
+                           config={"executor": {"solver": ARITH_SOLVER}})
+             for name in ("e1", "e2")]
+    for node in execs:
+        node.wait_ready()
+    testnet.wait_all_connected(CONVERGE_S)
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(dashboard_url(asker.api_url, read_token(asker.data_dir)))
+    assert page.url == f"{asker.api_url}/", "the sign-in should leave the token behind"
+
+    # the peers, live from the event stream
+    page.wait_for_function(
+        "document.querySelectorAll('#peer-rows tr[data-peer]').length === 2", timeout=WAIT_MS)
+    shown = {row.get_attribute("data-peer")
+             for row in page.query_selector_all("#peer-rows tr[data-peer]")}
+    assert shown == {node.peer_id for node in execs}
+    assert page.text_content("#live") == "live"
+    assert asker.peer_id in (page.text_content("#node-facts") or "")
+
+    # the chat box asks the network; both executors vote
+    page.fill("#question", "What is 6 * 7?")
+    page.select_option("#k", "2")
+    page.click("#ask")
+    answer = page.wait_for_selector("#conversation .answer", timeout=WAIT_MS)
+    assert answer is not None and answer.text_content() == "42"
+    # the task row follows without a reload: done, two bids, two executors, the vote
+    row = page.wait_for_selector("#task-rows tr[data-task]:has(td.phase-done)",
+                                 timeout=WAIT_MS)
+    assert row is not None
+    text = row.text_content() or ""
+    assert "What is 6 * 7?" in text and "42: 2 (100%)" in text
+    assert len(row.query_selector_all("td:nth-child(4) li")) == 2  # bids
+    assert len(row.query_selector_all("td:nth-child(5) li")) == 2  # executors
+
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    assert errors == [], errors

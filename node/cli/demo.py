@@ -147,6 +147,14 @@ def ask_evalset(asker: NodeProcess, questions: int, max_tokens: int, console: An
     return tally
 
 
+def demo_dashboard_url(node: NodeProcess) -> str:
+    """The sign-in URL of a node's web dashboard (it carries the API token once)."""
+    from node.api.app import read_token
+    from node.api.dashboard import dashboard_url
+
+    return dashboard_url(node.api_url, read_token(node.data_dir))
+
+
 def run_demo(base: Path, *, executors: int, questions: int, max_tokens: int,
              timeout_s: float, echo: Callable[[str], None], console: Any) -> dict[str, int]:
     """The whole demo; returns the daemons' exit codes (raises TestnetError on a failed wait)."""
@@ -155,6 +163,7 @@ def run_demo(base: Path, *, executors: int, questions: int, max_tokens: int,
     try:
         nodes = start_network(net, executors, echo, timeout_s)
         print_peers(net, echo)
+        echo(f"\ndashboard of node a, open while the demo runs: {demo_dashboard_url(nodes[0])}")
         if questions:
             echo(f"\nasking {questions} questions of the shipped evaluation set through node a "
                  f"(k={K}, max_tokens={max_tokens}, executors sample at T={TEMPERATURE});\n"

@@ -45,6 +45,8 @@ def test_the_demo_runs_end_to_end_and_stops_cleanly() -> None:
     assert shown.returncode == 0, out + shown.stderr
     assert "node a:" in out and "node b:" in out and "serves smollm2-135m-instruct-q4_1 (Q4_1" in out
     assert "node a (" in out and "peers:" in out  # the peers of every node come first
+    assert "dashboard of node a, open while the demo runs: http://127.0.0.1:" in out
+    assert "/?token=" in out
     assert out.count("expected ") == 2 and "arith-000" in out and "choice-001" in out
     assert "single executor: " in out and "voted k=3: " in out
     assert "stopped 2 nodes cleanly (exit codes [0, 0])" in out

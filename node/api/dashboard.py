@@ -18,6 +18,9 @@ Routes (mounted at the API's root)
 * ``GET /dashboard/state``: the state document (node/api/dashboard_state.py) as JSON;
 * ``GET /dashboard/events``: the same document as server-sent events, one ``data:`` line
   every ``PUSH_INTERVAL_S``; at most ``MAX_STREAMS`` open at once (503 beyond);
+* ``GET /dashboard/live/<task id>``: what the daemon saw of one task beyond its stored
+  snapshot, ``{"bids": [...], "verification": [...]}``; open to local readers like
+  ``GET /tasks/<id>`` (``symphony ask`` polls it for its live view, node/cli/progress.py);
 * ``POST /dashboard/ask``: ``{"question": str, "k": int}``: asks the network through the
   tasks service's own ask path (what ``POST /tasks/`` and ``/v1/chat/completions`` use) and
   answers ``{"task_id", "phase", "answer", "failure"}``. It needs the session cookie, the
@@ -107,6 +110,7 @@ class Dashboard:
             Route("/dashboard/state", self.guarded(self.get_state), methods=["GET"]),
             Route("/dashboard/events", self.guarded(self.events), methods=["GET"]),
             Route("/dashboard/ask", self.guarded(self.ask), methods=["POST"]),
+            Route("/dashboard/live/{task_id:str}", self.task_live, methods=["GET"]),
         ]
 
     # ---- sign-in and guards ---------------------------------------------------------------
@@ -157,6 +161,13 @@ class Dashboard:
 
     async def get_state(self, request: Request) -> Response:
         return JSONResponse(self.state(), headers=SECURITY_HEADERS)
+
+    async def task_live(self, request: Request) -> Response:
+        if not _loopback_host(request):
+            return _plain_error("wrong Host header", 421)
+        task_id = request.path_params["task_id"].lower()
+        return JSONResponse({"task_id": task_id, "bids": self.feed.bids.get(task_id, []),
+                             "verification": self.feed.checks.get(task_id, [])})
 
     async def events(self, request: Request) -> Response:
         if self.streams >= MAX_STREAMS:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from node.cli.progress import working
 from node.testnet import LocalTestnet, NodeProcess
 
 DEFAULT_QUESTIONS = 20
@@ -80,7 +81,8 @@ def start_network(net: LocalTestnet, executors: int, echo: Callable[[str], None]
     rest = [net.start(chr(ord("b") + i), bootstrap=[first], wait=False, config=config)
             for i in range(executors)]
     for node in rest:
-        node.wait_ready(START_TIMEOUT_S)
+        with working(f"node {node.name}: starting, loading and measuring the model"):
+            node.wait_ready(START_TIMEOUT_S)
         models = node.status()["services"]["executor"]["models"]
         served = ", ".join(f"{m['name']} ({m['quantization']}, {m['tokens_per_s']:.0f} tok/s)"
                            for m in models) or "nothing (see its log)"

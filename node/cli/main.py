@@ -73,7 +73,10 @@ def bench(name: str, as_json: bool, quick: bool, frames: int | None,
             takers = ", ".join(n for n, opts in sorted(OPTIONS.items()) if option in opts)
             raise click.BadParameter(f"--{option} applies only to: {takers}",
                                      param_hint=f"--{option}")
-    figures = load(name)(quick, **given)
+    from node.cli.progress import working
+
+    with working(f"bench {name}{' --quick' if quick else ''}"):
+        figures = load(name)(quick, **given)
     if as_json:
         click.echo(json.dumps(figures, sort_keys=True))
     else:

@@ -115,7 +115,10 @@ def print_task(snap: dict[str, Any], show_cot: bool) -> None:
 def ask(question: str, k: int | None, model: str, family: str, answer_type: str,
         choices: tuple[str, ...], deadline_ms: int, max_tokens: int | None, as_json: bool,
         show_cot: bool, data_dir: str | None) -> None:
-    """Ask the network QUESTION; print the voted answer, the votes and who computed what."""
+    """Ask the network QUESTION; print the voted answer, the votes and who computed what.
+
+    On a terminal the bids, the chosen executors and the votes are shown live meanwhile.
+    """
     client = _client(data_dir, timeout_s=deadline_ms / 1000 + ASK_CLIENT_GRACE_S)
     body: dict[str, Any] = {"question": question, "answer_type": answer_type,
                             "model": model, "family": family, "choices": list(choices),
@@ -124,10 +127,15 @@ def ask(question: str, k: int | None, model: str, family: str, answer_type: str,
         body["k"] = k
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
-    snap = _call(client.post, "/tasks/", body)
     if as_json:
+        snap = _call(client.post, "/tasks/", body)
         click.echo(json.dumps(snap, indent=2, sort_keys=True))
     else:
+        from node.cli.progress import follow_task
+
+        made = _call(client.post, "/tasks/", {**body, "wait": False})
+        wait_s = deadline_ms / 1000 + ASK_CLIENT_GRACE_S
+        snap = _call(lambda: follow_task(client.get, made["task_id"], timeout_s=wait_s))
         print_task(snap, show_cot)
     if snap["phase"] != "done":
         sys.exit(1)

@@ -39,10 +39,21 @@ class _Clock:
     now = 1_000
 
 
+class _RelayDouble:
+    """What NodeMetrics reads of the relay service: its counters and its transfers."""
+
+    counters = {"bytes_in": 4096, "chunks_in": 4, "bytes_out": 1024, "chunks_out": 1,
+                "bad_chunks": 0}
+
+    def status(self) -> dict[str, Any]:
+        return {"versions": [{"state": "complete"}, {"state": "fetching"},
+                             {"state": "fetching"}]}
+
+
 class _DriverDouble:
     """What NodeMetrics reads of a driver: clock, peers, penalties, counters, services."""
 
-    services: dict[str, Any] = {}
+    services: dict[str, Any] = {"relay": _RelayDouble()}
     counters = {"sent": 3, "invalid": 1}
 
     def now_ms(self) -> int:
@@ -89,6 +100,9 @@ def test_observed_events_become_parseable_metrics() -> None:
     assert value(found, "symphony_peers_connected") == 2
     assert value(found, "symphony_peers_banned") == 1
     assert value(found, "symphony_driver_events_total", event="sent") == 3
+    assert value(found, "symphony_relay_bytes_total", direction="in") == 4096
+    assert value(found, "symphony_relay_chunks_total", direction="out") == 1
+    assert value(found, "symphony_relay_transfers", state="fetching") == 2
     # documented: every family exposed here is in METRICS, with the symphony_ prefix
     # (prometheus_client adds a ``<name>_created`` timestamp beside each counter/histogram)
     names = {f.name for f in text_string_to_metric_families(metrics.exposition().decode())

@@ -125,12 +125,20 @@ class JobBook:
         self.counters: Counter[str] = Counter()
 
     # ------------------------------------------------------------ issuing
-    def new_job(self, now: int, prompt_seed: int | None = None) -> RolloutJob:
-        """A fresh job for the current version (a new seed unless one is given)."""
+    def new_job(self, now: int, prompt_seed: int | None = None,
+                version: int | None = None) -> RolloutJob:
+        """A fresh job (a new seed unless one is given) for the current version, or for an
+        older ``version`` still within the staleness bound (workers that hold only that one
+        while the newest is on its way)."""
         c = self.config
         seed = self.rng.randint(0, MAX_SEED) if prompt_seed is None else prompt_seed
+        if version is None:
+            version = self.version
+        elif not accepts(version, self.version, c.max_staleness):
+            raise LocalProtocolError(f"a job for version {version} while training "
+                                     f"{self.version} with S={c.max_staleness}")
         job = RolloutJob(job_id=self.rng.randbytes(TASK_ID_LEN), learner=c.learner,
-                         model=c.model, policy_version=self.version, adapter_hash=b"",
+                         model=c.model, policy_version=version, adapter_hash=b"",
                          prompt_seed=seed, dataset_size=c.dataset_size,
                          prompts=c.prompts_per_job, group_size=c.group_size,
                          sampling=c.sampling)
@@ -153,6 +161,13 @@ class JobBook:
         _move(record, JobState.RUNNING)
         record.worker = worker
         record.due_at_ms = now + due_in_ms
+
+    def cancel(self, job_id: bytes) -> None:
+        """Drop a job that has not been answered (the learner withdraws it; no attestation)."""
+        record = self.jobs.pop(job_id, None)
+        if record is not None:
+            _move(record, JobState.CANCELLED)
+            self.counters["cancelled"] += 1
 
     def eligible(self, worker: str) -> bool:
         """Whether ``worker`` may still be chosen in this run (not caught cheating)."""

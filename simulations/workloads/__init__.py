@@ -15,4 +15,5 @@ WORKLOADS: dict[str, str] = {
     "relay": "simulations.workloads.relay",
     "bench": "simulations.workloads.bench",
     "membership": "simulations.workloads.membership",
+    "rl": "simulations.workloads.rl",
 }

@@ -130,3 +130,22 @@ def test_reissued_jobs_carry_the_current_version() -> None:
     assert v.reissued[0].policy_version == 4 and job.policy_version == 0
     with pytest.raises(LocalProtocolError, match="older"):
         b.publish(3)
+
+
+def test_jobs_for_an_older_version_only_within_the_bound() -> None:
+    b = book(staleness=2)
+    b.publish(5)
+    assert b.new_job(0, version=3).policy_version == 3
+    with pytest.raises(LocalProtocolError, match="version 2 while training 5"):
+        b.new_job(0, version=2)
+    with pytest.raises(LocalProtocolError, match="version 6"):
+        b.new_job(0, version=6)
+
+
+def test_a_cancelled_job_is_gone_without_attestation() -> None:
+    b = book()
+    job = running(b, "w1")
+    b.cancel(job.job_id)
+    assert b.in_flight() == 0 and b.counters["cancelled"] == 1
+    assert b.receive(honest_result(job, "w1"), "w1", 5).outcome == UNKNOWN
+    b.cancel(job.job_id)  # twice is harmless

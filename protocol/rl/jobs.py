@@ -169,6 +169,14 @@ class JobBook:
             _move(record, JobState.CANCELLED)
             self.counters["cancelled"] += 1
 
+    def refused(self, job_id: bytes, sender: str, now: int) -> Verdict | None:
+        """The worker running ``job_id`` refused it or failed: the job is reissued, with no
+        attestation (None when ``sender`` runs no such job)."""
+        record = self.jobs.get(job_id)
+        if record is None or record.state is not JobState.RUNNING or record.worker != sender:
+            return None
+        return self._end(record, JobState.CANCELLED, "refused", "worker refused", None, now)
+
     def eligible(self, worker: str) -> bool:
         """Whether ``worker`` may still be chosen in this run (not caught cheating)."""
         return worker not in self.excluded

@@ -1,4 +1,4 @@
-"""Rollout-job wire messages (tags 140-149): the learner's jobs and the workers' results.
+"""Rollout-job wire messages (tags 140-159): the learner's jobs and the workers' results.
 
 A rollout job asks a worker for ``group_size`` completions of each of ``prompts`` prompts,
 sampled with the learner's policy at ``policy_version``. The prompts are not named by the
@@ -9,9 +9,10 @@ the worker's verification commitment. Rewards never travel: the learner computes
 
 Signed messages follow the market's pattern (protocol/market/messages.py): a wire message
 holding one ``Envelope`` whose payload is a ``*Body``; the receiver opens it with
-``protocol.envelopes.open_authored``. Bids are the market's own ``Bid`` (its ``task_id`` is the
-job id), so selection, reputation and LinUCB apply unchanged. Times on the wire are durations
-(``*_ms``) from sending.
+``protocol.envelopes.open_authored``. Bids are the market's own ``BidBody`` (its ``task_id``
+is the job id), signed in their own domain and carried in a ``RolloutBid`` so that the daemon
+routes them to its learner, not to its task market; selection, reputation and LinUCB apply
+unchanged. Times on the wire are durations (``*_ms``) from sending.
 
 =================  ===  ======================  ==========================================
 message            tag  signed by / domain      meaning
@@ -26,6 +27,8 @@ Completion         146  (nested)                token ids, their log-probs, fini
 RolloutResultBody  147  worker / RL_RESULT      the completions of every prompt, in order
 RolloutResult      148  unicast to learner      envelope of a RolloutResultBody
 RolloutReject      149  worker -> learner       refuses an assignment or reports a failure
+RolloutBid         150  worker / RL_BID         envelope of a market ``BidBody`` for a job
+RolloutCancel      151  learner -> worker       release a bid's slot, or stop a running job
 =================  ===  ======================  ==========================================
 """
 
@@ -51,6 +54,7 @@ from protocol.market.messages import (
 RL_BEACON_DOMAIN = "symphony/rl-beacon/v1"
 RL_ASSIGN_DOMAIN = "symphony/rl-assign/v1"
 RL_RESULT_DOMAIN = "symphony/rl-result/v1"
+RL_BID_DOMAIN = "symphony/rl-bid/v1"
 #: short gossip topic name for rollout beacons (the driver adds the network id)
 RL_BEACON_TOPIC = "rl-beacon"
 
@@ -200,3 +204,21 @@ class RolloutReject(Message):
     attempt: int = limits(lo=0, hi=MAX_ATTEMPT)
     reason: RolloutRejectReason
     detail: str = limits(max_len=MAX_REASON_LEN)
+
+
+@message(150)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutBid(Message):
+    """A market ``BidBody`` (``task_id`` = the job id) signed in ``RL_BID_DOMAIN``."""
+
+    envelope: Envelope
+
+
+@message(151)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RolloutCancel(Message):
+    """Unsigned: it only travels on the authenticated stream from the job's learner."""
+
+    job_id: bytes = limits(size=TASK_ID_LEN)
+    #: the attempt to stop, or -1 for "release the slot your bid holds"
+    attempt: int = limits(lo=-1, hi=MAX_ATTEMPT)

@@ -1,0 +1,318 @@
+"""The rollout worker's side of the market: bid on rollout beacons, run the jobs assigned.
+
+Contract
+--------
+* A ``RolloutBeacon`` (gossip) is opened and must be signed by the job's learner (else the
+  forwarder is penalized). The worker bids (a signed ``RolloutBid``) only when it serves the
+  job's model, holds the job's policy version now (``versions()``), has a free slot and can
+  finish before the job's deadline at its measured speed; it then holds a slot for the job for
+  ``hold_ms``. One bid per job and round.
+* A ``RolloutAssign`` must be signed and sent by the job's learner and name this worker; the
+  worker refuses it with a ``RolloutReject`` when it never bid (``NOT_BID``), its reservation
+  lapsed (``EXPIRED``), or it no longer holds the job's version (``OTHER_VERSION``, e.g. the
+  adapter was evicted since the bid). Otherwise it returns ``StartRollout``.
+* ``RolloutDone`` (the driver's finished generation) becomes a signed ``RolloutResult`` for the
+  learner, its ``worker`` and ``attempt`` set here; ``RolloutFailed`` becomes a ``RolloutReject``
+  (``COMPUTE_FAILED``). A job still running at its deadline is cancelled (``CancelRollout``)
+  and its slot freed: the learner has reissued it by then. A ``RolloutCancel`` from the job's
+  learner releases the slot of a losing bid (attempt -1) or stops the running attempt.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
+
+from crypto.keys import Identity
+from protocol.codec import MAX_FRAME_BYTES
+from protocol.envelopes import PENALTY_FORGED, open_envelope, seal
+from protocol.errors import InvalidMessage
+from protocol.machine import Effect, Emit, Penalize, Received, Send, Tick
+from protocol.market.messages import HASH_LEN, BidBody
+from protocol.rl.messages import (
+    RL_ASSIGN_DOMAIN,
+    RL_BEACON_DOMAIN,
+    RL_BID_DOMAIN,
+    RL_RESULT_DOMAIN,
+    RolloutAssign,
+    RolloutAssignBody,
+    RolloutBeacon,
+    RolloutBeaconBody,
+    RolloutBid,
+    RolloutCancel,
+    RolloutJob,
+    RolloutReject,
+    RolloutRejectReason,
+    RolloutResult,
+    RolloutResultBody,
+)
+
+#: how long a worker remembers a job it bid on or ran, after it ended
+REMEMBER_MS = 10 * 60 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    model: str
+    model_hash: bytes = b""
+    #: jobs run at once
+    slots: int = 1
+    #: measured generation speed, for the latency in bids
+    tokens_per_s: float = 30.0
+    price_per_1k: float = 0.0
+    #: how long a bid holds a slot
+    hold_ms: int = 10_000
+    max_frame: int = MAX_FRAME_BYTES
+
+    def __post_init__(self) -> None:
+        if self.slots < 1 or self.tokens_per_s <= 0 or self.hold_ms < 1:
+            raise ValueError("slots, tokens_per_s and hold_ms must be positive")
+        if len(self.model_hash) > HASH_LEN:
+            raise ValueError(f"model_hash is longer than {HASH_LEN} bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class StartRollout:
+    job: RolloutJob
+    attempt: int
+    deadline_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRollout:
+    job_id: bytes
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutDone:
+    """The driver's generation finished; ``result``'s worker and attempt are set here."""
+
+    job_id: bytes
+    attempt: int
+    result: RolloutResultBody
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutFailed:
+    job_id: bytes
+    attempt: int
+    reason: str
+
+
+class Slot(enum.Enum):
+    RESERVED = "reserved"
+    RUNNING = "running"
+    ENDED = "ended"
+
+
+@dataclass(slots=True)
+class WorkerJob:
+    job: RolloutJob
+    state: Slot
+    #: reservation expiry, result deadline, or forget-at once ENDED
+    until_ms: int
+    round: int
+    attempt: int = -1
+
+
+class RolloutWorkerMachine:
+    def __init__(self, identity: Identity, config: WorkerConfig,
+                 versions: Callable[[], Collection[int]]) -> None:
+        self.identity = identity
+        self.peer = identity.peer_id
+        self.config = config
+        self.versions = versions
+        self.jobs: dict[bytes, WorkerJob] = {}
+        self.counters: dict[str, int] = {}
+
+    def _count(self, what: str) -> None:
+        self.counters[what] = self.counters.get(what, 0) + 1
+
+    def busy(self) -> int:
+        return sum(j.state is not Slot.ENDED for j in self.jobs.values())
+
+    def handle(self, event: object, now: int) -> list[Effect]:
+        if isinstance(event, Received):
+            if isinstance(event.message, RolloutBeacon):
+                return self._on_beacon(event.peer, event.message, now)
+            if isinstance(event.message, RolloutAssign):
+                return self._on_assign(event.peer, event.message, now)
+            if isinstance(event.message, RolloutCancel):
+                return self._on_cancel(event.peer, event.message, now)
+            return []
+        if isinstance(event, RolloutDone):
+            return self._on_done(event, now)
+        if isinstance(event, RolloutFailed):
+            return self._on_failed(event, now)
+        if isinstance(event, Tick):
+            return self._on_tick(now)
+        return []
+
+    def next_deadline(self) -> int | None:
+        return min((j.until_ms for j in self.jobs.values()), default=None)
+
+    # ------------------------------------------------------------ beacons -> bids
+    def _on_beacon(self, origin: str, msg: RolloutBeacon, now: int) -> list[Effect]:
+        try:
+            body = open_envelope(msg.envelope, RL_BEACON_DOMAIN, RolloutBeaconBody,
+                                 self.config.max_frame)
+        except InvalidMessage as exc:
+            return [Penalize(origin, f"invalid rollout beacon: {exc}", PENALTY_FORGED)]
+        job = body.job
+        if msg.envelope.signer != job.learner:
+            return [Penalize(origin, "rollout beacon not signed by its learner",
+                             PENALTY_FORGED)]
+        why = self._skip_reason(body, now)
+        if why is not None:
+            self._count(f"beacon_skipped.{why}")
+            return [Emit("rl.beacon_skipped", {"job_id": job.job_id.hex(), "why": why})]
+        hold = min(self.config.hold_ms, body.deadline_ms)
+        self.jobs[job.job_id] = WorkerJob(job, Slot.RESERVED, now + hold, body.round)
+        c = self.config
+        bid = BidBody(task_id=job.job_id, round=body.round, bidder=self.peer, model=c.model,
+                      model_hash=c.model_hash, match_score=1.0,
+                      price=min(body.max_price, self._price(job)),
+                      est_latency_ms=self._latency_ms(job),
+                      load=min(1.0, self.busy() / c.slots), free_slots=c.slots - self.busy(),
+                      hold_ms=hold)
+        self._count("bids_sent")
+        return [Send(job.learner, RolloutBid(envelope=seal(self.identity, RL_BID_DOMAIN, bid))),
+                Emit("rl.bid_sent", {"job_id": job.job_id.hex(), "version": job.policy_version})]
+
+    def _skip_reason(self, body: RolloutBeaconBody, now: int) -> str | None:
+        job = body.job
+        known = self.jobs.get(job.job_id)
+        if known is not None and (known.state is not Slot.ENDED or known.round >= body.round):
+            return "already_bid"
+        if job.learner == self.peer:
+            return "own_job"
+        if job.model != self.config.model:
+            return "other_model"
+        if job.policy_version not in self.versions():
+            return "other_version"
+        if self.busy() >= self.config.slots:
+            return "no_slot"
+        if self._latency_ms(job) > body.deadline_ms:
+            return "too_slow"
+        if self._price(job) > body.max_price:
+            return "too_cheap"
+        return None
+
+    def _latency_ms(self, job: RolloutJob) -> int:
+        tokens = job.prompts * job.group_size * job.sampling.max_tokens
+        return int(tokens / self.config.tokens_per_s * 1000)
+
+    def _price(self, job: RolloutJob) -> float:
+        tokens = job.prompts * job.group_size * job.sampling.max_tokens
+        return self.config.price_per_1k * tokens / 1000
+
+    # ------------------------------------------------------------ assignments
+    def _reject(self, learner: str, job_id: bytes, attempt: int, reason: RolloutRejectReason,
+                detail: str) -> list[Effect]:
+        self._count(f"assign_refused.{reason.value}")
+        return [Send(learner, RolloutReject(job_id=job_id, attempt=attempt, reason=reason,
+                                            detail=detail[:128])),
+                Emit("rl.assign_refused", {"job_id": job_id.hex(), "why": reason.value})]
+
+    def _on_assign(self, peer: str, msg: RolloutAssign, now: int) -> list[Effect]:
+        try:
+            body = open_envelope(msg.envelope, RL_ASSIGN_DOMAIN, RolloutAssignBody,
+                                 self.config.max_frame)
+        except InvalidMessage as exc:
+            return [Penalize(peer, f"invalid rollout assignment: {exc}", PENALTY_FORGED)]
+        job = body.job
+        if msg.envelope.signer != job.learner or peer != job.learner:
+            return [Penalize(peer, "rollout assignment not signed and sent by its learner",
+                             PENALTY_FORGED)]
+        if body.worker != self.peer:
+            return self._reject(peer, job.job_id, body.attempt, RolloutRejectReason.BAD_ASSIGN,
+                                "addressed to another worker")
+        mine = self.jobs.get(job.job_id)
+        if mine is None or mine.state is Slot.ENDED or mine.job.learner != job.learner:
+            return self._reject(peer, job.job_id, body.attempt, RolloutRejectReason.NOT_BID,
+                                "no bid for this job")
+        if mine.state is Slot.RUNNING:
+            return []  # a retransmission of what we already run
+        if now >= mine.until_ms:
+            self._end(mine, now)
+            return self._reject(peer, job.job_id, body.attempt, RolloutRejectReason.EXPIRED,
+                                "reservation expired")
+        if job != mine.job:
+            self._end(mine, now)
+            return self._reject(peer, job.job_id, body.attempt, RolloutRejectReason.BAD_ASSIGN,
+                                "the job differs from the one bid on")
+        if job.policy_version not in self.versions():
+            self._end(mine, now)
+            return self._reject(peer, job.job_id, body.attempt,
+                                RolloutRejectReason.OTHER_VERSION,
+                                f"version {job.policy_version} is not held here")
+        mine.state, mine.attempt = Slot.RUNNING, body.attempt
+        mine.until_ms = now + body.deadline_ms
+        self._count("jobs_started")
+        return [StartRollout(job, body.attempt, mine.until_ms),
+                Emit("rl.job_started", {"job_id": job.job_id.hex(),
+                                        "version": job.policy_version})]
+
+    def _on_cancel(self, peer: str, msg: RolloutCancel, now: int) -> list[Effect]:
+        mine = self.jobs.get(msg.job_id)
+        if mine is None or mine.job.learner != peer or mine.state is Slot.ENDED:
+            return []
+        if mine.state is Slot.RESERVED and msg.attempt == -1:
+            self._end(mine, now)
+            self._count("released")
+            return []
+        if mine.state is Slot.RUNNING and msg.attempt in (-1, mine.attempt):
+            self._end(mine, now)
+            self._count("cancelled")
+            return [CancelRollout(msg.job_id, mine.attempt)]
+        return []
+
+    def _end(self, mine: WorkerJob, now: int) -> None:
+        mine.state = Slot.ENDED
+        mine.until_ms = now + REMEMBER_MS
+
+    # ------------------------------------------------------------ results
+    def _running(self, job_id: bytes, attempt: int) -> WorkerJob | None:
+        mine = self.jobs.get(job_id)
+        if mine is None or mine.state is not Slot.RUNNING or mine.attempt != attempt:
+            return None
+        return mine
+
+    def _on_done(self, event: RolloutDone, now: int) -> list[Effect]:
+        mine = self._running(event.job_id, event.attempt)
+        if mine is None:
+            self._count("result_dropped")
+            return []  # cancelled or timed out meanwhile
+        self._end(mine, now)
+        body = replace(event.result, job_id=mine.job.job_id, attempt=mine.attempt,
+                       worker=self.peer)
+        self._count("results_sent")
+        return [Send(mine.job.learner,
+                     RolloutResult(envelope=seal(self.identity, RL_RESULT_DOMAIN, body))),
+                Emit("rl.result_sent", {"job_id": mine.job.job_id.hex(),
+                                        "completions": len(body.completions)})]
+
+    def _on_failed(self, event: RolloutFailed, now: int) -> list[Effect]:
+        mine = self._running(event.job_id, event.attempt)
+        if mine is None:
+            return []
+        self._end(mine, now)
+        return self._reject(mine.job.learner, mine.job.job_id, mine.attempt,
+                            RolloutRejectReason.COMPUTE_FAILED, event.reason)
+
+    def _on_tick(self, now: int) -> list[Effect]:
+        effects: list[Effect] = []
+        for job_id, mine in list(self.jobs.items()):
+            if now < mine.until_ms:
+                continue
+            if mine.state is Slot.ENDED:
+                del self.jobs[job_id]
+            elif mine.state is Slot.RUNNING:
+                self._count("jobs_overrun")
+                effects.append(CancelRollout(job_id, mine.attempt))
+                self._end(mine, now)
+            else:
+                self._end(mine, now)
+        return effects

@@ -1,0 +1,209 @@
+"""The rollout job kind in the market: learner's auction and workers, driven in process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from random import Random
+
+from crypto.keys import Identity
+from protocol.codec import Message, decode, encode
+from protocol.ledger.records import AttestationKind
+from protocol.machine import Publish, Received, Send, Tick
+from protocol.market.attestations import ledger_attestation
+from protocol.market.events import Attest
+from protocol.market.selection import ScoreSelector
+from protocol.rl.auction import GroupAccepted, IssueJobs, PublishVersion, RolloutAuction
+from protocol.rl.jobs import BookConfig, JobBook
+from protocol.rl.messages import (
+    RolloutAssign,
+    RolloutReject,
+    RolloutRejectReason,
+    RolloutResultBody,
+    RolloutSampling,
+)
+from protocol.rl.worker import (
+    RolloutDone,
+    RolloutWorkerMachine,
+    StartRollout,
+    WorkerConfig,
+)
+from tests.protocol.rl_fixtures import VOCAB, honest_result
+
+MODEL = "smollm2-135m"
+Generate = Callable[[StartRollout], RolloutResultBody | None]
+
+
+def honest(start: StartRollout) -> RolloutResultBody:
+    return honest_result(start.job)
+
+
+def easy_prompts(start: StartRollout) -> RolloutResultBody:
+    return replace(honest_result(start.job), prompt_indices=(0, 1))
+
+
+class Net:
+    """Delivers Send / Publish between the machines (through the codec) and runs the
+    workers' computations with ``generate`` (None: the worker never answers)."""
+
+    def __init__(self, staleness: int = 1, **workers: tuple[float, set[int], Generate]) -> None:
+        self.learner_id = Identity.generate()
+        config = BookConfig(learner=self.learner_id.peer_id, model=MODEL, dataset_size=100,
+                            vocab_size=VOCAB, prompts_per_job=2, group_size=4,
+                            max_staleness=staleness, job_ms=60_000,
+                            sampling=RolloutSampling(temperature=1.0, top_p=1.0, max_tokens=8))
+        self.auction = RolloutAuction(self.learner_id, JobBook(config, Random(1)),
+                                      ScoreSelector())
+        self.workers: dict[str, tuple[RolloutWorkerMachine, Generate]] = {}
+        self.names: dict[str, str] = {}
+        for name, (speed, versions, generate) in workers.items():
+            ident = Identity.generate()
+            machine = RolloutWorkerMachine(ident, WorkerConfig(model=MODEL, tokens_per_s=speed),
+                                           lambda v=versions: v)  # type: ignore[misc]
+            self.workers[ident.peer_id] = (machine, generate)
+            self.names[ident.peer_id] = name
+        self.now = 0
+        self.out: list[object] = []  # the learner's own effects: accepted groups, attests
+        self.wire: list[tuple[str, str, Message]] = []
+
+    def peer(self, name: str) -> str:
+        return next(p for p, n in self.names.items() if n == name)
+
+    def learner(self, event: object) -> None:
+        self._route(self.learner_id.peer_id, self.auction.handle(event, self.now))
+
+    def _route(self, sender: str, effects: list[object]) -> None:
+        for effect in effects:
+            if isinstance(effect, Publish):
+                msg = decode(encode(effect.message), type(effect.message))
+                for peer in list(self.workers):
+                    self._to_worker(peer, Received(sender, msg))
+            elif isinstance(effect, Send):
+                msg = decode(encode(effect.message), type(effect.message))
+                self.wire.append((sender, effect.peer, msg))
+                if effect.peer == self.learner_id.peer_id:
+                    self.learner(Received(sender, msg))
+                else:
+                    self._to_worker(effect.peer, Received(sender, msg))
+            elif isinstance(effect, StartRollout):
+                machine, generate = self.workers[sender]
+                body = generate(effect)
+                if body is not None:
+                    self._to_worker(sender, RolloutDone(effect.job.job_id, effect.attempt, body))
+            elif sender == self.learner_id.peer_id:
+                self.out.append(effect)
+
+    def _to_worker(self, peer: str, event: object) -> None:
+        machine, _ = self.workers[peer]
+        self._route(peer, machine.handle(event, self.now))
+
+    def tick(self, now: int) -> None:
+        self.now = now
+        self.learner(Tick())
+        for peer in list(self.workers):
+            self._to_worker(peer, Tick())
+
+    def accepted(self) -> list[RolloutResultBody]:
+        return [e.result for e in self.out if isinstance(e, GroupAccepted)]
+
+    def attests(self) -> list[tuple[str, AttestationKind]]:
+        return [(self.names[e.subject], ledger_attestation(e).kind)
+                for e in self.out if isinstance(e, Attest)]
+
+
+def test_a_job_goes_to_the_best_bidder_and_its_group_is_accepted() -> None:
+    net = Net(fast=(200.0, {0}, honest), slow=(20.0, {0}, honest))
+    net.learner(IssueJobs(1))  # both bid; 2 bids < 1 + 2 spares, so the window stays open
+    net.tick(1_000)  # the window closes; the faster bidder wins on latency
+    [group] = net.accepted()
+    assert group.worker == net.peer("fast") and group.policy_version == 0
+    assert net.attests() == [("fast", AttestationKind.TASK_COMPLETED)]
+    assert net.auction.book.in_flight() == 0
+    slow, _ = net.workers[net.peer("slow")]
+    assert slow.counters["released"] == 1 and slow.busy() == 0  # the losing bid's slot
+
+
+def test_a_worker_serving_another_version_does_not_bid_and_refuses() -> None:
+    net = Net(old=(200.0, {0}, honest), new=(50.0, {0, 1}, honest))
+    net.learner(PublishVersion(1))
+    net.learner(IssueJobs(1))
+    assert net.workers[net.peer("old")][0].counters == {"beacon_skipped.other_version": 1}
+    net.tick(1_000)
+    assert [g.worker for g in net.accepted()] == [net.peer("new")]
+    # it bid while it held version 1, then evicted it before the assignment came: it refuses
+    worker, _ = net.workers[net.peer("new")]
+    net.learner(IssueJobs(1, version=1))
+    assert net.auction.bidding  # the bid is in, the window still open
+    worker.versions = lambda: {0}
+    net.tick(2_000)
+    rejects = [m for _, _, m in net.wire if isinstance(m, RolloutReject)]
+    assert [r.reason for r in rejects] == [RolloutRejectReason.OTHER_VERSION]
+    assert net.auction.counters["refused.other_version"] == 1
+
+
+def test_a_worker_not_assigned_refuses_the_assignment() -> None:
+    net = Net(w=(100.0, {0}, honest))
+    peer = net.peer("w")
+    job = net.auction.book.new_job(0)
+    from protocol.envelopes import seal
+    from protocol.rl.messages import RL_ASSIGN_DOMAIN, RolloutAssignBody
+
+    body = RolloutAssignBody(job=job, worker=peer, attempt=0, round=0, deadline_ms=5_000)
+    net._route(net.learner_id.peer_id, [Send(peer, RolloutAssign(
+        envelope=seal(net.learner_id, RL_ASSIGN_DOMAIN, body)))])
+    [(_, _, reject)] = [w for w in net.wire if isinstance(w[2], RolloutReject)]
+    assert reject.reason is RolloutRejectReason.NOT_BID  # type: ignore[attr-defined]
+
+
+def test_a_cheater_is_caught_attested_excluded_and_the_job_reissued() -> None:
+    net = Net(cheat=(500.0, {0}, easy_prompts), honest=(100.0, {0}, honest))
+    net.learner(IssueJobs(1))
+    net.tick(1_000)  # the fast cheater wins the first job ...
+    assert net.attests() == [("cheat", AttestationKind.TASK_FAILED)]
+    assert not net.auction.book.eligible(net.peer("cheat"))
+    net.tick(2_000)  # ... the reissued job (same prompts) goes to the honest worker
+    [group] = net.accepted()
+    assert group.worker == net.peer("honest")
+    net.learner(IssueJobs(2))
+    net.tick(3_000)
+    assert {g.worker for g in net.accepted()} == {net.peer("honest")}
+    assert net.attests().count(("cheat", AttestationKind.TASK_FAILED)) == 1
+
+
+def test_a_silent_worker_times_out_and_the_job_is_reissued() -> None:
+    net = Net(silent=(500.0, {0}, lambda s: None))
+    net.learner(IssueJobs(1))
+    net.tick(1_000)
+    assert net.auction.book.in_flight() == 1
+    due = net.auction.book.next_deadline()
+    assert due is not None and due < 60_000
+    net.tick(due)
+    assert net.attests() == [("silent", AttestationKind.TASK_TIMED_OUT)]
+    assert net.auction.book.counters["reissued"] == 1 and net.auction.bidding
+
+
+def test_a_group_beyond_the_staleness_bound_is_dropped_without_attestation() -> None:
+    held: list[StartRollout] = []
+    net = Net(staleness=1, w=(100.0, {0, 1, 2}, lambda s: held.append(s) or None))
+    net.learner(IssueJobs(1))
+    net.tick(1_000)
+    net.learner(PublishVersion(2))
+    start = held[0]
+    net._to_worker(net.peer("w"), RolloutDone(start.job.job_id, start.attempt,
+                                              honest_result(start.job)))
+    assert net.accepted() == [] and net.attests() == []
+    assert net.auction.counters["result.stale"] == 1
+
+
+def test_forged_results_and_bids_are_penalized() -> None:
+    from protocol.envelopes import seal
+    from protocol.machine import Penalize
+    from protocol.rl.messages import RL_RESULT_DOMAIN, RolloutResult
+
+    net = Net(w=(100.0, {0}, honest))
+    other = Identity.generate()
+    job = net.auction.book.new_job(0)
+    body = replace(honest_result(job), worker=net.peer("w"))
+    forged = RolloutResult(envelope=seal(other, RL_RESULT_DOMAIN, body))
+    effects = net.auction.handle(Received(net.peer("w"), forged), 0)
+    assert any(isinstance(e, Penalize) for e in effects)

@@ -109,8 +109,13 @@ class BlockStage:
     def param_bytes(self) -> int:
         return sum(p.nbytes for layer in self.layers for p in layer.parameters())
 
-    def forward(self, hidden: np.ndarray, start_pos: int, cache: StageCache) -> np.ndarray:
-        """hidden (n, C) float32 at positions start_pos..start_pos+n-1 -> (n, C) float32."""
+    def forward(self, hidden: np.ndarray, start_pos: int, cache: StageCache,
+                blocks: tuple[int, int] | None = None) -> np.ndarray:
+        """hidden (n, C) float32 at positions start_pos..start_pos+n-1 -> (n, C) float32,
+        through every layer held, or only ``blocks`` [a, b) of them (a sub-range)."""
+        a, b = blocks or (self.start, self.end)
+        if not self.start <= a < b <= self.end:
+            raise ValueError(f"blocks [{a}, {b}) outside this stage's [{self.start}, {self.end})")
         n = hidden.shape[0]
         if hidden.ndim != 2 or hidden.shape[1] != self.hidden_size or n == 0:
             raise ValueError(f"hidden states of shape {hidden.shape}, expected (n>0, "
@@ -126,7 +131,7 @@ class BlockStage:
         mask = mask[None, None]  # (1, 1, n, T)
         with torch.no_grad():
             rope = self.rotary(x, position_ids=positions)
-            for layer in self.layers:
+            for layer in self.layers[a - self.start:b - self.start]:
                 x = layer(x, attention_mask=mask, position_ids=positions,
                           past_key_values=cache, use_cache=True, position_embeddings=rope)
         return x[0].float().numpy()
@@ -170,6 +175,15 @@ class ModelShape:
 def shape_of(config: Any) -> ModelShape:
     return ModelShape(int(config.num_hidden_layers), int(config.hidden_size),
                       int(config.vocab_size), int(config.max_position_embeddings))
+
+
+def bytes_per_block(path: str | Path) -> int:
+    """fp32 parameter bytes one decoder block of the GGUF at ``path`` takes once loaded."""
+    from models.gguf_torch import read_gguf
+
+    _, tensors = read_gguf(path)
+    return 4 * sum(int(np.prod(t.shape)) for name, t in tensors.items()
+                   if name.startswith("blk.0."))
 
 
 def load_stage(path: str | Path, start: int, end: int) -> BlockStage:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from protocol.inference.routing import parse_serve_blocks
 from protocol.names import check_network_id
 
 ENV_PREFIX = "SYMPHONY_"
@@ -78,6 +79,10 @@ class Config:
     #: "module:Class" services loaded after the registry (node/daemon.py SERVICES): for tests
     #: and experiments, e.g. a gossip load generator; they cannot declare a config section
     extra_services: tuple[str, ...] = ()
+    #: serve a range of the inference model's blocks to chains: "" (off), "auto" (the range
+    #: the network covers worst, moving with coverage) or "A:B" (blocks A..B-1); see
+    #: node/inference/service.py and the [inference] section
+    serve_blocks: str = ""
     #: service name -> its section dataclass instance (see module docstring)
     sections: Mapping[str, Any] = field(default_factory=dict)
 
@@ -366,6 +371,10 @@ def _validate(config: Config) -> None:
     for addr in config.bootstrap:
         if "/p2p/" not in addr:
             raise ConfigError(f"key 'bootstrap': {addr!r} must end in /p2p/<peer id>")
+    try:
+        parse_serve_blocks(config.serve_blocks)
+    except ValueError as exc:
+        raise ConfigError(f"key 'serve_blocks': {exc}") from None
 
 
 def default_toml(sections: Mapping[str, type] | None = None) -> str:

@@ -66,6 +66,9 @@ M = TypeVar("M", bound=Message)
 _REGISTRY: dict[int, type[Message]] = {}
 _Checker = Callable[[object, int], object]
 _FIELDS: dict[type[Message], tuple[tuple[str, _Checker], ...]] = {}
+#: how many leading fields a frame must carry: trailing fields with a default may be absent
+#: (a field added at the end of a message keeps frames from before it decodable)
+_REQUIRED: dict[type[Message], int] = {}
 
 
 def limits(
@@ -245,6 +248,11 @@ def message(tag: int, *, version: int = 1) -> Callable[[type[M]], type[M]]:
             (f.name, _checker(hints[f.name], dict(f.metadata), f"{cls.__name__}.{f.name}"))
             for f in dataclasses.fields(cls)
         )
+        required = 0
+        for i, f in enumerate(dataclasses.fields(cls)):
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                required = i + 1
+        _REQUIRED[cls] = required
         _REGISTRY[tag] = cls
         return cls
 
@@ -289,9 +297,9 @@ def _from_array(value: object, depth: int, expect: type[M] | None = None) -> Any
     if version != cls.VERSION:
         raise InvalidMessage(f"{cls.__name__} version {version} is not supported ({cls.VERSION})")
     fields = _FIELDS[cls]
-    if len(value) - 2 != len(fields):
+    if not _REQUIRED[cls] <= len(value) - 2 <= len(fields):
         raise InvalidMessage(f"{cls.__name__} has {len(fields)} fields, got {len(value) - 2}")
-    kwargs = {name: check(v, depth) for (name, check), v in zip(fields, value[2:], strict=True)}
+    kwargs = {name: check(v, depth) for (name, check), v in zip(fields, value[2:], strict=False)}
     try:
         msg = cls(**kwargs)
         check_fn = getattr(msg, "check", None)

@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, str] = {
     "relay": "node.cli.relay:relay",
     "simulate": "node.cli.simulate:simulate",
     "rl": "node.cli.rl:rl",
+    "generate": "node.cli.generate:generate",
 }
 
 

@@ -228,6 +228,7 @@ class LedgerService(Service):
             roles=roles,
             tags=tuple(self.overrides.get("tags", self.section.tags)),
             software_version=agent_version(),
+            blocks=getattr(self.ctx.services.get("inference"), "block_offers", tuple)(),
         )
 
     def _describe_model_device(self, executor: object) -> None:

@@ -22,6 +22,7 @@ from protocol.ledger.records import (
     MAX_RECORD_TTL_MS,
     Attestation,
     AttestationKind,
+    BlockOffer,
     CapabilityRecord,
     HardwareSummary,
     ModelOffer,
@@ -73,6 +74,7 @@ class CapabilitySpec:
     roles: tuple[Role, ...]
     tags: tuple[str, ...] = ()
     software_version: str = ""
+    blocks: tuple[BlockOffer, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,6 +163,35 @@ class HardwareSummary(Message):
     cpu_cores: int = limits(lo=0, hi=1 << 16)
 
 
+#: block ranges one record may offer (one per model, a few models at most)
+MAX_BLOCK_OFFERS = 8
+
+
+@message(29)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BlockOffer(Message):
+    """A contiguous range of a model's transformer blocks this node serves to inference
+    sessions (layer-sharded serving), with what it costs and what it has free."""
+
+    model: str = limits(max_len=128)
+    start: int = limits(lo=0, hi=4096)
+    end: int = limits(lo=1, hi=4096)
+    #: the model's block count, so a requester knows what a full chain covers
+    n_blocks: int = limits(lo=1, hi=4096)
+    #: measured milliseconds per block per token (one position through one block)
+    ms_per_block: float = limits(lo=0.0, hi=1e6)
+    free_sessions: int = limits(lo=0, hi=1 << 16)
+    max_sessions: int = limits(lo=0, hi=1 << 16)
+    #: attention-cache bytes still free for new sessions
+    free_cache_bytes: int = limits(lo=0, hi=1 << 50)
+
+    def check(self) -> None:
+        if not self.start < self.end <= self.n_blocks:
+            raise ValueError(f"block range [{self.start}, {self.end}) of {self.n_blocks}")
+        if self.free_sessions > self.max_sessions:
+            raise ValueError("free_sessions exceeds max_sessions")
+
+
 @message(22)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CapabilityRecord(Message):
@@ -182,6 +211,8 @@ class CapabilityRecord(Message):
     roles: tuple[Role, ...] = limits(max_items=len(Role))
     tags: tuple[str, ...] = limits(max_items=MAX_TAGS, max_len=64)
     software_version: str = limits(max_len=64)
+    #: block ranges served to inference sessions; absent from records of older versions
+    blocks: tuple[BlockOffer, ...] = limits(max_items=MAX_BLOCK_OFFERS, default=())
 
     def check(self) -> None:
         if self.expires_at_ms <= self.issued_at_ms:

@@ -1,0 +1,1 @@
+"""Distributed inference in the daemon: block servers, chains of them, generation."""

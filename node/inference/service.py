@@ -1,0 +1,308 @@
+"""Distributed inference in the daemon: serve a range of a model's blocks, run chains over them.
+
+Serving (``serve_blocks`` = ``A:B`` or ``auto``; off by default): the node loads decoder blocks
+[A, B) of ``[inference] model`` (models.blocks: only those layers are dequantized), measures
+its milliseconds per block per token, serves inference sessions on the ``inference`` stream
+protocol (node/inference/server.py, rules in protocol/inference/session.py) and advertises a
+``BlockOffer`` in its capability record (the ledger service asks :meth:`block_offers`).
+``auto`` picks the weakest-covered window from the ledger (protocol.inference.routing.
+choose_blocks, window size from free memory and speed), re-checks every ``auto_check_s`` and
+moves only while no session is open, with hysteresis.
+
+Requesting: :meth:`InferenceService.generate` plans a chain over the ledger's block offers,
+decodes through it (greedy, or speculative with a local drafter when ``speculative`` > 0) and
+reports tokens/s, the chain and the recoveries. HTTP (mounted under ``/inference``):
+``GET /inference/`` (what this node serves) and, with the API token,
+``POST /inference/generate`` (JSON ``prompt``, ``max_tokens``, ``speculative``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import trio
+
+from node.inference.wire import SessionStream
+from node.service import NurseryService
+from protocol.inference.messages import Precision
+from protocol.inference.routing import Server, choose_blocks, parse_serve_blocks, span_for
+from protocol.inference.session import (
+    FreeCache,
+    Misbehaved,
+    ServedBlocks,
+    SessionLimits,
+    SessionServer,
+)
+from protocol.ledger.records import BlockOffer
+from protocol.names import protocol_id
+
+INFERENCE_PROTOCOL_NAME = "inference"
+#: a window's serving time per token ``auto`` aims under (bounds the span by speed)
+AUTO_BUDGET_MS_PER_TOKEN = 200.0
+#: a server that failed a chain of ours is left out of new plans for this long
+EXCLUDE_MS = 5 * 60_000
+
+
+def inference_protocol(network_id: str) -> str:
+    return protocol_id(network_id, INFERENCE_PROTOCOL_NAME)
+
+
+@dataclass(frozen=True)
+class InferenceSection:
+    #: registry name, .gguf path ("" = the default model) whose blocks are served and asked for
+    model: str = ""
+    #: sessions open at once on this server
+    max_sessions: int = 16
+    #: positions one session may hold (prompt + output + drafts)
+    max_tokens_per_session: int = 2048
+    #: attention-cache memory for all sessions together, MiB (reserved when a session opens)
+    max_cache_mb: int = 512
+    #: a session with no request for this long is dropped
+    idle_timeout_s: float = 60.0
+    #: hidden states on the wire: "f16" or "f32"
+    precision: str = "f16"
+    #: hold every outgoing session frame this long (emulated link latency; 0 = off)
+    link_delay_ms: float = 0.0
+    #: with serve_blocks = "auto": how often coverage is re-checked
+    auto_check_s: float = 30.0
+    #: with serve_blocks = "auto": the most blocks to hold (0 = as many as memory and speed allow)
+    auto_max_blocks: int = 0
+    #: torch threads for the stage (0 = torch's default)
+    threads: int = 0
+
+    def __post_init__(self) -> None:
+        if self.precision not in ("f16", "f32"):
+            raise ValueError(f"[inference] precision must be 'f16' or 'f32', got {self.precision!r}")
+        for key in ("max_sessions", "max_tokens_per_session", "max_cache_mb"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"[inference] {key} must be >= 1")
+        if self.link_delay_ms < 0 or self.idle_timeout_s <= 0:
+            raise ValueError("[inference] link_delay_ms must be >= 0 and idle_timeout_s > 0")
+
+
+class InferenceService(NurseryService):
+    name = "inference"
+    config_section: ClassVar[type | None] = InferenceSection
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self.section: InferenceSection = ctx.config.section(self.name)
+        self.precision = Precision(self.section.precision)
+        self.limits = SessionLimits(
+            max_sessions=self.section.max_sessions,
+            max_tokens_per_session=self.section.max_tokens_per_session,
+            max_cache_bytes=self.section.max_cache_mb << 20,
+            idle_timeout_ms=int(self.section.idle_timeout_s * 1000))
+        self.want = parse_serve_blocks(getattr(ctx.config, "serve_blocks", ""))
+        self._machine = SessionServer(ServedBlocks("", 0, 0, 0, 0), self.limits)
+        self.host: Any = None  # node.inference.server.StageHost while serving
+        self.ms_per_block = 0.0
+        self.model_name = ""
+        self.model_path: Any = None
+        self.n_blocks = 0
+        self.problem = ""
+        self._requester: Any = None  # node.inference.requester.Requester, built on first use
+        self.failed_until: dict[str, int] = {}
+        self.exclude_ms = EXCLUDE_MS
+        self.moves = 0
+
+    @property
+    def machine(self) -> SessionServer:
+        return self._machine
+
+    # ------------------------------------------------------------ serving
+
+    async def start(self) -> None:
+        try:
+            from models.gguf_torch import llama_config, read_gguf
+            from models.registry import resolve
+
+            info = resolve(self.section.model or None)
+            meta, tensors = read_gguf(info.path)
+            self.n_blocks = int(llama_config(info.path, meta, tensors).num_hidden_layers)
+        except Exception as exc:  # no models extra, or no such model: serve and ask nothing
+            self.problem = f"no model for inference: {exc}"
+            self.ctx.log.warning("inference.no_model", error=str(exc))
+            return
+        self.model_name, self.model_path = info.name, info.path
+        if self.want is None:
+            return
+        if self.section.threads:
+            import torch
+
+            torch.set_num_threads(self.section.threads)
+        blocks = self._auto_window(None) if self.want == "auto" else self.want
+        if blocks[1] > self.n_blocks:
+            raise ValueError(f"serve_blocks {blocks[0]}:{blocks[1]} is outside the "
+                             f"{self.n_blocks} blocks of {self.model_name}")
+        await self._serve(blocks)
+        self.ctx.transport.set_stream_handler(inference_protocol(self.ctx.network_id),
+                                              self._serve_stream)
+
+    async def _serve(self, blocks: tuple[int, int]) -> None:
+        from models.blocks import load_stage
+        from node.inference.server import StageHost
+
+        stage = await trio.to_thread.run_sync(load_stage, self.model_path, *blocks)
+        self.ms_per_block = await trio.to_thread.run_sync(_measure, stage)
+        served = ServedBlocks(self.model_name, blocks[0], blocks[1], stage.hidden_size,
+                              stage.bytes_per_position // max(1, blocks[1] - blocks[0]))
+        self._machine = SessionServer(served, self.limits)
+        self.host = StageHost(stage, self._machine, clock=self.ctx.clock, report=self.report,
+                              log=self.ctx.log, delay_ms=self.section.link_delay_ms)
+        self.ctx.log.info("inference.serving", model=self.model_name, start=blocks[0],
+                          end=blocks[1], ms_per_block=round(self.ms_per_block, 3),
+                          param_mib=round(stage.param_bytes / 2**20, 1))
+
+    async def _serve_stream(self, peer: str, stream: Any) -> None:
+        if self.host is not None:
+            await self.host.serve(peer, stream)
+
+    async def report(self, peer: str, detail: str) -> None:
+        """Count a session fault against ``peer`` (the driver keeps the penalty book)."""
+        await self.ctx.submit(self.name, Misbehaved(peer, detail))
+
+    async def perform(self, effect: object) -> None:
+        if isinstance(effect, FreeCache) and self.host is not None:
+            self.host.perform_expiry([effect])
+
+    def block_offers(self) -> tuple[BlockOffer, ...]:
+        if self.host is None:
+            return ()
+        served = self._machine.served
+        return (BlockOffer(model=self.model_name[:128], start=served.start, end=served.end,
+                           n_blocks=self.n_blocks, ms_per_block=float(self.ms_per_block),
+                           free_sessions=self._machine.free_sessions,
+                           max_sessions=self.limits.max_sessions,
+                           free_cache_bytes=self._machine.free_cache_bytes),)
+
+    async def on_running(self) -> None:
+        if self.want == "auto" and self.host is not None:
+            self.start_soon(self._auto_loop)
+
+    async def _auto_loop(self) -> None:
+        while True:
+            await trio.sleep(self.section.auto_check_s)  # a periodic coverage check
+            if self._machine.sessions:
+                continue  # never mid-session
+            current = (self._machine.served.start, self._machine.served.end)
+            window = self._auto_window(current)
+            if window != current:
+                self.ctx.log.info("inference.moving", old=current, new=window)
+                await self._serve(window)
+                self.moves += 1
+
+    def _auto_window(self, current: tuple[int, int] | None) -> tuple[int, int]:
+        from models.blocks import bytes_per_block
+
+        free = _free_memory_bytes()
+        span = span_for(self.n_blocks, bytes_per_block(self.model_path), free)
+        if self.ms_per_block > 0:  # a slow node holds fewer blocks
+            span = max(1, min(span, int(AUTO_BUDGET_MS_PER_TOKEN / self.ms_per_block)))
+        if self.section.auto_max_blocks:
+            span = min(span, self.section.auto_max_blocks)
+        return choose_blocks(self.servers(include_self=True), self.model_name, self.n_blocks,
+                             span, own_peer=self.ctx.identity.peer_id, current=current)
+
+    # ------------------------------------------------------------ requesting
+
+    def servers(self, include_self: bool = False) -> list[Server]:
+        """Every live block offer in the ledger (our own left out unless asked)."""
+        ledger = self.ctx.services.get("ledger")
+        if ledger is None:
+            return []
+        now = self.ctx.clock()
+        out = []
+        for held in ledger.machine.view.state.live_records(ledger.now_ms()):
+            rec = held.record
+            if rec.peer_id == self.ctx.identity.peer_id and not include_self:
+                continue
+            if self.failed_until.get(rec.peer_id, 0) > now:
+                continue
+            for b in rec.blocks:
+                out.append(Server(peer=rec.peer_id, model=b.model, start=b.start, end=b.end,
+                                  ms_per_block=b.ms_per_block, free_sessions=b.free_sessions,
+                                  max_sessions=b.max_sessions,
+                                  free_cache_bytes=b.free_cache_bytes))
+        return out
+
+    def rtt_ms(self) -> dict[str, float]:
+        """Ping round trips the membership service measured, per connected peer."""
+        membership = self.ctx.services.get("membership")
+        conns = getattr(getattr(membership, "machine", None), "conns", {})
+        return {p: float(c.rtt_ms) for p, c in conns.items() if c.rtt_ms is not None}
+
+    def addresses(self, peer: str) -> tuple[str, ...]:
+        ledger = self.ctx.services.get("ledger")
+        if ledger is None:
+            return ()
+        for held in ledger.machine.view.state.live_records(ledger.now_ms()):
+            if held.record.peer_id == peer:
+                return tuple(held.record.listen_addrs)
+        return ()
+
+    async def open_stream(self, peer: str) -> SessionStream:
+        transport = self.ctx.transport
+        if peer not in transport.connected_peers():
+            for addr in self.addresses(peer):
+                try:
+                    await transport.connect(addr)
+                    break
+                except Exception as exc:  # try the next address
+                    self.ctx.log.info("inference.dial_failed", peer=peer, error=str(exc))
+        raw = await transport.open_stream(peer, inference_protocol(self.ctx.network_id))
+        return SessionStream(raw, self.section.link_delay_ms)
+
+    async def generate(self, prompt: str, max_tokens: int, speculative: int = 0) -> dict[str, Any]:
+        from node.inference.requester import Requester
+
+        if not self.model_name:
+            raise ValueError(self.problem or "no model for inference")
+        if self._requester is None:
+            self._requester = await trio.to_thread.run_sync(Requester.load, self)
+        return await self._requester.generate(prompt, max_tokens, speculative)
+
+    def status(self) -> dict[str, Any]:
+        served = self._machine.served
+        return {"model": self.model_name, "serving": self.host is not None,
+                "blocks": [served.start, served.end] if self.host is not None else None,
+                "ms_per_block": round(self.ms_per_block, 3),
+                "sessions": len(self._machine.sessions),
+                "free_cache_bytes": self._machine.free_cache_bytes,
+                "forwards": self.host.forwards if self.host is not None else 0,
+                "moves": self.moves, "problem": self.problem,
+                "offers": [[o.peer, o.start, o.end] for o in self.servers()]}
+
+    def routes(self) -> list[Any]:
+        from node.inference.api import inference_routes
+
+        return inference_routes(self)
+
+
+def _measure(stage: Any, repeats: int = 5) -> float:
+    """Milliseconds per block per token: one new position through the stage, warm cache."""
+    import numpy as np
+
+    from models.blocks import StageCache
+
+    cache = StageCache()
+    x = np.zeros((1, stage.hidden_size), np.float32)
+    stage.forward(np.zeros((8, stage.hidden_size), np.float32), 0, cache)  # warm-up
+    started = time.perf_counter()
+    for i in range(repeats):
+        stage.forward(x, 8 + i, cache)
+    per_token = (time.perf_counter() - started) * 1000 / repeats
+    return per_token / max(1, stage.end - stage.start)
+
+
+def _free_memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 << 30

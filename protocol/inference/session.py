@@ -1,0 +1,320 @@
+"""The server side of inference sessions: admission, limits, cache bookkeeping, expiry.
+
+Contract
+--------
+A server serves blocks [start, end) of one model. A requester opens a session on a sub-range
+of them (``SessionOpen``), then sends ``Forward`` frames of hidden states, ``Rollback`` and
+``SessionClose``, one request at a time per session; every request gets exactly one reply.
+
+* Admission (``SessionOpen``): refused with a clear ``SessionRefused`` reason when the model or
+  the range is not served here, the hidden size differs, ``max_length`` exceeds
+  ``max_tokens_per_session``, ``max_sessions`` are open, or the session's whole cache
+  (``max_length`` x bytes per position of its blocks) does not fit in what is left of
+  ``max_cache_bytes``. The cache is reserved at admission, so a session can never run the
+  server out of memory later: an over-limit request is refused, never attempted.
+* ``Forward(start_pos, n)``: ``start_pos`` may be at most the cached length; below it, the
+  cache is rolled back to ``start_pos`` first (so a speculative step after a rejection costs
+  no extra round trip). ``start_pos + n`` beyond ``max_length`` ends the session (TOO_LONG).
+  The driver computes (``RunForward``) and reports ``ForwardDone`` or ``ForwardFailed``.
+* Malformed input (a wrong byte count, a Forward past the cached length, a request while one
+  is computing, a Rollback past the end, non-finite values the driver found) ends the session
+  with ``SessionError(MALFORMED)`` and a ``Penalize`` of the sender.
+* A session idle for ``idle_timeout_ms`` (no request, no computation running) is dropped and
+  its cache freed; a later request for it is answered ``EXPIRED``. A requester that opens
+  sessions and never closes them holds at most ``max_sessions`` for ``idle_timeout_ms``.
+* Only the peer that opened a session may use it; any other peer is told UNKNOWN_SESSION.
+
+Effects: ``Send`` (every reply), ``RunForward`` (compute), ``CropCache``, ``FreeCache``,
+``Penalize``, ``Emit``. Events: ``Received`` (a decoded request), ``ForwardDone``,
+``ForwardFailed``, ``Tick``, and ``Misbehaved`` (a fault the driver saw, on either side of a
+session: one penalty rule for both).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from protocol.errors import InvalidMessage
+from protocol.inference.messages import (
+    Forward,
+    ForwardResult,
+    Precision,
+    Refusal,
+    Rollback,
+    SessionAccepted,
+    SessionAck,
+    SessionClose,
+    SessionError,
+    SessionOpen,
+    SessionRefused,
+    check_hidden_size,
+)
+from protocol.machine import Effect, Emit, Event, Penalize, Received, Send, Tick
+
+#: penalty points for a malformed session request
+MALFORMED_POINTS = 10
+#: ids of expired or closed sessions remembered, to answer EXPIRED rather than UNKNOWN
+MAX_TOMBSTONES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SessionLimits:
+    max_sessions: int = 16
+    max_tokens_per_session: int = 4096
+    max_cache_bytes: int = 1 << 30
+    idle_timeout_ms: int = 60_000
+
+
+@dataclass(frozen=True, slots=True)
+class ServedBlocks:
+    model: str
+    start: int
+    end: int
+    hidden_size: int
+    #: attention-cache bytes one position costs in one block
+    cache_bytes_per_block: int
+
+
+# ---------------------------------------------------------------- events and effects
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardDone:
+    session_id: bytes
+    start_pos: int
+    n: int
+    data: bytes
+    compute_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardFailed:
+    session_id: bytes
+    #: True when the input was at fault (non-finite values): the sender is penalized
+    bad_input: bool
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Misbehaved:
+    """A peer broke the session protocol where the machine does not see it: a server that
+    answered a requester with hidden states of the wrong shape, non-finite values or a
+    truncated frame, or a requester whose stream carried bytes that are no message."""
+
+    peer: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunForward:
+    """Run blocks [start, end) on ``data`` (n positions from start_pos) in the session's cache."""
+
+    peer: str
+    session_id: bytes
+    start: int
+    end: int
+    start_pos: int
+    n: int
+    data: bytes
+    precision: Precision
+
+
+@dataclass(frozen=True, slots=True)
+class CropCache:
+    session_id: bytes
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class FreeCache:
+    session_id: bytes
+
+
+@dataclass(slots=True)
+class _Session:
+    peer: str
+    start: int
+    end: int
+    max_length: int
+    precision: Precision
+    reserved_bytes: int
+    last_active_ms: int
+    length: int = 0
+    busy: bool = False
+
+
+class SessionServer:
+    """Every inference session open on this server (the machine; see the module contract)."""
+
+    def __init__(self, served: ServedBlocks, limits: SessionLimits) -> None:
+        self.served = served
+        self.limits = limits
+        self.sessions: dict[bytes, _Session] = {}
+        self._tombstones: OrderedDict[bytes, None] = OrderedDict()
+
+    # ------------------------------------------------------------ what the ledger advertises
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(s.reserved_bytes for s in self.sessions.values())
+
+    @property
+    def free_sessions(self) -> int:
+        return max(0, self.limits.max_sessions - len(self.sessions))
+
+    @property
+    def free_cache_bytes(self) -> int:
+        return max(0, self.limits.max_cache_bytes - self.reserved_bytes)
+
+    def next_deadline(self) -> int | None:
+        idle = [s.last_active_ms for s in self.sessions.values() if not s.busy]
+        return min(idle) + self.limits.idle_timeout_ms if idle else None
+
+    # ------------------------------------------------------------ events
+
+    def handle(self, event: Event, now: int) -> list[Effect]:
+        if isinstance(event, Received):
+            return self._request(event.peer, event.message, now)
+        if isinstance(event, ForwardDone):
+            return self._done(event, now)
+        if isinstance(event, ForwardFailed):
+            return self._failed(event)
+        if isinstance(event, Tick):
+            return self._expire(now)
+        if isinstance(event, Misbehaved):
+            return [Penalize(event.peer, f"inference: {event.detail}"[:200], MALFORMED_POINTS)]
+        return []
+
+    def _request(self, peer: str, msg: object, now: int) -> list[Effect]:
+        if isinstance(msg, SessionOpen):
+            return self._open(peer, msg, now)
+        if not isinstance(msg, Forward | Rollback | SessionClose):
+            return [Penalize(peer, "inference: not a session request", MALFORMED_POINTS)]
+        sid = msg.session_id
+        session = self.sessions.get(sid)
+        if session is None or session.peer != peer:
+            reason = Refusal.EXPIRED if sid in self._tombstones else Refusal.UNKNOWN_SESSION
+            return [Send(peer, SessionError(session_id=sid, reason=reason,
+                                            detail="no such open session"))]
+        if session.busy:
+            return self._malformed(sid, "a request while the last one is computing")
+        session.last_active_ms = now
+        if isinstance(msg, SessionClose):
+            self._drop(sid)
+            return [FreeCache(sid), Send(peer, SessionAck(session_id=sid, length=0)),
+                    Emit("inference_session_closed", {"peer": peer})]
+        if isinstance(msg, Rollback):
+            if msg.length > session.length:
+                return self._malformed(sid, f"rollback to {msg.length} past {session.length}")
+            session.length = msg.length
+            return [CropCache(sid, msg.length), Send(peer, SessionAck(session_id=sid,
+                                                                      length=msg.length))]
+        return self._forward(session, msg)
+
+    def _open(self, peer: str, msg: SessionOpen, now: int) -> list[Effect]:
+        sid, served, lim = msg.session_id, self.served, self.limits
+        reason, detail = None, ""
+        need = msg.max_length * served.cache_bytes_per_block * (msg.end - msg.start)
+        if sid in self.sessions or sid in self._tombstones:
+            return [Penalize(peer, "inference: session id reused", MALFORMED_POINTS)]
+        if msg.model != served.model:
+            reason, detail = Refusal.UNKNOWN_MODEL, f"this server serves {served.model!r}"
+        elif not served.start <= msg.start < msg.end <= served.end:
+            reason = Refusal.NOT_SERVED
+            detail = f"blocks [{msg.start}, {msg.end}) outside [{served.start}, {served.end})"
+        elif msg.hidden_size != served.hidden_size:
+            reason, detail = Refusal.MALFORMED, f"hidden size is {served.hidden_size}"
+        elif msg.max_length > lim.max_tokens_per_session:
+            reason, detail = Refusal.TOO_LONG, f"at most {lim.max_tokens_per_session} tokens"
+        elif len(self.sessions) >= lim.max_sessions:
+            reason, detail = Refusal.SESSIONS_FULL, f"{lim.max_sessions} sessions open"
+        elif need > self.free_cache_bytes:
+            reason = Refusal.CACHE_FULL
+            detail = f"needs {need} cache bytes, {self.free_cache_bytes} free"
+        if reason is not None:
+            return [Send(peer, SessionRefused(session_id=sid, reason=reason, detail=detail)),
+                    Emit("inference_session_refused", {"peer": peer, "reason": reason.value})]
+        self.sessions[sid] = _Session(peer=peer, start=msg.start, end=msg.end,
+                                      max_length=msg.max_length, precision=msg.precision,
+                                      reserved_bytes=need, last_active_ms=now)
+        return [Send(peer, SessionAccepted(session_id=sid, max_length=msg.max_length,
+                                           idle_timeout_ms=lim.idle_timeout_ms)),
+                Emit("inference_session_opened", {"peer": peer, "start": msg.start,
+                                                  "end": msg.end})]
+
+    def _forward(self, session: _Session, msg: Forward) -> list[Effect]:
+        sid = msg.session_id
+        try:
+            check_hidden_size(msg.data, msg.n, self.served.hidden_size, session.precision)
+        except InvalidMessage as exc:
+            return self._malformed(sid, str(exc))
+        if msg.start_pos > session.length:
+            return self._malformed(sid, f"positions from {msg.start_pos}, {session.length} held")
+        if msg.start_pos + msg.n > session.max_length:
+            self._drop(sid)
+            return [FreeCache(sid), Send(session.peer, SessionError(
+                session_id=sid, reason=Refusal.TOO_LONG,
+                detail=f"position {msg.start_pos + msg.n} past max_length {session.max_length}"))]
+        effects: list[Effect] = []
+        if msg.start_pos < session.length:
+            effects.append(CropCache(sid, msg.start_pos))
+            session.length = msg.start_pos
+        session.busy = True
+        effects.append(RunForward(peer=session.peer, session_id=sid, start=session.start,
+                                  end=session.end, start_pos=msg.start_pos, n=msg.n,
+                                  data=msg.data, precision=session.precision))
+        return effects
+
+    def _done(self, event: ForwardDone, now: int) -> list[Effect]:
+        session = self.sessions.get(event.session_id)
+        if session is None:
+            return []  # closed by its stream's end while computing
+        session.busy, session.last_active_ms = False, now
+        session.length = event.start_pos + event.n
+        return [Send(session.peer, ForwardResult(
+            session_id=event.session_id, start_pos=event.start_pos, n=event.n, data=event.data,
+            compute_ms=event.compute_ms))]
+
+    def _failed(self, event: ForwardFailed) -> list[Effect]:
+        session = self.sessions.get(event.session_id)
+        if session is None:
+            return []
+        if event.bad_input:
+            return self._malformed(event.session_id, event.detail)
+        self._drop(event.session_id)
+        return [FreeCache(event.session_id), Send(session.peer, SessionError(
+            session_id=event.session_id, reason=Refusal.COMPUTE_FAILED,
+            detail=event.detail[:256]))]
+
+    def _expire(self, now: int) -> list[Effect]:
+        effects: list[Effect] = []
+        for sid, s in list(self.sessions.items()):
+            if not s.busy and now >= s.last_active_ms + self.limits.idle_timeout_ms:
+                self._drop(sid)
+                effects += [FreeCache(sid), Emit("inference_session_expired", {"peer": s.peer})]
+        return effects
+
+    def close_all(self, peer: str, session_ids: list[bytes]) -> list[Effect]:
+        """The stream that carried these sessions ended: free what is still open."""
+        effects: list[Effect] = []
+        for sid in session_ids:
+            s = self.sessions.get(sid)
+            if s is not None and s.peer == peer:
+                self._drop(sid)
+                effects.append(FreeCache(sid))
+        return effects
+
+    def _malformed(self, sid: bytes, detail: str) -> list[Effect]:
+        session = self.sessions[sid]
+        self._drop(sid)
+        return [FreeCache(sid),
+                Send(session.peer, SessionError(session_id=sid, reason=Refusal.MALFORMED,
+                                                detail=detail[:256])),
+                Penalize(session.peer, f"inference: {detail}"[:200], MALFORMED_POINTS)]
+
+    def _drop(self, sid: bytes) -> None:
+        self.sessions.pop(sid, None)
+        self._tombstones[sid] = None
+        while len(self._tombstones) > MAX_TOMBSTONES:
+            self._tombstones.popitem(last=False)

@@ -13,8 +13,8 @@ the feed:
 * ``tasks``: recent tasks with bids, chosen executors (attempts), votes, verification;
 * ``relay``: artifact versions being relayed, with chunks held of chunks in all;
 * ``jobs``: one entry per heavier job kind (``inference``: distributed-inference chains,
-  ``rl``: rollout jobs), the status of the service that runs it, or ``None`` where this node
-  has no such service;
+  ``rl``: rollout jobs and workers), the status of each service of that kind this node runs
+  (service name -> its status), or ``None`` where it runs none;
 * ``events``: the latest events, newest first.
 """
 
@@ -31,8 +31,8 @@ MAX_TASKS = 200
 MAX_EVENTS = 40
 #: tasks shown (newest first)
 TASKS_SHOWN = 15
-#: job kinds with a section of their own: kind -> the service that runs it
-JOB_SERVICES = {"inference": "inference", "rl": "rl"}
+#: job kinds with a section of their own: kind -> the services that run it
+JOB_SERVICES = {"inference": ("inference",), "rl": ("rl_jobs", "rl_worker")}
 #: events not shown in the feed (routine, every few seconds with every peer)
 QUIET_EVENTS = ("ledger.sync_end",)
 
@@ -100,8 +100,8 @@ def dashboard_state(source: DashboardSource, feed: LiveFeed) -> dict[str, Any]:
         "peers": _peers(status, services),
         "tasks": _tasks(services, feed),
         "relay": _relay(services),
-        "jobs": {kind: (services[name].status() if name in services else None)
-                 for kind, name in JOB_SERVICES.items()},
+        "jobs": {kind: ({n: services[n].status() for n in names if n in services} or None)
+                 for kind, names in JOB_SERVICES.items()},
         "events": list(feed.events),
     }
 

@@ -11,6 +11,7 @@ import pytest
 
 from node.api.app import read_token
 from node.api.dashboard import cookie_name, dashboard_url, session_value
+from node.api.dashboard_state import JOB_SERVICES
 
 from .conftest import Testnet
 
@@ -47,7 +48,12 @@ def test_sign_in_state_events_and_refusals(testnet: Testnet) -> None:
         assert state["node"]["peer_id"] == node.peer_id
         assert state["node"]["device"]["kind"]
         assert state["peers"] == [] and state["tasks"] == []
-        assert state["jobs"] == {"inference": None, "rl": None}
+        # a section per heavier job kind: the status of each such service the node runs
+        running = set(node.status()["services"])
+        for kind, names in JOB_SERVICES.items():
+            present = {n for n in names if n in running}
+            shown = state["jobs"][kind]
+            assert (shown is None) if not present else set(shown) == present
 
         with browser.stream("GET", "/dashboard/events") as events:
             assert events.headers["content-type"].startswith("text/event-stream")

@@ -128,19 +128,23 @@ function renderRelay(versions) {
   fill($("relay-rows"), rows, "no weight transfer", 7);
 }
 
-function renderJob(sectionId, status, what) {
+// a job kind's section: the status of each service of that kind this node runs
+function renderJob(sectionId, services, what) {
   const body = document.querySelector(`#${sectionId} .job-body`);
   body.replaceChildren();
-  if (status === null || status === undefined) {
+  if (services === null || services === undefined) {
     body.appendChild(el("p", `This node runs no ${what} service.`, "muted"));
     return;
   }
-  const dl = el("dl");
-  for (const [key, value] of Object.entries(status)) {
-    dl.appendChild(el("dt", key));
-    dl.appendChild(el("dd", typeof value === "object" ? JSON.stringify(value) : value));
+  for (const [name, status] of Object.entries(services)) {
+    body.appendChild(el("h3", name));
+    const dl = el("dl");
+    for (const [key, value] of Object.entries(status)) {
+      dl.appendChild(el("dt", key));
+      dl.appendChild(el("dd", typeof value === "object" ? JSON.stringify(value) : value));
+    }
+    body.appendChild(dl);
   }
-  body.appendChild(dl);
 }
 
 function renderEvents(events) {

@@ -16,4 +16,5 @@ WORKLOADS: dict[str, str] = {
     "bench": "simulations.workloads.bench",
     "membership": "simulations.workloads.membership",
     "rl": "simulations.workloads.rl",
+    "distributed": "simulations.workloads.distributed",
 }

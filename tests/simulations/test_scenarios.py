@@ -14,7 +14,8 @@ from simulations.report import report_hash, write
 from simulations.runner import run_scenario
 from simulations.scenario import SCENARIO_DIR, ScenarioError, load, parse
 
-SHIPPED = ("ledger", "voting", "routing", "verification", "relay", "membership", "rl")
+SHIPPED = ("ledger", "voting", "routing", "verification", "relay", "membership", "distributed",
+           "rl")
 
 
 def tiny_ledger(seed: int = 1) -> Any:

@@ -19,9 +19,13 @@ GENERATE_TIMEOUT_S = 600.0
 @click.option("--speculative", type=click.IntRange(0, 16), default=0, show_default=True,
               help="Tokens drafted locally per step and verified by the chain in one pass "
                    "(0: plain greedy decoding).")
+@click.option("--rule", type=click.Choice(["greedy", "mars"]), default="greedy",
+              show_default=True,
+              help="How drafts are verified: greedy (the output is plain greedy decoding's) or "
+                   "mars (also keeps the target's close second choices: faster, not exact).")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print the daemon's JSON answer.")
-def generate(prompt: str, max_tokens: int, speculative: int, data_dir: str | None,
+def generate(prompt: str, max_tokens: int, speculative: int, rule: str, data_dir: str | None,
              as_json: bool) -> None:
     """Generate from PROMPT through a chain of peers serving the model's blocks.
 
@@ -37,7 +41,8 @@ def generate(prompt: str, max_tokens: int, speculative: int, data_dir: str | Non
                        timeout_s=GENERATE_TIMEOUT_S)
     try:
         result = client.post("/inference/generate", json={
-            "prompt": prompt, "max_tokens": max_tokens, "speculative": speculative})
+            "prompt": prompt, "max_tokens": max_tokens, "speculative": speculative,
+            "rule": rule})
     except DaemonNotRunning as exc:
         raise click.ClickException(str(exc)) from None
     except httpx.HTTPStatusError as exc:

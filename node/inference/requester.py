@@ -63,8 +63,8 @@ class Requester:
                      hidden_size=int(self.head.config.hidden_size), max_length=max_length,
                      precision=s.precision)
 
-    async def generate(self, prompt: str, max_tokens: int, speculative: int = 0
-                       ) -> dict[str, Any]:
+    async def generate(self, prompt: str, max_tokens: int, speculative: int = 0,
+                       rule: str = "greedy") -> dict[str, Any]:
         if not prompt:
             raise ValueError("an empty prompt")
         if not 1 <= max_tokens <= 4096:
@@ -81,7 +81,7 @@ class Requester:
             target = ChainTarget(self.head, chain)
             if speculative:
                 out = await trio.to_thread.run_sync(self._speculative, target, ids, max_tokens,
-                                                    speculative, stop)
+                                                    speculative, stop, rule)
             else:
                 out = await trio.to_thread.run_sync(self._greedy, target, ids, max_tokens, stop)
         except ChainError as exc:
@@ -109,12 +109,16 @@ class Requester:
                 "acceptance_rate": None}
 
     def _speculative(self, target: ChainTarget, ids: list[int], max_tokens: int, k: int,
-                     stop: list[int]) -> dict[str, Any]:
+                     stop: list[int], rule: str = "greedy") -> dict[str, Any]:
         from models.drafters import LlamaDrafter
         from models.speculative import SpeculativeConfig, speculative_generate
+        from protocol.inference.speculative import Rule
 
+        config = SpeculativeConfig(k=k, rule=Rule(rule))
         drafter = LlamaDrafter(self.service.model_path)
-        gen = speculative_generate(target, ids, max_tokens, drafter, SpeculativeConfig(k=k),
-                                   stop=stop)
-        return {"tokens": list(gen.tokens), "speculative": k,
+        try:
+            gen = speculative_generate(target, ids, max_tokens, drafter, config, stop=stop)
+        finally:
+            drafter.close()  # its llama.cpp context, not left to the garbage collector
+        return {"tokens": list(gen.tokens), "speculative": k, "rule": rule,
                 "acceptance_rate": round(gen.acceptance_rate, 4), "steps": gen.steps}

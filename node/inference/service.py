@@ -255,14 +255,15 @@ class InferenceService(NurseryService):
         raw = await transport.open_stream(peer, inference_protocol(self.ctx.network_id))
         return SessionStream(raw, self.section.link_delay_ms)
 
-    async def generate(self, prompt: str, max_tokens: int, speculative: int = 0) -> dict[str, Any]:
+    async def generate(self, prompt: str, max_tokens: int, speculative: int = 0,
+                       rule: str = "greedy") -> dict[str, Any]:
         from node.inference.requester import Requester
 
         if not self.model_name:
             raise ValueError(self.problem or "no model for inference")
         if self._requester is None:
             self._requester = await trio.to_thread.run_sync(Requester.load, self)
-        return await self._requester.generate(prompt, max_tokens, speculative)
+        return await self._requester.generate(prompt, max_tokens, speculative, rule)
 
     def status(self) -> dict[str, Any]:
         served = self._machine.served

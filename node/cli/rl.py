@@ -4,6 +4,9 @@
 workers at r rollouts/s each feed a learner that uses B rollouts per T-second step
 (``N r >= B / T``), and the smallest staleness bound that hides dissemination and generation
 (``S >= ceil((dissemination + generation) / T)``).
+
+``rl train --config rl.toml`` runs a GRPO learner on this machine with local rollout workers
+(node/rl/learner.py): the same job book and worker function as on the network.
 """
 
 from __future__ import annotations
@@ -87,3 +90,50 @@ def _print(f: dict[str, object], workers: int, rate: float, batch: int, step_s: 
     Console(file=sys.stdout).print(table)
     if not f["holds"]:
         click.echo("The learner will wait for rollouts: add workers or raise S as shown.")
+
+
+@rl.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True),
+              default=None, help="rl.toml (keys: see node/rl/learner_config.py).")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Steps to train.")
+@click.option("--staleness", type=click.IntRange(min=0), default=None,
+              help="Staleness bound S (0 = synchronous).")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Local rollout worker processes.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Run directory (adapters, checkpoints, versions, steps.jsonl).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+def train(config_path: str | None, steps: int | None, staleness: int | None,
+          workers: int | None, out_dir: str | None, as_json: bool) -> None:
+    """Train the policy with GRPO on local rollout workers (resumes from the run directory)."""
+    from node.rl.learner import run_training, summary
+    from node.rl.learner_config import load_config
+
+    try:
+        config = load_config(config_path, steps=steps, staleness=staleness, workers=workers,
+                             out_dir=out_dir)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--config") from None
+
+    def progress(stats: object) -> None:
+        if not as_json:
+            click.echo(json.dumps(_fields(stats)), err=True)  # one line per step, on stderr
+
+    try:
+        report = run_training(config, on_step=progress)
+    except (RuntimeError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    figures = summary(report)
+    if as_json:
+        click.echo(json.dumps(figures, sort_keys=True))
+        return
+    from node.cli.main import print_figures
+
+    print_figures("rl train", figures)
+
+
+def _fields(stats: object) -> dict[str, object]:
+    from dataclasses import asdict, is_dataclass
+
+    data = asdict(stats) if is_dataclass(stats) and not isinstance(stats, type) else {}
+    return {k: round(v, 4) if isinstance(v, float) else v for k, v in data.items()}

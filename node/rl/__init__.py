@@ -1,0 +1,1 @@
+"""The node side of reinforcement learning: the learner and its rollout workers."""

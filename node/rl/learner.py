@@ -1,0 +1,242 @@
+"""`symphony rl train`: a GRPO learner fed by local rollout workers, with bounded staleness.
+
+The loop drives the same job book a network learner drives (protocol/rl/jobs.py: issue,
+assign, judge each returned group, reissue on a deadline or a failed check) and the same
+worker function (models/rl/rollout.py); only the transport differs: local processes and
+queues here, the task market and the weight relay on the network.
+
+- ``staleness = 0`` (synchronous): the learner issues exactly the jobs of one step for the
+  version it holds, waits for them, trains, publishes; workers idle while it trains.
+- ``staleness = S > 0`` (asynchronous): every idle worker gets a job for the newest version at
+  once; a group of version ``v`` is trained on at version ``w`` only if ``w - v <= S``
+  (protocol/rl/staleness.py), otherwise dropped and counted as stale.
+
+Every returned group is validated before use (the book's model-free checks, then the
+learner's log-prob recomputation under the group's version); a failure excludes its worker for
+the run and reissues the job. The learner never waits past a job's deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from models.config import DEFAULT_MODEL_NAME
+from models.rl.env import load_environment
+from node.rl.learner_config import LearnerConfig
+from node.rl.learner_trainer import Group, StepStats, Trainer
+from node.rl.learner_workers import WorkerPool
+from protocol.codec import decode, encode
+from protocol.rl.jobs import ACCEPTED, INVALID, BookConfig, JobBook, Verdict
+from protocol.rl.messages import RolloutJob, RolloutResultBody, RolloutSampling
+from protocol.rl.staleness import accepts
+
+#: a worker that fails this many jobs in a row stops the run (a broken set-up, not bad luck)
+MAX_WORKER_ERRORS = 3
+
+
+@dataclass
+class TrainReport:
+    steps: list[StepStats] = field(default_factory=list)
+    wall_s: float = 0.0
+    busy_s: float = 0.0  # learner compute: GRPO steps, exports and validation recomputes
+    first_version: int = 0
+    resumed_from: int | None = None
+    counters: dict[str, int] = field(default_factory=dict)
+    swap_s: list[float] = field(default_factory=list)  # publish -> worker serving it
+    generate_s: list[float] = field(default_factory=list)  # per job on a worker
+    excluded: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def busy_fraction(self) -> float:
+        return self.busy_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def last_version(self) -> int:
+        return self.steps[-1].version if self.steps else self.first_version
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class _Loop:
+    def __init__(self, config: LearnerConfig, trainer: Trainer, pool: WorkerPool,
+                 on_step: Callable[[StepStats], None] | None) -> None:
+        self.config, self.trainer, self.pool, self.on_step = config, trainer, pool, on_step
+        sampling = RolloutSampling(temperature=config.temperature, top_p=config.top_p,
+                                   max_tokens=config.max_tokens)
+        self.book = JobBook(BookConfig(
+            learner="local", model=config.model or DEFAULT_MODEL_NAME,
+            dataset_size=trainer.env.size, vocab_size=trainer.vocab_size, prompts_per_job=1,
+            group_size=config.group_size, sampling=sampling, max_staleness=config.staleness,
+            job_ms=int(config.job_timeout_s * 1000)),
+            random.Random(config.seed), checks=(self._check,), version=trainer.version)
+        self.open_jobs: deque[RolloutJob] = deque()
+        self.jobs: dict[bytes, RolloutJob] = {}
+        self.running: dict[int, bytes] = {}  # worker index -> job id
+        self.idle = set(range(config.workers))
+        self.errors: dict[int, int] = {}
+        self.ready: list[Group] = []
+        self.report = TrainReport(first_version=trainer.version, resumed_from=trainer.resumed_from)
+        self.stale_at_step = 0
+
+    def _check(self, job: RolloutJob, result: RolloutResultBody) -> str | None:
+        t = time.perf_counter()
+        try:
+            return self.trainer.check_logprobs(job, result)
+        finally:
+            self.report.busy_s += time.perf_counter() - t
+
+    # ------------------------------------------------------------ main loop
+    def run(self) -> TrainReport:
+        t0 = time.monotonic()
+        while len(self.report.steps) < self.config.steps:
+            self._expire()
+            self._dispatch()
+            if len(self.ready) >= self.config.jobs_per_step:
+                self._train()
+                continue
+            self._wait()
+        self.report.wall_s = time.monotonic() - t0
+        self.report.counters = dict(self.book.counters)
+        self.report.counters["stale"] = self.book.counters["stale"] + self.stale_at_step
+        self.report.excluded = sorted(self.book.excluded)
+        return self.report
+
+    def _train(self) -> None:
+        batch = self.ready[:self.config.jobs_per_step]
+        self.ready = self.ready[self.config.jobs_per_step:]
+        stats = self.trainer.step(batch, self.trainer.next_version())
+        self.report.busy_s += stats.step_s
+        self.book.publish(self.trainer.version)
+        keep = [g for g in self.ready if accepts(g.version, self.trainer.version, self.config.staleness)]
+        self.stale_at_step += len(self.ready) - len(keep)
+        self.ready = keep
+        self.report.steps.append(stats)
+        self._log(stats)
+        if self.on_step is not None:
+            self.on_step(stats)
+
+    def _log(self, stats: StepStats) -> None:
+        path = Path(self.config.out_dir) / "steps.jsonl"
+        with open(path, "a") as f:
+            f.write(json.dumps({**asdict(stats), "staleness": self.config.staleness}) + "\n")
+
+    # ------------------------------------------------------------ jobs
+    def _wanted(self) -> bool:
+        """Whether one more job should be issued now."""
+        if self.config.staleness > 0:
+            return True
+        w = self.trainer.version
+        pending = len(self.ready) + len(self.open_jobs) + sum(
+            1 for j in self.running.values() if self.jobs[j].policy_version == w)
+        return pending < self.config.jobs_per_step
+
+    def _dispatch(self) -> None:
+        for i in sorted(self.idle):
+            name = f"local-{i}"
+            if not self.pool.alive(i) or not self.book.eligible(name):
+                continue
+            if self.open_jobs:
+                job = self.open_jobs.popleft()
+            elif self._wanted():
+                job = self.book.new_job(_now_ms())
+            else:
+                return
+            self.book.assign(job.job_id, name, _now_ms(), int(self.config.job_timeout_s * 1000))
+            self.jobs[job.job_id] = job
+            self.running[i] = job.job_id
+            self.idle.discard(i)
+            path, sha = self.trainer.adapter(job.policy_version)
+            self.pool.send(i, (encode(job), job.policy_version, path, sha,
+                               self.trainer.published_times[job.policy_version]))
+        if not any(self.pool.alive(i) and self.book.eligible(f"local-{i}")
+                   for i in range(self.config.workers)):
+            raise RuntimeError("every rollout worker has died or been excluded for cheating")
+
+    def _expire(self) -> None:
+        for verdict in self.book.expire(_now_ms()):
+            self._ended(verdict)
+
+    def _ended(self, verdict: Verdict) -> None:
+        """Bookkeeping for jobs a verdict ended (and the jobs it reissued)."""
+        ended = {verdict.job_id, *verdict.cancelled}
+        for i, job_id in list(self.running.items()):
+            if job_id in ended:
+                del self.running[i]  # the worker stays busy until it answers, or is dead
+        self.open_jobs = deque(j for j in self.open_jobs if j.job_id not in ended)
+        self.open_jobs.extend(verdict.reissued)
+        for job_id in ended:
+            self.jobs.pop(job_id, None)
+
+    def _wait(self) -> None:
+        deadline = self.book.next_deadline()
+        timeout = 1.0 if deadline is None else min(1.0, max(0.0, (deadline - _now_ms()) / 1000))
+        msg = self.pool.get(timeout)
+        if msg is None:
+            return
+        kind, i = msg[0], msg[1]
+        self.idle.add(i)
+        if kind == "error":
+            self.errors[i] = self.errors.get(i, 0) + 1
+            self.report.errors.append(msg[2])
+            if self.errors[i] >= MAX_WORKER_ERRORS:
+                raise RuntimeError(f"rollout worker {i} failed {MAX_WORKER_ERRORS} jobs: {msg[2]}")
+            return  # its job stays running until its deadline, then it is reissued
+        self.errors[i] = 0
+        _, _, data, swap_s, generate_s = msg
+        if swap_s is not None:
+            self.report.swap_s.append(swap_s)
+        self.report.generate_s.append(generate_s)
+        result = decode(data, RolloutResultBody)
+        job = self.jobs.get(result.job_id)
+        verdict = self.book.receive(result, f"local-{i}", _now_ms())
+        if self.running.get(i) == result.job_id:
+            del self.running[i]
+        if verdict.outcome == ACCEPTED and job is not None:
+            self.ready.extend(self.trainer.groups_of(result, job))
+        if verdict.outcome in (ACCEPTED, "stale", INVALID, "excluded"):
+            self._ended(verdict)
+
+
+def run_training(config: LearnerConfig,
+                 on_step: Callable[[StepStats], None] | None = None) -> TrainReport:
+    """Train ``config.steps`` steps with ``config.workers`` local rollout workers."""
+    Path(config.out_dir).mkdir(parents=True, exist_ok=True)
+    env = load_environment(config.environment)
+    trainer = Trainer(config, env)
+    pool = WorkerPool.start(config.workers, config.model, config.environment,
+                            config.worker_threads, config.cheaters)
+    try:
+        return _Loop(config, trainer, pool, on_step).run()
+    finally:
+        pool.stop()
+
+
+def summary(report: TrainReport) -> dict[str, Any]:
+    """The figures `rl train` prints at the end."""
+    rewards = [s.mean_reward for s in report.steps]
+    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
+    return {
+        "steps": len(report.steps), "first_version": report.first_version,
+        "last_version": report.last_version, "resumed_from": report.resumed_from,
+        "wall_s": round(report.wall_s, 2), "busy_fraction": round(report.busy_fraction, 3),
+        "reward_first": round(rewards[0], 3) if rewards else None,
+        "reward_last": round(rewards[-1], 3) if rewards else None,
+        "reward_mean": round(mean(rewards), 3),
+        "skipped_groups": sum(s.skipped for s in report.steps),
+        "masked_tokens": sum(s.masked for s in report.steps),
+        "accepted": report.counters.get("accepted", 0), "stale": report.counters.get("stale", 0),
+        "invalid": report.counters.get("invalid", 0), "timeout": report.counters.get("timeout", 0),
+        "excluded": report.excluded, "swap_s": round(mean(report.swap_s), 4),
+        "generate_s": round(mean(report.generate_s), 3),
+        "step_s": round(mean([s.step_s for s in report.steps]), 3),
+    }

@@ -1,0 +1,198 @@
+"""The learner's model side: GRPO steps, the log-prob recomputation check, publishing versions.
+
+:class:`Trainer` owns the LoRA policy (models.rl.policy), AdamW over its adapter weights, the
+environment, the adapters it published (the last few versions' weights stay in memory so a
+group sampled under an older version can be checked against that version) and the run
+directory: ``adapters/<sha256>.gguf``, ``checkpoints/ckpt-<v>.pt``, ``versions.json``.
+
+Version discipline (models/rl/checkpoint.py): the weights resumed from the last checkpoint keep
+that checkpoint's version; each step claims the next version in ``versions.json`` before its
+adapter is exported, so no version number ever names two different sets of weights.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from models.rl.checkpoint import Checkpoint, VersionCounter, latest_checkpoint, save_checkpoint
+from models.rl.env import Environment
+from models.rl.export import AdapterFile, export_adapter
+from models.rl.grpo import group_advantages, grpo_loss, mismatch_kl
+from models.rl.policy import Policy, TokenSeq
+from node.rl.learner_config import LearnerConfig
+from protocol.rl.messages import RolloutJob, RolloutResultBody
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """One prompt's completions, accepted by the job book, with the learner's rewards."""
+
+    version: int
+    prompt_index: int
+    prompt_ids: tuple[int, ...]
+    completions: tuple[tuple[tuple[int, ...], tuple[float, ...]], ...]  # (token ids, logprobs)
+    rewards: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    version: int  # the version this step produced
+    mean_reward: float  # over every completion of the step's groups, skipped ones included
+    groups: int
+    skipped: int  # groups with all-equal rewards (no signal)
+    tokens: int
+    masked: int  # tokens whose importance ratio left the bounds
+    loss: float
+    kl: float
+    step_s: float  # the learner's busy time for this step (forward, backward, export)
+
+
+class Trainer:
+    def __init__(self, config: LearnerConfig, env: Environment) -> None:
+        torch.set_num_threads(config.learner_threads)
+        torch.manual_seed(config.seed)
+        self.config, self.env = config, env
+        self.out = Path(config.out_dir)
+        self.policy = Policy.load(config.model or None, rank=config.lora_rank,
+                                  alpha=config.lora_alpha, seed=config.seed,
+                                  n_threads=config.learner_threads)
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=config.learning_rate,
+                                           weight_decay=config.weight_decay)
+        self.counter = VersionCounter(self.out / "versions.json")
+        self.version = 0
+        self.resumed_from: int | None = None
+        ckpt = latest_checkpoint(self.out / "checkpoints")
+        if ckpt is not None:
+            self.policy.load_state(ckpt.adapter)
+            self.optimizer.load_state_dict(ckpt.optimizer)
+            self.version = self.resumed_from = ckpt.version
+        #: version -> (adapter weights, exported file); version 0 is the base (no file)
+        self.published: OrderedDict[int, tuple[dict[str, torch.Tensor], AdapterFile | None]] = OrderedDict()
+        self.published[self.version] = (self.policy.state(), self._export(self.version))
+        #: version -> when it was published (time.monotonic(), shared by local processes)
+        self.published_times = {self.version: time.monotonic()}
+        self.rng = random.Random(config.seed)
+        self.steps_done = 0
+
+    @property
+    def vocab_size(self) -> int:
+        return self.policy.vocab_size
+
+    def _export(self, version: int) -> AdapterFile | None:
+        if version == 0:
+            return None
+        cfg = self.policy.model.config
+        return export_adapter(self.policy.state(), self.out / "adapters", version=version,
+                              alpha=self.config.lora_alpha, n_head=cfg.num_attention_heads,
+                              n_kv_head=cfg.num_key_value_heads)
+
+    def adapter(self, version: int) -> tuple[str, str]:
+        """(path, sha256) of a published version's adapter; ("", "") for the base."""
+        f = self.published[version][1]
+        return ("", "") if f is None else (str(f.path), f.sha256)
+
+    # ------------------------------------------------------------ validation
+    def groups_of(self, result: RolloutResultBody, job: RolloutJob) -> list[Group]:
+        """Split a result into per-prompt groups and score them (rewards are ours alone)."""
+        out, g = [], job.group_size
+        for p, index in enumerate(result.prompt_indices):
+            comps = result.completions[p * g:(p + 1) * g]
+            rewards = tuple(self.env.reward(index, self.policy.detokenize(c.token_ids)) for c in comps)
+            out.append(Group(result.policy_version, index, self.policy.prompt_ids(self.env.prompt(index)),
+                             tuple((c.token_ids, c.logprobs) for c in comps), rewards))
+        return out
+
+    def check_logprobs(self, job: RolloutJob, result: RolloutResultBody) -> str | None:
+        """Recompute ``validate_completions`` sampled completions of each prompt under the
+        result's version; None when the mismatch KL stays under the threshold."""
+        if result.policy_version not in self.published:
+            return None  # older than every kept version, so past S: the staleness rule drops it
+        picks = []
+        for group in self.groups_of(result, job):
+            chosen = self.rng.sample(range(len(group.completions)),
+                                     min(self.config.validate_completions, len(group.completions)))
+            picks += [(TokenSeq(group.prompt_ids, group.completions[i][0]), group.completions[i][1])
+                      for i in chosen]
+        with torch.no_grad(), self._weights(result.policy_version):
+            lps = self.policy.token_logprobs([s for s, _ in picks])
+        reported = [x for _, lp in picks for x in lp]
+        kl = mismatch_kl(reported, [x for lp in lps for x in lp.tolist()])
+        if kl > self.config.mismatch_kl_max:
+            return f"log-probs disagree with recomputation (mismatch KL {kl:.3g} > {self.config.mismatch_kl_max:g})"
+        return None
+
+    @contextmanager
+    def _weights(self, version: int) -> Iterator[None]:
+        """Run the policy with a kept version's adapter weights inside the block."""
+        if version == self.version:
+            yield
+            return
+        current = self.policy.state()
+        self.policy.load_state(self.published[version][0])
+        try:
+            yield
+        finally:
+            self.policy.load_state(current)
+
+    # ------------------------------------------------------------ training
+    def step(self, groups: list[Group], next_version: int) -> StepStats:
+        """One AdamW step on ``groups`` (accumulated group by group), then publish."""
+        t = time.perf_counter()
+        c = self.config
+        self.optimizer.zero_grad(set_to_none=True)
+        skipped = tokens = masked = 0
+        loss_sum = kl_sum = 0.0
+        useful = [g for g in groups if group_advantages(g.rewards) is not None]
+        skipped = len(groups) - len(useful)
+        for g in useful:
+            adv = group_advantages(g.rewards)
+            assert adv is not None
+            seqs = [TokenSeq(g.prompt_ids, ids) for ids, _ in g.completions]
+            logp = self.policy.token_logprobs(seqs)
+            base = None
+            if c.kl_coef > 0:
+                with torch.no_grad():
+                    base = self.policy.token_logprobs(seqs, base=True)
+            behaviour = [torch.tensor(lp, dtype=torch.float32) for _, lp in g.completions]
+            loss, stats = grpo_loss(logp, behaviour, adv, max_tokens=c.max_tokens, base=base,
+                                    kl_coef=c.kl_coef)
+            (loss / len(useful)).backward()
+            tokens, masked = tokens + stats.tokens, masked + stats.masked
+            loss_sum, kl_sum = loss_sum + stats.loss, kl_sum + stats.kl
+        if useful:
+            self.optimizer.step()
+        self.publish(next_version)
+        rewards = [r for g in groups for r in g.rewards]
+        self.steps_done += 1
+        return StepStats(version=next_version, mean_reward=sum(rewards) / max(len(rewards), 1),
+                         groups=len(groups), skipped=skipped, tokens=tokens, masked=masked,
+                         loss=loss_sum / max(len(useful), 1), kl=kl_sum / max(len(useful), 1),
+                         step_s=time.perf_counter() - t)
+
+    def publish(self, version: int) -> None:
+        """Claim ``version``, export its adapter, keep its weights; checkpoint every m steps."""
+        self.counter.claim(version)
+        self.version = version
+        self.published[version] = (self.policy.state(), self._export(version))
+        self.published_times[version] = time.monotonic()
+        while len(self.published) > self.config.staleness + 2:
+            old, _ = self.published.popitem(last=False)
+            self.published_times.pop(old, None)
+        if (self.steps_done + 1) % self.config.checkpoint_every == 0:
+            self.checkpoint()
+
+    def checkpoint(self) -> None:
+        save_checkpoint(self.out / "checkpoints", Checkpoint(
+            version=self.version, adapter=self.policy.state(),
+            optimizer=self.optimizer.state_dict(), counters={"steps": float(self.steps_done)}))
+
+    def next_version(self) -> int:
+        return self.counter.next_after(self.version)

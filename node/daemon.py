@@ -62,6 +62,8 @@ SERVICES: dict[str, str] = {
     "relay": "node.relay.service:RelayService",
     "verify": "node.verification.service:VerifyService",
     "inference": "node.inference.service:InferenceService",
+    "rl_worker": "node.market.rollout_worker:RolloutWorkerService",
+    "rl_jobs": "node.market.rollout_jobs:RolloutJobsService",
 }
 
 #: after the first signal the daemon must be gone within this long, or it exits forcibly
@@ -244,6 +246,7 @@ class Daemon:
             "dropped": membership.get("dropped", []),
             "known_peers": membership.get("known_peers", 0),
             "stored_peers": membership.get("stored_peers", 0),
+            "mdns": membership.get("mdns", {}),
             "target_peers": self.config.target_peers,
             "penalties": drv["penalties"],
             "banned": drv["banned"],

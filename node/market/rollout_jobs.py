@@ -1,0 +1,267 @@
+"""The learner's rollout-job market in the daemon (``[rl_jobs]``): drives protocol/rl/auction.py.
+
+* Owns ``RolloutBid``, ``RolloutResult`` and ``RolloutReject``. Jobs are issued in the job book
+  (protocol/rl/jobs.py) of the current *run* (model, prompts, G, sampling, staleness S), whose
+  defaults come from this section and which the learner may set again with ``POST /rl_jobs/run``
+  while nothing is in flight.
+* Accepted groups wait in a bounded queue (``max_groups``; the oldest is dropped and counted
+  past it) for the learner to take with ``GET /rl_jobs/groups`` or :meth:`take_groups`.
+  Attestations go to the ledger service as the task market's do; reputation for selection
+  comes from the ledger's trust view (0.5 for everyone without a ledger).
+
+Routes under ``/rl_jobs`` (POST ones need the API token):
+
+* ``POST /run`` JSON: any of ``model``, ``dataset_size``, ``vocab_size``, ``group_size``,
+  ``prompts_per_job``, ``max_tokens``, ``temperature``, ``top_p``, ``staleness``, ``job_ms``,
+  ``version``: a new run (409 while jobs are in flight; 400 naming a bad field);
+* ``POST /issue`` ``{"count": n, "version": v?}``; ``POST /version`` ``{"version": w}``;
+* ``GET /groups?max=N&wait_s=S``: up to N accepted groups (waiting up to S s for the first),
+  each with its worker, version, prompt indices and completions (token ids, log-probs).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import random
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import trio
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute
+
+from node.api.app import token_route
+from node.service import NodeContext, Service
+from protocol.errors import InvalidMessage, LocalProtocolError
+from protocol.ledger.trust import TrustView
+from protocol.market.attestations import ledger_attestation
+from protocol.market.events import Attest
+from protocol.market.selection import ScoreSelector
+from protocol.rl.auction import (
+    AuctionSettings,
+    GroupAccepted,
+    IssueJobs,
+    PublishVersion,
+    RolloutAuction,
+)
+from protocol.rl.jobs import BookConfig, JobBook
+from protocol.rl.messages import (
+    RolloutBid,
+    RolloutReject,
+    RolloutResult,
+    RolloutResultBody,
+    RolloutSampling,
+)
+
+MAX_ISSUE = 1024
+MAX_WAIT_S = 30.0
+
+
+@dataclass(frozen=True)
+class RlJobsSection:
+    """Defaults of a rollout run (``[rl_jobs]`` in node.toml); ``POST /rl_jobs/run`` overrides."""
+
+    model: str = "default"
+    #: prompts in the learner's environment (0: the learner must start a run first)
+    dataset_size: int = 0
+    vocab_size: int = 49_152
+    group_size: int = 8
+    prompts_per_job: int = 1
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    #: the staleness bound S
+    staleness: int = 0
+    job_ms: int = 120_000
+    bid_window_ms: int = 1_000
+    max_groups: int = 4096
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "group_size", "prompts_per_job", "max_tokens", "job_ms",
+                     "bid_window_ms", "max_groups"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+        if self.dataset_size < 0 or self.staleness < 0:
+            raise ValueError("dataset_size and staleness must not be negative")
+
+
+#: fields of a run a learner may set, and their types
+RUN_FIELDS = {"model": str, "dataset_size": int, "vocab_size": int, "group_size": int,
+              "prompts_per_job": int, "max_tokens": int, "temperature": float, "top_p": float,
+              "staleness": int, "job_ms": int, "version": int}
+
+
+def run_auction(ctx: NodeContext, section: RlJobsSection, version: int,
+                reputation: Any) -> RolloutAuction:
+    """A fresh auction and job book for a run described by ``section``."""
+    sampling = RolloutSampling(temperature=section.temperature, top_p=section.top_p,
+                               max_tokens=section.max_tokens)
+    sampling.check()
+    config = BookConfig(learner=ctx.identity.peer_id, model=section.model,
+                        dataset_size=max(1, section.dataset_size), vocab_size=section.vocab_size,
+                        prompts_per_job=section.prompts_per_job,
+                        group_size=section.group_size, sampling=sampling,
+                        max_staleness=section.staleness, job_ms=section.job_ms)
+    book = JobBook(config, random.Random(ctx.rng.getrandbits(64)), version=version)
+    settings = AuctionSettings(bid_window_ms=section.bid_window_ms)
+    return RolloutAuction(ctx.identity, book, ScoreSelector(), reputation, settings)
+
+
+def group_json(body: RolloutResultBody) -> dict[str, Any]:
+    return {"job_id": body.job_id.hex(), "worker": body.worker, "version": body.policy_version,
+            "prompt_indices": list(body.prompt_indices), "compute_ms": body.compute_ms,
+            "completions": [{"token_ids": list(c.token_ids), "logprobs": list(c.logprobs),
+                             "finished": c.finished} for c in body.completions]}
+
+
+class RolloutJobsService(Service):
+    name: ClassVar[str] = "rl_jobs"
+    message_types = (RolloutBid, RolloutResult, RolloutReject)
+    config_section = RlJobsSection
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.section: RlJobsSection = ctx.config.section(self.name)
+        self.run_section = self.section
+        self._auction = run_auction(ctx, self.section, 0, self.reputation)
+        self.groups: collections.deque[RolloutResultBody] = collections.deque()
+        self.dropped = 0
+        self._arrived = trio.Event()
+        self._trust_view: TrustView | None = None
+
+    @property
+    def machine(self) -> RolloutAuction:
+        return self._auction
+
+    def reputation(self, peer: str) -> float:
+        view = getattr(getattr(self.ctx.services.get("ledger"), "machine", None), "view", None)
+        if view is None:
+            return 0.5
+        if self._trust_view is None or self._trust_view.view is not view:
+            self._trust_view = TrustView(view)
+        return self._trust_view.record(peer, self.ctx.clock())
+
+    async def perform(self, effect: object) -> None:
+        if isinstance(effect, GroupAccepted):
+            if len(self.groups) >= self.section.max_groups:
+                self.groups.popleft()
+                self.dropped += 1
+            self.groups.append(effect.result)
+            self._arrived.set()
+        elif isinstance(effect, Attest):
+            self.ctx.log.info("rl_jobs.attest", subject=effect.subject, outcome=effect.outcome,
+                              job_id=effect.task_id.hex(), detail=effect.detail)
+            if "ledger" in self.ctx.services:
+                await self.ctx.submit("ledger", ledger_attestation(effect))
+        else:
+            await super().perform(effect)
+
+    # ------------------------------------------------------------ the learner's interface
+    def begin(self, fields: dict[str, Any]) -> None:
+        """A new run with ``fields`` over the section's defaults (see ``RUN_FIELDS``);
+        ``ValueError`` names a bad field, ``LocalProtocolError`` if jobs are in flight."""
+        for key, value in fields.items():
+            kind = RUN_FIELDS.get(key)
+            if kind is None:
+                raise ValueError(f"unknown run field {key!r}; known: {sorted(RUN_FIELDS)}")
+            if type(value) is not kind and not (kind is float and type(value) is int):
+                raise ValueError(f"{key} must be a {kind.__name__}, got {value!r}")
+        if self._auction.book.in_flight():
+            raise LocalProtocolError("a run cannot change while jobs are in flight")
+        version = int(fields.pop("version", self._auction.book.version))
+        section = dataclasses.replace(self.section, **fields)
+        if section.dataset_size < 1:
+            raise ValueError("dataset_size must be >= 1 for a run")
+        try:
+            self._auction = run_auction(self.ctx, section, version, self.reputation)
+        except InvalidMessage as exc:
+            raise ValueError(str(exc)) from None
+        self.run_section = section
+
+    async def issue(self, count: int, version: int | None = None) -> None:
+        if self.run_section.dataset_size < 1:
+            raise ValueError("no run: set dataset_size in [rl_jobs] or POST /rl_jobs/run")
+        if not 1 <= count <= MAX_ISSUE:
+            raise ValueError(f"count must be in [1, {MAX_ISSUE}], got {count}")
+        await self.ctx.submit(self.name, IssueJobs(count, version))
+
+    async def take_groups(self, most: int, wait_s: float) -> list[RolloutResultBody]:
+        if not self.groups and wait_s > 0:
+            self._arrived = trio.Event()
+            with trio.move_on_after(min(wait_s, MAX_WAIT_S)):
+                await self._arrived.wait()
+        out: list[RolloutResultBody] = []
+        while self.groups and len(out) < most:
+            out.append(self.groups.popleft())
+        return out
+
+    def status(self) -> dict[str, Any]:
+        book = self._auction.book
+        return {"version": book.version, "in_flight": book.in_flight(),
+                "excluded": sorted(book.excluded), "waiting_groups": len(self.groups),
+                "dropped_groups": self.dropped, "staleness": book.config.max_staleness,
+                "book": dict(sorted(book.counters.items())),
+                "counters": dict(sorted(self._auction.counters.items()))}
+
+    def routes(self) -> list[BaseRoute]:
+        return rollout_routes(self)
+
+
+def _error(message: str, status: int = 400) -> Response:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def rollout_routes(service: RolloutJobsService) -> list[BaseRoute]:
+    async def body(request: Request) -> dict[str, Any] | None:
+        try:
+            data = await request.json()
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
+
+    async def post_run(request: Request) -> Response:
+        data = await body(request)
+        if data is None:
+            return _error("expected a JSON object")
+        try:
+            service.begin(data)
+        except ValueError as exc:
+            return _error(str(exc))
+        except LocalProtocolError as exc:
+            return _error(str(exc), 409)
+        return JSONResponse(service.status())
+
+    async def post_issue(request: Request) -> Response:
+        data = await body(request)
+        count, version = (data or {}).get("count"), (data or {}).get("version")
+        if type(count) is not int or (version is not None and type(version) is not int):
+            return _error("expected {\"count\": int, \"version\": int (optional)}")
+        try:
+            await service.issue(count, version)
+        except (ValueError, LocalProtocolError) as exc:
+            return _error(str(exc))
+        return JSONResponse({"issued": count})
+
+    async def post_version(request: Request) -> Response:
+        version = (await body(request) or {}).get("version")
+        if type(version) is not int or version < service.machine.book.version:
+            return _error("expected {\"version\": int}, not older than the current one")
+        await service.ctx.submit(service.name, PublishVersion(version))
+        return JSONResponse({"version": version})
+
+    async def get_groups(request: Request) -> Response:
+        try:
+            most = int(request.query_params.get("max", "64"))
+            wait_s = float(request.query_params.get("wait_s", "0"))
+        except ValueError:
+            return _error("max must be an int and wait_s a number")
+        if most < 1 or not 0 <= wait_s <= MAX_WAIT_S:
+            return _error(f"max must be >= 1 and wait_s in [0, {MAX_WAIT_S}]")
+        groups = await service.take_groups(most, wait_s)
+        return JSONResponse({"groups": [group_json(g) for g in groups]})
+
+    return [token_route("/run", post_run), token_route("/issue", post_issue),
+            token_route("/version", post_version),
+            token_route("/groups", get_groups, methods=("GET",))]

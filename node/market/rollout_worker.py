@@ -1,0 +1,208 @@
+"""The rollout worker in the daemon (``[rl_worker]``): drives protocol/rl/worker.py.
+
+* Owns the rollout beacon topic and ``RolloutBeacon``, ``RolloutAssign``, ``RolloutCancel``:
+  it bids on jobs for the model and policy versions its generator holds, and runs the jobs it
+  is assigned.
+* Generation goes to a *generator* in a worker thread (``trio.to_thread``), so the event loop
+  never stalls; its result comes back to the machine as ``RolloutDone`` (``RolloutFailed``
+  if it raised), and ``CancelRollout`` stops waiting for it.
+* A generator is any object with ``model`` (name), ``model_hash`` (bytes), ``tokens_per_s``
+  (measured), ``versions() -> Collection[int]`` (policy versions it can generate with now) and
+  ``generate_group(job, *, worker, attempt) -> RolloutResultBody`` (blocking). The
+  ``generator`` setting names a factory ``"module:callable"`` taking ``(section, data_dir)``
+  (tests load their own this way); ``"models"`` is the real one: models/rl/rollout.py's
+  llama.cpp worker on the embedded evaluation environment (:func:`models_generator`).
+  ``generator = ""`` (the default) means this node takes no rollout jobs, and says so in its
+  status.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import trio
+
+from node.service import NodeContext, NurseryService
+from protocol.rl.messages import (
+    RL_BEACON_TOPIC,
+    RolloutAssign,
+    RolloutBeacon,
+    RolloutCancel,
+    RolloutJob,
+    RolloutResultBody,
+)
+from protocol.rl.worker import (
+    CancelRollout,
+    RolloutDone,
+    RolloutFailed,
+    RolloutWorkerMachine,
+    StartRollout,
+    WorkerConfig,
+)
+
+BUILTIN_GENERATORS = {"models": "node.market.rollout_worker:models_generator"}
+MAX_FAILURE_TEXT = 120
+
+
+class Generator(Protocol):
+    model: str
+    model_hash: bytes
+    tokens_per_s: float
+
+    def versions(self) -> Collection[int]: ...
+
+    def generate_group(self, job: RolloutJob, *, worker: str,
+                       attempt: int) -> RolloutResultBody: ...
+
+
+@dataclass(frozen=True)
+class RlWorkerSection:
+    """Tunables of the rollout worker (``[rl_worker]`` in node.toml)."""
+
+    #: "" = take no rollout jobs; "models" = llama.cpp (models/rl/rollout.py); or
+    #: "module:callable" building a generator from (section, data_dir)
+    generator: str = ""
+    #: with generator = "models": registry name or .gguf path ("" = the default model)
+    model: str = ""
+    #: with generator = "models": CPU threads (0 = one)
+    threads: int = 0
+    slots: int = 1
+    hold_ms: int = 10_000
+    price_per_1k: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.slots < 1 or self.hold_ms < 1 or self.threads < 0 or self.price_per_1k < 0:
+            raise ValueError("slots and hold_ms must be positive, threads and price_per_1k "
+                             "not negative")
+        module, colon, attr = self.generator.partition(":")
+        if (self.generator and self.generator not in BUILTIN_GENERATORS
+                and not (colon and module and attr)):
+            raise ValueError(f"generator {self.generator!r} is neither one of "
+                             f"{sorted(BUILTIN_GENERATORS)} nor 'module:callable' ('' = none)")
+
+
+class ModelsGenerator:
+    """models/rl/rollout.py's llama.cpp worker answering jobs on the evaluation environment."""
+
+    def __init__(self, section: RlWorkerSection) -> None:
+        from models.rl.env import EvalsetEnvironment
+        from models.rl.rollout import RolloutWorker
+
+        self.worker = RolloutWorker(section.model or None, n_threads=max(1, section.threads))
+        self.env = EvalsetEnvironment()
+        self.model = section.model or "default"
+        self.model_hash = self.worker.model_hash()[:32]
+        self.tokens_per_s = 30.0
+
+    def versions(self) -> Collection[int]:
+        return self.worker.versions
+
+    def generate_group(self, job: RolloutJob, *, worker: str,
+                       attempt: int) -> RolloutResultBody:
+        return self.worker.generate_group(job, self.env, worker=worker, attempt=attempt)
+
+
+def models_generator(section: RlWorkerSection, data_dir: Path) -> Generator:
+    return ModelsGenerator(section)
+
+
+def load_generator(section: RlWorkerSection, data_dir: Path) -> Generator:
+    spec = BUILTIN_GENERATORS.get(section.generator, section.generator)
+    module_name, _, attr = spec.partition(":")
+    generator: Generator = getattr(importlib.import_module(module_name), attr)(section, data_dir)
+    return generator
+
+
+class RolloutWorkerService(NurseryService):
+    name: ClassVar[str] = "rl_worker"
+    message_types = (RolloutBeacon, RolloutAssign, RolloutCancel)
+    topics = (RL_BEACON_TOPIC,)
+    config_section = RlWorkerSection
+
+    def __init__(self, ctx: NodeContext) -> None:
+        super().__init__(ctx)
+        self.section: RlWorkerSection = ctx.config.section(self.name)
+        self.generator: Generator | None = None
+        self.problem = "no generator configured ([rl_worker] generator)"
+        # a machine that never bids until a generator is up (its model name matches no job)
+        self._machine = RolloutWorkerMachine(ctx.identity, WorkerConfig(model=""), lambda: ())
+        self._scopes: dict[tuple[bytes, int], trio.CancelScope] = {}
+        self.generated = 0
+        self.failed = 0
+
+    @property
+    def machine(self) -> RolloutWorkerMachine:
+        return self._machine
+
+    async def start(self) -> None:
+        if not self.section.generator:
+            return
+        try:
+            generator = await trio.to_thread.run_sync(  # loads weights: blocking
+                load_generator, self.section, self.ctx.data_dir)
+        except Exception as exc:  # a broken backend disables rollouts, not the node
+            self.problem = f"generator {self.section.generator} failed to start: {exc}"
+            self.ctx.log.exception("rl_worker.generator_failed")
+            return
+        s = self.section
+        self.generator, self.problem = generator, ""
+        self._machine.config = WorkerConfig(
+            model=generator.model, model_hash=generator.model_hash[:32], slots=s.slots,
+            tokens_per_s=max(generator.tokens_per_s, 1e-3), price_per_1k=s.price_per_1k,
+            hold_ms=s.hold_ms)
+        self._machine.versions = generator.versions
+        self.ctx.log.info("rl_worker.ready", model=generator.model,
+                          versions=sorted(generator.versions()))
+
+    async def perform(self, effect: object) -> None:
+        if isinstance(effect, StartRollout):
+            if not self.running or self.generator is None:
+                await self.ctx.submit(self.name, RolloutFailed(
+                    effect.job.job_id, effect.attempt, self.problem or "worker not running"))
+                return
+            scope = trio.CancelScope()
+            self._scopes[(effect.job.job_id, effect.attempt)] = scope
+            self.start_soon(self._generate, effect, scope)
+        elif isinstance(effect, CancelRollout):
+            running = self._scopes.pop((effect.job_id, effect.attempt), None)
+            if running is not None:
+                running.cancel()
+        else:
+            await super().perform(effect)
+
+    async def _generate(self, start: StartRollout, scope: trio.CancelScope) -> None:
+        generator = self.generator
+        assert generator is not None  # perform() only starts jobs once it is up
+        job = start.job
+        event: RolloutDone | RolloutFailed | None = None
+        with scope:
+            try:
+                # abandon_on_cancel: a cancelled job stops being waited for; the thread
+                # finishes on its own and its result is dropped
+                body = await trio.to_thread.run_sync(
+                    functools.partial(generator.generate_group, job,
+                                      worker=self.ctx.identity.peer_id, attempt=start.attempt),
+                    abandon_on_cancel=True)
+            except Exception as exc:
+                self.failed += 1
+                self.ctx.log.exception("rl_worker.generate_failed", job_id=job.job_id.hex())
+                event = RolloutFailed(job.job_id, start.attempt,
+                                      f"{type(exc).__name__}: {exc}"[:MAX_FAILURE_TEXT])
+            else:
+                self.generated += 1
+                event = RolloutDone(job.job_id, start.attempt, body)
+        self._scopes.pop((job.job_id, start.attempt), None)
+        if event is not None and not scope.cancelled_caught:
+            await self.ctx.submit(self.name, event)
+
+    def status(self) -> dict[str, Any]:
+        m, g = self._machine, self.generator
+        return {"enabled": g is not None, "problem": self.problem,
+                "model": m.config.model, "versions": sorted(g.versions()) if g else [],
+                "busy": m.busy(), "slots": m.config.slots, "generated": self.generated,
+                "failed": self.failed, "counters": dict(sorted(m.counters.items()))}

@@ -3,7 +3,7 @@
 * Owns ``RolloutBid``, ``RolloutResult`` and ``RolloutReject``. Jobs are issued in the job book
   (protocol/rl/jobs.py) of the current *run* (model, prompts, G, sampling, staleness S), whose
   defaults come from this section and which the learner may set again with ``POST /rl_jobs/run``
-  while nothing is in flight.
+  while no worker runs one of its jobs (jobs still waiting for bids are dropped with the run).
 * Accepted groups wait in a bounded queue (``max_groups``; the oldest is dropped and counted
   past it) for the learner to take with ``GET /rl_jobs/groups`` or :meth:`take_groups`.
   Attestations go to the ledger service as the task market's do; reputation for selection
@@ -13,8 +13,10 @@ Routes under ``/rl_jobs`` (POST ones need the API token):
 
 * ``POST /run`` JSON: any of ``model``, ``dataset_size``, ``vocab_size``, ``group_size``,
   ``prompts_per_job``, ``max_tokens``, ``temperature``, ``top_p``, ``staleness``, ``job_ms``,
-  ``version``: a new run (409 while jobs are in flight; 400 naming a bad field);
+  ``version``: a new run (409 while workers run its jobs; 400 naming a bad field);
 * ``POST /issue`` ``{"count": n, "version": v?}``; ``POST /version`` ``{"version": w}``;
+* ``POST /convict`` ``{"job_id": hex, "reason": text}``: a check the learner ran on an accepted
+  group failed (log-prob recomputation): its worker is attested, excluded, the job reissued;
 * ``GET /groups?max=N&wait_s=S``: up to N accepted groups (waiting up to S s for the first),
   each with its worker, version, prompt indices and completions (token ids, log-probs).
 """
@@ -38,15 +40,17 @@ from protocol.errors import InvalidMessage, LocalProtocolError
 from protocol.ledger.trust import TrustView
 from protocol.market.attestations import ledger_attestation
 from protocol.market.events import Attest
+from protocol.market.messages import MAX_REASON_LEN, TASK_ID_LEN
 from protocol.market.selection import ScoreSelector
 from protocol.rl.auction import (
     AuctionSettings,
+    Convict,
     GroupAccepted,
     IssueJobs,
     PublishVersion,
     RolloutAuction,
 )
-from protocol.rl.jobs import BookConfig, JobBook
+from protocol.rl.jobs import BookConfig, JobBook, JobState
 from protocol.rl.messages import (
     RolloutBid,
     RolloutReject,
@@ -161,15 +165,15 @@ class RolloutJobsService(Service):
     # ------------------------------------------------------------ the learner's interface
     def begin(self, fields: dict[str, Any]) -> None:
         """A new run with ``fields`` over the section's defaults (see ``RUN_FIELDS``);
-        ``ValueError`` names a bad field, ``LocalProtocolError`` if jobs are in flight."""
+        ``ValueError`` names a bad field, ``LocalProtocolError`` while workers run its jobs."""
         for key, value in fields.items():
             kind = RUN_FIELDS.get(key)
             if kind is None:
                 raise ValueError(f"unknown run field {key!r}; known: {sorted(RUN_FIELDS)}")
             if type(value) is not kind and not (kind is float and type(value) is int):
                 raise ValueError(f"{key} must be a {kind.__name__}, got {value!r}")
-        if self._auction.book.in_flight():
-            raise LocalProtocolError("a run cannot change while jobs are in flight")
+        if any(r.state is JobState.RUNNING for r in self._auction.book.jobs.values()):
+            raise LocalProtocolError("a run cannot change while workers run its jobs")
         version = int(fields.pop("version", self._auction.book.version))
         section = dataclasses.replace(self.section, **fields)
         if section.dataset_size < 1:
@@ -251,6 +255,18 @@ def rollout_routes(service: RolloutJobsService) -> list[BaseRoute]:
         await service.ctx.submit(service.name, PublishVersion(version))
         return JSONResponse({"version": version})
 
+    async def post_convict(request: Request) -> Response:
+        data = await body(request) or {}
+        job_id, reason = data.get("job_id"), data.get("reason")
+        try:
+            raw = bytes.fromhex(job_id) if isinstance(job_id, str) else b""
+        except ValueError:
+            raw = b""
+        if len(raw) != TASK_ID_LEN or not isinstance(reason, str) or not reason:
+            return _error("expected {\"job_id\": 64 hex digits, \"reason\": text}")
+        await service.ctx.submit(service.name, Convict(raw, reason[:MAX_REASON_LEN]))
+        return JSONResponse({"excluded": sorted(service.machine.book.excluded)})
+
     async def get_groups(request: Request) -> Response:
         try:
             most = int(request.query_params.get("max", "64"))
@@ -263,5 +279,5 @@ def rollout_routes(service: RolloutJobsService) -> list[BaseRoute]:
         return JSONResponse({"groups": [group_json(g) for g in groups]})
 
     return [token_route("/run", post_run), token_route("/issue", post_issue),
-            token_route("/version", post_version),
+            token_route("/version", post_version), token_route("/convict", post_convict),
             token_route("/groups", get_groups, methods=("GET",))]

@@ -19,6 +19,9 @@ Contract
   accepted group and 0 for a caught one, and every reissued job is beaconed again at once.
 * A ``RolloutReject`` from the worker running the job reissues it; ``Tick`` closes bid windows
   and lets the book time out jobs past their deadline (the learner never waits past one).
+* ``Convict(job_id, reason)``: a check the learner ran on an accepted group failed (its
+  log-probabilities disagree with the recomputation under the job's version): the worker is
+  attested, excluded and the job's prompts reissued, as on a failed validation.
 * ``PublishVersion(v)``: the learner now trains ``v``; jobs still bidding for a version beyond
   the staleness bound are withdrawn.
 """
@@ -82,6 +85,14 @@ class PublishVersion:
 
 
 @dataclass(frozen=True, slots=True)
+class Convict:
+    """A later check (the learner's recomputation) failed for an accepted group."""
+
+    job_id: bytes
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class GroupAccepted:
     """A validated, fresh group for the learner to score and train on."""
 
@@ -130,6 +141,8 @@ class RolloutAuction:
             return out
         if isinstance(event, PublishVersion):
             return self._publish(event.version)
+        if isinstance(event, Convict):
+            return self._convict(event, now)
         if isinstance(event, Tick):
             return self._on_tick(now)
         return []
@@ -246,6 +259,14 @@ class RolloutAuction:
         for job in verdict.reissued:
             out += self._beacon(job, 0, now)
         return out
+
+    def _convict(self, event: Convict, now: int) -> list[Effect]:
+        verdict = self.book.convict(event.job_id, event.reason, now)
+        if verdict is None:
+            return []
+        self.selector.observe(event.job_id, verdict.worker, 0.0)
+        return [Emit("rl.convicted", {"job_id": event.job_id.hex(), "worker": verdict.worker,
+                                      "reason": event.reason}), *self._after(verdict, now)]
 
     def _on_reject(self, peer: str, msg: RolloutReject, now: int) -> list[Effect]:
         verdict = self.book.refused(msg.job_id, peer, now)

@@ -17,6 +17,8 @@ table. :meth:`JobBook.receive` judges a group in this order:
    are dropped and counted, with no attestation (the learner moved on, not the worker);
 5. otherwise ``accepted``, with a ``completed`` attestation.
 
+:meth:`JobBook.convict` applies the same consequences as an ``invalid`` verdict to a group
+already accepted, when a check the learner runs later (log-prob recomputation) fails.
 :meth:`JobBook.expire` times out RUNNING jobs past their due time (attested ``timeout``) and
 OPEN jobs nobody took within the job time; both are reissued. A reissued job covers the same
 prompts (same seed) at the current version, under a new job id. The learner never waits past
@@ -27,7 +29,7 @@ a job's due time. Everything is pure: time comes in as ``now`` (ms), randomness 
 from __future__ import annotations
 
 import enum
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, replace
 from random import Random
 
@@ -60,6 +62,8 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     JobState.TIMED_OUT: frozenset(),
     JobState.CANCELLED: frozenset(),
 }
+#: accepted jobs remembered for a later conviction
+MAX_JUDGED = 4096
 #: verdict outcomes of :meth:`JobBook.receive`
 ACCEPTED, STALE, INVALID, UNKNOWN, EXCLUDED = "accepted", "stale", "invalid", "unknown", "excluded"
 
@@ -122,6 +126,8 @@ class JobBook:
         self.version = version
         self.jobs: dict[bytes, JobRecord] = {}
         self.excluded: set[str] = set()
+        #: accepted jobs and their workers, newest last, for :meth:`convict`
+        self.judged: OrderedDict[bytes, tuple[RolloutJob, str]] = OrderedDict()
         self.counters: Counter[str] = Counter()
 
     # ------------------------------------------------------------ issuing
@@ -213,6 +219,9 @@ class JobBook:
         self.counters[ACCEPTED] += 1
         _move(record, JobState.ACCEPTED)
         del self.jobs[job.job_id]
+        self.judged[job.job_id] = (job, sender)
+        while len(self.judged) > MAX_JUDGED:
+            self.judged.popitem(last=False)
         return Verdict(ACCEPTED, job.job_id, sender, "",
                        attestations.accepted(sender, job.job_id))
 
@@ -226,9 +235,13 @@ class JobBook:
 
     def _catch(self, record: JobRecord, reason: str, now: int) -> Verdict:
         worker = record.worker
-        self.excluded.add(worker)
         verdict = self._end(record, JobState.INVALID, INVALID, reason,
                             attestations.invalid(worker, record.job.job_id, reason), now)
+        return self._exclude(verdict, worker, now)
+
+    def _exclude(self, verdict: Verdict, worker: str, now: int) -> Verdict:
+        """Exclude ``worker`` for the run: its running jobs end and are reissued."""
+        self.excluded.add(worker)
         others = [r for r in self.jobs.values()
                   if r.worker == worker and r.state is JobState.RUNNING]
         reissued = list(verdict.reissued)
@@ -238,6 +251,22 @@ class JobBook:
             reissued.append(self._reissue(other, now))
         return replace(verdict, reissued=tuple(reissued),
                        cancelled=tuple(r.job.job_id for r in others))
+
+    def convict(self, job_id: bytes, reason: str, now: int) -> Verdict | None:
+        """A check run after acceptance (the learner's recomputation of log-probabilities
+        under the job's version) failed for the group of ``job_id``: the same consequences as
+        failing validation on arrival (attestation, exclusion, the job's prompts reissued).
+        None when the job is not among the last ``MAX_JUDGED`` accepted ones."""
+        judged = self.judged.pop(job_id, None)
+        if judged is None:
+            return None
+        job, worker = judged
+        self.counters["convicted"] += 1
+        self.counters["reissued"] += 1
+        verdict = Verdict(INVALID, job_id, worker, reason,
+                          attestations.invalid(worker, job_id, reason),
+                          (self.new_job(now, prompt_seed=job.prompt_seed),))
+        return self._exclude(verdict, worker, now)
 
     # ------------------------------------------------------------ time
     def expire(self, now: int) -> list[Verdict]:

@@ -1,6 +1,7 @@
 """Rollout jobs across real daemons (loopback, port 0): a learner issues jobs through the
 market, honest workers' groups come back accepted, a worker that holds another version never
-gets one, and a cheating worker is caught and excluded while its job is reissued."""
+gets one, a group convicted by a later check excludes its worker, and a cheating worker is
+caught and excluded while its job is reissued."""
 
 from __future__ import annotations
 
@@ -59,7 +60,13 @@ def test_rollout_jobs_through_the_market(testnet: Testnet) -> None:
     worker = cheater.status()["services"]["rl_worker"]
     assert worker["counters"].get("bids_sent", 0) == 0
     assert worker["counters"]["beacon_skipped.other_version"] >= 1
-    # version 0 with the honest worker gone: the cheater wins a job and is caught
+    # a check the learner runs later (recomputation) fails for one group: its worker is out
+    convicted = _api(learner, "POST", "/convict",
+                     json={"job_id": groups[0]["job_id"], "reason": "mismatch KL 1.3"})
+    assert convicted.status_code == 200 and convicted.json()["excluded"] == [honest.peer_id]
+    assert _api(learner, "POST", "/convict", json={"job_id": "zz", "reason": "x"}
+                ).status_code == 400
+    # a new run at version 0 with the honest worker gone: the cheater wins a job, is caught
     honest.kill()
     assert _api(learner, "POST", "/run", json={**RUN, "version": 0}).status_code == 200
     _issue(learner, 1)

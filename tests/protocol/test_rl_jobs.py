@@ -149,3 +149,17 @@ def test_a_cancelled_job_is_gone_without_attestation() -> None:
     assert b.in_flight() == 0 and b.counters["cancelled"] == 1
     assert b.receive(honest_result(job, "w1"), "w1", 5).outcome == UNKNOWN
     b.cancel(job.job_id)  # twice is harmless
+
+
+def test_a_later_check_convicts_an_accepted_group() -> None:
+    b = book()
+    job = running(b, "w1")
+    other = running(b, "w1")
+    assert b.receive(honest_result(job, "w1"), "w1", 10).outcome == ACCEPTED
+    v = b.convict(job.job_id, "log-probs disagree with recomputation", 20)
+    assert v is not None and v.outcome == INVALID and not b.eligible("w1")
+    assert v.attest is not None and ledger_attestation(v.attest).kind is AttestationKind.TASK_FAILED
+    assert v.cancelled == (other.job_id,)
+    assert sorted(r.prompt_seed for r in v.reissued) == sorted([job.prompt_seed,
+                                                                other.prompt_seed])
+    assert b.convict(job.job_id, "again", 30) is None  # once

@@ -207,3 +207,17 @@ def test_forged_results_and_bids_are_penalized() -> None:
     forged = RolloutResult(envelope=seal(other, RL_RESULT_DOMAIN, body))
     effects = net.auction.handle(Received(net.peer("w"), forged), 0)
     assert any(isinstance(e, Penalize) for e in effects)
+
+
+def test_a_convicted_group_excludes_its_worker_from_the_next_auctions() -> None:
+    from protocol.rl.auction import Convict
+
+    net = Net(a=(500.0, {0}, honest), b=(100.0, {0}, honest))
+    net.learner(IssueJobs(1))
+    net.tick(1_000)
+    [group] = net.accepted()
+    assert group.worker == net.peer("a")
+    net.learner(Convict(group.job_id, "mismatch KL 0.9 above the threshold"))
+    assert ("a", AttestationKind.TASK_FAILED) in net.attests()
+    net.tick(2_000)  # the reissued job goes to b
+    assert [g.worker for g in net.accepted()] == [net.peer("a"), net.peer("b")]

@@ -62,4 +62,8 @@ class PeerInfo(Message):
 @message(6)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PeerList(Message):
+    """The answer to a PeerListRequest: while a node's peers stay the same it is the same bytes
+    every exchange round, so it is no replay (counted as one, it got honest peers banned)."""
+    repeatable: ClassVar[bool] = True
+
     peers: tuple[PeerInfo, ...] = limits(max_items=MAX_EXCHANGED_PEERS)

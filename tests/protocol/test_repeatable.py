@@ -33,3 +33,6 @@ def test_no_signed_message_type_is_repeatable() -> None:
     assert [t.__name__ for t in signed if t.repeatable] == []
     repeatable = {t.__name__ for t in types if t.repeatable}
     assert {"LedgerDigest", "ChunkRequest", "StatesRequest"} <= repeatable
+    # a peer exchange answer repeats verbatim while the peer set is unchanged (every 500 ms
+    # with fast membership): counted as replays it banned honest peers within a minute
+    assert "PeerList" in repeatable

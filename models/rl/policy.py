@@ -68,15 +68,19 @@ class Policy:
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
         lora.load_lora_state(self.model, state)
 
-    def token_logprobs(self, seqs: Sequence[TokenSeq], *, base: bool = False) -> list[torch.Tensor]:
-        """Log-probability of each completion token, one (T_i,) tensor per sequence; with
-        gradient when grad is enabled. ``base``: under the base model (adapters off)."""
+    def token_logprobs(self, seqs: Sequence[TokenSeq], *, base: bool = False,
+                       temperature: float = 1.0) -> list[torch.Tensor]:
+        """Log-probability of each completion token at ``temperature`` (``log_softmax(logits /
+        T)``), one (T_i,) tensor per sequence; with gradient when grad is enabled. ``base``:
+        under the base model (adapters off)."""
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
         if base:
             with lora.adapters_disabled(self.model):
-                return self._token_logprobs(seqs)
-        return self._token_logprobs(seqs)
+                return self._token_logprobs(seqs, temperature)
+        return self._token_logprobs(seqs, temperature)
 
-    def _token_logprobs(self, seqs: Sequence[TokenSeq]) -> list[torch.Tensor]:
+    def _token_logprobs(self, seqs: Sequence[TokenSeq], temperature: float) -> list[torch.Tensor]:
         if not seqs:
             return []
         vocab = self.vocab_size
@@ -100,7 +104,7 @@ class Policy:
             targets.extend(s.completion_ids)
             sizes.append(t)
         h = torch.cat(rows)  # (N, C)
-        logits = self.model.lm_head(h).float()  # (N, V)
+        logits = self.model.lm_head(h).float() / temperature  # (N, V)
         logp = torch.log_softmax(logits, dim=-1)
         picked = logp.gather(1, torch.tensor(targets, dtype=torch.long).view(-1, 1)).squeeze(1)  # (N,)
         return list(torch.split(picked, sizes))

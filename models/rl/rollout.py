@@ -7,7 +7,8 @@ model (no adapter needed). :meth:`RolloutWorker.generate_group` answers a rollou
 (protocol/rl/messages.py): for each prompt the job's seed names, ``group_size`` completions
 sampled with the job's temperature and top-p, each as token ids (the end-of-turn token
 included when the model stopped) with every token's log-probability under the version's
-policy (the model's own distribution, before temperature: what the learner recomputes).
+policy at the job's temperature (``log_softmax(logits / T)``: the distribution the token was
+drawn from, before top-p truncation, and what the learner recomputes).
 """
 
 from __future__ import annotations
@@ -107,17 +108,20 @@ class RolloutWorker:
         return hashlib.sha256(f"{self.backend.identity_hash}:{sha}".encode()).digest()
 
     def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
-        """One completion under the active version; the end-of-turn token is kept."""
+        """One completion under the active version; the end-of-turn token is kept; log-probs
+        at ``params.temperature`` (the model's own at temperature 0, i.e. greedy)."""
         rng = np.random.Generator(np.random.PCG64(params.seed))
         logits = self.backend._start(prompt_ids)
         ids: list[int] = []
         lps: list[float] = []
         finished = False
+        tempered = params.temperature if params.temperature > 0 else 1.0
         for i in range(params.max_tokens):
             lp = log_softmax(logits)
             tok = choose_token(lp, params, rng)
             ids.append(tok)
-            lps.append(max(float(lp[tok]), -1000.0))  # the wire's floor (MIN_LOGPROB)
+            lp_t = log_softmax(logits / tempered) if tempered != 1.0 else lp
+            lps.append(max(float(lp_t[tok]), -1000.0))  # the wire's floor (MIN_LOGPROB)
             if tok in self.backend.eos_ids:
                 finished = True
                 break

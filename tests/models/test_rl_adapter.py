@@ -56,20 +56,20 @@ def _export(policy: Policy, directory: Path, version: int) -> export_mod.Adapter
                                      n_head=cfg.num_attention_heads, n_kv_head=cfg.num_key_value_heads)
 
 
-def _job(version: int, seed: int = 5) -> RolloutJob:
+def _job(version: int, seed: int = 5, temperature: float = 1.0) -> RolloutJob:
     return RolloutJob(job_id=bytes([version]) * 16, learner="learner", model="tiny",
                       policy_version=version, adapter_hash=b"", prompt_seed=seed,
                       dataset_size=TinyEnv.size, prompts=2, group_size=3,
-                      sampling=RolloutSampling(temperature=1.0, top_p=1.0, max_tokens=12))
+                      sampling=RolloutSampling(temperature=temperature, top_p=1.0, max_tokens=12))
 
 
-def _kl(policy: Policy, result, env: TinyEnv) -> float:  # type: ignore[no-untyped-def]
+def _kl(policy: Policy, result, env: TinyEnv, temperature: float = 1.0) -> float:  # type: ignore[no-untyped-def]
     g = result.completions
     per_prompt = len(g) // len(result.prompt_indices)
     seqs = [TokenSeq(policy.prompt_ids(env.prompt(result.prompt_indices[i // per_prompt])), c.token_ids)
             for i, c in enumerate(g)]
     with torch.no_grad():
-        lps = policy.token_logprobs(seqs)
+        lps = policy.token_logprobs(seqs, temperature=temperature)
     reported = [x for c in g for x in c.logprobs]
     return mismatch_kl(reported, [x for lp in lps for x in lp.tolist()])
 
@@ -143,6 +143,10 @@ def test_llama_cpp_with_the_adapter_matches_the_torch_policy(tiny_ggufs: dict[st
         # hot-swap back to version 1 without reloading: same sampler seed, same tokens
         again = worker.generate_group(_job(1), env, worker="w")
         assert again.completions == result.completions
+        # at another temperature both sides take log-probs of the tempered distribution
+        cool = worker.generate_group(_job(1, temperature=0.5), env, worker="w")
+        assert _kl(policy, cool, env, temperature=0.5) < F32_MISMATCH_KL
+        assert _kl(policy, cool, env, temperature=1.0) > 100 * F32_MISMATCH_KL
     finally:
         worker.close()
 

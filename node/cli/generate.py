@@ -17,8 +17,9 @@ GENERATE_TIMEOUT_S = 600.0
 @click.argument("prompt")
 @click.option("--max-tokens", type=click.IntRange(1, 4096), default=64, show_default=True)
 @click.option("--speculative", type=click.IntRange(0, 16), default=0, show_default=True,
-              help="Tokens drafted locally per step and verified by the chain in one pass "
-                   "(0: plain greedy decoding).")
+              help="Speculative decoding: at most K tokens drafted locally per step (the "
+                   "length adapts to the acceptance and the chain's step time) and verified by "
+                   "the chain in one pass (0: plain greedy decoding).")
 @click.option("--rule", type=click.Choice(["greedy", "mars"]), default="greedy",
               show_default=True,
               help="How drafts are verified: greedy (the output is plain greedy decoding's) or "

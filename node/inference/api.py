@@ -2,7 +2,8 @@
 
 * ``GET /inference/``: what this node serves (model, block range, sessions, ms per block).
 * ``POST /inference/generate`` (API token): JSON ``prompt`` (string), ``max_tokens`` (1..4096,
-  default 64), ``speculative`` (drafted tokens per step, 0..16, default 0 = plain greedy),
+  default 64), ``speculative`` (the longest draft a step makes, 0..16, default 0 = plain greedy;
+  each step's length adapts to the measured acceptance and step times),
   ``rule`` ("greedy", the default: the output is plain greedy decoding's; or "mars": margin-aware
   acceptance of the target's close second choices, faster, not exact).
   Answers the generated ``text`` and ``tokens``, ``tokens_per_s``, ``acceptance_rate``,

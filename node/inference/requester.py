@@ -114,11 +114,14 @@ class Requester:
         from models.speculative import SpeculativeConfig, speculative_generate
         from protocol.inference.speculative import Rule
 
-        config = SpeculativeConfig(k=k, rule=Rule(rule))
+        # k is the longest draft: each step's length adapts to the acceptance and step times
+        # measured so far (protocol.inference.speculative.AdaptiveK)
+        config = SpeculativeConfig(k=None, k_max=k, k_init=min(4, k), rule=Rule(rule))
         drafter = LlamaDrafter(self.service.model_path)
         try:
             gen = speculative_generate(target, ids, max_tokens, drafter, config, stop=stop)
         finally:
             drafter.close()  # its llama.cpp context, not left to the garbage collector
         return {"tokens": list(gen.tokens), "speculative": k, "rule": rule,
-                "acceptance_rate": round(gen.acceptance_rate, 4), "steps": gen.steps}
+                "acceptance_rate": round(gen.acceptance_rate, 4), "steps": gen.steps,
+                "mean_k": round(gen.drafted / gen.steps, 2) if gen.steps else 0.0}

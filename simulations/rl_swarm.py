@@ -31,7 +31,7 @@ import bisect
 import math
 from random import Random
 
-from protocol.rl.capacity import Swarm, plan
+from protocol.rl.capacity import Swarm, plan, rollouts_in_flight
 from protocol.rl.jobs import ACCEPTED, INVALID, STALE, BookConfig, JobBook, Verdict
 from protocol.rl.messages import Completion, RolloutJob, RolloutResultBody, RolloutSampling
 from protocol.rl.prompts import job_prompts
@@ -96,13 +96,12 @@ class RlWorld:
 
     # ------------------------------------------------------------ dispatch
     def _room(self) -> int:
-        """Rollouts the learner may still issue: ``min(S, ceil(turnaround / T)) + 1`` batches
-        less those issued or buffered, from the measured time a job takes to come back: enough
-        in flight never to wait, and no more, so that results do not go stale in the buffer."""
+        """Rollouts the learner may still issue: protocol/rl/capacity.py's in-flight rule from
+        the measured job turnaround, less those issued or buffered."""
         s = self.setup
         issued = self.book.in_flight() * s.group_size
-        depth = min(s.staleness, math.ceil(self.turnaround_s / s.step_s)) + 1
-        return depth * s.batch - issued - len(self.buffer)
+        most = rollouts_in_flight(s.batch, s.staleness, self.turnaround_s, s.step_s)
+        return most - issued - len(self.buffer)
 
     def _target(self) -> int:
         """The version a rollout issued now will be trained at: the next step's, once the

@@ -107,3 +107,18 @@ def plan(swarm: Swarm) -> CapacityPlan:
         staleness_ok=swarm.staleness >= need_s,
         busy_bound=min(1.0, supply / demand),
     )
+
+
+def rollouts_in_flight(batch: int, staleness: int, turnaround_s: float, step_s: float) -> int:
+    """How many rollouts an asynchronous learner keeps issued or waiting, so that it never
+    waits and none goes stale in its queue: ``(min(S, ceil(turnaround / T)) + 1) B``, from
+    the measured time a job takes to come back (``turnaround``) and the step time ``T``.
+    With S = 0 that is one batch: the synchronous learner issues the next batch only when it
+    has the current one."""
+    if type(batch) is not int or batch < 1:
+        raise ValueError(f"batch must be an int >= 1, got {batch!r}")
+    if type(staleness) is not int or staleness < 0:
+        raise ValueError(f"staleness must be an int >= 0, got {staleness!r}")
+    _non_negative("turnaround_s", turnaround_s)
+    _positive("step_s", step_s)
+    return (min(staleness, math.ceil(turnaround_s / step_s - 1e-9)) + 1) * batch

@@ -162,3 +162,14 @@ def test_capacity_rule_names_bad_input(field: str, value: object) -> None:
                   generation_s=1.0)
     with pytest.raises(ValueError, match=field):
         plan(replace(swarm, **{field: value}))
+
+
+def test_rollouts_in_flight_rule() -> None:
+    from protocol.rl.capacity import rollouts_in_flight
+
+    assert rollouts_in_flight(64, 0, 30.0, 10.0) == 64  # synchronous: one batch
+    assert rollouts_in_flight(64, 8, 25.0, 10.0) == 4 * 64  # ceil(2.5) + 1 batches
+    assert rollouts_in_flight(64, 1, 25.0, 10.0) == 2 * 64  # capped by S
+    assert rollouts_in_flight(64, 4, 20.0, 10.0) == 3 * 64  # an exact multiple
+    with pytest.raises(ValueError, match="turnaround_s"):
+        rollouts_in_flight(64, 1, -1.0, 10.0)

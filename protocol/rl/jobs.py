@@ -33,11 +33,22 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, replace
 from random import Random
 
-from protocol.errors import LocalProtocolError
+from protocol.codec import decode, encode
+from protocol.errors import InvalidMessage, LocalProtocolError
 from protocol.market.events import Attest
-from protocol.market.messages import TASK_ID_LEN
+from protocol.market.messages import MAX_TASK_MS, TASK_ID_LEN
 from protocol.rl import attestations
-from protocol.rl.messages import MAX_SEED, RolloutJob, RolloutResultBody, RolloutSampling
+from protocol.rl.messages import (
+    MAX_DATASET,
+    MAX_GROUP,
+    MAX_PROMPTS_PER_JOB,
+    MAX_RESULT_TOKENS,
+    MAX_SEED,
+    MAX_VOCAB,
+    RolloutJob,
+    RolloutResultBody,
+    RolloutSampling,
+)
 from protocol.rl.staleness import accepts, check_bound
 from protocol.rl.validation import GroupCheck, check_group
 
@@ -82,6 +93,26 @@ class BookConfig:
     max_staleness: int = 0
     #: how long an issued job may stay without a worker, and a worker's default time for it
     job_ms: int = 120_000
+
+    def __post_init__(self) -> None:
+        """``ValueError`` naming what would make every job of this run malformed."""
+        for name, hi in (("dataset_size", MAX_DATASET), ("prompts_per_job", MAX_PROMPTS_PER_JOB),
+                         ("group_size", MAX_GROUP), ("vocab_size", MAX_VOCAB),
+                         ("job_ms", MAX_TASK_MS)):
+            value = getattr(self, name)
+            if type(value) is not int or not 1 <= value <= hi:
+                raise ValueError(f"{name} must be an int in [1, {hi}], got {value!r}")
+        if self.prompts_per_job > self.dataset_size:
+            raise ValueError(f"prompts_per_job {self.prompts_per_job} exceeds dataset_size "
+                             f"{self.dataset_size}")
+        try:  # the bounds a worker's decoder applies to the sampling of every job
+            decode(encode(self.sampling), RolloutSampling)
+        except InvalidMessage as exc:
+            raise ValueError(f"sampling: {exc}") from None
+        tokens = self.prompts_per_job * self.group_size * self.sampling.max_tokens
+        if tokens > MAX_RESULT_TOKENS:
+            raise ValueError(f"prompts_per_job x group_size x max_tokens = {tokens} exceeds "
+                             f"{MAX_RESULT_TOKENS} tokens per result")
 
 
 @dataclass(slots=True)

@@ -163,3 +163,20 @@ def test_a_later_check_convicts_an_accepted_group() -> None:
     assert sorted(r.prompt_seed for r in v.reissued) == sorted([job.prompt_seed,
                                                                 other.prompt_seed])
     assert b.convict(job.job_id, "again", 30) is None  # once
+
+
+@pytest.mark.parametrize(
+    ("fields", "what"),
+    [
+        ({"dataset_size": 0}, "dataset_size"),
+        ({"prompts_per_job": 5, "dataset_size": 4}, "exceeds dataset_size"),
+        ({"group_size": 64, "prompts_per_job": 16}, "tokens per result"),
+        ({"sampling": RolloutSampling(temperature=9.0, top_p=1.0, max_tokens=8)}, "sampling"),
+        ({"vocab_size": 0}, "vocab_size"),
+    ],
+)
+def test_a_run_that_would_make_malformed_jobs_is_refused(fields: dict, what: str) -> None:  # type: ignore[type-arg]
+    base = dict(learner="l", model="m", dataset_size=50, vocab_size=VOCAB,
+                sampling=RolloutSampling(temperature=1.0, top_p=1.0, max_tokens=64))
+    with pytest.raises(ValueError, match=what):
+        BookConfig(**{**base, **fields})  # type: ignore[arg-type]

@@ -1,0 +1,125 @@
+"""The rollout services without a network: the learner's run, issue and group routes (bad
+input named), the bounded group queue, and the worker service running a generator."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import trio
+from starlette.applications import Starlette
+from starlette.routing import Mount
+from starlette.testclient import TestClient
+
+from crypto.keys import Identity
+from node.market.rollout_jobs import RlJobsSection, RolloutJobsService
+from node.market.rollout_worker import RlWorkerSection, RolloutWorkerService
+from protocol.rl.auction import GroupAccepted, IssueJobs
+from protocol.rl.worker import RolloutDone, RolloutFailed, StartRollout
+from tests.node.rl_generator import MODEL
+from tests.protocol.rl_fixtures import honest_result, make_job
+
+TOKEN = "t0ken"
+
+
+class _Log:
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **k: None
+
+
+def _ctx(section: object, submitted: list[object]) -> Any:
+    async def submit(name: str, event: object) -> None:
+        submitted.append(event)
+
+    return SimpleNamespace(
+        identity=Identity.generate(), network_id="t", data_dir=Path("."), db=None,
+        transport=None, log=_Log(), rng=random.Random(3), clock=lambda: 0, submit=submit,
+        services={}, config=SimpleNamespace(section=lambda name: section))
+
+
+def _client(svc: RolloutJobsService) -> TestClient:
+    app = Starlette(routes=[Mount("/rl_jobs", routes=svc.routes())])
+    app.state.api_token = TOKEN
+    return TestClient(app, headers={"Authorization": f"Bearer {TOKEN}"})
+
+
+def test_run_issue_and_groups_routes() -> None:
+    submitted: list[object] = []
+    svc = RolloutJobsService(_ctx(RlJobsSection(max_groups=2), submitted))
+    client = _client(svc)
+    issue = client.post("/rl_jobs/issue", json={"count": 2})
+    assert issue.status_code == 400 and "no run" in issue.json()["error"]
+    bad = client.post("/rl_jobs/run", json={"dataset_size": "100"})
+    assert bad.status_code == 400 and "dataset_size must be a int" in bad.json()["error"]
+    unknown = client.post("/rl_jobs/run", json={"datasetsize": 100})
+    assert unknown.status_code == 400 and "datasetsize" in unknown.json()["error"]
+    huge = client.post("/rl_jobs/run", json={"dataset_size": 100, "group_size": 64,
+                                             "max_tokens": 4096})
+    assert huge.status_code == 400 and "tokens per result" in huge.json()["error"]
+    ok = client.post("/rl_jobs/run", json={"dataset_size": 100, "model": MODEL, "staleness": 2,
+                                           "version": 3})
+    assert ok.status_code == 200 and ok.json()["version"] == 3 and ok.json()["staleness"] == 2
+    assert client.post("/rl_jobs/issue", json={"count": 2}).json() == {"issued": 2}
+    assert submitted == [IssueJobs(2, None)]
+    assert client.post("/rl_jobs/issue", json={"count": 0}).status_code == 400
+    assert client.post("/rl_jobs/version", json={"version": 2}).status_code == 400  # older
+    assert client.get("/rl_jobs/groups", params={"wait_s": 99}).status_code == 400
+    assert TestClient(client.app).post("/rl_jobs/issue", json={"count": 1}).status_code == 401
+
+
+def test_accepted_groups_wait_in_a_bounded_queue() -> None:
+    svc = RolloutJobsService(_ctx(RlJobsSection(max_groups=2), []))
+    job = make_job()
+    bodies = [honest_result(job, attempt=i) for i in range(3)]
+
+    async def main() -> list[Any]:
+        for body in bodies:
+            await svc.perform(GroupAccepted(body))
+        return await svc.take_groups(10, 0.0)
+
+    assert [g.attempt for g in trio.run(main)] == [1, 2]  # the oldest dropped
+    assert svc.dropped == 1 and svc.status()["dropped_groups"] == 1
+    groups = _client(svc).get("/rl_jobs/groups", params={"max": 5}).json()["groups"]
+    assert groups == []
+
+
+@pytest.mark.parametrize("which", ["honest", "cheat"])
+def test_worker_service_runs_its_generator(which: str) -> None:
+    submitted: list[object] = []
+    section = RlWorkerSection(generator=f"tests.node.rl_generator:{which}")
+    svc = RolloutWorkerService(_ctx(section, submitted))
+    job = make_job(model=MODEL, policy_version=1)
+
+    async def main() -> None:
+        await svc.start()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(svc.run)
+            await svc.perform(StartRollout(job, 4, 10_000))
+            while not submitted:
+                await trio.sleep(0)  # the generator's thread hands its result back
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert svc.status()["enabled"] and svc.machine.config.model == MODEL
+    [done] = submitted
+    assert isinstance(done, RolloutDone) and done.attempt == 4
+    assert len(done.result.completions) == job.prompts * job.group_size
+
+
+def test_worker_service_without_a_generator_refuses_jobs() -> None:
+    submitted: list[object] = []
+    svc = RolloutWorkerService(_ctx(RlWorkerSection(), submitted))
+
+    async def main() -> None:
+        await svc.start()
+        await svc.perform(StartRollout(make_job(), 0, 10_000))
+
+    trio.run(main)
+    [failed] = submitted
+    assert isinstance(failed, RolloutFailed) and "no generator" in failed.reason
+    assert not svc.status()["enabled"]
+    with pytest.raises(ValueError, match="generator"):
+        RlWorkerSection(generator="nonsense")

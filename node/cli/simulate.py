@@ -35,8 +35,9 @@ def simulate(
     scenario: str, nodes: int | None, seed: int | None, out_dir: str | None, as_json: bool
 ) -> None:
     """Simulate SCENARIO (ledger, voting, voting-real, routing, verification, relay, membership,
-    distributed, or a .toml file; voting-real answers with the real model, see [compute] in
-    simulations/scenario.py; distributed takes --nodes as its stage count)."""
+    distributed, rl, or a .toml file; voting-real answers with the real model, see [compute] in
+    simulations/scenario.py; distributed takes --nodes as its stage count, rl as its worker
+    count)."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table

@@ -40,8 +40,9 @@ from protocol.errors import InvalidMessage, LocalProtocolError
 from protocol.ledger.trust import TrustView
 from protocol.market.attestations import ledger_attestation
 from protocol.market.events import Attest
+from protocol.market.linucb import LinUCBSelector
 from protocol.market.messages import MAX_REASON_LEN, TASK_ID_LEN
-from protocol.market.selection import ScoreSelector
+from protocol.market.selection import ScoreSelector, Selector
 from protocol.rl.auction import (
     AuctionSettings,
     Convict,
@@ -81,6 +82,9 @@ class RlJobsSection:
     job_ms: int = 120_000
     bid_window_ms: int = 1_000
     max_groups: int = 4096
+    #: "score" (the market's weighted score) or "linucb" (the bandit, rewarded 1 for an
+    #: accepted group and 0 for a caught one; its state lives for the daemon's life)
+    selector: str = "score"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "group_size", "prompts_per_job", "max_tokens", "job_ms",
@@ -89,6 +93,8 @@ class RlJobsSection:
                 raise ValueError(f"{name} must be positive")
         if self.dataset_size < 0 or self.staleness < 0:
             raise ValueError("dataset_size and staleness must not be negative")
+        if self.selector not in ("score", "linucb"):
+            raise ValueError(f"selector must be 'score' or 'linucb', got {self.selector!r}")
 
 
 #: fields of a run a learner may set, and their types
@@ -110,7 +116,8 @@ def run_auction(ctx: NodeContext, section: RlJobsSection, version: int,
                         max_staleness=section.staleness, job_ms=section.job_ms)
     book = JobBook(config, random.Random(ctx.rng.getrandbits(64)), version=version)
     settings = AuctionSettings(bid_window_ms=section.bid_window_ms)
-    return RolloutAuction(ctx.identity, book, ScoreSelector(), reputation, settings)
+    selector: Selector = LinUCBSelector() if section.selector == "linucb" else ScoreSelector()
+    return RolloutAuction(ctx.identity, book, selector, reputation, settings)
 
 
 def group_json(body: RolloutResultBody) -> dict[str, Any]:

@@ -70,6 +70,15 @@ def test_run_issue_and_groups_routes() -> None:
     assert TestClient(client.app).post("/rl_jobs/issue", json={"count": 1}).status_code == 401
 
 
+def test_the_bandit_selector_is_a_setting() -> None:
+    from protocol.market.linucb import LinUCBSelector
+
+    svc = RolloutJobsService(_ctx(RlJobsSection(selector="linucb", dataset_size=10), []))
+    assert isinstance(svc.machine.selector, LinUCBSelector)
+    with pytest.raises(ValueError, match="selector"):
+        RlJobsSection(selector="random")
+
+
 def test_accepted_groups_wait_in_a_bounded_queue() -> None:
     svc = RolloutJobsService(_ctx(RlJobsSection(max_groups=2), []))
     job = make_job()

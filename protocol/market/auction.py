@@ -1,8 +1,10 @@
 """Requester side of the task market: beacon, collect bids, select, assign, replan, vote.
 
 For each task submitted with ``SubmitTask`` the auction promises:
-* a signed beacon on ``BEACON_TOPIC``; the bid window closes as soon as ``wanted + spare_bids``
-  valid bids are in, or when ``bid_window_ms`` passes (a deadline, never a sleep);
+* a signed beacon on ``BEACON_TOPIC``; the bid window closes as soon as waiting cannot improve
+  the choice (protocol/market/bidding.py: ``wanted + spare_bids`` bids in, every possible
+  bidder in, or ``close_grace_ms`` after the wanted count) or when ``bid_window_ms`` passes
+  (a deadline, never a sleep);
 * the selector (score or LinUCB) picks the executors; never two attempts for one peer on one
   task, never the requester itself unless the task allows it;
 * each assigned executor gets a deadline (``assign_base_ms + slack * its estimated latency``,
@@ -16,7 +18,9 @@ For each task submitted with ``SubmitTask`` the auction promises:
   ``bid_rate`` bids per ``rate_window_ms`` is rate-limited; results for unknown tasks are
   dropped.
 
-The machine never reads the ledger: reputations come from the ``reputation`` callback. Its
+The machine never reads the ledger: reputations come from the ``reputation`` callback, and
+how many peers could bid on a task from ``possible_bidders`` (the bid window closes early once
+all of them have; protocol/market/bidding.py). Its
 own effects: ``TaskUpdated`` (store/show the snapshot), ``Attest`` (an observation the node
 turns into a signed ledger attestation). ``Reward`` feeds later rewards (e.g. verification)
 to the selector. Seam for verification: every result that passes the checks goes through
@@ -107,6 +111,7 @@ class Auction(Bidding, ResultIntake):
         rng: Random,
         config: AuctionConfig | None = None,
         reputation: Callable[[str], float] = lambda peer: 0.5,
+        possible_bidders: Callable[[OpenTask], int | None] = lambda task: None,
     ) -> None:
         self.identity = identity
         self.peer = identity.peer_id
@@ -114,6 +119,7 @@ class Auction(Bidding, ResultIntake):
         self.rng = rng
         self.config = config if config is not None else AuctionConfig()
         self.reputation = reputation
+        self.possible_bidders = possible_bidders
         self.tasks: dict[bytes, OpenTask] = {}
         self.counters: dict[str, int] = {}
         self._rates: dict[str, RateWindow] = {}

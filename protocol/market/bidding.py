@@ -6,9 +6,19 @@ sets every attribute declared here). A round's beacon opens a bid window of at m
 and sent by its bidder, is for a task in that round's open window, within budget, above
 ``min_match``, from a peer not yet tried (nor ourselves, unless the task allows it), within
 ``max_bids_per_task`` and not over ``bid_rate`` per ``rate_window_ms``; a valid bid we will
-not use is answered with a ``Cancel`` that releases the bidder's slot. The
-window closes with ``wanted + spare_bids`` bids or at its deadline: the selector picks the
-executors, each gets a signed assignment with its own deadline, the other bids stay as spares.
+not use is answered with a ``Cancel`` that releases the bidder's slot.
+
+The window closes as soon as waiting longer cannot improve the choice, then the selector picks
+the executors, each gets a signed assignment with its own deadline, the other bids stay as
+spares. That is the first of:
+* ``wanted + spare_bids`` bids are in;
+* every peer that could bid has (``possible_bidders``: the ledger's live peers serving a
+  matching model, less those already tried for the task);
+* ``close_grace_ms`` after the bid that made ``wanted``: bids answer a gossiped beacon within
+  a round trip or two, so a bid later than that comes from a slow or loaded peer, which the
+  selector ranks low on latency and load anyway; waiting for it costs every task the whole
+  window (1.5 s by default, against about 1 s of compute for a short answer);
+* the window's deadline.
 """
 
 from __future__ import annotations
@@ -121,9 +131,16 @@ class Bidding(AuctionParts):
         effects: list[Effect] = [Emit("task.bid", {"task_id": body.task_id.hex(), "peer": peer,
                                                     "match": body.match_score,
                                                     "price": body.price})]
-        if len(task.bids) >= task.needed + self.config.spare_bids:
+        if len(task.bids) >= task.needed + self.config.spare_bids or self._all_bid(task):
             effects.extend(self._close(task, now))
+        elif len(task.bids) >= task.needed:
+            task.window_closes_at_ms = min(task.window_closes_at_ms,
+                                           now + self.config.close_grace_ms)
         return effects
+
+    def _all_bid(self, task: OpenTask) -> bool:
+        possible = self.possible_bidders(task)
+        return possible is not None and len(task.bids) >= possible - len(task.tried)
 
     def _candidate(self, task: OpenTask, info: BidInfo, now: int) -> Candidate:
         b = info.body

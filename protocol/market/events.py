@@ -25,6 +25,9 @@ class AuctionConfig:
     bid_window_ms: int = 1_500
     #: close early once this many bids beyond the wanted count are in
     spare_bids: int = 1
+    #: once the wanted count of bids is in, wait at most this much longer for better ones
+    #: (protocol/market/bidding.py says why)
+    close_grace_ms: int = 150
     #: beacons per task: the first one plus replans
     max_rounds: int = 4
     #: do not open a new round with less time than this left before the deadline

@@ -21,6 +21,9 @@ class AuctionParts:
     config: AuctionConfig
     selector: Selector
     reputation: Callable[[str], float]
+    #: how many peers could bid on a task (the ledger's live peers serving a matching model,
+    #: the requester itself only when the task allows it); None: not known
+    possible_bidders: Callable[[OpenTask], int | None]
     tasks: dict[bytes, OpenTask]
 
     def _count(self, what: str) -> None:

@@ -103,6 +103,27 @@ def test_closes_as_soon_as_k_plus_spare_bids_are_in() -> None:
     assert len({c.attempt for c in chosen}) == 2
 
 
+def test_closes_once_every_possible_bidder_has_bid() -> None:
+    sel = RecordingSelector()
+    a = Auction(ME, sel, random.Random(1), AuctionConfig(spare_bids=2, close_grace_ms=900),
+                possible_bidders=lambda task: 2)
+    tid, _ = submit(a)
+    assert assigns(a.handle(bid(tid, BIDDERS[0]), 1)) == []
+    assert len(assigns(a.handle(bid(tid, BIDDERS[1]), 2))) == 2  # nobody else could bid
+
+
+def test_closes_a_grace_after_the_wanted_bids_are_in() -> None:
+    a, _ = auction(spare_bids=2, close_grace_ms=150, bid_window_ms=1_500)
+    tid, _ = submit(a, k=1)
+    assert a.next_deadline() == 1_500
+    assert assigns(a.handle(bid(tid, BIDDERS[0], latency=4_000), 100)) == []
+    assert a.next_deadline() == 250  # not the whole window
+    # a better bid within the grace is still taken
+    assert assigns(a.handle(bid(tid, BIDDERS[1], latency=500), 200)) == []
+    chosen = assigns(a.handle(Tick(), 250))
+    assert [c.executor for c in chosen] == [BIDDERS[1].peer_id]
+
+
 def test_window_deadline_closes_with_fewer_bids_and_replans_the_rest() -> None:
     a, _ = auction(bid_window_ms=1_000)
     tid, _ = submit(a)

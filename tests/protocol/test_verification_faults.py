@@ -12,6 +12,7 @@ from crypto.envelope import Envelope
 from protocol.codec import Message
 from protocol.envelopes import open_envelope, seal
 from protocol.machine import Received
+from protocol.market.events import AuctionConfig
 from protocol.market.messages import RESULT_DOMAIN, Cancel, Result, ResultBody
 from protocol.verification.messages import (
     CHECK_DOMAIN,
@@ -138,7 +139,8 @@ def test_slow_executor_misses_the_window_and_its_late_commit_is_refused() -> Non
 
 def test_early_and_duplicate_reveals_are_dropped() -> None:
     net = VerifyNet(["ok", "ok"], HONEST3,
-                    verify=VerifyConfig(sample_rate=1.0, commit_window_ms=2_000))
+                    verify=VerifyConfig(sample_rate=1.0, commit_window_ms=2_000),
+                    config=AuctionConfig(close_grace_ms=1_500))
     net.workers[list(net.workers)[1]].compute_ms = 1_500  # keeps the window open a while
     first = list(net.workers)[0]
     tid = net.submit(k=2)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,8 @@ from protocol.rl.worker import (
 
 BUILTIN_GENERATORS = {"models": "node.market.rollout_worker:models_generator"}
 MAX_FAILURE_TEXT = 120
+#: tokens generated once at start to measure the builtin generator's speed
+SPEED_PROBE_TOKENS = 16
 
 
 class Generator(Protocol):
@@ -97,7 +100,17 @@ class ModelsGenerator:
         self.env = EvalsetEnvironment()
         self.model = section.model or "default"
         self.model_hash = self.worker.model_hash()[:32]
-        self.tokens_per_s = 30.0
+        self.tokens_per_s = self._measure_speed()
+
+    def _measure_speed(self) -> float:
+        """Tokens per second of one short sampled completion (what bids estimate from)."""
+        from models.backend import SamplingParams
+
+        prompt_ids = self.worker.backend.prompt_ids(self.env.prompt(0))
+        t = time.perf_counter()
+        done = self.worker.sample(prompt_ids, SamplingParams(
+            max_tokens=SPEED_PROBE_TOKENS, temperature=1.0, ignore_eos=True))
+        return len(done.token_ids) / max(time.perf_counter() - t, 1e-6)
 
     def versions(self) -> Collection[int]:
         return self.worker.versions

@@ -132,3 +132,20 @@ def test_worker_service_without_a_generator_refuses_jobs() -> None:
     assert not svc.status()["enabled"]
     with pytest.raises(ValueError, match="generator"):
         RlWorkerSection(generator="nonsense")
+
+
+@pytest.mark.integration
+def test_builtin_generator_answers_a_job_that_passes_validation() -> None:
+    """The real path: the embedded model through models/rl/rollout.py, version 0."""
+    from node.market.rollout_worker import models_generator
+    from protocol.rl.messages import RolloutSampling
+    from protocol.rl.validation import check_group
+
+    generator = models_generator(RlWorkerSection(generator="models", threads=1), Path("."))
+    assert generator.tokens_per_s > 0 and 0 in generator.versions()
+    job = make_job(model=generator.model, policy_version=0, prompts=1, group_size=2,
+                   dataset_size=generator.env.size,  # type: ignore[attr-defined]
+                   sampling=RolloutSampling(temperature=1.0, top_p=1.0, max_tokens=8))
+    result = generator.generate_group(job, worker="me", attempt=3)
+    assert result.attempt == 3 and len(result.completions) == 2
+    assert check_group(job, result, vocab_size=49_152) is None

@@ -24,6 +24,7 @@ BENCHMARKS: dict[str, str] = {
     "fuzz": "node.bench.fuzz",
     "soak": "node.bench.soak",
     "simulate": "node.bench.simulate",
+    "rl": "node.bench.rl",
     "distributed": "node.bench.distributed",
 }
 

@@ -50,9 +50,11 @@ class TrainReport:
     resumed_from: int | None = None
     counters: dict[str, int] = field(default_factory=dict)
     swap_s: list[float] = field(default_factory=list)  # publish -> worker serving it
+    switch_s: list[float] = field(default_factory=list)  # adapter load + switch on a worker
     generate_s: list[float] = field(default_factory=list)  # per job on a worker
     excluded: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    mismatch_kls: list[float] = field(default_factory=list)  # of every group validated
 
     @property
     def busy_fraction(self) -> float:
@@ -106,9 +108,12 @@ class _Loop:
                 continue
             self._wait()
         self.report.wall_s = time.monotonic() - t0
+        if self.trainer.steps_done % self.config.checkpoint_every:
+            self.trainer.checkpoint()  # a clean end resumes exactly where it stopped
         self.report.counters = dict(self.book.counters)
         self.report.counters["stale"] = self.book.counters["stale"] + self.stale_at_step
         self.report.excluded = sorted(self.book.excluded)
+        self.report.mismatch_kls = list(self.trainer.mismatch_kls)
         return self.report
 
     def _train(self) -> None:
@@ -132,13 +137,16 @@ class _Loop:
 
     # ------------------------------------------------------------ jobs
     def _wanted(self) -> bool:
-        """Whether one more job should be issued now."""
-        if self.config.staleness > 0:
-            return True
+        """Whether one more job should be issued now. Synchronous: until the current version's
+        step is covered. Asynchronous: until (S + 1) steps' worth of groups are ready or in
+        flight, enough for the learner never to wait when the capacity rule holds, and no more
+        (a group generated further ahead would only turn stale)."""
         w = self.trainer.version
-        pending = len(self.ready) + len(self.open_jobs) + sum(
-            1 for j in self.running.values() if self.jobs[j].policy_version == w)
-        return pending < self.config.jobs_per_step
+        running = [self.jobs[j] for j in self.running.values()]
+        if self.config.staleness == 0:
+            running = [j for j in running if j.policy_version == w]
+        pending = len(self.ready) + len(self.open_jobs) + len(running)
+        return pending < self.config.jobs_per_step * (self.config.staleness + 1)
 
     def _dispatch(self) -> None:
         for i in sorted(self.idle):
@@ -192,9 +200,13 @@ class _Loop:
                 raise RuntimeError(f"rollout worker {i} failed {MAX_WORKER_ERRORS} jobs: {msg[2]}")
             return  # its job stays running until its deadline, then it is reissued
         self.errors[i] = 0
-        _, _, data, swap_s, generate_s = msg
+        if kind != "result" or len(msg) != 6:
+            raise RuntimeError(f"rollout worker {i} sent an unexpected {kind!r} message "
+                               f"of {len(msg)} fields: {[type(x).__name__ for x in msg]}")
+        _, _, data, swap_s, generate_s, switch_s = msg
         if swap_s is not None:
             self.report.swap_s.append(swap_s)
+            self.report.switch_s.append(switch_s)
         self.report.generate_s.append(generate_s)
         result = decode(data, RolloutResultBody)
         job = self.jobs.get(result.job_id)
@@ -237,6 +249,7 @@ def summary(report: TrainReport) -> dict[str, Any]:
         "accepted": report.counters.get("accepted", 0), "stale": report.counters.get("stale", 0),
         "invalid": report.counters.get("invalid", 0), "timeout": report.counters.get("timeout", 0),
         "excluded": report.excluded, "swap_s": round(mean(report.swap_s), 4),
+        "switch_s": round(mean(report.switch_s), 5),
         "generate_s": round(mean(report.generate_s), 3),
         "step_s": round(mean([s.step_s for s in report.steps]), 3),
     }

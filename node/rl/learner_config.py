@@ -21,8 +21,10 @@ class LearnerConfig:
     steps: int = 20  # optimizer steps to take in this run (after a resume: this many more)
     group_size: int = 8  # completions per prompt, G
     jobs_per_step: int = 1  # groups (jobs of one prompt each) per step: B = jobs_per_step * G
-    max_tokens: int = 24  # tokens per completion at most
-    temperature: float = 1.0  # sampling temperature of rollouts
+    max_tokens: int = 32  # tokens per completion at most
+    #: sampling temperature of rollouts; log-probs on both sides are taken at it. SmolLM2-135M
+    #: at 1.0 rarely answers (a 12-sample check here: mean reward 0.08 at 1.0, 0.17 at 0.7)
+    temperature: float = 0.7
     top_p: float = 1.0
     lora_rank: int = 8
     lora_alpha: float = 16.0

@@ -81,6 +81,7 @@ class Trainer:
         self.published_times = {self.version: time.monotonic()}
         self.rng = random.Random(config.seed)
         self.steps_done = 0
+        self.mismatch_kls: list[float] = []  # every validation's figure, for the reports
 
     @property
     def vocab_size(self) -> int:
@@ -122,9 +123,11 @@ class Trainer:
             picks += [(TokenSeq(group.prompt_ids, group.completions[i][0]), group.completions[i][1])
                       for i in chosen]
         with torch.no_grad(), self._weights(result.policy_version):
-            lps = self.policy.token_logprobs([s for s, _ in picks])
+            lps = self.policy.token_logprobs([s for s, _ in picks],
+                                             temperature=self.config.temperature)
         reported = [x for _, lp in picks for x in lp]
         kl = mismatch_kl(reported, [x for lp in lps for x in lp.tolist()])
+        self.mismatch_kls.append(kl)
         if kl > self.config.mismatch_kl_max:
             return f"log-probs disagree with recomputation (mismatch KL {kl:.3g} > {self.config.mismatch_kl_max:g})"
         return None
@@ -156,11 +159,11 @@ class Trainer:
             adv = group_advantages(g.rewards)
             assert adv is not None
             seqs = [TokenSeq(g.prompt_ids, ids) for ids, _ in g.completions]
-            logp = self.policy.token_logprobs(seqs)
+            logp = self.policy.token_logprobs(seqs, temperature=c.temperature)
             base = None
             if c.kl_coef > 0:
                 with torch.no_grad():
-                    base = self.policy.token_logprobs(seqs, base=True)
+                    base = self.policy.token_logprobs(seqs, base=True, temperature=c.temperature)
             behaviour = [torch.tensor(lp, dtype=torch.float32) for _, lp in g.completions]
             loss, stats = grpo_loss(logp, behaviour, adv, max_tokens=c.max_tokens, base=base,
                                     kl_coef=c.kl_coef)

@@ -7,8 +7,10 @@ job's version is named by path and SHA-256 (a local stand-in for the weight rela
 checks the hash, loads it beside the base model and switches to it without reloading).
 
 A worker process reports ``("ready", i)``, then per job ``("result", i, bytes, swap_s,
-generate_s)`` where ``swap_s`` is the time from the learner publishing the version to the
-worker serving it (None when it already served it), or ``("error", i, text)``.
+generate_s, switch_s)`` where ``swap_s`` is the time from the learner publishing the version
+to the worker serving it (it includes finishing the job in hand and waiting for the next one)
+and ``switch_s`` the adapter load and switch alone (both None when the worker already served
+that version), or ``("error", i, text)``.
 
 ``cheat = "fake-logprobs"`` makes a worker report invented log-probabilities (every token at
 -0.05, a confident-looking forgery): the learner's recomputation check must catch it.
@@ -52,11 +54,10 @@ def worker_main(index: int, spec: str, env_spec: str, n_threads: int, cheat: str
         job_bytes, version, adapter_path, sha, published_at = msg
         try:
             job = decode_message(job_bytes, RolloutJob)
-            swap_s = None
+            swap_s = switch_s = None
             if version != worker.version:
-                if version:
-                    worker.add_adapter(version, Path(adapter_path), sha)
-                worker.use(version)
+                load_s = worker.add_adapter(version, Path(adapter_path), sha) if version else 0.0
+                switch_s = load_s + worker.use(version)
                 swap_s = time.monotonic() - published_at
             t = time.perf_counter()
             result = worker.generate_group(job, env, worker=name)
@@ -64,7 +65,8 @@ def worker_main(index: int, spec: str, env_spec: str, n_threads: int, cheat: str
                 fake = tuple(replace(c, logprobs=(-0.05,) * len(c.token_ids))
                              for c in result.completions)
                 result = replace(result, completions=fake)
-            results.put(("result", index, encode(result), swap_s, time.perf_counter() - t))
+            results.put(("result", index, encode(result), swap_s, time.perf_counter() - t,
+                         switch_s))
         except Exception as exc:  # a job this worker cannot run: the learner reissues it
             results.put(("error", index, f"job failed on worker {index}: {exc}"))
     worker.close()

@@ -55,7 +55,10 @@ def test_a_restart_resumes_without_reusing_a_version(tiny_gguf: Path, tmp_path: 
 
     first = run_training(_config(tiny_gguf, tmp_path, steps=3, staleness=1))
     assert first.last_version == 3
-    # checkpoints every 2 steps: version 2 is on disk, version 3 was published after it
+    ckpts = tmp_path / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["ckpt-2.pt", "ckpt-3.pt"]
+    # killed after publishing version 3 but before its checkpoint: version 2 is the last one
+    (ckpts / "ckpt-3.pt").unlink()
     second = run_training(_config(tiny_gguf, tmp_path, steps=2, staleness=1))
     assert second.resumed_from == 2
     assert [s.version for s in second.steps] == [4, 5]

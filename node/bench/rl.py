@@ -1,0 +1,135 @@
+"""`symphony bench rl`: the learner synchronous (S = 0) and asynchronous (S = 2), in one run.
+
+Both runs train the default model with GRPO on the shipped environment (bare-answer prompts)
+for the same number of steps from the same seed, with local rollout workers on this machine
+(node/rl/learner.py). Figures (``--json`` prints exactly these keys):
+
+- ``busy_sync`` / ``busy_async``: the learner's busy fraction (its compute time / wall time);
+  ``busy_async`` is null when this machine cannot hold the capacity rule for the asynchronous
+  run (then the run says why on stderr instead of reporting a busy fraction);
+- ``time_ratio_async_vs_sync``: wall time of the asynchronous run / the synchronous one;
+- ``reward_sync`` / ``reward_async``: mean reward per step;
+- ``stale_dropped``: groups the asynchronous run dropped as stale;
+- ``swap_s``: mean time from the learner publishing a version to a worker serving it.
+
+The asynchronous run is sized from what the synchronous one measured: rollouts per second per
+worker r, step time T, generation and publish-to-swap times give the capacity rule
+(protocol/rl/capacity.py): workers N = the fewest with N r >= B / T, and S = 2 must cover
+ceil((dissemination + generation) / T). The rule's figures go to stderr. With at least
+``PLOT_MIN_STEPS`` steps (the full run) a PNG of reward per step for both modes is written.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+#: the asynchronous run's staleness bound
+ASYNC_STALENESS = 2
+QUICK_STEPS, FULL_STEPS = 4, 50
+QUICK_TOKENS, FULL_TOKENS = 24, 32
+#: processes this 2-core machine can give workers beside the learner
+MAX_WORKERS = 2
+PLOT_MIN_STEPS = 50
+PLOT_PATH = Path("out") / "bench-rl" / "reward.png"
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _plan(report: Any, workers: int, batch: int, group: int) -> Any:
+    """The capacity rule for ``workers`` workers at the rates ``report`` measured."""
+    from protocol.rl.capacity import Swarm, plan
+
+    generation_s = _mean(report.generate_s)
+    return plan(Swarm(workers=workers, rollouts_per_s=group / generation_s, batch=batch,
+                      step_s=_mean([s.step_s for s in report.steps]),
+                      dissemination_s=_mean(report.swap_s), generation_s=generation_s,
+                      staleness=ASYNC_STALENESS))
+
+
+def _size(report: Any, batch: int, group: int) -> tuple[Any, int]:
+    """(plan, workers): the fewest workers that cover the learner, at most MAX_WORKERS."""
+    workers = min(MAX_WORKERS, max(1, _plan(report, 1, batch, group).min_workers))
+    return _plan(report, workers, batch, group), workers
+
+
+def _describe(p: Any, workers: int, label: str) -> None:
+    _say(f"capacity rule ({label}): N r = {workers} x {p.supply_per_s / workers:.3g} = "
+         f"{p.supply_per_s:.3g} rollouts/s vs B / T = {p.demand_per_s:.3g}"
+         f" [{'holds' if p.throughput_ok else 'FAILS'}]; S = {ASYNC_STALENESS} vs "
+         f"ceil((D + gen) / T) = {p.min_staleness} [{'holds' if p.staleness_ok else 'FAILS'}]")
+
+
+def run(quick: bool) -> dict[str, Any]:
+    from node.rl.learner import run_training
+    from node.rl.learner_config import LearnerConfig
+
+    steps = QUICK_STEPS if quick else FULL_STEPS
+    base = LearnerConfig(environment="evalset", steps=steps, group_size=8, jobs_per_step=1,
+                         max_tokens=QUICK_TOKENS if quick else FULL_TOKENS, workers=1,
+                         worker_threads=1, learner_threads=1, checkpoint_every=steps, seed=0)
+    with tempfile.TemporaryDirectory(prefix="bench-rl-") as tmp:
+        _say(f"bench rl: synchronous run, {steps} steps, 1 worker ...")
+        sync = run_training(replace(base, staleness=0, out_dir=str(Path(tmp) / "sync")))
+        planned, workers = _size(sync, base.batch, base.group_size)
+        _describe(planned, workers, "measured in the synchronous run")
+        _say(f"bench rl: asynchronous run, S = {ASYNC_STALENESS}, {workers} worker(s) ...")
+        asyn = run_training(replace(base, staleness=ASYNC_STALENESS, workers=workers,
+                                    out_dir=str(Path(tmp) / "async")))
+    measured = _plan(asyn, workers, base.batch, base.group_size)
+    _describe(measured, workers, "re-measured in the asynchronous run")
+    switches = sync.switch_s + asyn.switch_s
+    _say(f"adapter switch on a worker (load + set, no base reload): mean {_mean(switches):.4g} s, "
+         f"max {max(switches, default=0.0):.4g} s over {len(switches)} switches")
+    kls = sync.mismatch_kls + asyn.mismatch_kls
+    _say(f"validation: {len(kls)} groups, mismatch KL max {max(kls, default=0.0):.4g}, "
+         f"mean {_mean(kls):.4g} (threshold {base.mismatch_kl_max:g})")
+    holds = planned.holds and measured.throughput_ok
+    if not holds:
+        _say("this machine cannot hold the capacity rule for the asynchronous run with "
+             f"{workers} worker(s) beside the learner on its cores: busy_async is not reported")
+    if steps >= PLOT_MIN_STEPS:
+        _plot(sync, asyn)
+    return {
+        "busy_sync": round(sync.busy_fraction, 4),
+        "busy_async": round(asyn.busy_fraction, 4) if holds else None,
+        "time_ratio_async_vs_sync": round(asyn.wall_s / sync.wall_s, 4),
+        "reward_sync": round(_mean([s.mean_reward for s in sync.steps]), 4),
+        "reward_async": round(_mean([s.mean_reward for s in asyn.steps]), 4),
+        "stale_dropped": int(asyn.counters.get("stale", 0)),
+        "swap_s": round(_mean(sync.swap_s + asyn.swap_s), 5),
+    }
+
+
+def _plot(sync: Any, asyn: Any) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for report, label in ((sync, "synchronous (S = 0)"), (asyn, f"asynchronous (S = {ASYNC_STALENESS})")):
+        rewards = [s.mean_reward for s in report.steps]
+        window = [_mean(rewards[max(0, i - 9):i + 1]) for i in range(len(rewards))]
+        line, = ax.plot(range(1, len(rewards) + 1), rewards, alpha=0.3)
+        ax.plot(range(1, len(rewards) + 1), window, color=line.get_color(), label=f"{label}, 10-step mean")
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward of the step's group")
+    ax.set_title("GRPO on SmolLM2-135M, shipped evalset environment")
+    ax.legend()
+    PLOT_PATH.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(PLOT_PATH, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    _say(f"reward plot: {PLOT_PATH}")

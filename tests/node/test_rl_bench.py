@@ -1,0 +1,55 @@
+"""`symphony bench rl`'s figures and its sizing by the capacity rule, on recorded run reports
+(an in-test stand-in for run_training: the real runs are the bench itself)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from node.bench import rl as bench_rl
+from node.rl.learner import TrainReport
+from node.rl.learner_trainer import StepStats
+
+KEYS = {"busy_sync", "busy_async", "time_ratio_async_vs_sync", "reward_sync", "reward_async",
+        "stale_dropped", "swap_s"}
+
+
+def _report(step_s: float, generate_s: float, wall_s: float, reward: float, stale: int = 0) -> TrainReport:
+    steps = [StepStats(version=v, mean_reward=reward, groups=1, skipped=0, tokens=10, masked=0,
+                       loss=0.0, kl=0.0, step_s=step_s) for v in (1, 2)]
+    return TrainReport(steps=steps, wall_s=wall_s, busy_s=2 * step_s, counters={"stale": stale},
+                       swap_s=[0.01], generate_s=[generate_s] * 3)
+
+
+def _run(monkeypatch: pytest.MonkeyPatch, sync: TrainReport, asyn: TrainReport) -> tuple[dict[str, Any], list[Any]]:
+    configs: list[Any] = []
+
+    def fake_run_training(config: Any, on_step: Any = None) -> TrainReport:
+        configs.append(config)
+        return sync if config.staleness == 0 else asyn
+
+    monkeypatch.setattr("node.rl.learner.run_training", fake_run_training)
+    return bench_rl.run(quick=True), configs
+
+
+def test_the_figures_are_exactly_the_named_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 8 rollouts in 2 s per worker (r = 4/s) against B / T = 8 / 10 s: one worker suffices
+    figures, configs = _run(monkeypatch, _report(10.0, 2.0, 30.0, 0.2),
+                            _report(10.0, 2.0, 21.0, 0.3, stale=1))
+    assert set(figures) == KEYS
+    assert figures["busy_sync"] == pytest.approx(20 / 30, abs=1e-3)
+    assert figures["busy_async"] == pytest.approx(20 / 21, abs=1e-3)
+    assert figures["time_ratio_async_vs_sync"] == pytest.approx(0.7)
+    assert (figures["reward_sync"], figures["reward_async"], figures["stale_dropped"]) == (0.2, 0.3, 1)
+    assert [c.staleness for c in configs] == [0, bench_rl.ASYNC_STALENESS]
+    assert configs[1].workers == 1 and configs[0].steps == configs[1].steps
+
+
+def test_a_machine_that_cannot_hold_the_rule_reports_no_busy_fraction(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # generation 40 s per group of 8 (r = 0.2/s) vs B / T = 8 / 1 s: 40 workers needed
+    figures, configs = _run(monkeypatch, _report(1.0, 40.0, 90.0, 0.1), _report(1.0, 40.0, 60.0, 0.1))
+    assert figures["busy_async"] is None
+    assert configs[1].workers == bench_rl.MAX_WORKERS
+    assert "cannot hold the capacity rule" in capsys.readouterr().err

@@ -7,7 +7,9 @@ Contract of every :class:`Backend`:
   asks for it; ``detokenize(ids)`` is its inverse for generated text.
 - ``generate(prompt, params)`` where prompt is a string, chat messages, or token ids, returns
   a :class:`Generation` with the text (exactly ``detokenize(token_ids)``), the token ids, each
-  sampled token's logprob under the model (before temperature), and timing. Sampling is done
+  sampled token's logprob under the model (before temperature), and timing. With
+  ``params.stop``, generation ends at the token that completes a stop string (the text keeps
+  it, so it stays ``detokenize(token_ids)``; the API cuts it where a reply is shown). Sampling is done
   here, in numpy, by :func:`choose_token`, so both backends sample identically.
 - ``score(prompt_ids, continuation_ids)`` returns the logprob of each continuation token given
   everything before it, from one prefill.
@@ -51,6 +53,7 @@ class SamplingParams:
     top_k: int = 0  # keep the k most likely tokens; 0 = off
     seed: int = 0  # seeds the sampler's PCG64 stream
     ignore_eos: bool = False  # keep going past end-of-sequence (benchmarks)
+    stop: tuple[str, ...] = ()  # end once the generated text holds one of these
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,12 +179,19 @@ class Backend(ABC):
                 break
             out.append(tok)
             lps.append(float(lp[tok]))
+            if params.stop and _holds_stop(self.detokenize(out), params.stop):
+                finish = "stop"
+                break
             if i + 1 < params.max_tokens:
                 logits = self._step(tok)
         t2 = time.perf_counter()
         return Generation(text=self.detokenize(out), token_ids=tuple(out), prompt_token_ids=tuple(ids),
                           logprobs=tuple(lps), finish_reason=finish,
                           prompt_ms=(t1 - t0) * 1000.0, generate_ms=(t2 - t1) * 1000.0)
+
+
+def _holds_stop(text: str, stop: Sequence[str]) -> bool:
+    return any(s in text for s in stop)
 
 
 def measure_throughput(backend: Backend, n_tokens: int = 32, seed: int = 0) -> float:

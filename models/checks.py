@@ -2,9 +2,13 @@
 
 The executor's side is models/commitments.py; both run the same computation, so honest work
 always passes. The verifier (:class:`CheckRunner`) rebuilds the prompt from the task exactly
-as the executor's ``models.cot.solve`` did (same chat messages, same serving backend's
-template and tokenizer), then checks that the claimed CoT is the detokenized output and that
-the claimed answer is what the extractor finds in it. Then, when the executor committed layer
+as the executor's ``models.cot.solve`` did (``models.cot.build_prompt``: the task's style and
+conversation, same serving backend's template and tokenizer), then checks that the claimed
+CoT is the detokenized output and that the claimed answer is what ``models.cot.answer_of``
+finds in it. The checks re-run the model over the claimed tokens (teacher forcing), never
+the sampler: a result sampled at any temperature with the attempt's seed
+(``protocol.market.sampling.executor_seed``, which anyone holding the task can recompute)
+checks out exactly as a greedy one does. Then, when the executor committed layer
 states (the default), :meth:`CheckRunner.prepare` says which leaves to fetch from it (the
 caller fetches them: node/verification/state_streams.py in the daemon) and
 :meth:`CheckRunner.run_layers` re-runs layer 1 and the layers the seed drew on them
@@ -22,7 +26,6 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from protocol.answers import AnswerType
 from protocol.market.messages import MAX_ANSWER_CHARS, TaskSpec
 from protocol.verification.verifier import CheckDone, StartCheck
 
@@ -43,12 +46,10 @@ def cot_matches(claimed: str, text: str) -> bool:
 
 
 def task_prompt_ids(backend: Any, task: TaskSpec) -> list[int]:
-    """The prompt ``models.cot.solve`` sends for ``task`` (chain of thought on)."""
-    from models.cot import Problem, build_messages
+    """The prompt ``models.cot.solve`` sends for ``task`` (its style, chain of thought on)."""
+    from models.cot import build_prompt, problem_of
 
-    problem = Problem(question=task.question, answer_type=AnswerType(task.answer_type),
-                      choices=task.choices)
-    return list(backend.prompt_ids(build_messages(problem, cot=True)))
+    return list(backend.prompt_ids(build_prompt(problem_of(task), cot=True)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,15 +84,14 @@ class CheckRunner:
     def _binding(self, e: StartCheck) -> CheckDone | list[int]:
         """The cheap part of every check (the CoT is the output, the answer is the CoT's):
         a failed CheckDone, or the prompt ids rebuilt from the task. Call under the lock."""
-        from models.extract import extract_answer
+        from models.cot import answer_of, problem_of
 
         if e.model_hash != self.model_hash:
             raise ValueError("check for a model this runner does not hold")
         text = self.backend.detokenize(e.output_ids)
         if not cot_matches(e.cot, text):
             return CheckDone(e.check_id, False, "CoT is not the detokenized output tokens")
-        found = extract_answer(text, AnswerType(e.task.answer_type), e.task.choices)
-        if (found.answer if found is not None else "")[:MAX_ANSWER_CHARS] != e.answer:
+        if answer_of(problem_of(e.task), text)[:MAX_ANSWER_CHARS] != e.answer:
             return CheckDone(e.check_id, False, "answer is not the one the output states")
         return task_prompt_ids(self.backend, e.task)
 

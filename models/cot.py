@@ -4,15 +4,25 @@
 ``Final answer: <answer>``, extracts that answer (models.extract), normalizes it
 (protocol.answers) and reports a confidence = exp(mean logprob) of the answer's tokens.
 Without CoT (``cot=False``) the model is asked for the answer alone, in a few tokens.
+
+A problem's ``style`` (``protocol.market.messages.TaskSpec.style``) says how the prompt is
+built (:func:`build_prompt`): ``cot`` as above (earlier conversation turns go between the
+system prompt and the question), ``chat`` the conversation as it is through the model's chat
+template, ``plain`` the question as raw text. For ``chat`` and ``plain`` the whole reply is
+the answer (:func:`answer_of`) and the confidence is exp(mean logprob) of every token. The
+executor (models/solver.py) and the verifier (models/checks.py) both build the prompt and
+the answer with these functions, so an honest result always checks out.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from models.backend import Backend, Message, SamplingParams
 from models.extract import answer_confidence, extract_answer, token_char_offsets
 from protocol.answers import AnswerType, normalize_answer
+from protocol.market.messages import MAX_ANSWER_CHARS, TaskSpec
 
 #: Generation budget for a chain of thought, and for a bare answer.
 COT_MAX_TOKENS = 256
@@ -32,6 +42,8 @@ class Problem:
     question: str
     answer_type: AnswerType = AnswerType.TEXT
     choices: tuple[str, ...] = ()  # options of a CHOICE question, labelled A, B, C...
+    style: str = "cot"  # "cot", "chat" or "plain": how the prompt is built (build_prompt)
+    history: tuple[Message, ...] = ()  # conversation turns before the question, oldest first
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +56,7 @@ class Solution:
     prompt_token_ids: tuple[int, ...]
     logprobs: tuple[float, ...]  # per generated token
     timing: dict[str, float] = field(default_factory=dict)  # prompt_ms, generate_ms, tokens_per_s
+    finish_reason: str = "stop"  # "stop" (the model ended, or a stop string) or "length"
 
 
 def format_question(problem: Problem) -> str:
@@ -54,32 +67,64 @@ def format_question(problem: Problem) -> str:
     return text
 
 
+def problem_of(task: TaskSpec) -> Problem:
+    """The problem a market task poses."""
+    return Problem(question=task.question, answer_type=AnswerType(task.answer_type),
+                   choices=task.choices, style=task.style,
+                   history=tuple({"role": t.role, "content": t.content} for t in task.history))
+
+
 def build_messages(problem: Problem, cot: bool = True) -> list[Message]:
+    """The chat messages of a ``cot``-style problem."""
     hint = _FORMAT_HINTS[problem.answer_type]
     if cot:
         instruction = ("Think step by step, briefly. Then write the last line exactly as "
                        f"'Final answer: <answer>'. {hint}")
     else:
         instruction = f"Reply with 'Final answer: <answer>' and nothing else. {hint}"
-    return [{"role": "system", "content": SYSTEM_PROMPT},
+    return [{"role": "system", "content": SYSTEM_PROMPT}, *problem.history,
             {"role": "user", "content": f"{format_question(problem)}\n\n{instruction}"}]
 
 
+def build_prompt(problem: Problem, cot: bool = True) -> str | list[Message]:
+    """What the model reads for ``problem``: chat messages, or raw text (``plain``)."""
+    if problem.style == "plain":
+        return problem.question
+    if problem.style == "chat":
+        return [*problem.history, {"role": "user", "content": problem.question}]
+    return build_messages(problem, cot)
+
+
+def answer_of(problem: Problem, text: str) -> str:
+    """The raw answer a generated ``text`` gives ("" when a CoT states none)."""
+    if problem.style in ("chat", "plain"):
+        return text.strip()[:MAX_ANSWER_CHARS]
+    found = extract_answer(text, problem.answer_type, problem.choices)
+    return found.answer if found is not None else ""
+
+
 def solve(backend: Backend, problem: Problem, *, cot: bool = True, seed: int = 0,
-          max_tokens: int | None = None, temperature: float = 0.0) -> Solution:
-    """Answer ``problem`` with ``backend``; deterministic for a fixed seed at temperature 0."""
+          max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
+          stop: tuple[str, ...] = ()) -> Solution:
+    """Answer ``problem`` with ``backend``; for a fixed seed the same tokens on one machine."""
     budget = max_tokens or (COT_MAX_TOKENS if cot else DIRECT_MAX_TOKENS)
-    gen = backend.generate(build_messages(problem, cot),
-                           SamplingParams(max_tokens=budget, temperature=temperature, seed=seed))
+    gen = backend.generate(build_prompt(problem, cot), SamplingParams(
+        max_tokens=budget, temperature=temperature, top_p=top_p, seed=seed, stop=stop))
+    timing = {"prompt_ms": gen.prompt_ms, "generate_ms": gen.generate_ms,
+              "tokens_per_s": gen.tokens_per_s}
+    common = dict(cot_text=gen.text, token_ids=gen.token_ids,
+                  prompt_token_ids=gen.prompt_token_ids, logprobs=gen.logprobs, timing=timing,
+                  finish_reason=gen.finish_reason)
+    if problem.style in ("chat", "plain"):
+        reply = answer_of(problem, gen.text)
+        mean = sum(gen.logprobs) / len(gen.logprobs) if gen.logprobs else 0.0
+        return Solution(answer=reply, normalized=normalize_answer(AnswerType.TEXT, reply),
+                        confidence=min(1.0, math.exp(mean)), **common)  # type: ignore[arg-type]
     found = extract_answer(gen.text, problem.answer_type, problem.choices)
     offsets = token_char_offsets(gen.token_ids, backend.detokenize) if found else []
     raw = found.answer if found else ""
     return Solution(
         answer=raw,
         normalized=normalize_answer(problem.answer_type, raw, problem.choices) if found else None,
-        confidence=answer_confidence(found, offsets, gen.logprobs),
-        cot_text=gen.text, token_ids=gen.token_ids, prompt_token_ids=gen.prompt_token_ids,
-        logprobs=gen.logprobs,
-        timing={"prompt_ms": gen.prompt_ms, "generate_ms": gen.generate_ms,
-                "tokens_per_s": gen.tokens_per_s},
+        confidence=answer_confidence(found, offsets, gen.logprobs), **common,  # type: ignore[arg-type]
     )

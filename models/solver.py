@@ -6,10 +6,13 @@ default: the embedded SmolLM2; ``threads``; ``temperature``; the states folder u
 dir). Every solver, this one or another, returns a :class:`Solution`. At start it loads the
 model and measures its generation speed (``models.backend.measure_throughput``), which is what
 bids estimate latency from; the advertised model carries the registry's quantization. Each
-task runs ``models.cot.solve`` (prompt, generate, extract, normalize, confidence): greedy at
-temperature 0, else sampled with a seed drawn from the task id and a salt this solver picks at
-random, so the k executors of one task sample k different chains (self-consistency voting); the
-simulator hands in a salt drawn from its scenario seed instead, so its runs are reproducible.
+task runs ``models.cot.solve`` (prompt, generate, extract, normalize, confidence) with the
+sampling the requester put in the task (temperature, top-p, stop strings) and the seed of this
+attempt (``protocol.market.sampling.executor_seed``: task id, the requester's seed base and the
+attempt), so the k executors of one task sample k different chains (self-consistency voting)
+and anyone holding the task can recompute the seed. The simulator's scenarios fix their own
+sampling instead: a ``temperature`` and a ``salt`` drawn from the scenario seed given to the
+constructor replace the task's temperature and seed, so its runs are reproducible.
 A backend runs one call at a time, so calls are serialized by a lock (``slots`` above 1 only
 queue). Each solution carries its output token ids; with ``fingerprints`` on (the executor
 service turns it on when verification is, i.e. its machine commits to results) also their
@@ -22,7 +25,6 @@ generation time on a CPU), so it is off.
 
 from __future__ import annotations
 
-import secrets
 import threading
 import time
 from dataclasses import dataclass
@@ -30,9 +32,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from crypto.hashing import digest
-from protocol.answers import AnswerType
 from protocol.market.executor import ServedModel
 from protocol.market.messages import TaskSpec
+from protocol.market.sampling import executor_seed
 
 if TYPE_CHECKING:
     from models.backend import Backend
@@ -64,28 +66,36 @@ class Solution:
     #: Merkle root and layer count of the layer states kept for verifiers (models.state_store)
     states_root: bytes = b""
     state_layers: int = 0
+    #: tokens of the prompt, and why generation ended ("stop" or "length")
+    prompt_tokens: int = 0
+    finish_reason: str = "stop"
 
 
 class ModelsSolver:
-    def __init__(self, backend: Backend, *, temperature: float = 0.0,
+    def __init__(self, backend: Backend, *, temperature: float | None = None,
                  fingerprints: bool = False, states: StateStore | None = None,
                  salt: bytes | None = None) -> None:
         self.backend = backend
         #: where the layer states of committed results are kept for verifiers (None: commit
         #: fingerprints only, checked by a whole prefill)
         self.states = states
+        #: None (the daemon): each task's own temperature; a number replaces it
         self.temperature = temperature
         #: fingerprint each solution's activations (for commit/reveal verification)
         self.fingerprints = fingerprints
-        #: mixed into every sampling seed; None (the daemon): a secret of this solver's own
-        self._salt = secrets.token_bytes(16) if salt is None else salt
+        #: None (the daemon): seeds are the task's (executor_seed); bytes: this solver draws
+        #: its own seed per task from the task id and this salt (the simulator's scenarios)
+        self._salt = salt
         self._lock = threading.Lock()
 
-    def seed_for(self, task_id: bytes) -> int:
-        """0 when greedy (the seed is unused); else this solver's own draw for the task."""
-        if self.temperature <= 0.0:
-            return 0
-        return int.from_bytes(digest(task_id + self._salt, person=SEED_PERSON)[:8]) >> (
+    def temperature_for(self, task: TaskSpec) -> float:
+        return task.temperature if self.temperature is None else self.temperature
+
+    def seed_for(self, task: TaskSpec, attempt: int) -> int:
+        """The sampler seed of ``attempt`` at ``task`` (unused when greedy)."""
+        if self._salt is None:
+            return executor_seed(task.task_id, task.seed, attempt)
+        return int.from_bytes(digest(task.task_id + self._salt, person=SEED_PERSON)[:8]) >> (
             64 - SEED_BITS)
 
     def models(self) -> list[ServedModel]:
@@ -113,17 +123,18 @@ class ModelsSolver:
         layer_states(fb, ids)
         return time.perf_counter() - started
 
-    def solve(self, task: TaskSpec, model: str, max_tokens: int) -> Solution:
-        from models.cot import Problem, solve
+    def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int = 0) -> Solution:
+        """Answer ``task`` as the executor of ``attempt`` (which picks the sampling seed)."""
+        from models.cot import problem_of, solve
 
-        problem = Problem(question=task.question, answer_type=AnswerType(task.answer_type),
-                          choices=task.choices)
+        problem = problem_of(task)
         started = time.perf_counter()
         from models.commitments import Commitments, commitments_for, fingerprints_for
 
         with self._lock:
             sol = solve(self.backend, problem, max_tokens=max_tokens,
-                        temperature=self.temperature, seed=self.seed_for(task.task_id))
+                        temperature=self.temperature_for(task), top_p=task.top_p,
+                        stop=task.stop, seed=self.seed_for(task, attempt))
             made = Commitments((), b"", 0)
             if self.fingerprints and self.states is not None:
                 made = commitments_for(self.backend, sol.prompt_token_ids, sol.token_ids,
@@ -136,10 +147,12 @@ class ModelsSolver:
                         compute_ms=int((time.perf_counter() - started) * 1000),
                         model_hash=bytes.fromhex(self.backend.identity_hash),
                         fingerprints=made.fingerprints, output_ids=tuple(sol.token_ids),
-                        states_root=made.states_root, state_layers=made.state_layers)
+                        states_root=made.states_root, state_layers=made.state_layers,
+                        prompt_tokens=len(sol.prompt_token_ids),
+                        finish_reason=sol.finish_reason)
 
 
-def load_models_solver(model: str = "", *, threads: int = 0, temperature: float = 0.0,
+def load_models_solver(model: str = "", *, threads: int = 0, temperature: float | None = None,
                        states_dir: Path | None = None) -> ModelsSolver:
     """Load ``model`` ("" = the embedded default) on llama.cpp with ``threads`` threads (0 =
     its default); with ``states_dir``, keep committed layer states there for verifiers."""

@@ -142,7 +142,7 @@ def _start_network(net: Any) -> Any:
                                        "tasks": {"assign_base_ms": ASSIGN_BASE_MS}},
                       timeout_s=START_TIMEOUT_S)
     execs = [net.start(f"e{i}", bootstrap=[asker], wait=False, config={"executor": {
-        "solver": "models", "temperature": 0.0, "threads": THREADS}})
+        "solver": "models", "threads": THREADS}})
         for i in range(3)]
     for node in execs:
         node.wait_ready(START_TIMEOUT_S)

@@ -27,11 +27,13 @@ from typing import Any
 
 from node.cli.progress import working
 from node.testnet import LocalTestnet, NodeProcess
+from protocol.market.sampling import VOTING_TEMPERATURE
 
 DEFAULT_QUESTIONS = 20
 DEFAULT_MAX_TOKENS = 96
-#: sampling temperature of the demo's executors (0 would make the three chains identical)
-TEMPERATURE = 0.7
+#: the temperature of a k > 1 task whose requester sets none (0 would make the three chains
+#: identical); the demo's asks leave it to that default
+TEMPERATURE = VOTING_TEMPERATURE
 EXECUTOR_THREADS = 1
 K = 3
 ASK_DEADLINE_MS = 180_000
@@ -77,7 +79,7 @@ def start_network(net: LocalTestnet, executors: int, echo: Callable[[str], None]
                                    "tasks": {"assign_base_ms": ASSIGN_BASE_MS}},
                       timeout_s=START_TIMEOUT_S)
     echo(f"node a: {first.peer_id} at {first.addresses[0]} (asks; serves no model)")
-    config = {"executor": {"temperature": TEMPERATURE, "threads": EXECUTOR_THREADS}}
+    config = {"executor": {"threads": EXECUTOR_THREADS}}
     rest = [net.start(chr(ord("b") + i), bootstrap=[first], wait=False, config=config)
             for i in range(executors)]
     for node in rest:

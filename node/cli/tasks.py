@@ -109,11 +109,19 @@ def print_task(snap: dict[str, Any], show_cot: bool) -> None:
 @click.option("--deadline-ms", type=click.IntRange(1000, 24 * 3600 * 1000),
               default=DEFAULT_DEADLINE_MS, show_default=True)
 @click.option("--max-tokens", type=click.IntRange(1, 32768), default=None)
+@click.option("--temperature", type=click.FloatRange(0.0, 2.0), default=None,
+              help="Sampling temperature of every executor (default: greedy for k = 1, "
+              "0.7 for a vote, so the k chains differ).")
+@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=None,
+              help="Nucleus sampling mass (default 1: off).")
+@click.option("--seed", type=click.IntRange(0, (1 << 63) - 1), default=None,
+              help="Seed base; each executor's seed derives from it, the task and its attempt.")
 @click.option("--json", "as_json", is_flag=True, help="Print the task snapshot as JSON.")
 @click.option("--show-cot", is_flag=True, help="Print every executor's chain of thought.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None)
 def ask(question: str, k: int | None, model: str, family: str, answer_type: str,
-        choices: tuple[str, ...], deadline_ms: int, max_tokens: int | None, as_json: bool,
+        choices: tuple[str, ...], deadline_ms: int, max_tokens: int | None,
+        temperature: float | None, top_p: float | None, seed: int | None, as_json: bool,
         show_cot: bool, data_dir: str | None) -> None:
     """Ask the network QUESTION; print the voted answer, the votes and who computed what.
 
@@ -127,6 +135,9 @@ def ask(question: str, k: int | None, model: str, family: str, answer_type: str,
         body["k"] = k
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
+    for key, value in (("temperature", temperature), ("top_p", top_p), ("seed", seed)):
+        if value is not None:
+            body[key] = value
     if as_json:
         snap = _call(client.post, "/tasks/", body)
         click.echo(json.dumps(snap, indent=2, sort_keys=True))

@@ -3,35 +3,28 @@
 * ``GET /tasks/`` (recent tasks, ``?limit=``) and ``GET /tasks/{id}``: open to local readers,
   like ``/status``.
 * ``POST /tasks/``: ask the network (JSON: ``question``, ``k``, ``model``, ``family``,
-  ``answer_type``, ``choices``, ``deadline_ms``, ``max_tokens``, ``wait`` (default true)).
+  ``answer_type``, ``choices``, ``deadline_ms``, ``max_tokens``, the prompt's ``style`` and
+  ``history`` and the sampling ``temperature``, ``top_p``, ``seed``, ``stop``: see
+  node/market/ask_request.py; ``wait`` (default true)).
   Answers the final snapshot (answer, vote table, every CoT with its executor), or with
   ``wait: false`` the task id at once (202). Needs the API token.
-* OpenAI-compatible, token-protected (the API token is the OpenAI ``api_key``), with the
-  base URL ``http://127.0.0.1:<port>/v1``, mounted at the root so existing OpenAI clients
-  work unchanged: ``POST /v1/chat/completions`` routes a chat through the network (``k``
-  defaults to 1; with ``k`` > 1 the content is the voted answer) and ``GET /v1/models``. Streaming
-  is not supported (400). Extra request fields ``k``, ``answer_type``, ``deadline_ms``; the
-  response carries the task snapshot under ``symphony``.
+* The OpenAI-compatible routes (``/v1/...``) are node/api/openai_routes.py's.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from node.api.app import require_token, token_route
+from node.api.app import token_route
+from node.market.ask_request import AskError
 
-#: model names that mean "any model the network serves"
-ANY_MODEL = ("", "auto", "symphony", "default")
+__all__ = ["AskError", "TasksAccess", "best_answer_text", "task_routes"]
+
 MAX_LIST = 1000
-
-
-class AskError(ValueError):
-    """A request to ask is malformed (the routes answer 400 with this message)."""
 
 
 class TasksAccess(Protocol):
@@ -101,59 +94,4 @@ def task_routes(service: TasksAccess) -> list[BaseRoute]:
         Route("/", list_tasks, methods=["GET"]),
         token_route("/", create_task, methods=["POST"]),
         Route("/{task_id:str}", show_task, methods=["GET"]),
-    ]
-
-
-def openai_routes(service: TasksAccess) -> list[BaseRoute]:
-    """``/v1/chat/completions`` and ``/v1/models``, mounted at the API's root."""
-
-    async def chat_completions(request: Request) -> Response:
-        body = await _json(request)
-        if body is None:
-            return _error("the body must be a JSON object")
-        if body.get("stream"):
-            return _error("streaming is not supported by this node")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            return _error("messages must be a non-empty list")
-        parts = []
-        for m in messages:
-            if not isinstance(m, dict) or not isinstance(m.get("content"), str):
-                return _error("each message needs a string content")
-            if m.get("role") in ("system", "user"):
-                parts.append(m["content"])
-        model = body.get("model") or ""
-        ask = {"question": "\n\n".join(parts), "k": body.get("k", 1),
-               "answer_type": body.get("answer_type", "text"),
-               "model": "" if str(model).lower() in ANY_MODEL else model,
-               "deadline_ms": body.get("deadline_ms"), "max_tokens": body.get("max_tokens")}
-        try:
-            snap = await service.ask(ask)
-        except AskError as exc:
-            return _error(str(exc))
-        if snap["phase"] != "done":
-            return JSONResponse({"error": {"message": f"task {snap['task_id']} "
-                                           f"{snap['phase']}: {snap.get('failure', '')}",
-                                           "type": "server_error"}, "symphony": snap},
-                                status_code=504 if snap["phase"] != "failed" else 502)
-        tokens = sum(int(r.get("tokens", 0)) for r in snap["results"])
-        return JSONResponse({
-            "id": f"chatcmpl-{snap['task_id']}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model or "symphony",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": best_answer_text(snap)}}],
-            "usage": {"prompt_tokens": 0, "completion_tokens": tokens, "total_tokens": tokens},
-            "symphony": snap,
-        })
-
-    async def list_models(request: Request) -> Response:
-        names = sorted(service.known_models())
-        return JSONResponse({"object": "list", "data": [
-            {"id": n, "object": "model", "created": 0, "owned_by": "symphony"} for n in names]})
-
-    return [
-        token_route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/models", require_token(list_models), methods=["GET"]),
     ]

@@ -7,7 +7,8 @@
   ``ComputeFailed`` if the solver raised), and ``CancelCompute`` stops waiting for it.
 * A solver is any object with ``models() -> list[ServedModel]`` (names, context, weights
   hash, *measured* tokens/s; called once at start, in a thread) and
-  ``solve(task: TaskSpec, model: str, max_tokens: int) -> Solution`` (blocking); one with a
+  ``solve(task: TaskSpec, model: str, max_tokens: int, attempt: int) -> Solution``
+  (blocking; the attempt picks the sampling seed, protocol.market.sampling); one with a
   ``fingerprints`` attribute gets it set to whether this executor commits (verification). The
   ``[executor] solver`` setting names a factory ``"module:callable"`` taking
   ``(section, data_dir)`` (any importable module: tests load their own double this way).
@@ -16,6 +17,8 @@
   plain ``symphony node run`` executes. ``solver = ""`` opts out: the node never bids, and
   says so in its status and log; so does a solver that fails to start (e.g. models/ not
   installed), without stopping the node. A solver's result is a models.solver.Solution.
+* Sampling is the requester's choice, carried by the task (temperature, top-p, seed base,
+  stop strings); the executor has no temperature of its own.
 """
 
 from __future__ import annotations
@@ -56,7 +59,6 @@ from protocol.market.messages import (
 from protocol.verification.executor import VerifiedExecutor
 
 MAX_FAILURE_TEXT = 120
-MAX_TEMPERATURE = 2.0
 #: solver names that need no "module:callable"
 BUILTIN_SOLVERS = {"models": "node.market.executor:models_solver"}
 
@@ -64,7 +66,7 @@ BUILTIN_SOLVERS = {"models": "node.market.executor:models_solver"}
 class Solver(Protocol):
     def models(self) -> list[ServedModel]: ...
 
-    def solve(self, task: TaskSpec, model: str, max_tokens: int) -> Solution: ...
+    def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int) -> Solution: ...
 
 
 @dataclass(frozen=True)
@@ -72,16 +74,12 @@ class ExecutorSection:
     """Tunables of the executor side (``[executor]`` in node.toml)."""
 
     feeds: ClassVar[type] = ExecutorConfig
-    node_fields: ClassVar[tuple[str, ...]] = ("solver", "model", "temperature", "threads",
-                                               "price_per_1k")
+    node_fields: ClassVar[tuple[str, ...]] = ("solver", "model", "threads", "price_per_1k")
     #: "models" (models/solver.py), or "module:callable" building a solver from
     #: (section, data_dir); "" = do not execute
     solver: str = "models"
     #: with solver = "models": registry name, .gguf path or HF dir ("" = the default model)
     model: str = ""
-    #: with solver = "models": sampling temperature (0 = greedy). Above 0, each executor
-    #: draws its own seed per task, so k executors give k independent chains to vote on
-    temperature: float = 0.0
     #: with solver = "models": CPU threads for the model (0 = the backend's default)
     threads: int = 0
     #: tasks computed at once; each bid holds one slot for hold_ms
@@ -98,8 +96,6 @@ class ExecutorSection:
                 raise ValueError(f"{name} must be positive")
         if self.price_per_1k < 0:
             raise ValueError("price_per_1k must not be negative")
-        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
-            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE}]")
         if self.threads < 0:
             raise ValueError("threads must not be negative (0 = the backend's default)")
         module, colon, attr = self.solver.partition(":")
@@ -109,13 +105,13 @@ class ExecutorSection:
 
 
 def models_solver(section: ExecutorSection, data_dir: Path) -> Solver:
-    """The builtin solver: models/solver.py on ``section``'s model, threads and temperature,
-    keeping committed layer states under ``data_dir`` for verifiers."""
+    """The builtin solver: models/solver.py on ``section``'s model and threads, keeping
+    committed layer states under ``data_dir`` for verifiers."""
     from models.solver import load_models_solver
     from models.state_store import STATES_DIR
 
     return load_models_solver(section.model, threads=section.threads,
-                              temperature=section.temperature, states_dir=data_dir / STATES_DIR)
+                              states_dir=data_dir / STATES_DIR)
 
 
 def load_solver(spec: str, section: ExecutorSection, data_dir: Path) -> Solver:
@@ -196,7 +192,8 @@ class ExecutorService(NurseryService):
                 # abandon_on_cancel: a cancelled job stops being waited for; the thread
                 # finishes on its own and its result is dropped
                 sol = await trio.to_thread.run_sync(
-                    functools.partial(solver.solve, job.task, job.model, job.task.max_tokens),
+                    functools.partial(solver.solve, job.task, job.model, job.task.max_tokens,
+                                      job.attempt),
                     abandon_on_cancel=True)
             except Exception as exc:
                 self.failed += 1
@@ -208,7 +205,8 @@ class ExecutorService(NurseryService):
                 event = ComputeDone(job.task.task_id, job.attempt, sol.answer, sol.cot,
                                     sol.confidence, sol.tokens, sol.compute_ms, sol.model_hash,
                                     sol.fingerprints, sol.fingerprint_root, sol.output_ids,
-                                    sol.states_root, sol.state_layers)
+                                    sol.states_root, sol.state_layers, sol.prompt_tokens,
+                                    sol.finish_reason)
         self._scopes.pop(key, None)
         if event is not None and not scope.cancelled_caught:
             await self.ctx.submit(self.name, event)

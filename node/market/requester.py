@@ -25,10 +25,11 @@ from typing import Any, ClassVar
 
 import trio
 
+from node.api.openai_routes import openai_routes
 from node.config import fed_config
-from node.market.api import AskError, openai_routes, task_routes
+from node.market.api import task_routes
+from node.market.ask_request import AskError, parse_ask
 from node.service import NodeContext, Service
-from protocol.answers import AnswerType
 from protocol.ledger.trust import TrustView
 from protocol.market.attestations import ledger_attestation
 from protocol.market.auction import (
@@ -44,14 +45,12 @@ from protocol.market.auction import (
 from protocol.market.linucb import DEFAULT_ALPHA, DEFAULT_LAMBDA, FEATURES, LinUCB, LinUCBSelector
 from protocol.market.messages import (
     MAX_K,
-    MAX_QUESTION_CHARS,
-    MAX_TASK_MS,
-    MAX_TOKENS,
     Bid,
     Reject,
     Requirement,
     Result,
     TaskSpec,
+    Turn,
 )
 from protocol.market.selection import ScoreSelector, Selector
 
@@ -140,6 +139,7 @@ class TasksService(Service):
         self._waiters: dict[str, trio.Event] = {}
         self._latest: dict[str, dict[str, Any]] = {}
         self._restored = 0
+        self._started_at = time.time()
 
     @property
     def machine(self) -> Auction:
@@ -252,39 +252,9 @@ class TasksService(Service):
     # ---------------------------------------------------------------- asking
 
     def submit_event(self, request: dict[str, Any]) -> SubmitTask:
-        """Validate an ask request (JSON-like) into a ``SubmitTask``; raises AskError."""
-        s = self.section
-        question = request.get("question")
-        if not isinstance(question, str) or not question.strip():
-            raise AskError("question must be a non-empty string")
-        if len(question) > MAX_QUESTION_CHARS:
-            raise AskError(f"question is longer than {MAX_QUESTION_CHARS} characters")
-        answer_type = request.get("answer_type") or AnswerType.TEXT.value
-        if answer_type not in {t.value for t in AnswerType}:
-            raise AskError(f"answer_type must be one of {[t.value for t in AnswerType]}")
-        choices = request.get("choices") or []
-        if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
-            raise AskError("choices must be a list of strings")
-
-        def number(key: str, default: int, lo: int, hi: int) -> int:
-            value = request.get(key)
-            if value is None:
-                return default
-            if type(value) is not int or not lo <= value <= hi:
-                raise AskError(f"{key} must be an integer in [{lo}, {hi}]")
-            return value
-
-        model = request.get("model") or ""
-        family = request.get("family") or ""
-        if not isinstance(model, str) or not isinstance(family, str):
-            raise AskError("model and family must be strings")
-        return SubmitTask(
-            question=question, answer_type=answer_type, choices=tuple(choices), model=model,
-            family=family, k=number("k", s.default_k, 1, MAX_K),
-            deadline_ms=number("deadline_ms", s.default_deadline_ms, 1_000, MAX_TASK_MS),
-            max_tokens=number("max_tokens", s.default_max_tokens, 1, MAX_TOKENS),
-            max_price=s.default_max_price, task_id=self.ctx.rng.randbytes(32),
-        )
+        """Validate an ask request (JSON-like, node/market/ask_request.py) into a
+        ``SubmitTask``; raises AskError."""
+        return parse_ask(request, self.section, self.ctx.rng.randbytes(32))
 
     async def ask(self, request: dict[str, Any], *, wait: bool = True) -> dict[str, Any]:
         event = self.submit_event(request)
@@ -300,6 +270,36 @@ class TasksService(Service):
         if snap is None:
             raise AskError("the task was refused by the auction (see the daemon log)")
         return snap
+
+    async def wait_done(self, task_id: str) -> dict[str, Any]:
+        """The snapshot of our task ``task_id`` once it is finished (or as it stands when its
+        deadline and the grace after it have passed)."""
+        snap = self._latest.get(task_id) or self.load(task_id)
+        if snap is None:
+            raise AskError(f"no task {task_id}")
+        if snap["phase"] in OPEN_PHASES:
+            done = self._waiters.setdefault(task_id, trio.Event())
+            left_s = (int(snap["deadline_at_ms"]) - self.ctx.clock()) / 1000.0
+            with trio.move_on_after(max(0.0, left_s) + ASK_GRACE_S):
+                await done.wait()
+            snap = self._latest.get(task_id) or self.load(task_id) or snap
+        return snap
+
+    def model_created(self) -> dict[str, int]:
+        """Each served model's name -> when its offer was made (Unix seconds): the oldest
+        live ledger record offering it, or this daemon's start for its own executor's."""
+        created: dict[str, int] = {}
+        executor = self.ctx.services.get("executor")
+        config = getattr(getattr(executor, "machine", None), "config", None)
+        for m in getattr(config, "models", ()):
+            created[m.name] = int(self._started_at)
+        view = getattr(getattr(self.ctx.services.get("ledger"), "machine", None), "view", None)
+        if view is not None:
+            for match in view.find_peers(self.ctx.clock()):
+                at = match.record.issued_at_ms // 1000
+                for offer in match.record.models:
+                    created[offer.name] = min(created.get(offer.name, at), at)
+        return created
 
     def known_models(self) -> set[str]:
         """Model names this node or any live ledger peer serves."""
@@ -333,6 +333,10 @@ def restore_event(snap: dict[str, Any], own_peer: str, remaining_ms: int) -> Res
         requirement=Requirement(model=snap["model"], family=snap["family"],
                                 min_context=int(snap["min_context"])),
         k=int(snap["k"]), max_price=float(snap["max_price"]), max_tokens=int(snap["max_tokens"]),
+        style=snap.get("style", "cot"),
+        history=tuple(Turn(role=t["role"], content=t["content"]) for t in snap.get("history", ())),
+        temperature=float(snap.get("temperature", 0.0)), top_p=float(snap.get("top_p", 1.0)),
+        seed=int(snap.get("seed", 0)), stop=tuple(snap.get("stop", ())),
     )
     kept = tuple(KeptResult(bytes.fromhex(r["envelope"]), float(r["match_score"]))
                  for r in snap["results"])

@@ -82,6 +82,7 @@ from protocol.market.messages import (
     TaskSpec,
 )
 from protocol.market.results import ResultIntake
+from protocol.market.sampling import default_temperature
 from protocol.market.selection import Selector
 from protocol.market.state import (
     Attempt,
@@ -208,8 +209,14 @@ class Auction(Bidding, ResultIntake):
             answer_type=ev.answer_type, choices=ev.choices,
             requirement=Requirement(model=ev.model, family=ev.family,
                                     min_context=ev.min_context),
-            k=ev.k, max_price=ev.max_price, max_tokens=ev.max_tokens,
+            k=ev.k, max_price=ev.max_price, max_tokens=ev.max_tokens, style=ev.style,
+            history=ev.history, top_p=ev.top_p, seed=ev.seed, stop=ev.stop,
+            temperature=default_temperature(ev.k) if ev.temperature is None else ev.temperature,
         )
+        try:
+            spec.check()
+        except ValueError as exc:
+            raise LocalProtocolError(f"task: {exc}") from None
         task = OpenTask(spec=spec, allow_self=ev.allow_self, phase=TaskPhase.BIDDING,
                         created_at_ms=now, deadline_at_ms=now + ev.deadline_ms)
         self.tasks[task_id] = task

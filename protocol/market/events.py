@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from protocol.codec import MAX_FRAME_BYTES
-from protocol.market.messages import MAX_COT_CHARS, TaskSpec
+from protocol.market.messages import MAX_COT_CHARS, TaskSpec, Turn
 from protocol.market.state import TaskSnapshot
 
 #: ``Attest.kind`` for task outcomes, and its outcomes about an executor's work on one task
@@ -62,6 +62,14 @@ class SubmitTask:
     allow_self: bool = False
     #: None: the auction draws one from its rng
     task_id: bytes | None = None
+    #: how the prompt is built and the conversation before the question (TaskSpec)
+    style: str = "cot"
+    history: tuple[Turn, ...] = ()
+    #: sampling; temperature None: protocol.market.sampling.default_temperature(k)
+    temperature: float | None = None
+    top_p: float = 1.0
+    seed: int = 0
+    stop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +166,9 @@ class ComputeDone:
     #: layer count (models.layer_states; empty / 0 when it keeps none)
     states_root: bytes = b""
     state_layers: int = 0
+    #: tokens of the prompt the model read, and why generation ended ("stop" or "length")
+    prompt_tokens: int = 0
+    finish_reason: str = "stop"
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from protocol.market.messages import (
     ASSIGN_DOMAIN,
     BEACON_DOMAIN,
     BID_DOMAIN,
+    MAX_CONTEXT,
     MAX_COT_CHARS,
     MAX_QUESTION_CHARS,
     RESULT_DOMAIN,
@@ -283,7 +284,8 @@ class Executor:
             move_job(job, JobState.RELEASED, now + REMEMBER_MS)
             return self._reject(peer, task.task_id, body.attempt, RejectReason.EXPIRED,
                                 "reservation expired")
-        if (len(task.question) > self.config.max_question_chars
+        prompt_chars = len(task.question) + sum(len(t.content) for t in task.history)
+        if (prompt_chars > self.config.max_question_chars
                 or task.max_tokens > self.config.max_tokens
                 or body.deadline_ms > self.config.max_task_ms):
             move_job(job, JobState.RELEASED, now + REMEMBER_MS)
@@ -344,6 +346,8 @@ class Executor:
             cot=cot, confidence=min(1.0, max(0.0, ev.confidence)), tokens=max(0, ev.tokens),
             compute_ms=max(0, ev.compute_ms), model_hash=ev.model_hash,
             fingerprints=ev.fingerprints, fingerprint_root=ev.fingerprint_root,
+            prompt_tokens=min(MAX_CONTEXT, max(0, ev.prompt_tokens)),
+            finish_reason="length" if ev.finish_reason == "length" else "stop",
         )
         move_job(job, JobState.DONE, now + REMEMBER_MS)
         self._count("results_sent")

@@ -25,7 +25,16 @@ ResultBody  48      executor / RESULT        answer, CoT, confidence, tokens, mo
 Result      49      unicast to requester     envelope of a ResultBody
 Reject      50      executor -> requester    refuses an assignment or reports a failure
 Cancel      51      requester -> executor    drop the assignment / release the reservation
+Turn        52      (nested in TaskSpec)     one earlier turn of a conversation
 ==========  ======  =======================  =================================================
+
+A task names how its prompt is built (``TaskSpec.style``): ``cot`` asks for a chain of
+thought ending in a final-answer line (what voting compares), ``chat`` sends the
+conversation as it is (the reply is the answer), ``plain`` sends the question as raw text
+with no chat template (a completion). The requester also fixes the sampling (temperature,
+top-p, a seed base and stop strings); each executor derives its own seed from the seed base
+and its attempt (protocol.market.sampling), so the k executors of a task sample k different
+chains and anyone holding the task can recompute any executor's seed.
 """
 
 from __future__ import annotations
@@ -69,6 +78,15 @@ MAX_FINGERPRINTS = 512
 MAX_FINGERPRINT_BYTES = 1024
 MAX_LATENCY_MS = MAX_TASK_MS
 MAX_SLOTS = 1024
+#: earlier turns of a conversation a task carries, and the roles a turn may have
+MAX_TURNS = 64
+TURN_ROLES = ("system", "user", "assistant")
+TASK_STYLES = ("cot", "chat", "plain")
+MAX_STOP = 4
+MAX_STOP_CHARS = 64
+MAX_TEMPERATURE = 2.0
+MAX_SEED = (1 << 63) - 1
+MAX_FINISH_REASON = 16
 
 
 @message(40)
@@ -79,6 +97,19 @@ class Requirement(Message):
     model: str = limits(max_len=MAX_MODEL_NAME)
     family: str = limits(max_len=MAX_MODEL_NAME)
     min_context: int = limits(lo=0, hi=MAX_CONTEXT)
+
+
+@message(52)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Turn(Message):
+    """One earlier turn of a conversation: who said it and what."""
+
+    role: str = limits(max_len=16)
+    content: str = limits(max_len=MAX_QUESTION_CHARS)
+
+    def check(self) -> None:
+        if self.role not in TURN_ROLES:
+            raise ValueError(f"turn role must be one of {TURN_ROLES}")
 
 
 @message(41)
@@ -95,6 +126,31 @@ class TaskSpec(Message):
     #: the most the requester pays one executor for this task
     max_price: float = limits(lo=0.0, hi=MAX_PRICE)
     max_tokens: int = limits(lo=1, hi=MAX_TOKENS)
+    #: how the prompt is built: "cot", "chat" or "plain" (see the top of this module)
+    style: str = limits(max_len=8, default="cot")
+    #: the conversation before ``question`` (the last user turn), oldest first
+    history: tuple[Turn, ...] = limits(max_items=MAX_TURNS, default=())
+    #: sampling every executor uses; temperature 0 is greedy
+    temperature: float = limits(lo=0.0, hi=MAX_TEMPERATURE, default=0.0)
+    top_p: float = limits(lo=0.0, hi=1.0, default=1.0)
+    #: the requester's seed base, from which each executor's seed is derived
+    seed: int = limits(lo=0, hi=MAX_SEED, default=0)
+    #: generation ends once the text holds one of these
+    stop: tuple[str, ...] = limits(max_items=MAX_STOP, max_len=MAX_STOP_CHARS, default=())
+
+    def check(self) -> None:
+        if self.style not in TASK_STYLES:
+            raise ValueError(f"style must be one of {TASK_STYLES}")
+        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE}]")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError("top_p must be in (0, 1]")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed must be in [0, {MAX_SEED}]")
+        if any(not s for s in self.stop):
+            raise ValueError("a stop string must not be empty")
+        if sum(len(t.content) for t in self.history) + len(self.question) > MAX_QUESTION_CHARS * 4:
+            raise ValueError("the conversation is too long")
 
 
 @message(42)
@@ -185,6 +241,10 @@ class ResultBody(Message):
         max_items=MAX_FINGERPRINTS, max_len=MAX_FINGERPRINT_BYTES
     )
     fingerprint_root: bytes = limits(max_len=HASH_LEN)
+    #: tokens of the prompt the executor's model read
+    prompt_tokens: int = limits(lo=0, hi=MAX_CONTEXT, default=0)
+    #: "stop" (the model ended, or a stop string), or "length" (max_tokens cut it)
+    finish_reason: str = limits(max_len=MAX_FINISH_REASON, default="stop")
 
 
 @message(49)

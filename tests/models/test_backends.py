@@ -40,6 +40,17 @@ def test_sampling_depends_on_seed_only(tiny_hf):
     assert runs[0] == runs[1] != runs[2]
 
 
+def test_a_stop_string_ends_generation_at_the_token_completing_it(tiny_hf):
+    free = tiny_hf.generate(PROMPT, SamplingParams(max_tokens=24, ignore_eos=True))
+    stop = free.text[len(free.text) // 2:len(free.text) // 2 + 2]
+    assert stop.strip(), "the tiny model's text should have a visible middle"
+    cut = tiny_hf.generate(PROMPT, SamplingParams(max_tokens=24, ignore_eos=True, stop=(stop,)))
+    assert cut.finish_reason == "stop" and stop in cut.text
+    assert stop not in tiny_hf.detokenize(cut.token_ids[:-1])  # the last token completed it
+    assert cut.token_ids == free.token_ids[:len(cut.token_ids)] and len(cut.token_ids) < 24
+    assert cut.text == tiny_hf.detokenize(cut.token_ids)
+
+
 def test_llama_cpp_matches_transformers_on_same_gguf(tiny_llama, tiny_hf):
     assert tiny_llama.tokenize(PROMPT) == tiny_hf.tokenize(PROMPT)
     g = tiny_llama.generate(PROMPT, SamplingParams(max_tokens=12))

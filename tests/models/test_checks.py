@@ -18,7 +18,7 @@ pytest.importorskip("gguf")
 
 from models.checks import CheckRunner  # noqa: E402
 from models.commitments import CHUNK_TOKENS, fingerprints_for  # noqa: E402
-from protocol.market.messages import Requirement, TaskSpec  # noqa: E402
+from protocol.market.messages import Requirement, TaskSpec, Turn  # noqa: E402
 from protocol.verification.rules import choose_chunks  # noqa: E402
 from protocol.verification.verifier import StartCheck  # noqa: E402
 from tests.models import tiny  # noqa: E402
@@ -75,6 +75,33 @@ def test_honest_solution_passes(ggufs: dict[str, Path], verifier: CheckRunner, k
     done = verifier.run(check)
     assert done.passed, done.detail
     assert verifier.last is not None and verifier.last.prefill_ms > 0
+
+
+def test_a_sampled_chat_answer_verified_honestly_passes(ggufs: dict[str, Path],
+                                                        verifier: CheckRunner) -> None:
+    """A chat task with earlier turns, sampled at the requester's temperature with the seed
+    of the executor's attempt: the verifier rebuilds the same prompt and the check passes;
+    a verifier shown another conversation rebuilds another prompt, and it fails."""
+    from models.cot import problem_of, solve
+    from protocol.market.sampling import executor_seed
+
+    task = dataclasses.replace(TASK, style="chat", temperature=0.7, seed=9, history=(
+        Turn(role="system", content="Be brief."), Turn(role="user", content="I am Ada."),
+        Turn(role="assistant", content="Hello Ada.")))
+    served = backend(ggufs["f32"], "llama.cpp")
+    sol = solve(served, problem_of(task), max_tokens=80, temperature=task.temperature,
+                seed=executor_seed(task.task_id, task.seed, 2))
+    ids = list(sol.token_ids)
+    prints = fingerprints_for(served, sol.prompt_token_ids, ids)
+    chunks = choose_chunks(b"\7" * 32, "e", len(prints), 2)
+    check = StartCheck(check_id=b"\2" * 32, task=task, model_hash=verifier.model_hash,
+                       output_ids=tuple(ids), answer=sol.answer, cot=sol.cot_text,
+                       chunk_tokens=CHUNK_TOKENS, chunk_indices=chunks,
+                       fingerprints=tuple(prints[i] for i in chunks), deadline_at_ms=0)
+    done = verifier.run(check)
+    assert done.passed, done.detail
+    other = dataclasses.replace(check, task=dataclasses.replace(task, history=task.history[:1]))
+    assert not verifier.run(other).passed
 
 
 @pytest.mark.parametrize("which", ["other", "q8"])

@@ -40,7 +40,7 @@ class ArithmeticSolver:
                             tokens_per_s=NOMINAL_TOKENS * 1000 / max(1, self.delay_ms),
                             price_per_1k=0.0)]
 
-    def solve(self, task: TaskSpec, model: str, max_tokens: int) -> Solution:
+    def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int = 0) -> Solution:
         started = time.monotonic()
         time.sleep(self.delay_ms / 1000)  # stands in for generation time
         m = _EXPR.search(task.question)

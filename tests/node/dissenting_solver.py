@@ -23,8 +23,8 @@ DISSENT_CONFIDENCE = 0.05
 
 
 class DissentingSolver(ArithmeticSolver):
-    def solve(self, task: TaskSpec, model: str, max_tokens: int) -> Any:
-        right = super().solve(task, model, max_tokens)
+    def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int = 0) -> Any:
+        right = super().solve(task, model, max_tokens, attempt)
         if not right.answer.lstrip("-").isdigit():
             return right
         wrong = str(int(right.answer) + 1)

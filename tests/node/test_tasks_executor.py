@@ -5,6 +5,7 @@ executor its own sampling seed per task."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,7 @@ def test_a_bad_solver_spec_is_a_config_error_naming_it(tmp_path: Path, solver: s
                     sections={"executor": ExecutorSection})
 
 
-@pytest.mark.parametrize("field,value", [("temperature", -0.1), ("temperature", 2.5),
-                                         ("threads", -1)])
+@pytest.mark.parametrize("field,value", [("threads", -1)])
 def test_out_of_range_model_settings_are_refused(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         ExecutorSection(**{field: value})  # type: ignore[arg-type]
@@ -61,15 +61,18 @@ def test_the_model_solver_advertises_quantization_and_seeds_each_executor(
     pytest.importorskip("llama_cpp")
     from models.solver import ModelsSolver
 
-    one = load_solver("models", ExecutorSection(temperature=0.7, threads=1), tmp_path)
-    assert isinstance(one, ModelsSolver) and one.temperature == 0.7
+    one = load_solver("models", ExecutorSection(threads=1), tmp_path)
+    assert isinstance(one, ModelsSolver) and one.temperature is None  # the task's sampling
     assert one.states is not None and one.states.root == tmp_path / "states"
     (model,) = one.models()
     assert (model.name, model.quantization) == ("smollm2-135m-instruct-q4_1", "Q4_1")
     assert model.tokens_per_s > 0 and len(model.model_hash) == 32
-    two = ModelsSolver(one.backend, temperature=0.7)  # another executor of the same model
-    task_a, task_b = b"\1" * 32, b"\2" * 32
-    assert one.seed_for(task_a) == one.seed_for(task_a)  # stable for a task
-    assert len({one.seed_for(task_a), one.seed_for(task_b), two.seed_for(task_a)}) == 3
-    greedy = ModelsSolver(one.backend)
-    assert greedy.seed_for(task_a) == greedy.seed_for(task_b) == 0
+    two = ModelsSolver(one.backend)  # another executor of the same model
+    task_a, task_b = spec(task_id=b"\1" * 32), spec(task_id=b"\2" * 32)
+    assert one.seed_for(task_a, 0) == two.seed_for(task_a, 0)  # anyone can recompute it
+    seeds = {one.seed_for(task_a, 0), one.seed_for(task_a, 1), one.seed_for(task_b, 0),
+             one.seed_for(dataclasses.replace(task_a, seed=5), 0)}
+    assert len(seeds) == 4  # per task, per attempt (executor) and per requester seed base
+    sampled = dataclasses.replace(task_a, temperature=0.7, max_tokens=48)
+    chains = {one.solve(sampled, model.name, 48, attempt).cot for attempt in range(3)}
+    assert len(chains) >= 2  # k executors of one task sample different chains

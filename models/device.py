@@ -19,10 +19,12 @@ model already runs on, so a node without the models extra still starts and descr
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,10 +158,16 @@ def detect_gpu(index: int = 0) -> GpuReport:
 
 
 def _torch_view(index: int) -> tuple[tuple[str, int] | None, str]:
+    build = torch_build()
+    if build is None:
+        return None, "torch is not installed"
+    version, cuda = build
+    if cuda is None:  # known without importing torch (seconds on a busy machine)
+        return None, f"torch {version} is a CPU-only build"
     try:
         import torch
-    except ImportError:
-        return None, "torch is not installed"
+    except ImportError as exc:
+        return None, f"torch {version} does not import: {exc}"
     cuda = getattr(torch.version, "cuda", None)
     if not cuda:
         return None, f"torch {torch.__version__} is a CPU-only build"
@@ -167,6 +175,32 @@ def _torch_view(index: int) -> tuple[tuple[str, int] | None, str]:
         return None, (f"torch {torch.__version__} (CUDA {cuda}) sees no CUDA device {index} "
                       "(driver missing, or CUDA_VISIBLE_DEVICES hides it)")
     return _torch_gpu(index), ""
+
+
+def torch_build() -> tuple[str, str | None] | None:
+    """(torch's version, the CUDA version it was built for or None), read from the installed
+    ``torch/version.py`` without importing torch; None when torch is not installed."""
+    loaded = sys.modules.get("torch")
+    if loaded is not None:  # imported already: ask it
+        return str(loaded.__version__), getattr(getattr(loaded, "version", None), "cuda", None)
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        text = (Path(list(spec.submodule_search_locations)[0]) / "version.py").read_text()
+    except OSError:
+        return None
+    values: dict[str, str | None] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        name = key.split(":")[0].strip()
+        if sep and name in ("__version__", "cuda"):
+            raw = value.strip()
+            values[name] = None if raw == "None" else raw.strip("'\"")
+    return str(values.get("__version__") or "unknown"), values.get("cuda")
 
 
 def _llama_view() -> tuple[bool, str]:

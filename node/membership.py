@@ -13,15 +13,24 @@ size.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
 import trio
 
 from node.config import fed_config
+from node.p2p.peerstore import SAVE_INTERVAL_S, PeerStore
+from node.p2p.peerstore import SCHEMA as PEER_STORE_SCHEMA
 from node.service import NodeContext, Service
 from node.transport import agent_version
-from protocol.membership.machine import AddBootstrap, Membership, MembershipConfig, SetListenAddrs
+from protocol.membership.machine import (
+    AddBootstrap,
+    AddKnown,
+    Membership,
+    MembershipConfig,
+    SetListenAddrs,
+)
 from protocol.membership.messages import Hello, PeerList, PeerListRequest, Ping, Pong
 
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(MembershipConfig)}
@@ -50,6 +59,7 @@ class MembershipService(Service):
     name: ClassVar[str] = "membership"
     message_types = (Hello, Ping, Pong, PeerListRequest, PeerList)
     config_section = MembershipSection
+    schema = PEER_STORE_SCHEMA
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
@@ -64,6 +74,7 @@ class MembershipService(Service):
             self_peer=ctx.identity.peer_id,
             rng=ctx.rng,
         )
+        self.peer_store = PeerStore(ctx.db)
 
     @property
     def machine(self) -> Membership:
@@ -73,7 +84,24 @@ class MembershipService(Service):
         addrs = tuple(self.ctx.transport.listen_addrs())
         await self.ctx.submit(self.name, SetListenAddrs(addrs))
         await self.ctx.submit(self.name, AddBootstrap(tuple(self.ctx.config.bootstrap)))
+        stored = self.peer_store.load()
+        if stored:
+            self.ctx.log.info("membership.peer_store_loaded", peers=len(stored))
+            await self.ctx.submit(self.name, AddKnown(tuple(a for _, addrs in stored
+                                                            for a in addrs)))
         task_status.started()
+        try:
+            while True:
+                await trio.sleep(SAVE_INTERVAL_S)
+                self.save_peers()
+        finally:
+            self.save_peers()  # the peers ready as the node stops
+
+    def save_peers(self) -> int:
+        """Store the peers that are ready now (with the addresses they can be dialled at)."""
+        book = self._machine.book
+        ready = [(p, book[p].addrs) for p in self._machine.ready_peers() if p in book]
+        return self.peer_store.save(ready, int(time.time() * 1000)) if ready else 0
 
     def ready_peers(self) -> list[str]:
         return self._machine.ready_peers()
@@ -99,4 +127,4 @@ class MembershipService(Service):
             for d in m.dropped
         ]
         return {"peers": peers, "dropped": dropped, "known_peers": len(m.book),
-                "target_peers": m.config.target_peers}
+                "stored_peers": self.peer_store.count(), "target_peers": m.config.target_peers}

@@ -66,8 +66,11 @@ def wait_until(predicate: Callable[[], Any], what: str, *, timeout_s: float,
 
 class NodeProcess:
     def __init__(self, name: str, data_dir: Path, args: Sequence[str],
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None,
+                 command: Sequence[str] = ("node", "run")) -> None:
         self.name = name
+        #: the `symphony` subcommand that runs the daemon (`join INVITE` runs one too)
+        self.command = tuple(command)
         self.data_dir = data_dir
         self.args = list(args)
         self.env = dict(env or {})
@@ -88,7 +91,7 @@ class NodeProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", "from node.cli.main import main; main()", "node", "run",
+                [sys.executable, "-c", "from node.cli.main import main; main()", *self.command,
                  "--data-dir", str(self.data_dir), *self.args],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         finally:
@@ -205,8 +208,11 @@ class LocalTestnet:
 
     def __init__(self, base_dir: Path, *, network_id: str = "localtest",
                  config: Mapping[str, Any] | None = None,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None,
+                 listen: str = LOOPBACK_LISTEN) -> None:
         self.base_dir = Path(base_dir)
+        #: what every node listens on (``/ip4/0.0.0.0/tcp/0``: reachable from other machines)
+        self.listen = listen
         self.network_id = network_id
         self.config = dict(config or {})
         self.env = dict(env or {})
@@ -225,7 +231,7 @@ class LocalTestnet:
         merged = _merge(self.config, config or {})
         if merged:
             (data_dir / "node.toml").write_text(tomli_w.dumps(merged))
-        args = ["--listen", LOOPBACK_LISTEN, "--network-id", network_id or self.network_id,
+        args = ["--listen", self.listen, "--network-id", network_id or self.network_id,
                 "--json-logs", *extra_args]
         for peer in bootstrap:
             args += ["--bootstrap", peer.addresses[0] if isinstance(peer, NodeProcess) else peer]

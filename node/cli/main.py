@@ -26,6 +26,9 @@ SUBCOMMANDS: dict[str, str] = {
     "ledger": "node.cli.ledger:ledger",
     "relay": "node.cli.relay:relay",
     "simulate": "node.cli.simulate:simulate",
+    "doctor": "node.cli.doctor:doctor",
+    "invite": "node.cli.invite:invite",
+    "join": "node.cli.invite:join",
     "rl": "node.cli.rl:rl",
     "generate": "node.cli.generate:generate",
 }

@@ -181,8 +181,11 @@ def demo(executors: int, questions: int | None, max_tokens: int | None,
 @click.option("--base-dir", type=click.Path(file_okay=False), default=None,
               help="Where the nodes' data dirs go (default: a fresh temp dir).")
 @click.option("--network-id", default="localtest", show_default=True)
-def testnet(nodes: int, base_dir: str | None, network_id: str) -> None:
-    """Start N daemons on loopback as a local testnet; Ctrl-C or SIGTERM stops them all."""
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="IPv4 address the nodes listen on; 0.0.0.0 lets other machines join.")
+def testnet(nodes: int, base_dir: str | None, network_id: str, host: str) -> None:
+    """Start N daemons as a local testnet and print an invite to it; Ctrl-C or SIGTERM stops
+    them all."""
     import signal
 
     from node.testnet import LocalTestnet, TestnetError
@@ -195,7 +198,7 @@ def testnet(nodes: int, base_dir: str | None, network_id: str) -> None:
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     base = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="symphony-testnet-"))
-    net = LocalTestnet(base, network_id=network_id)
+    net = LocalTestnet(base, network_id=network_id, listen=f"/ip4/{host}/tcp/0")
     try:
         first = net.start("node0")
         for node in [net.start(f"node{i}", bootstrap=[first], wait=False)
@@ -204,8 +207,10 @@ def testnet(nodes: int, base_dir: str | None, network_id: str) -> None:
         for node in net.nodes.values():
             click.echo(f"{node.name}  {node.peer_id}  api {node.api_url}  "
                        f"data {node.data_dir}  {node.addresses[0]}")
-        click.echo(f"ask one: symphony node status --data-dir {first.data_dir}\n"
-                   "Ctrl-C stops the testnet.")
+        click.echo(f"ask one: symphony node status --data-dir {first.data_dir}")
+        click.echo(f"invite (on another machine: symphony join <invite>; start with --host "
+                   f"0.0.0.0 for that):\n{_testnet_invite(first.data_dir, network_id)}")
+        click.echo("Ctrl-C stops the testnet.")
         while all(n.running for n in net.nodes.values()):
             time.sleep(1)  # idle until Ctrl-C, noticing a node that exits on its own
         click.echo("a node exited:\n" + net.log_tails(10))
@@ -216,3 +221,14 @@ def testnet(nodes: int, base_dir: str | None, network_id: str) -> None:
     finally:
         codes = net.stop_all()
         click.echo(f"stopped: {codes}")
+
+
+def _testnet_invite(data_dir: Path, network_id: str) -> str:
+    """The invite to the testnet's first node (signed with its key)."""
+    from crypto.keys import load_identity
+    from node.control import ApiClient
+    from node.p2p.invite import node_invite
+
+    status = ApiClient(data_dir).status()
+    return node_invite(load_identity(data_dir / "node.key"), network_id, status["addresses"],
+                       issued_at_ms=int(time.time() * 1000))

@@ -15,6 +15,8 @@ Contract
   candidates from the book, bootstrap peers first, then at random. A failed dial or a lost
   peer is retried after ``backoff(failures)`` = min(base * 2**failures, max) plus up to 25%
   jitter; bootstrap peers are retried forever, others are forgotten after ``MAX_FAILURES``.
+  Peers the node met in an earlier run come back as ``AddKnown`` (its peer store): dialled at
+  once, like peers learnt by exchange.
 * Why each peer went away is kept (last ``MAX_DROPPED`` drops) for ``symphony node status``.
 
 Assumptions of the driver: it delivers ``PeerConnected`` before any message of that
@@ -85,6 +87,14 @@ class AddBootstrap:
 
 
 @dataclass(frozen=True, slots=True)
+class AddKnown:
+    """Multiaddrs ending in /p2p/<peer id> of peers met before (the node's peer store): dialled
+    like peers learnt by exchange, after the bootstrap peers, and forgotten the same way."""
+
+    addrs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class SetListenAddrs:
     addrs: tuple[str, ...]
 
@@ -145,6 +155,9 @@ class Membership:
         elif isinstance(event, AddBootstrap):
             for addr in event.addrs:
                 self._learn(addr, now, bootstrap=True)
+        elif isinstance(event, AddKnown):
+            for addr in event.addrs:
+                self._learn(addr, now)
         elif isinstance(event, SetListenAddrs):
             self.listen_addrs = event.addrs[:MAX_ADDRS]
         elif not isinstance(event, Tick):

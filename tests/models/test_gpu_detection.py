@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import types
+from importlib.metadata import PackageNotFoundError, version
 
 import pytest
 
@@ -29,6 +30,22 @@ def _llama(offload: bool) -> types.ModuleType:
     llama.__version__ = "0.0.1"  # type: ignore[attr-defined]
     llama.llama_supports_gpu_offload = lambda: offload  # type: ignore[attr-defined]
     return llama
+
+
+def test_torch_build_is_read_without_importing_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    with monkeypatch.context() as patch:
+        patch.setitem(sys.modules, "torch", _torch("12.4", 1))
+        assert device.torch_build() == ("9.9.9", "12.4")  # imported: asked directly
+    with monkeypatch.context() as patch:
+        patch.delitem(sys.modules, "torch", raising=False)
+        build = device.torch_build()  # read from the installed torch/version.py
+        assert "torch" not in sys.modules
+    try:
+        installed = version("torch")
+    except PackageNotFoundError:
+        assert build is None
+        return
+    assert build is not None and build[0] == installed
 
 
 def test_this_machine_says_why_it_has_no_gpu() -> None:

@@ -24,7 +24,7 @@ class ModelConfig:
     n_gpu_layers: int = -1
     max_tokens: int = 256  # default generation budget (chain of thought + final answer line)
     fingerprint_chunk: int = 32  # generated tokens per fingerprint blob
-    fingerprint_k: int = 4  # top-|activation| entries kept per position in a fingerprint
+    fingerprint_k: int = 2  # top-|activation| entries kept per position in a fingerprint
 
     def __post_init__(self) -> None:
         if self.backend not in (LLAMA_CPP, TRANSFORMERS):

@@ -7,10 +7,14 @@ tokens emits one blob holding, per position, the ``k`` entries of largest magnit
 Blob encoding (little-endian, plain ``bytes``, so protocol/ can Merkle-hash and send it):
     u8  version (= FORMAT_VERSION)
     u8  k
-    u16 n            positions in this chunk (== chunk, except a shorter last chunk)
     n * k * u16      hidden-dimension indices, position-major, by decreasing |value|
     n * k * f16      the values at those indices (IEEE half precision)
-Size: 4 + 4*n*k bytes; 516 bytes per 32 tokens at k=4.
+where n, the positions in this chunk (== chunk, except a shorter last chunk), is the
+length's: (size - 2) / (4 k). Size: 2 + 4*n*k bytes; 258 bytes per 32 tokens at the default
+k=2, TOPLOC's size (version 1 had a u16 n and k=4: 516 bytes). k=2 was kept by measurement:
+the chunk checks' mean error is a mean over n*k entries and the rank test holds per position,
+so halving k keeps every adversary of tests/models/test_checks.py and ``symphony bench
+verify`` caught; the layer states (models.layer_states) carry the rest of the detection.
 
 ``check_fingerprint`` recomputes the hidden states in one prefill that stops at the end of
 the last requested chunk (causal attention: later tokens cannot matter), and for each claimed
@@ -36,9 +40,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 DEFAULT_CHUNK = 32
-DEFAULT_K = 4
+DEFAULT_K = 2
+_HEADER_BYTES = 2
 #: Added to |claimed| in the relative error, so near-zero values do not blow it up.
 VALUE_FLOOR = 0.05
 #: A chunk's mean relative error must stay under this (honest: ~2e-4 from f16 rounding;
@@ -71,23 +76,32 @@ class CheckResult:
 def encode_chunk(h: np.ndarray, k: int) -> bytes:
     """h: (n, C) hidden states of one chunk -> blob (see module docstring)."""
     n, C = h.shape
-    if not 0 < k <= C or C > 65535 or n > 65535:
+    if not 0 < k <= min(C, 255) or C > 65535 or not 0 < n <= 65535:
         raise ValueError(f"cannot fingerprint: k={k}, hidden size {C}, positions {n}")
     idx = np.argsort(-np.abs(h), axis=1, kind="stable")[:, :k]  # (n, k)
     vals = np.take_along_axis(h, idx, axis=1)  # (n, k)
-    header = bytes([FORMAT_VERSION, k]) + n.to_bytes(2, "little")
-    return header + idx.astype("<u2").tobytes() + vals.astype("<f2").tobytes()
+    return bytes([FORMAT_VERSION, k]) + idx.astype("<u2").tobytes() + vals.astype("<f2").tobytes()
+
+
+def blob_positions(blob: bytes) -> int:
+    """Positions a blob covers (0 when its header or length is malformed)."""
+    if len(blob) <= _HEADER_BYTES or blob[0] != FORMAT_VERSION or blob[1] == 0:
+        return 0
+    n, rest = divmod(len(blob) - _HEADER_BYTES, 4 * blob[1])
+    return n if rest == 0 else 0
 
 
 def decode_chunk(blob: bytes) -> tuple[np.ndarray, np.ndarray]:
     """blob -> (indices (n, k) int, values (n, k) float32). Raises ValueError on bad input."""
-    if len(blob) < 4 or blob[0] != FORMAT_VERSION or blob[1] == 0:
+    if len(blob) < _HEADER_BYTES or blob[0] != FORMAT_VERSION or blob[1] == 0:
         raise ValueError("fingerprint blob: bad header")
-    k, n = blob[1], int.from_bytes(blob[2:4], "little")
-    if len(blob) != 4 + 4 * n * k:
-        raise ValueError(f"fingerprint blob: {len(blob)} bytes, expected {4 + 4 * n * k}")
-    idx = np.frombuffer(blob, dtype="<u2", count=n * k, offset=4).reshape(n, k).astype(np.int64)
-    vals = np.frombuffer(blob, dtype="<f2", count=n * k, offset=4 + 2 * n * k).reshape(n, k)
+    k, n = blob[1], blob_positions(blob)
+    if n == 0:
+        raise ValueError(f"fingerprint blob: {len(blob)} bytes is not 2 + 4*n*{k}")
+    idx = np.frombuffer(blob, dtype="<u2", count=n * k, offset=_HEADER_BYTES).reshape(n, k)
+    idx = idx.astype(np.int64)
+    vals = np.frombuffer(blob, dtype="<f2", count=n * k,
+                         offset=_HEADER_BYTES + 2 * n * k).reshape(n, k)
     return idx, vals.astype(np.float32)
 
 

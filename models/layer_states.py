@@ -5,18 +5,22 @@ token on two CPU cores, against ~16 ms per token for llama.cpp to generate: ~0.2
 inference, not the small fraction verification must be. So the executor commits to every
 layer's output, and a verifier re-runs only a few sampled layers on the committed inputs.
 
-Executor: :func:`layer_states` runs one fp32 prefill over prompt + output and keeps the output
-of every decoder layer, ``S[l]`` for l = 1..L, shape (L, T, C) (the residual stream, before the
+Executor: commits to the output of every decoder layer, ``S[l]`` for l = 1..L, shape (L, T, C) (the residual stream, before the
 final norm). It is cut into leaves of ``BLOCK_TOKENS`` positions per layer (:func:`encode_leaf`,
 little-endian float32) and committed with one Merkle root; leaf (l, b) sits at index
 ``(l - 1) * n_blocks + b``.
 
+Where the states come from: a llama.cpp executor takes them from its own generation
+(models.llama_capture: quantized kernels, no extra computation); any other backend runs one
+fp32 prefill here (:func:`layer_states`). The verifier always recomputes in fp32 torch on the
+dequantized weights of the same file.
+
 Verifier, for a check of sampled output chunks with sampled layers (:func:`needed_leaves`
 lists what it must fetch, each with a Merkle proof):
 
-* layer 1 at every output position: its input is the token embeddings, which the verifier
-  computes itself from the prompt it rebuilt and the claimed output, so an altered output
-  token shows at its own position and an altered prompt through attention;
+* layer 1 at every position, prompt and output: its input is the token embeddings, which the
+  verifier computes itself from the prompt it rebuilt and the claimed output, so an altered
+  token, of the prompt or of the output, shows at its own position;
 * each sampled layer ``l >= 2`` on the committed ``S[l-1]`` of every position up to the last
   checked one (causal attention needs no later position), compared with the committed
   ``S[l]`` at the checked chunks' positions.
@@ -25,12 +29,18 @@ Only the compared positions run the whole layer (:func:`recompute_layer` with ``
 others give their keys and values, ~15% of a layer's work.
 
 The comparison is on what the layer adds to the residual stream, per position:
-``err = ||recomputed - claimed|| / ||claimed - input||`` (L2 over the hidden dimension).
-Honest reruns differ by float reordering only (other thread counts, fewer rows): measured
-<= 1e-6 on SmolLM2-135M. Weights rounded to bfloat16 give 1.3e-3 to 3.6e-3, one altered
-prompt token ~9e-3 at layer 1, another quantization or model ~1e-1 and up; :data:`MAX_LAYER_ERR` sits between (tests/models pin it).
+``err = ||recomputed - claimed|| / ||claimed - input||`` (L2 over the hidden dimension), and a
+layer passes when every compared position's err is within :data:`MAX_LAYER_ERR` and their
+mean within :data:`MEAN_LAYER_ERR`. Measured on SmolLM2-135M Q4_1 (``symphony bench verify``
+and six evaluation questions, every layer): fp32 reruns differ by float reordering only
+(<= 1e-6); llama.cpp's own states differ from the fp32 rerun by its 8-bit quantization of each
+matmul's input and its f16 attention cache: per-position err up to 0.056, a layer's mean up to
+0.031. The same weights requantized to Q4_0 (a cheaper model) give means of 0.084 and up at
+every layer, Q5_1 0.059 and up (0.11 at most layers); an altered token ~1 at its own position.
+Weights merely rounded to bfloat16 (1.3e-3 to 3.6e-3) are below llama.cpp's own noise and no
+longer caught. The bounds sit between, twice the honest figures and more.
 
-What it catches: a result from another model, quantization or precision fails every layer,
+What it catches: a result from another model or another quantization fails every layer,
 so every check. A cheater that computes some layers properly and fakes the rest is caught
 with the probability that a sampled layer is a faked one; the protocol draws
 ``protocol.verification.verifier.LAYERS_PER_CHECK`` of them per check from the unsteerable seed.
@@ -51,8 +61,10 @@ import numpy as np
 BLOCK_TOKENS = 32
 LEAF_VERSION = 1
 _HEADER = struct.Struct("<BBHIHH")  # version, reserved, layer, block, positions, hidden size
-#: a sampled layer's update must match to this relative L2 error at every compared position
-MAX_LAYER_ERR = 1e-4
+#: a sampled layer's update must match to this relative L2 error at every compared position ...
+MAX_LAYER_ERR = 0.25
+#: ... and to this on average over them (see the module docstring for the measured figures)
+MEAN_LAYER_ERR = 0.06
 
 
 def n_blocks(total_tokens: int) -> int:
@@ -136,9 +148,9 @@ def _blocks(positions: Iterable[int]) -> set[int]:
 
 
 def needed_leaves(plan: CheckPlan) -> list[tuple[int, int]]:
-    """(layer, block) pairs a verifier fetches: layer 1 on the output, and per sampled layer
-    l the inputs S[l-1] up to ``end`` and the outputs S[l] at the compared positions."""
-    need = {(1, b) for b in _blocks(range(plan.prompt_tokens, plan.total_tokens))}
+    """(layer, block) pairs a verifier fetches: layer 1 everywhere, and per sampled layer l
+    the inputs S[l-1] up to ``end`` and the outputs S[l] at the compared positions."""
+    need = {(1, b) for b in range(n_blocks(plan.total_tokens))}
     for layer in plan.layers:
         need |= {(layer - 1, b) for b in range(n_blocks(plan.end))}
         need |= {(layer, b) for b in _blocks(plan.positions)}
@@ -268,18 +280,20 @@ def check_layers(backend: Any, ids: Sequence[int], plan: CheckPlan,
             return LayerCheck(layer, False, float("inf"), f"layer {layer}: shape "
                               f"{claimed.shape} claimed, {got.shape} recomputed")
         err = update_error(got, claimed, inputs)
-        worst = float(err.max(initial=0.0))
+        worst, mean = float(err.max(initial=0.0)), float(err.mean()) if len(err) else 0.0
         if not worst <= MAX_LAYER_ERR:
             pos = positions[int(err.argmax())]
             return LayerCheck(layer, False, worst, f"layer {layer}: update off by {worst:.1e} "
-                              f"at position {pos} (tolerance {MAX_LAYER_ERR:.0e})")
+                              f"at position {pos} (tolerance {MAX_LAYER_ERR:.2g})")
+        if not mean <= MEAN_LAYER_ERR:
+            return LayerCheck(layer, False, worst, f"layer {layer}: update off by {mean:.1e} "
+                              f"on average (tolerance {MEAN_LAYER_ERR:.2g})")
         return LayerCheck(layer, True, worst)
 
     out = []
     emb = embeddings(backend, ids)
-    output = list(range(plan.prompt_tokens, plan.total_tokens))
-    out.append(judge(1, recompute_layer(backend, 1, emb, output), rows(1, output), emb[output],
-                     output))
+    every = list(range(plan.total_tokens))
+    out.append(judge(1, recompute_layer(backend, 1, emb, every), rows(1, every), emb, every))
     compared = list(plan.positions)
     for layer in plan.layers:
         inputs = rows(layer - 1, range(plan.end))

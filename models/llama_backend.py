@@ -5,21 +5,26 @@ We drive the low-level eval loop and read the last position's logits with
 costs a vocab-sized matmul per prompt token). ``score`` needs logits at every position, so it
 uses a second context created lazily with ``logits_all=True`` (same mmapped weights).
 
-llama.cpp can return per-token final hidden states (``embedding=True`` with pooling NONE),
-but fingerprints are computed on the transformers path from the same GGUF (see
-models.fingerprint): one fp32 reference computation that executor and verifier share.
+A committing executor calls :meth:`LlamaCppBackend.enable_state_capture` once: from then on
+every generation also keeps each decoder layer's output and the final norm's at every
+position (models.llama_capture, through llama.cpp's evaluation callback), which
+models.commitments commits to without computing anything again.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from models.backend import Backend
 from models.config import LLAMA_CPP, ModelConfig, default_threads
 from models.registry import ModelInfo
+
+if TYPE_CHECKING:
+    from models.llama_capture import StateCapture
 
 # llama.cpp's OpenMP threads spin-wait between kernels by default. On a machine whose cores
 # are shared (other daemons, a desktop), spinning threads steal the CPU from the ones doing
@@ -47,6 +52,8 @@ class LlamaCppBackend(Backend):
         )
         self.llm = llama_cpp.Llama(**self._kwargs)
         self._scorer: object | None = None
+        self.capture: StateCapture | None = None
+        self._capture_error = ""
         self.n_vocab = self.llm.n_vocab()
         meta = self.llm.metadata
         self.chat_template = meta.get("tokenizer.chat_template")
@@ -89,6 +96,8 @@ class LlamaCppBackend(Backend):
             raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit n_ctx={self.llm.n_ctx()}")
         self.llm.reset()
         self.llm._ctx.kv_cache_clear() if hasattr(self.llm._ctx, "kv_cache_clear") else None
+        if self.capture is not None:
+            self.capture.reset()
         self.llm.eval([int(t) for t in prompt_ids])
         return self._last_logits()
 
@@ -97,6 +106,52 @@ class LlamaCppBackend(Backend):
             raise ValueError(f"generation ran past n_ctx={self.llm.n_ctx()}")
         self.llm.eval([token])
         return self._last_logits()
+
+    def enable_state_capture(self) -> None:
+        """Keep the layer states of every generation from now on (models.llama_capture).
+        The context is rebuilt with the capture callback (the weights stay mapped); raises
+        models.llama_capture.CaptureUnavailable when the callback cannot be built here."""
+        if self.capture is not None:
+            return
+        import contextlib
+
+        from models.llama_capture import CaptureUnavailable, StateCapture
+
+        if self._capture_error:
+            raise CaptureUnavailable(self._capture_error)
+        model = self.llm._model
+        layers = int(self._llama_cpp.llama_model_n_layer(model.model))
+        try:
+            capture = StateCapture(layers, model.n_embd(), self.llm.n_ctx())
+        except CaptureUnavailable as exc:  # not tried again: every solve would rebuild it
+            self._capture_error = str(exc)
+            raise
+        params = self.llm.context_params
+        params.cb_eval, params.cb_eval_user_data = capture.callback, capture.user_data
+        old = self.llm._ctx
+        ctx = self._llama_cpp._internals.LlamaContext(model=model, params=params, verbose=False)
+        old.close()
+        self.llm._ctx = self.llm._stack.enter_context(contextlib.closing(ctx))
+        self.llm.n_tokens = 0
+        capture.on = True
+        self.capture = capture
+
+    def captured_states(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray] | None:
+        """(layer outputs (L, T, C), final-norm states (T, C)) of ``ids`` from the last
+        generation, when it was over exactly these tokens; the last token, which a generation
+        cut at its length never evaluates, is evaluated here. None: nothing captured."""
+        capture, llm = self.capture, self.llm
+        done = llm.n_tokens
+        if capture is None or not 0 < done <= len(ids) or done < len(ids) - 1:
+            return None
+        if list(llm.input_ids[:done]) != [int(t) for t in ids[:done]]:
+            return None
+        if done < len(ids):
+            self._step(int(ids[-1]))
+        try:
+            return capture.states(len(ids))
+        except ValueError:
+            return None
 
     def close(self) -> None:
         """Free the llama.cpp contexts now (their finalizers can fail at interpreter exit)."""

@@ -16,11 +16,12 @@ constructor replace the task's temperature and seed, so its runs are reproducibl
 A backend runs one call at a time, so calls are serialized by a lock (``slots`` above 1 only
 queue). Each solution carries its output token ids; with ``fingerprints`` on (the executor
 service turns it on when verification is, i.e. its machine commits to results) also their
-activation fingerprints and the root of every layer's hidden states (models/commitments.py:
-one extra prefill on a transformers copy of the weights; the states stay in the states
-folder, models.state_store, for verifiers to fetch), which commitment-based verification binds.
-Without verification that prefill would be pure cost (torch in every executor, ~0.3 of the
-generation time on a CPU), so it is off.
+activation fingerprints and the root of every layer's hidden states (models/commitments.py;
+the states stay in the states folder, models.state_store, for verifiers to fetch), which
+commitment-based verification binds. On llama.cpp those states are taken from the generation
+itself (``enable_state_capture``: a few percent of the generation time); a backend that cannot
+capture pays one extra fp32 prefill on a transformers copy of the weights (~0.3 of the
+generation time on a CPU), which its bids then account for.
 """
 
 from __future__ import annotations
@@ -103,13 +104,28 @@ class ModelsSolver:
 
         info = self.backend.info
         with self._lock:
+            capturing = self._capture_states()
             tps = measure_throughput(self.backend, THROUGHPUT_TOKENS)
-            if self.fingerprints:  # committing costs a prefill per result: bid with it
+            if self.fingerprints and not capturing:  # a prefill per result: bid with it
                 tps = 1.0 / (1.0 / tps + self._commit_seconds() / THROUGHPUT_TOKENS)
         return [ServedModel(name=info.name, family=info.family, context=info.context_length,
                             model_hash=bytes.fromhex(self.backend.identity_hash),
                             tokens_per_s=tps, price_per_1k=0.0,
                             quantization=info.quantization)]
+
+    def _capture_states(self) -> bool:
+        """When committing with a state store, have the backend keep the layer states of its
+        generations (models.llama_capture); False when it cannot (commit by a prefill)."""
+        enable = getattr(self.backend, "enable_state_capture", None)
+        if not (self.fingerprints and self.states is not None and enable is not None):
+            return False
+        from models.llama_capture import CaptureUnavailable
+
+        try:
+            enable()
+        except CaptureUnavailable:
+            return False
+        return True
 
     def _commit_seconds(self) -> float:
         """Load the commitment backend now (not on the first task, where it would blow the
@@ -132,6 +148,7 @@ class ModelsSolver:
         from models.commitments import Commitments, commitments_for, fingerprints_for
 
         with self._lock:
+            self._capture_states()
             sol = solve(self.backend, problem, max_tokens=max_tokens,
                         temperature=self.temperature_for(task), top_p=task.top_p,
                         stop=task.stop, seed=self.seed_for(task, attempt))

@@ -15,12 +15,14 @@ from tests.models import tiny  # noqa: E402
 
 @pytest.fixture(scope="session")
 def tiny_ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """{"f32": model seed 0, "q8": same model in Q8_0, "other": a different model (seed 1)}."""
+    """{"f32": model seed 0, "q8" / "q4": same model in Q8_0 / Q4_0, "other": a different
+    model (seed 1)}."""
     d = tmp_path_factory.mktemp("tiny")
     base = tiny.tiny_model(seed=0)
     return {
         "f32": tiny.write_gguf(base, d / "tiny-f32.gguf"),
         "q8": tiny.write_gguf(base, d / "tiny-q8.gguf", quant="Q8_0"),
+        "q4": tiny.write_gguf(base, d / "tiny-q4.gguf", quant="Q4_0"),
         "other": tiny.write_gguf(tiny.tiny_model(seed=1), d / "tiny-other.gguf"),
     }
 

@@ -35,6 +35,7 @@ def ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tiny.tiny_model(seed=0)
     return {"f32": tiny.write_gguf(base, d / "tiny-f32.gguf"),
             "q8": tiny.write_gguf(base, d / "tiny-q8.gguf", quant="Q8_0"),
+            "q4": tiny.write_gguf(base, d / "tiny-q4.gguf", quant="Q4_0"),
             "other": tiny.write_gguf(tiny.tiny_model(seed=1), d / "tiny-other.gguf")}
 
 
@@ -166,14 +167,19 @@ def fetched_from(store: Any, check: StartCheck, job: Any) -> dict[Any, Any]:
     return out
 
 
+@pytest.mark.parametrize("capture", [True, False])  # states from the generation, or a prefill
 @pytest.mark.parametrize("seed", [0, 1])
 def test_layer_check_of_an_honest_llama_cpp_executor_passes(
-        ggufs: dict[str, Path], verifier: CheckRunner, tmp_path: Path, seed: int) -> None:
+        ggufs: dict[str, Path], verifier: CheckRunner, tmp_path: Path, seed: int,
+        capture: bool) -> None:
     from models.checks import LayerJob
     from models.state_store import StateStore
 
     store = StateStore(tmp_path)
-    check = layer_check(backend(ggufs["f32"], "llama.cpp"), verifier, store, seed)
+    served = backend(ggufs["f32"], "llama.cpp")
+    if capture:
+        served.enable_state_capture()
+    check = layer_check(served, verifier, store, seed)
     assert check.state_layers == tiny.LAYERS and len(check.states_root) == 32
     job = verifier.prepare(check)
     assert isinstance(job, LayerJob)
@@ -181,7 +187,7 @@ def test_layer_check_of_an_honest_llama_cpp_executor_passes(
     assert done.passed, done.detail
 
 
-@pytest.mark.parametrize("which", ["other", "q8"])
+@pytest.mark.parametrize("which", ["other", "q4"])
 def test_layer_check_of_another_model_or_quantization_fails(
         ggufs: dict[str, Path], verifier: CheckRunner, tmp_path: Path, which: str) -> None:
     from models.state_store import StateStore

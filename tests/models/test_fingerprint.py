@@ -25,7 +25,8 @@ def backends(tiny_ggufs, tiny_hf):
 def test_encoding_is_compact_plain_bytes():
     h = np.random.default_rng(0).standard_normal((32, 576)).astype(np.float32)
     blob = fp.encode_chunk(h, fp.DEFAULT_K)
-    assert isinstance(blob, bytes) and len(blob) == 4 + 4 * 32 * fp.DEFAULT_K  # 516 bytes
+    assert isinstance(blob, bytes) and len(blob) == 2 + 4 * 32 * fp.DEFAULT_K == 258  # TOPLOC's
+    assert fp.blob_positions(blob) == 32 and fp.blob_positions(blob[:-1]) == 0
     idx, vals = fp.decode_chunk(blob)
     assert np.array_equal(idx[:, 0], np.abs(h).argmax(axis=1))
     np.testing.assert_allclose(vals, np.take_along_axis(h, idx, 1), rtol=1e-3)

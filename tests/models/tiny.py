@@ -58,7 +58,7 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def write_gguf(model: torch.nn.Module, path: Path, quant: str = "F32") -> Path:
-    """Write ``model`` as a llama GGUF; quant "F32" or "Q8_0" (2-D weights only)."""
+    """Write ``model`` as a llama GGUF; quant "F32", "Q8_0" or "Q4_0" (2-D weights only)."""
     import gguf
     from gguf.constants import GGMLQuantizationType as Q
 
@@ -73,7 +73,7 @@ def write_gguf(model: torch.nn.Module, path: Path, quant: str = "F32") -> Path:
     w.add_rope_dimension_count(HIDDEN // HEADS)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_freq_base(10000.0)
-    w.add_file_type(0 if quant == "F32" else 7)
+    w.add_file_type({"F32": 0, "Q8_0": 7, "Q4_0": 2}[quant])
     w.add_vocab_size(len(VOCAB))
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -101,8 +101,8 @@ def write_gguf(model: torch.nn.Module, path: Path, quant: str = "F32") -> Path:
                 arr = _permute(arr, HEADS)
             elif rest == "self_attn.k_proj.weight":
                 arr = _permute(arr, KV_HEADS)
-        if quant == "Q8_0" and arr.ndim == 2:
-            w.add_tensor(gname, gguf.quants.quantize(arr, Q.Q8_0), raw_dtype=Q.Q8_0)
+        if quant != "F32" and arr.ndim == 2:
+            w.add_tensor(gname, gguf.quants.quantize(arr, Q[quant]), raw_dtype=Q[quant])
         else:
             w.add_tensor(gname, arr)
     w.write_header_to_file()

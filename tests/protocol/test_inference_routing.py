@@ -11,6 +11,7 @@ from protocol.inference.routing import (
     choose_blocks,
     coverage,
     hop_cost,
+    parse_serve_blocks,
     plan_chain,
     span_for,
 )
@@ -129,3 +130,15 @@ def test_capability_record_carries_block_offers_and_old_records_decode() -> None
     with pytest.raises(Exception, match="block range"):
         decode(encode(BlockOffer(model=M, start=5, end=40, n_blocks=30, ms_per_block=1.0,
                                  free_sessions=1, max_sessions=1, free_cache_bytes=0)))
+
+
+@pytest.mark.parametrize(("text", "want"), [
+    ("", None), ("  ", None), ("auto", "auto"), ("0:15", (0, 15)), (" 15:30 ", (15, 30))])
+def test_parse_serve_blocks(text: str, want: object) -> None:
+    assert parse_serve_blocks(text) == want
+
+
+@pytest.mark.parametrize("text", ["15:15", "20:10", "a:b", "5", "-1:4", "auto:3", "1:2:3"])
+def test_parse_serve_blocks_names_a_bad_value(text: str) -> None:
+    with pytest.raises(ValueError, match="'auto' or 'A:B'"):
+        parse_serve_blocks(text)

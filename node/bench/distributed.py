@@ -25,6 +25,10 @@ head and drafts with llama.cpp on the same Q4_1 file. Hidden states travel as fp
   kill; ``recoveries`` counts the replans.
 * ``identical``: every greedy output through a chain (plain, speculative, recovered) equals
   the single-process one.
+
+Every timed generation runs ``REPEATS`` times (once with ``--quick``; the 20 ms runs
+interleaved) and the fastest counts. ``--quick`` generates 16 tokens instead of 64; it still
+starts three testnets (14 daemons), several minutes on two shared cores.
 """
 
 from __future__ import annotations
@@ -49,10 +53,13 @@ QUICK_TOKENS = 16
 FULL_TOKENS = 64
 LINK_DELAY_MS = 20.0
 SPEC_K = 8
+#: each timed generation runs this often (once with --quick) and the fastest counts: the
+#: machine is shared
+REPEATS = 2
 MIB = float(1 << 20)
 
 
-def _reference(max_tokens: int) -> tuple[dict[str, Any], list[int], Any]:
+def _reference(max_tokens: int, repeats: int) -> tuple[dict[str, Any], list[int], Any]:
     """Single-process greedy decoding: (figures, tokens, the loaded model info)."""
     import llama_cpp
     import torch
@@ -68,9 +75,12 @@ def _reference(max_tokens: int) -> tuple[dict[str, Any], list[int], Any]:
     target = LocalTarget.from_gguf(info.path)
     greedy(target, ids[:4], 2)  # warm-up
     target.rollback(0)
-    t0 = time.perf_counter()
-    tokens = greedy(target, ids, max_tokens, [int(tok.token_eos())])
-    wall = time.perf_counter() - t0
+    wall = float("inf")
+    for _ in range(repeats):
+        target.rollback(0)
+        t0 = time.perf_counter()
+        tokens = greedy(target, ids, max_tokens, [int(tok.token_eos())])
+        wall = min(wall, time.perf_counter() - t0)
     stage = target.stage
     figures = {"model": info.name, "tokens": len(tokens),
                "tokens_per_s_single": round(len(tokens) / wall, 3),
@@ -81,28 +91,40 @@ def _reference(max_tokens: int) -> tuple[dict[str, Any], list[int], Any]:
     return figures, tokens, stage.end
 
 
+def _tps(answer: dict[str, Any]) -> float:
+    return len(answer["tokens"]) / answer["wall_s"]
+
+
+def _best(answers: list[dict[str, Any]], reference: list[int], key: str,
+          outputs: dict[str, bool]) -> dict[str, Any]:
+    """The fastest of repeated generations; every one's tokens checked under ``key``."""
+    outputs[key] = all(a["tokens"] == reference for a in answers)
+    return max(answers, key=_tps)
+
+
 def _chain_figures(chain: ChainNet, max_tokens: int, reference: list[int], key: str,
-                   outputs: dict[str, bool]) -> float:
-    """Plain greedy through ``chain``: tokens/s (recorded under ``key``)."""
-    answer = chain.generate(PROMPT, max_tokens)
-    outputs[key] = answer["tokens"] == reference
-    tps = len(answer["tokens"]) / answer["wall_s"]
-    return round(tps, 3)
+                   outputs: dict[str, bool], repeats: int) -> float:
+    """Plain greedy through ``chain``: the best tokens/s of ``repeats`` runs."""
+    runs = [chain.generate(PROMPT, max_tokens) for _ in range(repeats)]
+    return round(_tps(_best(runs, reference, key, outputs)), 3)
 
 
 def _latency_runs(n_blocks: int, max_tokens: int, reference: list[int],
-                  outputs: dict[str, bool]) -> dict[str, Any]:
+                  outputs: dict[str, bool], repeats: int) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     with chain_net(split(n_blocks, 4), link_delay_ms=LINK_DELAY_MS, name="chain4-20ms") as chain:
         chain.generate(PROMPT, 2)  # warm-up: the requester loads its head and tokenizer
-        plain = chain.generate(PROMPT, max_tokens)
-        spec = chain.generate(PROMPT, max_tokens, speculative=SPEC_K)
-        mars = chain.generate(PROMPT, max_tokens, speculative=SPEC_K, rule="mars")
-        outputs["chain4_20ms"] = plain["tokens"] == reference
-        outputs["chain4_20ms_speculative"] = spec["tokens"] == reference
+        runs: dict[str, list[dict[str, Any]]] = {"": [], "_spec": [], "_mars": []}
+        for _ in range(repeats):  # interleaved, so a busy spell of the machine hits all three
+            runs[""].append(chain.generate(PROMPT, max_tokens))
+            runs["_spec"].append(chain.generate(PROMPT, max_tokens, speculative=SPEC_K))
+            runs["_mars"].append(chain.generate(PROMPT, max_tokens, speculative=SPEC_K,
+                                                rule="mars"))
+        plain = _best(runs[""], reference, "chain4_20ms", outputs)
+        spec = _best(runs["_spec"], reference, "chain4_20ms_speculative", outputs)
+        mars = max(runs["_mars"], key=_tps)
         for name, answer in (("", plain), ("_spec", spec), ("_mars", mars)):
-            figures[f"tokens_per_s_chain4_20ms{name}"] = round(
-                len(answer["tokens"]) / answer["wall_s"], 3)
+            figures[f"tokens_per_s_chain4_20ms{name}"] = round(_tps(answer), 3)
         base = figures["tokens_per_s_chain4_20ms"]
         figures["dsd_speedup_20ms"] = round(figures["tokens_per_s_chain4_20ms_spec"] / base, 3)
         figures["mars_speedup_20ms"] = round(figures["tokens_per_s_chain4_20ms_mars"] / base, 3)
@@ -110,21 +132,19 @@ def _latency_runs(n_blocks: int, max_tokens: int, reference: list[int],
         figures["acceptance_rate_mars"] = mars.get("acceptance_rate")
         figures["mean_k"] = spec.get("mean_k")
         figures["mean_k_mars"] = mars.get("mean_k")
-        figures["mars_tokens_equal_greedy"] = mars["tokens"] == reference
+        figures["mars_tokens_equal_greedy"] = all(a["tokens"] == reference for a in runs["_mars"])
     return figures
 
 
 def _recovery(n_blocks: int, max_tokens: int, reference: list[int],
-              outputs: dict[str, bool]) -> dict[str, Any]:
+              outputs: dict[str, bool], repeats: int) -> dict[str, Any]:
     ranges = split(n_blocks, 4)
     with chain_net([*ranges, ranges[1]], name="chain4-spare") as chain:
         chain.generate(PROMPT, 2)
-        t0 = time.perf_counter()
-        calm = chain.generate(PROMPT, max_tokens)
-        calm_s = elapsed(t0)
-        outputs["chain4"] = calm["tokens"] == reference
+        calm = _best([chain.generate(PROMPT, max_tokens) for _ in range(repeats)], reference,
+                     "chain4", outputs)
         figures: dict[str, Any] = {
-            "tokens_per_s_chain4": round(len(calm["tokens"]) / calm["wall_s"], 3),
+            "tokens_per_s_chain4": round(_tps(calm), 3),
             "stage_rss_mb_max": round(max(peak_rss_mb(n) for n, _ in chain.servers), 1)}
         spares = [n for n, r in chain.servers if r == ranges[1]]
         result: dict[str, Any] = {}
@@ -136,7 +156,6 @@ def _recovery(n_blocks: int, max_tokens: int, reference: list[int],
                 result["error"] = repr(exc)
 
         before = {n.name: chain.inference_status(n)["forwards"] for n in spares}
-        t0 = time.perf_counter()
         worker = threading.Thread(target=generate)
         worker.start()
         in_use = _serving_session(chain, spares)
@@ -152,7 +171,7 @@ def _recovery(n_blocks: int, max_tokens: int, reference: list[int],
             raise RuntimeError(f"the generation did not survive a killed stage: {result['error']}")
         answer = result["answer"]
         outputs["chain4_recovered"] = answer["tokens"] == reference
-        figures["recovery_extra_wall_s"] = round(elapsed(t0) - calm_s, 3)
+        figures["recovery_extra_wall_s"] = round(answer["wall_s"] - calm["wall_s"], 3)
         figures["recoveries"] = answer.get("recoveries", 0)
     return figures
 
@@ -173,18 +192,20 @@ def _serving_session(chain: ChainNet, candidates: list[Any]) -> Any:
 def run(quick: bool) -> dict[str, Any]:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     max_tokens = QUICK_TOKENS if quick else FULL_TOKENS
-    figures, reference, n_blocks = _reference(max_tokens)
+    repeats = 1 if quick else REPEATS
+    figures, reference, n_blocks = _reference(max_tokens, repeats)
     single_tps = figures["tokens_per_s_single"]
     outputs: dict[str, bool] = {}
     for stages in (2,):
         with chain_net(split(n_blocks, stages), name=f"chain{stages}") as chain:
             chain.generate(PROMPT, 2)
-            tps = _chain_figures(chain, max_tokens, reference, f"chain{stages}", outputs)
+            tps = _chain_figures(chain, max_tokens, reference, f"chain{stages}", outputs,
+                                 repeats)
         figures[f"tokens_per_s_chain{stages}"] = tps
-    figures.update(_recovery(n_blocks, max_tokens, reference, outputs))
+    figures.update(_recovery(n_blocks, max_tokens, reference, outputs, repeats))
     figures["overhead_ratio_2"] = round(single_tps / figures["tokens_per_s_chain2"], 3)
     figures["overhead_ratio_4"] = round(single_tps / figures["tokens_per_s_chain4"], 3)
-    figures.update(_latency_runs(n_blocks, max_tokens, reference, outputs))
+    figures.update(_latency_runs(n_blocks, max_tokens, reference, outputs, repeats))
     figures["identical"] = all(outputs.values())
     figures["not_identical"] = ",".join(k for k, same in outputs.items() if not same) or "-"
     figures["link_delay_ms"] = LINK_DELAY_MS

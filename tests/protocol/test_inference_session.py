@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from protocol.codec import decode, encode
 from protocol.errors import InvalidMessage
@@ -171,3 +173,48 @@ def test_messages_round_trip_and_frames_fit() -> None:
         decode(encode(open_msg(start=8, end=8)))
     n = max_positions_per_frame(576, Precision.FP16)
     assert len(encode(fwd(n=n, nbytes=n * 576 * 2))) <= 1 << 20
+
+
+# ---------------------------------------------------------------- any sequence of requests
+
+_PEERS = ("p", "q")
+_request = st.one_of(
+    st.builds(lambda i, n, s, e: open_msg(i, max_length=n, start=s, end=e),
+              st.integers(1, 4), st.integers(1, 80), st.integers(3, 5), st.integers(6, 9)),
+    st.builds(lambda i, s, n, k: fwd(i, start=s, n=n, nbytes=None if k else n * C),
+              st.integers(1, 4), st.integers(0, 70), st.integers(1, 6), st.booleans()),
+    st.builds(lambda i, n: Rollback(session_id=sid(i), length=n), st.integers(1, 4),
+              st.integers(0, 70)),
+    st.builds(lambda i: SessionClose(session_id=sid(i)), st.integers(1, 4)),
+)
+_step = st.tuples(st.sampled_from(_PEERS), _request, st.integers(0, 700), st.booleans())
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(steps=st.lists(_step, max_size=40))
+def test_limits_hold_under_any_request_sequence(steps: list[tuple[str, object, int, bool]]) -> None:
+    """Whatever two requesters send, in any order: one reply per request (or a penalty for a
+    reused id), never more sessions or reserved cache than the limits, caches freed once."""
+    m = SessionServer(SERVED, LIMITS)
+    now, freed, opened = 0, 0, 0
+    for peer, msg, dt, finish in steps:
+        now += dt
+        effects = m.handle(Received(peer, msg), now)
+        replies = [e for e in effects if isinstance(e, Send)]
+        penalties = [e for e in effects if isinstance(e, Penalize)]
+        runs = [e for e in effects if isinstance(e, RunForward)]
+        assert all(e.peer == peer for e in replies + penalties)
+        assert len(replies) + len(runs) == 1 or (penalties and not replies and not runs)
+        opened += sum(isinstance(r.message, SessionAccepted) for r in replies)
+        freed += sum(isinstance(e, FreeCache) for e in effects)
+        for run in runs:  # the driver computes, or fails, and the machine replies
+            done = (ForwardDone(run.session_id, run.start_pos, run.n, b"", 1) if finish
+                    else ForwardFailed(run.session_id, bad_input=False, detail="x"))
+            out = m.handle(done, now)
+            assert len([e for e in out if isinstance(e, Send)]) == 1
+            freed += sum(isinstance(e, FreeCache) for e in out)
+        freed += sum(isinstance(e, FreeCache) for e in m.handle(Tick(), now))
+        assert len(m.sessions) <= LIMITS.max_sessions
+        assert m.reserved_bytes <= LIMITS.max_cache_bytes
+        assert all(s.length <= s.max_length for s in m.sessions.values())
+    assert opened - freed == len(m.sessions)

@@ -39,6 +39,7 @@ from protocol.inference.messages import (
     SessionAccepted,
     SessionClose,
     SessionOpen,
+    SessionRefused,
     max_positions_per_frame,
 )
 from protocol.inference.routing import Hop, NoRoute, Server, plan_chain
@@ -95,6 +96,8 @@ class Chain:
     excluded: set[str] = field(default_factory=set)
     recoveries: int = 0
     length: int = 0
+    #: why hops failed, in order ("<peer>: <what>")
+    failures: list[str] = field(default_factory=list)
 
     @property
     def route(self) -> list[tuple[str, int, int]]:
@@ -111,7 +114,8 @@ class Chain:
                 plan = plan_chain(self.directory.servers(), self.model, start, end,
                                   rtt_ms=self.directory.rtt_ms(), excluded=self.excluded)
             except NoRoute as exc:
-                raise ChainError(str(exc)) from exc
+                why = "; ".join(self.failures[-3:])
+                raise ChainError(f"{exc}" + (f" (failed: {why})" if why else "")) from exc
             opened: list[_HopSession] = []
             try:
                 x = history
@@ -142,7 +146,9 @@ class Chain:
             raise HopFailed(hop.peer, f"bad reply to open: {exc}", bad_data=True) from exc
         if not isinstance(reply, SessionAccepted) or reply.session_id != sid:
             await stream.close()
-            raise HopFailed(hop.peer, f"open answered {reply!r}"[:300])
+            if isinstance(reply, SessionRefused):
+                raise HopFailed(hop.peer, f"refused: {reply.reason.value} ({reply.detail})")
+            raise HopFailed(hop.peer, f"open answered a {type(reply).__name__}")
         return _HopSession(hop, stream, sid, np.zeros((0, self.hidden_size), np.float32))
 
     async def _push(self, s: _HopSession, x: np.ndarray, start_pos: int) -> np.ndarray:
@@ -213,6 +219,7 @@ class Chain:
 
     async def _fail(self, exc: HopFailed) -> None:
         self.excluded.add(exc.peer)
+        self.failures.append(f"{exc.peer[-8:]}: {exc.detail}"[:200])
         self.directory.on_failure(exc.peer, exc.detail)
         if exc.bad_data:
             await self.directory.report(exc.peer, exc.detail)

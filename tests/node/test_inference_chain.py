@@ -254,14 +254,14 @@ def test_server_refuses_over_its_limits_and_penalizes_bad_frames(gguf: Path) -> 
         net.serve("a", 0, 2, SessionLimits(max_sessions=1, max_tokens_per_session=64))
         first = net.chain()
         first.max_length = 200  # over the server's tokens per session
-        with pytest.raises(ChainError):
+        with pytest.raises(ChainError, match="refused: too_long"):
             await first.open()
         ok = net.chain()
         ok.max_length = 64
         await ok.open()
         second = net.chain()
         second.max_length = 64
-        with pytest.raises(ChainError):  # one session per server: the second is refused
+        with pytest.raises(ChainError, match="sessions_full"):  # one session per server
             await second.open()
         s = ok.hops[0]
         await s.stream.send(Forward(session_id=s.session_id, start_pos=0, n=2,

@@ -20,7 +20,7 @@ import trio
 
 from models.blocks import BlockStage, StageCache
 from node.inference.wire import SessionStream, pack_hidden, unpack_hidden
-from node.transport import BulkStream, TransportError
+from node.transport import BulkStream, FrameTooLarge, TransportError
 from protocol.errors import InvalidMessage
 from protocol.inference.messages import SessionAccepted, SessionOpen
 from protocol.inference.session import (
@@ -63,6 +63,9 @@ class StageHost:
                         msg = await stream.receive()
                     except InvalidMessage as exc:
                         await self._report(peer, f"undecodable session frame: {exc}")
+                        return
+                    except FrameTooLarge as exc:
+                        await self._report(peer, f"oversized session frame: {exc}")
                         return
                     except TransportError:
                         return  # the requester closed or broke the stream: no fault

@@ -286,3 +286,21 @@ def test_link_delay_holds_every_outgoing_frame() -> None:
 
     elapsed = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert elapsed == pytest.approx(0.040)
+
+
+@pytest.mark.parametrize(("frame", "fault"), [
+    ((1 << 21).to_bytes(4, "big"), "oversized"),  # announces a frame over the 1 MiB limit
+    ((3).to_bytes(4, "big") + b"\xc1\xc1\xc1", "undecodable"),  # bytes that are no message
+])
+def test_a_bad_frame_from_a_requester_is_reported(gguf: Path, frame: bytes, fault: str) -> None:
+    async def body(net: Net) -> None:
+        net.serve("a", 0, 2)
+        client, server = trio.testing.memory_stream_pair()
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(net.hosts["a"].serve, "requester", MemStream(server, "r"))
+                await client.send_all(frame)
+        assert [p for p, _ in net.reports] == ["requester"]
+        assert fault in net.reports[0][1]
+
+    run_chain(gguf, body)

@@ -42,6 +42,7 @@ from protocol.market.auction import (
     SubmitTask,
     TaskUpdated,
 )
+from protocol.market.bidders import possible_bidders
 from protocol.market.linucb import DEFAULT_ALPHA, DEFAULT_LAMBDA, FEATURES, LinUCB, LinUCBSelector
 from protocol.market.messages import (
     MAX_K,
@@ -53,6 +54,7 @@ from protocol.market.messages import (
     Turn,
 )
 from protocol.market.selection import ScoreSelector, Selector
+from protocol.market.state import OpenTask
 
 #: snapshots of finished tasks kept in memory for waiters (the database keeps them all)
 MAX_CACHED_SNAPSHOTS = 256
@@ -136,6 +138,8 @@ class TasksService(Service):
             fed_config(s),
             self.reputation,
         )
+        # the bid window closes once every executor the ledger knows for the task has bid
+        self._machine.possible_bidders = self.possible_bidders
         self._waiters: dict[str, trio.Event] = {}
         self._latest: dict[str, dict[str, Any]] = {}
         self._restored = 0
@@ -164,6 +168,11 @@ class TasksService(Service):
         """The peer's praise group, for choosing independent executors."""
         trust = self._trust()
         return peer if trust is None else trust.group(peer, self.ctx.clock())
+
+    def possible_bidders(self, task: OpenTask) -> int | None:
+        """Live executors in the ledger that could bid on ``task`` (None without a ledger)."""
+        trust = self._trust()
+        return None if trust is None else possible_bidders(trust.view, task, self.ctx.clock())
 
     async def _attest(self, effect: Attest) -> None:
         self.ctx.log.info("tasks.attest", subject=effect.subject, task_id=effect.task_id.hex(),

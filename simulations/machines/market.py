@@ -23,6 +23,7 @@ from typing import Any
 from protocol.ledger.trust import TrustView
 from protocol.market.attestations import ledger_attestation
 from protocol.market.auction import Auction
+from protocol.market.bidders import possible_bidders
 from protocol.market.events import (
     Attest,
     AuctionConfig,
@@ -33,6 +34,7 @@ from protocol.market.events import (
 from protocol.market.executor import Executor, ExecutorConfig
 from protocol.market.messages import BEACON_TOPIC, Assign, Beacon, Bid, Cancel, Reject, Result
 from protocol.market.selection import Selector
+from protocol.market.state import OpenTask
 from simulations.adversary import Behaviour, Wrapped, unwrap
 from simulations.node import MachineSpec, VirtualNode
 
@@ -67,6 +69,17 @@ def earned_reputation(node: VirtualNode) -> Callable[[str], float]:
     return reputation
 
 
+def ledger_bidders(node: VirtualNode) -> Callable[[OpenTask], int | None]:
+    """The auction's ``possible_bidders`` callback over the node's ledger, as the daemon's."""
+
+    def count(task: OpenTask) -> int | None:
+        trust = trust_view(node)
+        return None if trust is None else possible_bidders(trust.view, task,
+                                                           node.swarm.machine_now_ms)
+
+    return count
+
+
 def _wrap(machine: Any, node: VirtualNode, behaviour_of: BehaviourOf | None) -> Any:
     behaviour = behaviour_of(node) if behaviour_of is not None else None
     return machine if behaviour is None else Wrapped(machine, node, behaviour)
@@ -79,7 +92,7 @@ def auction_spec(
 ) -> MachineSpec:
     def build(node: VirtualNode) -> Any:
         machine = Auction(node.identity, selector_of(node), node.rng, config,
-                          earned_reputation(node))
+                          earned_reputation(node), ledger_bidders(node))
         return _wrap(machine, node, behaviour_of)
 
     def attest(node: VirtualNode, name: str, effect: Attest) -> None:

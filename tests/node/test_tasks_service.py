@@ -16,7 +16,7 @@ import trio
 
 from node.db import Database
 from node.market.requester import TasksSection, TasksService, restore_event
-from protocol.market.auction import RestoreTask, TaskUpdated
+from protocol.market.auction import AuctionConfig, RestoreTask, TaskUpdated
 from protocol.market.linucb import LinUCBSelector
 from protocol.market.state import TaskSnapshot
 from tests.protocol.market_net import MarketNet
@@ -58,7 +58,7 @@ def test_open_task_is_stored_and_resumed_with_its_attempts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     wall = WallClock(1_700_000_000.0)
     monkeypatch.setattr(time, "time", wall)
-    net = MarketNet(3)
+    net = MarketNet(3, config=AuctionConfig(close_grace_ms=1_500))  # the whole window
     tid = net.submit(deadline_ms=60_000)
     net.step_to(1_550)  # three attempts running
     snap = net.last(tid)

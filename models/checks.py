@@ -1,7 +1,8 @@
 """The model work of a verifier: re-check the result another executor committed to.
 
-The executor's side is models/commitments.py; both run the same computation, so honest work
-always passes. The verifier (:class:`CheckRunner`) rebuilds the prompt from the task exactly
+The executor's side is models/commitments.py; the verifier recomputes its layers in fp32,
+within tolerances measured against the executor's llama.cpp states (models.layer_states), so
+honest work passes. The verifier (:class:`CheckRunner`) rebuilds the prompt from the task exactly
 as the executor's ``models.cot.solve`` did (``models.cot.build_prompt``: the task's style and
 conversation, same serving backend's template and tokenizer), then checks that the claimed
 CoT is the detokenized output and that the claimed answer is what ``models.cot.answer_of``
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -66,20 +68,44 @@ class CheckTiming:
 
 
 class CheckRunner:
-    """Runs ``StartCheck`` on one loaded model; one check at a time (a lock)."""
+    """Runs ``StartCheck`` on one model; one check at a time (a lock). The model is the
+    ``backend`` given, or what ``loader`` returns at the first check (a deferred runner:
+    every node verifies by default, and most never get a check)."""
 
-    def __init__(self, backend: Any) -> None:
-        self.backend = backend
-        self.model_hash = bytes.fromhex(backend.identity_hash)
+    def __init__(self, backend: Any = None, *, model_hash: bytes = b"",
+                 loader: Callable[[], Any] | None = None) -> None:
+        if backend is None and (loader is None or not model_hash):
+            raise ValueError("CheckRunner needs a backend, or a loader and its model's hash")
+        self._backend = backend
+        self._loader = loader
+        self.model_hash = model_hash or bytes.fromhex(backend.identity_hash)
         self._lock = threading.Lock()
+        self._load_lock = threading.Lock()
         self.last: CheckTiming | None = None
 
+    @property
+    def backend(self) -> Any:
+        if self._backend is None:
+            with self._load_lock:
+                if self._backend is None:
+                    self._backend = self._loader()  # type: ignore[misc]
+        return self._backend
+
     @classmethod
-    def load(cls, spec: str = "") -> CheckRunner:
+    def load(cls, spec: str = "", *, deferred: bool = False) -> CheckRunner:
+        """A runner on ``spec`` ("" = the default model); ``deferred``: only its weights are
+        hashed now, the model loads at the first check."""
+        import functools
+
         from models.config import ModelConfig
         from models.loader import load_backend
+        from models.registry import identity_hash, resolve
 
-        return cls(load_backend(ModelConfig(spec=spec) if spec else ModelConfig()))
+        config = ModelConfig(spec=spec) if spec else ModelConfig()
+        if not deferred:
+            return cls(load_backend(config))
+        return cls(model_hash=bytes.fromhex(identity_hash(resolve(config.spec))),
+                   loader=functools.partial(load_backend, config))
 
     def _binding(self, e: StartCheck) -> CheckDone | list[int]:
         """The cheap part of every check (the CoT is the output, the answer is the CoT's):

@@ -1,7 +1,7 @@
 """The layer states an executor committed to, kept on disk for the verifiers that ask.
 
-A committing executor (models/solver.py) runs one prefill per result and keeps every
-decoder layer's output (models.layer_states); :meth:`StateStore.put` writes them into its
+A committing executor (models/solver.py) keeps every decoder layer's output of each result
+(models.layer_states, taken from its own generation on llama.cpp: models.llama_capture); :meth:`StateStore.put` writes them into its
 folder (a node's is ``<data dir>/states``, :data:`STATES_DIR`) as ``<task id>-<states
 root>.npy`` beside a ``.hashes`` file of the Merkle leaf hashes (so proofs need no
 re-hashing), each written to a temporary name and renamed into place: a kill leaves either

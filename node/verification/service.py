@@ -1,16 +1,20 @@
 """Commitment-based verification in the daemon: the verifier role and the message routing.
 
-* ``[verify] enabled = true`` makes this node's requester a ``protocol.verification.requester.
-  VerifiedAuction`` and its executor a ``VerifiedExecutor`` (node/market/requester.py and
-  node/market/executor.py build their machines with :func:`requester_machine` and
-  :func:`executor_machine`). Enable it on every node of a network: a verifying requester
-  refuses uncommitted results, and a verifying executor waits ``terms_grace_ms`` for Terms.
+* ``[verify] enabled = true`` (the default) makes this node's requester a
+  ``protocol.verification.requester.VerifiedAuction`` and its executor a ``VerifiedExecutor``
+  (node/market/requester.py and node/market/executor.py build their machines with
+  :func:`requester_machine` and :func:`executor_machine`). Leave it on on every node of a
+  network: a verifying requester refuses uncommitted results, and a verifying executor waits
+  ``terms_grace_ms`` for Terms. It is on by default because committing is nearly free: a
+  llama.cpp executor commits to the layer states of its own generation (models.llama_capture,
+  ~2% of the generation time), where it used to pay an extra fp32 prefill (~0.3).
 * This service owns the verification messages (tags 70-79). Its machine (:class:`VerifyRouter`)
   forwards ``Terms`` / ``RevealRequest`` to the executor machine and ``Commit`` / ``Reveal`` /
   ``Verdict`` to the tasks machine (``Forward`` effects, performed with ``ctx.submit``), and
   runs the verifier role (``protocol.verification.verifier.Verifier``) on ``CheckRequest``.
 * The verifier role (``[verify] verifier = true``, needs the model) re-runs checks with
-  models/checks.py in a worker thread (``trio.to_thread``); the machine's ledger
+  models/checks.py in a worker thread (``trio.to_thread``); the model's weights are hashed at
+  start (the role is advertised for that hash) and loaded at the first check; the machine's ledger
   attestations (verdicts) go to the ledger service, so ``symphony ledger attestations`` lists
   them. Verifier candidates for a requester are ledger peers advertising the verifier role
   with a model offer whose weights hash is the result's model hash, and a bidder the ledger
@@ -65,7 +69,7 @@ class VerifySection:
     feeds: ClassVar[type] = VerifyConfig
     node_fields: ClassVar[tuple[str, ...]] = ("enabled", "verifier", "model", "slots")
     #: commit/reveal and sampled checks for this node's tasks and executions
-    enabled: bool = False
+    enabled: bool = True
     sample_rate: float = _V.sample_rate
     verifiers: int = _V.verifiers
     panel: int = _V.panel
@@ -191,7 +195,8 @@ class VerifyService(NurseryService):
         from models.checks import CheckRunner
 
         try:
-            self.runner = await trio.to_thread.run_sync(CheckRunner.load, self.section.model)
+            self.runner = await trio.to_thread.run_sync(functools.partial(
+                CheckRunner.load, self.section.model, deferred=True))
         except Exception as exc:  # no model here: route messages, verify nothing
             self.problem = f"no model for checks: {exc}"[:200]
             self.ctx.log.warning("verify.no_model", error=str(exc))

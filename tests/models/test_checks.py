@@ -217,3 +217,13 @@ def test_layer_check_catches_tampered_tokens_and_binding(
         assert not done.passed and "layer 1" in done.detail
     fabricated = dataclasses.replace(honest, cot="I computed it carefully. The answer is 42.")
     assert not verifier.prepare(fabricated).passed  # type: ignore[union-attr]
+
+
+def test_a_deferred_runner_loads_its_model_at_the_first_check(ggufs: dict[str, Path],
+                                                              verifier: CheckRunner) -> None:
+    deferred = CheckRunner.load(str(ggufs["f32"]), deferred=True)
+    assert deferred.model_hash == verifier.model_hash and deferred._backend is None
+    check = executor_check(backend(ggufs["f32"], "transformers"), verifier.model_hash)
+    assert deferred.run(check).passed and deferred._backend is not None
+    with pytest.raises(ValueError, match="loader"):
+        CheckRunner()

@@ -58,7 +58,10 @@ FAST_MEMBERSHIP = {
 }
 #: test daemons load no model unless a test asks (loading and measuring it costs seconds)
 NO_MODEL = {"executor": {"solver": ""}}
-TESTNET_CONFIG = {**FAST_MEMBERSHIP, **NO_MODEL}
+#: nor verify (on by default: commit/reveal rounds and the verifier's model hash) unless a
+#: test asks, as tests/node/test_verify_integration.py does
+NO_VERIFY = {"verify": {"enabled": False}}
+TESTNET_CONFIG = {**FAST_MEMBERSHIP, **NO_MODEL, **NO_VERIFY}
 #: the deterministic test solver, as an ``[executor] solver`` value
 ARITH_SOLVER = "tests.node.arith_solver:factory"
 GOSSIP_PROBE = "tests.node.probe_service:GossipProbe"

@@ -36,3 +36,42 @@ def test_bad_serve_blocks_and_inference_values_are_named(tmp_path: Path) -> None
     section = _load(tmp_path, toml='[inference]\nlink_delay_ms = 20.0\nprecision = "f32"\n'
                     ).section("inference")
     assert (section.link_delay_ms, section.precision) == (20.0, "f32")
+
+
+def test_auto_picks_the_window_the_ledger_covers_worst(tmp_path: Path) -> None:
+    """The daemon's side of ``--serve-blocks auto``: block offers read from the ledger's live
+    records (our own left out), the window sized by [inference] auto_max_blocks."""
+    pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from node.inference.service import InferenceService
+    from protocol.ledger.records import BlockOffer
+    from tests.models import tiny
+
+    path = tiny.write_gguf(tiny.tiny_model(), tmp_path / "t.gguf")
+
+    def record(peer: str, start: int, end: int) -> object:
+        offer = BlockOffer(model="t", start=start, end=end, n_blocks=tiny.LAYERS,
+                           ms_per_block=1.0, free_sessions=4, max_sessions=4,
+                           free_cache_bytes=1 << 20)
+        return SimpleNamespace(record=SimpleNamespace(peer_id=peer, blocks=(offer,),
+                                                      listen_addrs=()))
+
+    held = [record("other", 0, 1), record("me", 1, 2)]
+    state = SimpleNamespace(live_records=lambda now: list(held))
+    ledger = SimpleNamespace(machine=SimpleNamespace(view=SimpleNamespace(state=state)),
+                             now_ms=lambda: 0)
+    config = SimpleNamespace(serve_blocks="auto",
+                             section=lambda name: InferenceSection(auto_max_blocks=1))
+    ctx = SimpleNamespace(config=config, services={"ledger": ledger}, clock=lambda: 0,
+                          identity=SimpleNamespace(peer_id="me"))
+    service = InferenceService(ctx)
+    service.model_name, service.model_path, service.n_blocks = "t", path, tiny.LAYERS
+    assert service.want == "auto"
+    assert [(s.peer, s.start) for s in service.servers()] == [("other", 0)]
+    assert service._auto_window(None) == (1, 2)  # block 1 has no other server
+    assert service._auto_window((0, 1)) == (1, 2)  # a hole elsewhere: move
+    held.append(record("third", 1, 2))
+    assert service._auto_window((0, 1)) == (0, 1)  # equal coverage: stay
+    service.failed_until["other"] = 10  # a server that failed us is left out of plans
+    assert [s.peer for s in service.servers()] == ["third"]

@@ -29,6 +29,11 @@ import torch
 
 #: token-level importance-ratio mask bounds (prime-rl's defaults)
 RATIO_LOW, RATIO_HIGH = 0.125, 8.0
+#: the validation threshold on :func:`mismatch_kl` per group. Measured on SmolLM2-135M,
+#: llama.cpp Q4_1 (the worker) vs the dequantized fp32 torch policy (the learner), honest
+#: groups at T = 0.7 and 1.0, base and adapted: 0.002 to 0.0076 (18 groups); a forger that
+#: reports confident log-probs (-0.05 a token) for the same tokens: 0.37 to 0.54.
+MISMATCH_KL_MAX = 0.05
 
 
 def group_advantages(rewards: Sequence[float]) -> list[float] | None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from models.rl.grpo import MISMATCH_KL_MAX
 from protocol.rl.staleness import MAX_STALENESS
 
 
@@ -38,8 +39,8 @@ class LearnerConfig:
     checkpoint_every: int = 10  # steps between checkpoints, m
     job_timeout_s: float = 300.0  # a worker's time for one job before it is reissued
     #: largest mean k3 KL between a worker's reported log-probs and the learner's recomputation
-    #: (measured: honest Q4_1 llama.cpp vs fp32 torch 0.002-0.007 per token on SmolLM2-135M)
-    mismatch_kl_max: float = 0.05
+    #: (models/rl/grpo.py: where it was measured)
+    mismatch_kl_max: float = MISMATCH_KL_MAX
     validate_completions: int = 2  # completions per group whose log-probs are recomputed
     out_dir: str = "out/rl"  # adapters/, checkpoints/, versions.json, steps.jsonl
     seed: int = 0

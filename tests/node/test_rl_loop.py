@@ -1,0 +1,116 @@
+"""The learner loop's scheduling, with in-test stand-ins for the model side and the worker
+processes (the real ones are exercised by test_rl_learner.py): which jobs it issues under
+S = 0 and S > 0, and which returned groups it trains on or drops as stale."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from node.rl.learner import _Loop
+from node.rl.learner_config import LearnerConfig
+from node.rl.learner_trainer import Group, StepStats
+from protocol.codec import decode, encode
+from protocol.rl.messages import Completion, RolloutJob, RolloutResultBody
+from protocol.rl.prompts import job_prompts
+
+
+class Env:
+    size = 5
+
+
+class Trainer:
+    """Stands in for node.rl.learner_trainer.Trainer: steps advance the version, nothing else."""
+
+    def __init__(self) -> None:
+        self.env, self.vocab_size, self.version, self.resumed_from = Env(), 50, 0, None
+        self.published_times = {0: 0.0}
+        self.trained_on: list[list[int]] = []  # versions of the groups of each step
+        self.mismatch_kls: list[float] = []
+        self.steps_done = 0
+
+    def adapter(self, version: int) -> tuple[str, str]:
+        return ("", "")
+
+    def check_logprobs(self, job: RolloutJob, result: RolloutResultBody) -> str | None:
+        return None
+
+    def groups_of(self, result: RolloutResultBody, job: RolloutJob) -> list[Group]:
+        comps = tuple((c.token_ids, c.logprobs) for c in result.completions)
+        return [Group(result.policy_version, result.prompt_indices[0], (1,), comps, (0.0, 1.0))]
+
+    def next_version(self) -> int:
+        return self.version + 1
+
+    def step(self, groups: list[Group], next_version: int) -> StepStats:
+        self.trained_on.append([g.version for g in groups])
+        self.version = next_version
+        self.published_times[next_version] = 0.0
+        self.steps_done += 1
+        return StepStats(version=next_version, mean_reward=0.5, groups=len(groups), skipped=0,
+                         tokens=2, masked=0, loss=0.0, kl=0.0, step_s=0.0)
+
+    def checkpoint(self) -> None:
+        pass
+
+
+class Pool:
+    """Stands in for the worker processes: answers in a scripted order of worker indices."""
+
+    def __init__(self, order: list[int]) -> None:
+        self.order = order
+        self.held: dict[int, RolloutJob] = {}
+        self.sent: list[tuple[int, int]] = []  # (worker, version)
+
+    def alive(self, index: int) -> bool:
+        return True
+
+    def send(self, index: int, msg: Any) -> None:
+        job = decode(msg[0], RolloutJob)
+        self.held[index] = job
+        self.sent.append((index, job.policy_version))
+
+    def get(self, timeout_s: float) -> tuple[Any, ...] | None:
+        if not self.order or self.order[0] not in self.held:
+            raise AssertionError(f"the loop waits for worker {self.order[:1]} holding no job")
+        i = self.order.pop(0)
+        job = self.held.pop(i)
+        result = RolloutResultBody(
+            job_id=job.job_id, attempt=0, worker=f"local-{i}", policy_version=job.policy_version,
+            prompt_indices=job_prompts(job),
+            completions=(Completion(token_ids=(3,), logprobs=(-1.0,), finished=True),) * job.group_size,
+            compute_ms=1, commitment=b"", model_hash=b"")
+        return ("result", i, encode(result), None, 0.1, None)
+
+
+def _run(tmp_path: Path, order: list[int], **kw: Any) -> tuple[Trainer, Pool, Any]:
+    config = replace(LearnerConfig(group_size=2, jobs_per_step=1, workers=2, steps=3,
+                                   out_dir=str(tmp_path)), **kw)
+    trainer, pool = Trainer(), Pool(order)
+    report = _Loop(config, trainer, pool, None).run()  # type: ignore[arg-type]
+    return trainer, pool, report
+
+
+def test_synchronous_issues_one_steps_jobs_for_the_current_version(tmp_path: Path) -> None:
+    trainer, pool, report = _run(tmp_path, [0, 0, 0], staleness=0)
+    # one job per step, each for the version being trained; worker 1 never needed
+    assert pool.sent == [(0, 0), (0, 1), (0, 2)]
+    assert trainer.trained_on == [[0], [1], [2]]
+    assert report.counters["stale"] == 0
+
+
+def test_asynchronous_trains_on_lagging_groups_and_drops_stale_ones(tmp_path: Path) -> None:
+    # S = 1: both workers start on version 0; worker 0 is fast, worker 1 answers its version-0
+    # job only once the learner trains version 2 (lag 2 > S): dropped as stale
+    trainer, pool, report = _run(tmp_path, [0, 0, 1, 0], staleness=1)
+    # at most (S + 1) steps' worth of jobs pending, each for the newest version when issued
+    assert pool.sent == [(0, 0), (1, 0), (0, 1), (0, 2), (1, 2)]
+    assert trainer.trained_on == [[0], [1], [2]]
+    assert report.counters["stale"] == 1
+
+
+def test_a_group_within_the_bound_is_used_after_the_learner_moved_on(tmp_path: Path) -> None:
+    trainer, _, report = _run(tmp_path, [0, 1, 0, 1], staleness=1)
+    assert trainer.trained_on[:2] == [[0], [0]]  # worker 1's version-0 group at version 1: lag 1
+    assert report.counters["stale"] == 0

@@ -15,9 +15,10 @@ KEYS = {"busy_sync", "busy_async", "time_ratio_async_vs_sync", "reward_sync", "r
         "stale_dropped", "swap_s"}
 
 
-def _report(step_s: float, generate_s: float, wall_s: float, reward: float, stale: int = 0) -> TrainReport:
-    steps = [StepStats(version=v, mean_reward=reward, groups=1, skipped=0, tokens=10, masked=0,
-                       loss=0.0, kl=0.0, step_s=step_s) for v in (1, 2)]
+def _report(step_s: float, generate_s: float, wall_s: float, reward: float, stale: int = 0,
+            n: int = 2) -> TrainReport:
+    steps = [StepStats(version=v, mean_reward=reward + 0.01 * v, groups=1, skipped=0, tokens=10,
+                       masked=0, loss=0.0, kl=0.0, step_s=step_s) for v in range(1, n + 1)]
     return TrainReport(steps=steps, wall_s=wall_s, busy_s=2 * step_s, counters={"stale": stale},
                        swap_s=[0.01], generate_s=[generate_s] * 3)
 
@@ -41,7 +42,8 @@ def test_the_figures_are_exactly_the_named_keys(monkeypatch: pytest.MonkeyPatch)
     assert figures["busy_sync"] == pytest.approx(20 / 30, abs=1e-3)
     assert figures["busy_async"] == pytest.approx(20 / 21, abs=1e-3)
     assert figures["time_ratio_async_vs_sync"] == pytest.approx(0.7)
-    assert (figures["reward_sync"], figures["reward_async"], figures["stale_dropped"]) == (0.2, 0.3, 1)
+    assert figures["reward_sync"] == pytest.approx(0.215)  # mean of 0.21 and 0.22
+    assert (figures["reward_async"], figures["stale_dropped"]) == (pytest.approx(0.315), 1)
     assert [c.staleness for c in configs] == [0, bench_rl.ASYNC_STALENESS]
     assert configs[1].workers == 1 and configs[0].steps == configs[1].steps
 
@@ -53,3 +55,12 @@ def test_a_machine_that_cannot_hold_the_rule_reports_no_busy_fraction(
     assert figures["busy_async"] is None
     assert configs[1].workers == bench_rl.MAX_WORKERS
     assert "cannot hold the capacity rule" in capsys.readouterr().err
+
+
+def test_a_full_run_writes_the_reward_plot(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    monkeypatch.setattr(bench_rl, "PLOT_PATH", tmp_path / "reward.png")
+    n = bench_rl.PLOT_MIN_STEPS
+    monkeypatch.setattr("node.rl.learner.run_training",
+                        lambda config, on_step=None: _report(10.0, 2.0, 30.0, 0.1, n=n))
+    bench_rl.run(quick=False)
+    assert (tmp_path / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

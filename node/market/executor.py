@@ -39,6 +39,7 @@ from protocol.market.executor import (
     DEFAULT_HOLD_MS,
     DEFAULT_MAX_TASK_MS,
     DEFAULT_MAX_TOKENS,
+    DEFAULT_QUEUE,
     CancelCompute,
     ComputeDone,
     ComputeFailed,
@@ -82,8 +83,11 @@ class ExecutorSection:
     model: str = ""
     #: with solver = "models": CPU threads for the model (0 = the backend's default)
     threads: int = 0
-    #: tasks computed at once; each bid holds one slot for hold_ms
+    #: tasks computed at once; each bid holds one slot (or queue place) for hold_ms
     slots: int = 1
+    #: assignments that may wait for a busy slot, earliest deadline first: a busy executor
+    #: still bids, its estimated latency counting the wait, so concurrent asks queue
+    queue: int = DEFAULT_QUEUE
     hold_ms: int = DEFAULT_HOLD_MS
     max_tokens: int = DEFAULT_MAX_TOKENS
     max_task_ms: int = DEFAULT_MAX_TASK_MS
@@ -94,6 +98,8 @@ class ExecutorSection:
         for name in ("slots", "hold_ms", "max_tokens", "max_task_ms", "max_question_chars"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
+        if self.queue < 0:
+            raise ValueError("queue must not be negative (0 = no queue)")
         if self.price_per_1k < 0:
             raise ValueError("price_per_1k must not be negative")
         if self.threads < 0:

@@ -3,8 +3,10 @@
 Promises:
 * bids only on beacons it can verify (signed by the requester they name), once per
   (task, round), only with a model that matches the requirement and a price within the
-  requester's budget, and never beyond its free slots: a bid holds a slot (RESERVED) for
-  ``hold_ms``, after which the slot is released;
+  requester's budget, and never beyond its ``slots`` plus ``queue`` places: a bid holds a
+  place (RESERVED) for ``hold_ms``, after which it is released; an accepted assignment runs
+  at once when one of the ``slots`` is free, else waits its turn (QUEUED, earliest deadline
+  first), and its bid's estimated latency counted the wait;
 * accepts an assignment only if it is signed by the task's requester, sent by that requester,
   addressed to this node, for a task it holds a live reservation for, within its limits
   (question length, tokens, deadline); it answers anything else with a ``Reject``;
@@ -29,7 +31,7 @@ from protocol.envelopes import PENALTY_FORGED, open_envelope, seal
 from protocol.errors import InvalidMessage, LocalProtocolError
 from protocol.machine import Effect, Emit, Penalize, Received, Send, Tick
 from protocol.market.events import CancelCompute, ComputeDone, ComputeFailed, StartCompute
-from protocol.market.jobs import BUSY_STATES, Job, JobState, move_job
+from protocol.market.jobs import BUSY_STATES, Job, JobState, move_job, startable
 from protocol.market.messages import (
     ASSIGN_DOMAIN,
     BEACON_DOMAIN,
@@ -51,63 +53,45 @@ from protocol.market.messages import (
     Result,
     ResultBody,
 )
+from protocol.market.offers import (
+    MATCH_ANY,
+    MATCH_EXACT,
+    MATCH_FAMILY,
+    ServedModel,
+    match_score,
+)
 
 __all__ = [
-    "CancelCompute", "ComputeDone", "ComputeFailed", "Executor", "ExecutorConfig",
-    "ServedModel", "StartCompute", "match_score",
+    "MATCH_ANY", "MATCH_EXACT", "MATCH_FAMILY", "CancelCompute", "ComputeDone",
+    "ComputeFailed", "Executor", "ExecutorConfig", "ServedModel", "StartCompute",
+    "match_score",
 ]
 
 DEFAULT_HOLD_MS = 5_000
 DEFAULT_MAX_TOKENS = 1_024
 DEFAULT_MAX_TASK_MS = 10 * 60 * 1000
+#: assignments that may wait for a compute slot: a busy executor still bids (its estimated
+#: latency counts the wait), so concurrent asks queue instead of failing for lack of a slot
+DEFAULT_QUEUE = 4
 #: a job still running this long after its deadline is cancelled
 OVERRUN_GRACE_MS = 1_000
 #: how long finished jobs and seen beacons are remembered (replay protection)
 REMEMBER_MS = 10 * 60 * 1000
 MAX_REMEMBERED = 4_096
-MATCH_EXACT = 1.0
-MATCH_FAMILY = 0.75
-MATCH_ANY = 0.5
 COT_TRUNCATION_MARK = "\n[... truncated]"
-
-
-@dataclass(frozen=True, slots=True)
-class ServedModel:
-    name: str
-    family: str
-    context: int
-    model_hash: bytes
-    #: measured by the self-benchmark
-    tokens_per_s: float
-    price_per_1k: float
-    #: weights format as the registry names it ("Q4_1", "F16", ...); "" = not known
-    quantization: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class ExecutorConfig:
     models: tuple[ServedModel, ...]
     slots: int = 1
+    queue: int = DEFAULT_QUEUE
     hold_ms: int = DEFAULT_HOLD_MS
     max_question_chars: int = MAX_QUESTION_CHARS
     max_tokens: int = DEFAULT_MAX_TOKENS
     max_task_ms: int = DEFAULT_MAX_TASK_MS
     max_cot_chars: int = MAX_COT_CHARS
     max_frame: int = MAX_FRAME_BYTES
-
-
-def match_score(req: Requirement, model: ServedModel) -> float | None:
-    """How well ``model`` fits ``req``, in [0, 1]; None when it does not fit at all."""
-    if model.context < req.min_context:
-        return None
-    wanted_name, wanted_family = req.model.lower(), req.family.lower()
-    if not wanted_name and not wanted_family:
-        return MATCH_ANY
-    if wanted_name and wanted_name == model.name.lower():
-        return MATCH_EXACT
-    if model.family.lower() in {wanted_family, wanted_name} - {""}:
-        return MATCH_FAMILY
-    return None
 
 
 class Executor:
@@ -215,7 +199,7 @@ class Executor:
         if existing is not None and (existing.state is not JobState.RELEASED
                                      or existing.attempt >= 0):
             return skip("already_bid")  # or already ran it: one attempt per task
-        if self.free_slots() < 1:
+        if self.busy() >= self.config.slots + self.config.queue:
             return skip("no_slot")
         if body.max_tokens > self.config.max_tokens or body.deadline_ms > self.config.max_task_ms:
             return skip("over_limits")
@@ -238,7 +222,7 @@ class Executor:
         bid = BidBody(
             task_id=body.task_id, round=body.round, bidder=self.peer, model=model.name,
             model_hash=model.model_hash, match_score=score, price=price,
-            est_latency_ms=min(est_latency, 2**31), load=self.busy() / self.config.slots,
+            est_latency_ms=min(est_latency, 2**31), load=min(1.0, self.busy() / self.config.slots),
             free_slots=self.free_slots(), hold_ms=hold,
         )
         self._count("bids_sent")
@@ -269,7 +253,7 @@ class Executor:
         if job is None:
             return self._reject(peer, task.task_id, body.attempt, RejectReason.NOT_BID,
                                 "no bid for this task")
-        if job.state is JobState.RUNNING and job.attempt == body.attempt:
+        if job.state in (JobState.RUNNING, JobState.QUEUED) and job.attempt == body.attempt:
             self._count("assign_duplicate")
             return []  # a retransmission of what we already run
         if job.state is not JobState.RESERVED:
@@ -297,14 +281,23 @@ class Executor:
                                 f"model {body.model!r} is not served here")
         job.attempt, job.task, job.model = body.attempt, task, body.model
         job.deadline_at_ms = now + body.deadline_ms
-        move_job(job, JobState.RUNNING, job.deadline_at_ms + OVERRUN_GRACE_MS)
+        move_job(job, JobState.QUEUED, job.deadline_at_ms)
         self._count("assign_accepted")
         return [
-            StartCompute(task=task, attempt=body.attempt, model=body.model,
-                         deadline_at_ms=job.deadline_at_ms),
+            *self._start_queued(),
             Emit("task.assign_accepted", {"task_id": task.task_id.hex(), "attempt": body.attempt,
                                           "requester": peer, "model": body.model}),
         ]
+
+    def _start_queued(self) -> list[Effect]:
+        """Start queued assignments while compute slots are free (jobs.startable)."""
+        effects: list[Effect] = []
+        for job in startable(self.jobs, self.config.slots):
+            move_job(job, JobState.RUNNING, job.deadline_at_ms + OVERRUN_GRACE_MS)
+            if job.task is not None:  # always set once assigned
+                effects.append(StartCompute(task=job.task, attempt=job.attempt,
+                                            model=job.model, deadline_at_ms=job.deadline_at_ms))
+        return effects
 
     def _on_cancel(self, peer: str, msg: Cancel) -> list[Effect]:
         job = self.jobs.get(msg.task_id)
@@ -318,7 +311,7 @@ class Executor:
         move_job(job, JobState.RELEASED, job.until_ms + REMEMBER_MS)
         self._count("cancelled")
         effects.append(Emit("task.cancelled", {"task_id": msg.task_id.hex()}))
-        return effects
+        return effects + self._start_queued()
 
     # ------------------------------------------------------------------ results
 
@@ -336,7 +329,8 @@ class Executor:
             move_job(job, JobState.FAILED, now + REMEMBER_MS)
             self._count("results_late")
             return [Emit("task.result_late", {"task_id": ev.task_id.hex(),
-                                              "late_ms": now - job.deadline_at_ms})]
+                                              "late_ms": now - job.deadline_at_ms}),
+                    *self._start_queued()]
         cot = ev.cot
         if len(cot) > self.config.max_cot_chars:
             cut = self.config.max_cot_chars - len(COT_TRUNCATION_MARK)
@@ -351,7 +345,7 @@ class Executor:
         )
         move_job(job, JobState.DONE, now + REMEMBER_MS)
         self._count("results_sent")
-        return self.deliver(job, body)
+        return self.deliver(job, body) + self._start_queued()
 
     def deliver(self, job: Job, body: ResultBody) -> list[Effect]:
         """Send a finished result to its requester (the commit/reveal seam, see top)."""
@@ -367,7 +361,7 @@ class Executor:
             return []
         move_job(job, JobState.FAILED, now + REMEMBER_MS)
         return self._reject(job.requester, ev.task_id, ev.attempt, RejectReason.COMPUTE_FAILED,
-                            ev.reason[:128])
+                            ev.reason[:128]) + self._start_queued()
 
     # ------------------------------------------------------------------ timers
 
@@ -385,10 +379,16 @@ class Executor:
                 self._count("jobs_overran")
                 effects.append(CancelCompute(task_id, job.attempt))
                 effects.append(Emit("task.overran", {"task_id": task_id.hex()}))
+            elif job.state is JobState.QUEUED:
+                move_job(job, JobState.FAILED, now + REMEMBER_MS)
+                self._count("queued_expired")
+                effects += self._reject(job.requester, task_id, job.attempt,
+                                        RejectReason.COMPUTE_FAILED,
+                                        "the deadline passed while queued")
             else:
                 del self.jobs[task_id]
         for key, until in list(self.seen.items()):
             if now >= until:
                 del self.seen[key]
-        return effects
+        return effects + self._start_queued()
 

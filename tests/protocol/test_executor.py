@@ -99,7 +99,7 @@ def test_matching_beacon_gets_a_signed_bid_holding_a_slot() -> None:
     (lambda: beacon(task_id=b"\x09" * 32, signer=ident(3)), "beacon_rejected.forged"),
 ])
 def test_second_beacon_is_not_bid_on(event, counter) -> None:  # type: ignore[no-untyped-def]
-    ex = executor()
+    ex = executor(queue=0)
     ex.handle(beacon(), 0)
     effects = ex.handle(event(), 1)
     assert not sends(effects, Bid)
@@ -117,6 +117,30 @@ def test_beacons_it_cannot_serve_get_no_bid(kw, why) -> None:  # type: ignore[no
     ex = Executor(ME, ExecutorConfig(models=(model,)))
     assert not sends(ex.handle(beacon(**kw), 0), Bid)
     assert ex.counters[f"beacon_skipped.{why}"] == 1 and ex.free_slots() == 1
+
+
+def test_a_busy_executor_queues_assignments_and_runs_them_in_deadline_order() -> None:
+    ex = executor(queue=2)
+    tids = [bytes([i]) * 32 for i in (1, 2, 3, 4)]
+    bids = [sends(ex.handle(beacon(task_id=t), i), Bid) for i, t in enumerate(tids)]
+    assert [len(b) for b in bids] == [1, 1, 1, 0]  # one slot and two queue places
+    latency = [open_envelope(b[0].envelope, BID_DOMAIN, BidBody, 1 << 20).est_latency_ms
+               for b in bids[:3]]
+    assert latency[0] < latency[1] < latency[2]  # the wait is in the estimate
+    started = [e for t, d in zip(tids[:3], (9_000, 8_000, 7_000), strict=True)
+               for e in ex.handle(assign(spec(task_id=t), deadline_ms=d), 10)
+               if isinstance(e, StartCompute)]
+    assert [e.task.task_id for e in started] == [tids[0]]  # the others wait
+    assert [j.state for j in ex.jobs.values()][:3] == [JobState.RUNNING, JobState.QUEUED,
+                                                       JobState.QUEUED]
+    done = ex.handle(ComputeDone(tids[0], 0, "4", "c", 1.0, 1, 1, b""), 20)
+    assert sends(done, Result) and [e.task.task_id for e in done
+                                    if isinstance(e, StartCompute)] == [tids[2]]  # earliest due
+    # a queued job whose deadline passes is refused to its requester, and the next one runs
+    expired = ex.handle(Tick(), 8_010)
+    (reject,) = sends(expired, Reject)
+    assert reject.task_id == tids[1] and "queued" in reject.detail
+    assert ex.jobs[tids[1]].state is JobState.FAILED
 
 
 def test_reservation_expires_and_frees_the_slot() -> None:

@@ -104,6 +104,8 @@ class LlamaCppBackend(Backend):
     def _step(self, token: int) -> np.ndarray:
         if self.llm.n_tokens + 1 >= self.llm.n_ctx():
             raise ValueError(f"generation ran past n_ctx={self.llm.n_ctx()}")
+        if self.capture is not None:
+            self.capture.seek(self.llm.n_tokens)
         self.llm.eval([token])
         return self._last_logits()
 

@@ -186,6 +186,12 @@ class StateCapture:
         self._next[:] = 0
         self._struct.error = 0
 
+    def seek(self, position: int) -> None:
+        """The next evaluation starts at ``position`` (the context's token count: after a
+        rollback its rows overwrite what was taken beyond it)."""
+        self._used = max(self._used, int(self._next.max()))
+        self._next[:] = position
+
     def positions(self) -> int:
         """Positions whose layer outputs were all taken since :meth:`reset`."""
         return int(self._next[:max(1, self.n_layers - 1)].min())

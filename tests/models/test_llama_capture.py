@@ -131,3 +131,14 @@ def test_a_committing_solver_captures_and_commits_without_a_prefill(
     assert solver.backend.capture is not None
     assert sol.state_layers == tiny.LAYERS and len(sol.states_root) == 32
     assert len(sol.fingerprints) == -(-len(sol.output_ids) // 32)
+
+
+def test_a_rollback_overwrites_the_positions_it_reevaluates(served: Any, tiny_hf: Any) -> None:
+    ids = generate(served, 7, n=40)
+    served.llm.n_tokens = len(ids) - 10  # drop the last positions, as a rollback does ...
+    other = ids[:-10] + [(t + 7) % 40 for t in ids[-10:]]  # ... and go on with other tokens
+    for token in other[-10:-1]:
+        served._step(token)
+    again, _ = served.captured_states(other)
+    ref, _ = ls.layer_states(tiny_hf, other)
+    np.testing.assert_allclose(again[:-1], ref[:-1], rtol=0, atol=2e-2 * np.abs(ref).max())

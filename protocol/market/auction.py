@@ -310,7 +310,9 @@ class Auction(Bidding, ResultIntake):
         if window_open:
             return effects + [self._updated(task)]
         if not task.active:
-            return effects + self._finish(task, now, "no executor left")
+            why = "no executor left" if task.tried else \
+                f"no executor left: none bid in {task.round + 1} rounds (all busy or none serves the model)"
+            return effects + self._finish(task, now, why)
         if task.phase is TaskPhase.BIDDING:
             move_phase(task, TaskPhase.RUNNING)
         return effects + [self._updated(task)]

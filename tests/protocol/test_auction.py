@@ -124,6 +124,15 @@ def test_closes_a_grace_after_the_wanted_bids_are_in() -> None:
     assert [c.executor for c in chosen] == [BIDDERS[1].peer_id]
 
 
+def test_a_task_nobody_bids_on_fails_saying_so() -> None:
+    a, _ = auction(bid_window_ms=1_000, max_rounds=2)
+    tid, _ = submit(a)
+    updates = a.handle(Tick(), 1_000) + a.handle(Tick(), 2_000)
+    (last,) = [e.snapshot.data for e in updates if isinstance(e, TaskUpdated)][-1:]
+    assert last["phase"] == "failed"
+    assert str(last["failure"]).startswith("no executor left: none bid in 2 rounds")
+
+
 def test_window_deadline_closes_with_fewer_bids_and_replans_the_rest() -> None:
     a, _ = auction(bid_window_ms=1_000)
     tid, _ = submit(a)

@@ -11,15 +11,19 @@
   ``generate_group(job, *, worker, attempt) -> RolloutResultBody`` (blocking). The
   ``generator`` setting names a factory ``"module:callable"`` taking ``(section, data_dir)``
   (tests load their own this way); ``"models"`` is the real one: models/rl/rollout.py's
-  llama.cpp worker on the embedded evaluation environment (:func:`models_generator`).
+  llama.cpp worker on the ``environment`` named (:func:`models_generator`).
   ``generator = ""`` (the default) means this node takes no rollout jobs, and says so in its
   status.
+* A generator that also has ``add_adapter(version, path, sha256)`` follows the learner's
+  policy through the weight relay (node/rl/dissemination.py): each adapter version that
+  completes in this node's relay is loaded and switched to without reloading the base model.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import threading
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -28,6 +32,7 @@ from typing import Any, ClassVar, Protocol
 
 import trio
 
+from node.rl.dissemination import AdapterFollower, run_model_name
 from node.service import NodeContext, NurseryService
 from protocol.rl.messages import (
     RL_BEACON_TOPIC,
@@ -74,6 +79,10 @@ class RlWorkerSection:
     model: str = ""
     #: with generator = "models": CPU threads (0 = one)
     threads: int = 0
+    #: with generator = "models": the learner's environment ("evalset" or "module:factory")
+    environment: str = "evalset"
+    #: peer id of the only learner whose relayed adapters are taken ("" = any publisher)
+    learner: str = ""
     slots: int = 1
     hold_ms: int = 10_000
     price_per_1k: float = 0.0
@@ -90,17 +99,23 @@ class RlWorkerSection:
 
 
 class ModelsGenerator:
-    """models/rl/rollout.py's llama.cpp worker answering jobs on the evaluation environment."""
+    """models/rl/rollout.py's llama.cpp worker answering jobs on the section's environment.
+
+    Adapters relayed by the learner arrive from another thread (node/rl/dissemination.py):
+    one lock keeps them and the jobs apart, and the versions held are a snapshot the event
+    loop reads without waiting for a job to finish."""
 
     def __init__(self, section: RlWorkerSection) -> None:
-        from models.rl.env import EvalsetEnvironment
+        from models.rl.env import load_environment
         from models.rl.rollout import RolloutWorker
 
         self.worker = RolloutWorker(section.model or None, n_threads=max(1, section.threads))
-        self.env = EvalsetEnvironment()
-        self.model = section.model or "default"
+        self.env = load_environment(section.environment)
+        self.model = run_model_name(section.model)
         self.model_hash = self.worker.model_hash()[:32]
         self.tokens_per_s = self._measure_speed()
+        self._lock = threading.Lock()
+        self._held = frozenset(self.worker.versions)
 
     def _measure_speed(self) -> float:
         """Tokens per second of one short sampled completion (what bids estimate from)."""
@@ -113,11 +128,19 @@ class ModelsGenerator:
         return len(done.token_ids) / max(time.perf_counter() - t, 1e-6)
 
     def versions(self) -> Collection[int]:
-        return self.worker.versions
+        return self._held
+
+    def add_adapter(self, version: int, path: Path, sha256: str) -> float:
+        """Load a relayed adapter beside the base model and switch to it; seconds spent."""
+        with self._lock:
+            spent = self.worker.add_adapter(version, path, sha256) + self.worker.use(version)
+            self._held = frozenset(self.worker.versions)
+        return spent
 
     def generate_group(self, job: RolloutJob, *, worker: str,
                        attempt: int) -> RolloutResultBody:
-        return self.worker.generate_group(job, self.env, worker=worker, attempt=attempt)
+        with self._lock:
+            return self.worker.generate_group(job, self.env, worker=worker, attempt=attempt)
 
 
 def models_generator(section: RlWorkerSection, data_dir: Path) -> Generator:
@@ -147,6 +170,7 @@ class RolloutWorkerService(NurseryService):
         self._scopes: dict[tuple[bytes, int], trio.CancelScope] = {}
         self.generated = 0
         self.failed = 0
+        self.follower: AdapterFollower | None = None
 
     @property
     def machine(self) -> RolloutWorkerMachine:
@@ -169,8 +193,19 @@ class RolloutWorkerService(NurseryService):
             tokens_per_s=max(generator.tokens_per_s, 1e-3), price_per_1k=s.price_per_1k,
             hold_ms=s.hold_ms)
         self._machine.versions = generator.versions
+        relay = self.ctx.services.get("relay")
+        if hasattr(generator, "add_adapter") and relay is not None:
+            self.follower = AdapterFollower(relay, generator,  # type: ignore[arg-type]
+                                            Path(self.ctx.data_dir) / "rl_adapters",
+                                            learner=s.learner, log=self.ctx.log)
+            self.follower.install()
         self.ctx.log.info("rl_worker.ready", model=generator.model,
                           versions=sorted(generator.versions()))
+
+    async def on_running(self) -> None:
+        """An adapter the relay kept from before a restart is loaded again."""
+        if self.follower is not None:
+            self.start_soon(self.follower.catch_up)
 
     async def perform(self, effect: object) -> None:
         if isinstance(effect, StartRollout):
@@ -218,4 +253,5 @@ class RolloutWorkerService(NurseryService):
         return {"enabled": g is not None, "problem": self.problem,
                 "model": m.config.model, "versions": sorted(g.versions()) if g else [],
                 "busy": m.busy(), "slots": m.config.slots, "generated": self.generated,
-                "failed": self.failed, "counters": dict(sorted(m.counters.items()))}
+                "failed": self.failed, "counters": dict(sorted(m.counters.items())),
+                "adapters": self.follower.status() if self.follower else None}

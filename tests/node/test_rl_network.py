@@ -1,0 +1,119 @@
+"""The RL loop end to end on a local testnet: a learner daemon and three rollout-worker daemons
+(loopback, port 0) on the tiny model. The learner (this process, through its daemon's API)
+trains with GRPO and relays every version's adapter; workers fetch it through the weight relay
+and hot-swap it into llama.cpp without reloading the base model, keeping the last three; jobs
+for a new version are only won by workers that hold it; groups that fall past S are dropped;
+a worker forging log-probabilities is convicted and excluded."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.rl.dissemination import adapter_name
+from node.rl.learner_config import LearnerConfig
+
+from .conftest import Testnet
+
+pytest.importorskip("torch")
+pytest.importorskip("llama_cpp")
+pytestmark = pytest.mark.integration
+
+CONVERGE_S = 60.0
+ENV = "tests.node.rl_tiny_env:make"
+
+
+def _worker(model: Path, generator: str) -> dict[str, Any]:
+    return {"rl_worker": {"generator": generator, "model": str(model), "environment": ENV,
+                          "threads": 1}}
+
+
+def _rl_worker(node: Any) -> dict[str, Any]:
+    return node.status()["services"]["rl_worker"]  # type: ignore[no-any-return]
+
+
+def _wait_swapped(testnet: Testnet, workers: list[Any], version: int,
+                  published_at: float) -> list[float]:
+    """Wait until every worker serves ``version``; publish-to-swap seconds for each."""
+    def swapped() -> list[float] | None:
+        times = []
+        for node in workers:
+            swaps = (_rl_worker(node)["adapters"] or {}).get("swaps", [])
+            mine = [s["ready_at"] for s in swaps if s["version"] == version]
+            if not mine:
+                return None
+            times.append(mine[-1] - published_at)
+        return times
+
+    result: list[float] = testnet.wait_until(swapped, f"version {version} on every worker",
+                                             timeout_s=60)
+    return result
+
+
+def test_learner_and_three_workers_on_a_testnet(testnet: Testnet, tmp_path: Path) -> None:
+    from node.rl.network_learner import DaemonApi, NetworkLearner
+    from tests.models import tiny
+
+    started = time.monotonic()
+    model = tiny.write_gguf(tiny.tiny_model(seed=0), tmp_path / "tiny.gguf")
+    env = {"OMP_NUM_THREADS": "1"}
+    learner_node = testnet.start("learner", env=env, config={"rl_jobs": {"bid_window_ms": 1500}})
+    honest = [testnet.start(f"worker{i}", bootstrap=[learner_node], wait=False, env=env,
+                            config=_worker(model, "models")) for i in range(2)]
+    forger = testnet.start("forger", bootstrap=[learner_node], wait=False, env=env,
+                           config=_worker(model, "tests.node.rl_forger:forger"))
+    for node in (*honest, forger):
+        node.wait_ready()
+    testnet.wait_all_connected(CONVERGE_S)
+    testnet.wait_until(lambda: all(_rl_worker(n)["enabled"] for n in (*honest, forger)),
+                       "every generator up", timeout_s=60)
+
+    config = LearnerConfig(model=str(model), environment=ENV, steps=2, group_size=4,
+                           jobs_per_step=1, max_tokens=6, lora_rank=4, lora_alpha=8.0,
+                           learning_rate=5e-2, staleness=1, checkpoint_every=10,
+                           out_dir=str(tmp_path / "learner"), job_timeout_s=60.0)
+    learner = NetworkLearner(config, DaemonApi.of(learner_node.data_dir))
+    learner.begin()
+
+    # version 0 (the base): three jobs at once, more until the forger has been caught
+    deadline = time.monotonic() + 90
+    while forger.peer_id not in learner.report.convicted or len(learner.ready) < 3:
+        assert time.monotonic() < deadline, (learner.report, learner.jobs_status())
+        status = learner.jobs_status()
+        if status["in_flight"] + status["waiting_groups"] == 0:
+            learner.issue(3)
+        learner.collect()
+    assert forger.peer_id in learner.jobs_status()["excluded"]
+    assert {g.version for g in learner.ready} == {0}
+    held_back = len(learner.ready)
+
+    # two steps from the version-0 groups: at version 2 the ones left are past S = 1
+    swaps: list[float] = []
+    for version in (1, 2):
+        stats = learner.step()
+        assert stats.version == version
+        published = learner.report.published[-1]
+        swaps += _wait_swapped(testnet, honest, version, published.published_at)
+    assert learner.report.stale == held_back - 2
+    assert not learner.ready
+
+    # two more steps in the loop: jobs for versions 2 and 3 go to workers holding them
+    learner.run(2)
+    assert [s.version for s in learner.report.steps] == [1, 2, 3, 4]
+    published = learner.report.published[-1]
+    swaps += _wait_swapped(testnet, honest, 4, published.published_at)
+    for node in honest:
+        worker = _rl_worker(node)
+        assert worker["versions"] == [0, 2, 3, 4]  # the last three adapters and the base
+        assert worker["generated"] >= 1
+        assert worker["adapters"]["artifact"] == adapter_name("tiny")
+        files = sorted(p.name.partition("-")[0] for p in (node.data_dir / "rl_adapters").glob("*.gguf"))
+        assert files == ["v2", "v3", "v4"]
+    assert learner.jobs_status()["version"] == 4
+    relay = learner_node.status()["services"]["relay"]
+    assert relay["chunks_out"] >= 1
+    print(f"publish-to-swap over the relay: mean {sum(swaps) / len(swaps):.3f} s, "
+          f"max {max(swaps):.3f} s over {len(swaps)} swaps; test {time.monotonic() - started:.1f} s")

@@ -59,10 +59,11 @@ check-other-tests:
 install: $(STAMP)
 
 # fastecdsa (a libp2p dependency) compiles against libgmp; cmake and a compiler build llama.cpp;
+# ip and nft build the NAT of tests/node/test_nat.py;
 # chromium is the headless browser of the dashboard's test (tests/node/test_dashboard_browser.py).
 system-deps:
 	@missing=""; \
-	for pkg in libgmp-dev cmake g++ chromium; do \
+	for pkg in libgmp-dev cmake g++ nftables iproute2 chromium; do \
 	  dpkg -s $$pkg >/dev/null 2>&1 || missing="$$missing $$pkg"; \
 	done; \
 	if [ -n "$$missing" ]; then \

@@ -20,6 +20,8 @@ from typing import Any, ClassVar
 import trio
 
 from node.config import fed_config
+from node.p2p.invite import dialable_addrs
+from node.p2p.mdns import LanDiscovery
 from node.p2p.peerstore import SAVE_INTERVAL_S, PeerStore
 from node.p2p.peerstore import SCHEMA as PEER_STORE_SCHEMA
 from node.service import NodeContext, Service
@@ -32,6 +34,7 @@ from protocol.membership.machine import (
     SetListenAddrs,
 )
 from protocol.membership.messages import Hello, PeerList, PeerListRequest, Ping, Pong
+from protocol.names import peer_id_of_multiaddr
 
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(MembershipConfig)}
 
@@ -48,10 +51,13 @@ class MembershipSection:
     backoff_base_ms: int = _DEFAULTS["backoff_base_ms"]
     backoff_max_ms: int = _DEFAULTS["backoff_max_ms"]
     refused_backoff_ms: int = _DEFAULTS["refused_backoff_ms"]
+    #: announce this node and find peers of its network on the LAN by mDNS (node/p2p/mdns.py)
+    mdns: bool = True
+    node_fields: ClassVar[tuple[str, ...]] = ("mdns",)
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
-            if value <= 0:
+            if not isinstance(value, bool) and value <= 0:
                 raise ValueError(f"{name} must be positive, got {value!r}")
 
 
@@ -75,6 +81,11 @@ class MembershipService(Service):
             rng=ctx.rng,
         )
         self.peer_store = PeerStore(ctx.db)
+        self.section = section
+        self.lan: LanDiscovery | None = None
+        #: peers found by mDNS, and why mDNS does not run ("" when it does or is off)
+        self.lan_peers: set[str] = set()
+        self.lan_problem = ""
 
     @property
     def machine(self) -> Membership:
@@ -89,13 +100,35 @@ class MembershipService(Service):
             self.ctx.log.info("membership.peer_store_loaded", peers=len(stored))
             await self.ctx.submit(self.name, AddKnown(tuple(a for _, addrs in stored
                                                             for a in addrs)))
-        task_status.started()
+        async with trio.open_nursery() as nursery:
+            if self.section.mdns:
+                nursery.start_soon(self._lan_discovery)
+            task_status.started()
+            try:
+                while True:
+                    await trio.sleep(SAVE_INTERVAL_S)
+                    self.save_peers()
+            finally:
+                self.save_peers()  # the peers ready as the node stops
+
+    async def _lan_discovery(self) -> None:
+        """Announce this node by mDNS and hand the peers found to the machine; a LAN without
+        multicast costs a warning, never the node."""
+        self.lan = lan = LanDiscovery(self.ctx.network_id, self.ctx.identity.peer_id,
+                                      dialable_addrs(self.ctx.transport.listen_addrs()))
         try:
-            while True:
-                await trio.sleep(SAVE_INTERVAL_S)
-                self.save_peers()
-        finally:
-            self.save_peers()  # the peers ready as the node stops
+            async with trio.open_nursery() as nursery:
+                await nursery.start(lan.run)
+                self.ctx.log.info("membership.mdns_started", service=lan.type)
+                async for addrs in lan.found:
+                    peer = peer_id_of_multiaddr(addrs[0])
+                    if peer not in self.lan_peers:
+                        self.lan_peers.add(str(peer))
+                        self.ctx.log.info("membership.mdns_found", peer=peer, addrs=list(addrs))
+                    await self.ctx.submit(self.name, AddKnown(addrs))
+        except OSError as exc:
+            self.lan_problem = f"mDNS unavailable: {exc!r}"
+            self.ctx.log.warning("membership.mdns_failed", error=repr(exc))
 
     def save_peers(self) -> int:
         """Store the peers that are ready now (with the addresses they can be dialled at)."""
@@ -127,4 +160,8 @@ class MembershipService(Service):
             for d in m.dropped
         ]
         return {"peers": peers, "dropped": dropped, "known_peers": len(m.book),
-                "stored_peers": self.peer_store.count(), "target_peers": m.config.target_peers}
+                "stored_peers": self.peer_store.count(), "target_peers": m.config.target_peers,
+                "mdns": {"enabled": self.section.mdns, "running": self.lan is not None
+                         and not self.lan_problem, "found": len(self.lan_peers),
+                         "dropped": self.lan.dropped if self.lan else 0,
+                         "problem": self.lan_problem}}

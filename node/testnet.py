@@ -38,6 +38,10 @@ STOP_TIMEOUT_S = 10.0
 #: how often conditions on other processes are re-checked (files, HTTP): there is no event
 POLL_INTERVAL_S = 0.1
 LOOPBACK_LISTEN = "/ip4/127.0.0.1/tcp/0"
+#: under every node's config: nodes of a local testnet find each other by bootstrap, and mDNS
+#: would also find every other testnet of the same network id on this machine (a config that
+#: sets ``[membership] mdns = true`` turns it on)
+QUIET: dict[str, Any] = {"membership": {"mdns": False}}
 
 
 class TestnetError(Exception):
@@ -67,8 +71,12 @@ def wait_until(predicate: Callable[[], Any], what: str, *, timeout_s: float,
 class NodeProcess:
     def __init__(self, name: str, data_dir: Path, args: Sequence[str],
                  env: Mapping[str, str] | None = None,
-                 command: Sequence[str] = ("node", "run")) -> None:
+                 command: Sequence[str] = ("node", "run"),
+                 wrapper: Sequence[str] = ()) -> None:
         self.name = name
+        #: a command the daemon runs under, e.g. ``ip netns exec NS`` (it must exec, keeping
+        #: the process id)
+        self.wrapper = tuple(wrapper)
         #: the `symphony` subcommand that runs the daemon (`join INVITE` runs one too)
         self.command = tuple(command)
         self.data_dir = data_dir
@@ -91,7 +99,8 @@ class NodeProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", "from node.cli.main import main; main()", *self.command,
+                [*self.wrapper, sys.executable, "-c", "from node.cli.main import main; main()",
+                 *self.command,
                  "--data-dir", str(self.data_dir), *self.args],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         finally:
@@ -228,9 +237,8 @@ class LocalTestnet:
             raise ValueError(f"node {name!r} exists; use restart()")
         data_dir = self.base_dir / name
         data_dir.mkdir(parents=True, exist_ok=True)
-        merged = _merge(self.config, config or {})
-        if merged:
-            (data_dir / "node.toml").write_text(tomli_w.dumps(merged))
+        merged = _merge(_merge(QUIET, self.config), config or {})
+        (data_dir / "node.toml").write_text(tomli_w.dumps(merged))
         args = ["--listen", self.listen, "--network-id", network_id or self.network_id,
                 "--json-logs", *extra_args]
         for peer in bootstrap:

@@ -8,7 +8,9 @@ measures, in one run:
   and their ratio (the figure to compare across machines);
 * request/response round trips (64-byte echo, sequential): p50 / p99 in ms;
 * gossipsub at a paced rate: delivery ratio and latency p50 / p99 in ms, sender's publish
-  call to the child's subscription (CLOCK_MONOTONIC is shared across processes).
+  call to the child's subscription (CLOCK_MONOTONIC is shared across processes);
+* a daemon's time to its first ready peer, through a bootstrap address and from its peer
+  store after a restart (node/bench/transport_join.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 import structlog
 import trio
 
+from node.bench.transport_join import join_times
 from node.p2p.host import P2PTransport
 
 PREFIX = "/symphony/bench/transport"
@@ -33,6 +36,8 @@ CHUNK = 256 * 1024
 #: (stream MiB, request round trips, gossip messages, gossip messages per second)
 FULL = (64, 1000, 500, 50)
 QUICK = (16, 200, 100, 50)
+#: daemons started to time the first connection (node/bench/transport_join.py), full / quick
+JOIN_ROUNDS = {False: 3, True: 1}
 #: After the last publish, wait at most this long for stragglers before counting losses.
 GOSSIP_DRAIN_S = 3.0
 
@@ -43,7 +48,9 @@ def run(quick: bool) -> dict[str, Any]:
             logger_factory=structlog.PrintLoggerFactory(sys.stderr),
             wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
         )
-    return trio.run(_bench, QUICK if quick else FULL)
+    figures: dict[str, Any] = trio.run(_bench, QUICK if quick else FULL)
+    figures.update(join_times(JOIN_ROUNDS[quick]))
+    return figures
 
 
 async def _bench(sizes: tuple[int, int, int, int]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import pytest
 
 from crypto.keys import Identity
 from node.db import Database
+from node.p2p.mdns import parse_txt, service_type, txt_record
 from node.p2p.peerstore import FORGET_AFTER_MS, MAX_STORED_PEERS, SCHEMA, PeerStore
 from node.testnet import LocalTestnet, NodeProcess
 from protocol.machine import Dial
@@ -122,3 +123,38 @@ def test_two_testnets_on_one_machine_never_mix(tmp_path: Path) -> None:
     finally:
         alpha.kill_all()
         beta.kill_all()
+
+
+def test_mdns_txt_records_carry_one_peers_addresses() -> None:
+    me, other = _peer(1), _peer(2)
+    raw = txt_record([_addr(me), _addr(me, 4002), "/ip4/1.2.3.4/tcp/1/p2p/" + other,
+                      "/ip4/1.2.3.4/tcp/1/p2p/" + "x" * 300])
+    assert parse_txt(raw) == (_addr(me), _addr(me, 4002))
+    assert parse_txt(raw[:-5]) == (_addr(me), _addr(me, 4002))  # cut short: the rest dropped
+    assert parse_txt(b"\x05hello") == ()
+    assert service_type("symphony-main") != service_type("othernet")
+    assert len(service_type("a" * 32).split(".")[0]) <= 16  # "_" + at most 15 characters
+
+
+@pytest.mark.integration
+def test_nodes_on_one_lan_find_each_other_by_mdns(tmp_path: Path) -> None:
+    # a network id of this run only, so that no other test's daemons answer
+    network = "mdns-" + hashlib.sha256(str(tmp_path).encode()).hexdigest()[:12]
+    net = LocalTestnet(tmp_path / "net", network_id=network,
+                       config={**TESTNET_CONFIG, "membership": {
+                           **TESTNET_CONFIG["membership"], "mdns": True}})
+    try:
+        a = net.start("a")
+        b = net.start("b")  # no bootstrap: only mDNS can bring them together
+        net.wait_until(lambda: a.peer_id in b.ready_peers() and b.peer_id in a.ready_peers(),
+                       "a and b to find each other on the LAN", CONVERGE_S)
+        # whichever announced itself first was found by the other (or both, each other)
+        assert all(x.status()["mdns"]["running"] for x in (a, b))
+        found = [e["peer"] for x in (a, b) for e in x.log_events("membership.mdns_found")]
+        assert set(found) & {a.peer_id, b.peer_id}
+        assert sum(x.status()["mdns"]["found"] for x in (a, b)) >= 1
+        off = net.start("off", config={"membership": {"mdns": False}})
+        assert off.status()["mdns"] == {"enabled": False, "running": False, "found": 0,
+                                        "dropped": 0, "problem": ""}
+    finally:
+        net.kill_all()

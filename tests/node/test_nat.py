@@ -1,0 +1,207 @@
+"""A node behind a NAT, on one machine: network namespaces, veth pairs and a masquerading
+router namespace whose forward chain drops connections from outside (nftables).
+
+Layout (``S`` is a per-run suffix)::
+
+    root namespace: node B (public), 172.31.N.1 --- veth --- 172.31.N.2 router namespace
+    router: masquerades what leaves towards B, forwards nothing new from B's side
+    router 10.31.N.1 --- veth --- 10.31.N.2 node A (private namespace, default route: router)
+
+What this shows works today: A joins B by dialling out through the NAT, B sees it as an
+inbound peer, the ledger and the task market run over that one connection (a task asked on B
+runs on A), while B cannot dial A (the NAT drops it) and ``symphony doctor`` says so on both
+sides. Circuit relay v2 and hole punching are not built in this version: a NAT'd node is
+reachable only over the connections it opens itself. Needs root, ``ip netns`` and ``nft``;
+skips with the reason where the kernel or the user does not allow them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from node.api.app import read_token
+from node.control import daemon_file
+from node.testnet import NodeProcess, wait_until
+from tests.node.conftest import ARITH_SOLVER, ROOT, TEST_NETWORK_ID, Testnet
+
+pytestmark = pytest.mark.integration
+
+CONVERGE_S = 60.0
+CLONE_NEWNET = 0x40000000
+TASKS = {"bid_window_ms": 1500, "max_rounds": 8, "min_round_ms": 500}
+
+
+def _sh(*args: str) -> None:
+    subprocess.run(args, check=True, capture_output=True, text=True, timeout=30)
+
+
+class Nat:
+    """The namespaces of the module docstring; ``close()`` removes everything."""
+
+    def __init__(self) -> None:
+        n = os.getpid() % 250 + 1
+        s = f"{os.getpid() % 10000:04d}"
+        self.router, self.private = f"g19r{s}", f"g19p{s}"
+        self.public_ip, self.router_ip = f"172.31.{n}.1", f"172.31.{n}.2"
+        self.gateway_ip, self.private_ip = f"10.31.{n}.1", f"10.31.{n}.2"
+        self._root_if, self._rtr_pub, self._rtr_priv, self._priv_if = (
+            f"g19a{s}", f"g19b{s}", f"g19c{s}", f"g19d{s}")
+        self.private_net = f"10.31.{n}.0/30"
+
+    def open(self) -> None:
+        r, p = self.router, self.private
+        _sh("ip", "netns", "add", r)
+        _sh("ip", "netns", "add", p)
+        _sh("ip", "link", "add", self._root_if, "type", "veth", "peer", "name", self._rtr_pub)
+        _sh("ip", "link", "set", self._rtr_pub, "netns", r)
+        _sh("ip", "addr", "add", f"{self.public_ip}/30", "dev", self._root_if)
+        _sh("ip", "link", "set", self._root_if, "up")
+        # B may route to the private network: the NAT, not a missing route, must stop it
+        _sh("ip", "route", "add", self.private_net, "via", self.router_ip)
+        _sh("ip", "link", "add", self._rtr_priv, "netns", r, "type", "veth", "peer", "name",
+            self._priv_if, "netns", p)
+        inr, inp = ("ip", "netns", "exec", r), ("ip", "netns", "exec", p)
+        _sh(*inr, "ip", "addr", "add", f"{self.router_ip}/30", "dev", self._rtr_pub)
+        _sh(*inr, "ip", "addr", "add", f"{self.gateway_ip}/30", "dev", self._rtr_priv)
+        for dev in (self._rtr_pub, self._rtr_priv, "lo"):
+            _sh(*inr, "ip", "link", "set", dev, "up")
+        _sh(*inp, "ip", "addr", "add", f"{self.private_ip}/30", "dev", self._priv_if)
+        for dev in (self._priv_if, "lo"):
+            _sh(*inp, "ip", "link", "set", dev, "up")
+        _sh(*inp, "ip", "route", "add", "default", "via", self.gateway_ip)
+        _sh(*inr, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        ruleset = "\n".join([
+            "table ip nat {", "  chain masq {",
+            "    type nat hook postrouting priority 100;",
+            f'    oifname "{self._rtr_pub}" masquerade', "  }", "}",
+            "table ip filter {", "  chain block_inbound {",
+            "    type filter hook forward priority 0; policy drop;",
+            "    ct state established,related accept",
+            f'    iifname "{self._rtr_priv}" accept', "  }", "}", ""])
+        subprocess.run([*inr, "nft", "-f", "-"], input=ruleset, check=True, text=True,
+                       capture_output=True, timeout=30)
+
+    def close(self) -> None:
+        for args in (("ip", "link", "del", self._root_if), ("ip", "netns", "del", self.private),
+                     ("ip", "netns", "del", self.router)):
+            subprocess.run(args, capture_output=True, timeout=30)
+
+
+def _why_not() -> str:
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    for tool in ("ip", "nft"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    probe = f"g19probe{os.getpid() % 10000}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode:
+        return f"ip netns add is not permitted here: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return ""
+
+
+@pytest.fixture
+def nat() -> Iterator[Nat]:
+    why = _why_not()
+    if why:
+        pytest.skip(why)
+    net = Nat()
+    try:
+        try:
+            net.open()
+        except subprocess.CalledProcessError as exc:
+            raise AssertionError(f"building the NAT failed: {exc.cmd}: {exc.stderr}") from None
+        yield net
+    finally:
+        net.close()
+
+
+def _in_namespace(name: str) -> ThreadPoolExecutor:
+    """One thread that lives in network namespace ``name`` (HTTP to a daemon inside it)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def enter() -> None:
+        fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+        try:
+            if libc.setns(fd, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), f"setns into {name} failed")
+        finally:
+            os.close(fd)
+
+    return ThreadPoolExecutor(max_workers=1, initializer=enter)
+
+
+def test_a_node_behind_a_nat_joins_and_executes_but_cannot_be_dialled(
+        nat: Nat, testnet: Testnet, tmp_path: Path) -> None:
+    b = testnet.start("b", config={"tasks": TASKS},
+                      extra_args=["--listen", f"/ip4/{nat.public_ip}/tcp/0"])
+    b_public = next(a for a in b.addresses if nat.public_ip in a)
+    a = NodeProcess("a", tmp_path / "a", [
+        "--listen", f"/ip4/{nat.private_ip}/tcp/0", "--network-id", TEST_NETWORK_ID,
+        "--bootstrap", b_public, "--json-logs"], wrapper=("ip", "netns", "exec", nat.private))
+    a.data_dir.mkdir(parents=True)
+    (a.data_dir / "node.toml").write_text(
+        '[membership]\nmdns = false\nping_interval_ms = 1000\n[executor]\n'
+        f'solver = "{ARITH_SOLVER}"\n')
+    testnet.nodes["a"] = a  # killed with the others at teardown
+    a.spawn()
+    inside = _in_namespace(nat.private)
+    try:
+        a.info = wait_until(lambda: json.loads(daemon_file(a.data_dir).read_text()),
+                            "a to write daemon.json", timeout_s=CONVERGE_S)
+        a_status = lambda: inside.submit(  # noqa: E731 - a one-line probe
+            lambda: httpx.get(a.api_url + "/status", timeout=5).json()).result()
+        # A joined B by dialling out; B sees the NAT's address, as an inbound peer
+        testnet.wait_until(lambda: b.peer_id in {p["peer_id"] for p in a_status()["peers"]
+                                                 if p["state"] == "ready"},
+                           "a to join b through the NAT", CONVERGE_S)
+        entry = next(p for p in b.status()["peers"] if p["peer_id"] == a.peer_id)
+        assert entry["outbound"] is False
+        # B cannot dial A: the router forwards nothing new from outside
+        port = int(a.addresses[0].split("/tcp/")[1].split("/")[0])
+        with pytest.raises(OSError):
+            socket.create_connection((nat.private_ip, port), timeout=3).close()
+        # a task asked on B runs on A, over the connection A opened
+        token = read_token(b.data_dir)
+        reply = httpx.post(f"{b.api_url}/tasks/", timeout=90,
+                           headers={"Authorization": f"Bearer {token}"},
+                           json={"question": "What is 6 * 7?", "answer_type": "number",
+                                 "k": 1, "deadline_ms": 60000, "wait": True})
+        assert reply.status_code in (200, 201), reply.text
+        snap = reply.json()
+        assert snap["phase"] == "done" and snap["answer"] == "42", snap
+        assert [r["executor"] for r in snap["results"]] == [a.peer_id]
+        # doctor says who can be reached: A only over its own connections, B by A
+        on_a = _doctor(["ip", "netns", "exec", nat.private], a.data_dir,
+                       "--listen", f"/ip4/{nat.private_ip}/tcp/0", "--bootstrap", b_public)
+        assert on_a["reachability"]["status"] == "warn"
+        assert "all private" in on_a["reachability"]["detail"]
+        assert on_a[f"bootstrap {b_public}"]["status"] == "pass"
+        on_b = _doctor([], b.data_dir, "--listen", "/ip4/127.0.0.1/tcp/0",
+                       "--listen", f"/ip4/{nat.public_ip}/tcp/0")
+        assert on_b["reachability"]["status"] == "pass"
+    finally:
+        inside.shutdown(wait=False)
+
+
+def _doctor(wrapper: list[str], data_dir: Path, *flags: str) -> dict[str, Any]:
+    done = subprocess.run(
+        [*wrapper, sys.executable, "-c", "from node.cli.main import main; main()", "doctor",
+         "--json", "--skip-model", "--data-dir", str(data_dir), "--network-id",
+         TEST_NETWORK_ID, *flags], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.stdout, done.stderr
+    return {c["name"]: c for c in json.loads(done.stdout)["checks"]}

@@ -111,7 +111,7 @@ def print_task(snap: dict[str, Any], show_cot: bool) -> None:
 @click.option("--max-tokens", type=click.IntRange(1, 32768), default=None)
 @click.option("--temperature", type=click.FloatRange(0.0, 2.0), default=None,
               help="Sampling temperature of every executor (default: greedy for k = 1, "
-              "0.7 for a vote, so the k chains differ).")
+              "0.5 for a vote, so the k chains differ).")
 @click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=None,
               help="Nucleus sampling mass (default 1: off).")
 @click.option("--seed", type=click.IntRange(0, (1 << 63) - 1), default=None,

@@ -6,7 +6,7 @@ Fields: ``question`` (the last user turn, or the raw prompt with ``style`` "plai
 (defaults from ``[tasks]``), and the prompt and sampling the executors follow (TaskSpec):
 ``style`` ("cot" default, "chat", "plain"), ``history`` (earlier turns, ``[{"role",
 "content"}]``), ``temperature`` (unset: protocol.market.sampling.default_temperature(k):
-greedy for one executor, 0.7 for a vote), ``top_p``, ``seed`` (the seed base each
+greedy for one executor, 0.5 for a vote), ``top_p``, ``seed`` (the seed base each
 executor's seed derives from) and ``stop`` (a string or up to 4).
 """
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from node.api.app import read_token
+from protocol.market.sampling import VOTING_TEMPERATURE
 
 from .conftest import FAST_MEMBERSHIP, TEST_NETWORK_ID, TESTNET_CONFIG, Testnet, run_cli
 
@@ -145,7 +146,7 @@ def test_k3_without_sampling_flags_samples_distinct_chains(net: Any) -> None:
                     timeout_s=300)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     snap = json.loads(shown.stdout)
-    assert snap["temperature"] == 0.7 and len(snap["results"]) == 3
+    assert snap["temperature"] == VOTING_TEMPERATURE and len(snap["results"]) == 3
     assert len({r["cot"] for r in snap["results"]}) >= 2
     # the same vote through the OpenAI extension field, streamed once voting is done
     chunks = list(openai_client(asker).chat.completions.create(

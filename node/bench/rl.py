@@ -10,7 +10,11 @@ for the same number of steps from the same seed, with local rollout workers on t
 - ``time_ratio_async_vs_sync``: wall time of the asynchronous run / the synchronous one;
 - ``reward_sync`` / ``reward_async``: mean reward per step;
 - ``stale_dropped``: groups the asynchronous run dropped as stale;
-- ``swap_s``: mean time from the learner publishing a version to a worker serving it.
+- ``swap_s``: mean time from the learner publishing a version to a worker serving it, between
+  local processes (the adapter handed over by path);
+- ``swap_relay_s``: the same over the network path: the sync run's last adapters published by
+  a learner daemon through the weight relay to worker daemons that hot-swap them
+  (node/bench/rl_relay.py).
 
 The asynchronous run is sized from what the synchronous one measured: rollouts per second per
 worker r, step time T, generation and publish-to-swap times give the capacity rule
@@ -73,6 +77,7 @@ def _describe(p: Any, workers: int, label: str) -> None:
 
 
 def run(quick: bool) -> dict[str, Any]:
+    from node.bench.rl_relay import relayed_swaps_of_run
     from node.rl.learner import run_training
     from node.rl.learner_config import LearnerConfig
 
@@ -88,11 +93,15 @@ def run(quick: bool) -> dict[str, Any]:
         _say(f"bench rl: asynchronous run, S = {ASYNC_STALENESS}, {workers} worker(s) ...")
         asyn = run_training(replace(base, staleness=ASYNC_STALENESS, workers=workers,
                                     out_dir=str(Path(tmp) / "async")))
+        _say(f"bench rl: relaying the last adapters to {workers} worker daemon(s) ...")
+        relayed = relayed_swaps_of_run(Path(tmp) / "sync", workers)
     measured = _plan(asyn, workers, base.batch, base.group_size)
     _describe(measured, workers, "re-measured in the asynchronous run")
     switches = sync.switch_s + asyn.switch_s
     _say(f"adapter switch on a worker (load + set, no base reload): mean {_mean(switches):.4g} s, "
          f"max {max(switches, default=0.0):.4g} s over {len(switches)} switches")
+    _say(f"publish-to-swap over the weight relay: mean {_mean(relayed):.4g} s, "
+         f"max {max(relayed):.4g} s over {len(relayed)} swaps")
     kls = sync.mismatch_kls + asyn.mismatch_kls
     _say(f"validation: {len(kls)} groups, mismatch KL max {max(kls, default=0.0):.4g}, "
          f"mean {_mean(kls):.4g} (threshold {base.mismatch_kl_max:g})")
@@ -110,6 +119,7 @@ def run(quick: bool) -> dict[str, Any]:
         "reward_async": round(_mean([s.mean_reward for s in asyn.steps]), 4),
         "stale_dropped": int(asyn.counters.get("stale", 0)),
         "swap_s": round(_mean(sync.swap_s + asyn.swap_s), 5),
+        "swap_relay_s": round(_mean(relayed), 5),
     }
 
 

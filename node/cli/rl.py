@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
@@ -103,8 +104,14 @@ def _print(f: dict[str, object], workers: int, rate: float, batch: int, step_s: 
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Run directory (adapters, checkpoints, versions, steps.jsonl).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as one JSON object.")
+@click.option("--network", is_flag=True,
+              help="Rollout jobs through this node's daemon ([rl_jobs]) to the network's "
+                   "workers, adapters through the weight relay, instead of local workers.")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="With --network: the daemon's data directory (default: the usual one).")
 def train(config_path: str | None, steps: int | None, staleness: int | None,
-          workers: int | None, out_dir: str | None, as_json: bool) -> None:
+          workers: int | None, out_dir: str | None, as_json: bool, network: bool,
+          data_dir: str | None) -> None:
     """Train the policy with GRPO on local rollout workers (resumes from the run directory)."""
     from node.rl.learner import run_training, summary
     from node.rl.learner_config import load_config
@@ -119,17 +126,34 @@ def train(config_path: str | None, steps: int | None, staleness: int | None,
         if not as_json:
             click.echo(json.dumps(_fields(stats)), err=True)  # one line per step, on stderr
 
-    try:
-        report = run_training(config, on_step=progress)
-    except (RuntimeError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
-    figures = summary(report)
+    if network:
+        figures = _train_network(config, data_dir, progress)
+    else:
+        try:
+            report = run_training(config, on_step=progress)
+        except (RuntimeError, ValueError) as exc:
+            raise click.ClickException(str(exc)) from None
+        figures = summary(report)
     if as_json:
         click.echo(json.dumps(figures, sort_keys=True))
         return
     from node.cli.main import print_figures
 
     print_figures("rl train", figures)
+
+
+def _train_network(config: Any, data_dir: str | None, progress: Any) -> dict[str, Any]:
+    from pathlib import Path
+
+    from node.config import default_data_dir
+    from node.control import DaemonNotRunning
+    from node.rl.network_learner import run_network
+
+    path = Path(data_dir).expanduser() if data_dir else default_data_dir()
+    try:
+        return run_network(config, path, on_step=progress)
+    except (DaemonNotRunning, RuntimeError, ValueError, TimeoutError) as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def _fields(stats: object) -> dict[str, object]:

@@ -19,6 +19,7 @@ worth of groups ready or in flight.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -55,7 +56,11 @@ class DaemonApi:
         return cls(read_daemon_info(Path(data_dir)).api_url, read_token(Path(data_dir)))
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = self.client.request(method, path, **kwargs)
+        try:
+            response = self.client.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise LearnerApiError(f"{method} {path}: the learner's daemon does not answer at "
+                                  f"{self.client.base_url}: {exc}") from None
         if response.status_code >= 400:
             try:
                 detail = response.json().get("error", response.text)
@@ -105,7 +110,8 @@ def group_result(data: dict[str, Any]) -> RolloutResultBody:
 
 class NetworkLearner:
     def __init__(self, config: LearnerConfig, api: DaemonApi, *, model: str = "",
-                 job_ms: int | None = None, trainer: Trainer | None = None) -> None:
+                 job_ms: int | None = None, trainer: Trainer | None = None,
+                 on_step: Callable[[StepStats], None] | None = None) -> None:
         Path(config.out_dir).mkdir(parents=True, exist_ok=True)
         self.config, self.api = config, api
         self.trainer = trainer or Trainer(config, load_environment(config.environment))
@@ -114,6 +120,7 @@ class NetworkLearner:
         self.job_ms = job_ms or int(config.job_timeout_s * 1000)
         self.ready: list[Group] = []
         self.report = NetworkReport()
+        self.on_step = on_step
 
     # ------------------------------------------------------------ the daemon's side
     def begin(self) -> None:
@@ -184,6 +191,8 @@ class NetworkLearner:
         self.report.stale += len(self.ready) - len(keep)
         self.ready = keep
         self.report.steps.append(stats)
+        if self.on_step is not None:
+            self.on_step(stats)
         return stats
 
     def wanted(self) -> int:
@@ -209,3 +218,26 @@ class NetworkLearner:
             self.collect()
         self.report.wall_s += time.monotonic() - start
         return self.report
+
+
+def run_network(config: LearnerConfig, data_dir: Path,
+                on_step: Callable[[StepStats], None] | None = None) -> dict[str, Any]:
+    """`symphony rl train --network`: ``config.steps`` steps through the daemon of
+    ``data_dir`` (it must run ``[rl_jobs]``); the figures it prints at the end."""
+    api = DaemonApi.of(data_dir)
+    try:
+        learner = NetworkLearner(config, api, on_step=on_step)
+        learner.begin()
+        report = learner.run(timeout_s=max(3600.0, config.steps * config.job_timeout_s))
+        status = learner.jobs_status()
+    finally:
+        api.close()
+    rewards = [s.mean_reward for s in report.steps]
+    return {"steps": len(report.steps), "last_version": learner.trainer.version,
+            "wall_s": round(report.wall_s, 2),
+            "reward_first": round(rewards[0], 3) if rewards else None,
+            "reward_last": round(rewards[-1], 3) if rewards else None,
+            "received": report.received, "stale": report.stale + int(status["book"].get("stale", 0)),
+            "convicted": sorted(set(report.convicted)), "excluded": status["excluded"],
+            "publish_s": round(sum(p.publish_s for p in report.published)
+                               / max(1, len(report.published)), 4)}

@@ -12,7 +12,7 @@ from node.rl.learner import TrainReport
 from node.rl.learner_trainer import StepStats
 
 KEYS = {"busy_sync", "busy_async", "time_ratio_async_vs_sync", "reward_sync", "reward_async",
-        "stale_dropped", "swap_s"}
+        "stale_dropped", "swap_s", "swap_relay_s"}
 
 
 def _report(step_s: float, generate_s: float, wall_s: float, reward: float, stale: int = 0,
@@ -23,6 +23,11 @@ def _report(step_s: float, generate_s: float, wall_s: float, reward: float, stal
                        swap_s=[0.01], generate_s=[generate_s] * 3)
 
 
+def _relayed(run_dir: Any, workers: int) -> list[float]:
+    """The relayed swaps stand-in: node/bench/rl_relay.py starts daemons."""
+    return [1.0, 2.0]
+
+
 def _run(monkeypatch: pytest.MonkeyPatch, sync: TrainReport, asyn: TrainReport) -> tuple[dict[str, Any], list[Any]]:
     configs: list[Any] = []
 
@@ -31,6 +36,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, sync: TrainReport, asyn: TrainReport) 
         return sync if config.staleness == 0 else asyn
 
     monkeypatch.setattr("node.rl.learner.run_training", fake_run_training)
+    monkeypatch.setattr("node.bench.rl_relay.relayed_swaps_of_run", _relayed)
     return bench_rl.run(quick=True), configs
 
 
@@ -45,6 +51,7 @@ def test_the_figures_are_exactly_the_named_keys(monkeypatch: pytest.MonkeyPatch)
     assert figures["reward_sync"] == pytest.approx(0.215)  # mean of 0.21 and 0.22
     assert (figures["reward_async"], figures["stale_dropped"]) == (pytest.approx(0.315), 1)
     assert [c.staleness for c in configs] == [0, bench_rl.ASYNC_STALENESS]
+    assert figures["swap_relay_s"] == pytest.approx(1.5)
     assert configs[1].workers == 1 and configs[0].steps == configs[1].steps
 
 
@@ -62,5 +69,6 @@ def test_a_full_run_writes_the_reward_plot(monkeypatch: pytest.MonkeyPatch, tmp_
     n = bench_rl.PLOT_MIN_STEPS
     monkeypatch.setattr("node.rl.learner.run_training",
                         lambda config, on_step=None: _report(10.0, 2.0, 30.0, 0.1, n=n))
+    monkeypatch.setattr("node.bench.rl_relay.relayed_swaps_of_run", _relayed)
     bench_rl.run(quick=False)
     assert (tmp_path / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

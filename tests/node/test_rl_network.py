@@ -16,11 +16,7 @@ import pytest
 from node.rl.dissemination import adapter_name
 from node.rl.learner_config import LearnerConfig
 
-from .conftest import Testnet
-
-pytest.importorskip("torch")
-pytest.importorskip("llama_cpp")
-pytestmark = pytest.mark.integration
+from .conftest import Testnet, run_cli
 
 CONVERGE_S = 60.0
 ENV = "tests.node.rl_tiny_env:make"
@@ -53,7 +49,10 @@ def _wait_swapped(testnet: Testnet, workers: list[Any], version: int,
     return result
 
 
+@pytest.mark.integration
 def test_learner_and_three_workers_on_a_testnet(testnet: Testnet, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("llama_cpp")
     from node.rl.network_learner import DaemonApi, NetworkLearner
     from tests.models import tiny
 
@@ -117,3 +116,10 @@ def test_learner_and_three_workers_on_a_testnet(testnet: Testnet, tmp_path: Path
     assert relay["chunks_out"] >= 1
     print(f"publish-to-swap over the relay: mean {sum(swaps) / len(swaps):.3f} s, "
           f"max {max(swaps):.3f} s over {len(swaps)} swaps; test {time.monotonic() - started:.1f} s")
+
+
+def test_network_training_without_a_daemon_says_so(tmp_path: Path) -> None:
+    result = run_cli("rl", "train", "--network", "--data-dir", str(tmp_path / "nowhere"),
+                     "--steps", "1")
+    assert result.returncode != 0
+    assert "daemon" in result.stderr and "Traceback" not in result.stderr, result.stderr

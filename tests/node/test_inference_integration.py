@@ -60,8 +60,8 @@ def _inference(node: Any) -> dict[str, Any]:
     return dict(httpx.get(node.api_url + "/inference/", timeout=30).json())
 
 
-def _generate(asker: Any) -> dict[str, Any]:
-    shown = run_cli("generate", PROMPT, "--max-tokens", str(TOKENS), "--json",
+def _generate(asker: Any, *options: str) -> dict[str, Any]:
+    shown = run_cli("generate", PROMPT, "--max-tokens", str(TOKENS), "--json", *options,
                     data_dir=asker.data_dir, timeout_s=GENERATE_TIMEOUT_S)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     return dict(json.loads(shown.stdout))
@@ -85,6 +85,10 @@ def test_chains_of_daemons_match_the_single_process_model(testnet: Testnet,
     want = reference(two["prompt_ids"])
     assert len(want) == TOKENS
     assert two["tokens"] == want and two["recoveries"] == 0
+    # speculative decoding through the same chain: the llama.cpp Q4_1 drafter, greedy checks
+    drafted = _generate(asker, "--speculative", "6")
+    assert drafted["tokens"] == want
+    assert drafted["acceptance_rate"] > 0.3 and drafted["steps"] < TOKENS / 2
 
     # three stages: blocks 0-10, 10-20 (twice: the spare takes over below), 20-30; x is gone
     middle = [_server(testnet, n, "10:20", asker) for n in ("b1", "b2")]
@@ -97,6 +101,7 @@ def test_chains_of_daemons_match_the_single_process_model(testnet: Testnet,
     assert [(h["start"], h["end"]) for h in three["final_chain"]] == [(0, 10), (10, 20),
                                                                        (20, 30)]
     assert three["tokens"] == want
+    assert _generate(asker, "--speculative", "6")["tokens"] == want
 
     # kill -9 of the middle server while it generates: replaced, output unchanged
     before = {m.name: _inference(m)["forwards"] for m in middle}

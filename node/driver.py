@@ -254,7 +254,7 @@ class Driver:
             return b"banned"
         fault = self._intake.admit(peer, self.now_ms())
         if fault is not None:
-            return self._refuse(peer, fault, data)
+            return self._refuse(peer, fault, f"a {len(data)}-byte message")
         try:
             message: Message = decode(data)
         except InvalidMessage as exc:
@@ -265,7 +265,7 @@ class Driver:
         if not message.repeatable:
             fault = self._intake.replayed(peer, data, self.now_ms())
             if fault is not None:
-                return self._refuse(peer, fault, data)
+                return self._refuse(peer, fault, f"a {len(data)}-byte {type(message).__name__}")
         owner = self._routes.get(type(message))
         if owner is None or (handshake and type(message) not in HANDSHAKE_TYPES):
             self.penalize(peer, f"unexpected {type(message).__name__}", UNROUTED_MESSAGE_PENALTY,
@@ -275,9 +275,9 @@ class Driver:
         await self._feed(owner, Received(peer, message))
         return b""
 
-    def _refuse(self, peer: str, fault: str, data: bytes) -> bytes:
+    def _refuse(self, peer: str, fault: str, what: str) -> bytes:
         self.counters[f"refused_{fault}"] += 1
-        self.on_fault(peer, fault, f"a {len(data)}-byte message")
+        self.on_fault(peer, fault, what)
         return fault.encode()
 
     # ---- gossip ---------------------------------------------------------------------------

@@ -105,6 +105,8 @@ class Executor:
         #: (task id, round) -> forget-at, for beacon dedup
         self.seen: dict[tuple[bytes, int], int] = {}
         self.counters: dict[str, int] = {}
+        #: measured cost of a task beyond its generated tokens (prompt, commitments), EWMA
+        self.task_overhead_ms = 0.0
 
     # ------------------------------------------------------------------ machine contract
 
@@ -210,7 +212,7 @@ class Executor:
         price = model.price_per_1k * body.max_tokens / 1000.0
         if price > body.max_price:
             return skip("too_cheap")
-        gen_ms = body.max_tokens / max(model.tokens_per_s, 1e-6) * 1000.0
+        gen_ms = body.max_tokens / max(model.tokens_per_s, 1e-6) * 1000.0 + self.task_overhead_ms
         est_latency = int(gen_ms * (1.0 + self.busy() / self.config.slots))
         if est_latency > body.deadline_ms:
             return skip("too_slow")
@@ -325,6 +327,9 @@ class Executor:
         job = self._running(ev.task_id, ev.attempt)
         if job is None:
             return [Emit("task.compute_orphaned", {"task_id": ev.task_id.hex()})]
+        tps = max((m.tokens_per_s for m in self.config.models if m.name == job.model), default=0)
+        extra = max(0.0, ev.compute_ms - ev.tokens / max(tps, 1e-6) * 1000.0)
+        self.task_overhead_ms += 0.3 * (extra - self.task_overhead_ms)
         if now > job.deadline_at_ms:
             move_job(job, JobState.FAILED, now + REMEMBER_MS)
             self._count("results_late")

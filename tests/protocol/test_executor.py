@@ -143,6 +143,17 @@ def test_a_busy_executor_queues_assignments_and_runs_them_in_deadline_order() ->
     assert ex.jobs[tids[1]].state is JobState.FAILED
 
 
+def test_a_tasks_measured_overhead_goes_into_later_estimates() -> None:
+    ex = executor()
+    ex.handle(beacon(), 0)
+    ex.handle(assign(), 1)
+    # 10 tokens at 100 tokens/s are 100 ms; the task took 1,100 (prompt, commitments)
+    ex.handle(ComputeDone(TID, 0, "4", "c", 1.0, 10, 1_100, b""), 2)
+    (bid,) = sends(ex.handle(beacon(task_id=b"\x08" * 32), 3), Bid)
+    body = open_envelope(bid.envelope, BID_DOMAIN, BidBody, 1 << 20)
+    assert body.est_latency_ms == 2560 + 300  # 256 tokens, plus 0.3 of the 1,000 ms seen
+
+
 def test_reservation_expires_and_frees_the_slot() -> None:
     ex = executor(hold_ms=1_000)
     ex.handle(beacon(), 0)

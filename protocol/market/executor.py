@@ -62,9 +62,8 @@ from protocol.market.offers import (
 )
 
 __all__ = [
-    "MATCH_ANY", "MATCH_EXACT", "MATCH_FAMILY", "CancelCompute", "ComputeDone",
-    "ComputeFailed", "Executor", "ExecutorConfig", "ServedModel", "StartCompute",
-    "match_score",
+    "MATCH_ANY", "MATCH_EXACT", "MATCH_FAMILY", "CancelCompute", "ComputeDone", "ComputeFailed",
+    "Executor", "ExecutorConfig", "ServedModel", "StartCompute", "match_score",
 ]
 
 DEFAULT_HOLD_MS = 5_000
@@ -106,7 +105,7 @@ class Executor:
         self.seen: dict[tuple[bytes, int], int] = {}
         self.counters: dict[str, int] = {}
         #: measured cost of a task beyond its generated tokens (prompt, commitments), EWMA
-        self.task_overhead_ms = 0.0
+        self.task_overhead_ms: float | None = None
 
     # ------------------------------------------------------------------ machine contract
 
@@ -212,7 +211,8 @@ class Executor:
         price = model.price_per_1k * body.max_tokens / 1000.0
         if price > body.max_price:
             return skip("too_cheap")
-        gen_ms = body.max_tokens / max(model.tokens_per_s, 1e-6) * 1000.0 + self.task_overhead_ms
+        gen_ms = body.max_tokens / max(model.tokens_per_s, 1e-6) * 1000.0 \
+            + (self.task_overhead_ms or 0.0)
         est_latency = int(gen_ms * (1.0 + self.busy() / self.config.slots))
         if est_latency > body.deadline_ms:
             return skip("too_slow")
@@ -329,7 +329,8 @@ class Executor:
             return [Emit("task.compute_orphaned", {"task_id": ev.task_id.hex()})]
         tps = max((m.tokens_per_s for m in self.config.models if m.name == job.model), default=0)
         extra = max(0.0, ev.compute_ms - ev.tokens / max(tps, 1e-6) * 1000.0)
-        self.task_overhead_ms += 0.3 * (extra - self.task_overhead_ms)
+        seen = extra if self.task_overhead_ms is None else self.task_overhead_ms
+        self.task_overhead_ms = seen + 0.3 * (extra - seen)
         if now > job.deadline_at_ms:
             move_job(job, JobState.FAILED, now + REMEMBER_MS)
             self._count("results_late")

@@ -151,7 +151,7 @@ def test_a_tasks_measured_overhead_goes_into_later_estimates() -> None:
     ex.handle(ComputeDone(TID, 0, "4", "c", 1.0, 10, 1_100, b""), 2)
     (bid,) = sends(ex.handle(beacon(task_id=b"\x08" * 32), 3), Bid)
     body = open_envelope(bid.envelope, BID_DOMAIN, BidBody, 1 << 20)
-    assert body.est_latency_ms == 2560 + 300  # 256 tokens, plus 0.3 of the 1,000 ms seen
+    assert body.est_latency_ms == 2560 + 1_000  # 256 tokens, plus the 1,000 ms seen
 
 
 def test_reservation_expires_and_frees_the_slot() -> None:

@@ -262,10 +262,9 @@ class Driver:
             self.penalize(peer, f"invalid message: {exc}", INVALID_MESSAGE_PENALTY,
                           kind="undecodable")
             return b"invalid message"
-        if not message.repeatable:
-            fault = self._intake.replayed(peer, data, self.now_ms())
-            if fault is not None:
-                return self._refuse(peer, fault, f"a {len(data)}-byte {type(message).__name__}")
+        fault = None if message.repeatable else self._intake.replayed(peer, data, self.now_ms())
+        if fault is not None:
+            return self._refuse(peer, fault, f"a {len(data)}-byte {type(message).__name__}")
         owner = self._routes.get(type(message))
         if owner is None or (handshake and type(message) not in HANDSHAKE_TYPES):
             self.penalize(peer, f"unexpected {type(message).__name__}", UNROUTED_MESSAGE_PENALTY,

@@ -397,4 +397,3 @@ class Executor:
             if now >= until:
                 del self.seen[key]
         return effects + self._start_queued()
-

@@ -252,8 +252,7 @@ class Driver:
     async def _on_request(self, peer: str, data: bytes, *, handshake: bool) -> bytes:
         if self.is_banned(peer):
             return b"banned"
-        fault = self._intake.admit(peer, self.now_ms())
-        if fault is not None:
+        if (fault := self._intake.admit(peer, self.now_ms())) is not None:
             return self._refuse(peer, fault, f"a {len(data)}-byte message")
         try:
             message: Message = decode(data)

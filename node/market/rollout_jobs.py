@@ -224,14 +224,16 @@ def _error(message: str, status: int = 400) -> Response:
     return JSONResponse({"error": message}, status_code=status)
 
 
-def rollout_routes(service: RolloutJobsService) -> list[BaseRoute]:
-    async def body(request: Request) -> dict[str, Any] | None:
-        try:
-            data = await request.json()
-        except ValueError:
-            return None
-        return data if isinstance(data, dict) else None
+async def body(request: Request) -> dict[str, Any] | None:
+    """The request's JSON object; None when the body is not one."""
+    try:
+        data = await request.json()
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
+
+def rollout_routes(service: RolloutJobsService) -> list[BaseRoute]:
     async def post_run(request: Request) -> Response:
         data = await body(request)
         if data is None:

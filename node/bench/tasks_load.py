@@ -5,9 +5,11 @@ question, k = 1, ``LOAD_MAX_TOKENS`` tokens), in waves, until ``asks`` asks have
 Every ask must end one of two ways: done (an answer), or a clear failure, meaning a ``failed``
 task whose ``failure`` names the reason or an HTTP 4xx whose body names the error. Anything
 else (a timeout, a 5xx without a reason, a dropped connection) counts as unclear (goal 0).
-Meanwhile ``GET /status`` is asked every 0.1 s. The first wave warms the daemon up; its open
-file descriptors and resident memory are read after it and after the last wave, so the
-growth figures show what 1,000 asks (full run) leave behind.
+Meanwhile ``GET /status`` is asked every 0.1 s. Open file
+descriptors are read before the first ask and again once the load client has closed its
+connections (the daemon closes its ends within its keep-alive timeout), resident memory after
+the first (warm-up) wave and after the last, so the growth figures show what 1,000 asks (full
+run) leave behind.
 
 Keys: ``load_concurrent``, ``load_asks``, ``load_done``, ``load_failed_clear``,
 ``load_unclear``, ``load_ask_p50_ms``, ``load_ask_p99_ms``, ``load_status_p99_ms``,
@@ -32,6 +34,8 @@ LOAD_MAX_TOKENS = 4
 LOAD_DEADLINE_MS = 60_000
 #: the client waits this long beyond the task's deadline before calling an ask unclear
 CLIENT_GRACE_S = 30.0
+#: after the load, how long the daemon may take to close the client's idle connections
+FD_SETTLE_S = 15.0
 
 
 def _outcome(response: httpx.Response) -> str:
@@ -77,21 +81,35 @@ class _Asker:
         list(pool.map(self.ask, range(start, start + n)))
 
 
+def _settled_fds(pid: int, baseline: int) -> int:
+    """The daemon's open fds once the closed client's connections are gone on its side too
+    (it closes an idle keep-alive connection within its keep-alive timeout): read until the
+    count is back to ``baseline`` or FD_SETTLE_S passes, then the last count."""
+    deadline = time.monotonic() + FD_SETTLE_S
+    count = fd_count(pid)
+    while count > baseline and time.monotonic() < deadline:
+        time.sleep(0.2)
+        count = fd_count(pid)
+    return count
+
+
 def run_load(node: Any, token: str, asks: int) -> dict[str, Any]:
     """Ask ``node`` (a node.testnet.NodeProcess) ``asks`` times, LOAD_CONCURRENT at once."""
     pid = node.proc.pid
+    fd0 = fd_count(pid)  # before any load client connected
     asker = _Asker(node.api_url, token)
     with StatusPoller(node.api_url) as poller, \
             ThreadPoolExecutor(max_workers=LOAD_CONCURRENT) as pool:
         asker.wave(pool, 0, LOAD_CONCURRENT)
-        fd0, rss0 = fd_count(pid), rss_mib(pid)
+        rss0 = rss_mib(pid)
         made = LOAD_CONCURRENT
         while made < asks:
             n = min(LOAD_CONCURRENT, asks - made)
             asker.wave(pool, made, n)
             made += n
-        fd1, rss1 = fd_count(pid), rss_mib(pid)
+        rss1 = rss_mib(pid)
     asker.client.close()
+    fd1 = _settled_fds(pid, fd0)
     unclear = [o for o in asker.outcomes if o.startswith("unclear")]
     failures = Counter(o.split(": ", 1)[1] for o in asker.outcomes if o.startswith("failed_clear"))
     return {

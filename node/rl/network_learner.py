@@ -131,8 +131,18 @@ class NetworkLearner:
             "group_size": c.group_size, "prompts_per_job": 1, "max_tokens": c.max_tokens,
             "temperature": c.temperature, "top_p": c.top_p, "staleness": c.staleness,
             "job_ms": self.job_ms, "version": t.version})
-        if t.version > 0:
+        if t.version > 0 and not self._relayed(t.version):
             self.publish(t.version)
+        elif t.version > 0:
+            self.api.call("POST", "/rl_jobs/version", json={"version": t.version})
+
+    def _relayed(self, version: int) -> bool:
+        """Whether the daemon's relay already holds ``version`` (or a newer one) of our
+        adapters (a learner restarted beside a daemon that kept running)."""
+        name, me = adapter_name(self.model), self.api.call("GET", "/status")["peer_id"]
+        versions = self.api.call("GET", "/relay/status")["versions"]
+        return any(v["name"] == name and v["signer"] == me and v["version"] >= version
+                   for v in versions)
 
     def publish(self, version: int) -> Published:
         """Relay ``version``'s adapter and make it the job book's version."""
@@ -217,6 +227,8 @@ class NetworkLearner:
                 self.issue(want)
             self.collect()
         self.report.wall_s += time.monotonic() - start
+        if self.trainer.steps_done % self.config.checkpoint_every:
+            self.trainer.checkpoint()  # a restart resumes exactly where this run stopped
         return self.report
 
 

@@ -60,33 +60,43 @@ def test_learner_and_three_workers_on_a_testnet(testnet: Testnet, tmp_path: Path
     model = tiny.write_gguf(tiny.tiny_model(seed=0), tmp_path / "tiny.gguf")
     env = {"OMP_NUM_THREADS": "1"}
     learner_node = testnet.start("learner", env=env, config={"rl_jobs": {"bid_window_ms": 1500}})
-    honest = [testnet.start(f"worker{i}", bootstrap=[learner_node], wait=False, env=env,
-                            config=_worker(model, "models")) for i in range(2)]
-    forger = testnet.start("forger", bootstrap=[learner_node], wait=False, env=env,
+    forger = testnet.start("forger", bootstrap=[learner_node], env=env,
                            config=_worker(model, "tests.node.rl_forger:forger"))
-    for node in (*honest, forger):
-        node.wait_ready()
     testnet.wait_all_connected(CONVERGE_S)
-    testnet.wait_until(lambda: all(_rl_worker(n)["enabled"] for n in (*honest, forger)),
-                       "every generator up", timeout_s=60)
-
+    testnet.wait_until(lambda: _rl_worker(forger)["enabled"], "the forger's generator up",
+                       timeout_s=60)
     config = LearnerConfig(model=str(model), environment=ENV, steps=2, group_size=4,
                            jobs_per_step=1, max_tokens=6, lora_rank=4, lora_alpha=8.0,
                            learning_rate=5e-2, staleness=1, checkpoint_every=10,
                            out_dir=str(tmp_path / "learner"), job_timeout_s=60.0)
-    up_s = time.monotonic() - started
     learner = NetworkLearner(config, DaemonApi.of(learner_node.data_dir))
     learner.begin()
 
-    # version 0 (the base): three jobs at once, more until the forger has been caught
-    deadline = time.monotonic() + 90
-    while forger.peer_id not in learner.report.convicted or len(learner.ready) < 3:
-        assert time.monotonic() < deadline, (learner.report, learner.jobs_status())
-        status = learner.jobs_status()
-        if status["in_flight"] + status["waiting_groups"] == 0:
-            learner.issue(3)
+    # version 0 (the base): the forger, alone so far, wins a job and is caught by the check
+    learner.issue(1)
+
+    def caught() -> bool:
         learner.collect()
+        return forger.peer_id in learner.report.convicted
+
+    testnet.wait_until(caught, "the forger convicted", timeout_s=60)
     assert forger.peer_id in learner.jobs_status()["excluded"]
+    honest = [testnet.start(f"worker{i}", bootstrap=[learner_node], wait=False, env=env,
+                            config=_worker(model, "models")) for i in range(2)]
+    for node in honest:
+        node.wait_ready()
+    testnet.wait_all_connected(CONVERGE_S)
+    testnet.wait_until(lambda: all(_rl_worker(n)["enabled"] for n in honest),
+                       "the honest generators up", timeout_s=60)
+    up_s = time.monotonic() - started
+
+    # the forger's job reissued to an honest worker; three more jobs at version 0
+    learner.issue(3)
+    deadline = time.monotonic() + 90
+    while len(learner.ready) < 4:
+        assert time.monotonic() < deadline, (learner.report, learner.jobs_status())
+        learner.collect()
+    assert learner.report.convicted == [forger.peer_id]  # honest groups pass the check
     assert {g.version for g in learner.ready} == {0}
     held_back = len(learner.ready)
 
@@ -115,6 +125,15 @@ def test_learner_and_three_workers_on_a_testnet(testnet: Testnet, tmp_path: Path
     assert sum(_rl_worker(n)["generated"] for n in honest) >= 4
     relay = learner_node.status()["services"]["relay"]
     assert relay["chunks_out"] >= 1
+    # a restarted learner resumes at version 4 (already relayed) and goes on from there
+    again = NetworkLearner(config, DaemonApi.of(learner_node.data_dir))
+    assert again.trainer.version == 4
+    again.begin()
+    again.run(1)
+    assert [s.version for s in again.report.steps] == [5]
+    swaps += _wait_swapped(testnet, honest, 5, again.report.published[-1].published_at)
+    assert [p.version for p in again.report.published] == [5]
+
     parts = [s for n in honest for s in _rl_worker(n)["adapters"]["swaps"]]
     print(f"publish-to-swap over the relay: mean {sum(swaps) / len(swaps):.3f} s, "
           f"max {max(swaps):.3f} s over {len(swaps)} swaps (export from the relay store "

@@ -10,11 +10,11 @@ for the same number of steps from the same seed, with local rollout workers on t
 - ``time_ratio_async_vs_sync``: wall time of the asynchronous run / the synchronous one;
 - ``reward_sync`` / ``reward_async``: mean reward per step;
 - ``stale_dropped``: groups the asynchronous run dropped as stale;
-- ``swap_s``: mean time from the learner publishing a version to a worker serving it, between
-  local processes (the adapter handed over by path);
-- ``swap_relay_s``: the same over the network path: the sync run's last adapters published by
-  a learner daemon through the weight relay to worker daemons that hot-swap them
-  (node/bench/rl_relay.py).
+- ``swap_s``: mean time from the learner publishing a version to a worker serving it, over
+  the network path: the sync run's last adapters published by a learner daemon through the
+  weight relay to worker daemons that hot-swap them (node/bench/rl_relay.py); the same
+  between the local processes of the two runs (the adapter handed over by path) goes to
+  stderr.
 
 The asynchronous run is sized from what the synchronous one measured: rollouts per second per
 worker r, step time T, generation and publish-to-swap times give the capacity rule
@@ -101,7 +101,8 @@ def run(quick: bool) -> dict[str, Any]:
     _say(f"adapter switch on a worker (load + set, no base reload): mean {_mean(switches):.4g} s, "
          f"max {max(switches, default=0.0):.4g} s over {len(switches)} switches")
     _say(f"publish-to-swap over the weight relay: mean {_mean(relayed):.4g} s, "
-         f"max {max(relayed):.4g} s over {len(relayed)} swaps")
+         f"max {max(relayed):.4g} s over {len(relayed)} swaps; between local processes: "
+         f"mean {_mean(sync.swap_s + asyn.swap_s):.4g} s")
     kls = sync.mismatch_kls + asyn.mismatch_kls
     _say(f"validation: {len(kls)} groups, mismatch KL max {max(kls, default=0.0):.4g}, "
          f"mean {_mean(kls):.4g} (threshold {base.mismatch_kl_max:g})")
@@ -118,8 +119,7 @@ def run(quick: bool) -> dict[str, Any]:
         "reward_sync": round(_mean([s.mean_reward for s in sync.steps]), 4),
         "reward_async": round(_mean([s.mean_reward for s in asyn.steps]), 4),
         "stale_dropped": int(asyn.counters.get("stale", 0)),
-        "swap_s": round(_mean(sync.swap_s + asyn.swap_s), 5),
-        "swap_relay_s": round(_mean(relayed), 5),
+        "swap_s": round(_mean(relayed), 5),
     }
 
 

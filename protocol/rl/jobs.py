@@ -36,7 +36,7 @@ from random import Random
 from protocol.codec import decode, encode
 from protocol.errors import InvalidMessage, LocalProtocolError
 from protocol.market.events import Attest
-from protocol.market.messages import MAX_TASK_MS, TASK_ID_LEN
+from protocol.market.messages import MAX_MODEL_NAME, MAX_TASK_MS, TASK_ID_LEN
 from protocol.rl import attestations
 from protocol.rl.messages import (
     MAX_DATASET,
@@ -102,6 +102,9 @@ class BookConfig:
             value = getattr(self, name)
             if type(value) is not int or not 1 <= value <= hi:
                 raise ValueError(f"{name} must be an int in [1, {hi}], got {value!r}")
+        if not 1 <= len(self.model) <= MAX_MODEL_NAME:
+            raise ValueError(f"model name must be 1 to {MAX_MODEL_NAME} characters (jobs carry "
+                             f"it), got {len(self.model)}: {self.model[:80]!r}")
         if self.prompts_per_job > self.dataset_size:
             raise ValueError(f"prompts_per_job {self.prompts_per_job} exceeds dataset_size "
                              f"{self.dataset_size}")

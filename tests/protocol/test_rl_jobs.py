@@ -173,6 +173,7 @@ def test_a_later_check_convicts_an_accepted_group() -> None:
         ({"group_size": 64, "prompts_per_job": 16}, "tokens per result"),
         ({"sampling": RolloutSampling(temperature=9.0, top_p=1.0, max_tokens=8)}, "sampling"),
         ({"vocab_size": 0}, "vocab_size"),
+        ({"model": "/home/someone/models/" + "x" * 60 + ".gguf"}, "model name"),
     ],
 )
 def test_a_run_that_would_make_malformed_jobs_is_refused(fields: dict, what: str) -> None:  # type: ignore[type-arg]

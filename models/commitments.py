@@ -49,12 +49,13 @@ class Commitments:
 
 def states_for(backend: Any, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """(every layer's output (L, T, C), final-norm states (T, C)) over ``ids``: the ones the
-    backend captured while generating them, else one fp32 prefill."""
+    backend captured while generating them (views of its buffer: use them before it
+    generates again), else one fp32 prefill."""
     from models.fingerprint import fingerprint_backend
     from models.layer_states import layer_states
 
     captured = getattr(backend, "captured_states", None)
-    states = captured(ids) if captured is not None else None
+    states = captured(ids, copy=False) if captured is not None else None
     return states if states is not None else layer_states(fingerprint_backend(backend), ids)
 
 

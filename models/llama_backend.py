@@ -138,10 +138,12 @@ class LlamaCppBackend(Backend):
         capture.on = True
         self.capture = capture
 
-    def captured_states(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray] | None:
+    def captured_states(self, ids: Sequence[int], copy: bool = True,
+                        ) -> tuple[np.ndarray, np.ndarray] | None:
         """(layer outputs (L, T, C), final-norm states (T, C)) of ``ids`` from the last
         generation, when it was over exactly these tokens; the last token, which a generation
-        cut at its length never evaluates, is evaluated here. None: nothing captured."""
+        cut at its length never evaluates, is evaluated here. None: nothing captured.
+        ``copy=False``: views valid until the next generation (no 70 KB-per-token copy)."""
         capture, llm = self.capture, self.llm
         done = llm.n_tokens
         if capture is None or not 0 < done <= len(ids) or done < len(ids) - 1:
@@ -151,7 +153,7 @@ class LlamaCppBackend(Backend):
         if done < len(ids):
             self._step(int(ids[-1]))
         try:
-            return capture.states(len(ids))
+            return capture.states(len(ids), copy)
         except ValueError:
             return None
 

@@ -196,14 +196,15 @@ class StateCapture:
         """Positions whose layer outputs were all taken since :meth:`reset`."""
         return int(self._next[:max(1, self.n_layers - 1)].min())
 
-    def states(self, total: int) -> tuple[np.ndarray, np.ndarray]:
+    def states(self, total: int, copy: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """(layer outputs (L, total, C), final-norm states (total, C)) of positions
-        [0, total), copied out; ValueError when they were not all taken."""
+        [0, total), copied out (``copy=False``: views of the buffer, valid until the next
+        evaluation); ValueError when they were not all taken."""
         self._used = max(self._used, int(self._next.max()))
         if self._struct.error:
             raise ValueError(f"layer-state capture: {ERRORS.get(self._struct.error, '?')}")
         if self.positions() < total or self._next[-1] < total:
             raise ValueError(f"layer-state capture holds {self.positions()} positions, "
                              f"{total} asked")
-        return (self.buffer[:self.n_layers, :total].copy(),
-                self.buffer[self.n_layers, :total].copy())
+        layers, final = self.buffer[:self.n_layers, :total], self.buffer[self.n_layers, :total]
+        return (layers.copy(), final.copy()) if copy else (layers, final)

@@ -46,6 +46,10 @@ class LlamaCppBackend(Backend):
         self._kwargs = dict(
             model_path=str(info.path), n_ctx=min(config.n_ctx, info.context_length),
             n_batch=config.n_batch, n_threads=config.n_threads or default_threads(),
+            # prompts too: llama-cpp-python's default is every logical CPU, whose barriers
+            # stall whenever another job holds a core (prefills here took 1-4 s instead of
+            # 0.3, and longest where the state capture splits the graph)
+            n_threads_batch=config.n_threads or default_threads(),
             seed=0, verbose=False,
             # offload to the GPU by default when this llama.cpp build can (a CPU build: 0)
             n_gpu_layers=config.n_gpu_layers if llama_cpp.llama_supports_gpu_offload() else 0,

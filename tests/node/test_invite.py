@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import base64
 import os
-import select
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from pathlib import Path
@@ -125,14 +126,20 @@ def test_testnet_prints_an_invite_to_its_first_node(tmp_path: Path) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
         start_new_session=True)
     assert proc.stdout is not None
+    # a reader thread: select() on the pipe misses lines already in the text wrapper's buffer
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout],  # type: ignore[union-attr]
+                     daemon=True).start()
     seen: list[str] = []
     try:
         deadline = time.monotonic() + CLI_TIMEOUT_S
         while not any(s.startswith(INVITE_PREFIX) for s in seen):
             left = deadline - time.monotonic()
             assert left > 0 and proc.poll() is None, "".join(seen)
-            if select.select([proc.stdout], [], [], left)[0]:
-                seen.append(proc.stdout.readline())
+            try:
+                seen.append(lines.get(timeout=left))
+            except queue.Empty:
+                pass
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(CLI_TIMEOUT_S)

@@ -13,8 +13,10 @@ STAMP := $(VENV)/.installed$(if $(GPU),-$(GPU))
 GPU ?=
 ifeq ($(GPU),cuda)
 export CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_CUDA=on
-# the wheel index of torch's CUDA build; pick the one matching the driver (nvidia-smi)
-TORCH_INDEX ?= https://download.pytorch.org/whl/cu128
+# the wheel index of torch's CUDA build matching the driver (nvidia-smi): TORCH_INDEX=<url>
+ifeq ($(TORCH_INDEX),)
+$(error GPU=cuda needs TORCH_INDEX=<the wheel index of torch's CUDA build for your driver>)
+endif
 else ifneq ($(GPU),)
 $(error GPU=$(GPU) is not supported: use GPU=cuda, or leave GPU unset for the CPU build)
 else

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 from crypto.keys import Identity
 from protocol.codec import MAX_FRAME_BYTES
-from protocol.envelopes import PENALTY_FORGED, open_envelope, seal
+from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored, open_envelope, seal
 from protocol.errors import InvalidMessage
 from protocol.machine import Effect, Emit, Penalize, Received, Send, Tick
 from protocol.market.messages import HASH_LEN, BidBody
@@ -218,14 +218,11 @@ class RolloutWorkerMachine:
 
     def _on_assign(self, peer: str, msg: RolloutAssign, now: int) -> list[Effect]:
         try:
-            body = open_envelope(msg.envelope, RL_ASSIGN_DOMAIN, RolloutAssignBody,
-                                 self.config.max_frame)
-        except InvalidMessage as exc:
-            return [Penalize(peer, f"invalid rollout assignment: {exc}", PENALTY_FORGED)]
+            body = open_authored(msg.envelope, RL_ASSIGN_DOMAIN, RolloutAssignBody,
+                                 self.config.max_frame, sender=peer, author=lambda b: b.job.learner)
+        except Unopened as refused:
+            return [Penalize(peer, f"rollout assignment refused: {refused}", PENALTY_FORGED)]
         job = body.job
-        if msg.envelope.signer != job.learner or peer != job.learner:
-            return [Penalize(peer, "rollout assignment not signed and sent by its learner",
-                             PENALTY_FORGED)]
         if body.worker != self.peer:
             return self._reject(peer, job.job_id, body.attempt, RolloutRejectReason.BAD_ASSIGN,
                                 "addressed to another worker")

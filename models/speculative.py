@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,6 +46,7 @@ from protocol.inference.speculative import (
 class SpeculativeConfig:
     rule: Rule = Rule.GREEDY  # how drafts are verified (MARS: not exact, off by default)
     temperature: float = 1.0  # sampling: the target's temperature; MARS: for the p2/p1 ratio
+    top_p: float = 1.0  # sampling: the target's nucleus mass (1 = off), as models.backend's
     k: int | None = None  # drafted tokens a step; None = adaptive (AdaptiveK)
     k_max: int = MAX_DRAFT  # the longest draft the adaptive choice may make
     k_init: int = 4  # the adaptive choice's first draft length
@@ -54,6 +55,8 @@ class SpeculativeConfig:
     def __post_init__(self) -> None:
         if self.temperature <= 0.0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
         if self.k is not None and not 0 <= self.k <= self.k_max:
             raise ValueError(f"k must lie in [0, k_max={self.k_max}], got {self.k}")
         if not 1 <= self.k_init <= self.k_max:
@@ -112,10 +115,25 @@ def _top_two(rows: np.ndarray, temperature: float) -> list[TopTwo]:
     return out
 
 
+def target_probs(rows: np.ndarray, config: SpeculativeConfig) -> np.ndarray:
+    """The distributions plain sampling draws from: softmax(rows / T), each row cut to its
+    nucleus when ``top_p`` < 1 (the fewest most likely tokens whose mass reaches top_p, as
+    models.backend.choose_token keeps them) and renormalized. (n, V) float64."""
+    probs = softmax(rows, config.temperature)
+    if config.top_p >= 1.0:
+        return probs
+    for row in np.atleast_2d(probs):
+        order = np.argsort(-row, kind="stable")
+        keep = int(np.searchsorted(np.cumsum(row[order]), config.top_p) + 1)
+        row[order[keep:]] = 0.0
+        row /= row.sum()
+    return probs
+
+
 def first_token(row: np.ndarray, config: SpeculativeConfig, rng: random.Random) -> int:
     """The token plain decoding picks from one row of logits under ``config``'s rule."""
     if config.rule is Rule.SAMPLING:
-        return sample(softmax(row, config.temperature).tolist(), rng)
+        return sample(target_probs(row, config).tolist(), rng)
     return int(np.argmax(row))
 
 
@@ -126,7 +144,7 @@ def verify(draft: Draft, rows: np.ndarray, config: SpeculativeConfig,
         return accept_greedy(draft.tokens, [int(t) for t in rows.argmax(axis=1)])
     if config.rule is Rule.MARS:
         return accept_mars(draft.tokens, _top_two(rows, config.temperature), config.theta)
-    probs = _ProbRows(softmax(rows, config.temperature))
+    probs = _ProbRows(target_probs(rows, config))
     q = None if draft.probs is None else _ProbRows(draft.probs)
     return accept_sampling(draft.tokens, probs, q, rng)
 
@@ -149,8 +167,13 @@ def speculative_generate(
     *,
     seed: int = 0,
     stop: Sequence[int] = (),
+    on_tokens: Callable[[Sequence[int]], bool] | None = None,
 ) -> Generation:
-    """Generate up to ``max_tokens`` after ``prompt`` (the target's caches must be empty)."""
+    """Generate up to ``max_tokens`` after ``prompt`` (the target's caches must be empty).
+
+    ``on_tokens`` is called with every token generated so far each time a step adds some (a
+    stream's deltas); when it returns True the generation ends there (a stop string, a
+    client gone)."""
     if not prompt:
         raise ValueError("an empty prompt")
     if max_tokens < 1:
@@ -165,6 +188,7 @@ def speculative_generate(
     pending = first_token(logits[-1], config, rng)
     pos = len(prompt)
     done = _emit(gen.tokens, [pending], max_tokens, stops)
+    done = bool(on_tokens is not None and on_tokens(gen.tokens)) or done
     while not done:
         k = 0 if drafter is None else (adaptive.k if adaptive is not None else config.k or 0)
         k = min(k, max_tokens - len(gen.tokens) - 1)  # never draft past the budget
@@ -189,5 +213,6 @@ def speculative_generate(
                              draft_ms=(t1 - t0) * 1000, step_ms=(t2 - t1) * 1000,
                              positions=1 + len(draft.tokens))
         done = _emit(gen.tokens, verdict.tokens, max_tokens, stops)
+        done = bool(on_tokens is not None and on_tokens(gen.tokens)) or done
     gen.wall_s = time.perf_counter() - started
     return gen

@@ -19,11 +19,12 @@ reports tokens/s, the chain and the recoveries. HTTP (mounted under ``/inference
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import trio
 
+from node.inference.cache_budget import cache_budget
 from node.inference.wire import SessionStream
 from node.service import NurseryService
 from protocol.inference.messages import Precision
@@ -57,8 +58,9 @@ class InferenceSection:
     max_sessions: int = 16
     #: positions one session may hold (prompt + output + drafts)
     max_tokens_per_session: int = 2048
-    #: attention-cache memory for all sessions together, MiB (reserved when a session opens)
-    max_cache_mb: int = 512
+    #: attention-cache memory for all sessions together, MiB (reserved when a session opens);
+    #: 0 = half the free memory of the device the caches live on (node/inference/cache_budget)
+    max_cache_mb: int = 0
     #: a session with no request for this long is dropped
     idle_timeout_s: float = 60.0
     #: hidden states on the wire: "f16" or "f32"
@@ -75,9 +77,11 @@ class InferenceSection:
     def __post_init__(self) -> None:
         if self.precision not in ("f16", "f32"):
             raise ValueError(f"[inference] precision must be 'f16' or 'f32', got {self.precision!r}")
-        for key in ("max_sessions", "max_tokens_per_session", "max_cache_mb"):
+        for key in ("max_sessions", "max_tokens_per_session"):
             if getattr(self, key) < 1:
                 raise ValueError(f"[inference] {key} must be >= 1")
+        if self.max_cache_mb < 0:
+            raise ValueError("[inference] max_cache_mb must be >= 0 (0: from free memory)")
         if self.link_delay_ms < 0 or self.idle_timeout_s <= 0:
             raise ValueError("[inference] link_delay_ms must be >= 0 and idle_timeout_s > 0")
 
@@ -149,6 +153,11 @@ class InferenceService(NurseryService):
         self.ms_per_block = await trio.to_thread.run_sync(_measure, stage)
         served = ServedBlocks(self.model_name, blocks[0], blocks[1], stage.hidden_size,
                               stage.bytes_per_position // max(1, blocks[1] - blocks[0]))
+        if not self.section.max_cache_mb:  # sized from the free memory, the stage loaded
+            budget = await trio.to_thread.run_sync(cache_budget, _device_of(stage))
+            self.limits = replace(self.limits, max_cache_bytes=budget.bytes)
+            self.ctx.log.info("inference.cache_budget", device=budget.device,
+                              free_mib=budget.free_bytes >> 20, cache_mib=budget.bytes >> 20)
         self._machine = SessionServer(served, self.limits)
         self.host = StageHost(stage, self._machine, clock=self.ctx.clock, report=self.report,
                               log=self.ctx.log, delay_ms=self.section.link_delay_ms)
@@ -296,6 +305,14 @@ def _measure(stage: Any, repeats: int = 5) -> float:
         stage.forward(x, 8 + i, cache)
     per_token = (time.perf_counter() - started) * 1000 / repeats
     return per_token / max(1, stage.end - stage.start)
+
+
+def _device_of(stage: Any) -> str:
+    """Where a stage's layers are: torch's device name ("cpu", "cuda:0")."""
+    for layer in stage.layers:
+        for param in layer.parameters():
+            return str(param.device)
+    return "cpu"
 
 
 def _free_memory_bytes() -> int:

@@ -12,10 +12,11 @@ that the flags are exactly the path of that index, so a proof for leaf 3 cannot 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from crypto.hashing import digest
+from crypto.hashing import HASH_LEN, digest
 
 _LEAF = b"symphony-leaf"
 _NODE = b"symphony-node"
@@ -24,6 +25,15 @@ MAX_PROOF_DEPTH = 64
 
 def leaf_hash(data: bytes) -> bytes:
     return digest(data, person=_LEAF)
+
+
+def leaf_hash_of_parts(parts: Iterable[bytes | memoryview]) -> bytes:
+    """``leaf_hash`` of the parts' concatenation, hashed in place (no joined copy of a large
+    leaf; hashlib releases the GIL while it hashes a big part)."""
+    h = hashlib.blake2b(digest_size=HASH_LEN, person=_LEAF)
+    for part in parts:
+        h.update(part)
+    return h.digest()
 
 
 def node_hash(left: bytes, right: bytes) -> bytes:

@@ -81,11 +81,15 @@ def leaf_position(index: int, blocks: int) -> tuple[int, int]:
     return index // blocks + 1, index % blocks
 
 
+def leaf_header(layer: int, block: int, positions: int, hidden: int) -> bytes:
+    """The bytes an encoded leaf starts with; little-endian float32 rows follow."""
+    return _HEADER.pack(LEAF_VERSION, 0, layer, block, positions, hidden)
+
+
 def encode_leaf(layer: int, block: int, states: np.ndarray) -> bytes:
     """states: (n, C) float32 outputs of ``layer`` for the positions of ``block``."""
     n, c = states.shape
-    return _HEADER.pack(LEAF_VERSION, 0, layer, block, n, c) + np.ascontiguousarray(
-        states, dtype="<f4").tobytes()
+    return leaf_header(layer, block, n, c) + np.ascontiguousarray(states, dtype="<f4").tobytes()
 
 
 def decode_leaf(blob: bytes) -> tuple[int, int, np.ndarray]:

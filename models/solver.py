@@ -181,5 +181,5 @@ def load_models_solver(model: str = "", *, threads: int = 0, temperature: float 
     if states_dir is not None:
         from models.state_store import StateStore
 
-        states = StateStore(states_dir)
+        states = StateStore.shared(states_dir)  # the one its states stream serves from
     return ModelsSolver(backend, temperature=temperature, states=states)

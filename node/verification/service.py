@@ -185,7 +185,7 @@ class VerifyService(NurseryService):
             except ImportError as exc:  # installed without the models extra: no states here
                 self.ctx.log.warning("verify.no_states", error=str(exc))
             else:
-                store = StateStore(self.ctx.data_dir / STATES_DIR)
+                store = StateStore.shared(self.ctx.data_dir / STATES_DIR)
                 self.ctx.transport.set_stream_handler(
                     states_protocol(self.ctx.network_id),
                     serve_states(store, self.ctx.config.sections.get("limits")))

@@ -1,7 +1,7 @@
 """The states stream (node/verification/state_streams.py) over an in-memory stream pair: honest leaves
 arrive proven; a damaged, missing or unprovable leaf is the executor's failure (BadStates);
-an executor nobody can reach is not (StatesUnavailable). And the store itself: atomic files,
-a byte budget, strays from a kill cleaned up."""
+an executor nobody can reach is not (StatesUnavailable). And the store's eviction: a byte
+budget, the check window, tombstones (tests/models/test_state_store.py has the rest)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,13 @@ import pytest
 import trio
 
 from models.layer_states import BLOCK_TOKENS, n_blocks
-from models.state_store import DEFAULT_KEEP_MS, StatesEvicted, StatesMissing, StateStore
+from models.state_store import (
+    DEFAULT_KEEP_MS,
+    SUFFIX,
+    StatesEvicted,
+    StatesMissing,
+    StateStore,
+)
 from node.runtime.limits import NetLimits
 from node.transport import TransportError
 from node.verification.state_streams import (
@@ -84,6 +90,10 @@ class MemTransport:
         return MemStream(b, a, peer_id)
 
 
+def entry(folder: Path, task: bytes, root: bytes) -> Path:
+    return folder / f"{task.hex()}-{root.hex()}{SUFFIX}"
+
+
 def states() -> np.ndarray:
     return np.random.default_rng(0).standard_normal((L, T, C)).astype(np.float32)
 
@@ -124,10 +134,12 @@ def test_damaged_states_fail_the_executor(tmp_path: Path) -> None:
     store = StateStore(tmp_path)
     s = states()
     root, _ = store.put(TASK, s)
-    s2 = s.copy()
-    s2[1, 40, 3] += 1.0  # what it serves is not what it committed to
-    (tmp_path / f"{TASK.hex()}-{root.hex()}.npy").unlink()
-    np.save(tmp_path / f"{TASK.hex()}-{root.hex()}.npy", s2)
+    store.flush()
+    path = entry(tmp_path, TASK, root)
+    raw = bytearray(path.read_bytes())
+    at = len(raw) - 4 * (L * T * C) + 4 * ((1 * T + 40) * C + 3)  # states[1, 40, 3]
+    raw[at:at + 4] = (np.frombuffer(raw[at:at + 4], "<f4") + 1.0).tobytes()
+    path.write_bytes(bytes(raw))  # what it serves is not what it committed to
     with pytest.raises(BadStates, match="not in the committed states root"):
         trio.run(_fetch, store, root)
 
@@ -145,18 +157,17 @@ def test_unreachable_executor_is_not_its_fault(tmp_path: Path) -> None:
         trio.run(lambda: _fetch(None, b"\x01" * 32, connected=False))
 
 
-def test_store_budget_drops_oldest_and_cleans_strays(tmp_path: Path) -> None:
-    (tmp_path / "junk.npy.tmp").write_bytes(b"half a file")
+def test_store_budget_drops_oldest(tmp_path: Path) -> None:
     one = states().nbytes
     store = StateStore(tmp_path, budget_bytes=int(2.5 * one), keep_ms=0)
-    assert not (tmp_path / "junk.npy.tmp").exists()
     roots = []
     for i in range(4):
         s = states() + i
         roots.append((bytes([i]) * 32, store.put(bytes([i]) * 32, s)[0]))
-    kept = [tid for tid, root in roots if (tmp_path / f"{tid.hex()}-{root.hex()}.npy").exists()]
+        store.flush()  # written in order, so the file times order them
+    kept = [tid for tid, root in roots if entry(tmp_path, tid, root).exists()]
     assert kept == [bytes([2]) * 32, bytes([3]) * 32]
-    assert len(list(tmp_path.glob("*.hashes"))) == 2
+    assert len(list(tmp_path.glob("*"))) == 4  # two entries, two tombstones
     with pytest.raises(StatesMissing):
         store.leaves(*roots[0], [0])
     with pytest.raises(ValueError):
@@ -169,11 +180,13 @@ def test_states_inside_the_check_window_are_kept_over_budget_and_evicted_ones_ar
     one = states().nbytes
     store = StateStore(tmp_path, budget_bytes=int(1.5 * one), keep_ms=60_000)
     roots = [(bytes([i]) * 32, store.put(bytes([i]) * 32, states() + i)[0]) for i in range(3)]
-    assert len(list(tmp_path.glob("*.npy"))) == 3  # all young: kept, over budget or not
+    store.flush()
+    assert len(list(tmp_path.glob(f"*{SUFFIX}"))) == 3  # all young: kept, over budget or not
     hour_ago = time.time() - 3600
     for tid, root in roots[:2]:  # the first two leave the check window
-        os.utime(tmp_path / f"{tid.hex()}-{root.hex()}.npy", (hour_ago, hour_ago))
+        os.utime(entry(tmp_path, tid, root), (hour_ago, hour_ago))
     store.put(b"\x09" * 32, states() + 9)
+    store.flush()
     with pytest.raises(StatesEvicted):
         store.leaves(*roots[0], [0])
     assert store.leaves(*roots[2], [0])  # the young one is still served

@@ -10,6 +10,9 @@ Two selectors share the :class:`Selector` protocol:
 * ``protocol.market.linucb.LinUCBSelector`` (Symphony-Coord): a contextual bandit that learns from
   rewards reported after voting (and verification) through ``observe``.
 
+:class:`ExploringSelector` wraps either so that peers it never picked get a bounded share of
+the picks (a newcomer cannot otherwise outrank peers with a record).
+
 Score formula (every term in [0, 1], weights sum to 1)::
 
     score = W_MATCH   * match_score
@@ -118,6 +121,57 @@ class ScoreSelector:
 
     def observe(self, task_id: bytes, peer: str, reward: float) -> None:
         return None
+
+
+#: share of a selector's picks that may go to peers it has not picked yet
+EXPLORE_SHARE = 0.1
+#: peers an exploring selector remembers having picked (the oldest are forgotten first)
+MAX_TRIED = 4096
+
+
+class ExploringSelector:
+    """Wraps a selector so that new peers get a bounded share of the picks.
+
+    A deterministic score, or a bandit whose known arms have earned a high mean, never picks a
+    peer with no record once honest peers have built one: a newcomer could never earn its
+    own. This wrapper lets the inner selector choose, then, while at most ``share`` of its
+    picks so far went to exploration, gives the last seat of a pick to the best-ranked
+    candidate (by the inner selector) it has never picked, when one bid. So at most ``share``
+    of all picks are exploratory, and a newcomer waits at most about ``1 / share`` picks.
+    Its caught or rewarded work then feeds reputation and ``observe`` as any other pick's."""
+
+    def __init__(self, inner: Selector, share: float = EXPLORE_SHARE,
+                 max_tried: int = MAX_TRIED) -> None:
+        if not 0.0 <= share <= 1.0 or max_tried < 1:
+            raise ValueError(f"exploration share must be in [0, 1] (got {share}) and "
+                             f"max_tried >= 1 (got {max_tried})")
+        self.inner, self.share, self.max_tried = inner, share, max_tried
+        self.tried: dict[str, None] = {}  # insertion-ordered set of peers picked
+        self.picks = 0
+        self.explored = 0
+
+    def select(self, task_id: bytes, candidates: Sequence[Candidate], n: int) -> list[Candidate]:
+        picked = self.inner.select(task_id, candidates, n)
+        if not picked:
+            return picked
+        self.picks += 1
+        chosen = {c.peer for c in picked}
+        fresh = [c for c in unique(candidates) if c.peer not in self.tried and c.peer not in chosen]
+        if fresh and self.explored + 1 <= self.share * self.picks:
+            newcomer = self.inner.select(task_id, fresh, 1)
+            if newcomer:
+                keep = picked if len(picked) < n else picked[:n - 1]
+                picked = [*keep, newcomer[0]]
+                self.explored += 1
+        for c in picked:
+            self.tried.pop(c.peer, None)
+            self.tried[c.peer] = None
+        while len(self.tried) > self.max_tried:
+            del self.tried[next(iter(self.tried))]
+        return picked
+
+    def observe(self, task_id: bytes, peer: str, reward: float) -> None:
+        self.inner.observe(task_id, peer, reward)
 
 
 def independent(

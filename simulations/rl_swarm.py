@@ -36,6 +36,7 @@ from protocol.rl.jobs import ACCEPTED, INVALID, STALE, BookConfig, JobBook, Verd
 from protocol.rl.messages import Completion, RolloutJob, RolloutResultBody, RolloutSampling
 from protocol.rl.prompts import job_prompts
 from protocol.rl.staleness import accepts
+from protocol.rl.validation import rollout_commitment
 from simulations.compute import DEVICES
 from simulations.engine import US_PER_MS, US_PER_S, EventLoop
 from simulations.rl_setup import RlFigures, RlSetup, SimWorker, dissemination_delays, pick
@@ -190,10 +191,11 @@ class RlWorld:
         prompts = job_prompts(job)
         if worker.cheater:  # easy prompts of its own choosing
             prompts = tuple(range(len(prompts)))
+        completions = (_SIM_COMPLETION,) * (job.prompts * s.group_size)
         body = RolloutResultBody(
             job_id=job.job_id, attempt=0, worker=worker.peer, policy_version=job.policy_version,
-            prompt_indices=prompts, completions=(_SIM_COMPLETION,) * (job.prompts * s.group_size),
-            compute_ms=0, commitment=b"", model_hash=b"")
+            prompt_indices=prompts, completions=completions, compute_ms=0,
+            commitment=rollout_commitment(completions), model_hash=b"")
         self.loop.after(int(s.latency_ms * US_PER_MS), self._arrive_result, worker, body,
                         issued_us)
         self._dispatch()

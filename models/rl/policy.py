@@ -80,7 +80,16 @@ class Policy:
                 return self._token_logprobs(seqs, temperature)
         return self._token_logprobs(seqs, temperature)
 
-    def _token_logprobs(self, seqs: Sequence[TokenSeq], temperature: float) -> list[torch.Tensor]:
+    def logprobs_and_states(self, seqs: Sequence[TokenSeq], *, temperature: float = 1.0,
+                            ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """:meth:`token_logprobs` under the adapter, and from the same forward pass each
+        completion token's final-norm hidden state at its own position, (T_i, C) per
+        sequence: what a worker's fingerprint of the completion commits to."""
+        states: list[torch.Tensor] = []
+        return self._token_logprobs(seqs, temperature, states), states
+
+    def _token_logprobs(self, seqs: Sequence[TokenSeq], temperature: float,
+                        states: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         if not seqs:
             return []
         vocab = self.vocab_size
@@ -101,6 +110,8 @@ class Policy:
         for i, s in enumerate(seqs):
             n, t = len(s.prompt_ids), len(s.completion_ids)
             rows.append(hidden[i, n - 1:n - 1 + t])  # position p predicts token p + 1
+            if states is not None:
+                states.append(hidden[i, n:n + t])
             targets.extend(s.completion_ids)
             sizes.append(t)
         h = torch.cat(rows)  # (N, C)

@@ -25,11 +25,13 @@ import numpy as np
 
 from models.backend import SamplingParams, choose_token, log_softmax
 from models.config import ModelConfig
+from models.fingerprint import DEFAULT_K, encode_chunk
 from models.llama_backend import LlamaCppBackend
 from models.rl.env import Environment
 from models.rl.export import verify_adapter
 from protocol.rl.messages import Completion, RolloutJob, RolloutResultBody
 from protocol.rl.prompts import job_prompts
+from protocol.rl.validation import rollout_commitment
 
 #: adapter versions a worker keeps loaded
 DEFAULT_KEEP = 3
@@ -39,6 +41,13 @@ DEFAULT_KEEP = 3
 class SwapTiming:
     load_s: float  # llama_adapter_lora_init of the file (0 when it was already loaded)
     switch_s: float  # llama_set_adapters_lora on the live context
+
+
+def _draw(logprobs: np.ndarray, rng: np.random.Generator) -> int:
+    """A token drawn from the full distribution ``exp(logprobs)`` (no top-k or top-p cut):
+    one cumulative sum over the vocabulary, no sort."""
+    cdf = np.cumsum(np.exp(logprobs))
+    return min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), len(cdf) - 1)
 
 
 class RolloutWorker:
@@ -53,11 +62,17 @@ class RolloutWorker:
         config = ModelConfig(spec=spec or ModelConfig().spec, n_threads=n_threads, n_ctx=n_ctx)
         backend = load_backend(config)
         assert isinstance(backend, LlamaCppBackend)  # the default backend is llama.cpp
+        # the layer states of every generation are kept (models.llama_capture): each
+        # completion's fingerprint is read from them, no computation again. Before any
+        # adapter is set: this rebuilds the context.
+        backend.enable_state_capture()
         self.backend = backend
         self.keep = keep
         self._llama_cpp = backend._llama_cpp
         self._adapters: OrderedDict[int, tuple[object, str]] = OrderedDict()  # version -> (ptr, sha)
         self.version = 0
+        #: ((version, prompt ids), logits after them) of the prompt in the context's cache
+        self._prompt: tuple[tuple[int, tuple[int, ...]], np.ndarray] | None = None
 
     @property
     def versions(self) -> list[int]:
@@ -107,27 +122,53 @@ class RolloutWorker:
         sha = self._adapters[self.version][1] if self.version else ""
         return hashlib.sha256(f"{self.backend.identity_hash}:{sha}".encode()).digest()
 
+    def _start(self, prompt_ids: Sequence[int]) -> np.ndarray:
+        """Logits after ``prompt_ids``. The G completions of a prompt share its prefill: the
+        prompt's cache entries are kept (the context's next eval drops everything after
+        them), so only the first completion under a version pays for it."""
+        key = (self.version, tuple(prompt_ids))
+        if self._prompt is not None and self._prompt[0] == key:
+            self.backend.llm.n_tokens = len(prompt_ids)
+            return self._prompt[1].copy()
+        self._prompt = None
+        logits = self.backend._start(prompt_ids)
+        self._prompt = (key, logits.copy())
+        return logits
+
     def sample(self, prompt_ids: Sequence[int], params: SamplingParams) -> Completion:
         """One completion under the active version; the end-of-turn token is kept; log-probs
         at ``params.temperature`` (the model's own at temperature 0, i.e. greedy)."""
         rng = np.random.Generator(np.random.PCG64(params.seed))
-        logits = self.backend._start(prompt_ids)
+        logits = self._start(prompt_ids)
         ids: list[int] = []
         lps: list[float] = []
         finished = False
         tempered = params.temperature if params.temperature > 0 else 1.0
+        plain = params.temperature > 0 and params.top_p >= 1.0 and params.top_k == 0
         for i in range(params.max_tokens):
-            lp = log_softmax(logits)
-            tok = choose_token(lp, params, rng)
+            lp_t = log_softmax(logits / tempered) if tempered != 1.0 else log_softmax(logits)
+            tok = _draw(lp_t, rng) if plain else choose_token(log_softmax(logits), params, rng)
             ids.append(tok)
-            lp_t = log_softmax(logits / tempered) if tempered != 1.0 else lp
             lps.append(max(float(lp_t[tok]), -1000.0))  # the wire's floor (MIN_LOGPROB)
             if tok in self.backend.eos_ids:
                 finished = True
                 break
             if i + 1 < params.max_tokens:
                 logits = self.backend._step(tok)
-        return Completion(token_ids=tuple(ids), logprobs=tuple(lps), finished=finished)
+        return Completion(token_ids=tuple(ids), logprobs=tuple(lps), finished=finished,
+                          fingerprint=self._fingerprint(prompt_ids, ids))
+
+    def _fingerprint(self, prompt_ids: Sequence[int], ids: list[int]) -> bytes:
+        """The completion's fingerprint (models/fingerprint.py's blob over all its tokens)
+        from the final-norm states llama.cpp computed while generating it: the state at each
+        token's own position (the last token is evaluated for it). The learner recomputes
+        the same states under the job's version and compares (models/rl/checks.py)."""
+        full = [*prompt_ids, *ids]
+        states = self.backend.captured_states(full, copy=False)
+        if states is None:
+            raise RuntimeError("the layer-state capture holds no states of this completion")
+        final = states[1][len(prompt_ids):len(full)]
+        return encode_chunk(final, DEFAULT_K)
 
     def generate_group(self, job: RolloutJob, env: Environment, *, worker: str,
                        attempt: int = 0) -> RolloutResultBody:
@@ -152,8 +193,8 @@ class RolloutWorker:
         return RolloutResultBody(
             job_id=job.job_id, attempt=attempt, worker=worker, policy_version=self.version,
             prompt_indices=indices, completions=tuple(completions),
-            compute_ms=int((time.perf_counter() - t) * 1000), commitment=b"",
-            model_hash=self.model_hash())
+            compute_ms=int((time.perf_counter() - t) * 1000),
+            commitment=rollout_commitment(completions), model_hash=self.model_hash())
 
     def close(self) -> None:
         self.use(0)  # detach every adapter from the context before freeing them

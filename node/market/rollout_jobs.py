@@ -7,7 +7,10 @@
 * Accepted groups wait in a bounded queue (``max_groups``; the oldest is dropped and counted
   past it) for the learner to take with ``GET /rl_jobs/groups`` or :meth:`take_groups`.
   Attestations go to the ledger service as the task market's do; reputation for selection
-  comes from the ledger's trust view (0.5 for everyone without a ledger).
+  comes from the ledger's trust view (0.5 for everyone without a ledger), and workers never
+  picked get a bounded share of the picks (``explore_share``).
+* The run (its fields, version, excluded workers and open jobs) is kept in the daemon's SQLite
+  (node/market/rollout_state.py): a restarted daemon resumes it and issues its open jobs again.
 
 Routes under ``/rl_jobs`` (POST ones need the API token):
 
@@ -35,6 +38,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 
 from node.api.app import token_route
+from node.market import rollout_state
 from node.service import NodeContext, Service
 from protocol.errors import InvalidMessage, LocalProtocolError
 from protocol.ledger.trust import TrustView
@@ -42,7 +46,7 @@ from protocol.market.attestations import ledger_attestation
 from protocol.market.events import Attest
 from protocol.market.linucb import LinUCBSelector
 from protocol.market.messages import MAX_REASON_LEN, TASK_ID_LEN
-from protocol.market.selection import ScoreSelector, Selector
+from protocol.market.selection import EXPLORE_SHARE, ExploringSelector, ScoreSelector, Selector
 from protocol.rl.auction import (
     AuctionSettings,
     Convict,
@@ -59,6 +63,7 @@ from protocol.rl.messages import (
     RolloutResultBody,
     RolloutSampling,
 )
+from protocol.rl.staleness import accepts
 
 MAX_ISSUE = 1024
 MAX_WAIT_S = 30.0
@@ -85,6 +90,9 @@ class RlJobsSection:
     #: "score" (the market's weighted score) or "linucb" (the bandit, rewarded 1 for an
     #: accepted group and 0 for a caught one; its state lives for the daemon's life)
     selector: str = "score"
+    #: share of picks given to workers never picked before (protocol/market/selection.py's
+    #: ExploringSelector): without it, once workers have a record a newcomer is never picked
+    explore_share: float = EXPLORE_SHARE
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "group_size", "prompts_per_job", "max_tokens", "job_ms",
@@ -93,6 +101,8 @@ class RlJobsSection:
                 raise ValueError(f"{name} must be positive")
         if self.dataset_size < 0 or self.staleness < 0:
             raise ValueError("dataset_size and staleness must not be negative")
+        if not 0.0 <= self.explore_share <= 1.0:
+            raise ValueError(f"explore_share must be in [0, 1], got {self.explore_share}")
         if self.selector not in ("score", "linucb"):
             raise ValueError(f"selector must be 'score' or 'linucb', got {self.selector!r}")
 
@@ -116,26 +126,32 @@ def run_auction(ctx: NodeContext, section: RlJobsSection, version: int,
                         max_staleness=section.staleness, job_ms=section.job_ms)
     book = JobBook(config, random.Random(ctx.rng.getrandbits(64)), version=version)
     settings = AuctionSettings(bid_window_ms=section.bid_window_ms)
-    selector: Selector = LinUCBSelector() if section.selector == "linucb" else ScoreSelector()
+    inner: Selector = LinUCBSelector() if section.selector == "linucb" else ScoreSelector()
+    selector = ExploringSelector(inner, share=section.explore_share)
     return RolloutAuction(ctx.identity, book, selector, reputation, settings)
 
 
 def group_json(body: RolloutResultBody) -> dict[str, Any]:
     return {"job_id": body.job_id.hex(), "worker": body.worker, "version": body.policy_version,
             "prompt_indices": list(body.prompt_indices), "compute_ms": body.compute_ms,
+            "commitment": body.commitment.hex(),
             "completions": [{"token_ids": list(c.token_ids), "logprobs": list(c.logprobs),
-                             "finished": c.finished} for c in body.completions]}
+                             "finished": c.finished, "fingerprint": c.fingerprint.hex()}
+                            for c in body.completions]}
 
 
 class RolloutJobsService(Service):
     name: ClassVar[str] = "rl_jobs"
     message_types = (RolloutBid, RolloutResult, RolloutReject)
     config_section = RlJobsSection
+    schema = rollout_state.SCHEMA
 
     def __init__(self, ctx: NodeContext) -> None:
         super().__init__(ctx)
         self.section: RlJobsSection = ctx.config.section(self.name)
         self.run_section = self.section
+        self.run_fields: dict[str, Any] = {}  # what the learner set over the section
+        self._reopen: dict[str, int] = {}  # open jobs of a restored run, per version
         self._auction = run_auction(ctx, self.section, 0, self.reputation)
         self.groups: collections.deque[RolloutResultBody] = collections.deque()
         self.dropped = 0
@@ -154,6 +170,41 @@ class RolloutJobsService(Service):
             self._trust_view = TrustView(view)
         return self._trust_view.record(peer, self.ctx.clock())
 
+    # ------------------------------------------------------------ the run across restarts
+    async def start(self) -> None:
+        try:
+            state = rollout_state.load(self.ctx.db)
+            if state is not None:
+                self._restore(state)
+        except (ValueError, TypeError, InvalidMessage) as exc:  # a new run, said so
+            self.ctx.log.warning("rl_jobs.state_unreadable", error=str(exc))
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        run = state["run"]
+        unknown = sorted(set(run) - set(RUN_FIELDS) | ({"version"} & set(run)))
+        if unknown:
+            raise ValueError(f"rl_jobs_state names unknown run fields {unknown}")
+        section = dataclasses.replace(self.section, **run)
+        self._auction = run_auction(self.ctx, section, state["version"], self.reputation)
+        self.run_section, self.run_fields = section, dict(run)
+        self._auction.book.excluded.update(str(w) for w in state["excluded"])
+        self._reopen = dict(state["open"])
+        self.ctx.log.info("rl_jobs.resumed", version=state["version"], open=self._reopen,
+                          excluded=len(state["excluded"]))
+
+    async def on_running(self) -> None:
+        """The jobs a restored run had open are issued again, for versions still in bounds."""
+        book, reopen = self._auction.book, self._reopen
+        self._reopen = {}
+        for version, count in sorted(reopen.items()):
+            if count and accepts(int(version), book.version, book.config.max_staleness):
+                await self.ctx.submit(self.name, IssueJobs(min(count, MAX_ISSUE), int(version)))
+        self.save()
+
+    def save(self) -> None:
+        rollout_state.save(self.ctx.db, rollout_state.snapshot(self.run_fields,
+                                                               self._auction.book))
+
     async def perform(self, effect: object) -> None:
         if isinstance(effect, GroupAccepted):
             if len(self.groups) >= self.section.max_groups:
@@ -161,9 +212,11 @@ class RolloutJobsService(Service):
                 self.dropped += 1
             self.groups.append(effect.result)
             self._arrived.set()
+            self.save()
         elif isinstance(effect, Attest):
             self.ctx.log.info("rl_jobs.attest", subject=effect.subject, outcome=effect.outcome,
                               job_id=effect.task_id.hex(), detail=effect.detail)
+            self.save()
             if "ledger" in self.ctx.services:
                 await self.ctx.submit("ledger", ledger_attestation(effect))
         else:
@@ -189,7 +242,8 @@ class RolloutJobsService(Service):
             self._auction = run_auction(self.ctx, section, version, self.reputation)
         except InvalidMessage as exc:
             raise ValueError(str(exc)) from None
-        self.run_section = section
+        self.run_section, self.run_fields = section, fields
+        self.save()
 
     async def issue(self, count: int, version: int | None = None) -> None:
         if self.run_section.dataset_size < 1:
@@ -197,6 +251,7 @@ class RolloutJobsService(Service):
         if not 1 <= count <= MAX_ISSUE:
             raise ValueError(f"count must be in [1, {MAX_ISSUE}], got {count}")
         await self.ctx.submit(self.name, IssueJobs(count, version))
+        self.save()
 
     async def take_groups(self, most: int, wait_s: float) -> list[RolloutResultBody]:
         if not self.groups and wait_s > 0:
@@ -262,6 +317,7 @@ def rollout_routes(service: RolloutJobsService) -> list[BaseRoute]:
         if type(version) is not int or version < service.machine.book.version:
             return _error("expected {\"version\": int}, not older than the current one")
         await service.ctx.submit(service.name, PublishVersion(version))
+        service.save()
         return JSONResponse({"version": version})
 
     async def post_convict(request: Request) -> Response:
@@ -274,6 +330,7 @@ def rollout_routes(service: RolloutJobsService) -> list[BaseRoute]:
         if len(raw) != TASK_ID_LEN or not isinstance(reason, str) or not reason:
             return _error("expected {\"job_id\": 64 hex digits, \"reason\": text}")
         await service.ctx.submit(service.name, Convict(raw, reason[:MAX_REASON_LEN]))
+        service.save()
         return JSONResponse({"excluded": sorted(service.machine.book.excluded)})
 
     async def get_groups(request: Request) -> Response:

@@ -44,6 +44,7 @@ from protocol.rl.messages import (
 )
 from protocol.rl.worker import (
     CancelRollout,
+    LearnerSeen,
     RolloutDone,
     RolloutFailed,
     RolloutWorkerMachine,
@@ -81,7 +82,8 @@ class RlWorkerSection:
     threads: int = 0
     #: with generator = "models": the learner's environment ("evalset" or "module:factory")
     environment: str = "evalset"
-    #: peer id of the only learner whose relayed adapters are taken ("" = any publisher)
+    #: peer id of the only learner whose relayed adapters are taken ("" = the learners whose
+    #: job announcements for this model the worker has seen)
     learner: str = ""
     slots: int = 1
     hold_ms: int = 10_000
@@ -197,7 +199,9 @@ class RolloutWorkerService(NurseryService):
         if hasattr(generator, "add_adapter") and relay is not None:
             self.follower = AdapterFollower(relay, generator,  # type: ignore[arg-type]
                                             Path(self.ctx.data_dir) / "rl_adapters",
-                                            learner=s.learner, log=self.ctx.log)
+                                            learner=s.learner,
+                                            trusted=self._machine.learners.__contains__,
+                                            log=self.ctx.log)
             self.follower.install()
         self.ctx.log.info("rl_worker.ready", model=generator.model,
                           versions=sorted(generator.versions()))
@@ -220,6 +224,9 @@ class RolloutWorkerService(NurseryService):
             running = self._scopes.pop((effect.job_id, effect.attempt), None)
             if running is not None:
                 running.cancel()
+        elif isinstance(effect, LearnerSeen):
+            if self.follower is not None:  # adapters it relayed before it was trusted
+                self.start_soon(self.follower.catch_up, effect.learner)
         else:
             await super().perform(effect)
 

@@ -10,7 +10,11 @@
   and handed to the generator, which loads it beside the base model and switches to it without
   reloading the base (models/rl/rollout.py). The generator keeps the last few versions, so jobs
   for a slightly older version still run, and bids only for the versions it holds.
-* ``learner`` (a peer id), when set, is the only publisher whose adapters are taken.
+* ``learner`` (a peer id), when set, is the only publisher whose adapters are taken. Without
+  it, ``trusted`` decides: the worker passes the learners whose signed job announcements for
+  its model it has seen (protocol/rl/worker.py), so a stranger publishing an artifact under
+  the model's name is ignored. When a learner is first seen, :meth:`AdapterFollower.catch_up`
+  takes the newest version of its that the relay already holds.
 
 Publish-to-swap time: the learner notes the wall-clock time of its publish call, the follower
 the wall-clock time the adapter became usable (``ready_at`` in the worker's status); on one
@@ -96,10 +100,13 @@ class AdapterFollower:
     """Takes each completed adapter version of the generator's model into the generator."""
 
     def __init__(self, relay: RelayHooks, holder: AdapterHolder, directory: Path, *,
-                 learner: str = "", log: Any = None) -> None:
+                 learner: str = "", trusted: Callable[[str], bool] | None = None,
+                 log: Any = None) -> None:
         self.relay, self.holder, self.directory = relay, holder, Path(directory)
         self.name = adapter_name(holder.model)
         self.learner = learner
+        #: without ``learner``: whether a publisher may be taken from (None: any publisher)
+        self.trusted = trusted
         self.log = log
         self.swaps: list[Swap] = []
         self.failures = 0
@@ -110,17 +117,26 @@ class AdapterFollower:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.relay.on_version_complete(self.on_version)
 
-    async def catch_up(self) -> None:
-        """Take the newest complete version the relay already holds (kept across a restart:
-        the relay restores its versions without completing them again)."""
-        manifest = self.relay.latest(self.name, self.learner or None)
+    def accepts(self, signer: str) -> bool:
+        if self.learner:
+            return signer == self.learner
+        return self.trusted is None or self.trusted(signer)
+
+    async def catch_up(self, signer: str = "") -> None:
+        """Take the newest complete version (of ``signer``'s, else of the configured or any
+        learner's) the relay already holds: kept across a restart (the relay restores its
+        versions without completing them again) or completed before its learner was trusted."""
+        signer = self.learner or signer
+        if not signer and self.trusted is not None:
+            return  # no learner seen yet: nothing to take
+        manifest = self.relay.latest(self.name, signer or None)
         if manifest is not None:
             await self.on_version(manifest)
 
     async def on_version(self, manifest: Manifest) -> None:
         if manifest.name != self.name:
             return
-        if (self.learner and manifest.signer != self.learner) or manifest.version < 1:
+        if not self.accepts(manifest.signer) or manifest.version < 1:
             self.ignored += 1
             return
         async with self._lock:

@@ -14,6 +14,9 @@ from typing import Any
 from models.rl.grpo import MISMATCH_KL_MAX
 from protocol.rl.staleness import MAX_STALENESS
 
+#: the cheating workers a run can be given (besides "other-model:<model spec>")
+CHEATS = ("", "fake-logprobs", "fake-fingerprint", "bad-commitment")
+
 
 @dataclass(frozen=True, slots=True)
 class LearnerConfig:
@@ -44,7 +47,8 @@ class LearnerConfig:
     validate_completions: int = 2  # completions per group whose log-probs are recomputed
     out_dir: str = "out/rl"  # adapters/, checkpoints/, versions.json, steps.jsonl
     seed: int = 0
-    #: worker behaviours for tests and demos: "" honest, "fake-logprobs", "other-model"
+    #: worker behaviours for tests and demos (node/rl/learner_workers.py): "" honest,
+    #: "fake-logprobs", "other-model:<model spec>", "fake-fingerprint", "bad-commitment"
     cheaters: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
@@ -62,10 +66,12 @@ class LearnerConfig:
             raise ValueError("rl config: temperature must be in (0, 4] and top_p in (0, 1]")
         if self.kl_coef < 0 or self.weight_decay < 0:
             raise ValueError("rl config: kl_coef and weight_decay must be >= 0")
-        bad = [c for c in self.cheaters if c not in ("", "fake-logprobs", "other-model")]
+        bad = [c for c in self.cheaters if c not in CHEATS
+               and not (c.startswith("other-model:") and len(c) > len("other-model:"))]
         if bad or len(self.cheaters) > self.workers:
-            raise ValueError(f"rl config: cheaters must list at most {self.workers} of '', "
-                             f"'fake-logprobs', 'other-model' (got {list(self.cheaters)})")
+            raise ValueError(f"rl config: cheaters must list at most {self.workers} of "
+                             f"{', '.join(map(repr, CHEATS))}, 'other-model:<model spec>' "
+                             f"(got {list(self.cheaters)})")
 
     @property
     def batch(self) -> int:

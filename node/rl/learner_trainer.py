@@ -23,12 +23,13 @@ from pathlib import Path
 import torch
 
 from models.rl.checkpoint import Checkpoint, VersionCounter, latest_checkpoint, save_checkpoint
+from models.rl.checks import decode_problem, fingerprint_problem, fingerprint_shape_problem
 from models.rl.env import Environment
 from models.rl.export import AdapterFile, export_adapter
 from models.rl.grpo import group_advantages, grpo_loss, mismatch_kl
 from models.rl.policy import Policy, TokenSeq
 from node.rl.learner_config import LearnerConfig
-from protocol.rl.messages import RolloutJob, RolloutResultBody
+from protocol.rl.messages import Completion, RolloutJob, RolloutResultBody
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,20 +113,32 @@ class Trainer:
         return out
 
     def check_logprobs(self, job: RolloutJob, result: RolloutResultBody) -> str | None:
-        """Recompute ``validate_completions`` sampled completions of each prompt under the
-        result's version; None when the mismatch KL stays under the threshold."""
+        """The learner's model checks (models/rl/checks.py): every completion's token ids
+        decode and its fingerprint covers its tokens; then ``validate_completions`` sampled
+        completions of each prompt are recomputed under the result's version, one forward
+        pass giving their log-probs (the mismatch KL must stay under the threshold) and their
+        final-norm states (their fingerprints must open to them). None when all pass."""
         if result.policy_version not in self.published:
             return None  # older than every kept version, so past S: the staleness rule drops it
-        picks = []
-        for group in self.groups_of(result, job):
-            chosen = self.rng.sample(range(len(group.completions)),
-                                     min(self.config.validate_completions, len(group.completions)))
-            picks += [(TokenSeq(group.prompt_ids, group.completions[i][0]), group.completions[i][1])
-                      for i in chosen]
+        for i, c in enumerate(result.completions):
+            why = decode_problem(self.policy, c) or fingerprint_shape_problem(c)
+            if why is not None:
+                return f"completion {i}: {why}"
+        g = job.group_size
+        picks: list[tuple[TokenSeq, Completion]] = []
+        for p, index in enumerate(result.prompt_indices):
+            prompt = self.policy.prompt_ids(self.env.prompt(index))
+            chosen = self.rng.sample(range(g), min(self.config.validate_completions, g))
+            picks += [(TokenSeq(prompt, c.token_ids), c)
+                      for c in (result.completions[p * g + i] for i in chosen)]
         with torch.no_grad(), self._weights(result.policy_version):
-            lps = self.policy.token_logprobs([s for s, _ in picks],
-                                             temperature=self.config.temperature)
-        reported = [x for _, lp in picks for x in lp]
+            lps, states = self.policy.logprobs_and_states(
+                [s for s, _ in picks], temperature=self.config.temperature)
+        for (_, c), h in zip(picks, states, strict=True):
+            why = fingerprint_problem(h.numpy(), c)
+            if why is not None:
+                return why
+        reported = [x for _, c in picks for x in c.logprobs]
         kl = mismatch_kl(reported, [x for lp in lps for x in lp.tolist()])
         self.mismatch_kls.append(kl)
         if kl > self.config.mismatch_kl_max:

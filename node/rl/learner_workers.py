@@ -12,8 +12,13 @@ to the worker serving it (it includes finishing the job in hand and waiting for 
 and ``switch_s`` the adapter load and switch alone (both None when the worker already served
 that version), or ``("error", i, text)``.
 
-``cheat = "fake-logprobs"`` makes a worker report invented log-probabilities (every token at
--0.05, a confident-looking forgery): the learner's recomputation check must catch it.
+Cheating workers, for tests and demos (``cheat``); the learner's checks must catch each:
+
+* ``"fake-logprobs"``: invented log-probabilities (every token at -0.05, a confident forgery);
+* ``"other-model:<spec>"``: completions, log-probs and fingerprints of another model;
+* ``"fake-fingerprint"``: fingerprints scaled by 1.5 and committed to (the commitment opens,
+  the activations do not match);
+* ``"bad-commitment"``: a commitment that is not the root of the fingerprints sent.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ def worker_main(index: int, spec: str, env_spec: str, n_threads: int, cheat: str
     from protocol.codec import encode
     from protocol.rl.messages import RolloutJob
 
+    if cheat.startswith("other-model:"):
+        spec = cheat.partition(":")[2]
     try:
         worker = RolloutWorker(spec or None, n_threads=n_threads)
         env = load_environment(env_spec)
@@ -60,16 +67,34 @@ def worker_main(index: int, spec: str, env_spec: str, n_threads: int, cheat: str
                 switch_s = load_s + worker.use(version)
                 swap_s = time.monotonic() - published_at
             t = time.perf_counter()
-            result = worker.generate_group(job, env, worker=name)
-            if cheat == "fake-logprobs":
-                fake = tuple(replace(c, logprobs=(-0.05,) * len(c.token_ids))
-                             for c in result.completions)
-                result = replace(result, completions=fake)
+            result = _cheat(cheat, worker.generate_group(job, env, worker=name))
             results.put(("result", index, encode(result), swap_s, time.perf_counter() - t,
                          switch_s))
         except Exception as exc:  # a job this worker cannot run: the learner reissues it
             results.put(("error", index, f"job failed on worker {index}: {exc}"))
     worker.close()
+
+
+def _cheat(cheat: str, result: Any) -> Any:
+    """``result`` (a RolloutResultBody) as the cheat named sends it."""
+    import numpy as np
+
+    from models.fingerprint import decode_chunk
+    from protocol.rl.validation import rollout_commitment
+
+    if cheat == "fake-logprobs":
+        fake = tuple(replace(c, logprobs=(-0.05,) * len(c.token_ids)) for c in result.completions)
+        return replace(result, completions=fake)
+    if cheat == "fake-fingerprint":
+        def scaled(blob: bytes) -> bytes:
+            idx, vals = decode_chunk(blob)
+            return blob[:2] + idx.astype("<u2").tobytes() + (vals * 1.5).astype("<f2").tobytes()
+
+        fake = tuple(replace(c, fingerprint=scaled(c.fingerprint)) for c in result.completions)
+        return replace(result, completions=fake, commitment=rollout_commitment(fake))
+    if cheat == "bad-commitment":
+        return replace(result, commitment=bytes(np.full(32, 7, dtype=np.uint8)))
+    return result
 
 
 @dataclass

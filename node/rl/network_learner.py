@@ -100,12 +100,15 @@ class NetworkReport:
 def group_result(data: dict[str, Any]) -> RolloutResultBody:
     """A group as ``GET /rl_jobs/groups`` serves it, back as the result body it came in."""
     completions = tuple(Completion(token_ids=tuple(c["token_ids"]), logprobs=tuple(c["logprobs"]),
-                                   finished=bool(c["finished"])) for c in data["completions"])
+                                   finished=bool(c["finished"]),
+                                   fingerprint=bytes.fromhex(c.get("fingerprint", "")))
+                        for c in data["completions"])
     return RolloutResultBody(job_id=bytes.fromhex(data["job_id"]), attempt=0,
                              worker=str(data["worker"]), policy_version=int(data["version"]),
                              prompt_indices=tuple(data["prompt_indices"]),
                              completions=completions, compute_ms=int(data["compute_ms"]),
-                             commitment=b"", model_hash=b"")
+                             commitment=bytes.fromhex(data.get("commitment", "")),
+                             model_hash=b"")
 
 
 class NetworkLearner:

@@ -4,8 +4,8 @@ A rollout job asks a worker for ``group_size`` completions of each of ``prompts`
 sampled with the learner's policy at ``policy_version``. The prompts are not named by the
 learner but derived from ``prompt_seed`` (protocol/rl/prompts.py), so that both sides agree on
 them and a worker cannot choose easy ones. The result carries every completion as token ids
-with their per-token log-probabilities under that version, the compute time and a reference to
-the worker's verification commitment. Rewards never travel: the learner computes them.
+with their per-token log-probabilities under that version and its activation fingerprint, the
+compute time and the worker's verification commitment (the fingerprints' Merkle root). Rewards never travel: the learner computes them.
 
 Signed messages follow the market's pattern (protocol/market/messages.py): a wire message
 holding one ``Envelope`` whose payload is a ``*Body``; the receiver opens it with
@@ -68,6 +68,8 @@ MAX_COMPLETION_TOKENS = 4096
 MAX_VOCAB = 1 << 20
 #: the lowest log-probability a sampled token may carry (exp(-1000) is never sampled)
 MIN_LOGPROB = -1000.0
+#: a completion's fingerprint: 2 header bytes and 4 bytes per entry, at most 4 per token
+MAX_FINGERPRINT_LEN = 2 + 16 * MAX_COMPLETION_TOKENS
 MAX_TEMPERATURE = 4.0
 #: every token of a result together; keeps a result frame (~14 bytes a token) under 1 MiB
 MAX_RESULT_TOKENS = 32_768
@@ -152,6 +154,10 @@ class Completion(Message):
                                          hi=0.0)
     #: True when generation stopped by itself, False when cut at ``max_tokens``
     finished: bool
+    #: the worker's activation fingerprint of this completion: the final-norm hidden state's
+    #: largest entries at every token (models/fingerprint.py's blob, one over all the tokens);
+    #: the result's ``commitment`` is the Merkle root of these
+    fingerprint: bytes = limits(max_len=MAX_FINGERPRINT_LEN, default=b"")
 
     def check(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
@@ -170,7 +176,8 @@ class RolloutResultBody(Message):
     #: ``group_size`` completions of the first prompt, then of the second, ...
     completions: tuple[Completion, ...] = limits(max_items=MAX_PROMPTS_PER_JOB * MAX_GROUP)
     compute_ms: int = limits(lo=0, hi=MAX_TASK_MS)
-    #: the Merkle root of the worker's verification commitment (empty when it commits none)
+    #: the worker's verification commitment: the Merkle root of the completions'
+    #: fingerprints, in order (protocol/rl/validation.py's ``rollout_commitment``)
     commitment: bytes = limits(max_len=HASH_LEN)
     #: content hash of the exact weights used (base model with the version's adapter)
     model_hash: bytes = limits(max_len=HASH_LEN)

@@ -10,18 +10,22 @@ worker, protocol/rl/attestations.py). It checks what needs no model:
 * each completion has one log-probability per token, every token id is in the model's
   vocabulary, every log-probability is finite and in ``[MIN_LOGPROB, 0]``;
 * lengths agree with sampling: at most ``max_tokens``, at least one token, and a completion
-  marked as cut (not ``finished``) has exactly ``max_tokens``.
+  marked as cut (not ``finished``) has exactly ``max_tokens``;
+* the commitment opens: it is the Merkle root of the completions' fingerprints
+  (:func:`rollout_commitment`), so the fingerprints are the ones the worker committed to.
 
 The model-dependent checks (log-probabilities recomputed under version ``v`` within a mismatch
-threshold, the commitment opening) belong to the learner's models code; it passes them to the
-job book as extra checks of the same shape (``GroupCheck``).
+threshold, the fingerprints against the learner's recomputed activations, the token ids
+decoding) belong to the learner's models code (models/rl/checks.py); it passes them to the job
+book as extra checks of the same shape (``GroupCheck``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from crypto.merkle import merkle_root
 from protocol.rl.messages import MIN_LOGPROB, Completion, RolloutJob, RolloutResultBody
 from protocol.rl.prompts import job_prompts
 
@@ -46,6 +50,13 @@ def _check_completion(c: Completion, max_tokens: int, vocab_size: int) -> str | 
     return None
 
 
+def rollout_commitment(completions: Sequence[Completion]) -> bytes:
+    """The commitment of a result: the Merkle root of its completions' fingerprints."""
+    if not completions:
+        raise ValueError("a rollout commitment needs at least one completion")
+    return merkle_root([c.fingerprint for c in completions])
+
+
 def check_group(job: RolloutJob, result: RolloutResultBody, *, vocab_size: int) -> str | None:
     """None when ``result`` answers ``job`` as asked (see the module doc), else the reason."""
     if vocab_size < 1:
@@ -63,4 +74,6 @@ def check_group(job: RolloutJob, result: RolloutResultBody, *, vocab_size: int) 
         why = _check_completion(completion, job.sampling.max_tokens, vocab_size)
         if why is not None:
             return f"completion {i}: {why}"
+    if result.commitment != rollout_commitment(result.completions):
+        return "commitment does not open: not the Merkle root of the completions' fingerprints"
     return None

@@ -11,6 +11,10 @@ Contract
   worker refuses it with a ``RolloutReject`` when it never bid (``NOT_BID``), its reservation
   lapsed (``EXPIRED``), or it no longer holds the job's version (``OTHER_VERSION``, e.g. the
   adapter was evicted since the bid). Otherwise it returns ``StartRollout``.
+* ``learners``: the learners whose signed beacons for this worker's model it has seen (the
+  last :data:`MAX_LEARNERS`). The first beacon of a learner returns ``LearnerSeen``: a
+  worker that was given no learner takes relayed adapters only from these
+  (node/rl/dissemination.py), not from any publisher of its model's artifact.
 * ``RolloutDone`` (the driver's finished generation) becomes a signed ``RolloutResult`` for the
   learner, its ``worker`` and ``attempt`` set here; ``RolloutFailed`` becomes a ``RolloutReject``
   (``COMPUTE_FAILED``). A job still running at its deadline is cancelled (``CancelRollout``)
@@ -50,6 +54,8 @@ from protocol.rl.messages import (
 
 #: how long a worker remembers a job it bid on or ran, after it ended
 REMEMBER_MS = 10 * 60 * 1000
+#: learners a worker remembers having seen beacons from
+MAX_LEARNERS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +76,13 @@ class WorkerConfig:
             raise ValueError("slots, tokens_per_s and hold_ms must be positive")
         if len(self.model_hash) > HASH_LEN:
             raise ValueError(f"model_hash is longer than {HASH_LEN} bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class LearnerSeen:
+    """Effect: the first genuine beacon of ``learner`` for this worker's model arrived."""
+
+    learner: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +139,8 @@ class RolloutWorkerMachine:
         self.versions = versions
         self.jobs: dict[bytes, WorkerJob] = {}
         self.counters: dict[str, int] = {}
+        #: learners whose beacons for this model were seen, oldest first
+        self.learners: dict[str, None] = {}
 
     def _count(self, what: str) -> None:
         self.counters[what] = self.counters.get(what, 0) + 1
@@ -164,10 +179,11 @@ class RolloutWorkerMachine:
         if msg.envelope.signer != job.learner:
             return [Penalize(origin, "rollout beacon not signed by its learner",
                              PENALTY_FORGED)]
+        seen = self._seen(job)
         why = self._skip_reason(body, now)
         if why is not None:
             self._count(f"beacon_skipped.{why}")
-            return [Emit("rl.beacon_skipped", {"job_id": job.job_id.hex(), "why": why})]
+            return [*seen, Emit("rl.beacon_skipped", {"job_id": job.job_id.hex(), "why": why})]
         hold = min(self.config.hold_ms, body.deadline_ms)
         self.jobs[job.job_id] = WorkerJob(job, Slot.RESERVED, now + hold, body.round)
         c = self.config
@@ -178,8 +194,21 @@ class RolloutWorkerMachine:
                       load=min(1.0, self.busy() / c.slots), free_slots=c.slots - self.busy(),
                       hold_ms=hold)
         self._count("bids_sent")
-        return [Send(job.learner, RolloutBid(envelope=seal(self.identity, RL_BID_DOMAIN, bid))),
+        return [*seen,
+                Send(job.learner, RolloutBid(envelope=seal(self.identity, RL_BID_DOMAIN, bid))),
                 Emit("rl.bid_sent", {"job_id": job.job_id.hex(), "version": job.policy_version})]
+
+    def _seen(self, job: RolloutJob) -> list[Effect]:
+        """Remember the learner of a genuine beacon for this worker's model."""
+        if job.model != self.config.model or not self.config.model or job.learner == self.peer:
+            return []
+        new = job.learner not in self.learners
+        self.learners.pop(job.learner, None)
+        self.learners[job.learner] = None
+        while len(self.learners) > MAX_LEARNERS:
+            del self.learners[next(iter(self.learners))]
+        return [LearnerSeen(job.learner), Emit("rl.learner_seen", {"learner": job.learner})
+                ] if new else []
 
     def _skip_reason(self, body: RolloutBeaconBody, now: int) -> str | None:
         job = body.job

@@ -1,6 +1,6 @@
-"""The validation threshold on the real default model: honest llama.cpp (Q4_1) rollouts, with
-and without an adapter, sit under MISMATCH_KL_MAX against the fp32 torch policy's recomputation,
-and confident forged log-probs sit far above it."""
+"""The validation thresholds on the real default model: honest llama.cpp (Q4_1) rollouts, with
+and without an adapter, sit under MISMATCH_KL_MAX against the fp32 torch policy's recomputation
+and their fingerprints open to its states, and confident forged log-probs sit far above it."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ torch.set_num_threads(1)
 @pytest.mark.integration
 def test_honest_rollouts_pass_and_forged_logprobs_fail(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from models.rl import lora
+    from models.rl.checks import decode_problem, fingerprint_problem
     from models.rl.env import EvalsetEnvironment
     from models.rl.export import export_adapter
     from models.rl.policy import Policy, TokenSeq
@@ -44,9 +45,14 @@ def test_honest_rollouts_pass_and_forged_logprobs_fail(tmp_path) -> None:  # typ
             seqs = [TokenSeq(prompt, c.token_ids) for c in result.completions]
             with torch.no_grad():
                 if version == 0:
-                    lps = policy.token_logprobs(seqs, base=True, temperature=0.7)
+                    with lora.adapters_disabled(policy.model):
+                        lps, states = policy.logprobs_and_states(seqs, temperature=0.7)
                 else:
-                    lps = policy.token_logprobs(seqs, temperature=0.7)
+                    lps, states = policy.logprobs_and_states(seqs, temperature=0.7)
+            # the Q4_1 worker's fingerprints open to the fp32 states, its ids decode
+            for c, h in zip(result.completions, states, strict=True):
+                assert fingerprint_problem(h.numpy(), c) is None
+                assert decode_problem(policy, c) is None
             recomputed = [x for lp in lps for x in lp.tolist()]
             reported = [x for c in result.completions for x in c.logprobs]
             honest = mismatch_kl(reported, recomputed)

@@ -18,6 +18,7 @@ from typing import Any
 from crypto.hashing import digest
 from protocol.rl.messages import Completion, RolloutJob, RolloutResultBody
 from protocol.rl.prompts import job_prompts
+from protocol.rl.validation import rollout_commitment
 
 MODEL = "test-rl"
 VERSIONS_ENV = "SYMPHONY_RL_TEST_VERSIONS"
@@ -47,7 +48,8 @@ class TestGenerator:
             for i in range(job.prompts * job.group_size))
         return RolloutResultBody(job_id=job.job_id, attempt=attempt, worker=worker,
                                  policy_version=job.policy_version, prompt_indices=prompts,
-                                 completions=completions, compute_ms=5, commitment=b"",
+                                 completions=completions, compute_ms=5,
+                                 commitment=rollout_commitment(completions),
                                  model_hash=self.model_hash)
 
 

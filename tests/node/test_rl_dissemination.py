@@ -115,3 +115,28 @@ def test_model_names_for_runs() -> None:
     assert adapter_name("tiny") == "rl-adapter/tiny"
     with pytest.raises(ValueError, match="model name"):
         adapter_name("")
+
+
+def test_without_a_learner_only_learners_seen_are_followed(tmp_path: Path) -> None:
+    """No ``learner`` configured: an adapter is taken only from a learner whose job
+    announcements the worker saw; a version relayed before that is caught up with then."""
+    relay, holder = FakeRelay(), Holder()
+    seen: set[str] = set()
+    follower = AdapterFollower(relay, holder, tmp_path / "adapters", trusted=seen.__contains__)
+    follower.install()
+    name = adapter_name("tiny")
+
+    async def main() -> None:
+        await relay.complete(_manifest(name, 1))  # its beacons not seen yet
+        await relay.complete(_manifest(name, 5, signer=OTHER))  # a stranger
+        await follower.catch_up()  # nobody seen: nothing taken
+        assert holder.loaded == {} and follower.ignored == 2
+        seen.add(LEARNER.peer_id)
+        await follower.catch_up(LEARNER.peer_id)  # the worker saw its first beacon
+        assert sorted(holder.loaded) == [1]
+        await relay.complete(_manifest(name, 2))
+        await relay.complete(_manifest(name, 6, signer=OTHER))
+
+    trio.run(main)
+    assert sorted(holder.loaded) == [1, 2]
+    assert follower.ignored == 3

@@ -50,6 +50,23 @@ def test_versions_advance_and_a_forging_worker_is_caught(tiny_gguf: Path, tmp_pa
 
 
 @pytest.mark.integration
+def test_workers_cheating_otherwise_are_caught(tiny_gguf: Path, tmp_path: Path) -> None:
+    """Another model's completions, fabricated fingerprints and a commitment that does not
+    open are each caught on the worker's first group; the honest worker takes every job."""
+    from node.rl.learner import run_training
+    from tests.models import tiny
+
+    other = tiny.write_gguf(tiny.tiny_model(seed=1), tmp_path / "other.gguf")
+    config = _config(tiny_gguf, tmp_path / "run", steps=2, workers=4, jobs_per_step=4,
+                     cheaters=(f"other-model:{other}", "fake-fingerprint", "bad-commitment", ""))
+    report = run_training(config)
+    assert [s.version for s in report.steps] == [1, 2]
+    assert report.excluded == ["local-0", "local-1", "local-2"]
+    assert report.counters["invalid"] == 3 and report.counters["accepted"] >= 8
+    assert max(report.mismatch_kls) < config.mismatch_kl_max  # only honest groups got this far
+
+
+@pytest.mark.integration
 def test_a_restart_resumes_without_reusing_a_version(tiny_gguf: Path, tmp_path: Path) -> None:
     from node.rl.learner import run_training
 

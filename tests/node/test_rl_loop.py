@@ -14,6 +14,7 @@ from node.rl.learner_trainer import Group, StepStats
 from protocol.codec import decode, encode
 from protocol.rl.messages import Completion, RolloutJob, RolloutResultBody
 from protocol.rl.prompts import job_prompts
+from protocol.rl.validation import rollout_commitment
 
 
 class Env:
@@ -76,11 +77,11 @@ class Pool:
             raise AssertionError(f"the loop waits for worker {self.order[:1]} holding no job")
         i = self.order.pop(0)
         job = self.held.pop(i)
+        completions = (Completion(token_ids=(3,), logprobs=(-1.0,), finished=True),) * job.group_size
         result = RolloutResultBody(
             job_id=job.job_id, attempt=0, worker=f"local-{i}", policy_version=job.policy_version,
-            prompt_indices=job_prompts(job),
-            completions=(Completion(token_ids=(3,), logprobs=(-1.0,), finished=True),) * job.group_size,
-            compute_ms=1, commitment=b"", model_hash=b"")
+            prompt_indices=job_prompts(job), completions=completions, compute_ms=1,
+            commitment=rollout_commitment(completions), model_hash=b"")
         return ("result", i, encode(result), None, 0.1, None)
 
 

@@ -72,11 +72,17 @@ def test_run_issue_and_groups_routes() -> None:
 
 def test_the_bandit_selector_is_a_setting() -> None:
     from protocol.market.linucb import LinUCBSelector
+    from protocol.market.selection import ExploringSelector
 
-    svc = RolloutJobsService(_ctx(RlJobsSection(selector="linucb", dataset_size=10), []))
-    assert isinstance(svc.machine.selector, LinUCBSelector)
+    svc = RolloutJobsService(_ctx(RlJobsSection(selector="linucb", dataset_size=10,
+                                                explore_share=0.2), []))
+    selector = svc.machine.selector
+    assert isinstance(selector, ExploringSelector) and selector.share == 0.2
+    assert isinstance(selector.inner, LinUCBSelector)
     with pytest.raises(ValueError, match="selector"):
         RlJobsSection(selector="random")
+    with pytest.raises(ValueError, match="explore_share"):
+        RlJobsSection(explore_share=1.5)
 
 
 def test_accepted_groups_wait_in_a_bounded_queue() -> None:
@@ -149,3 +155,73 @@ def test_builtin_generator_answers_a_job_that_passes_validation() -> None:
     result = generator.generate_group(job, worker="me", attempt=3)
     assert result.attempt == 3 and len(result.completions) == 2
     assert check_group(job, result, vocab_size=49_152) is None
+
+
+def test_a_restarted_learner_daemon_resumes_its_run(tmp_path: Path) -> None:
+    """The run, its version, the workers caught and its open jobs survive a restart of the
+    daemon (the same SQLite file); a version older than the saved one is refused after it."""
+    from node.db import Database
+    from node.market import rollout_state
+    from protocol.market.events import Attest
+    from protocol.rl.auction import Convict
+
+    def service(db: Database, submitted: list[object]) -> tuple[RolloutJobsService, TestClient]:
+        ctx = _ctx(RlJobsSection(), submitted)
+        ctx.db = db
+        db.apply_schema(RolloutJobsService.schema)
+        svc = RolloutJobsService(ctx)
+
+        async def submit(name: str, event: object) -> None:  # the driver: handle, perform
+            submitted.append(event)
+            for effect in svc.machine.handle(event, 0):
+                if isinstance(effect, GroupAccepted | Attest):  # the others: the driver's
+                    await svc.perform(effect)
+        ctx.submit = submit
+        return svc, _client(svc)
+
+    db = Database(tmp_path / "node.db")
+    first, client = service(db, [])
+    ok = client.post("/rl_jobs/run", json={"dataset_size": 50, "model": MODEL, "staleness": 1,
+                                           "group_size": 4})
+    assert ok.status_code == 200
+    assert client.post("/rl_jobs/issue", json={"count": 3}).status_code == 200
+    assert client.post("/rl_jobs/version", json={"version": 4}).status_code == 200
+    assert client.post("/rl_jobs/issue", json={"count": 2}).status_code == 200
+    job = make_job()
+    book = first.machine.book
+    book.judged[job.job_id] = (job, "cheater")
+    trio.run(first.ctx.submit, "rl_jobs", Convict(job.job_id, "log-probs disagree"))
+    first.save()
+    assert first.status()["excluded"] == ["cheater"]
+    db.conn.close()
+
+    submitted: list[object] = []
+    again, client = service(Database(tmp_path / "node.db"), submitted)
+    trio.run(again.start)
+    status = again.status()
+    assert (status["version"], status["staleness"], status["excluded"]) == (4, 1, ["cheater"])
+    assert again.run_section.dataset_size == 50 and again.run_section.group_size == 4
+    # version 0's 3 jobs are past S = 1; version 4's 2, and the convicted job's reissue, go out
+    trio.run(again.on_running)
+    assert submitted == [IssueJobs(3, 4)]
+    assert again.status()["in_flight"] == 3
+    assert client.post("/rl_jobs/version", json={"version": 3}).status_code == 400
+    assert not again.machine.book.eligible("cheater")
+    state = rollout_state.load(again.ctx.db)
+    assert state is not None and state["open"] == {"4": 3}
+
+
+def test_an_unreadable_saved_run_starts_a_new_one(tmp_path: Path) -> None:
+    from node.db import Database
+    from node.market import rollout_state
+
+    db = Database(tmp_path / "node.db")
+    db.apply_schema(RolloutJobsService.schema)
+    db.execute("INSERT INTO rl_jobs_state(id, state) VALUES(1, ?)", ('{"run": 3}',))
+    with pytest.raises(ValueError, match="lacks run"):
+        rollout_state.load(db)
+    ctx = _ctx(RlJobsSection(), [])
+    ctx.db = db
+    svc = RolloutJobsService(ctx)
+    trio.run(svc.start)
+    assert svc.status()["version"] == 0

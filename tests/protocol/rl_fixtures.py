@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from protocol.rl.messages import Completion, RolloutJob, RolloutResultBody, RolloutSampling
 from protocol.rl.prompts import job_prompts
+from protocol.rl.validation import rollout_commitment
 
 VOCAB = 1000
 
@@ -29,10 +30,10 @@ def honest_result(job: RolloutJob, worker: str = "worker", attempt: int = 0,
         job_id=job.job_id, attempt=attempt, worker=worker,
         policy_version=job.policy_version if version is None else version,
         prompt_indices=job_prompts(job), completions=completions, compute_ms=1200,
-        commitment=b"\x02" * 32, model_hash=b"\x03" * 32)
+        commitment=rollout_commitment(completions), model_hash=b"\x03" * 32)
 
 
 def with_completion(result: RolloutResultBody, index: int, c: Completion) -> RolloutResultBody:
     items = list(result.completions)
     items[index] = c
-    return replace(result, completions=tuple(items))
+    return replace(result, completions=tuple(items), commitment=rollout_commitment(items))

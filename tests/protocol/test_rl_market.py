@@ -12,7 +12,7 @@ from protocol.ledger.records import AttestationKind
 from protocol.machine import Publish, Received, Send, Tick
 from protocol.market.attestations import ledger_attestation
 from protocol.market.events import Attest
-from protocol.market.selection import ScoreSelector
+from protocol.market.selection import ExploringSelector, ScoreSelector
 from protocol.rl.auction import GroupAccepted, IssueJobs, PublishVersion, RolloutAuction
 from protocol.rl.jobs import BookConfig, JobBook
 from protocol.rl.messages import (
@@ -23,6 +23,7 @@ from protocol.rl.messages import (
     RolloutSampling,
 )
 from protocol.rl.worker import (
+    LearnerSeen,
     RolloutDone,
     RolloutWorkerMachine,
     StartRollout,
@@ -221,3 +222,36 @@ def test_a_convicted_group_excludes_its_worker_from_the_next_auctions() -> None:
     assert ("a", AttestationKind.TASK_FAILED) in net.attests()
     net.tick(2_000)  # the reissued job goes to b
     assert [g.worker for g in net.accepted()] == [net.peer("a"), net.peer("b")]
+
+
+def test_workers_remember_learners_whose_beacons_they_saw_and_say_so_once() -> None:
+    net = Net(holder=(200.0, {0}, honest), behind=(50.0, {7}, honest))
+    beacons = [e.message for e in net.auction.handle(IssueJobs(2), 0) if isinstance(e, Publish)]
+    assert len(beacons) == 2
+    for machine, _ in net.workers.values():
+        seen = [machine.handle(Received("relay", b), 0) for b in beacons]
+        firsts = [e for effects in seen for e in effects if isinstance(e, LearnerSeen)]
+        # a worker that cannot bid (it lacks the version) still learns who the learner is
+        assert firsts == [LearnerSeen(net.learner_id.peer_id)]
+        assert list(machine.learners) == [net.learner_id.peer_id]
+    other = Net(stranger=(200.0, {0}, honest))
+    other_model = RolloutWorkerMachine(Identity.generate(), WorkerConfig(model="another"),
+                                       lambda: {0})
+    beacon = next(e.message for e in other.auction.handle(IssueJobs(1), 0)
+                  if isinstance(e, Publish))
+    assert not [e for e in other_model.handle(Received("relay", beacon), 0)
+                if isinstance(e, LearnerSeen)]
+    assert not other_model.learners
+
+
+def test_an_exploring_selector_lets_a_newcomer_win_a_bounded_share_of_jobs() -> None:
+    """The fast worker wins every job on latency; with the daemon's exploring selector the
+    slower newcomer gets its first job once the share allows it (then its record decides)."""
+    for share, newcomer_jobs in ((0.0, 0), (0.25, 1)):
+        net = Net(fast=(200.0, {0}, honest), slow=(20.0, {0}, honest))
+        net.auction.selector = ExploringSelector(ScoreSelector(), share=share)
+        for i in range(8):
+            net.learner(IssueJobs(1))
+            net.tick(1_000 * (i + 1))
+        workers = [net.names[g.worker] for g in net.accepted()]
+        assert len(workers) == 8 and workers.count("slow") == newcomer_jobs

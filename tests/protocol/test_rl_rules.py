@@ -118,6 +118,10 @@ CUT = Completion(token_ids=(1, 2, 3), logprobs=(-1.0, -1.0, -1.0), finished=Fals
             -1.0, 0.5), finished=True)), "log-prob"),
         (lambda j, r: with_completion(r, 5, Completion(token_ids=(1, 2), logprobs=(
             -1.0, math.inf), finished=True)), "log-prob"),
+        (lambda j, r: replace(r, commitment=b"\x02" * 32), "commitment does not open"),
+        (lambda j, r: replace(r, commitment=b""), "commitment does not open"),
+        (lambda j, r: replace(r, completions=(replace(r.completions[0], fingerprint=b"\x02\x02"),
+                                              *r.completions[1:])), "commitment does not open"),
     ],
 )
 def test_a_tampered_group_fails_with_a_reason(tamper: object, why: str) -> None:

@@ -56,6 +56,7 @@ from protocol.names import PROTOCOL_VERSION
 #: service name -> "module:Class", started in this order (see the module docstring).
 SERVICES: dict[str, str] = {
     "membership": "node.membership:MembershipService",
+    "discovery": "node.p2p.discovery:DiscoveryService",
     "ledger": "node.ledger.service:LedgerService",
     "tasks": "node.market.requester:TasksService",
     "executor": "node.market.executor:ExecutorService",

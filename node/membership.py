@@ -26,6 +26,7 @@ from node.p2p.peerstore import SAVE_INTERVAL_S, PeerStore
 from node.p2p.peerstore import SCHEMA as PEER_STORE_SCHEMA
 from node.service import NodeContext, Service
 from node.transport import agent_version
+from protocol.membership.discovery import DiscoveryConfig
 from protocol.membership.machine import (
     AddBootstrap,
     AddKnown,
@@ -37,6 +38,7 @@ from protocol.membership.messages import Hello, PeerList, PeerListRequest, Ping,
 from protocol.names import peer_id_of_multiaddr
 
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(MembershipConfig)}
+_FINDING: dict[str, Any] = {f.name: f.default for f in fields(DiscoveryConfig)}
 
 
 @dataclass(frozen=True)
@@ -51,14 +53,38 @@ class MembershipSection:
     backoff_base_ms: int = _DEFAULTS["backoff_base_ms"]
     backoff_max_ms: int = _DEFAULTS["backoff_max_ms"]
     refused_backoff_ms: int = _DEFAULTS["refused_backoff_ms"]
+    #: ask peers for the peers they are connected to (unsigned addresses, one hop)
+    peer_exchange: bool = _DEFAULTS["peer_exchange"]
     #: announce this node and find peers of its network on the LAN by mDNS (node/p2p/mdns.py)
     mdns: bool = True
-    node_fields: ClassVar[tuple[str, ...]] = ("mdns",)
+    #: signed rendezvous records of this network, kept and served by every node
+    #: (protocol/membership/discovery.py; node/p2p/discovery.py)
+    discovery: bool = _FINDING["enabled"]
+    #: records one peer may relay into our table (its own registration aside)
+    discovery_records_per_peer: int = _FINDING["records_per_peer"]
+    #: how long our own signed record holds; we register it again at half of this
+    discovery_record_ttl_ms: int = _FINDING["record_ttl_ms"]
+    #: discovery queries we send a minute (at most 30: peers take 60 requests a minute)
+    discovery_queries_per_minute: int = _FINDING["queries_per_minute"]
+    node_fields: ClassVar[tuple[str, ...]] = (
+        "mdns", "discovery", "discovery_records_per_peer", "discovery_record_ttl_ms",
+        "discovery_queries_per_minute")
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
             if not isinstance(value, bool) and value <= 0:
                 raise ValueError(f"{name} must be positive, got {value!r}")
+        try:
+            self.discovery_config("check")  # its own range checks
+        except ValueError as exc:
+            raise ValueError(f"discovery_{exc}") from None  # named as the key is
+
+    def discovery_config(self, network_id: str) -> DiscoveryConfig:
+        return DiscoveryConfig(
+            network_id=network_id, enabled=self.discovery,
+            records_per_peer=self.discovery_records_per_peer,
+            record_ttl_ms=self.discovery_record_ttl_ms,
+            queries_per_minute=self.discovery_queries_per_minute)
 
 
 class MembershipService(Service):

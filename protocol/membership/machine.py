@@ -11,6 +11,7 @@ Contract
 * Discovery: every ``exchange_interval_ms`` we ask one random ready peer for the peers it knows
   (``PeerListRequest``/``PeerList``); learnt addresses go in a bounded address book. We answer
   such requests with up to ``MAX_EXCHANGED_PEERS`` ready peers that told us their addresses.
+  ``peer_exchange = False`` stops our asking (signed rendezvous records, discovery.py, remain).
 * Connection target: while fewer than ``target_peers`` are connected or being dialled, we dial
   candidates from the book, bootstrap peers first, then at random. A failed dial or a lost
   peer is retried after ``backoff(failures)`` = min(base * 2**failures, max) plus up to 25%
@@ -71,6 +72,7 @@ class MembershipConfig:
     ping_interval_ms: int = 5_000
     unresponsive_after_ms: int = 20_000  # no pong for this long: drop
     exchange_interval_ms: int = 10_000  # peer exchange with one random peer
+    peer_exchange: bool = True  # ask peers for theirs (answering stays on)
     backoff_base_ms: int = 500
     backoff_max_ms: int = 60_000
     refused_backoff_ms: int = 600_000  # do not redial a peer of another network for this long
@@ -132,7 +134,8 @@ class Membership:
         first = self._timers.first()
         if first is not None:
             times.append(first)
-        if any(c.state is ConnState.READY for c in self.conns.values()):
+        if self.config.peer_exchange and any(c.state is ConnState.READY
+                                             for c in self.conns.values()):
             times.append(self._next_exchange_at_ms)
         if self._wants_dials():
             pending = [k.next_dial_at_ms for k in self.book.values() if self._dialable(k)]
@@ -296,7 +299,7 @@ class Membership:
             conn = self.conns[peer]
             self._on_conn_timer(conn, now, out)
             self._queue_timer(conn)
-        if now >= self._next_exchange_at_ms:
+        if cfg.peer_exchange and now >= self._next_exchange_at_ms:
             ready = [p for p in self.ready_peers() if p not in self._closing]
             if ready:
                 self._next_exchange_at_ms = now + cfg.exchange_interval_ms

@@ -34,7 +34,8 @@ def test_every_message_module_is_fuzzed() -> None:
     assert modules == {
         "protocol.inference.messages", "protocol.ledger.messages", "protocol.ledger.records",
         "protocol.market.messages",
-        "protocol.membership.messages", "protocol.relay.manifest", "protocol.rl.messages",
+        "protocol.membership.discovery_messages", "protocol.membership.messages",
+        "protocol.relay.manifest", "protocol.rl.messages",
         "protocol.verification.messages"}
     assert len(CLASSES) >= 40
 

@@ -10,7 +10,8 @@ measures, in one run:
 * gossipsub at a paced rate: delivery ratio and latency p50 / p99 in ms, sender's publish
   call to the child's subscription (CLOCK_MONOTONIC is shared across processes);
 * a daemon's time to its first ready peer, through a bootstrap address and from its peer
-  store after a restart (node/bench/transport_join.py).
+  store after a restart (node/bench/transport_join.py), and to a peer it was never told of,
+  found through a third node's rendezvous records (node/bench/transport_discovery.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 import structlog
 import trio
 
+from node.bench.transport_discovery import discovery_times
 from node.bench.transport_join import join_times
 from node.p2p.host import P2PTransport
 
@@ -50,6 +52,7 @@ def run(quick: bool) -> dict[str, Any]:
         )
     figures: dict[str, Any] = trio.run(_bench, QUICK if quick else FULL)
     figures.update(join_times(JOIN_ROUNDS[quick]))
+    figures.update(discovery_times(JOIN_ROUNDS[quick]))
     return figures
 
 

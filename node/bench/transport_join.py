@@ -7,8 +7,9 @@ the membership service dials anyone) to its first ``membership.peer_ready`` line
 (process start-up and imports are not counted; loading the peer store or the bootstrap list,
 the dial, the Noise and yamux handshakes and the Hello exchange are). Median of ``rounds`` runs.
 
-Keys: ``first_peer_bootstrap_ms``, ``first_peer_peer_store_ms``. Discovery through a DHT and
-connections through a relay are not part of this version, so they have no figure.
+Keys: ``first_peer_bootstrap_ms``, ``first_peer_peer_store_ms``. Discovery is timed beside
+them (node/bench/transport_discovery.py, ``first_peer_dht_ms``); connections through a relay
+are not part of this version, so they have no figure.
 """
 
 from __future__ import annotations

@@ -82,6 +82,7 @@ from protocol.market.messages import (
     TaskSpec,
 )
 from protocol.market.results import ResultIntake
+from protocol.market.rounds import NextRound, RoundAction, RoundState, next_round
 from protocol.market.sampling import default_temperature
 from protocol.market.selection import Selector
 from protocol.market.state import (
@@ -162,7 +163,9 @@ class Auction(Bidding, ResultIntake):
                 times.append(t.forget_at_ms)
                 continue
             times.append(t.deadline_at_ms)
-            if t.phase is TaskPhase.BIDDING:
+            if t.next_round_at_ms is not None:
+                times.append(t.next_round_at_ms)
+            elif t.phase is TaskPhase.BIDDING:
                 times.append(t.window_closes_at_ms)
             times.extend(a.due_at_ms for a in t.active)
         return min(times) if times else None
@@ -233,7 +236,7 @@ class Auction(Bidding, ResultIntake):
         task = OpenTask(spec=spec, allow_self=ev.allow_self, phase=TaskPhase.BIDDING,
                         created_at_ms=now, deadline_at_ms=now + max(0, ev.remaining_ms),
                         round=min(ev.round, MAX_ROUND), next_attempt=ev.next_attempt,
-                        tried=set(ev.tried))
+                        tried=set(ev.tried), rounds_with_bids=min(ev.round, MAX_ROUND) + 1)
         self.tasks[spec.task_id] = task
         for kept in ev.kept:
             try:
@@ -299,23 +302,45 @@ class Auction(Bidding, ResultIntake):
         if task.needed > 0 and task.spares:
             effects += self._pick(task, task.spares, now)
         window_open = task.phase is TaskPhase.BIDDING and not after_close
-        if task.needed > 0 and not window_open:
-            rounds_left = task.round + 1 < min(self.config.max_rounds, MAX_ROUND + 1)
-            if rounds_left and task.deadline_at_ms - now >= self.config.min_round_ms:
+        why = "no executor left"
+        if task.needed > 0 and not window_open and task.next_round_at_ms is None:
+            plan = self._plan_round(task, now)
+            task.empty_rounds = plan.empty_rounds
+            if plan.action is RoundAction.BEACON and plan.at_ms <= now:
                 task.round += 1
                 if task.phase is not TaskPhase.BIDDING:
                     move_phase(task, TaskPhase.BIDDING)
                 self._count("replans")
                 return effects + self._beacon(task, now)
+            if plan.action is RoundAction.GIVE_UP:
+                why = plan.why
+            else:  # a round after a backoff, or a skipped one: the tick brings it
+                if plan.action is RoundAction.SKIP:
+                    task.last_round_at_ms = now
+                    self._count("rounds_skipped")
+                task.next_round_at_ms = plan.at_ms
         if window_open:
             return effects + [self._updated(task)]
-        if not task.active:
-            why = "no executor left" if task.tried else \
-                f"no executor left: none bid in {task.round + 1} rounds (all busy or none serves the model)"
+        if not task.active and task.next_round_at_ms is None:
             return effects + self._finish(task, now, why)
-        if task.phase is TaskPhase.BIDDING:
+        if task.phase is TaskPhase.BIDDING and task.active:
             move_phase(task, TaskPhase.RUNNING)
         return effects + [self._updated(task)]
+
+    def _plan_round(self, task: OpenTask, now: int) -> NextRound:
+        """The next round for ``task`` by protocol/market/rounds.py (the wire allows
+        ``MAX_ROUND`` + 1 rounds in all)."""
+        if task.round >= MAX_ROUND:
+            return NextRound(RoundAction.GIVE_UP, why="no executor left",
+                             empty_rounds=task.empty_rounds)
+        possible = self.possible_bidders(task)
+        c = self.config
+        return next_round(RoundState(
+            now_ms=now, deadline_at_ms=task.deadline_at_ms, last_round_at_ms=task.last_round_at_ms,
+            rounds_with_bids=task.rounds_with_bids, empty_rounds=task.empty_rounds,
+            tried=len(task.tried), untried=None if possible is None else max(0, possible - len(
+                task.tried))), max_rounds=c.max_rounds, min_round_ms=c.min_round_ms,
+            backoff_base_ms=c.backoff_base_ms, backoff_max_ms=c.backoff_max_ms)
 
     def _on_tick(self, now: int) -> list[Effect]:
         effects: list[Effect] = []
@@ -330,7 +355,11 @@ class Auction(Bidding, ResultIntake):
             for attempt in task.active:
                 if now >= attempt.due_at_ms and not task.finished:
                     effects += self._fail_attempt(task, attempt, "timeout", TIMEOUT, now)
-            if task.phase is TaskPhase.BIDDING and now >= task.window_closes_at_ms \
+            if task.next_round_at_ms is not None:
+                if now >= task.next_round_at_ms and not task.finished:
+                    task.next_round_at_ms = None
+                    effects += self._replan(task, now, after_close=True)
+            elif task.phase is TaskPhase.BIDDING and now >= task.window_closes_at_ms \
                     and not task.finished:
                 effects += self._close(task, now)
         return effects

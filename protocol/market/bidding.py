@@ -168,6 +168,12 @@ class Bidding(AuctionParts):
 
     def _close(self, task: OpenTask, now: int) -> list[Effect]:
         """Close the bid window: assign from the bids, keep the rest as spares."""
+        if task.bids:
+            task.rounds_with_bids += 1
+            task.empty_rounds = 0
+        else:
+            task.empty_rounds += 1
+        task.last_round_at_ms = now
         effects = self._pick(task, task.bids, now)
         task.spares.update(task.bids)
         task.bids.clear()

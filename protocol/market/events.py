@@ -28,8 +28,13 @@ class AuctionConfig:
     #: once the wanted count of bids is in, wait at most this much longer for better ones
     #: (protocol/market/bidding.py says why)
     close_grace_ms: int = 150
-    #: beacons per task: the first one plus replans
+    #: bid rounds per task that brought bids: the first one plus replans (rounds in which
+    #: nobody bid do not count; protocol/market/rounds.py)
     max_rounds: int = 4
+    #: the wait before a round that follows a bidless round, doubled for each such round in
+    #: a row, at most ``backoff_max_ms`` (protocol/market/rounds.py)
+    backoff_base_ms: int = 1_000
+    backoff_max_ms: int = 8_000
     #: do not open a new round with less time than this left before the deadline
     min_round_ms: int = 1_000
     assign_base_ms: int = 2_000

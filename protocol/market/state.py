@@ -90,6 +90,12 @@ class OpenTask:
     deadline_at_ms: int
     round: int = 0
     window_closes_at_ms: int = 0
+    #: rounds that brought bids; bidless (or skipped) rounds in a row; when the last round
+    #: closed or was skipped; when the next round is due (None: none waiting), see rounds.py
+    rounds_with_bids: int = 0
+    empty_rounds: int = 0
+    last_round_at_ms: int = 0
+    next_round_at_ms: int | None = None
     next_attempt: int = 0
     bids: dict[str, BidInfo] = field(default_factory=dict)
     spares: dict[str, BidInfo] = field(default_factory=dict)

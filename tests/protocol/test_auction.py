@@ -124,13 +124,64 @@ def test_closes_a_grace_after_the_wanted_bids_are_in() -> None:
     assert [c.executor for c in chosen] == [BIDDERS[1].peer_id]
 
 
-def test_a_task_nobody_bids_on_fails_saying_so() -> None:
-    a, _ = auction(bid_window_ms=1_000, max_rounds=2)
-    tid, _ = submit(a)
-    updates = a.handle(Tick(), 1_000) + a.handle(Tick(), 2_000)
-    (last,) = [e.snapshot.data for e in updates if isinstance(e, TaskUpdated)][-1:]
+def run_ticks(a: Auction, until: int) -> list[tuple[int, object]]:
+    """Tick the machine at each of its deadlines up to ``until``; (time, effect) pairs."""
+    out: list[tuple[int, object]] = []
+    while (at := a.next_deadline()) is not None and at <= until and a.open_tasks():
+        out += [(at, e) for e in a.handle(Tick(), at)]
+    return out
+
+
+def beacon_times(effects: list[tuple[int, object]]) -> list[int]:
+    return [t for t, e in effects if isinstance(e, Publish)]
+
+
+def test_a_task_nobody_bids_on_backs_off_until_its_deadline_then_fails_saying_so() -> None:
+    a, _ = auction(bid_window_ms=1_000, max_rounds=2, backoff_base_ms=1_000,
+                   backoff_max_ms=8_000)
+    tid, _ = submit(a)  # 20 s deadline
+    effects = run_ticks(a, 30_000)
+    # each bidless round doubles the wait before the next; they do not count toward
+    # max_rounds: the deadline ends them (a round needs min_round_ms = 1 s of it left)
+    assert beacon_times(effects) == [2_000, 5_000, 10_000, 19_000]
+    (last,) = [e.snapshot.data for _, e in effects if isinstance(e, TaskUpdated)][-1:]
     assert last["phase"] == "failed"
-    assert str(last["failure"]).startswith("no executor left: none bid in 2 rounds")
+    assert str(last["failure"]).startswith("no executor left: none bid in 5 rounds")
+
+
+def test_a_bid_ends_the_backoff_and_a_failed_executor_is_replaced_at_once() -> None:
+    a, _ = auction(bid_window_ms=1_000, backoff_base_ms=1_000, spare_bids=0)
+    tid, _ = submit(a, k=1)
+    assert beacon_times(run_ticks(a, 1_000)) == []  # round 0 closed bidless: a 1 s wait
+    assert beacon_times(run_ticks(a, 2_000)) == [2_000]
+    chosen = assigns(a.handle(bid(tid, BIDDERS[0], round_=1), 2_100))
+    assert [c.executor for c in chosen] == [BIDDERS[0].peer_id]
+    # the executor refuses: the next round opens at once, no backoff after a round with bids
+    failed = a.handle(SendFailed(BIDDERS[0].peer_id, Assign(envelope=seal(
+        ME, ASSIGN_DOMAIN, chosen[0])), "refused"), 2_200)
+    assert [e for e in failed if isinstance(e, Publish)]
+
+
+def test_no_round_is_held_when_the_ledger_shows_no_untried_executor() -> None:
+    sel = RecordingSelector()
+    known = [0]
+    a = Auction(ME, sel, random.Random(1), AuctionConfig(bid_window_ms=1_000),
+                possible_bidders=lambda task: known[0])
+    tid, _ = submit(a)
+    effects = run_ticks(a, 8_000)
+    assert beacon_times(effects) == []  # skipped: nobody could answer a beacon
+    assert a.counters["rounds_skipped"] >= 2 and not a.tasks[tid].finished
+    known[0] = 2  # an executor's record arrives: the next check opens a round
+    assert beacon_times(run_ticks(a, 16_000))
+    # every executor the ledger shows was tried: the task gives up at once
+    a2 = Auction(ME, sel, random.Random(1), AuctionConfig(bid_window_ms=1_000, spare_bids=0),
+                 possible_bidders=lambda task: 1)
+    tid2, _ = submit(a2, k=1)
+    (chosen,) = assigns(a2.handle(bid(tid2, BIDDERS[0]), 10))
+    failed = a2.handle(SendFailed(BIDDERS[0].peer_id, Assign(envelope=seal(
+        ME, ASSIGN_DOMAIN, chosen)), "refused"), 20)
+    (snap,) = [e.snapshot.data for e in failed if isinstance(e, TaskUpdated)][-1:]
+    assert snap["phase"] == "failed" and "was tried" in str(snap["failure"])
 
 
 def test_window_deadline_closes_with_fewer_bids_and_replans_the_rest() -> None:

@@ -154,7 +154,10 @@ def test_no_bidders_fails_after_rounds() -> None:
     net = MarketNet(0, config=AuctionConfig(max_rounds=2))
     tid = net.submit(k=1)
     snap = done(net, tid)
-    assert snap["phase"] == "failed" and snap["round"] == 1
+    # bidless rounds back off and do not count toward max_rounds: more than two are held,
+    # and the task fails, saying so, before its deadline
+    assert snap["phase"] == "failed" and snap["round"] >= 2  # type: ignore[operator]
+    assert str(snap["failure"]).startswith("no executor left: none bid in")
     assert snap["finished_at_ms"] < DEADLINE  # type: ignore[operator]
 
 

@@ -4,16 +4,20 @@
 a ``POST /v1/completions`` body. Every parameter OpenAI defines is either honoured or refused
 with :class:`OpenAIError` (400, ``param`` naming it); nothing is silently dropped except the
 bookkeeping fields that change no output (``user``, ``metadata``, ``store``,
-``service_tier``). Honoured: ``model`` (a name some peer serves per the ledger, else 404
-``model_not_found``; "auto", "symphony", "default" or "" mean any model), ``messages``
-(system/developer, user and assistant turns, text content or text parts; the last one must be
-the user's), ``prompt``, ``temperature``, ``top_p``, ``max_tokens`` /
+``service_tier``). Honoured: ``model`` (a name some peer serves per the ledger, whole or in
+parts that cover all its blocks, else 404 ``model_not_found`` naming what is missing:
+protocol.inference.placement.place; "auto", "symphony", "default" or "" mean any model),
+``messages`` (system/developer, user and assistant turns, text content or text parts; the
+last one must be the user's), ``prompt``, ``temperature``, ``top_p``, ``max_tokens`` /
 ``max_completion_tokens``, ``stop``, ``seed``, ``n`` (1), ``stream`` and
 ``stream_options.include_usage``, and the neutral values of ``presence_penalty``,
 ``frequency_penalty``, ``logit_bias``, ``logprobs``, ``response_format`` and ``tools``.
 
 The extension object ``symphony`` carries the network's own options: ``k`` (executors that
-vote), ``answer_type``, ``choices``, ``deadline_ms``, ``family``. With k = 1 and no answer
+vote; a model served only in parts runs on one chain, so there k > 1 is a 400),
+``answer_type``, ``choices``, ``deadline_ms``, ``family``, ``speculative`` (on a chain: at most that many
+tokens drafted locally a step and verified by the chain in one pass; 0, the default, decodes
+token by token; executors that hold the whole model ignore it). With k = 1 and no answer
 type a chat is sent to the model as it is (style "chat"); with a vote (k > 1) or an answer
 type the executors reason step by step to a final answer that the vote compares (style
 "cot").
@@ -21,8 +25,11 @@ type the executors reason step by step to a final answer that the vote compares 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from protocol.inference.placement import Placement, Route
 
 #: model names that mean "any model the network serves"
 ANY_MODEL = ("", "auto", "symphony", "default")
@@ -36,9 +43,11 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "echo": (False,), "suffix": ("",), "best_of": (1,),
 }
 SAMPLING = ("temperature", "top_p", "stop", "seed")
-EXTENSION_KEYS = ("k", "answer_type", "choices", "deadline_ms", "family")
+EXTENSION_KEYS = ("k", "answer_type", "choices", "deadline_ms", "family", "speculative")
 #: OpenAI seeds are any int64; ours are 63-bit
 SEED_MASK = (1 << 63) - 1
+#: where a request for a model runs (protocol.inference.placement.place over the ledger)
+Place = Callable[[str], Placement]
 
 
 class OpenAIError(Exception):
@@ -82,16 +91,16 @@ def _refuse_unknown(body: dict[str, Any], known: tuple[str, ...]) -> None:
                           code="unknown_parameter")
 
 
-def _model(body: dict[str, Any], served: set[str]) -> str:
+def _model(body: dict[str, Any], place: Place) -> str:
     model = body.get("model")
     if not isinstance(model, str):
         raise OpenAIError("model must be a string (a served model's name, or \"auto\")",
                           param="model")
     if model.lower() in ANY_MODEL:
         return ""
-    if model not in served:
-        raise OpenAIError(f"The model `{model}` does not exist or no peer serves it",
-                          status=404, param="model", code="model_not_found")
+    placement = place(model)
+    if placement.route is Route.NOT_FOUND:
+        raise OpenAIError(placement.reason, status=404, param="model", code="model_not_found")
     return model
 
 
@@ -190,10 +199,10 @@ def _turns(messages: object) -> tuple[list[dict[str, str]], str]:
     return turns[:-1], turns[-1]["content"]
 
 
-def _common(body: dict[str, Any], served: set[str], known: tuple[str, ...],
+def _common(body: dict[str, Any], place: Place, known: tuple[str, ...],
             ask: dict[str, Any]) -> Parsed:
     _refuse_unknown(body, known)
-    model = _model(body, served)
+    model = _model(body, place)
     stream, include_usage = _stream(body)
     ask["model"] = model
     max_tokens = _max_tokens(body)
@@ -212,24 +221,24 @@ COMPLETION_KEYS = ("model", "prompt", "stream", "stream_options", "max_tokens", 
                    "symphony", *SAMPLING)
 
 
-def chat_request(body: dict[str, Any], served: set[str]) -> Parsed:
+def chat_request(body: dict[str, Any], place: Place) -> Parsed:
     """A chat completion request as an ask; raises OpenAIError."""
     fmt = body.get("response_format")
     if fmt is not None and fmt != {"type": "text"}:
         raise OpenAIError("response_format: only {\"type\": \"text\"} is supported",
                           param="response_format")
     history, question = _turns(body.get("messages"))
-    parsed = _common(body, served, CHAT_KEYS, {"question": question, "history": history})
+    parsed = _common(body, place, CHAT_KEYS, {"question": question, "history": history})
     ask = parsed.ask
     ask["style"] = "chat" if ask["k"] == 1 and "answer_type" not in ask else "cot"
     return parsed
 
 
-def completion_request(body: dict[str, Any], served: set[str]) -> Parsed:
+def completion_request(body: dict[str, Any], place: Place) -> Parsed:
     """A (legacy) completion request as an ask of the raw prompt; raises OpenAIError."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise OpenAIError("prompt must be a string (one prompt per request)", param="prompt")
-    return _common(body, served, COMPLETION_KEYS, {"question": prompt, "style": "plain"})
+    return _common(body, place, COMPLETION_KEYS, {"question": prompt, "style": "plain"})

@@ -10,14 +10,21 @@
   table, every executor's answer and chain of thought) under the extension field
   ``symphony``. With k = 1 the content is the model's reply; with a vote it is the chain of
   thought of the heaviest executor behind the voted answer (which ends in it).
+* A model no peer serves whole but whose blocks the ledger's block offers all cover runs on a
+  chain of block servers (node/market/chain_asks.py; the choice is
+  protocol.inference.placement.place): the same prompt an executor would read, the same
+  sampling, one result from the executor ``"chain"``, and the chain used, its speed and
+  recoveries under ``symphony.chain``. A vote (k > 1) over a chain is a 400.
 * ``stream: true`` answers server-sent events: a first chunk with the assistant role at once,
-  the content once the task is done (a vote streams the chosen answer after voting; a single
-  executor's tokens also arrive in one piece, because results cross the network whole), a
-  chunk with ``finish_reason``, with ``stream_options.include_usage`` a last chunk holding
+  then the content: on a chain token by token as the chain accepts them (text that may still
+  become a stop string, or an incomplete UTF-8 character, is held back until it is decided);
+  from the market once the task is done (a vote streams the chosen answer after voting; a
+  single executor's tokens also arrive in one piece, because results cross the network
+  whole); then a chunk with ``finish_reason``, with ``stream_options.include_usage`` a last chunk holding
   ``usage`` (and ``symphony``), then ``data: [DONE]``. A task that fails mid-stream sends
   OpenAI's error object as an event instead.
-* ``GET /v1/models``: the models this node or a live ledger peer serves, ``created`` when the
-  oldest live offer of each was signed.
+* ``GET /v1/models``: the models this node or a live ledger peer serves, whole or in parts that
+  a chain can use, ``created`` when the oldest live offer of each was signed.
 * Every error, including a missing token (401), an unknown model (404 ``model_not_found``, at
   once, from the ledger) and an unknown path or method under ``/v1``, is OpenAI's error
   object ``{"error": {"message", "type", "param", "code"}}``.
@@ -35,8 +42,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
-from node.api.openai_request import OpenAIError, Parsed, chat_request, completion_request
+from node.api.openai_request import (
+    OpenAIError,
+    Parsed,
+    Place,
+    chat_request,
+    completion_request,
+)
 from node.market.ask_request import AskError
+from protocol.inference.placement import Placement
 
 
 class ChatService(Protocol):
@@ -46,9 +60,13 @@ class ChatService(Protocol):
 
     async def wait_done(self, task_id: str) -> dict[str, Any]: ...
 
-    def known_models(self) -> set[str]: ...
+    def place(self, model: str) -> Placement: ...
 
     def model_created(self) -> dict[str, int]: ...
+
+    def live_text(self, task_id: str) -> AsyncIterator[str] | None:
+        """A chain task's text as it grows (None for the market's tasks)."""
+        ...
 
 
 def _error(exc: OpenAIError) -> Response:
@@ -97,6 +115,18 @@ def usage(snap: dict[str, Any]) -> dict[str, int]:
             "total_tokens": prompt + completion}
 
 
+def streamable(text: str, stop: tuple[str, ...]) -> str:
+    """What of a growing ``text`` can be sent already: up to the first stop string it holds;
+    without one, less any ending that may yet grow into a stop string, and less a trailing
+    replacement character (an incomplete UTF-8 sequence, completed by the next token)."""
+    cut, stopped = cut_at_stop(text, stop)
+    if stopped:
+        return cut
+    held = max((n for s in stop for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+    text = text[:len(text) - held]
+    return text.rstrip("\ufffd")
+
+
 def _sse(data: dict[str, Any] | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
 
@@ -142,13 +172,21 @@ async def _stream(kind: _Kind, service: ChatService, snap: dict[str, Any], parse
             "model": parsed.model or "symphony", "system_fingerprint": None}
     extra: dict[str, Any] = {"usage": None} if parsed.include_usage else {}
     yield _sse({**head, "choices": [kind.delta(None, None, first=True)], **extra})
+    sent = ""
+    live = service.live_text(snap["task_id"])
+    if live is not None:  # a chain: the text as its tokens are accepted
+        async for grown in live:
+            ready = streamable(grown, parsed.stop)
+            if len(ready) > len(sent) and ready.startswith(sent):
+                yield _sse({**head, "choices": [kind.delta(ready[len(sent):], None)], **extra})
+                sent = ready
     snap = await service.wait_done(snap["task_id"])
     if snap["phase"] != "done":
         yield _sse({**_task_error(snap).body(), "symphony": snap})
         return
     text, reason, head["model"] = _reply(snap, parsed)
-    if text:
-        yield _sse({**head, "choices": [kind.delta(text, None)], **extra})
+    if len(text) > len(sent) and text.startswith(sent):
+        yield _sse({**head, "choices": [kind.delta(text[len(sent):], None)], **extra})
     last = {**head, "choices": [kind.delta(None, reason)], **extra}
     if parsed.include_usage:
         yield _sse(last)
@@ -191,9 +229,9 @@ def openai_routes(service: ChatService) -> list[BaseRoute]:
     """The ``/v1`` routes, mounted at the API's root."""
 
     async def complete(request: Request, kind: _Kind,
-                       parse: Callable[[dict[str, Any], set[str]], Parsed]) -> Response:
+                       parse: Callable[[dict[str, Any], Place], Parsed]) -> Response:
         created = int(time.time())
-        parsed = parse(await _body(request), service.known_models())
+        parsed = parse(await _body(request), service.place)
         try:
             snap = await service.ask(parsed.ask, wait=not parsed.stream)
         except AskError as exc:

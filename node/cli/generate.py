@@ -24,14 +24,21 @@ GENERATE_TIMEOUT_S = 600.0
               show_default=True,
               help="How drafts are verified: greedy (the output is plain greedy decoding's) or "
                    "mars (also keeps the target's close second choices: faster, not exact).")
+@click.option("--temperature", type=click.FloatRange(0.0, 2.0), default=0.0, show_default=True,
+              help="0: greedy; above: seeded sampling (drafts are then verified by rejection "
+                   "sampling, so the output is distributed as plain sampling's).")
+@click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0,
+              show_default=True, help="Nucleus sampling mass (1: off).")
+@click.option("--seed", type=click.IntRange(0, (1 << 63) - 1), default=0, show_default=True)
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print the daemon's JSON answer.")
-def generate(prompt: str, max_tokens: int, speculative: int, rule: str, data_dir: str | None,
-             as_json: bool) -> None:
+def generate(prompt: str, max_tokens: int, speculative: int, rule: str, temperature: float,
+             top_p: float, seed: int, data_dir: str | None, as_json: bool) -> None:
     """Generate from PROMPT through a chain of peers serving the model's blocks.
 
-    The local daemon plans the chain from the ledger, decodes greedily through it, and
-    reports tokens/s, the acceptance rate (with --speculative) and the chain used.
+    The local daemon plans the chain from the ledger, decodes through it (greedily, or
+    sampling with --temperature), and reports tokens/s, the acceptance rate (with
+    --speculative) and the chain used.
     """
     import httpx
 
@@ -43,7 +50,7 @@ def generate(prompt: str, max_tokens: int, speculative: int, rule: str, data_dir
     try:
         result = client.post("/inference/generate", json={
             "prompt": prompt, "max_tokens": max_tokens, "speculative": speculative,
-            "rule": rule})
+            "rule": rule, "temperature": temperature, "top_p": top_p, "seed": seed})
     except DaemonNotRunning as exc:
         raise click.ClickException(str(exc)) from None
     except httpx.HTTPStatusError as exc:

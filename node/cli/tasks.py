@@ -78,10 +78,16 @@ def print_task(snap: dict[str, Any], show_cot: bool) -> None:
             results.add_column(col)
         for r in snap["results"]:
             weight = "-" if r.get("weight") is None else f"{r['weight']:.3f}"
-            results.add_row(_short(r["executor"]), r["answer"], f"{r['confidence']:.2f}",
+            # a chain's result (node/market/chain_task.py) states no confidence
+            confidence = "-" if r.get("confidence") is None else f"{r['confidence']:.2f}"
+            results.add_row(_short(r["executor"]), r["answer"], confidence,
                             weight, str(r["tokens"]), str(r["compute_ms"]),
                             str(r.get("verification") or "-"))
         console.print(results)
+    if snap.get("chain", {}).get("final_route"):
+        chain = snap["chain"]
+        console.print(f"on a chain ({chain['tokens_per_s']} tokens/s): " + ", ".join(
+            f"blocks {h['start']}-{h['end']} {_short(h['peer'])}" for h in chain["final_route"]))
     # per executor, verification that did not pass: failed, still pending, or not checkable
     for peer, v in sorted(snap.get("verification", {}).items()):
         if v.get("status") not in ("passed", "not_sampled"):

@@ -5,7 +5,10 @@
   default 64), ``speculative`` (the longest draft a step makes, 0..16, default 0 = plain greedy;
   each step's length adapts to the measured acceptance and step times),
   ``rule`` ("greedy", the default: the output is plain greedy decoding's; or "mars": margin-aware
-  acceptance of the target's close second choices, faster, not exact).
+  acceptance of the target's close second choices, faster, not exact), and sampling:
+  ``temperature`` (0..2, default 0 = greedy; above 0 drafts are verified by speculative
+  rejection sampling, so the output is distributed as plain sampling's), ``top_p`` (nucleus
+  mass, default 1), ``seed`` (default 0), ``stop`` (a string or a list of them).
   Answers the generated ``text`` and ``tokens``, ``tokens_per_s``, ``acceptance_rate``,
   the ``chain`` used (peer and block range per hop), ``recoveries``; 400 with a message that
   names the problem (bad input, no chain covering the model).
@@ -24,6 +27,27 @@ from node.api.app import token_route
 
 def _error(message: str, status: int = 400) -> Response:
     return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+def _sampling(body: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The sampling fields given (temperature, top_p, seed, stop), or what is wrong with one."""
+    out: dict[str, Any] = {}
+    for key in ("temperature", "top_p"):
+        if body.get(key) is not None:
+            if type(body[key]) not in (int, float):
+                return {}, f"{key!r} must be a number, got {body[key]!r}"
+            out[key] = float(body[key])
+    if body.get("seed") is not None:
+        if type(body["seed"]) is not int or body["seed"] < 0:
+            return {}, f"'seed' must be a non-negative integer, got {body['seed']!r}"
+        out["seed"] = body["seed"]
+    stop = body.get("stop")
+    if stop is not None:
+        stops = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stops, list) or not all(isinstance(x, str) and x for x in stops):
+            return {}, "'stop' must be a non-empty string or a list of them"
+        out["stop"] = tuple(stops)
+    return out, ""
 
 
 def inference_routes(service: Any) -> list[BaseRoute]:
@@ -47,8 +71,11 @@ def inference_routes(service: Any) -> list[BaseRoute]:
         for key, value in (("max_tokens", max_tokens), ("speculative", speculative)):
             if type(value) is not int:
                 return _error(f"{key!r} must be an integer, got {value!r}")
+        sampling, problem = _sampling(body)
+        if problem:
+            return _error(problem)
         try:
-            result = await service.generate(prompt, max_tokens, speculative, rule)
+            result = await service.generate(prompt, max_tokens, speculative, rule, **sampling)
         except ValueError as exc:
             return _error(str(exc))
         return JSONResponse(result)

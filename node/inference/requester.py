@@ -1,26 +1,42 @@
-"""A generation through a chain of block servers, from the daemon (``symphony generate``).
+"""A generation through a chain of block servers, from the daemon (``symphony generate``, and
+asks for a model served only in parts: node/market/chain_asks.py).
 
 The requester holds the model's embedding, final norm and output head (models.blocks.Head)
-and its tokenizer; the blocks are the servers'. A generation tokenizes the prompt, opens a
-chain (node/inference/client.py), decodes in a worker thread through the chain as a
-``Target`` (plain greedy, or speculative decoding with a local drafter: models.speculative)
-and reports what it measured. Servers that failed the chain are left out of new plans for
-``EXCLUDE_MS``. Measured round trips (a hop's time minus its compute) feed the routing.
+and its tokenizer; the blocks are the servers'. A generation opens a chain
+(node/inference/client.py), decodes in a worker thread through the chain as a ``Target``
+(models.speculative: plain decoding, or speculative decoding with a local drafter) and reports
+what it measured. Servers that failed the chain are left out of new plans for ``EXCLUDE_MS``.
+Measured round trips (a hop's time minus its compute) feed the routing.
+
+How tokens are chosen (:class:`Decoding`): temperature 0 is greedy decoding (drafts verified
+greedily: the output is plain greedy decoding's; or by MARS, faster and not exact);
+temperature > 0 samples from softmax(logits / T) cut to the ``top_p`` nucleus, seeded, and
+drafts (drawn by the drafter at the same temperature) are verified by speculative rejection
+sampling, so the output is distributed as plain sampling's. A chat is rendered through the
+model's own chat template, exactly as the executor renders it (models.backend.render_chat),
+and generation ends at the model's end-of-turn tokens, at ``max_tokens``, or at the token that
+completes a stop string (the text keeps the stop string; the API cuts it where it shows it).
 """
 
 from __future__ import annotations
 
 import atexit
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import trio
 
-from models.blocks import Head, greedy, load_head
+from models.backend import Message, render_chat
+from models.blocks import Head, load_head
 from node.inference.client import Chain, ChainError, ChainTarget, Directory
+from node.inference.decoding import Decoding, OnText, stop_length
 
 #: exponential average weight of a new round-trip sample
 RTT_ALPHA = 0.3
+#: special tokens that end a chat turn, besides the model's end-of-sequence token (as the
+#: executor's models.llama_backend stops at them)
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>")
 
 
 class Requester:
@@ -29,6 +45,16 @@ class Requester:
         self.head = head
         self.tokenizer = tokenizer
         self.rtt_ms: dict[str, float] = {}
+        meta = tokenizer.metadata
+        self.chat_template: str | None = meta.get("tokenizer.chat_template")
+        self.bos_text = self._piece(int(tokenizer.token_bos()))
+        self.eos_text = self._piece(int(tokenizer.token_eos()))
+        ends = {int(tokenizer.token_eos())}
+        for special in END_OF_TURN:
+            ids = tokenizer.tokenize(special.encode(), add_bos=False, special=True)
+            if len(ids) == 1:
+                ends.add(int(ids[0]))
+        self.end_ids = frozenset(ends)
 
     @classmethod
     def load(cls, service: Any) -> Requester:
@@ -39,6 +65,11 @@ class Requester:
                                     verbose=False)
         atexit.register(tokenizer.close)  # its finalizer can hang or fail at interpreter exit
         return cls(service, head, tokenizer)
+
+    def _piece(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return bytes(self.tokenizer.detokenize([token], special=True)).decode("utf-8", "replace")
 
     def observe_rtt(self, peer: str, ms: float) -> None:
         old = self.rtt_ms.get(peer)
@@ -51,8 +82,15 @@ class Requester:
         add_bos = self.tokenizer.metadata.get("tokenizer.ggml.add_bos_token", "false") == "true"
         return list(self.tokenizer.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True))
 
-    def detokenize(self, ids: list[int]) -> str:
-        return bytes(self.tokenizer.detokenize(ids)).decode("utf-8", "replace")
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return bytes(self.tokenizer.detokenize([int(t) for t in ids])).decode("utf-8", "replace")
+
+    def prompt_ids(self, prompt: str | Sequence[Message]) -> list[int]:
+        """Token ids of raw text, or of chat messages through the model's chat template."""
+        if isinstance(prompt, str):
+            return self.tokenize(prompt)
+        return self.tokenize(render_chat(self.chat_template, list(prompt), self.bos_text,
+                                         self.eos_text))
 
     def chain(self, max_length: int) -> Chain:
         s = self.service
@@ -64,26 +102,27 @@ class Requester:
                      precision=s.precision)
 
     async def generate(self, prompt: str, max_tokens: int, speculative: int = 0,
-                       rule: str = "greedy") -> dict[str, Any]:
+                       rule: str = "greedy", **sampling: Any) -> dict[str, Any]:
+        """``symphony generate``: raw text through a chain (``sampling``: Decoding's
+        temperature, top_p, seed, stop)."""
         if not prompt:
             raise ValueError("an empty prompt")
-        if not 1 <= max_tokens <= 4096:
-            raise ValueError(f"max_tokens must be within 1..4096, got {max_tokens}")
-        if not 0 <= speculative <= 16:
-            raise ValueError(f"speculative must be within 0..16, got {speculative}")
-        ids = self.tokenize(prompt)
-        chain = self.chain(len(ids) + max_tokens + speculative + 1)
-        stop = [int(self.tokenizer.token_eos())]
+        decoding = Decoding(max_tokens=max_tokens, speculative=speculative, rule=rule,
+                            **sampling)
+        return await self.complete(self.tokenize(prompt), decoding)
+
+    async def complete(self, ids: list[int], decoding: Decoding,
+                       on_text: OnText | None = None) -> dict[str, Any]:
+        """Generate after prompt ``ids`` through a chain; ``on_text`` sees the text grow."""
+        if not ids:
+            raise ValueError("an empty prompt")
+        chain = self.chain(len(ids) + decoding.max_tokens + decoding.speculative + 1)
         started = time.perf_counter()
         try:
             await chain.open()
             route = chain.route
             target = ChainTarget(self.head, chain)
-            if speculative:
-                out = await trio.to_thread.run_sync(self._speculative, target, ids, max_tokens,
-                                                    speculative, stop, rule)
-            else:
-                out = await trio.to_thread.run_sync(self._greedy, target, ids, max_tokens, stop)
+            out = await trio.to_thread.run_sync(self._decode, target, ids, decoding, on_text)
         except ChainError as exc:
             raise ValueError(f"no chain: {exc}") from exc
         finally:
@@ -95,33 +134,66 @@ class Requester:
                 await chain.close()
         wall = time.perf_counter() - started
         tokens = out["tokens"]
-        return {**out, "text": self.detokenize(tokens), "prompt_ids": ids,
+        return {**out, "prompt_ids": ids, "prompt_tokens": len(ids),
                 "wall_s": round(wall, 3),
                 "tokens_per_s": round(len(tokens) / wall, 3) if wall > 0 else 0.0,
                 "chain": [{"peer": p, "start": a, "end": b} for p, a, b in route],
                 "final_chain": [{"peer": p, "start": a, "end": b} for p, a, b in final],
                 "recoveries": chain.recoveries, "precision": chain.precision.value}
 
-    @staticmethod
-    def _greedy(target: ChainTarget, ids: list[int], max_tokens: int,
-                stop: list[int]) -> dict[str, Any]:
-        return {"tokens": greedy(target, ids, max_tokens, stop), "speculative": 0,
-                "acceptance_rate": None}
-
-    def _speculative(self, target: ChainTarget, ids: list[int], max_tokens: int, k: int,
-                     stop: list[int], rule: str = "greedy") -> dict[str, Any]:
-        from models.drafters import LlamaDrafter
+    def _decode(self, target: ChainTarget, ids: list[int], decoding: Decoding,
+                on_text: OnText | None) -> dict[str, Any]:
+        """The decoding loop (in a worker thread): tokens, text and why it ended."""
         from models.speculative import SpeculativeConfig, speculative_generate
         from protocol.inference.speculative import Rule
 
-        # k is the longest draft: each step's length adapts to the acceptance and step times
-        # measured so far (protocol.inference.speculative.AdaptiveK)
-        config = SpeculativeConfig(k=None, k_max=k, k_init=min(4, k), rule=Rule(rule))
-        drafter = LlamaDrafter(self.service.model_path)
+        d = decoding
+        sampled = d.temperature > 0.0
+        rule = Rule.SAMPLING if sampled else Rule(d.rule)
+        # speculative K is the longest draft: each step's length adapts to the acceptance and
+        # step times measured so far (protocol.inference.speculative.AdaptiveK)
+        config = SpeculativeConfig(rule=rule, temperature=d.temperature if sampled else 1.0,
+                                   top_p=d.top_p, k=None if d.speculative else 0,
+                                   k_max=max(1, d.speculative), k_init=min(4, max(1, d.speculative)))
+        watch = on_text is not None or bool(d.stop)
+
+        def on_tokens(tokens: Sequence[int]) -> bool:
+            trio.from_thread.check_cancelled()  # a deadline passed, the daemon stops
+            if not watch:
+                return False
+            kept = [t for t in tokens if t not in self.end_ids]
+            text = self.detokenize(kept)
+            halt = any(s in text for s in d.stop)
+            if on_text is not None:
+                halt = bool(trio.from_thread.run_sync(on_text, text, len(kept))) or halt
+            return halt
+
+        drafter = None
+        if d.speculative:
+            from models.drafters import LlamaDrafter
+
+            drafter = LlamaDrafter(self.service.model_path, temperature=d.temperature)
         try:
-            gen = speculative_generate(target, ids, max_tokens, drafter, config, stop=stop)
+            gen = speculative_generate(target, ids, d.max_tokens, drafter, config, seed=d.seed,
+                                       stop=sorted(self.end_ids), on_tokens=on_tokens)
         finally:
-            drafter.close()  # its llama.cpp context, not left to the garbage collector
-        return {"tokens": list(gen.tokens), "speculative": k, "rule": rule,
-                "acceptance_rate": round(gen.acceptance_rate, 4), "steps": gen.steps,
-                "mean_k": round(gen.drafted / gen.steps, 2) if gen.steps else 0.0}
+            if drafter is not None:
+                drafter.close()  # its llama.cpp context, not left to the garbage collector
+        return self._ending(list(gen.tokens), d) | {
+            "speculative": d.speculative, "rule": rule.value, "temperature": d.temperature,
+            "top_p": d.top_p, "seed": d.seed,
+            "acceptance_rate": round(gen.acceptance_rate, 4) if d.speculative else None,
+            "steps": gen.steps, "mean_k": round(gen.drafted / gen.steps, 2) if gen.steps else 0.0}
+
+    def _ending(self, tokens: list[int], d: Decoding) -> dict[str, Any]:
+        """The generated tokens up to where generation ends, their text and finish reason."""
+        finish = "length" if len(tokens) >= d.max_tokens else "stop"
+        cut = stop_length(tokens, d.stop, self.detokenize)
+        if cut is not None:
+            tokens, finish = tokens[:cut], "stop"
+        ended = bool(tokens) and tokens[-1] in self.end_ids
+        text_ids = tokens[:-1] if ended else tokens
+        if ended:
+            finish = "stop"
+        return {"tokens": tokens, "completion_tokens": len(text_ids),
+                "text": self.detokenize(text_ids), "finish_reason": finish}

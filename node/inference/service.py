@@ -264,15 +264,20 @@ class InferenceService(NurseryService):
         raw = await transport.open_stream(peer, inference_protocol(self.ctx.network_id))
         return SessionStream(raw, self.section.link_delay_ms)
 
-    async def generate(self, prompt: str, max_tokens: int, speculative: int = 0,
-                       rule: str = "greedy") -> dict[str, Any]:
+    async def requester(self) -> Any:
+        """The chain requester (node.inference.requester.Requester), loaded on first use."""
         from node.inference.requester import Requester
 
         if not self.model_name:
             raise ValueError(self.problem or "no model for inference")
         if self._requester is None:
             self._requester = await trio.to_thread.run_sync(Requester.load, self)
-        return await self._requester.generate(prompt, max_tokens, speculative, rule)
+        return self._requester
+
+    async def generate(self, prompt: str, max_tokens: int, speculative: int = 0,
+                       rule: str = "greedy", **sampling: Any) -> dict[str, Any]:
+        requester = await self.requester()
+        return await requester.generate(prompt, max_tokens, speculative, rule, **sampling)
 
     def status(self) -> dict[str, Any]:
         served = self._machine.served

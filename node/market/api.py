@@ -7,7 +7,9 @@
   ``history`` and the sampling ``temperature``, ``top_p``, ``seed``, ``stop``: see
   node/market/ask_request.py; ``wait`` (default true)).
   Answers the final snapshot (answer, vote table, every CoT with its executor), or with
-  ``wait: false`` the task id at once (202). Needs the API token.
+  ``wait: false`` the task id at once (202). Needs the API token. A model no peer serves
+  whole but whose blocks are all offered runs on a chain of block servers instead of the
+  auction (node/market/chain_asks.py: k = 1, ``speculative`` drafts per step).
 * The OpenAI-compatible routes (``/v1/...``) are node/api/openai_routes.py's.
 """
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -29,7 +30,9 @@ from node.api.openai_routes import openai_routes
 from node.config import fed_config
 from node.market.api import task_routes
 from node.market.ask_request import AskError, parse_ask
+from node.market.chain_asks import ChainAsks, interrupted
 from node.service import NodeContext, Service
+from protocol.inference.placement import Placement, Route
 from protocol.ledger.trust import TrustView
 from protocol.market.attestations import ledger_attestation
 from protocol.market.auction import (
@@ -79,8 +82,6 @@ class TasksSection:
     bid_window_ms: int = _AUCTION.bid_window_ms
     spare_bids: int = _AUCTION.spare_bids
     max_rounds: int = _AUCTION.max_rounds
-    backoff_base_ms: int = _AUCTION.backoff_base_ms
-    backoff_max_ms: int = _AUCTION.backoff_max_ms
     min_round_ms: int = _AUCTION.min_round_ms
     assign_base_ms: int = _AUCTION.assign_base_ms
     assign_slack: float = _AUCTION.assign_slack
@@ -95,8 +96,7 @@ class TasksSection:
             raise ValueError(f"selector must be 'score' or 'linucb', got {self.selector!r}")
         if not 1 <= self.default_k <= MAX_K:
             raise ValueError(f"default_k must be in [1, {MAX_K}]")
-        for name in ("bid_window_ms", "max_rounds", "backoff_base_ms", "backoff_max_ms",
-                     "assign_base_ms", "default_deadline_ms",
+        for name in ("bid_window_ms", "max_rounds", "assign_base_ms", "default_deadline_ms",
                      "default_max_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
@@ -147,6 +147,8 @@ class TasksService(Service):
         self._latest: dict[str, dict[str, Any]] = {}
         self._restored = 0
         self._started_at = time.time()
+        # asks for a model served only in parts run on a chain of block servers
+        self.chains = ChainAsks(ctx, self.record, int(self._started_at * 1000))
 
     @property
     def machine(self) -> Auction:
@@ -225,18 +227,21 @@ class TasksService(Service):
             "SELECT snapshot FROM tasks ORDER BY created_at DESC LIMIT ?", (limit,))
         return [json.loads(r["snapshot"]) for r in rows]
 
+    def record(self, snap: dict[str, Any]) -> None:
+        """Store a task's snapshot; a finished one is kept for waiters and wakes them."""
+        self._store(snap)
+        task_id = str(snap["task_id"])
+        if snap["phase"] not in OPEN_PHASES:
+            self._latest[task_id] = snap
+            while len(self._latest) > MAX_CACHED_SNAPSHOTS:
+                del self._latest[next(iter(self._latest))]
+            waiter = self._waiters.pop(task_id, None)
+            if waiter is not None:
+                waiter.set()
+
     async def perform(self, effect: object) -> None:
         if isinstance(effect, TaskUpdated):
-            snap = effect.snapshot.to_dict()
-            self._store(snap)
-            task_id = str(snap["task_id"])
-            if snap["phase"] not in OPEN_PHASES:
-                self._latest[task_id] = snap
-                while len(self._latest) > MAX_CACHED_SNAPSHOTS:
-                    del self._latest[next(iter(self._latest))]
-                waiter = self._waiters.pop(task_id, None)
-                if waiter is not None:
-                    waiter.set()
+            self.record(effect.snapshot.to_dict())
         elif isinstance(effect, Attest):
             await self._attest(effect)
         else:
@@ -253,6 +258,10 @@ class TasksService(Service):
             "SELECT snapshot, deadline_at FROM tasks WHERE phase IN ('bidding', 'running')")
         for row in rows:
             snap = json.loads(row["snapshot"])
+            failed = interrupted(snap, self.ctx.clock())  # a chain's sessions are gone
+            if failed is not None:
+                self.record(failed)
+                continue
             remaining_ms = int((float(row["deadline_at"]) - time.time()) * 1000)
             await self.ctx.submit(self.name, restore_event(snap, self.ctx.identity.peer_id,
                                                            remaining_ms))
@@ -270,6 +279,9 @@ class TasksService(Service):
 
     async def ask(self, request: dict[str, Any], *, wait: bool = True) -> dict[str, Any]:
         event = self.submit_event(request)
+        placement = self.chains.place(event.model, event.family)
+        if placement.route is Route.CHAIN:
+            return await self.chains.ask(event, request, placement, wait=wait)
         assert event.task_id is not None  # submit_event always draws one
         task_id = event.task_id.hex()
         done = self._waiters[task_id] = trio.Event()
@@ -298,32 +310,20 @@ class TasksService(Service):
         return snap
 
     def model_created(self) -> dict[str, int]:
-        """Each served model's name -> when its offer was made (Unix seconds): the oldest
-        live ledger record offering it, or this daemon's start for its own executor's."""
-        created: dict[str, int] = {}
-        executor = self.ctx.services.get("executor")
-        config = getattr(getattr(executor, "machine", None), "config", None)
-        for m in getattr(config, "models", ()):
-            created[m.name] = int(self._started_at)
-        view = getattr(getattr(self.ctx.services.get("ledger"), "machine", None), "view", None)
-        if view is not None:
-            for match in view.find_peers(self.ctx.clock()):
-                at = match.record.issued_at_ms // 1000
-                for offer in match.record.models:
-                    created[offer.name] = min(created.get(offer.name, at), at)
-        return created
+        """Each model a request may name (served whole, or in parts that a chain of this node
+        can use) -> when it was first offered (Unix seconds)."""
+        return self.chains.model_created()
 
     def known_models(self) -> set[str]:
-        """Model names this node or any live ledger peer serves."""
-        names: set[str] = set()
-        executor = self.ctx.services.get("executor")
-        config = getattr(getattr(executor, "machine", None), "config", None)
-        names.update(m.name for m in getattr(config, "models", ()))
-        view = getattr(getattr(self.ctx.services.get("ledger"), "machine", None), "view", None)
-        if view is not None:
-            for match in view.find_peers(self.ctx.clock()):
-                names.update(offer.name for offer in match.record.models)
-        return names
+        return set(self.model_created())
+
+    def place(self, model: str) -> Placement:
+        """Where a request for ``model`` runs: the market, a chain, or nowhere (why)."""
+        return self.chains.place(model)
+
+    def live_text(self, task_id: str) -> AsyncIterator[str] | None:
+        """A chain task's text as it grows (None: not a running chain task)."""
+        return self.chains.live_text(task_id)
 
     def status(self) -> dict[str, Any]:
         m = self._machine

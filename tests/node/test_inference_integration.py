@@ -2,7 +2,10 @@
 blocks of the default model (SmolLM2-135M, 30 blocks): `symphony generate` through a 2-stage
 and a 3-stage chain is token-identical to the single-process model over 64 tokens (hidden
 states travel as fp16), and a middle server killed with SIGKILL mid-generation is replaced by
-replaying its inputs, with the output unchanged."""
+replaying its inputs, with the output unchanged. The OpenAI endpoint and ``symphony ask`` of a
+daemon that holds no whole model run the model on the same chain: a greedy chat completion is
+the single-process model's greedy output for the executor's templated prompt, streamed token by
+token in several chunks, and a vote over a chain is refused."""
 
 from __future__ import annotations
 
@@ -39,8 +42,8 @@ def reference() -> Any:
     path = default_model().path
     eos = _eos(path)
 
-    def run(prompt_ids: list[int]) -> list[int]:
-        return greedy(LocalTarget.from_gguf(path), prompt_ids, TOKENS, stop=[eos])
+    def run(prompt_ids: list[int], n: int = TOKENS) -> list[int]:
+        return greedy(LocalTarget.from_gguf(path), prompt_ids, n, stop=[eos])
 
     return run
 
@@ -89,6 +92,7 @@ def test_chains_of_daemons_match_the_single_process_model(testnet: Testnet,
     drafted = _generate(asker, "--speculative", "6")
     assert drafted["tokens"] == want
     assert drafted["acceptance_rate"] > 0.3 and drafted["steps"] < TOKENS / 2
+    _openai_over_the_chain(asker, reference)
 
     # three stages: blocks 0-10, 10-20 (twice: the spare takes over below), 20-30; x is gone
     middle = [_server(testnet, n, "10:20", asker) for n in ("b1", "b2")]
@@ -129,3 +133,53 @@ def test_chains_of_daemons_match_the_single_process_model(testnet: Testnet,
     spare = next(m for m in middle if m is not busy)
     assert spare.peer_id in [h["peer"] for h in healed["final_chain"]]
     assert busy.peer_id not in [h["peer"] for h in healed["final_chain"]]
+
+
+#: a chat the model answers at some length, and how much of the answer is compared
+CHAT = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
+CHAT_TOKENS = 24
+
+
+def _openai_over_the_chain(asker: Any, reference: Any) -> None:
+    """The asker serves no whole model; blocks 0-20 and 20-30 are offered by two peers."""
+    import openai
+
+    from models.llama_backend import LlamaCppBackend
+    from models.registry import default_model
+    from node.api.app import read_token
+
+    client = openai.OpenAI(base_url=asker.api_url + "/v1", api_key=read_token(asker.data_dir),
+                           timeout=GENERATE_TIMEOUT_S, max_retries=0)
+    model = default_model().name
+    assert model in [m.id for m in client.models.list()]
+    # the executor's own templating of the chat, and the single-process model's greedy answer
+    executor = LlamaCppBackend(default_model())
+    prompt_ids = executor.prompt_ids(CHAT)
+    want_ids = reference(prompt_ids, CHAT_TOKENS)
+    ended = want_ids[-1] in executor.eos_ids
+    want = executor.detokenize(want_ids[:-1] if ended else want_ids)
+    executor.llm.close()
+
+    got = client.chat.completions.create(model=model, messages=CHAT,  # type: ignore[arg-type]
+                                         max_tokens=CHAT_TOKENS, temperature=0)
+    assert got.choices[0].message.content == want
+    assert got.choices[0].finish_reason == ("stop" if ended else "length")
+    assert got.usage is not None and got.usage.prompt_tokens == len(prompt_ids)
+    assert got.usage.completion_tokens == len(want_ids) - ended
+    chain = got.model_extra["symphony"]["chain"]  # type: ignore[index]
+    assert [(h["start"], h["end"]) for h in chain["final_route"]] == [(0, 20), (20, 30)]
+
+    pieces = [c.choices[0].delta.content for c in client.chat.completions.create(
+        model=model, messages=CHAT, max_tokens=CHAT_TOKENS, temperature=0,  # type: ignore[arg-type]
+        stream=True) if c.choices and c.choices[0].delta.content]
+    assert "".join(pieces) == want and len(pieces) >= 5  # token by token, not in one piece
+
+    with pytest.raises(openai.BadRequestError, match="k = 3"):
+        client.chat.completions.create(model=model, messages=CHAT,  # type: ignore[arg-type]
+                                       extra_body={"symphony": {"k": 3}})
+    asked = run_cli("ask", "What is 2 + 3?", "--model", model, "--max-tokens", "12", "--json",
+                    data_dir=asker.data_dir, timeout_s=GENERATE_TIMEOUT_S)
+    assert asked.returncode == 0, asked.stdout + asked.stderr
+    snap = json.loads(asked.stdout)
+    assert snap["phase"] == "done" and snap["results"][0]["executor"] == "chain"
+    assert 0 < snap["results"][0]["tokens"] <= 12 and snap["chain"]["final_route"]

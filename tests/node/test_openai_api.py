@@ -17,9 +17,18 @@ from node.api.openai_request import OpenAIError, chat_request, completion_reques
 from node.api.openai_routes import openai_routes
 from node.market.ask_request import AskError, parse_ask
 from node.market.requester import TasksSection
+from protocol.inference.placement import Placement, Route
 
 TOKEN = "secret"
-SERVED = {"smollm2"}
+
+
+def SERVED(model: str) -> Placement:  # noqa: N802 (stands for the set of served models)
+    """The placement of a network that serves "smollm2" whole and nothing else."""
+    if model == "smollm2":
+        return Placement(Route.MARKET, model, "served whole")
+    return Placement(Route.NOT_FOUND, model, f"The model `{model}` does not exist")
+
+
 CHAT = {"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}]}
 
 
@@ -137,8 +146,11 @@ class Service:
     async def wait_done(self, task_id: str) -> dict[str, Any]:
         return self.snap
 
-    def known_models(self) -> set[str]:
-        return SERVED
+    def place(self, model: str) -> Placement:
+        return SERVED(model)
+
+    def live_text(self, task_id: str) -> None:
+        return None  # the market's tasks: no text before they are done
 
     def model_created(self) -> dict[str, int]:
         return {"smollm2": 1_700_000_000}

@@ -49,6 +49,7 @@ from node.db import Database
 from node.driver import Driver
 from node.logs import get_logger
 from node.membership import agent_version
+from node.p2p.natconfig import NatConfig
 from node.runtime.limits import NetLimits
 from node.service import NodeContext, Service
 from protocol.names import PROTOCOL_VERSION
@@ -100,11 +101,13 @@ def load_extra_services(targets: tuple[str, ...]) -> dict[str, type[Service]]:
 
 #: the config section of the network limits
 LIMITS_SECTION = "limits"
+#: the config section of NAT traversal: AutoNAT, circuit relay, hole punching
+NAT_SECTION = "nat"
 
 
 def config_sections(classes: Mapping[str, type[Service]]) -> dict[str, type]:
     """Every config section: each service's, and ``[limits]`` (node/runtime/limits.py)."""
-    return {LIMITS_SECTION: NetLimits,
+    return {LIMITS_SECTION: NetLimits, NAT_SECTION: NatConfig,
             **{name: cls.config_section for name, cls in classes.items()
                if cls.config_section is not None}}
 
@@ -160,8 +163,9 @@ class Daemon:
         log = self.log = get_logger(peer_id=identity.peer_id)
         db = Database(config.db_path)
         limits = config.sections.get(LIMITS_SECTION) or NetLimits()
-        self.transport = transport = P2PTransport(identity.seed, listen=config.listen,
-                                                  limits=limits)
+        self.transport = transport = P2PTransport(
+            identity.seed, listen=config.listen, limits=limits,
+            nat=config.sections.get(NAT_SECTION) or NatConfig())
         self.driver = driver = ObservedDriver(transport, network_id=config.network_id,
                                               log=log, limits=limits)
         self._started_ms = driver.now_ms()
@@ -255,6 +259,7 @@ class Daemon:
             "faults": drv["faults"],
             "log_lines_suppressed": drv["log_lines_suppressed"],
             "gossip_dropped": getattr(transport, "gossip_dropped", 0),
+            "nat": transport.nat.status() if getattr(transport, "nat", None) else {},
             "services": services,
         }
 

@@ -28,9 +28,12 @@ def topic(network_id: str, name: str, version: int = PROTOCOL_VERSION) -> str:
 
 
 def peer_id_of_multiaddr(addr: str) -> str | None:
-    """The peer id after ``/p2p/`` in a multiaddr, or None when it has none."""
+    """The peer id after the last ``/p2p/`` in a multiaddr, or None when it has none.
+
+    A relayed address names two peers, ``<relay>/p2p/<relay id>/p2p-circuit/p2p/<id>``: the
+    one it reaches is the last."""
     parts = addr.rstrip("/").split("/")
-    for i, part in enumerate(parts[:-1]):
-        if part in ("p2p", "ipfs"):
+    for i in range(len(parts) - 2, -1, -1):
+        if parts[i] in ("p2p", "ipfs"):
             return parts[i + 1]
     return None

@@ -6,9 +6,11 @@ TCP port answers, and a libp2p connection to the named peer id succeeds; then th
 connection opens) says which network id it speaks. The probe uses a throwaway identity, sends
 no Hello of its own (so the peer never counts it as a member) and disconnects at once.
 
-Running daemon (``reachability_check``, ``clock_check``): from ``GET /status`` and
-``GET /ledger/peers``. Reachability is what the connections show: peers that dialled in prove
-that this node can be reached; no circuit relay or AutoNAT probe is made by this version.
+Running daemon (``reachability_check``, ``nat_check``, ``clock_check``): from ``GET /status``
+and ``GET /ledger/peers``. Reachability is what the connections show: peers that dialled in
+prove that this node can be reached, and so does a relay reservation (peers dial it through
+the relay). The NAT line is AutoNAT's verdict (peers asked to dial this node back: public,
+private or not known yet) and the relay reservation held, if any (node/p2p/nat.py).
 Clock offset comes from signed capability records: a record's ``issued_at_ms`` against when
 this node first held it; a peer whose records arrive "before" they were issued runs ahead of
 our clock by at least that much (a clock behind ours is indistinguishable from gossip delay).
@@ -126,19 +128,50 @@ def reachability_check(status: dict[str, Any]) -> Check:
     """Whether peers can dial this node, from its addresses and who dialled in."""
     addrs = list(status.get("addresses", []))
     inbound = [p for p in status.get("peers", []) if p.get("outbound") is False]
-    public = [a for a in addrs if not _private(a)]
-    where = ", ".join(addrs) or "none"
+    direct = [a for a in addrs if "/p2p-circuit" not in a]
+    public = [a for a in direct if not _private(a)]
+    where = ", ".join(direct) or "none"
+    relayed = status.get("nat", {}).get("relayed_addrs", [])
     if inbound:
         return Check("reachability", PASS, f"{len(inbound)} peer(s) dialled in; addresses "
                      f"{where}")
-    port = next((a.split("/tcp/")[1].split("/")[0] for a in addrs if "/tcp/" in a), "<port>")
+    if relayed:
+        return Check("reachability", PASS, f"reachable through a relay: {relayed[0]}")
+    port = next((a.split("/tcp/")[1].split("/")[0] for a in direct if "/tcp/" in a), "<port>")
     detail = (f"no peer has dialled in yet; addresses {where}"
               + ("" if public else " (all private: peers outside this network cannot dial "
-                 "them)") + "; no relay reservation (circuit relay is not part of this version)")
+                 "them)") + "; no relay reservation")
     return Check("reachability", WARN, detail,
                  f"forward TCP port {port} on the router to this machine and listen on it "
                  "(--listen /ip4/0.0.0.0/tcp/" + str(port) + "), or rely on outbound "
                  "connections only")
+
+
+def nat_check(status: dict[str, Any]) -> Check:
+    """AutoNAT's verdict and the relay reservation held (``status["nat"]``)."""
+    nat = status.get("nat") or {}
+    if not nat:
+        return Check("nat", SKIP, "this daemon runs no NAT traversal",
+                     "upgrade the node (AutoNAT and relaying come with it)")
+    verdict, answers = nat.get("reachability", "unknown"), nat.get("autonat_answers", {})
+    said = f"AutoNAT: {verdict} ({len(answers)} peer(s) answered)"
+    serving = nat.get("relay_service", {})
+    held = nat.get("reservations", [])
+    if verdict == "public":
+        relaying = (f"relaying for {serving.get('reservations', 0)} peer(s)"
+                    if serving.get("serving") else "not relaying for others")
+        return Check("nat", PASS, f"{said}; publicly reachable, {relaying}")
+    if held:
+        return Check("nat", PASS, f"{said}; relay reservation on {held[0]['relay'][:16]}... "
+                     f"for {held[0]['expires_in_s']} s more: peers reach this node through it")
+    if verdict == "private":
+        return Check("nat", WARN, f"{said}; behind a NAT and no relay reservation: reachable "
+                     "only over connections this node opens",
+                     "connect to a publicly reachable node (a bootstrap peer) that relays "
+                     "([nat] relay_service), or forward the listen port on the router")
+    return Check("nat", WARN, f"{said}; no verdict yet: it needs directly connected peers "
+                 "to dial this node back", "wait for peers (symphony node status), or add a "
+                 "bootstrap peer")
 
 
 def clock_check(peers: dict[str, Any], rejections: dict[str, dict[str, int]]) -> Check:

@@ -1,7 +1,8 @@
 """Every doctor check for one node, in order; the daemon's checks only while it runs.
 
 ``run_doctor(config)`` returns the checks: key, data dir, listen addresses, each bootstrap
-address, model, disk and memory, GPU, then reachability and clock offset from the running
+address, model, disk and memory, GPU, then reachability, NAT status (AutoNAT's verdict and
+any relay reservation) and clock offset from the running
 daemon (skipped, saying so, when it is stopped: ``symphony node run`` starts it).
 """
 
@@ -21,10 +22,10 @@ from node.doctor.local import (
     model_check,
     resources_check,
 )
-from node.doctor.network import clock_check, probe_bootstrap, reachability_check
+from node.doctor.network import clock_check, nat_check, probe_bootstrap, reachability_check
 from node.doctor.report import SKIP, Check
 
-DAEMON_CHECKS = ("reachability", "clock")
+DAEMON_CHECKS = ("reachability", "nat", "clock")
 
 
 def run_doctor(config: Config, *, check_model: bool = True) -> list[Check]:
@@ -73,6 +74,7 @@ def daemon_checks(client: ApiClient, status: dict[str, Any]) -> list[Check]:
     try:
         peers = client.get("/ledger/peers")
     except DaemonNotRunning as exc:
-        return [reachability_check(status),
+        return [reachability_check(status), nat_check(status),
                 Check("clock", SKIP, f"the daemon stopped answering: {exc}", "run doctor again")]
-    return [reachability_check(status), clock_check(peers, ledger.get("rejections", {}))]
+    return [reachability_check(status), nat_check(status),
+            clock_check(peers, ledger.get("rejections", {}))]

@@ -46,6 +46,8 @@ from node.logs import route_library_logs
 from node.p2p.framing import Framing
 from node.p2p.gossip import GOSSIP_PROTOCOLS, Gossip
 from node.p2p.guard import StreamGuard
+from node.p2p.nat import NatService
+from node.p2p.natconfig import NatConfig
 from node.p2p.streams import NetBulkStream, bulk_handler
 from node.p2p.swarm import DIAL_TIMEOUT_S, PeerTracker, build_host, identify_handler
 from node.runtime.limits import NetLimits
@@ -78,6 +80,7 @@ class P2PTransport:
         dial_timeout_s: float = DIAL_TIMEOUT_S,
         limits: NetLimits | None = None,
         agent: str | None = None,
+        nat: NatConfig | None = None,
     ) -> None:
         if len(seed) != 32:
             raise ValueError(f"an Ed25519 seed is 32 bytes, got {len(seed)}")
@@ -98,6 +101,13 @@ class P2PTransport:
         self._guard = StreamGuard(limits, self._log, lambda: int(trio.current_time() * 1000))
         self._gossip = Gossip(self._host, self._log, limits, self._guard.fault)
         self._guard_libp2p_protocols(agent_version() if agent is None else agent)
+        # AutoNAT, circuit relay v2 and hole punching (node/p2p/nat.py); None: none of them
+        self.nat = None if nat is None else NatService(
+            self._host, nat, limits.read_deadline_s,
+            lambda p, h: self._guard.wrap(p, h, ours=True),
+            lambda: int(trio.current_time() * 1000))
+        if self.nat is not None:
+            self.nat.install()
         self._nursery: trio.Nursery | None = None
         self._stop = trio.Event()
 
@@ -136,7 +146,9 @@ class P2PTransport:
         return self._gossip.dropped
 
     def listen_addrs(self) -> list[str]:
-        return [str(a) for a in self._host.get_addrs()]
+        """Direct addresses, then those through relays we hold a reservation with."""
+        relayed = [] if self.nat is None else self.nat.client.relayed_addrs()
+        return [str(a) for a in self._host.get_addrs()] + relayed
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         async with AsyncExitStack() as stack:
@@ -146,6 +158,8 @@ class P2PTransport:
             await self._gossip.pubsub.wait_until_ready()
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                if self.nat is not None:
+                    await nursery.start(self.nat.run)
                 self._log.info("transport.started", addrs=self.listen_addrs())
                 task_status.started()
                 try:
@@ -183,6 +197,10 @@ class P2PTransport:
     # ---- connections ------------------------------------------------------------------------
 
     async def connect(self, address: str) -> str:
+        if "/p2p-circuit" in address and self.nat is not None:
+            with trio.move_on_after(self._dial_timeout_s):
+                return await self.nat.client.dial(address)
+            raise TransportError(f"dial {address} timed out after {self._dial_timeout_s} s")
         try:
             info = info_from_p2p_addr(multiaddr.Multiaddr(address))
         except Exception as exc:
@@ -195,7 +213,11 @@ class P2PTransport:
         self._swarm._negative_peer_cache.evict(str(info.peer_id))
         with trio.move_on_after(self._dial_timeout_s) as scope:
             try:
-                await self._host.connect(info)
+                if self.nat is not None and self.nat.relayed_only(info.peer_id.to_base58()):
+                    # py-libp2p's connect would settle for the relayed connection
+                    await self._swarm.dial_addr(info.addrs[0], info.peer_id)
+                else:
+                    await self._host.connect(info)
             except Exception as exc:
                 raise TransportError(f"dial {address} failed: {exc!r}") from exc
         if scope.cancelled_caught:
@@ -257,6 +279,8 @@ class P2PTransport:
         self._handle(protocol_id, serve)
 
     async def open_stream(self, peer_id: str, protocol_id: str) -> BulkStream:
+        if self.nat is not None:  # bulk goes direct when a hole punch is about to allow it
+            await self.nat.prefer_direct(peer_id)
         return await self._open(peer_id, protocol_id)
 
     async def _open(self, peer_id: str, protocol_id: str) -> NetBulkStream:

@@ -162,11 +162,17 @@ class Membership:
             for addr in event.addrs:
                 self._learn(addr, now)
         elif isinstance(event, SetListenAddrs):
-            self.listen_addrs = event.addrs[:MAX_ADDRS]
+            self._set_listen_addrs(event.addrs[:MAX_ADDRS], out)
         elif not isinstance(event, Tick):
             return out
         self._on_timers(now, out)
         return out
+
+    def _set_listen_addrs(self, addrs: tuple[str, ...], out: list[Effect]) -> None:
+        """New addresses (a relay reservation came or went) go to every peer in a Hello."""
+        changed, self.listen_addrs = addrs != self.listen_addrs, addrs
+        if changed:
+            out += [Send(p, self._hello()) for p in self.conns if p not in self._closing]
 
     def _hello(self) -> Hello:
         return Hello(
@@ -263,7 +269,9 @@ class Membership:
                          f"({self.config.protocol_version})", now, out)
             return
         if conn.state is ConnState.READY:
-            return  # a repeated Hello changes nothing
+            for addr in hello.listen_addrs:  # a repeated Hello: the peer's addresses changed
+                self._learn(addr, now, expected_peer=conn.peer)
+            return
         conn.state = ConnState.READY
         conn.agent_version = hello.agent_version
         conn.next_ping_at_ms = now  # measure latency at once

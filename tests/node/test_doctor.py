@@ -14,7 +14,7 @@ from crypto.keys import Identity, save_identity
 from node.config import load_config
 from node.daemon import config_sections, load_service_classes
 from node.doctor.local import key_check, listen_checks, model_check, parse_tcp_multiaddr
-from node.doctor.network import clock_check, reachability_check
+from node.doctor.network import clock_check, nat_check, reachability_check
 from node.doctor.report import FAIL, PASS, SKIP, WARN
 from node.doctor.run import run_doctor
 from node.market.executor import ExecutorSection
@@ -92,6 +92,24 @@ def test_reachability_is_proven_by_peers_that_dialled_in() -> None:
     behind = reachability_check({"addresses": addrs, "peers": [{"outbound": True}]})
     assert behind.status == WARN and "all private" in behind.detail
     assert "forward TCP port 4001" in behind.fix
+
+
+def test_nat_status_says_autonat_and_the_relay_reservation() -> None:
+    nat = {"reachability": "private", "autonat_answers": {"p": "private"},
+           "relay_service": {"serving": False}, "reservations": [], "relayed_addrs": []}
+    behind = nat_check({"nat": nat})
+    assert behind.status == WARN and "no relay reservation" in behind.detail
+    held = {**nat, "reservations": [{"relay": "12D3KooWrelay0000000", "expires_in_s": 3500}],
+            "relayed_addrs": ["/ip4/1.2.3.4/tcp/1/p2p/R/p2p-circuit/p2p/A"]}
+    assert nat_check({"nat": held}).status == PASS
+    assert "relay reservation on 12D3KooWrelay000" in nat_check({"nat": held}).detail
+    reached = reachability_check({"addresses": [], "peers": [], "nat": held})
+    assert reached.status == PASS and "through a relay" in reached.detail
+    public = {**nat, "reachability": "public", "relay_service": {"serving": True,
+                                                                 "reservations": 2}}
+    assert "relaying for 2 peer(s)" in nat_check({"nat": public}).detail
+    assert nat_check({"nat": {**nat, "reachability": "unknown"}}).status == WARN
+    assert nat_check({}).status == SKIP
 
 
 def test_clock_offset_from_peers_records() -> None:

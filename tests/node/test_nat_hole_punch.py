@@ -1,0 +1,157 @@
+"""Hole punching between two nodes behind two different NATs (TCP simultaneous open), on one
+machine: five network namespaces, nftables masquerading (tests/node/test_nat.py builds one NAT
+with daemons; this builds two, with plain transports: tests/node/nat_peer.py).
+
+Layout (``S`` is a per-run suffix, ``N`` a per-run subnet number)::
+
+    "internet" namespace: relay C at 172.31.N.1, forwarding between the two routers
+    router 1: 172.31.N.2 outside, 10.31.N.1 inside --- A at 10.31.N.2
+    router 2: 172.30.N.2 outside, 10.30.N.1 inside --- B at 10.30.N.2
+
+Each router masquerades what leaves, forwards nothing new from outside, and drops new
+connections to itself from outside (as home routers do: answering them with a reset would
+tell the puncher "refused" and end its attempt). Masquerading keeps a source port while it is
+free, so a node's listening port maps to the same port on its router.
+
+A reserves a slot on C; B dials A through C and sends an echo over the relayed connection;
+A starts DCUtR, its plain dial to B fails (B's router drops it), and then both dial each other
+from their listening ports at once: B's router sees A's SYN as the answer to B's own, and the
+connection is direct. Needs root, ``ip netns`` and ``nft``; skips with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.node.conftest import ROOT
+from tests.node.test_nat import _sh, _why_not
+
+pytestmark = pytest.mark.integration
+
+PEER_TIMEOUT_S = 90
+
+
+class TwoNats:
+    """The namespaces of the module docstring; ``close()`` removes them (and their links)."""
+
+    def __init__(self) -> None:
+        n, s = os.getpid() % 250 + 1, f"{os.getpid() % 10000:04d}"
+        self.inet, self.r1, self.a, self.r2, self.b = (f"h19{x}{s}" for x in "irapb")
+        self.relay_ip = f"172.31.{n}.1"
+        self.a_ip, self.b_ip = f"10.31.{n}.2", f"10.30.{n}.2"
+        self._n, self._s = n, s
+
+    def open(self) -> None:
+        n, s = self._n, self._s
+        for ns in (self.inet, self.r1, self.a, self.r2, self.b):
+            _sh("ip", "netns", "add", ns)
+            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+        _sh("ip", "netns", "exec", self.inet, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        sides = ((self.r1, self.a, "172.31", "10.31", "1"), (self.r2, self.b, "172.30", "10.30", "2"))
+        for router, host, outside, inside, k in sides:
+            out_i, out_r, in_r, in_h = (f"h19{x}{k}{s}" for x in "oqgh")
+            self._link(self.inet, out_i, f"{outside}.{n}.1", router, out_r, f"{outside}.{n}.2")
+            self._link(router, in_r, f"{inside}.{n}.1", host, in_h, f"{inside}.{n}.2")
+            _sh("ip", "-n", router, "route", "add", "default", "via", f"{outside}.{n}.1")
+            _sh("ip", "-n", host, "route", "add", "default", "via", f"{inside}.{n}.1")
+            _sh("ip", "netns", "exec", router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+            ruleset = "\n".join([
+                "table ip nat {", "  chain masq {", "    type nat hook postrouting priority 100;",
+                f'    oifname "{out_r}" masquerade', "  }", "}",
+                "table ip filter {", "  chain block_inbound {",
+                "    type filter hook forward priority 0; policy drop;",
+                "    ct state established,related accept", f'    iifname "{in_r}" accept',
+                "  }", "  chain quiet_router {",
+                "    type filter hook input priority 0; policy accept;",
+                f'    iifname "{out_r}" ct state new drop', "  }", "}", ""])
+            subprocess.run(["ip", "netns", "exec", router, "nft", "-f", "-"], input=ruleset,
+                           check=True, text=True, capture_output=True, timeout=30)
+
+    @staticmethod
+    def _link(ns1: str, if1: str, ip1: str, ns2: str, if2: str, ip2: str) -> None:
+        _sh("ip", "link", "add", if1, "netns", ns1, "type", "veth", "peer", "name", if2,
+            "netns", ns2)
+        for ns, dev, ip in ((ns1, if1, ip1), (ns2, if2, ip2)):
+            _sh("ip", "-n", ns, "addr", "add", f"{ip}/30", "dev", dev)
+            _sh("ip", "-n", ns, "link", "set", dev, "up")
+
+    def close(self) -> None:
+        for ns in (self.a, self.b, self.r1, self.r2, self.inet):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def nats() -> Iterator[TwoNats]:
+    why = _why_not()
+    if why:
+        pytest.skip(why)
+    net = TwoNats()
+    try:
+        try:
+            net.open()
+        except subprocess.CalledProcessError as exc:
+            raise AssertionError(f"building the NATs failed: {exc.cmd}: {exc.stderr}") from None
+        yield net
+    finally:
+        net.close()
+
+
+class _Peer:
+    """tests/node/nat_peer.py in a namespace; its JSON lines one by one."""
+
+    def __init__(self, ns: str, *args: str) -> None:
+        self.role = args[0]
+        self.log: list[str] = []
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-m", "tests.node.nat_peer", *args],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+    def next(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # each peer bounds its own waits (nat_peer.py)
+        if not line:
+            raise AssertionError(f"{self.role} ended: {self.stop()}")
+        self.log.append(line)
+        found: dict[str, Any] = json.loads(line)
+        return found
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        assert self.proc.stderr is not None
+        return self.proc.stderr.read()[-3000:]
+
+
+def test_two_nodes_behind_two_nats_punch_a_direct_connection(nats: TwoNats) -> None:
+    peers: list[_Peer] = []
+    try:
+        relay = _Peer(nats.inet, "relay", f"/ip4/{nats.relay_ip}/tcp/0")
+        peers.append(relay)
+        relay_addr = relay.next()["addrs"][0]
+        a = _Peer(nats.a, "target", f"/ip4/{nats.a_ip}/tcp/0", relay_addr)
+        peers.append(a)
+        a.next()
+        assert a.next()["candidates"][0].startswith(f"/ip4/172.31.{nats._n}.2/tcp/")
+        relayed = a.next()["relayed"][0]
+        b = _Peer(nats.b, "dialer", f"/ip4/{nats.b_ip}/tcp/0", relay_addr, relayed)
+        peers.append(b)
+        b.next()
+        assert b.next()["candidates"][0].startswith(f"/ip4/172.30.{nats._n}.2/tcp/")
+        assert b.next() == {"echo": "ping"}  # over the relayed connection
+        assert b.next() == {"direct": True, "punch": {"punched": 1}}
+    finally:
+        for peer in peers:
+            peer.stop()

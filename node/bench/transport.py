@@ -11,7 +11,9 @@ measures, in one run:
   call to the child's subscription (CLOCK_MONOTONIC is shared across processes);
 * a daemon's time to its first ready peer, through a bootstrap address and from its peer
   store after a restart (node/bench/transport_join.py), and to a peer it was never told of,
-  found through a third node's rendezvous records (node/bench/transport_discovery.py).
+  found through a third node's rendezvous records (node/bench/transport_discovery.py);
+* the first connection through a circuit relay, and relayed against direct throughput
+  (node/bench/transport_relay.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import trio
 
 from node.bench.transport_discovery import discovery_times
 from node.bench.transport_join import join_times
+from node.bench.transport_relay import relay_times
 from node.p2p.host import P2PTransport
 
 PREFIX = "/symphony/bench/transport"
@@ -53,6 +56,7 @@ def run(quick: bool) -> dict[str, Any]:
     figures: dict[str, Any] = trio.run(_bench, QUICK if quick else FULL)
     figures.update(join_times(JOIN_ROUNDS[quick]))
     figures.update(discovery_times(JOIN_ROUNDS[quick]))
+    figures.update(relay_times(JOIN_ROUNDS[quick], quick))
     return figures
 
 

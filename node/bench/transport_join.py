@@ -8,8 +8,8 @@ the membership service dials anyone) to its first ``membership.peer_ready`` line
 the dial, the Noise and yamux handshakes and the Hello exchange are). Median of ``rounds`` runs.
 
 Keys: ``first_peer_bootstrap_ms``, ``first_peer_peer_store_ms``. Discovery is timed beside
-them (node/bench/transport_discovery.py, ``first_peer_dht_ms``); connections through a relay
-are not part of this version, so they have no figure.
+them (node/bench/transport_discovery.py, ``first_peer_dht_ms``), and so is a first connection
+through a relay (node/bench/transport_relay.py, ``first_peer_relay_ms``).
 """
 
 from __future__ import annotations

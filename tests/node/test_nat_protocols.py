@@ -310,3 +310,13 @@ async def test_hostile_bytes_on_the_nat_protocols_are_penalized() -> None:
         await _raw(attacker, victim, AUTONAT_ID, frame(Message(type=Message.DIAL)))  # flood
         kinds = [kind for peer, kind, _ in seen if peer == attacker.peer_id]
         assert kinds == ["oversize", "undecodable", "invalid", "invalid", "invalid", "flood"]
+
+
+@trio_test
+async def test_the_transport_bench_sends_through_the_relay_then_directly() -> None:
+    from node.bench.transport_relay import _throughputs
+
+    figures = await _throughputs(1 << 20)
+    assert figures["relayed_mbps"] > 0 and figures["direct_mbps"] > 0
+    assert figures["relayed_vs_direct_ratio"] == pytest.approx(
+        figures["relayed_mbps"] / figures["direct_mbps"])

@@ -320,3 +320,30 @@ async def test_the_transport_bench_sends_through_the_relay_then_directly() -> No
     assert figures["relayed_mbps"] > 0 and figures["direct_mbps"] > 0
     assert figures["relayed_vs_direct_ratio"] == pytest.approx(
         figures["relayed_mbps"] / figures["direct_mbps"])
+
+
+@trio_test
+async def test_a_bulk_stream_waits_for_a_hole_punch_in_progress() -> None:
+    import trio.testing
+
+    quiet = NatConfig(autonat=False, hole_punch=False)
+    async with _hosts(quiet, quiet) as (a, b):
+        async def sink(peer: str, stream: Any) -> None:
+            while await stream.read(65536):
+                pass
+
+        a.set_stream_handler(BULK, sink)
+        await b.connect(a.listen_addrs()[0])
+        punch = b.nat.puncher.in_progress[a.peer_id] = trio.Event()  # type: ignore[union-attr]
+        opened: list[Any] = []
+
+        async def open_bulk() -> None:
+            opened.append(await b.open_stream(a.peer_id, BULK))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(open_bulk)
+            await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+            assert not opened  # held back while the punch may still give a direct path
+            punch.set()
+        assert len(opened) == 1
+        await opened[0].close()

@@ -96,10 +96,12 @@ class Requester:
         s = self.service
         directory = Directory(servers=s.servers, open_stream=s.open_stream, report=s.report,
                               rtt_ms=lambda: {**s.rtt_ms(), **self.rtt_ms},
-                              observe_rtt=self.observe_rtt, on_failure=self._log_failure)
+                              observe_rtt=self.observe_rtt, on_failure=self._log_failure,
+                              spawn=s.start_soon)
         return Chain(directory, model=s.model_name, n_blocks=s.n_blocks,
                      hidden_size=int(self.head.config.hidden_size), max_length=max_length,
-                     precision=s.precision)
+                     precision=s.precision, forwarding=s.section.forwarding,
+                     link_delay_ms=round(s.section.link_delay_ms))
 
     async def generate(self, prompt: str, max_tokens: int, speculative: int = 0,
                        rule: str = "greedy", **sampling: Any) -> dict[str, Any]:

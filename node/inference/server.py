@@ -8,7 +8,15 @@ stream the request came on, ``RunForward`` runs the stage in a worker thread (on
 at a time: torch gets the cores), caches are cropped and freed. A penalty is reported through
 ``report`` (the service feeds it to the driver), and a stream whose bytes are no message is
 the peer's fault too. A stream that stays silent for the idle timeout is closed and its
-sessions freed; so is every session of a stream that ends.
+sessions freed (unless one of them is still open: relays feed it, the machine expires it when
+idle); so is every session of a stream that ends.
+
+Forwarding: replies always go to the session's opener, on the stream the session was opened
+on, whichever stream brought the request (a ``Relay`` comes on the upstream stage's own
+stream). ``SendRelay`` is signed with this node's key and written on a stream of this node's
+own to the next stage: one per session and next peer, opened at its first relay (again once
+if it broke) and closed with the session, so a link never outlives the receiver's idle
+timeout unnoticed. A relay that cannot be sent is reported to the machine as ``RelayFailed``.
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ from models.blocks import BlockStage, StageCache
 from node.inference.wire import SessionStream, pack_hidden, unpack_hidden
 from node.transport import BulkStream, FrameTooLarge, TransportError
 from protocol.errors import InvalidMessage
-from protocol.inference.messages import SessionAccepted, SessionOpen
+from protocol.inference.messages import Relay, SessionAccepted, SessionOpen, relay_signing_bytes
+from protocol.inference.relay import RelayFailed, SendRelay
 from protocol.inference.session import (
     CropCache,
     ForwardDone,
@@ -33,17 +42,30 @@ from protocol.inference.session import (
 )
 from protocol.machine import Effect, Emit, Penalize, Received, Send
 
+#: opening a stream to the next stage (a dial included) within this
+LINK_TIMEOUT_S = 30.0
+
 Report = Callable[[str, str], Awaitable[None]]
+OpenStream = Callable[[str], Awaitable[SessionStream]]
 
 
 class StageHost:
     """Serves ``stage`` to sessions under ``machine``'s rules (see the module docstring)."""
 
     def __init__(self, stage: BlockStage, machine: SessionServer, *, clock: Callable[[], int],
-                 report: Report, log: object, delay_ms: float = 0.0) -> None:
+                 report: Report, log: object, delay_ms: float = 0.0,
+                 open_stream: OpenStream | None = None,
+                 sign: Callable[[bytes], bytes] | None = None) -> None:
         self.stage = stage
         self.machine = machine
         self.caches: dict[bytes, StageCache] = {}
+        #: each open session's opener stream: where its replies go
+        self.openers: dict[bytes, SessionStream] = {}
+        #: this node's streams to next stages, by (session, next peer)
+        self.links: dict[tuple[bytes, str], SessionStream] = {}
+        self._linking = trio.Lock()
+        self._open_stream = open_stream
+        self._sign = sign
         self._clock = clock
         self._report = report
         self._log = log
@@ -55,30 +77,49 @@ class StageHost:
         """The stream handler: requests in, replies out, until the stream ends or idles."""
         stream = SessionStream(raw, self.delay_ms)
         opened: list[bytes] = []
-        idle_s = max(1.0, self.machine.limits.idle_timeout_ms / 1000)
+        heard = [trio.current_time()]
         try:
-            while True:
-                with trio.move_on_after(idle_s) as idle:
-                    try:
-                        msg = await stream.receive()
-                    except InvalidMessage as exc:
-                        await self._report(peer, f"undecodable session frame: {exc}")
-                        return
-                    except FrameTooLarge as exc:
-                        await self._report(peer, f"oversized session frame: {exc}")
-                        return
-                    except TransportError:
-                        return  # the requester closed or broke the stream: no fault
-                if idle.cancelled_caught:
-                    return
-                if isinstance(msg, SessionOpen):
-                    opened.append(msg.session_id)
-                effects = self.machine.handle(Received(peer, msg), self._clock())
-                if not await self._perform(peer, stream, effects):
-                    return
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._watch, opened, heard, nursery.cancel_scope)
+                await self._requests(peer, stream, opened, heard)
+                nursery.cancel_scope.cancel()
         finally:
             await self._perform(peer, None, self.machine.close_all(peer, opened))
             await stream.close()
+
+    async def _requests(self, peer: str, stream: SessionStream, opened: list[bytes],
+                        heard: list[float]) -> None:
+        while True:
+            try:
+                msg = await stream.receive()
+            except InvalidMessage as exc:
+                await self._report(peer, f"undecodable session frame: {exc}")
+                return
+            except FrameTooLarge as exc:
+                await self._report(peer, f"oversized session frame: {exc}")
+                return
+            except TransportError:
+                return  # the peer closed or broke the stream (or it idled): no fault
+            heard[0] = trio.current_time()
+            if isinstance(msg, SessionOpen):
+                opened.append(msg.session_id)
+            effects = self.machine.handle(Received(peer, msg), self._clock())
+            if not await self._perform(peer, stream, effects):
+                return
+
+    async def _watch(self, opened: list[bytes], heard: list[float],
+                     scope: trio.CancelScope) -> None:
+        """End a stream silent for the idle timeout, unless a session opened on it is still
+        open (relays feed it; the machine expires it when it idles)."""
+        idle_s = max(1.0, self.machine.limits.idle_timeout_ms / 1000)
+        while True:
+            await trio.sleep_until(heard[0] + idle_s)
+            if trio.current_time() < heard[0] + idle_s:
+                continue
+            if not any(sid in self.machine.sessions for sid in opened):
+                scope.cancel()
+                return
+            heard[0] = trio.current_time()
 
     async def _perform(self, peer: str, stream: SessionStream | None,
                        effects: list[Effect]) -> bool:
@@ -87,21 +128,30 @@ class StageHost:
         queue = list(effects)
         while queue:
             effect = queue.pop(0)
-            if isinstance(effect, Send) and stream is not None:
-                if isinstance(effect.message, SessionAccepted):
-                    self.caches[effect.message.session_id] = StageCache()
+            if isinstance(effect, Send):
+                sid = getattr(effect.message, "session_id", b"")
+                if isinstance(effect.message, SessionAccepted) and stream is not None:
+                    self.caches[sid] = StageCache()
+                    self.openers[sid] = stream
+                target = self.openers.get(sid, stream)
+                if target is None:
+                    continue
                 try:
-                    await stream.send(effect.message)
+                    await target.send(effect.message, self.machine.link_delay_ms(sid))
                 except TransportError:
-                    keep = False
+                    keep = keep and target is not stream
             elif isinstance(effect, RunForward):
                 queue.extend(await self._run(effect))
+            elif isinstance(effect, SendRelay):
+                queue.extend(await self._relay(effect))
             elif isinstance(effect, CropCache):
                 cache = self.caches.get(effect.session_id)
                 if cache is not None:
                     cache.crop(min(effect.length, cache.length))
             elif isinstance(effect, FreeCache):
                 self.caches.pop(effect.session_id, None)
+                self.openers.pop(effect.session_id, None)
+                await self._unlink(effect.session_id)
             elif isinstance(effect, Penalize):
                 await self._report(effect.peer, effect.reason)
                 keep = False
@@ -132,8 +182,46 @@ class StageHost:
         return self.machine.handle(ForwardDone(run.session_id, run.start_pos, run.n, data, ms),
                                    self._clock())
 
-    def perform_expiry(self, effects: list[Effect]) -> None:
+    async def _relay(self, out: SendRelay) -> list[Effect]:
+        """Sign ``out`` and send it to the next stage (a broken stream is opened again once)."""
+        signature = b"" if self._sign is None else self._sign(relay_signing_bytes(
+            out.session_id, out.step, out.start_pos, out.n, out.data))
+        relay = Relay(session_id=out.session_id, step=out.step, start_pos=out.start_pos,
+                      n=out.n, data=out.data, signature=signature)
+        detail = "no way to open streams to next stages"
+        key = (out.from_session, out.peer)
+        for _ in range(2):
+            try:
+                link = await self._link(key)
+                await link.send(relay, self.machine.link_delay_ms(out.from_session))
+                return []
+            except (TransportError, OSError, trio.TooSlowError) as exc:
+                detail = f"relay to {out.peer} failed: {exc!r}"
+                dead = self.links.pop(key, None)
+                if dead is not None:
+                    await dead.reset()
+            except LookupError as exc:
+                detail = str(exc)
+                break
+        return self.machine.handle(RelayFailed(out.from_session, detail[:256]), self._clock())
+
+    async def _link(self, key: tuple[bytes, str]) -> SessionStream:
+        if self._open_stream is None:
+            raise LookupError("this server cannot open streams to next stages")
+        async with self._linking:
+            if key not in self.links:
+                with trio.fail_after(LINK_TIMEOUT_S):
+                    self.links[key] = await self._open_stream(key[1])
+            return self.links[key]
+
+    async def _unlink(self, session_id: bytes) -> None:
+        for key in [k for k in self.links if k[0] == session_id]:
+            await self.links.pop(key).close()
+
+    async def perform_expiry(self, effects: list[Effect]) -> None:
         """Effects of an idle-timeout tick (the driver's): free the expired caches."""
         for effect in effects:
             if isinstance(effect, FreeCache):
                 self.caches.pop(effect.session_id, None)
+                self.openers.pop(effect.session_id, None)
+                await self._unlink(effect.session_id)

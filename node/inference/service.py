@@ -27,7 +27,7 @@ import trio
 from node.inference.cache_budget import cache_budget
 from node.inference.wire import SessionStream
 from node.service import NurseryService
-from protocol.inference.messages import Precision
+from protocol.inference.messages import MAX_LINK_DELAY_MS, Precision
 from protocol.inference.routing import Server, choose_blocks, parse_serve_blocks, span_for
 from protocol.inference.session import (
     FreeCache,
@@ -65,13 +65,19 @@ class InferenceSection:
     idle_timeout_s: float = 60.0
     #: hidden states on the wire: "f16" or "f32"
     precision: str = "f16"
-    #: hold every outgoing session frame this long (emulated link latency; 0 = off)
+    #: hold every outgoing session frame this long (emulated link latency; 0 = off); the
+    #: chains this node asks for hold every link that long (their servers are asked to)
     link_delay_ms: float = 0.0
+    #: this node's chains relay hidden states stage to stage (N + 1 links a step), rather than
+    #: the requester sending to each stage in turn (2 N)
+    forwarding: bool = True
+    #: peer ids this node never uses in its chains
+    avoid_peers: tuple[str, ...] = ()
     #: with serve_blocks = "auto": how often coverage is re-checked
     auto_check_s: float = 30.0
     #: with serve_blocks = "auto": the most blocks to hold (0 = as many as memory and speed allow)
     auto_max_blocks: int = 0
-    #: torch threads for the stage (0 = torch's default)
+    #: torch threads for the stage and a requester's head (0 = torch's default)
     threads: int = 0
 
     def __post_init__(self) -> None:
@@ -82,8 +88,11 @@ class InferenceSection:
                 raise ValueError(f"[inference] {key} must be >= 1")
         if self.max_cache_mb < 0:
             raise ValueError("[inference] max_cache_mb must be >= 0 (0: from free memory)")
-        if self.link_delay_ms < 0 or self.idle_timeout_s <= 0:
-            raise ValueError("[inference] link_delay_ms must be >= 0 and idle_timeout_s > 0")
+        if not 0 <= self.link_delay_ms <= MAX_LINK_DELAY_MS or self.idle_timeout_s <= 0:
+            raise ValueError(f"[inference] link_delay_ms must lie in [0, {MAX_LINK_DELAY_MS}] "
+                             "and idle_timeout_s be > 0")
+        if not all(isinstance(p, str) and p for p in self.avoid_peers):
+            raise ValueError("[inference] avoid_peers must be a list of peer ids")
 
 
 class InferenceService(NurseryService):
@@ -131,12 +140,12 @@ class InferenceService(NurseryService):
             self.ctx.log.warning("inference.no_model", error=str(exc))
             return
         self.model_name, self.model_path = info.name, info.path
-        if self.want is None:
-            return
-        if self.section.threads:
+        if self.section.threads:  # a requester's head runs on them too
             import torch
 
             torch.set_num_threads(self.section.threads)
+        if self.want is None:
+            return
         blocks = self._auto_window(None) if self.want == "auto" else self.want
         if blocks[1] > self.n_blocks:
             raise ValueError(f"serve_blocks {blocks[0]}:{blocks[1]} is outside the "
@@ -160,7 +169,8 @@ class InferenceService(NurseryService):
                               free_mib=budget.free_bytes >> 20, cache_mib=budget.bytes >> 20)
         self._machine = SessionServer(served, self.limits)
         self.host = StageHost(stage, self._machine, clock=self.ctx.clock, report=self.report,
-                              log=self.ctx.log, delay_ms=self.section.link_delay_ms)
+                              log=self.ctx.log, delay_ms=self.section.link_delay_ms,
+                              open_stream=self.open_stream, sign=self.ctx.identity.sign)
         self.ctx.log.info("inference.serving", model=self.model_name, start=blocks[0],
                           end=blocks[1], ms_per_block=round(self.ms_per_block, 3),
                           param_mib=round(stage.param_bytes / 2**20, 1))
@@ -175,7 +185,7 @@ class InferenceService(NurseryService):
 
     async def perform(self, effect: object) -> None:
         if isinstance(effect, FreeCache) and self.host is not None:
-            self.host.perform_expiry([effect])
+            await self.host.perform_expiry([effect])
 
     def block_offers(self) -> tuple[BlockOffer, ...]:
         if self.host is None:
@@ -227,6 +237,8 @@ class InferenceService(NurseryService):
         for held in ledger.machine.view.state.live_records(ledger.now_ms()):
             rec = held.record
             if rec.peer_id == self.ctx.identity.peer_id and not include_self:
+                continue
+            if rec.peer_id in self.section.avoid_peers:
                 continue
             if self.failed_until.get(rec.peer_id, 0) > now:
                 continue

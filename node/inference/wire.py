@@ -46,16 +46,20 @@ class SessionStream:
     def __init__(self, stream: BulkStream, delay_ms: float = 0.0) -> None:
         self.stream = stream
         self.delay_ms = delay_ms
+        self._sending = trio.Lock()  # a stage's relays and replies may share one stream
 
     @property
     def peer_id(self) -> str:
         return self.stream.peer_id
 
-    async def send(self, msg: Message) -> None:
+    async def send(self, msg: Message, delay_ms: float = 0.0) -> None:
+        """Write ``msg``, held ``delay_ms`` (or the stream's own delay when that is longer)."""
         data = encode(msg)
-        if self.delay_ms > 0:
-            await trio.sleep(self.delay_ms / 1000)  # the emulated link's one-way delay
-        await write_frame(self.stream, data, max_bytes=MAX_FRAME_BYTES)
+        delay = max(delay_ms, self.delay_ms)
+        async with self._sending:
+            if delay > 0:
+                await trio.sleep(delay / 1000)  # the emulated link's one-way delay
+            await write_frame(self.stream, data, max_bytes=MAX_FRAME_BYTES)
 
     async def receive(self) -> Message:
         """The next message; InvalidMessage for bytes that are none, TransportError for a

@@ -24,10 +24,22 @@ of them (``SessionOpen``), then sends ``Forward`` frames of hidden states, ``Rol
   sessions and never closes them holds at most ``max_sessions`` for ``idle_timeout_ms``.
 * Only the peer that opened a session may use it; any other peer is told UNKNOWN_SESSION.
 
-Effects: ``Send`` (every reply), ``RunForward`` (compute), ``CropCache``, ``FreeCache``,
-``Penalize``, ``Emit``. Events: ``Received`` (a decoded request), ``ForwardDone``,
-``ForwardFailed``, ``Tick``, and ``Misbehaved`` (a fault the driver saw, on either side of a
-session: one penalty rule for both).
+* Forwarding: a session opened with a next hop answers a ``Forward`` whose ``reply`` is
+  false by relaying its output to the next hop (``SendRelay``: the driver signs it and sends
+  it on its own stream to that peer) instead of answering; a session without a next hop
+  answers its opener either way. A ``Relay`` is taken only from the session's ``upstream``
+  (the requester sets it at open and by ``Relink``); one from anyone else, for no open
+  session, or while the session computes is ignored (a race with a replacement). A relay
+  that fails protocol.inference.relay's check, or whose values the driver finds non-finite,
+  is reported to the opener as ``RelayRejected`` with the frame as evidence; the session
+  stays open and no one is penalized here (the requester judges). A relay the driver could
+  not send (``RelayFailed``) is reported as ``SessionError(NEXT_HOP_FAILED)``; the session
+  stays open, its cache holds the positions, and the requester relinks it.
+
+Effects: ``Send`` (every reply), ``RunForward`` (compute), ``SendRelay``, ``CropCache``,
+``FreeCache``, ``Penalize``, ``Emit``. Events: ``Received`` (a decoded request or relay),
+``ForwardDone``, ``ForwardFailed``, ``RelayFailed``, ``Tick``, and ``Misbehaved`` (a fault
+the driver saw, on either side of a session: one penalty rule for both).
 """
 
 from __future__ import annotations
@@ -41,6 +53,9 @@ from protocol.inference.messages import (
     ForwardResult,
     Precision,
     Refusal,
+    Relay,
+    RelayRejected,
+    Relink,
     Rollback,
     SessionAccepted,
     SessionAck,
@@ -50,6 +65,7 @@ from protocol.inference.messages import (
     SessionRefused,
     check_hidden_size,
 )
+from protocol.inference.relay import RelayFailed, SendRelay, relay_problem
 from protocol.machine import Effect, Emit, Event, Penalize, Received, Send, Tick
 
 #: penalty points for a malformed session request
@@ -142,6 +158,12 @@ class _Session:
     last_active_ms: int
     length: int = 0
     busy: bool = False
+    upstream: str = ""
+    next_peer: str = ""
+    next_session: bytes = b""
+    link_delay_ms: int = 0
+    #: the computation running: (its step, whether it answers the opener, the relay it came in)
+    pending: tuple[int, bool, tuple[str, Relay] | None] = (0, True, None)
 
 
 class SessionServer:
@@ -154,6 +176,11 @@ class SessionServer:
         self._tombstones: OrderedDict[bytes, None] = OrderedDict()
 
     # ------------------------------------------------------------ what the ledger advertises
+
+    def link_delay_ms(self, session_id: bytes) -> int:
+        """The emulated link delay session ``session_id`` asked for (0: none or closed)."""
+        session = self.sessions.get(session_id)
+        return 0 if session is None else session.link_delay_ms
 
     @property
     def reserved_bytes(self) -> int:
@@ -180,6 +207,11 @@ class SessionServer:
             return self._done(event, now)
         if isinstance(event, ForwardFailed):
             return self._failed(event)
+        if isinstance(event, RelayFailed):
+            session = self.sessions.get(event.session_id)
+            return [] if session is None else [Send(session.peer, SessionError(
+                session_id=event.session_id, reason=Refusal.NEXT_HOP_FAILED,
+                detail=event.detail[:256]))]
         if isinstance(event, Tick):
             return self._expire(now)
         if isinstance(event, Misbehaved):
@@ -189,7 +221,9 @@ class SessionServer:
     def _request(self, peer: str, msg: object, now: int) -> list[Effect]:
         if isinstance(msg, SessionOpen):
             return self._open(peer, msg, now)
-        if not isinstance(msg, Forward | Rollback | SessionClose):
+        if isinstance(msg, Relay):
+            return self._relay_in(peer, msg, now)
+        if not isinstance(msg, Forward | Rollback | SessionClose | Relink):
             return [Penalize(peer, "inference: not a session request", MALFORMED_POINTS)]
         sid = msg.session_id
         session = self.sessions.get(sid)
@@ -210,7 +244,33 @@ class SessionServer:
             session.length = msg.length
             return [CropCache(sid, msg.length), Send(peer, SessionAck(session_id=sid,
                                                                       length=msg.length))]
-        return self._forward(session, msg)
+        if isinstance(msg, Relink):
+            session.upstream, session.next_peer = msg.upstream, msg.next_peer
+            session.next_session = msg.next_session
+            return [Send(peer, SessionAck(session_id=sid, length=session.length))]
+        try:
+            check_hidden_size(msg.data, msg.n, self.served.hidden_size, session.precision)
+        except InvalidMessage as exc:
+            return self._malformed(sid, str(exc))
+        if msg.start_pos > session.length:
+            return self._malformed(sid, f"positions from {msg.start_pos}, {session.length} held")
+        return self._start(session, sid, msg.start_pos, msg.n, msg.data,
+                           (msg.step, msg.reply, None))
+
+    def _relay_in(self, peer: str, msg: Relay, now: int) -> list[Effect]:
+        sid = msg.session_id
+        session = self.sessions.get(sid)
+        if session is None or not session.upstream or session.upstream != peer or session.busy:
+            why = "no session" if session is None else "busy" if session.busy else "not upstream"
+            return [Emit("inference_relay_ignored", {"peer": peer, "why": why})]
+        session.last_active_ms = now
+        problem = relay_problem(peer, msg, hidden_size=self.served.hidden_size,
+                                precision=session.precision, cached=session.length)
+        if problem:
+            return [Send(session.peer, RelayRejected(session_id=sid, sender=peer, relay=msg,
+                                                     detail=problem[:256]))]
+        return self._start(session, sid, msg.start_pos, msg.n, msg.data,
+                           (msg.step, False, (peer, msg)))
 
     def _open(self, peer: str, msg: SessionOpen, now: int) -> list[Effect]:
         sid, served, lim = msg.session_id, self.served, self.limits
@@ -237,33 +297,31 @@ class SessionServer:
                     Emit("inference_session_refused", {"peer": peer, "reason": reason.value})]
         self.sessions[sid] = _Session(peer=peer, start=msg.start, end=msg.end,
                                       max_length=msg.max_length, precision=msg.precision,
-                                      reserved_bytes=need, last_active_ms=now)
+                                      reserved_bytes=need, last_active_ms=now,
+                                      upstream=msg.upstream, next_peer=msg.next_peer,
+                                      next_session=msg.next_session,
+                                      link_delay_ms=msg.link_delay_ms)
         return [Send(peer, SessionAccepted(session_id=sid, max_length=msg.max_length,
                                            idle_timeout_ms=lim.idle_timeout_ms)),
                 Emit("inference_session_opened", {"peer": peer, "start": msg.start,
                                                   "end": msg.end})]
 
-    def _forward(self, session: _Session, msg: Forward) -> list[Effect]:
-        sid = msg.session_id
-        try:
-            check_hidden_size(msg.data, msg.n, self.served.hidden_size, session.precision)
-        except InvalidMessage as exc:
-            return self._malformed(sid, str(exc))
-        if msg.start_pos > session.length:
-            return self._malformed(sid, f"positions from {msg.start_pos}, {session.length} held")
-        if msg.start_pos + msg.n > session.max_length:
+    def _start(self, session: _Session, sid: bytes, start_pos: int, n: int, data: bytes,
+               pending: tuple[int, bool, tuple[str, Relay] | None]) -> list[Effect]:
+        """Compute n positions from start_pos (rolled back to start_pos first)."""
+        if start_pos + n > session.max_length:
             self._drop(sid)
             return [FreeCache(sid), Send(session.peer, SessionError(
                 session_id=sid, reason=Refusal.TOO_LONG,
-                detail=f"position {msg.start_pos + msg.n} past max_length {session.max_length}"))]
+                detail=f"position {start_pos + n} past max_length {session.max_length}"))]
         effects: list[Effect] = []
-        if msg.start_pos < session.length:
-            effects.append(CropCache(sid, msg.start_pos))
-            session.length = msg.start_pos
-        session.busy = True
+        if start_pos < session.length:
+            effects.append(CropCache(sid, start_pos))
+            session.length = start_pos
+        session.busy, session.pending = True, pending
         effects.append(RunForward(peer=session.peer, session_id=sid, start=session.start,
-                                  end=session.end, start_pos=msg.start_pos, n=msg.n,
-                                  data=msg.data, precision=session.precision))
+                                  end=session.end, start_pos=start_pos, n=n,
+                                  data=data, precision=session.precision))
         return effects
 
     def _done(self, event: ForwardDone, now: int) -> list[Effect]:
@@ -272,6 +330,11 @@ class SessionServer:
             return []  # closed by its stream's end while computing
         session.busy, session.last_active_ms = False, now
         session.length = event.start_pos + event.n
+        step, reply, _ = session.pending
+        if not reply and session.next_peer:
+            return [SendRelay(peer=session.next_peer, from_session=event.session_id,
+                              session_id=session.next_session, step=step,
+                              start_pos=event.start_pos, n=event.n, data=event.data)]
         return [Send(session.peer, ForwardResult(
             session_id=event.session_id, start_pos=event.start_pos, n=event.n, data=event.data,
             compute_ms=event.compute_ms))]
@@ -280,6 +343,12 @@ class SessionServer:
         session = self.sessions.get(event.session_id)
         if session is None:
             return []
+        evidence = session.pending[2]
+        if event.bad_input and evidence is not None:  # the relay's values: the opener judges
+            session.busy = False
+            return [Send(session.peer, RelayRejected(session_id=event.session_id,
+                                                     sender=evidence[0], relay=evidence[1],
+                                                     detail=event.detail[:256]))]
         if event.bad_input:
             return self._malformed(event.session_id, event.detail)
         self._drop(event.session_id)

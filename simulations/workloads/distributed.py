@@ -8,10 +8,10 @@ A requester then generates ``tokens`` tokens through it on the simulator's event
 drafts k tokens (``draft_ms`` each) and sends the pending token and the drafts through the
 chain; every link costs t1 plus up to ``jitter_ms``, and every server computes its blocks for
 the k + 1 positions (``ms_per_block * blocks * (1 + position_cost * k)``: a CPU runs extra
-positions for a fraction of the first one's cost). ``topology = "client"`` (the default) is
-the daemon's chain client: the requester sends to each server in turn and gets its output
-back, 2 N links a step; ``"pipeline"``: each server forwards to the next and the last answers
-the requester, N + 1 links. Drafts match the target's choice with probability ``acceptance``
+positions for a fraction of the first one's cost). ``topology = "pipeline"`` (the default)
+is the daemon's chain with stage-to-stage forwarding: each server relays to the next and the
+last answers the requester, N + 1 links a step; ``"client"`` is its direct way: the requester
+sends to each server in turn and gets its output back, 2 N links. Drafts match the target's choice with probability ``acceptance``
 each; the requester verifies them with protocol.inference.speculative's greedy rule, and the
 adaptive runs choose k with its AdaptiveK from the virtual times they measure.
 
@@ -20,12 +20,12 @@ saving per token, DSD's estimate (N - 1) * t1 * (k - 1) / k, and this chain's ow
 R(0) - R(k) / E(k), with R(k) the step time (links, drafting, compute for k + 1 positions) and
 E(k) = (1 - a^(k+1)) / (1 - a) the expected tokens a step emits, at the acceptance the run
 measured (kept drafts over examined ones: the kept ones and the first rejection). DSD's
-estimate counts N - 1 links and k tokens a round; these chains pay 2 N (or N + 1) links a
-step, and a step that keeps every draft emits k + 1 tokens, so the measured saving at full
-acceptance exceeds it.
+estimate counts N - 1 links and k tokens a round; these chains pay N + 1 links a step (2 N
+the direct way), and a step that keeps every draft emits k + 1 tokens, so the measured saving
+at full acceptance exceeds it.
 
 ``[workload]``: ``tokens`` (256), ``n_blocks`` (30), ``replicas`` (2), ``ms_per_block`` (2.0),
-``position_cost`` (0.125), ``draft_ms`` (14.0), ``jitter_ms`` (0.0), ``topology`` ("client").
+``position_cost`` (0.125), ``draft_ms`` (14.0), ``jitter_ms`` (0.0), ``topology`` ("pipeline").
 ``[sweep]``: ``stages`` ([2, 4, 8]), ``hop_ms`` ([0, 10, 20, 50, 100]), ``k`` ([1, 2, 4, 8]),
 ``acceptance`` ([1.0, 0.8, 0.6]). ``--nodes N`` runs N stages only.
 """
@@ -64,10 +64,10 @@ class ChainSpec:
     draft_ms: float
     acceptance: float
     tokens: int
-    #: "client": the requester sends to each server in turn and gets its output back (as the
-    #: daemon's chain client does: 2 N links a step); "pipeline": each server forwards to the
-    #: next and the last answers the requester (N + 1 links a step)
-    topology: str = "client"
+    #: "pipeline": each server forwards to the next and the last answers the requester (the
+    #: daemon's chain, N + 1 links a step); "client": the requester sends to each server in
+    #: turn and gets its output back (the chain's direct way: 2 N links a step)
+    topology: str = "pipeline"
 
     def links(self, hops: int) -> int:
         return 2 * hops if self.topology == "client" else hops + 1
@@ -209,7 +209,7 @@ def _floats(scenario: Scenario, key: str, default: list[float]) -> list[float]:
 
 
 def _topology(scenario: Scenario) -> str:
-    topology = str(workload_value(scenario, "topology", "client"))
+    topology = str(workload_value(scenario, "topology", "pipeline"))
     if topology not in ("client", "pipeline"):
         raise ScenarioError(f"{scenario.name} [workload] topology: 'client' or 'pipeline', "
                             f"got {topology!r}")
@@ -274,9 +274,9 @@ def _report(scenario: Scenario, rows: list[dict[str, Any]]) -> Report:
             "saving_matches_prediction": headline["prediction_error_max"] <= 0.05,
         },
         notes=[
-            "DSD's estimate counts N-1 links and k tokens per round; the daemon's chain client "
-            "talks to each stage in turn (2N links a step; N+1 with topology = 'pipeline') and "
-            "a step that keeps every draft emits k+1 tokens.",
+            "DSD's estimate counts N-1 links and k tokens per round; the daemon's chain forwards "
+            "stage to stage (N+1 links a step; 2N with topology = 'client', its direct way) "
+            "and a step that keeps every draft emits k+1 tokens.",
             "Compute grows with the positions a step verifies (position_cost): at t1 = 0 drafting "
             "only costs, which the adaptive k sees and answers with its shortest draft.",
         ],

@@ -6,7 +6,9 @@ servers run in one trio loop, fast."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ pytest.importorskip("gguf")
 
 import torch  # noqa: E402
 
+from crypto.keys import Identity  # noqa: E402
 from models.blocks import LocalTarget, greedy, load_head, load_stage  # noqa: E402
 from node.inference.client import Chain, ChainError, ChainTarget, Directory  # noqa: E402
 from node.inference.server import StageHost  # noqa: E402
@@ -29,15 +32,19 @@ from protocol.inference.messages import (  # noqa: E402
     Forward,
     ForwardResult,
     Precision,
+    Relay,
+    RelayRejected,
     SessionError,
 )
+from protocol.inference.relay import SendRelay  # noqa: E402
 from protocol.inference.routing import Server  # noqa: E402
 from protocol.inference.session import ServedBlocks, SessionLimits, SessionServer  # noqa: E402
-from protocol.machine import Received  # noqa: E402
+from protocol.machine import Received, Send  # noqa: E402
 from tests.models import tiny  # noqa: E402
 
 PROMPT = [5, 17, 33, 99, 100, 7]
 MODEL = "tiny"
+NAMES = ("a", "b", "c", "z", "requester")
 
 
 class MemStream:
@@ -77,8 +84,17 @@ def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny.write_gguf(tiny.tiny_model(seed=3), tmp_path_factory.mktemp("chain") / "t.gguf")
 
 
+def peer_of(name: str) -> str:
+    """The peer id of the test server called ``name`` (a real key: relays are signed)."""
+    return identity_of(name).peer_id
+
+
+def identity_of(name: str) -> Identity:
+    return Identity.from_seed(name.encode().ljust(32, b"."))
+
+
 class Net:
-    """Block servers by peer name, each a StageHost; streams are memory pairs."""
+    """Block servers by name, each a StageHost under its own key; streams are memory pairs."""
 
     def __init__(self, gguf: Path, nursery: trio.Nursery) -> None:
         self.gguf, self.nursery = gguf, nursery
@@ -86,40 +102,51 @@ class Net:
         self.reports: list[tuple[str, str]] = []
         self.tamper: dict[str, Callable[[Any], Any]] = {}
         self.streams: dict[str, list[MemStream]] = {}
+        self.opened: list[tuple[str, str]] = []  # (sender, peer) of every stream
 
-    def serve(self, peer: str, start: int, end: int, limits: SessionLimits | None = None) -> None:
+    def serve(self, name: str, start: int, end: int, limits: SessionLimits | None = None,
+              sign: Callable[[bytes], bytes] | None = None) -> None:
         stage = load_stage(self.gguf, start, end)
         served = ServedBlocks(MODEL, start, end, stage.hidden_size,
                               stage.bytes_per_position // (end - start))
-        self.hosts[peer] = StageHost(stage, SessionServer(served, limits or SessionLimits()),
-                                     clock=lambda: int(trio.current_time() * 1000),
-                                     report=self.report, log=structlog.get_logger())
+        me = peer_of(name)
+        self.hosts[me] = StageHost(stage, SessionServer(served, limits or SessionLimits()),
+                                   clock=lambda: int(trio.current_time() * 1000),
+                                   report=self.report, log=structlog.get_logger(),
+                                   open_stream=partial(self.open_stream, sender=me),
+                                   sign=sign or identity_of(name).sign)
 
     async def report(self, peer: str, detail: str) -> None:
-        self.reports.append((peer, detail))
+        self.reports.append((self.name(peer), detail))
+
+    @staticmethod
+    def name(peer: str) -> str:
+        return next((n for n in NAMES if peer_of(n) == peer), peer)
 
     def servers(self) -> list[Server]:
         return [Server(p, MODEL, h.stage.start, h.stage.end, 1.0, 8, 16, 1 << 30)
-                for p, h in sorted(self.hosts.items())]
+                for p, h in sorted(self.hosts.items(), key=lambda ph: self.name(ph[0]))]
 
-    async def open_stream(self, peer: str) -> SessionStream:
+    async def open_stream(self, peer: str, sender: str = "requester") -> SessionStream:
         if peer not in self.hosts:
             from node.transport import TransportError
 
-            raise TransportError(f"{peer} is gone")
+            raise TransportError(f"{self.name(peer)} is gone")
         client, server = trio.testing.memory_stream_pair()
         host = self.hosts[peer]
         if peer in self.tamper:
             host = self.tamper[peer](host)
-        self.nursery.start_soon(host.serve, "requester", MemStream(server, "requester"))
+        self.nursery.start_soon(host.serve, sender, MemStream(server, sender))
         mem = MemStream(client, peer)
         self.streams.setdefault(peer, []).append(mem)
+        self.opened.append((sender, peer))
         return SessionStream(mem)
 
-    def chain(self, precision: Precision = Precision.FP16) -> Chain:
-        return Chain(Directory(self.servers, self.open_stream, self.report), model=MODEL,
+    def chain(self, precision: Precision = Precision.FP16, forwarding: bool = True) -> Chain:
+        return Chain(Directory(self.servers, self.open_stream, self.report,
+                               spawn=self.nursery.start_soon), model=MODEL,
                      n_blocks=tiny.LAYERS, hidden_size=tiny.HIDDEN, max_length=128,
-                     precision=precision)
+                     precision=precision, forwarding=forwarding)
 
 
 def run_chain(gguf: Path, body: Callable[[Net], Any]) -> Any:
@@ -142,22 +169,77 @@ async def generate(net: Net, chain: Chain, n: int = 64) -> tuple[list[int], list
     await chain.open()
     target = ChainTarget(load_head(net.gguf), chain)
     out = await trio.to_thread.run_sync(greedy, target, PROMPT, n)
-    route = [peer for peer, _, _ in chain.route]
+    route = [net.name(peer) for peer, _, _ in chain.route]
     await chain.close()
     return out, route
 
 
-@pytest.mark.parametrize("precision", [Precision.FP16, Precision.FP32])
-def test_two_stage_chain_is_token_identical(gguf: Path, precision: Precision) -> None:
+@pytest.mark.parametrize(("precision", "forwarding"), [
+    (Precision.FP16, True), (Precision.FP32, True), (Precision.FP16, False)])
+def test_two_stage_chain_is_token_identical(gguf: Path, precision: Precision,
+                                            forwarding: bool) -> None:
     async def body(net: Net) -> list[int]:
         net.serve("a", 0, 1)
         net.serve("b", 1, 2)
-        chain = net.chain(precision)
+        chain = net.chain(precision, forwarding)
         out, route = await generate(net, chain)
         assert route == ["a", "b"] and chain.recoveries == 0
+        # forwarded: a relays to b over a's own stream; direct: the requester talks to both
+        assert ((peer_of("a"), peer_of("b")) in net.opened) == forwarding
+        assert not any(h.links for h in net.hosts.values())  # closed with the sessions
         return out
 
     assert run_chain(gguf, body) == reference(gguf)
+
+
+class GarbageRelayHost(StageHost):
+    """Relays NaN hidden states (signed: the frame is its own)."""
+
+    async def _relay(self, out: SendRelay) -> list[Any]:
+        bad = np.full((out.n, tiny.HIDDEN), np.nan, np.float32).astype("<f2").tobytes()
+        return await super()._relay(dataclasses.replace(out, data=bad))
+
+
+class FalseReporterHost(StageHost):
+    """Reports every relay it gets as bad, with the (good) frame as evidence."""
+
+    async def serve(self, peer: str, raw: Any) -> None:
+        handle = self.machine.handle
+
+        def lying(event: Any, now: int) -> list[Any]:
+            msg = getattr(event, "message", None)
+            if isinstance(msg, Relay):
+                opener = self.machine.sessions[msg.session_id].peer
+                return [Send(opener, RelayRejected(session_id=msg.session_id, sender=event.peer,
+                                                   relay=msg, detail="says it is bad"))]
+            return handle(event, now)
+
+        self.machine.handle = lying  # type: ignore[method-assign]
+        await super().serve(peer, raw)
+
+
+@pytest.mark.parametrize(("host", "culprit"), [(GarbageRelayHost, "a"),
+                                               (FalseReporterHost, "b")])
+def test_a_bad_relay_is_blamed_on_the_stage_at_fault(gguf: Path, host: type,
+                                                      culprit: str) -> None:
+    """The stage that relays garbage, or the one that falsely reports a good relay, is the
+    one penalized and replaced; the output is unchanged."""
+
+    async def body(net: Net) -> tuple[list[int], Net, Chain]:
+        net.serve("a", 0, 1)
+        net.serve("b", 1, 2)
+        net.serve("c", 1, 2) if culprit == "b" else net.serve("c", 0, 1)
+        bad = net.hosts[peer_of(culprit)]
+        bad.__class__ = host
+        chain = net.chain()
+        out, route = await generate(net, chain, 16)
+        assert culprit not in route and chain.recoveries >= 1
+        return out, net, chain
+
+    out, net, chain = run_chain(gguf, body)
+    assert out == reference(gguf, 16)
+    assert {p for p, _ in net.reports} == {culprit}
+    assert chain.excluded == {peer_of(culprit)}
 
 
 def test_rollback_then_forward_matches(gguf: Path) -> None:
@@ -184,7 +266,7 @@ def test_a_failed_server_is_replaced_and_the_output_is_unchanged(gguf: Path) -> 
         net.serve("c", 1, 2)  # the replacement for b's span
         chain = net.chain()
         await chain.open()
-        assert [h[0] for h in chain.route] == ["a", "b"]
+        assert [net.name(h[0]) for h in chain.route] == ["a", "b"]
         target = ChainTarget(load_head(gguf), chain)
 
         def decode() -> list[int]:
@@ -197,7 +279,8 @@ def test_a_failed_server_is_replaced_and_the_output_is_unchanged(gguf: Path) -> 
                 logits = target.forward([out[-1]], len(PROMPT) + i)
             return out
 
-        async def kill(peer: str) -> None:
+        async def kill(name: str) -> None:
+            peer = peer_of(name)
             del net.hosts[peer]
             for s in net.streams[peer]:
                 await s.close()
@@ -208,7 +291,7 @@ def test_a_failed_server_is_replaced_and_the_output_is_unchanged(gguf: Path) -> 
 
     out, chain = run_chain(gguf, body)
     assert out == reference(gguf, 40)
-    assert chain.recoveries == 1 and "b" in chain.excluded
+    assert chain.recoveries == 1 and peer_of("b") in chain.excluded
 
 
 def test_a_server_sending_nan_is_penalized_and_replaced(gguf: Path) -> None:
@@ -230,7 +313,7 @@ def test_a_server_sending_nan_is_penalized_and_replaced(gguf: Path) -> None:
     async def body(net: Net) -> tuple[list[int], Net]:
         net.serve("a", 0, 2)
         net.serve("z", 0, 2)
-        net.tamper["a"] = NanHost
+        net.tamper[peer_of("a")] = NanHost
         out, route = await generate(net, net.chain(), 16)
         assert route == ["z"]
         return out, net
@@ -266,10 +349,12 @@ def test_server_refuses_over_its_limits_and_penalizes_bad_frames(gguf: Path) -> 
         s = ok.hops[0]
         await s.stream.send(Forward(session_id=s.session_id, start_pos=0, n=2,
                                     data=pack_hidden(np.zeros((1, tiny.HIDDEN)), Precision.FP16)))
-        reply = await s.stream.receive()
+        assert ok.inbox is not None
+        _, reply = await ok.inbox.next()  # the chain's reader has the stream
         assert isinstance(reply, SessionError) and reply.reason.value == "malformed"
         assert net.reports and net.reports[-1][0] == "requester"
-        assert not net.hosts["a"].machine.sessions and not net.hosts["a"].caches
+        host = net.hosts[peer_of("a")]
+        assert not host.machine.sessions and not host.caches
 
     run_chain(gguf, body)
 
@@ -298,9 +383,32 @@ def test_a_bad_frame_from_a_requester_is_reported(gguf: Path, frame: bytes, faul
         client, server = trio.testing.memory_stream_pair()
         with trio.fail_after(10):
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(net.hosts["a"].serve, "requester", MemStream(server, "r"))
+                nursery.start_soon(net.hosts[peer_of("a")].serve, "requester",
+                                   MemStream(server, "r"))
                 await client.send_all(frame)
         assert [p for p, _ in net.reports] == ["requester"]
         assert fault in net.reports[0][1]
+
+    run_chain(gguf, body)
+
+
+def test_a_silent_stream_ends_after_the_idle_timeout_unless_its_session_is_open(
+        gguf: Path) -> None:
+    """A stream with no open session ends once silent for the idle timeout; the opener's
+    stream of a forwarded session (fed by relays, silent itself) stays while it is open."""
+
+    async def body(net: Net) -> None:
+        net.serve("a", 0, 2, SessionLimits(idle_timeout_ms=1000))
+        host = net.hosts[peer_of("a")]
+        client, server = trio.testing.memory_stream_pair()
+        with trio.fail_after(20):
+            await host.serve("requester", MemStream(server, "r"))  # returns: it idled out
+        chain = net.chain()
+        await chain.open()
+        sid = chain.hops[0].session_id
+        host.machine.sessions[sid].last_active_ms = 10**12  # the machine keeps it open
+        await trio.sleep(2.5)
+        assert not chain.hops[0].closed and sid in host.openers
+        await chain.close()
 
     run_chain(gguf, body)

@@ -34,7 +34,7 @@ def _rows(scenario: Any) -> list[dict[str, Any]]:
 
 
 def test_full_acceptance_saves_the_links_of_k_out_of_k_plus_1_tokens() -> None:
-    """Free drafting, flat compute, every draft kept: each step of 2 N links and the compute
+    """Free drafting, flat compute, every draft kept: each step of N + 1 links and the compute
     emits k + 1 tokens, so the saving per token is R(0) * k / (k + 1) exactly."""
     rows = _rows(tiny(workload={"draft_ms": 0.0, "position_cost": 0.0},
                       sweep={"acceptance": [1.0]}))
@@ -44,7 +44,7 @@ def test_full_acceptance_saves_the_links_of_k_out_of_k_plus_1_tokens() -> None:
             continue
         k = r["k"]
         assert r["saving_ms"] == pytest.approx(r["ms_per_token_plain"] * k / (k + 1), abs=1e-3)
-        if r["hop_ms"]:  # beyond DSD's estimate: 2 N links, not N - 1, and k + 1 tokens
+        if r["hop_ms"]:  # beyond DSD's estimate: N + 1 links, not N - 1, and k + 1 tokens
             assert r["saving_ms"] > r["dsd_estimate_ms"]
 
 
@@ -73,10 +73,12 @@ def test_the_report_is_reproducible_and_bad_sweeps_name_the_key() -> None:
 
 
 def test_the_client_topology_pays_two_links_per_stage_the_pipeline_one() -> None:
+    """The daemon's chains forward stage to stage (the default, "pipeline"); "client" is the
+    direct way, N - 1 more links a step."""
     flat = {"draft_ms": 0.0, "position_cost": 0.0}
     sweep = {"acceptance": [1.0], "k": [1], "hop_ms": [20]}
-    client = _rows(tiny(workload=flat, sweep=sweep))
-    pipeline = _rows(tiny(workload={**flat, "topology": "pipeline"}, sweep=sweep))
+    client = _rows(tiny(workload={**flat, "topology": "client"}, sweep=sweep))
+    pipeline = _rows(tiny(workload=flat, sweep=sweep))
     for c, p in zip(client, pipeline, strict=True):
         n = c["stages"]
         assert c["ms_per_token_plain"] - p["ms_per_token_plain"] == pytest.approx((n - 1) * 20.0)

@@ -1,0 +1,121 @@
+"""Stage-to-stage forwarding: who is to blame for a bad relay.
+
+Contract
+--------
+In a forwarded step the requester sends its hidden states to the first stage only; each stage
+relays its output to the next (``Relay``, signed by the sender over
+``messages.relay_signing_bytes``) and the last one answers the requester. The requester never
+sees the frames between stages, so a stage that receives a bad one reports it with the frame
+as evidence (``RelayRejected``), and the requester judges with :func:`judge_rejection`:
+
+* a frame the sender signed that is malformed (a wrong byte count, non-finite values) or, at
+  the step the requester is running, carries other positions than the step's, is the
+  sender's fault: it is penalized;
+* a well-formed frame of the running step is the reporter's fault (it refused good input),
+  and so is evidence from a peer that is not the reporter's upstream: the reporter is
+  penalized;
+* a frame whose signature does not verify, or a well-formed frame of another step, proves
+  nothing either way: both peers leave the chain, neither is penalized.
+
+:func:`relay_problem` is the receiving stage's check of a relay before it computes (the
+signature, the byte count, the positions it holds); the values themselves are checked by the
+driver when it decodes them.
+
+Pure logic: no clock, no randomness; Ed25519 verification from crypto/.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from crypto.keys import verify_signature
+from crypto.peer_id import InvalidPeerId, public_key_from_peer_id
+from protocol.errors import InvalidMessage
+from protocol.inference.messages import (
+    Precision,
+    Relay,
+    RelayRejected,
+    check_hidden_size,
+    relay_signing_bytes,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SendRelay:
+    """Sign and send this output to ``peer`` (the next hop of session ``from_session``)."""
+
+    peer: str
+    from_session: bytes
+    session_id: bytes
+    step: int
+    start_pos: int
+    n: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RelayFailed:
+    """The driver could not send a session's relay to its next hop."""
+
+    session_id: bytes
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Blame:
+    """The judge's verdict: ``peers`` leave the chain, penalized when ``penalize``."""
+
+    peers: tuple[str, ...]
+    penalize: bool
+    detail: str
+
+
+def signature_ok(sender: str, relay: Relay) -> bool:
+    """True when ``relay`` carries ``sender``'s valid signature."""
+    try:
+        key = public_key_from_peer_id(sender)
+    except InvalidPeerId:
+        return False
+    return verify_signature(key, relay_signing_bytes(relay.session_id, relay.step,
+                                                     relay.start_pos, relay.n, relay.data),
+                            relay.signature)
+
+
+def relay_problem(sender: str, relay: Relay, *, hidden_size: int, precision: Precision,
+                  cached: int) -> str:
+    """Why the receiving stage refuses ``relay`` ("" when it computes it)."""
+    if not signature_ok(sender, relay):
+        return "the relay's signature does not verify"
+    try:
+        check_hidden_size(relay.data, relay.n, hidden_size, precision)
+    except InvalidMessage as exc:
+        return str(exc)
+    if relay.start_pos > cached:
+        return f"positions from {relay.start_pos}, {cached} held"
+    return ""
+
+
+def judge_rejection(rejected: RelayRejected, reporter: str, *, upstream: str, step: int,
+                    start_pos: int, n: int, hidden_size: int, precision: Precision,
+                    finite: bool) -> Blame:
+    """Whose fault ``rejected`` is (see the module contract). ``upstream`` is the peer the
+    requester linked to the reporter, ``step``, ``start_pos`` and ``n`` the step it is
+    running, ``finite`` whether the evidence's values are all finite (the driver decodes)."""
+    relay = rejected.relay
+    if rejected.sender != upstream or relay.session_id != rejected.session_id:
+        return Blame((reporter,), True, "reported a relay from a peer not its upstream")
+    if not signature_ok(upstream, relay):
+        return Blame((upstream, reporter), False, "a reported relay without a valid signature")
+    try:
+        check_hidden_size(relay.data, relay.n, hidden_size, precision)
+    except InvalidMessage as exc:
+        return Blame((upstream,), True, f"relayed {exc}")
+    if not finite:
+        return Blame((upstream,), True, "relayed non-finite hidden states")
+    if relay.step != step:
+        return Blame((upstream, reporter), False, f"a reported relay of step {relay.step}, "
+                                                  f"not {step}")
+    if (relay.start_pos, relay.n) != (start_pos, n):
+        return Blame((upstream,), True, f"relayed positions {relay.start_pos}+{relay.n}, the "
+                                        f"step sent {start_pos}+{n}")
+    return Blame((reporter,), True, f"refused a well-formed relay ({rejected.detail})"[:200])

@@ -1,0 +1,134 @@
+"""protocol.inference: stage-to-stage forwarding in the session machine, and who is blamed for
+a bad relay (protocol.inference.relay.judge_rejection)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from crypto.keys import Identity
+from protocol.inference.messages import (
+    Forward,
+    ForwardResult,
+    Precision,
+    Refusal,
+    Relay,
+    RelayRejected,
+    Relink,
+    SessionAck,
+    SessionError,
+    SessionOpen,
+    relay_signing_bytes,
+)
+from protocol.inference.relay import RelayFailed, SendRelay, judge_rejection
+from protocol.inference.session import (
+    ForwardDone,
+    ForwardFailed,
+    RunForward,
+    ServedBlocks,
+    SessionLimits,
+    SessionServer,
+)
+from protocol.machine import Emit, Penalize, Received, Send
+
+C = 8
+UP, ME, NEXT = (Identity.from_seed(bytes([i]) * 32) for i in (1, 2, 3))
+SID, NEXT_SID = b"s" * 16, b"n" * 16
+
+
+def machine() -> SessionServer:
+    served = ServedBlocks(model="m", start=0, end=4, hidden_size=C, cache_bytes_per_block=10)
+    server = SessionServer(served, SessionLimits())
+    server.handle(Received("req", SessionOpen(
+        session_id=SID, model="m", start=0, end=4, max_length=32, precision=Precision.FP16,
+        hidden_size=C, upstream=UP.peer_id, next_peer=NEXT.peer_id, next_session=NEXT_SID)), 0)
+    return server
+
+
+def relay(sender: Identity = UP, start: int = 0, n: int = 2, step: int = 7,
+          data: bytes | None = None) -> Relay:
+    data = b"\0" * (n * C * 2) if data is None else data
+    return Relay(session_id=SID, step=step, start_pos=start, n=n, data=data,
+                 signature=sender.sign(relay_signing_bytes(SID, step, start, n, data)))
+
+
+def test_a_relay_from_upstream_is_computed_and_relayed_on() -> None:
+    server = machine()
+    effects = server.handle(Received(UP.peer_id, relay()), 1)
+    assert [type(e) for e in effects] == [RunForward]
+    done = server.handle(ForwardDone(SID, 0, 2, b"out", 3), 2)
+    assert done == [SendRelay(peer=NEXT.peer_id, from_session=SID, session_id=NEXT_SID,
+                              step=7, start_pos=0, n=2, data=b"out")]
+    # a Forward that asks for the answer (a replay) answers the opener instead
+    server.handle(Received("req", Forward(session_id=SID, start_pos=0, n=1, data=b"\0" * 16)), 3)
+    answer = server.handle(ForwardDone(SID, 0, 1, b"o", 1), 4)
+    assert [type(e.message) for e in answer if isinstance(e, Send)] == [ForwardResult]
+    # the relay could not be sent: the opener hears it, the session stays
+    failed = server.handle(RelayFailed(SID, "gone"), 5)
+    assert isinstance(failed[0], Send) and isinstance(failed[0].message, SessionError)
+    assert failed[0].message.reason is Refusal.NEXT_HOP_FAILED and SID in server.sessions
+
+
+def test_relays_from_others_are_ignored_and_bad_ones_reported_with_evidence() -> None:
+    server = machine()
+    stranger = server.handle(Received(NEXT.peer_id, relay(NEXT)), 1)
+    assert all(isinstance(e, Emit) for e in stranger)
+    forged = server.handle(Received(UP.peer_id, relay(NEXT)), 1)  # not UP's signature
+    short = server.handle(Received(UP.peer_id, relay(data=b"\0" * 3)), 1)
+    ahead = server.handle(Received(UP.peer_id, relay(start=5)), 1)
+    for effects, why in ((forged, "signature"), (short, "bytes"), (ahead, "positions")):
+        assert len(effects) == 1 and isinstance(effects[0], Send), effects
+        msg = effects[0].message
+        assert effects[0].peer == "req" and isinstance(msg, RelayRejected) and why in msg.detail
+        assert msg.sender == UP.peer_id
+    assert not any(isinstance(e, Penalize) for e in forged + short + ahead)
+    server.handle(Received(UP.peer_id, relay()), 2)
+    nan = server.handle(ForwardFailed(SID, True, "non-finite"), 3)
+    assert isinstance(nan[0], Send) and isinstance(nan[0].message, RelayRejected)
+    assert not server.sessions[SID].busy  # the session stays for the replacement's relay
+
+
+def test_relink_moves_the_links() -> None:
+    server = machine()
+    acked = server.handle(Received("req", Relink(session_id=SID, upstream=NEXT.peer_id,
+                                                 next_peer="", next_session=b"")), 1)
+    assert [type(e.message) for e in acked if isinstance(e, Send)] == [SessionAck]
+    assert all(isinstance(e, Emit) for e in server.handle(Received(UP.peer_id, relay()), 2))
+    server.handle(Received(NEXT.peer_id, relay(NEXT)), 2)
+    out = server.handle(ForwardDone(SID, 0, 2, b"o", 1), 3)  # no next hop: the opener
+    assert [type(e.message) for e in out if isinstance(e, Send)] == [ForwardResult]
+    with pytest.raises(ValueError, match="both a peer"):
+        Relink(session_id=SID, upstream="", next_peer="x", next_session=b"").check()
+
+
+def judge(rejected: RelayRejected, **kw: object) -> tuple[tuple[str, ...], bool]:
+    args: dict[str, object] = dict(upstream=UP.peer_id, step=7, start_pos=0, n=2,
+                                   hidden_size=C, precision=Precision.FP16, finite=True)
+    args.update(kw)
+    blame = judge_rejection(rejected, ME.peer_id, **args)  # type: ignore[arg-type]
+    return blame.peers, blame.penalize
+
+
+@pytest.mark.parametrize(("frame", "kw", "blamed", "penalized"), [
+    (relay(), {}, "reporter", True),  # a good frame of this step: the reporter lied
+    (relay(), {"finite": False}, "sender", True),  # signed NaNs
+    (relay(data=b"\0" * 5), {}, "sender", True),  # signed, wrong byte count
+    (relay(start=3), {}, "sender", True),  # this step, other positions
+    (relay(step=6, start=3), {}, "both", False),  # another step: proves nothing
+    (relay(NEXT), {}, "both", False),  # not the sender's signature
+])
+def test_the_judge_blames_the_stage_at_fault(frame: Relay, kw: dict[str, object], blamed: str,
+                                             penalized: bool) -> None:
+    rejected = RelayRejected(session_id=SID, sender=UP.peer_id, relay=frame, detail="bad")
+    want = {"reporter": (ME.peer_id,), "sender": (UP.peer_id,),
+            "both": (UP.peer_id, ME.peer_id)}[blamed]
+    assert judge(rejected, **kw) == (want, penalized)
+
+
+def test_evidence_from_a_peer_not_upstream_is_the_reporters_fault() -> None:
+    rejected = RelayRejected(session_id=SID, sender=NEXT.peer_id, relay=relay(NEXT), detail="")
+    assert judge(rejected) == ((ME.peer_id,), True)
+    other = dataclasses.replace(relay(), session_id=b"o" * 16)
+    assert judge(RelayRejected(session_id=SID, sender=UP.peer_id, relay=other,
+                               detail="")) == ((ME.peer_id,), True)

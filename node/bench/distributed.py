@@ -1,34 +1,41 @@
 """`symphony bench distributed`: the default model split by blocks across real daemons, with
-and without speculative decoding, in one run.
+and without speculative decoding, in one run on one set of daemons.
 
 The model is SmolLM2-135M (30 blocks): the stages hold fp32 torch blocks dequantized from its
-Q4_1 GGUF (models.blocks), one torch thread each; the requester daemon holds the embedding and
-head and drafts with llama.cpp on the same Q4_1 file. Hidden states travel as fp16.
+Q4_1 GGUF (models.blocks), one torch thread each; the requester daemons hold the embedding and
+head and draft with llama.cpp on the same Q4_1 file. Hidden states travel as fp16. Seven block
+servers serve the 2-stage ranges (0-15, 15-30) and the 4-stage ones (0-8, 8-15 twice: a spare,
+15-23, 23-30); each requester daemon is told which of them it may use
+(node.bench.distributed_net), and all start at once. Chains forward stage to stage (N + 1
+links a step) unless named ``direct`` (the requester sends to each stage in turn: 2 N links).
 
 * ``tokens_per_s_single``: greedy decoding of the whole model in this process (LocalTarget,
   one torch thread), the reference output every greedy chain output is compared with.
-* ``overhead_ratio_2`` / ``overhead_ratio_4``: time per token through a 2- and a 4-stage chain
-  of daemons on loopback (no link delay) over the single-process time per token (goal <= 1.3).
-* ``dsd_speedup_20ms``: a 4-stage chain with every daemon holding each outgoing session frame
-  20 ms (``[inference] link_delay_ms``; the requester talks to each stage in turn, so a step
-  crosses 2 links per stage): tokens/s with speculative decoding (drafts of at most ``SPEC_K``
-  tokens, their length adapted step by step; greedy verification: the output must stay
-  identical) over tokens/s without; ``mean_k`` is the mean draft length.
-  ``mars_speedup_20ms`` is the same with MARS verification (not exact; theta 0.9).
-  ``acceptance_rate``: drafts kept / drafted in the greedy speculative run.
-* ``stage_param_mb_max`` / ``whole_param_mb``: the largest stage's parameters vs the whole
-  model's blocks; ``stage_rss_mb_max``: the largest peak RSS among the 4-stage servers.
-* ``recovery_s``: a 4-stage chain with a spare server for blocks [8, 15): the one in use is
+* ``overhead_ratio_2`` / ``overhead_ratio_4``: time per token through the 2- and the 4-stage
+  chain on loopback (no link delay) over the single-process time per token (goal <= 1.3);
+  the single-process runs are interleaved with the chains' so a busy spell hits all of them.
+* ``dsd_speedup_20ms``: the 4-stage chain with every link held 20 ms (``[inference]
+  link_delay_ms`` of its requester: its servers hold that session's frames too): tokens/s
+  with speculative decoding (drafts of at most ``SPEC_K`` tokens, their length adapted step by
+  step; greedy verification: the output must stay identical) over tokens/s without;
+  ``mean_k`` is the mean draft length. ``mars_speedup_20ms`` is the same with MARS
+  verification (not exact; theta 0.9). ``acceptance_rate``: drafts kept / drafted in the
+  greedy speculative run.
+* Without ``--quick`` the same chains also run the direct way: ``overhead_ratio_2_direct``,
+  ``overhead_ratio_4_direct``, ``tokens_per_s_chain4_20ms_direct`` and
+  ``dsd_speedup_20ms_direct`` (speculative over plain, both direct).
+* ``stage_param_mb_max`` / ``whole_param_mb``: the largest 4-stage range's parameters vs the
+  whole model's blocks; ``stage_rss_mb_max``: the largest peak RSS among the servers.
+* ``recovery_s`` (run last): the server of blocks 8-15 in use by the 4-stage chain is
   SIGKILLed a third of the way into a generation; the time from the kill until the spare has
   taken the replayed history and served the step again (polled every 0.1 s).
-  ``recovery_extra_wall_s``: the whole generation's wall time over the same one without the
+  ``recovery_extra_wall_s``: the generation's wall time over the fastest one without the
   kill; ``recoveries`` counts the replans.
 * ``identical``: every greedy output through a chain (plain, speculative, recovered) equals
-  the single-process one.
+  the single-process one. ``wall_s``: the whole bench.
 
-Every timed generation runs ``REPEATS`` times (once with ``--quick``; the 20 ms runs
-interleaved) and the fastest counts. ``--quick`` generates 16 tokens instead of 64; it still
-starts three testnets (14 daemons), several minutes on two shared cores.
+Every timed generation runs ``REPEATS`` times (once with ``--quick``) and the fastest counts.
+``--quick`` generates 16 tokens instead of 64 and leaves out the direct-way chains.
 """
 
 from __future__ import annotations
@@ -39,11 +46,12 @@ import time
 from typing import Any
 
 from node.bench.distributed_net import (
-    ChainNet,
-    chain_net,
+    RequesterSpec,
+    Swarm,
     elapsed,
     peak_rss_mb,
     split,
+    swarm,
     wait_for_session,
 )
 
@@ -59,36 +67,72 @@ REPEATS = 2
 MIB = float(1 << 20)
 
 
-def _reference(max_tokens: int, repeats: int) -> tuple[dict[str, Any], list[int], Any]:
-    """Single-process greedy decoding: (figures, tokens, the loaded model info)."""
-    import llama_cpp
-    import torch
+class Reference:
+    """The whole model in this process: greedy tokens and the best time per run."""
 
-    from models.blocks import LocalTarget, greedy
+    def __init__(self, max_tokens: int) -> None:
+        import llama_cpp
+        import torch
+
+        from models.blocks import LocalTarget
+        from models.registry import resolve
+
+        torch.set_num_threads(1)
+        self.info = resolve(None)
+        tok = llama_cpp.Llama(model_path=str(self.info.path), vocab_only=True, verbose=False)
+        add_bos = tok.metadata.get("tokenizer.ggml.add_bos_token", "false") == "true"
+        self.ids = list(tok.tokenize(PROMPT.encode(), add_bos=add_bos, special=True))
+        self.eos = int(tok.token_eos())
+        self.target = LocalTarget.from_gguf(self.info.path)
+        self.max_tokens = max_tokens
+        self.tokens: list[int] = []
+        self.wall = float("inf")
+
+    def run(self) -> None:
+        from models.blocks import greedy
+
+        self.target.rollback(0)
+        t0 = time.perf_counter()
+        self.tokens = greedy(self.target, self.ids, self.max_tokens, [self.eos])
+        self.wall = min(self.wall, time.perf_counter() - t0)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.tokens) / self.wall
+
+    def figures(self) -> dict[str, Any]:
+        stage = self.target.stage
+        return {"model": self.info.name, "tokens": len(self.tokens),
+                "tokens_per_s_single": round(self.tokens_per_s, 3),
+                "whole_param_mb": round(stage.param_bytes / MIB, 1),
+                "stage_param_mb_max": round(max(
+                    sum(p.nbytes for layer in stage.layers[a:b] for p in layer.parameters())
+                    for a, b in split(stage.end, 4)) / MIB, 1)}
+
+
+def _n_blocks() -> int:
+    from models.gguf_torch import llama_config, read_gguf
     from models.registry import resolve
 
-    torch.set_num_threads(1)
-    info = resolve(None)
-    tok = llama_cpp.Llama(model_path=str(info.path), vocab_only=True, verbose=False)
-    add_bos = tok.metadata.get("tokenizer.ggml.add_bos_token", "false") == "true"
-    ids = list(tok.tokenize(PROMPT.encode(), add_bos=add_bos, special=True))
-    target = LocalTarget.from_gguf(info.path)
-    greedy(target, ids[:4], 2)  # warm-up
-    target.rollback(0)
-    wall = float("inf")
-    for _ in range(repeats):
-        target.rollback(0)
-        t0 = time.perf_counter()
-        tokens = greedy(target, ids, max_tokens, [int(tok.token_eos())])
-        wall = min(wall, time.perf_counter() - t0)
-    stage = target.stage
-    figures = {"model": info.name, "tokens": len(tokens),
-               "tokens_per_s_single": round(len(tokens) / wall, 3),
-               "whole_param_mb": round(stage.param_bytes / MIB, 1),
-               "stage_param_mb_max": round(max(
-                   sum(p.nbytes for layer in stage.layers[a:b] for p in layer.parameters())
-                   for a, b in split(stage.end, 4)) / MIB, 1)}
-    return figures, tokens, stage.end
+    path = resolve(None).path
+    meta, tensors = read_gguf(path)
+    return int(llama_config(path, meta, tensors).num_hidden_layers)
+
+
+def _layout(n_blocks: int, quick: bool) -> tuple[dict[str, tuple[int, int]],
+                                                 dict[str, RequesterSpec]]:
+    two, four = split(n_blocks, 2), split(n_blocks, 4)
+    servers = {"x0": two[0], "x1": two[1], "q0": four[0], "q1": four[1], "q1-spare": four[1],
+               "q2": four[2], "q3": four[3]}
+    pair, quad = ("x0", "x1"), ("q0", "q1", "q1-spare", "q2", "q3")
+    requesters = {"r2": RequesterSpec(pair), "r4": RequesterSpec(quad),
+                  "r4-20ms": RequesterSpec(quad, LINK_DELAY_MS)}
+    if not quick:
+        requesters.update({
+            "r2-direct": RequesterSpec(pair, forwarding=False),
+            "r4-direct": RequesterSpec(quad, forwarding=False),
+            "r4-20ms-direct": RequesterSpec(quad, LINK_DELAY_MS, forwarding=False)})
+    return servers, requesters
 
 
 def _tps(answer: dict[str, Any]) -> float:
@@ -102,86 +146,97 @@ def _best(answers: list[dict[str, Any]], reference: list[int], key: str,
     return max(answers, key=_tps)
 
 
-def _chain_figures(chain: ChainNet, max_tokens: int, reference: list[int], key: str,
-                   outputs: dict[str, bool], repeats: int) -> float:
-    """Plain greedy through ``chain``: the best tokens/s of ``repeats`` runs."""
-    runs = [chain.generate(PROMPT, max_tokens) for _ in range(repeats)]
-    return round(_tps(_best(runs, reference, key, outputs)), 3)
-
-
-def _latency_runs(n_blocks: int, max_tokens: int, reference: list[int],
-                  outputs: dict[str, bool], repeats: int) -> dict[str, Any]:
-    figures: dict[str, Any] = {}
-    with chain_net(split(n_blocks, 4), link_delay_ms=LINK_DELAY_MS, name="chain4-20ms") as chain:
-        chain.generate(PROMPT, 2)  # warm-up: the requester loads its head and tokenizer
-        runs: dict[str, list[dict[str, Any]]] = {"": [], "_spec": [], "_mars": []}
-        for _ in range(repeats):  # interleaved, so a busy spell of the machine hits all three
-            runs[""].append(chain.generate(PROMPT, max_tokens))
-            runs["_spec"].append(chain.generate(PROMPT, max_tokens, speculative=SPEC_K))
-            runs["_mars"].append(chain.generate(PROMPT, max_tokens, speculative=SPEC_K,
-                                                rule="mars"))
-        plain = _best(runs[""], reference, "chain4_20ms", outputs)
-        spec = _best(runs["_spec"], reference, "chain4_20ms_speculative", outputs)
-        mars = max(runs["_mars"], key=_tps)
-        for name, answer in (("", plain), ("_spec", spec), ("_mars", mars)):
-            figures[f"tokens_per_s_chain4_20ms{name}"] = round(_tps(answer), 3)
-        base = figures["tokens_per_s_chain4_20ms"]
-        figures["dsd_speedup_20ms"] = round(figures["tokens_per_s_chain4_20ms_spec"] / base, 3)
-        figures["mars_speedup_20ms"] = round(figures["tokens_per_s_chain4_20ms_mars"] / base, 3)
-        figures["acceptance_rate"] = spec.get("acceptance_rate")
-        figures["acceptance_rate_mars"] = mars.get("acceptance_rate")
-        figures["mean_k"] = spec.get("mean_k")
-        figures["mean_k_mars"] = mars.get("mean_k")
-        figures["mars_tokens_equal_greedy"] = all(a["tokens"] == reference for a in runs["_mars"])
-    return figures
-
-
-def _recovery(n_blocks: int, max_tokens: int, reference: list[int],
+def _loopback(net: Swarm, ref: Reference, names: list[str], max_tokens: int,
               outputs: dict[str, bool], repeats: int) -> dict[str, Any]:
-    ranges = split(n_blocks, 4)
-    with chain_net([*ranges, ranges[1]], name="chain4-spare") as chain:
-        chain.generate(PROMPT, 2)
-        calm = _best([chain.generate(PROMPT, max_tokens) for _ in range(repeats)], reference,
-                     "chain4", outputs)
-        figures: dict[str, Any] = {
-            "tokens_per_s_chain4": round(_tps(calm), 3),
-            "stage_rss_mb_max": round(max(peak_rss_mb(n) for n, _ in chain.servers), 1)}
-        spares = [n for n, r in chain.servers if r == ranges[1]]
-        result: dict[str, Any] = {}
-
-        def generate() -> None:
-            try:
-                result["answer"] = chain.generate(PROMPT, max_tokens)
-            except Exception as exc:  # reported below as a failed recovery
-                result["error"] = repr(exc)
-
-        before = {n.name: chain.inference_status(n)["forwards"] for n in spares}
-        worker = threading.Thread(target=generate)
-        worker.start()
-        in_use = _serving_session(chain, spares)
-        wait_for_session(chain, in_use, forwards=before[in_use.name] + max(2, max_tokens // 3))
-        in_use.kill()
-        killed_at = time.perf_counter()
-        # recovered: the spare has taken the replayed history and served the step again
-        spare = next(n for n in spares if n is not in_use)
-        wait_for_session(chain, spare, forwards=before[spare.name] + 2)
-        figures["recovery_s"] = elapsed(killed_at)
-        worker.join()
-        if "answer" not in result:
-            raise RuntimeError(f"the generation did not survive a killed stage: {result['error']}")
-        answer = result["answer"]
-        outputs["chain4_recovered"] = answer["tokens"] == reference
-        figures["recovery_extra_wall_s"] = round(answer["wall_s"] - calm["wall_s"], 3)
-        figures["recoveries"] = answer.get("recoveries", 0)
+    """Single-process and chain runs interleaved: the chains' overhead ratios."""
+    runs: dict[str, list[dict[str, Any]]] = {r: [] for r in names}
+    for _ in range(repeats):
+        ref.run()
+        for r in names:
+            runs[r].append(net.generate(r, PROMPT, max_tokens))
+    figures: dict[str, Any] = {}
+    for r in names:
+        stages, way = r[1], "_direct" if r.endswith("direct") else ""
+        tps = _tps(_best(runs[r], ref.tokens, f"chain{stages}{way}", outputs))
+        figures[f"tokens_per_s_chain{stages}{way}"] = round(tps, 3)
+        figures[f"overhead_ratio_{stages}{way}"] = round(ref.tokens_per_s / tps, 3)
     return figures
 
 
-def _serving_session(chain: ChainNet, candidates: list[Any]) -> Any:
+def _latency_runs(net: Swarm, reference: list[int], max_tokens: int, outputs: dict[str, bool],
+                  repeats: int, quick: bool) -> dict[str, Any]:
+    figures: dict[str, Any] = {}
+    plans = [("r4-20ms", "", ("", "_spec", "_mars"))]
+    if not quick:
+        plans.append(("r4-20ms-direct", "_direct", ("", "_spec")))
+    for requester, way, kinds in plans:
+        runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
+        for _ in range(repeats):  # interleaved, so a busy spell of the machine hits all
+            for kind in kinds:
+                extra: dict[str, Any] = {"speculative": SPEC_K} if kind else {}
+                if kind == "_mars":
+                    extra["rule"] = "mars"
+                runs[kind].append(net.generate(requester, PROMPT, max_tokens, **extra))
+        best = {k: (max(v, key=_tps) if k == "_mars" else
+                    _best(v, reference, f"chain4_20ms{way}{k}", outputs))
+                for k, v in runs.items()}
+        for kind, answer in best.items():
+            figures[f"tokens_per_s_chain4_20ms{way}{kind}"] = round(_tps(answer), 3)
+        base = figures[f"tokens_per_s_chain4_20ms{way}"]
+        figures[f"dsd_speedup_20ms{way}"] = round(
+            figures[f"tokens_per_s_chain4_20ms{way}_spec"] / base, 3)
+        if "_mars" in best:
+            figures["mars_speedup_20ms"] = round(figures["tokens_per_s_chain4_20ms_mars"]
+                                                 / base, 3)
+            figures["acceptance_rate_mars"] = best["_mars"].get("acceptance_rate")
+            figures["mean_k_mars"] = best["_mars"].get("mean_k")
+            figures["mars_tokens_equal_greedy"] = all(a["tokens"] == reference
+                                                      for a in runs["_mars"])
+        if not way:
+            figures["acceptance_rate"] = best["_spec"].get("acceptance_rate")
+            figures["mean_k"] = best["_spec"].get("mean_k")
+    return figures
+
+
+def _recovery(net: Swarm, reference: list[int], max_tokens: int, outputs: dict[str, bool],
+              calm_wall_s: float) -> dict[str, Any]:
+    """Kill the 4-stage chain's server of blocks 8-15 mid-generation (see the docstring)."""
+    spares = [net.servers[s][0] for s in ("q1", "q1-spare")]
+    result: dict[str, Any] = {}
+
+    def generate() -> None:
+        try:
+            result["answer"] = net.generate("r4", PROMPT, max_tokens)
+        except Exception as exc:  # reported below as a failed recovery
+            result["error"] = repr(exc)
+
+    before = {n.name: net.inference_status(n)["forwards"] for n in spares}
+    worker = threading.Thread(target=generate)
+    worker.start()
+    in_use = _serving_session(net, spares)
+    wait_for_session(net, in_use, forwards=before[in_use.name] + max(2, max_tokens // 3))
+    in_use.kill()
+    killed_at = time.perf_counter()
+    # recovered: the spare has taken the replayed history and served the step again
+    spare = next(n for n in spares if n is not in_use)
+    wait_for_session(net, spare, forwards=before[spare.name] + 2)
+    figures: dict[str, Any] = {"recovery_s": elapsed(killed_at)}
+    worker.join()
+    if "answer" not in result:
+        raise RuntimeError(f"the generation did not survive a killed stage: {result['error']}")
+    answer = result["answer"]
+    outputs["chain4_recovered"] = answer["tokens"] == reference
+    figures["recovery_extra_wall_s"] = round(answer["wall_s"] - calm_wall_s, 3)
+    figures["recoveries"] = answer.get("recoveries", 0)
+    return figures
+
+
+def _serving_session(net: Swarm, candidates: list[Any]) -> Any:
     from node.testnet import wait_until
 
     def find() -> Any:
         for node in candidates:
-            if chain.inference_status(node)["sessions"] >= 1:
+            if net.inference_status(node)["sessions"] >= 1:
                 return node
         return None
 
@@ -191,23 +246,29 @@ def _serving_session(chain: ChainNet, candidates: list[Any]) -> Any:
 
 def run(quick: bool) -> dict[str, Any]:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    started = time.perf_counter()
     max_tokens = QUICK_TOKENS if quick else FULL_TOKENS
     repeats = 1 if quick else REPEATS
-    figures, reference, n_blocks = _reference(max_tokens, repeats)
-    single_tps = figures["tokens_per_s_single"]
+    servers, requesters = _layout(_n_blocks(), quick)
     outputs: dict[str, bool] = {}
-    for stages in (2,):
-        with chain_net(split(n_blocks, stages), name=f"chain{stages}") as chain:
-            chain.generate(PROMPT, 2)
-            tps = _chain_figures(chain, max_tokens, reference, f"chain{stages}", outputs,
-                                 repeats)
-        figures[f"tokens_per_s_chain{stages}"] = tps
-    figures.update(_recovery(n_blocks, max_tokens, reference, outputs, repeats))
-    figures["overhead_ratio_2"] = round(single_tps / figures["tokens_per_s_chain2"], 3)
-    figures["overhead_ratio_4"] = round(single_tps / figures["tokens_per_s_chain4"], 3)
-    figures.update(_latency_runs(n_blocks, max_tokens, reference, outputs, repeats))
+    with swarm(servers, requesters) as net:
+        ref = Reference(max_tokens)  # loads while the daemons start
+        net.wait()
+        ref.run()  # warm-up, and the reference tokens
+        for r in requesters:  # warm-up: each requester loads its head and tokenizer
+            net.generate(r, PROMPT, 2)
+        names = [r for r in ("r2", "r4", "r2-direct", "r4-direct") if r in requesters]
+        figures = ref.figures()
+        figures.update(_loopback(net, ref, names, max_tokens, outputs, repeats))
+        figures["tokens_per_s_single"] = round(ref.tokens_per_s, 3)
+        figures.update(_latency_runs(net, ref.tokens, max_tokens, outputs, repeats, quick))
+        figures["stage_rss_mb_max"] = round(max(peak_rss_mb(n) for n, _ in
+                                                net.servers.values()), 1)
+        calm = len(ref.tokens) / figures["tokens_per_s_chain4"]
+        figures.update(_recovery(net, ref.tokens, max_tokens, outputs, calm))
     figures["identical"] = all(outputs.values())
     figures["not_identical"] = ",".join(k for k, same in outputs.items() if not same) or "-"
     figures["link_delay_ms"] = LINK_DELAY_MS
     figures["speculative_k_max"] = SPEC_K
+    figures["wall_s"] = elapsed(started)
     return figures

@@ -1,32 +1,37 @@
-"""Chains of real daemons on loopback for `symphony bench distributed`.
+"""One set of real daemons on loopback for `symphony bench distributed`.
 
-:func:`chain_net` starts a requester daemon (no blocks) and one daemon per block range
-(``--serve-blocks A:B``, one torch thread each), all with ``[inference] link_delay_ms`` (every
-outgoing session frame held that long: an emulated link), waits until the requester's ledger
-lists every range, and yields a :class:`ChainNet`. :meth:`ChainNet.generate` posts
-``/inference/generate`` to the requester and returns its answer (a refusal raises
-:class:`ChainRefused` with the daemon's message). Every daemon is stopped on the way out.
+:func:`swarm` starts block servers (``--serve-blocks A:B``, one torch thread each) and
+requester daemons (no blocks), all at once: every daemon's key is made before it starts, so
+each requester's ``[inference] avoid_peers`` can name the servers it must not use (that is
+how one set of servers serves both the 2-stage and the 4-stage chains), and its
+``link_delay_ms`` makes its chains emulate slow links (the servers hold that session's frames
+too) while the others run at loopback speed. The first requester is the bootstrap peer of the
+rest. :meth:`Swarm.wait` waits until every daemon is up and each requester's ledger lists the
+ranges it needs; :meth:`Swarm.generate` posts ``/inference/generate`` to a requester and
+returns its answer (a refusal raises :class:`ChainRefused` with the daemon's message). Every
+daemon is stopped on the way out.
 """
 
 from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from crypto.keys import Identity, save_identity
 from node.api.app import read_token
 from node.testnet import LocalTestnet, NodeProcess, TestnetError, wait_until
 
 #: a generation through a chain of CPU stages on a shared machine can take minutes
 GENERATE_TIMEOUT_S = 600.0
-#: starting a daemon that loads blocks of the model, on two busy cores
-START_TIMEOUT_S = 180.0
+#: starting daemons that load blocks of the model, all at once on two busy cores
+START_TIMEOUT_S = 300.0
 #: log lines of each daemon shown with a refused generation
 LOG_LINES = 12
 #: a graceful stop of a daemon that holds a model, before it is killed
@@ -43,20 +48,40 @@ def split(n_blocks: int, stages: int) -> list[tuple[int, int]]:
     return [(bounds[i], bounds[i + 1]) for i in range(stages)]
 
 
-@dataclass
-class ChainNet:
-    net: LocalTestnet
-    requester: NodeProcess
-    servers: list[tuple[NodeProcess, tuple[int, int]]]
+@dataclass(frozen=True)
+class RequesterSpec:
+    """A requester daemon: the servers it may use, its links' delay, how its chains run."""
 
-    def generate(self, prompt: str, max_tokens: int, speculative: int = 0,
+    uses: tuple[str, ...]
+    link_delay_ms: float = 0.0
+    forwarding: bool = True
+
+
+@dataclass
+class Swarm:
+    net: LocalTestnet
+    servers: dict[str, tuple[NodeProcess, tuple[int, int]]]
+    requesters: dict[str, NodeProcess]
+    specs: dict[str, RequesterSpec] = field(default_factory=dict)
+
+    def wait(self) -> None:
+        for node in [*self.requesters.values(), *(n for n, _ in self.servers.values())]:
+            node.wait_ready(START_TIMEOUT_S)
+        for name, spec in self.specs.items():
+            needed = {self.servers[s][1] for s in spec.uses}
+            wait_until(_covered(self.requesters[name], needed),
+                       f"{name} sees every range it uses", timeout_s=START_TIMEOUT_S,
+                       on_timeout=self.net.log_tails)
+
+    def generate(self, requester: str, prompt: str, max_tokens: int, speculative: int = 0,
                  rule: str = "greedy") -> dict[str, Any]:
+        node = self.requesters[requester]
         body: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens,
                                 "speculative": speculative}
         if speculative:
             body["rule"] = rule
-        token = read_token(self.requester.data_dir)
-        response = httpx.post(self.requester.api_url + "/inference/generate", json=body,
+        token = read_token(node.data_dir)
+        response = httpx.post(node.api_url + "/inference/generate", json=body,
                               headers={"Authorization": f"Bearer {token}"},
                               timeout=GENERATE_TIMEOUT_S)
         answer: dict[str, Any] = response.json()
@@ -65,38 +90,53 @@ class ChainNet:
             raise ChainRefused(f"{message}\n{self.net.log_tails(LOG_LINES)}")
         return answer
 
-    def inference_status(self, node: NodeProcess) -> dict[str, Any]:
+    @staticmethod
+    def inference_status(node: NodeProcess) -> dict[str, Any]:
         status: dict[str, Any] = httpx.get(node.api_url + "/inference/", timeout=10).json()
         return status
 
 
-def _offers_cover(requester: NodeProcess, ranges: Sequence[tuple[int, int]]) -> bool:
-    status = httpx.get(requester.api_url + "/inference/", timeout=10).json()
-    offered = {(int(a), int(b)) for _, a, b in status.get("offers", [])}
-    return set(ranges) <= offered
+def _covered(requester: NodeProcess, ranges: set[tuple[int, int]]) -> Callable[[], bool]:
+    """Whether ``requester``'s ledger offers every range of ``ranges``."""
+    def check() -> bool:
+        status = httpx.get(requester.api_url + "/inference/", timeout=10).json()
+        return ranges <= {(int(a), int(b)) for _, a, b in status.get("offers", [])}
+
+    return check
+
+
+def _keyed(base: Path, name: str) -> str:
+    """Make node ``name``'s key before it starts; its peer id."""
+    identity = Identity.generate()
+    (base / name).mkdir(parents=True, exist_ok=True)
+    save_identity(identity, base / name / "node.key")
+    return identity.peer_id
 
 
 @contextmanager
-def chain_net(ranges: Sequence[tuple[int, int]], *, link_delay_ms: float = 0.0,
-              name: str = "chain") -> Iterator[ChainNet]:
-    """A requester and one daemon per range in ``ranges`` (a range may repeat: a spare)."""
-    # membership keeps its default intervals: a peer exchange every 500 ms repeats the same
-    # request often enough for the peers' replay rule to ban each other within a minute
-    section = {"inference": {"link_delay_ms": link_delay_ms, "threads": 1}}
+def swarm(servers: Mapping[str, tuple[int, int]], requesters: Mapping[str, RequesterSpec], *,
+          name: str = "distributed") -> Iterator[Swarm]:
+    """Start every daemon (not waiting: call :meth:`Swarm.wait`) and stop them all after."""
     with tempfile.TemporaryDirectory(prefix=f"symphony-bench-{name}-") as tmp:
-        net = LocalTestnet(Path(tmp), network_id=f"bench-{name}", config=section)
+        base = Path(tmp)
+        # membership keeps its default intervals: a peer exchange every 500 ms repeats the same
+        # request often enough for the peers' replay rule to ban each other within a minute
+        net = LocalTestnet(base, network_id=f"bench-{name}", config={"inference": {"threads": 1}})
+        ids = {s: _keyed(base, s) for s in servers}
         try:
-            requester = net.start("requester", timeout_s=START_TIMEOUT_S)
-            servers = []
-            for i, (a, b) in enumerate(ranges):
-                node = net.start(f"s{i}-{a}-{b}", bootstrap=[requester],
-                                 extra_args=["--serve-blocks", f"{a}:{b}"], wait=False)
-                servers.append((node, (a, b)))
-            for node, _ in servers:
-                node.wait_ready(START_TIMEOUT_S)
-            wait_until(lambda: _offers_cover(requester, ranges), "the requester sees every range",
-                       timeout_s=START_TIMEOUT_S, on_timeout=net.log_tails)
-            yield ChainNet(net, requester, servers)
+            started: dict[str, NodeProcess] = {}
+            hub: Sequence[NodeProcess] = ()
+            for r, spec in requesters.items():
+                avoid = [ids[s] for s in servers if s not in spec.uses]
+                config = {"inference": {"avoid_peers": avoid, "forwarding": spec.forwarding,
+                                        "link_delay_ms": spec.link_delay_ms, "threads": 1}}
+                started[r] = net.start(r, bootstrap=hub, config=config, wait=not hub,
+                                       timeout_s=START_TIMEOUT_S)
+                hub = hub or [started[r]]
+            placed = {s: (net.start(s, bootstrap=hub, wait=False,
+                                    extra_args=["--serve-blocks", f"{a}:{b}"]), (a, b))
+                      for s, (a, b) in servers.items()}
+            yield Swarm(net, placed, started, dict(requesters))
         finally:
             try:
                 net.stop_all(timeout_s=STOP_TIMEOUT_S)
@@ -117,7 +157,7 @@ def peak_rss_mb(node: NodeProcess) -> float:
     return 0.0
 
 
-def wait_for_session(chain: ChainNet, node: NodeProcess, forwards: int,
+def wait_for_session(chain: Swarm, node: NodeProcess, forwards: int,
                      timeout_s: float = GENERATE_TIMEOUT_S) -> None:
     """Until ``node`` has an open session that has run at least ``forwards`` forwards."""
     def busy() -> bool:

@@ -20,11 +20,19 @@ undecodable    10      bytes that are no valid message (msgpack or protobuf)
 invalid        10      a well-formed message that breaks a protocol rule (a machine's own
                        ``RemoteProtocolError`` carries its own cost instead)
 replay         5       each identical copy of a unicast frame beyond the allowance in the window
-flood          5       each message over the per-peer rate, each stream over a stream cap
+flood          5       each message over the per-peer rate, each stream over a stream cap or
+                       over the streams a peer may open per minute on one protocol, each ping
+                       or identify push over its per-minute budget
 =============  ======  =========================================================================
 
+Gossip frames are checked before py-libp2p sees them (node/p2p/frame_checks.py): an RPC with
+nothing gossipsub defines in it is undecodable, an unsigned message invalid.
+
 So a peer that keeps sending garbage is banned after 10 bad streams, one that floods after
-20 refused messages: well within seconds at the rates a stream allows.
+20 refused messages: well within seconds at the rates a stream allows. A stall costs the read
+deadline (10 s) per stream, but a peer may stall ten streams at once, and more than a cap's
+worth are floods: a staller is banned at the first deadline. ``symphony bench fuzz`` measures
+it for every protocol the daemon serves and every kind of attack.
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ FAULT_PENALTIES = {"bad_framing": 10, "oversize": 20, "stall": 10, "undecodable"
 PENALTY_REASONS_KEPT = 8
 #: Peers whose penalty records are kept; the lowest scores are forgotten first beyond it.
 MAX_PENALIZED_PEERS = 4096
+#: Penalty records listed in status, highest scores first (``penalized_peers`` counts all).
+STATUS_LISTED = 100
 
 
 @dataclass
@@ -90,9 +100,13 @@ class PenaltyBook:
         return True
 
     def status(self, now: int) -> dict[str, Any]:
+        """Bans, and the ``STATUS_LISTED`` highest scores with their reasons (an attacker
+        with many keys must not make ``/status`` megabytes long)."""
+        listed = sorted(self.records.items(), key=lambda item: -item[1].score)[:STATUS_LISTED]
         return {
+            "penalized_peers": len(self.records),
             "penalties": {p: {"score": round(r.score, 1), "total": r.total,
-                              "reasons": list(r.reasons)} for p, r in self.records.items()},
+                              "reasons": list(r.reasons)} for p, r in listed},
             "banned": {p: round((u - now) / 1000, 1) for p, u in self.banned_until.items()
                        if u > now},
         }

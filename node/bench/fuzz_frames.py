@@ -34,24 +34,30 @@ from protocol.ledger.records import (
     ModelOffer,
     Role,
 )
+from protocol.membership.messages import Hello
 from protocol.relay.manifest import ChunkRequest, chunk_hash, make_body, sign_manifest
 from protocol.verification.messages import StatesRequest
 
 KINDS = ("random", "mutated", "bad_length", "oversized", "replay", "stall")
 #: a valid message this much larger than the 1 MiB frame limit
 OVERSIZED_BYTES = 2 << 20
-#: the protocol ids py-libp2p 0.8.1 serves beside ours (pubsub, identify, ping)
-LIBP2P_PROTOCOLS = {
-    "meshsub-1.0": ("/meshsub/1.0.0", "varint"),
-    "meshsub-1.1": ("/meshsub/1.1.0", "varint"),
-    "meshsub-1.2": ("/meshsub/1.2.0", "varint"),
-    "identify-push": ("/ipfs/id/push/1.0.0", "varint"),
-    "identify": ("/ipfs/id/1.0.0", "varint"),
-    "ping": ("/ipfs/ping/1.0.0", "raw"),
+#: short names of py-libp2p's protocol ids (any other id is named after its path)
+LIBP2P_NAMES = {
+    "/meshsub/1.0.0": "meshsub-1.0", "/meshsub/1.1.0": "meshsub-1.1",
+    "/meshsub/1.2.0": "meshsub-1.2", "/ipfs/id/push/1.0.0": "identify-push",
+    "/ipfs/id/1.0.0": "identify", "/ipfs/ping/1.0.0": "ping",
+    "/libp2p/autonat/1.0.0": "autonat", "/libp2p/dcutr": "dcutr",
+    "/libp2p/circuit/relay/0.2.0/hop": "relay-hop",
+    "/libp2p/circuit/relay/0.2.0/stop": "relay-stop",
 }
-#: ours: short name -> protocol name in ``/symphony/<net>/<name>/1``
-SYMPHONY_PROTOCOLS = {"msg": "msg", "relay-chunks": "relay-chunks",
-                      "verify-states": "verify-states"}
+#: a valid message of each NAT traversal protocol (node/p2p/nat.py), protobuf by hand: AutoNAT
+#: DIAL, relay RESERVE, stop CONNECT, DCUtR CONNECT
+NAT_VALID = {"autonat": b"\x08\x00\x12\x00", "relay-hop": b"\x08\x00",
+             "relay-stop": b"\x08\x00", "dcutr": b"\x08\x64"}
+#: protocols that take one request per stream (ours, request/response, and identify, where
+#: the asking peer sends nothing at all); on the others a stream carries many frames
+FRAMES_PER_STREAM = {"relay-chunks": 16}
+PING_BYTES = 32
 
 
 @dataclass(frozen=True)
@@ -63,29 +69,60 @@ class Target:
     valid: tuple[bytes, ...]
     #: frames written per stream before it is closed: 1 where the daemon reads one request
     frames_per_stream: int
+    #: streams one attacking identity writes at once: within the daemon's per-protocol cap
+    #: (16, and 2 for gossip), so the faults seen are the kind's own, not stream floods
+    streams_at_once: int = 8
 
 
-def targets(network_id: str, attacker: Identity, daemon_peer: str, now_ms: int) -> list[Target]:
-    """Every protocol the attack tries, with valid payloads built for ``attacker``."""
+def short_name(protocol_id: str, network_id: str) -> str:
+    """A protocol's name in the bench's figures: ``msg`` for ``/symphony/<net>/msg/1``,
+    ``meshsub-1.2`` for ``/meshsub/1.2.0``, else the id's path joined by dashes."""
+    if protocol_id in LIBP2P_NAMES:
+        return LIBP2P_NAMES[protocol_id]
+    for ours in (f"/symphony/{network_id}/", "/symphony/"):
+        if protocol_id.startswith(ours) and protocol_id.endswith("/1"):
+            return protocol_id[len(ours):-2].replace("/", "-")
+    parts = [p for p in protocol_id.replace(".", "_").split("/") if p]
+    return "-".join(parts) or "root"
+
+
+def framing_of(protocol_id: str) -> str:
+    """How the frames of ``protocol_id`` look: ``framed`` (ours: a 4-byte length and msgpack),
+    ``raw`` (ping) or ``varint`` (every other libp2p protocol: varint length and protobuf)."""
+    if protocol_id.startswith("/symphony/"):
+        return "framed"
+    return "raw" if protocol_id.startswith("/ipfs/ping/") else "varint"
+
+
+def target_for(protocol_id: str, network_id: str, attacker: Identity, daemon_peer: str,
+               now_ms: int) -> Target:
+    """How to attack ``protocol_id``, with valid payloads built for ``attacker`` where the
+    protocol is one this module knows (a generic valid message for any other)."""
+    name, framing = short_name(protocol_id, network_id), framing_of(protocol_id)
     push = _ledger_push(attacker, network_id, now_ms)
     topic = f"symphony/{network_id}/ledger/1"
-    out = [
-        Target("msg", f"/symphony/{network_id}/msg/1", "framed", (push,), 1),
-        Target("relay-chunks", f"/symphony/{network_id}/relay-chunks/1", "framed",
-               _relay_frames(attacker, daemon_peer), 16),
-        Target("verify-states", f"/symphony/{network_id}/verify-states/1", "framed",
-               (encode(StatesRequest(task_id=b"\x01" * 32, states_root=b"\x02" * 32,
-                                     leaves=(0, 1, 2))),), 1),
-    ]
-    for name, (pid, framing) in LIBP2P_PROTOCOLS.items():
-        if framing == "raw":
-            valid: tuple[bytes, ...] = (bytes(range(32)),)
-        elif name.startswith("meshsub"):
-            valid = (_rpc_publish(attacker, topic, push), _rpc_subscribe(topic))
-        else:
-            valid = (_identify(attacker),)
-        out.append(Target(name, pid, framing, valid, 64))
-    return out
+    valid: tuple[bytes, ...]
+    if name == "relay-chunks":
+        valid = _relay_frames(attacker, daemon_peer)
+    elif name == "verify-states":
+        valid = (encode(StatesRequest(task_id=b"\x01" * 32, states_root=b"\x02" * 32,
+                                      leaves=(0, 1, 2))),)
+    elif name == "handshake":
+        valid = (encode(Hello(network_id=network_id, protocol_version=1, agent_version="fuzz",
+                              listen_addrs=())),)
+    elif framing == "framed":
+        valid = (push,)
+    elif framing == "raw":
+        valid = (bytes(range(PING_BYTES)),)
+    elif name.startswith("meshsub"):
+        valid = (_rpc_publish(attacker, topic, push), _rpc_subscribe(topic))
+    elif name in NAT_VALID:
+        valid = (NAT_VALID[name],)
+    else:  # identify, identify push, or a protobuf protocol this module does not know
+        valid = (_identify(attacker),)
+    per_stream = 1 if framing == "framed" or name == "identify" else 64
+    return Target(name, protocol_id, framing, valid, FRAMES_PER_STREAM.get(name, per_stream),
+                  2 if name.startswith("meshsub") else 8)
 
 
 # ---------------------------------------------------------------- valid payloads
@@ -164,7 +201,7 @@ def frame(target: Target, payload: bytes) -> bytes:
 
 def _random(target: Target, rng: random.Random) -> bytes:
     if target.framing == "raw":
-        return rng.randbytes(32)
+        return rng.randbytes(PING_BYTES)
     return frame(target, rng.randbytes(rng.randint(1, 512)))
 
 
@@ -189,7 +226,7 @@ def _bad_length(target: Target, rng: random.Random) -> bytes:
         return prefix.to_bytes(4, "big") + body
     if target.framing == "varint":
         return _pb_varint(rng.choice([1 << 32, 1 << 62, len(body) + 500])) + body
-    return body[:rng.randint(0, 31)]
+    return rng.randbytes(rng.randint(1, PING_BYTES - 1))  # a ping cut short
 
 
 def _oversized(target: Target, rng: random.Random) -> bytes:

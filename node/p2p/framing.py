@@ -58,6 +58,8 @@ class Framing:
     long_lived: bool = False
     check: Callable[[bytes], None] | None = None
     max_frames_per_min: int = 0
+    #: streams one peer may hold open at once on the protocol (0: the guard's default cap)
+    max_streams: int = 0
 
 
 class _Parser:
@@ -116,6 +118,8 @@ class _Parser:
             body, self._kept = bytes(self._kept), bytearray()
             try:
                 self._framing.check(body)
+            except PeerFault:
+                raise  # the check named the fault itself
             except Exception as exc:
                 raise PeerFault("undecodable", f"{type(exc).__name__}: {exc}"[:200]) from None
 

@@ -24,6 +24,7 @@ Where it sits (the one place this project patches py-libp2p 0.8.1):
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -98,6 +99,12 @@ class StreamGuard:
         self._frame_budgets: dict[str, KeyedBuckets] = {}
         self._per_peer: Counter[str] = Counter()
         self._per_protocol: Counter[tuple[str, str]] = Counter()
+        #: connections we are closing (a banned peer's): muxed connection -> peer, forgotten
+        #: with the connection
+        self._closing: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        per_min = limits.streams_opened_per_min
+        #: streams one peer opened on one protocol lately (keyed by peer and protocol)
+        self._opened = KeyedBuckets(per_min / 60, per_min)
         #: streams refused or reset for a fault, by kind (status, benchmarks)
         self.faults: Counter[str] = Counter()
 
@@ -127,9 +134,17 @@ class StreamGuard:
             self._repeats.note((peer, kind), self._now_ms(), "transport.peer_fault",
                                peer=peer, protocol=protocol, kind=kind, detail=detail)
 
+    def closing(self, peer: str, muxed_conns: list[Any]) -> None:
+        """We are closing these connections of ``peer``: refuse their new streams."""
+        for conn in muxed_conns:
+            self._closing[conn] = peer
+
     def _accepting(self, inner: Handler) -> Handler:
         async def accept(net_stream: INetStream) -> None:
             peer = net_stream.muxed_conn.peer_id.to_base58()
+            if self._closing.get(net_stream.muxed_conn) == peer:
+                await _reset(net_stream)  # a connection we are closing: nothing more on it
+                return
             if self._per_peer[peer] >= self._limits.max_streams_per_peer:
                 self.fault(peer, "any", "flood",
                            f"over {self._limits.max_streams_per_peer} open streams")
@@ -145,18 +160,28 @@ class StreamGuard:
 
         return accept
 
-    def wrap(self, protocol: str, handler: Handler, *, ours: bool) -> Handler:
-        """``handler`` behind the per-protocol stream cap and the fault handling."""
+    def wrap(self, protocol: str, handler: Handler, *, ours: bool,
+             metered: bool = True) -> Handler:
+        """``handler`` behind the per-protocol stream cap and the fault handling; ``metered``:
+        also behind the budget of streams a peer opens on it per minute (a request/response
+        protocol whose every message is a stream meters its messages itself instead)."""
         cap = self._limits.max_streams_per_protocol
         framing = None if ours else self._framings.get(protocol)
         if framing is not None and framing.long_lived:
             cap = self._limits.max_gossip_streams_per_peer
+        if framing is not None and framing.max_streams:
+            cap = framing.max_streams
 
         async def guarded(net_stream: INetStream) -> None:
             peer = net_stream.muxed_conn.peer_id.to_base58()
             key = (peer, protocol)
             if self._per_protocol[key] >= cap:
                 self.fault(peer, protocol, "flood", f"over {cap} open streams")
+                await _reset(net_stream)
+                return
+            if metered and not self._opened.take(key, self._now_ms()):
+                self.fault(peer, protocol, "flood", f"over {self._limits.streams_opened_per_min}"
+                                                    " streams opened a minute")
                 await _reset(net_stream)
                 return
             self._per_protocol[key] += 1

@@ -36,13 +36,13 @@ from libp2p.custom_types import TProtocol
 from libp2p.host.ping import ID as PING_ID
 from libp2p.host.ping import PING_LENGTH
 from libp2p.identity.identify.identify import ID as IDENTIFY_ID
-from libp2p.identity.identify.pb.identify_pb2 import Identify
 from libp2p.identity.identify_push.identify_push import ID_PUSH as IDENTIFY_PUSH_ID
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.tools.anyio_service import background_trio_service
 
 from node.logs import route_library_logs
+from node.p2p.frame_checks import check_gossip_rpc, check_identify
 from node.p2p.framing import Framing
 from node.p2p.gossip import GOSSIP_PROTOCOLS, Gossip
 from node.p2p.guard import StreamGuard
@@ -65,6 +65,8 @@ from node.transport import (
 )
 
 DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
+#: inbound ping streams py-libp2p 0.8.1's PingService serves per peer (its own fixed cap)
+PING_STREAMS_PER_PEER = 2
 #: stop() closes connections within this long, then tears down whatever is left.
 STOP_GRACE_S = 2.0
 
@@ -117,13 +119,16 @@ class P2PTransport:
         self._host.set_stream_handler(IDENTIFY_ID, identify_handler(self._host, agent, limits))
         for gossip_protocol in GOSSIP_PROTOCOLS:
             self._guard.set_framing(str(gossip_protocol), Framing(
-                max_frame=limits.gossip_max_rpc_bytes, long_lived=True))
+                max_frame=limits.gossip_max_rpc_bytes, long_lived=True, check=check_gossip_rpc))
         # py-libp2p's identify-push handler swallows a parse error: check each frame here
         self._guard.set_framing(str(IDENTIFY_PUSH_ID), Framing(
             max_frame=limits.identify_max_frame_bytes,
-            check=_parse_identify, max_frames_per_min=limits.identify_push_frames_per_min))
+            check=check_identify, max_frames_per_min=limits.identify_push_frames_per_min))
+        # py-libp2p's ping service resets a peer's third ping stream without a word: the
+        # guard refuses it first, as a flood
         self._guard.set_framing(str(PING_ID), Framing(
-            fixed_size=PING_LENGTH, max_frames_per_min=limits.ping_frames_per_min))
+            fixed_size=PING_LENGTH, max_frames_per_min=limits.ping_frames_per_min,
+            max_streams=PING_STREAMS_PER_PEER))
         self._guard.install(self._host)
 
     def set_fault_handler(self, handler: FaultHandler) -> None:
@@ -225,7 +230,19 @@ class P2PTransport:
         return info.peer_id.to_base58()
 
     async def disconnect(self, peer_id: str) -> None:
-        await self._host.disconnect(ID.from_base58(peer_id))
+        peer = ID.from_base58(peer_id)
+        # py-libp2p 0.8.1 closes a connection only once the handlers of its streams are done
+        # (a stalled stream's at its read deadline, seconds later): no new stream on it is
+        # served meanwhile, and the open ones are reset so that their handlers end now
+        muxed = [c.muxed_conn for c in self._swarm.connections.get(peer, [])]
+        self._guard.closing(peer_id, muxed)
+        for stream in [s for m in muxed for s in list(getattr(m, "streams", {}).values())]:
+            with trio.CancelScope(shield=True):
+                try:
+                    await stream.reset()
+                except Exception:
+                    pass  # gone already: resetting is best effort
+        await self._host.disconnect(peer)
 
     def connected_peers(self) -> list[str]:
         return self._peers.connected_peers()
@@ -252,7 +269,8 @@ class P2PTransport:
             with trio.fail_after(self._request_io_timeout_s):
                 await write_frame(stream, response)
 
-        self._handle(protocol_id, serve)
+        # each message is a stream here: the driver meters messages (NetLimits), not streams
+        self._handle(protocol_id, serve, metered=False)
 
     async def request(
         self, peer_id: str, protocol_id: str, data: bytes, *, max_response_bytes: int
@@ -290,8 +308,8 @@ class P2PTransport:
             raise TransportError(f"open {protocol_id} to {peer_id} failed: {exc!r}") from exc
         return NetBulkStream(stream, peer_id)
 
-    def _handle(self, protocol_id: str, serve: Any) -> None:
-        handler = self._guard.wrap(protocol_id, bulk_handler(serve), ours=True)
+    def _handle(self, protocol_id: str, serve: Any, *, metered: bool = True) -> None:
+        handler = self._guard.wrap(protocol_id, bulk_handler(serve), ours=True, metered=metered)
         self._host.set_stream_handler(TProtocol(protocol_id), handler)
 
     # ---- gossip -----------------------------------------------------------------------------
@@ -306,10 +324,6 @@ class P2PTransport:
 
     async def wait_topic_peer(self, topic: str, peer_id: str) -> None:
         await self._gossip.wait_topic_peer(topic, peer_id)
-
-
-def _parse_identify(body: bytes) -> None:
-    Identify().ParseFromString(body)  # DecodeError for bytes that are no Identify message
 
 
 @asynccontextmanager

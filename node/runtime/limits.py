@@ -28,6 +28,11 @@ class NetLimits:
     max_streams_per_peer: int = 64
     #: inbound streams one peer may hold open at once on one protocol
     max_streams_per_protocol: int = 16
+    #: streams one peer may open per minute on one protocol (a burst of this many); an honest
+    #: peer opens one per session or request. Request/response protocols whose every message
+    #: is a stream (the unicast ``msg``) are metered per message instead
+    #: (``max_messages_per_peer_per_s``)
+    streams_opened_per_min: int = 240
     #: inbound gossip streams (``/meshsub/1.x``) one peer may hold open at once; an honest
     #: peer keeps one, and briefly two while it replaces it
     max_gossip_streams_per_peer: int = 2

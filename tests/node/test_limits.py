@@ -111,3 +111,16 @@ def test_limits_are_a_config_section_and_bad_values_are_named() -> None:
     assert config.section("limits") == NetLimits(replay_allowance=5)
     with pytest.raises(ConfigError, match="read_deadline_s"):
         load_config({}, env={"SYMPHONY_LIMITS__READ_DEADLINE_S": "0"}, sections=sections)
+
+
+def test_status_lists_the_highest_penalty_scores_only() -> None:
+    from node.penalties import STATUS_LISTED, PenaltyBook
+
+    book = PenaltyBook()
+    for n in range(STATUS_LISTED + 50):  # an attacker with many keys
+        book.add(f"peer-{n}", "flood", 1 + n % 90, now=0)
+    status = book.status(0)
+    assert status["penalized_peers"] == STATUS_LISTED + 50
+    assert len(status["penalties"]) == STATUS_LISTED
+    assert min(r["score"] for r in status["penalties"].values()) >= \
+        sorted(1 + n % 90 for n in range(STATUS_LISTED + 50))[50]

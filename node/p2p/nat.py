@@ -31,6 +31,7 @@ from libp2p.peer.id import ID
 
 from node.p2p.autonat import AUTONAT_ID, PUBLIC, AutoNatServer, Reachability, probe
 from node.p2p.dcutr import DCUTR_ID, HolePuncher
+from node.p2p.invite import dialable_addrs
 from node.p2p.natconfig import NatConfig
 from node.p2p.relay_client import RelayClient
 from node.p2p.relay_hop import HOP_ID, STOP_ID, RelayService, is_relayed
@@ -44,6 +45,8 @@ REFRESH_BEFORE_S = 300.0
 REFUSED_BACKOFF_S = 60.0
 #: a bulk stream waits at most this long for a hole punch in progress to that peer
 BULK_WAIT_FOR_DIRECT_S = 10.0
+#: how long this machine's addresses (for a 0.0.0.0 listener) are taken as known
+EXPAND_EVERY_S = 60.0
 
 
 class NatService:
@@ -66,6 +69,7 @@ class NatService:
                                    lambda: self.reachability.status != PUBLIC)
         self._next_probe_at = 0.0
         self._refused: dict[str, float] = {}
+        self._expanded: tuple[tuple[str, ...], float, list[str]] = ((), 0.0, [])
         self._log = structlog.get_logger(__name__)
 
     def install(self) -> None:
@@ -88,9 +92,15 @@ class NatService:
         return [str(a) for a in self._host.get_transport_addrs() if "/tcp/" in str(a)]
 
     def public_addrs(self) -> list[str]:
-        """What a reservation tells its holder to reach us by: our direct addresses, loopback
-        ones only when there is nothing else (they reach nobody beyond this machine)."""
-        addrs = [a for a in self.direct_addrs() if not a.startswith("/ip4/0.0.0.0/")]
+        """What a reservation tells its holder to reach us by: our direct addresses (a
+        0.0.0.0 listener as this machine's addresses), loopback ones only when there is
+        nothing else (they reach nobody beyond this machine)."""
+        direct = tuple(self.direct_addrs())
+        now = time.monotonic()
+        if self._expanded[0] != direct or now - self._expanded[1] > EXPAND_EVERY_S:
+            # dialable_addrs asks the OS for this machine's addresses: not on every request
+            self._expanded = (direct, now, dialable_addrs(direct))
+        addrs = [a for a in self._expanded[2] if not a.startswith("/ip4/0.0.0.0/")]
         outside = [a for a in addrs if not a.startswith(("/ip4/127.", "/ip6/::1/"))]
         return [f"{a}/p2p/{self._self}" for a in outside or addrs]
 
@@ -189,7 +199,7 @@ class NatService:
             if self._refused.get(relay, 0.0) > now:
                 continue
             try:
-                got = await self.client.reserve(relay)
+                got = await self.client.reserve(relay, self._dialled_addr(relay))
             except Exception as exc:
                 self._refused[relay] = now + REFUSED_BACKOFF_S
                 self.client.held.pop(relay, None)
@@ -198,6 +208,16 @@ class NatService:
             self._log.info("nat.reserved", relay=relay, addrs=self.client.relayed_addrs(),
                            expires_in_s=round(got.expire - now))
             return
+
+    def _dialled_addr(self, peer: str) -> str | None:
+        """An address we know ``peer`` by (what we dialled, or what it told identify): kept
+        beside the relay's own in case those are not reachable from outside."""
+        try:
+            known = self._host.get_peerstore().addrs(ID.from_base58(peer))
+        except Exception:
+            return None  # not in the peerstore: the relay's own addresses will do
+        return next((str(a) for a in known if "/tcp/" in str(a) and "/p2p-circuit" not in
+                     str(a) and not str(a).startswith(("/ip4/0.0.0.0/", "/ip6/::/"))), None)
 
     # ---- connections ------------------------------------------------------------------------
 

@@ -227,8 +227,9 @@ def _relay_addrs(relay: str, offered: list[bytes], known_addr: str | None) -> tu
     out: list[str] = []
     for raw in [*offered, *([known_addr.encode()] if known_addr else [])]:
         text = _parse_addr(raw)
-        if not text or "/p2p-circuit" in text or "/tcp/" not in text:
-            continue
+        if (not text or "/p2p-circuit" in text or "/tcp/" not in text
+                or text.startswith(("/ip4/0.0.0.0/", "/ip6/::/"))):
+            continue  # not a direct TCP address anyone could dial
         if "/p2p/" not in text:
             text = f"{text}/p2p/{relay}"
         elif not text.endswith(f"/p2p/{relay}"):

@@ -118,7 +118,7 @@ def test_a_relays_addresses_are_kept_only_when_they_are_its_own_and_direct() -> 
     import multiaddr
 
     good = multiaddr.Multiaddr("/ip4/1.2.3.4/tcp/4001").to_bytes()
-    offered = [good, b"\xff" * 10, b"x" * 300,
+    offered = [good, b"\xff" * 10, b"x" * 300, b"/ip4/0.0.0.0/tcp/9",
                f"/ip4/5.6.7.8/tcp/1/p2p/{PEER_A}".encode(),  # names another peer
                f"/ip4/5.6.7.8/tcp/1/p2p/{PEER_R}/p2p-circuit".encode(),
                b"/ip4/5.6.7.8/udp/1"]
@@ -347,3 +347,24 @@ async def test_a_bulk_stream_waits_for_a_hole_punch_in_progress() -> None:
             punch.set()
         assert len(opened) == 1
         await opened[0].close()
+
+
+@trio_test
+async def test_a_relay_listening_on_every_interface_is_reached_by_its_real_addresses() -> None:
+    every = NatConfig(relay_service="on", autonat=False)
+    client = NatConfig(autonat=False, reserve_always=True, hole_punch=False)
+    async with AsyncExitStack() as stack:
+        relay = await stack.enter_async_context(open_p2p(
+            os.urandom(32), listen=["/ip4/0.0.0.0/tcp/0"], nat=every))
+        a = await stack.enter_async_context(open_p2p(os.urandom(32), nat=client))
+        b = await stack.enter_async_context(open_p2p(os.urandom(32), nat=NatConfig(
+            autonat=False)))
+        port = relay.listen_addrs()[0].split("/")[4]
+        dialled = f"/ip4/127.0.0.1/tcp/{port}/p2p/{relay.peer_id}"
+        await a.connect(dialled)
+        while not a.nat.client.relayed_addrs():  # type: ignore[union-attr]
+            await trio.sleep(0.05)  # the NAT loop reserves on its next tick
+        relayed = a.nat.client.relayed_addrs()  # type: ignore[union-attr]
+        assert not any("/0.0.0.0/" in r for r in relayed)
+        assert f"{dialled}/p2p-circuit/p2p/{a.peer_id}" in relayed  # the address we dialled
+        assert await b.connect(relayed[0]) == a.peer_id  # the relay's own, expanded

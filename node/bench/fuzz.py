@@ -20,9 +20,11 @@ Per protocol ``<p>`` (short names: ``msg``, ``meshsub-1.2``, ...; node/bench/fuz
   dropped connection reached the attacker count: the daemon refused them);
   ``<p>_crashes``: times the daemon process was found dead after (it is restarted for the
   next protocol; goal 0);
-* ``<p>_<kind>_banned_after``: median frames one identity wrote before the daemon banned it
-  (-1: never banned); ``<p>_<kind>_bans``: identities banned; ``<p>_<kind>_first_ban_s``:
-  seconds from the kind's start to its first ban; ``<p>_bans``: all kinds together;
+* ``<p>_<kind>_banned_after``: median frames a probe identity (one that writes a frame only
+  once the last was answered) wrote before the daemon banned it (-1: no probe was banned);
+  ``<p>_<kind>_bans``: identities banned, probes and the others; ``<p>_<kind>_frames``:
+  frames of the kind; ``<p>_<kind>_first_ban_s``: seconds from the kind's start to its first
+  ban; ``<p>_bans``: all kinds together;
 * ``<p>_refused``: fresh identities whose dial failed though not banned, ``<p>_refusal`` the
   first such error ("" when none);
 * ``<p>_rss_growth_mib``: the daemon's resident memory after minus before; ``<p>_fd_growth``
@@ -33,7 +35,7 @@ Per protocol ``<p>`` (short names: ``msg``, ``meshsub-1.2``, ...; node/bench/fuz
 
 Totals: ``protocols_served`` (and ``protocols``, their ids), ``crashes``, ``frames_sent``,
 ``min_frames_sent`` (the least any protocol got), ``kinds_banned`` of ``kinds_attacked``
-(protocol x kind pairs in which a ban happened), ``unbanned`` (those pairs, by name),
+(protocol x kind pairs in which a ban happened), ``unbanned`` (the other pairs, by name),
 ``status_p99_ms``, ``rss_growth_mib``, ``log_bytes``, ``elapsed_s``.
 """
 
@@ -161,7 +163,7 @@ def _attack_one(node: Any, name: str, configs: list[dict[str, Any]]) -> dict[str
 def _totals(figures: dict[str, Any]) -> dict[str, Any]:
     names = [short_name(p, NETWORK_ID) for p in figures.get("protocols", [])]
     served = [n for n in names if figures.get(f"{n}_served")]
-    pairs = {f"{n}_{k}": figures.get(f"{n}_{k}_banned_after", -1) for n in served for k in KINDS}
+    pairs = {f"{n}_{k}": figures.get(f"{n}_{k}_bans", 0) for n in served for k in KINDS}
     growth = [figures[f"{n}_rss_growth_mib"] for n in served
               if figures.get(f"{n}_rss_growth_mib") is not None]
     return {
@@ -170,8 +172,8 @@ def _totals(figures: dict[str, Any]) -> dict[str, Any]:
         "frames_sent": sum(figures.get(f"{n}_frames_sent", 0) for n in served),
         "min_frames_sent": min((figures.get(f"{n}_frames_sent", 0) for n in served), default=0),
         "kinds_attacked": len(pairs),
-        "kinds_banned": sum(1 for v in pairs.values() if v >= 0),
-        "unbanned": sorted(p for p, v in pairs.items() if v < 0),
+        "kinds_banned": sum(1 for v in pairs.values() if v > 0),
+        "unbanned": sorted(p for p, v in pairs.items() if v <= 0),
         "status_p99_ms": max((figures[f"{n}_status_p99_ms"] for n in served), default=0.0),
         "rss_growth_mib": round(sum(growth), 1),
         "log_bytes": sum(figures.get(f"{n}_log_bytes") or 0 for n in served),

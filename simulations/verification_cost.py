@@ -1,9 +1,11 @@
 """The compute model of commitment-based verification: what executors commit, what checks cost.
 
 It models the scheme the daemon runs by default (models/commitments.py, models/checks.py,
-models/layer_states.py): the executor pays one extra prefill over prompt + output to compute
-its commitments (chunk fingerprints and the Merkle root of every decoder layer's output), and
-a verifier fetches the committed leaves it needs from the executor and re-runs layer 1 at every
+models/layer_states.py). The executor takes its commitments (chunk fingerprints and the Merkle
+root of every decoder layer's output) from its own generation: it pays what
+``symphony bench verify`` measures, the state capture's share of the generation
+(:data:`CAPTURE_SHARE`) plus hashing and writing the states (:data:`COMMIT_BYTES_PER_MS`, on
+the executor's CPU whatever its device), :func:`commit_ms`. A verifier fetches the committed leaves it needs from the executor and re-runs layer 1 at every
 output position plus the ``LAYERS_PER_CHECK`` layers the seed drew, in full only at the checked
 chunks' positions (every other position up to the last checked one gives its keys and values,
 ``KV_SHARE`` of a layer's work). The model is the daemon's default model's shape
@@ -21,8 +23,9 @@ iff layer 1 or a drawn layer is faked. Fingerprints follow the same model: chunk
 ``H(model that ran, task id, the chunk's token ids, i)``, made up for a swapped model.
 
 A result committed without layer states (``layer_states=False``: the daemon's executor when it
-keeps none) is checked by the older whole re-prefill of the sampled chunks, whose fingerprints
-are compared; "fabricate:<f>" then makes up that fraction of chunks instead.
+keeps none) costs its executor one fp32 prefill over prompt + output for the fingerprints, and
+is checked by the older whole re-prefill of the sampled chunks, whose fingerprints are
+compared; "fabricate:<f>" then makes up that fraction of chunks instead.
 """
 
 from __future__ import annotations
@@ -47,6 +50,14 @@ KV_SHARE = 0.15
 LEAF_HEADER_BYTES = 12
 #: bytes of the verifier's request for leaves (ids and framing)
 LEAF_REQUEST_BYTES = 64
+#: what capturing every layer's output during a llama.cpp generation adds to it (``symphony
+#: bench verify``'s capture_cost_ratio_cpu: 0.008-0.014 on two CPU cores; GPU offload is
+#: unmeasured)
+CAPTURE_SHARE = 0.014
+#: state bytes the executor's commitment hashes and writes per ms (``symphony bench verify``'s
+#: commit_bytes_per_ms: BLAKE2b over the leaves and the page-cache write on one CPU thread,
+#: 550-590 KB per ms of CPU time measured for the shipped questions)
+COMMIT_BYTES_PER_MS = 500_000
 
 CheckEvent = CheckDone | CheckFailed
 
@@ -73,14 +84,22 @@ def prefill_ms(tokens: float, tokens_per_s: float) -> float:
     return tokens * PREFILL_FACTOR / tokens_per_s * 1000
 
 
+def commit_ms(generation_ms: float, tokens: int) -> float:
+    """What committing to the layer states of a generation over ``tokens`` positions (prompt
+    + output) adds to it: the capture during it, then hashing and writing the states."""
+    state_bytes = MODEL_LAYERS * tokens * HIDDEN_SIZE * 4
+    return generation_ms * CAPTURE_SHARE + state_bytes / COMMIT_BYTES_PER_MS
+
+
 class CommittingCost:
     """The cost model plus what a committing executor adds: token ids, fingerprints, layer
-    states (faked per the node's cheat mode) and the extra prefill that computes them."""
+    states (faked per the node's cheat mode), and their cost (:func:`commit_ms`; a prefill
+    without layer states)."""
 
     def __init__(self, cost: CostModel, *, layer_states: bool = True) -> None:
         self.cost = cost
         self.layer_states = layer_states
-        #: generation time (ms) and the commitment prefills' time (ms), summed over results
+        #: generation time (ms) and the commitments' time (ms), summed over results
         self.compute_ms = 0
         self.commit_ms = 0
         #: (task id, attempt) -> (prompt tokens, layers the executor faked)
@@ -94,7 +113,9 @@ class CommittingCost:
             return duration, outcome
         q = self.cost.question(job.task.question)
         prompt = q.prompt_tokens if q is not None else len(job.task.question) // 4
-        commit = max(1, int(prefill_ms(prompt + outcome.tokens, profile.device.tokens_per_s)))
+        total = prompt + outcome.tokens
+        commit = max(1, int(commit_ms(duration, total) if self.layer_states
+                            else prefill_ms(total, profile.device.tokens_per_s)))
         self.compute_ms += duration
         self.commit_ms += commit
         cheat: str = getattr(profile, "cheat", "")

@@ -6,10 +6,11 @@ network-wide exclusions read from the node's ledger machine), executors run
 ``VerifiedExecutor`` with the protocol's Terms grace and the ``Verifier`` role; every
 ``protocol.ledger.events.Attest`` goes to the node's ledger machine.
 
-Compute is simulations/verification_cost.py: executors commit layer states (one extra
-prefill), and a ``StartCheck`` first fetches the leaves it needs from the executor over the
-network model (an executor that is down or cut off makes it ``CheckFailed``, as in the
-daemon), then re-runs the drawn layers; its verdict follows what the executor faked.
+Compute is simulations/verification_cost.py: executors commit layer states (captured during
+generation, then hashed), and a ``StartCheck`` first fetches the leaves it needs from the
+executor over the network model (an executor that is down or cut off makes it
+``CheckFailed``, as in the daemon), then re-runs the drawn layers; its verdict follows what
+the executor faked.
 """
 
 from __future__ import annotations

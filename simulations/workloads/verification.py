@@ -12,7 +12,7 @@ escalation must overcome.
 Per run: when each cheater is first convicted (a requester's ``VERIFICATION_FAILED``), the
 fraction of cheaters excluded by at least one requester over time, the cheaters' share of accepted
 results per minute, false convictions of honest executors (must be 0), and the cost: verifier
-compute time over executor generation time, and the executors' commitment prefills over it.
+compute time over executor generation time, and the executors' commitments over it.
 
 ``[workload]``: ``requesters`` (3), ``tasks_per_min`` (12), ``deadline_s`` (90), ``k`` (3),
 ``cheat`` ("swap"), ``lazy_verifier_share`` (0.0), ``sample_s`` (60), ``layer_states`` (true;
@@ -332,8 +332,9 @@ NOTES = [
     "(protocol.verification.candidates, as in the daemon).",
     "Cost: verify_cost_ratio is the verifiers' layer-state checks (layer 1 and the drawn "
     "layers at the checked positions, simulations/verification_cost.py) over the executors' "
-    "generation; commit_cost_ratio is the extra prefill every committing executor pays for "
-    "every result, checked or not.",
+    "generation; commit_cost_ratio is what every committing executor pays for every result, "
+    "checked or not: the state capture during generation and hashing the states, as "
+    "`symphony bench verify` measures them (an extra prefill without layer states).",
 ]
 
 

@@ -2,8 +2,8 @@
 
 A check fetches exactly the leaves ``models.layer_states.needed_leaves`` lists for its plan,
 re-runs layer 1 and the drawn layers (far less than the whole re-prefill it replaced), and
-fails exactly when a layer it re-runs was faked; the executor pays one prefill over prompt +
-output to commit.
+fails exactly when a layer it re-runs was faked; the executor pays what the daemon's does to
+commit: the state capture and the hashing of its states (a prefill when it keeps none).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from simulations.verification_cost import (
     MODEL_LAYERS,
     CheckCost,
     CommittingCost,
+    commit_ms,
     prefill_ms,
 )
 
@@ -44,8 +45,18 @@ def committed(cheat: str, *, layer_states: bool = True) -> tuple[CommittingCost,
     duration, done = backend.compute(profile, StartCompute(task_of(q.text), 0, "m", 60_000), rng)
     assert isinstance(done, ComputeDone)
     assert duration == done.compute_ms + backend.commit_ms  # the executor pays the commitment
-    assert backend.commit_ms == int(prefill_ms(q.prompt_tokens + done.tokens, DEVICE.tokens_per_s))
+    total = q.prompt_tokens + done.tokens
+    assert backend.commit_ms == max(1, int(commit_ms(done.compute_ms, total) if layer_states
+                                           else prefill_ms(total, DEVICE.tokens_per_s)))
     return backend, done, q.prompt_tokens
+
+
+def test_committing_costs_the_capture_and_the_hashing_not_a_prefill() -> None:
+    backend, done, prompt = committed("")
+    state_bytes = MODEL_LAYERS * (prompt + done.tokens) * HIDDEN_SIZE * 4
+    assert done.compute_ms * 0.01 < backend.commit_ms < done.compute_ms * 0.05 + (
+        state_bytes / 100_000)
+    assert backend.commit_ms < committed("", layer_states=False)[0].commit_ms
 
 
 def check_of(done: ComputeDone, backend: CommittingCost, layers: tuple[int, ...]) -> StartCheck:

@@ -66,7 +66,7 @@ DEFAULT_BUDGET_BYTES = 1 << 30
 DEFAULT_KEEP_MS = states_check_window_ms(VerifyConfig())
 #: tombstones of evicted entries kept (the oldest go first beyond it)
 MAX_TOMBSTONES = 4096
-#: entries copied and hashed but not yet on disk; a put beyond it waits for the writer
+#: entries written to the page cache but not yet fsynced and renamed; a put beyond it waits
 MAX_PENDING = 4
 #: the store's folder under a node's data dir
 STATES_DIR = "states"
@@ -103,7 +103,7 @@ class StateStore:
         self._pending: dict[str, bool] = {}
         self._slots = threading.Semaphore(MAX_PENDING)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="state-store")
-        #: entries written, and the writer's thread CPU and wall time over them
+        #: entries the writer handled (landed or failed), and its thread's CPU and wall time
         self.writes = 0
         self.write_cpu_s = 0.0
         self.write_wall_s = 0.0
@@ -189,7 +189,10 @@ class StateStore:
                 tmp.unlink(missing_ok=True)
                 stem.with_suffix(".evicted").touch()
             del self._pending[stem.name]
-            self._collect()
+            try:
+                self._collect()
+            except OSError as exc:  # tried again after the next write
+                self.last_write_error = f"eviction: {exc}"
         self._slots.release()
         self.writes += 1
         self.write_cpu_s += time.thread_time() - cpu

@@ -86,8 +86,8 @@ def _task(question: str, answer_type: str, choices: tuple[str, ...], i: int) -> 
 
 @dataclass
 class _Bench:
-    """What one run measures with: the serving model, its checker, the same weights rounded to
-    bfloat16 (an adversary's cheaper model), the executor's state store, the thread counts."""
+    """What one run measures with: the serving model, its checker, the same GGUF requantized
+    to Q4_0 (an adversary's cheaper model), the executor's state store, the thread counts."""
 
     serve: Any
     plain: Any  # the same model on llama.cpp without state capture

@@ -100,8 +100,12 @@ class LlamaDrafter:
             raise ValueError(f"model {info.name!r} is not a GGUF file: llama.cpp cannot draft with it")
         self._llama_cpp = llama_cpp
         self.temperature = temperature
+        threads = n_threads or default_threads()
+        # n_threads_batch too: llama-cpp-python's default is every logical CPU, and the
+        # catch-up after each step is a batch: its spinning barriers stalled drafts many-fold
+        # when other processes held a core
         self.llm = llama_cpp.Llama(model_path=str(info.path), n_ctx=min(n_ctx, info.context_length),
-                                   n_threads=n_threads or default_threads(), n_batch=256,
+                                   n_threads=threads, n_threads_batch=threads, n_batch=256,
                                    seed=0, verbose=False)
         self.n_vocab = int(self.llm.n_vocab())
 

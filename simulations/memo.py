@@ -20,6 +20,9 @@ bytes alone (``protocol.ledger.records.envelope_hash`` and ``_open``: signature,
 version, decoding), keyed by the envelope object, then by its value. Checks that depend on the node (network,
 signer, clock, replay, quota) still run on every node.
 
+Also shared: ``protocol.relay.striping.build_striped_plan`` (every node of a relay computes
+the same plan from the same manifest; the plan is frozen and only read).
+
 Also shared: the immutable tuples a ledger state keeps per item (``held_attestation``,
 ``attestation_expiry``, ``record_expiry`` in protocol.ledger.state: made of their arguments,
 so one tuple serves every node that holds the item) and ``bucket_digest`` (a hash of bytes).
@@ -44,6 +47,7 @@ from protocol import codec
 from protocol.ledger import records as ledger_records
 from protocol.ledger import state as ledger_state
 from protocol.ledger.messages import LedgerDigest
+from protocol.relay import striping as relay_striping
 
 #: distinct argument tuples remembered per function; the oldest are forgotten first
 CACHE_ENTRIES = 1 << 17
@@ -156,6 +160,7 @@ _PROTOCOL_FUNCTIONS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("attestation_expiry", ledger_state.attestation_expiry),
     ("record_expiry", ledger_state.record_expiry),
     ("bucket_digest", ledger_state.bucket_digest),
+    ("build_striped_plan", relay_striping.build_striped_plan),
 )
 #: of those, the ones whose first argument is an immutable object handed around as is
 _BY_IDENTITY = (ledger_records.envelope_hash, ledger_records._open)

@@ -292,6 +292,34 @@ class NetworkModel:
         """When node a's uplink has sent everything queued so far."""
         return self._up_free_us[a]
 
+    def stream(self, a: int, b: int, size: int, now_us: int) -> tuple[int, ...]:
+        """Arrival times (us) at b of ``size`` bytes on a bulk stream from a, sent now: () if
+        lost.
+
+        Unlike ``transfer``, a's uplink is held only for its own share (``size / up``) and b's
+        downlink takes the bytes as a queue of its own: several senders streaming to one
+        receiver share its downlink, as concurrent TCP streams do, instead of each holding
+        its uplink idle until the receiver has taken the others' bytes whole.
+        """
+        up = self.up_bps[a]
+        down = self.down_bps[b]
+        send_us = int(size * US_PER_S / up) + 1
+        start = self._up_free_us[a]
+        if start < now_us:
+            start = now_us
+        self._up_free_us[a] = start + send_us
+        latency = self._constant_us
+        if latency is None:
+            latency = self.base_latency_us(a, b)
+        if self._jitter_us:
+            latency += int(self.rng.random() * self._jitter_us)
+        rx_start = start + latency
+        take_us = int(size * US_PER_S / down) + 1
+        down_free = self._down_free_us[b]
+        end = max(rx_start + send_us, (down_free if down_free > rx_start else rx_start) + take_us)
+        self._down_free_us[b] = end
+        return self._faults(end, latency)
+
     def reset_node(self, a: int, now_us: int) -> None:
         """A restarted node starts with idle links."""
         self._up_free_us[a] = now_us

@@ -224,7 +224,8 @@ class SimTransport:
                 self.send_timeout_us, self._send_failed, node, slot, peer, message, "timeout"
             )
             return
-        arrivals = swarm.net.transfer(node.index, target.index, size, now + extra)
+        # opening a stream delays the message; it does not hold the uplink meanwhile
+        arrivals = [at + extra for at in swarm.net.transfer(node.index, target.index, size, now)]
         if not arrivals:
             swarm.metrics.count("unicast_lost")
             loop.after(self.send_timeout_us, self._send_failed, node, slot, peer, message, "lost")

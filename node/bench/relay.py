@@ -156,7 +156,7 @@ class _Bench:
         deadline = published + PHASE_TIMEOUT_S
         polls = 0
         while waiting:
-            # The publisher hears every recipient's progress by gossip: polling it alone keeps
+            # The publisher hears every recipient's progress reports: polling it alone keeps
             # the benchmark's own load off the daemons; each recipient is asked directly now
             # and then, in case its completion report was lost.
             status = httpx.get(self.pub.api_url + "/relay/status", timeout=10).json()

@@ -229,6 +229,7 @@ class LedgerService(Service):
             tags=tuple(self.overrides.get("tags", self.section.tags)),
             software_version=agent_version(),
             blocks=getattr(self.ctx.services.get("inference"), "block_offers", tuple)(),
+            upload_bps=getattr(self.ctx.services.get("relay"), "advertised_upload_bps", int)(),
         )
 
     def _describe_model_device(self, executor: object) -> None:

@@ -31,12 +31,14 @@ import trio
 
 from node.relay.api import relay_routes
 from node.relay.chunk_store import ChunkStore, ChunkStoreError, ChunkWriter
+from node.relay.plan_inputs import ledger_uploads, withheld_reports
 from node.relay.streams import RelayStreams
 from node.service import NodeContext, NurseryService
 from protocol.ledger.events import Attest as LedgerAttest
 from protocol.relay.attestations import RelayAttestations
 from protocol.relay.events import (
     AttestBadChunk,
+    AttestWithheld,
     DiscardChunk,
     DropVersion,
     FetchVersion,
@@ -68,6 +70,8 @@ from protocol.relay.manifest import (
     make_body,
     sign_manifest,
 )
+from protocol.relay.recipients import plan_recipients, withholders
+from protocol.relay.striping import DEFAULT_STRIPES, MAX_STRIPES
 from protocol.relay.transfer import TransferState
 
 DEFAULT_CHUNK_SIZE = 1 << 20
@@ -90,6 +94,8 @@ class RelaySection:
     upload_bps: int = 0
     #: cap on this node's total chunk upload, bytes/s (0: none); for benchmarks
     upload_limit_bps: int = 0
+    #: stripes per version (each its own relay tree); every peer must use the same
+    stripes: int = DEFAULT_STRIPES
     #: if set, only versions signed by these peer ids are accepted
     trusted_publishers: tuple[str, ...] = ()
     #: re-hash stored chunks of saved versions at start (resume after a crash)
@@ -101,6 +107,8 @@ class RelaySection:
         for name in ("window", "keep_versions", "stall_timeout_ms"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
+        if not 1 <= self.stripes <= MAX_STRIPES:
+            raise ValueError(f"stripes must be within 1..{MAX_STRIPES}, got {self.stripes}")
         if self.upload_bps < 0 or self.upload_limit_bps < 0:
             raise ValueError("bandwidths must not be negative")
 
@@ -122,6 +130,7 @@ class RelayService(NurseryService):
             keep_versions=s.keep_versions,
             stall_timeout_ms=s.stall_timeout_ms,
             max_queued_per_peer=MAX_QUEUED_PER_PEER,
+            stripes=s.stripes,
             trusted=frozenset(s.trusted_publishers) or None,
         )
         self.store = ChunkStore(Path(ctx.data_dir) / "chunks")
@@ -210,6 +219,11 @@ class RelayService(NurseryService):
                 manifest=effect.manifest_id.hex(),
                 expected=effect.expected.hex(),
                 got=effect.got.hex(),
+            )
+        elif isinstance(effect, AttestWithheld):
+            self.spawn(self._attest, self.attestations.withheld(effect))
+            self.ctx.log.warning(
+                "relay.withheld", peer=effect.peer, manifest=effect.manifest_id.hex()
             )
         else:
             raise NotImplementedError(f"relay cannot perform {type(effect).__name__}")
@@ -302,13 +316,27 @@ class RelayService(NurseryService):
             chunk_hashes=hashes,
             total_size=total,
             format=format,
-            publisher_upload_bps=self.section.upload_bps,
-            recipients=[(p, 0) for p in sorted(peers)],
+            publisher_upload_bps=self.advertised_upload_bps(),
+            recipients=plan_recipients(
+                peers,
+                ledger_uploads(self.ctx.services, peers, self.ctx.clock()),
+                withholders(withheld_reports(self.ctx.services)),
+            ),
         )
         manifest = sign_manifest(self.ctx.identity, body)
         await trio.to_thread.run_sync(self.store.save_manifest, manifest)
         await self.submit(PublishVersion(manifest))
         return manifest
+
+    def advertised_upload_bps(self) -> int:
+        """The upload this node puts in its capability record and its manifests (bytes/s, 0:
+        unknown): the configured ``upload_bps``, else the fastest it has sustained on its
+        chunk streams (node/relay/upload_meter.py), no more than its upload cap."""
+        s = self.section
+        measured = self.streams.meter.best_bps
+        if s.upload_limit_bps:
+            measured = min(measured, s.upload_limit_bps) or s.upload_limit_bps
+        return s.upload_bps or measured
 
     def set_upload(self, *, limit_bps: int, advertised_bps: int = 0) -> None:
         """Change the uplink cap and the advertised upload at run time (benchmarks)."""
@@ -345,8 +373,11 @@ class RelayService(NurseryService):
                     "chunks": m.chunks,
                     "held": t.have_count,
                     "source": t.source,
-                    "parent": t.plan.parent.get(me),
-                    "children": list(t.plan.children.get(me, ())),
+                    "sources": {str(k): p for k, p in sorted(t.sources.items())},
+                    "stripes": t.plan.stripes,
+                    "parent": t.plan.trees[0].parent.get(me),
+                    "parents": list(t.plan.parents_of(me)),
+                    "children": list(t.plan.children_of(me)),
                     "plan_depth": t.plan.max_depth,
                     "plan_rate_bps": round(t.plan.rate_bps),
                     "served": dict(t.served),

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import trio
 
 from node.relay.chunk_store import ChunkStore, ChunkStoreError, ChunkWriter
+from node.relay.upload_meter import UploadMeter
 from node.service import NodeContext
 from node.transport import BulkStream, ProtocolViolation, TransportError, read_frame, write_frame
 from protocol.codec import MAX_FRAME_BYTES, decode, encode
@@ -123,6 +124,7 @@ class RelayStreams:
     def __init__(self, service: StreamsOwner, upload_limit_bps: int) -> None:
         self.service = service
         self.limiter = UploadLimiter(upload_limit_bps)
+        self.meter = UploadMeter()
         self.protocol = protocol_id(service.ctx.network_id, CHUNK_PROTOCOL_NAME)
         self._fetches: dict[tuple[str, bytes], _Fetch] = {}
         self._sessions: dict[tuple[str, bytes], _Session] = {}
@@ -146,8 +148,10 @@ class RelayStreams:
             if t is None:
                 return
             for (other, mid), old in list(self._fetches.items()):
-                if mid == manifest_id and other != peer:
-                    old.scope.cancel()  # the machine moved on to another source
+                if mid == manifest_id and other != peer and not old.requested:
+                    # nothing asked of it any more: the machine moved on to other sources
+                    # (one per stripe of the plan, so a busy one stays open)
+                    old.scope.cancel()
             # Bounded (FETCH_QUEUE): the machine's window keeps a handful queued at most.
             send, receive = trio.open_memory_channel[int](FETCH_QUEUE)
             fetch = _Fetch(peer, t.manifest, send, receive)
@@ -370,6 +374,7 @@ class RelayStreams:
                         raise ChunkStoreError(f"chunk {index} file is short")
                     await self.limiter.take(len(piece))
                     await stream.write(piece)
+                    self.meter.sent(len(piece), trio.current_time())
                     sent += len(piece)
             service.counters["chunks_out"] += 1
             service.counters["bytes_out"] += size

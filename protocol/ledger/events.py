@@ -75,6 +75,7 @@ class CapabilitySpec:
     tags: tuple[str, ...] = ()
     software_version: str = ""
     blocks: tuple[BlockOffer, ...] = ()
+    upload_bps: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,6 +76,8 @@ class AttestationKind(enum.Enum):
     #: a relay sent bytes that do not match the signed manifest; requires ``evidence_hash``
     #: (the hash of the bytes received); ``amount`` is the chunk index
     RELAY_BAD_CHUNK = "relay_bad_chunk"
+    #: a relay parent was asked for chunks of the version and sent none (a free rider)
+    RELAY_WITHHELD = "relay_withheld"
 
 
 _NEEDS_EVIDENCE = frozenset(
@@ -163,6 +165,8 @@ class HardwareSummary(Message):
     cpu_cores: int = limits(lo=0, hi=1 << 16)
 
 
+#: most upload bandwidth a capability record may claim, bytes/s (about 8.8 Tbit/s)
+MAX_UPLOAD_BPS = 1 << 40
 #: block ranges one record may offer (one per model, a few models at most)
 MAX_BLOCK_OFFERS = 8
 
@@ -213,6 +217,10 @@ class CapabilityRecord(Message):
     software_version: str = limits(max_len=64)
     #: block ranges served to inference sessions; absent from records of older versions
     blocks: tuple[BlockOffer, ...] = limits(max_items=MAX_BLOCK_OFFERS, default=())
+    #: upload bandwidth, bytes/s, the node measured on its relay streams or was configured
+    #: with (0: unknown); the relay plan sizes the node's fan-out from it. Absent from records
+    #: of older versions
+    upload_bps: int = limits(lo=0, hi=MAX_UPLOAD_BPS, default=0)
 
     def check(self) -> None:
         if self.expires_at_ms <= self.issued_at_ms:

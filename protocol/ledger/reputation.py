@@ -54,6 +54,8 @@ KIND_WEIGHTS: dict[AttestationKind, tuple[float, float]] = {
     # a corrupt chunk is never an accident of the network (chunks are hash-checked end to
     # end), so it weighs like a failed verification
     AttestationKind.RELAY_BAD_CHUNK: (0.0, 10.0),
+    # a parent that stalled its children: a free rider, or a link that failed mid-transfer
+    AttestationKind.RELAY_WITHHELD: (0.0, 1.0),
 }
 
 

@@ -136,6 +136,15 @@ class AttestBadChunk:
 
 
 @dataclass(frozen=True, slots=True)
+class AttestWithheld:
+    """Evidence for the ledger: ``peer``, our parent in the plan, stalled with our requests
+    in flight (a free rider sends nothing; an honest parent reports its own progress)."""
+
+    peer: str
+    manifest_id: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class VersionComplete:
     """Every chunk of ``manifest`` is stored: a node serving the artifact may switch to it."""
 

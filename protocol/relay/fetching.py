@@ -4,37 +4,51 @@ has failed.
 Contract
 --------
 * ``RelayFetcher`` is mixed into protocol/relay/machine.py's ``RelayMachine``, which sets the
-  attributes declared here. For a FETCHING transfer it keeps at most ``window`` chunk requests
-  in flight, lowest index first, to one source: the plan parent, or after a failure the next of
-  ``plan.sources_for`` (the re-attach rule).
+  attributes declared here. For a FETCHING transfer it keeps, per stripe of the plan
+  (protocol/relay/striping.py), at most ``window`` chunk requests in flight, lowest index
+  first, to that stripe's source: its parent in the stripe's tree, or after a failure the next
+  of that tree's ``sources_for`` (the re-attach rule).
 * A chunk from the peer it was asked of whose digest matches the manifest is stored
   (``StoreChunk``) and served to its waiters; any other chunk is discarded, and a mismatch also
   penalizes and attests its sender and drops it as a source for that version for good.
 * A failed request, a disconnect, or a source silent for ``stall_timeout_ms`` with requests in
-  flight drops the source; once every source has failed, all but the bad ones are retried after
-  ``retry_ms``. Progress is gossiped ``PROGRESS_REPORTS`` times per version and on completion,
-  which emits ``VersionComplete``.
+  flight drops the source; once every source of a stripe has failed, all but the bad ones are
+  retried after ``retry_ms``. A parent still fetching reports its progress to its children;
+  while those reports advance and stay below the chunk we wait for, its silence is time it
+  spends waiting on its own download and does not count against it (``stall_deadlines``).
+* A plan parent dropped as stalled is reported (``AttestWithheld``) if its last progress
+  report says it held the chunk we waited for (or it never reported): it was asked and sent
+  nothing. If it said it did not hold that chunk yet (stuck behind a free rider of its own,
+  say) it is a suspect: reported once a later report says it holds that chunk and still
+  nothing arrives from it within ``stall_timeout_ms``; any chunk from it clears it.
+  Children's reports are how free riders are found (protocol/relay/recipients.py turns them
+  into leaf positions in the next plan).
+* Progress (``RelayProgress``) goes to our children in every stripe and to the publisher when
+  fetching starts (so a parent stuck from the start is known to be behind),
+  ``PROGRESS_REPORTS`` times per version, on re-attaching and on completion, which also emits
+  ``VersionComplete``.
 """
 
 from __future__ import annotations
 
 import heapq
 
-from protocol.machine import Effect, Penalize, Publish
+from protocol.machine import Effect, Penalize, Send
 from protocol.relay.events import (
     AttestBadChunk,
+    AttestWithheld,
     ChunkReceived,
     DiscardChunk,
     RequestChunk,
     StoreChunk,
     VersionComplete,
 )
-from protocol.relay.manifest import RELAY_TOPIC, RelayProgress
+from protocol.relay.manifest import RelayProgress
 from protocol.relay.transfer import Transfer, TransferState, manifest_event
 
 BAD_CHUNK_PENALTY = 50
 #: a receiver gossips its progress this many times per version (and on completion)
-PROGRESS_REPORTS = 8
+PROGRESS_REPORTS = 16
 
 
 class RelayFetcher:
@@ -51,6 +65,8 @@ class RelayFetcher:
 
     def _on_chunk(self, ev: ChunkReceived, now: int, out: list[Effect]) -> None:
         t = self.transfers.get(ev.manifest_id)
+        if t is not None and t.suspects.pop(ev.peer, None) is not None:
+            t.suspect_due.pop(ev.peer, None)  # it serves what it was asked: no free rider
         if (
             t is None
             or t.state is not TransferState.FETCHING
@@ -67,19 +83,29 @@ class RelayFetcher:
             return
         del t.in_flight[ev.index]
         out.append(StoreChunk(ev.peer, ev.manifest_id, ev.index))
-        t.last_progress_ms = now
+        t.heard_at_ms[ev.peer] = now
         t.mark_present(t.by_hash[expected], out)
         self._after_progress(t, now, out)
 
+    def _report_progress(self, t: Transfer, out: list[Effect]) -> None:
+        """Tell our children in every stripe and the publisher how far we are (never the
+        same report twice: a repeated message is a replay to the receiving driver)."""
+        if t.have_count == t.last_report:
+            return
+        t.reported = t.last_report = t.have_count
+        report = RelayProgress(
+            manifest_id=t.manifest.id,
+            chunks_held=t.have_count,
+            stripes_held=tuple(t.stripe_have),
+        )
+        for peer in (*t.plan.children_of(self.self_id), t.plan.root):
+            if peer != self.self_id:
+                out.append(Send(peer, report))
+
     def _after_progress(self, t: Transfer, now: int, out: list[Effect]) -> None:
         step = max(1, t.manifest.chunks // PROGRESS_REPORTS)
-        if t.complete or t.have_count >= t.reported + step:
-            t.reported = t.have_count
-            out.append(
-                Publish(
-                    RELAY_TOPIC, RelayProgress(manifest_id=t.manifest.id, chunks_held=t.have_count)
-                )
-            )
+        if t.complete or t.last_report < 0 or t.have_count >= t.reported + step:
+            self._report_progress(t, out)
         if t.complete:
             t.move_to(TransferState.COMPLETE)
             t.in_flight.clear()
@@ -91,26 +117,44 @@ class RelayFetcher:
             self._pump(t, now, out)
 
     def _pump(self, t: Transfer, now: int, out: list[Effect]) -> None:
-        """Top up the in-flight window from the current source, choosing one if needed."""
+        """Top up every stripe's in-flight window from its source, choosing one if needed."""
         if t.state is not TransferState.FETCHING:
             return
-        if t.source is None:
-            sources = t.plan.sources_for(self.self_id, set(t.failed) | {self.self_id})
+        busy = [0] * t.plan.stripes
+        for index in t.in_flight:
+            busy[t.plan.stripe_of(index)] += 1
+        for stripe, pending in enumerate(t.pending):
+            if pending and busy[stripe] < self.window:
+                self._pump_stripe(t, stripe, pending, self.window - busy[stripe], now, out)
+
+    def _pump_stripe(
+        self, t: Transfer, stripe: int, pending: list[int], room: int, now: int, out: list[Effect]
+    ) -> None:
+        source = t.sources.get(stripe)
+        if source is None:
+            tree = t.plan.trees[stripe]
+            sources = tree.sources_for(self.self_id, set(t.failed) | {self.self_id})
             if not sources:
                 if t.retry_at_ms is None:
                     t.retry_at_ms = now + self.retry_ms
-                    out.append(manifest_event("no_source", t.manifest))
+                    out.append(manifest_event("no_source", t.manifest, stripe=stripe))
                 return
-            t.source = sources[0]
-            t.last_progress_ms = now
-            if t.plan.parent.get(self.self_id) != t.source:
-                out.append(manifest_event("reattached", t.manifest, source=t.source))
-        while len(t.in_flight) < self.window and t.pending:
-            index = heapq.heappop(t.pending)
+            source = t.sources[stripe] = sources[0]
+            t.heard_at_ms[source] = max(now, t.heard_at_ms.get(source, now))
+            if t.check_at_ms is None or t.check_at_ms > now + self.stall_timeout_ms:
+                t.check_at_ms = now + self.stall_timeout_ms
+            if tree.parent.get(self.self_id) != source:
+                out.append(manifest_event("reattached", t.manifest, source=source, stripe=stripe))
+                self._report_progress(t, out)
+        while room > 0 and pending:
+            index = heapq.heappop(pending)
             if t.have[index] or index in t.in_flight:
                 continue
-            t.in_flight[index] = t.source
-            out.append(RequestChunk(t.source, t.manifest.id, index))
+            t.in_flight[index] = source
+            if t.check_at_ms is None:
+                t.check_at_ms = now + self.stall_timeout_ms
+            room -= 1
+            out.append(RequestChunk(source, t.manifest.id, index))
 
     def _fail_source(
         self, t: Transfer, peer: str, reason: str, permanent: bool, now: int, out: list[Effect]
@@ -119,20 +163,81 @@ class RelayFetcher:
         for index, source in list(t.in_flight.items()):
             if source == peer:
                 del t.in_flight[index]
-                heapq.heappush(t.pending, index)
-        if t.source == peer:
-            t.source = None
+                heapq.heappush(t.pending[t.plan.stripe_of(index)], index)
+        for stripe, source in list(t.sources.items()):
+            if source == peer:
+                del t.sources[stripe]
         out.append(manifest_event("source_failed", t.manifest, peer=peer, reason=reason))
         self._pump(t, now, out)
 
+    def stall_deadlines(self, t: Transfer) -> dict[str, int]:
+        """When each source with requests in flight counts as stalled.
+
+        Silence counts from its last chunk to us (or from when it became our source). A
+        source whose progress reports show it advancing and not yet past the lowest chunk we
+        wait for (in that chunk's stripe) is waiting on its own download: silence then counts
+        from its last such report, with one more ``stall_timeout_ms`` for its own re-attaching. A source that
+        reports holding what we asked for, or reports nothing new, gets no such excuse."""
+        lowest: dict[str, int] = {}
+        for index, peer in t.in_flight.items():
+            if index < lowest.get(peer, index + 1):
+                lowest[peer] = index
+        out = {}
+        for peer, waiting_for in lowest.items():
+            deadline = t.heard_at_ms.get(peer, 0) + self.stall_timeout_ms
+            if self._behind(t, peer, waiting_for):
+                excused = t.advanced_at_ms.get(peer, 0) + 2 * self.stall_timeout_ms
+                deadline = max(deadline, excused)
+            out[peer] = deadline
+        return out
+
+    @staticmethod
+    def _behind(t: Transfer, peer: str, index: int) -> bool:
+        """Whether ``peer``'s last report says it does not hold chunk ``index`` yet: per
+        stripe (it fetches each stripe in order), else by its total."""
+        stripes = t.stripe_progress.get(peer)
+        if stripes is not None:
+            return stripes[index % len(stripes)] <= index // len(stripes)
+        held = t.progress.get(peer)
+        return held is not None and held <= index
+
+    def on_report(self, t: Transfer, peer: str, now: int) -> None:
+        """A progress report arrived: a dropped parent that now says it holds the chunk we
+        had asked it for must send it within ``stall_timeout_ms`` (our request is still
+        queued there), or it is reported after all."""
+        index = t.suspects.get(peer)
+        if index is not None and peer not in t.suspect_due and not self._behind(t, peer, index):
+            t.suspect_due[peer] = now + self.stall_timeout_ms
+
     def _on_tick(self, now: int, out: list[Effect]) -> None:
         for t in list(self.transfers.values()):
+            for peer, due in list(t.suspect_due.items()):
+                if now >= due:
+                    del t.suspect_due[peer], t.suspects[peer]
+                    out.append(AttestWithheld(peer, t.manifest.id))
             if t.state is not TransferState.FETCHING:
                 continue
-            if t.in_flight and now >= t.last_progress_ms + self.stall_timeout_ms:
-                stalled = t.source or next(iter(t.in_flight.values()))
-                self._fail_source(t, stalled, "stalled", False, now, out)
+            if t.check_at_ms is not None and now >= t.check_at_ms:
+                self._check_stalls(t, now, out)
             if t.retry_at_ms is not None and now >= t.retry_at_ms:
                 t.retry_at_ms = None
                 t.failed = {p: bad for p, bad in t.failed.items() if bad}
                 self._pump(t, now, out)
+
+    def _check_stalls(self, t: Transfer, now: int, out: list[Effect]) -> None:
+        """Drop (and report, if it is our plan parent) every stalled source; the next check
+        is due at the earliest remaining deadline. Deadlines only move later as chunks and
+        reports arrive, so checking at an earlier time than needed is all a stale one costs."""
+        stalled_sources = [p for p, at in self.stall_deadlines(t).items() if now >= at]
+        for stalled in stalled_sources:
+            waiting_for = min(i for i, p in t.in_flight.items() if p == stalled)
+            if any(tree.parent.get(self.self_id) == stalled for tree in t.plan.trees):
+                if self._behind(t, stalled, waiting_for):
+                    t.suspects[stalled] = waiting_for
+                else:
+                    out.append(AttestWithheld(stalled, t.manifest.id))
+            self._fail_source(t, stalled, "stalled", False, now, out)
+        if t.state is TransferState.FETCHING and t.in_flight:
+            t.check_at_ms = max(now + 1, min(self.stall_deadlines(t).values()))
+        else:
+            t.check_at_ms = None

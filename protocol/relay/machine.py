@@ -27,8 +27,13 @@ bandwidth model.
 * Serving: a request for a held chunk is served at once; for a chunk of a version being fetched
   it waits (at most ``max_queued_per_peer`` per peer) and is served when the chunk is stored;
   otherwise it is refused with a ``ChunkStatus``.
-* Progress: a receiver gossips ``RelayProgress`` ``PROGRESS_REPORTS`` times per version and on
-  completion; the machine keeps what others report (``Transfer.progress``) for status.
+* Progress: a receiver sends ``RelayProgress`` to its plan children and the publisher
+  ``PROGRESS_REPORTS`` times per version and on completion (not by gossip: that costs every
+  node a message per report of every other node); the machine keeps what others report
+  (``Transfer.progress``) for status and for the stall rule.
+* The plan is protocol/relay/striping.py's ``build_striped_plan`` with ``stripes`` trees
+  (1: the single tree of protocol/relay/plan.py); every peer must use the same ``stripes``
+  and ``max_fanout``.
 * Completion emits ``VersionComplete`` (the hot-swap hook).
 
 Events and effects are declared in protocol/relay/events.py; one version's state and its
@@ -79,7 +84,8 @@ from protocol.relay.manifest import (
     RelayProgress,
     verify_manifest,
 )
-from protocol.relay.plan import MAX_FANOUT, build_plan
+from protocol.relay.plan import MAX_FANOUT
+from protocol.relay.striping import DEFAULT_STRIPES, MAX_STRIPES, build_striped_plan
 from protocol.relay.transfer import Transfer, TransferState, manifest_event
 
 DEFAULT_WINDOW = 8
@@ -102,10 +108,13 @@ class RelayMachine(RelayFetcher):
         retry_ms: int = RETRY_MS,
         max_queued_per_peer: int = MAX_QUEUED_PER_PEER,
         max_fanout: int = MAX_FANOUT,
+        stripes: int = DEFAULT_STRIPES,
         trusted: Set[str] | None = None,
     ) -> None:
         if window < 1 or keep_versions < 1 or max_queued_per_peer < 1:
             raise LocalProtocolError("window, keep_versions and max_queued_per_peer must be >= 1")
+        if not 1 <= stripes <= MAX_STRIPES:
+            raise LocalProtocolError(f"stripes must be within 1..{MAX_STRIPES}, got {stripes}")
         self.self_id = self_id
         self.window = window
         self.keep_versions = keep_versions
@@ -113,6 +122,7 @@ class RelayMachine(RelayFetcher):
         self.retry_ms = retry_ms
         self.max_queued_per_peer = max_queued_per_peer
         self.max_fanout = max_fanout
+        self.stripes = stripes
         self.trusted = None if trusted is None else frozenset(trusted)
         self.transfers: dict[bytes, Transfer] = {}
         self._latest: dict[tuple[str, str], int] = {}
@@ -135,12 +145,13 @@ class RelayMachine(RelayFetcher):
         return self._latest.get(key, 0)
 
     def next_deadline(self) -> int | None:
-        deadlines = []
+        deadlines: list[int] = []
         for t in self.transfers.values():
+            deadlines.extend(t.suspect_due.values())
             if t.state is not TransferState.FETCHING:
                 continue
-            if t.in_flight:
-                deadlines.append(t.last_progress_ms + self.stall_timeout_ms)
+            if t.in_flight and t.check_at_ms is not None:
+                deadlines.append(t.check_at_ms)
             if t.retry_at_ms is not None:
                 deadlines.append(t.retry_at_ms)
         return min(deadlines, default=None)
@@ -156,10 +167,7 @@ class RelayMachine(RelayFetcher):
         elif isinstance(event, ChunkRequested):
             self._on_request(event, out)
         elif isinstance(event, Received) and isinstance(event.message, RelayProgress):
-            t = self.transfers.get(event.message.manifest_id)
-            if t is not None and (event.peer in t.plan or len(t.progress) < MAX_RECIPIENTS):
-                held = min(event.message.chunks_held, t.manifest.chunks)
-                t.progress[event.peer] = max(held, t.progress.get(event.peer, 0))
+            self._on_progress(event.peer, event.message, now)
         elif isinstance(event, ChunkFailed):
             if event.penalty > 0:
                 out.append(Penalize(event.peer, event.reason, event.penalty))
@@ -170,7 +178,7 @@ class RelayMachine(RelayFetcher):
             for t in list(self.transfers.values()):
                 t.forget_waiter(event.peer)
                 if t.state is TransferState.FETCHING and (
-                    t.source == event.peer or event.peer in t.in_flight.values()
+                    event.peer in t.sources.values() or event.peer in t.in_flight.values()
                 ):
                     self._fail_source(t, event.peer, "disconnected", False, now, out)
                 elif event.peer in t.plan:
@@ -203,6 +211,17 @@ class RelayMachine(RelayFetcher):
         elif isinstance(event, Restore):
             self._on_restore(event, now, out)
         return out
+
+    def _on_progress(self, peer: str, msg: RelayProgress, now: int) -> None:
+        t = self.transfers.get(msg.manifest_id)
+        if t is not None and (peer in t.plan or len(t.progress) < MAX_RECIPIENTS):
+            held = min(msg.chunks_held, t.manifest.chunks)
+            if held > t.progress.get(peer, -1):
+                t.progress[peer] = held
+                t.advanced_at_ms[peer] = now
+                if len(msg.stripes_held) == t.plan.stripes:
+                    t.stripe_progress[peer] = msg.stripes_held
+                self.on_report(t, peer, now)
 
     def _on_manifest(self, peer: str, msg: RelayManifest, now: int, out: list[Effect]) -> None:
         try:
@@ -264,19 +283,22 @@ class RelayMachine(RelayFetcher):
 
     def _register(self, manifest: Manifest, state: TransferState, out: list[Effect]) -> Transfer:
         body = manifest.body
-        plan = build_plan(
+        plan = build_striped_plan(
             manifest.signer,
             body.publisher_upload_bps,
-            ((r.peer_id, r.upload_bps) for r in body.recipients),
+            tuple((r.peer_id, r.upload_bps) for r in body.recipients),
             total_size=body.total_size,
             chunk_size=body.chunk_size,
             seed=manifest.id,
+            stripes=self.stripes,
             max_fanout=self.max_fanout,
         )
         t = Transfer(manifest=manifest, plan=plan, state=state, have=bytearray(manifest.chunks))
+        t.stripe_have = [0] * plan.stripes
         for i, h in enumerate(manifest.chunk_hashes):
             t.by_hash.setdefault(h, []).append(i)
-        t.pending = list(range(manifest.chunks))  # ascending: already a heap
+        # ascending: each stripe's list is already a heap
+        t.pending = [list(range(k, manifest.chunks, plan.stripes)) for k in range(plan.stripes)]
         key = manifest.key
         if manifest.version > self._latest.get(key, 0):
             self._latest[key] = manifest.version
@@ -292,7 +314,7 @@ class RelayMachine(RelayFetcher):
 
     def _push_down(self, t: Transfer, out: list[Effect]) -> None:
         """Send the manifest to our children in the plan: nobody waits on a lost gossip."""
-        for child in t.plan.children.get(self.self_id, ()):
+        for child in t.plan.children_of(self.self_id):
             out.append(Send(child, t.manifest.message))
 
     # ------------------------------------------------------------ serving

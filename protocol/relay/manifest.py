@@ -52,12 +52,17 @@ MAX_CHUNKS = 8192
 MIN_CHUNK_SIZE = 4 * 1024
 MAX_CHUNK_SIZE = 64 * 1024 * 1024
 MAX_VERSION = (1 << 53) - 1
-#: recipients named in one manifest (the relay plan covers them)
-MAX_RECIPIENTS = 1024
+#: recipients named in one manifest (the relay plan covers them). This bounds what one
+#: manifest can make a node hold: its plan takes about 8 MB at 10,000 recipients and 8 stripes;
+#: and 10,000 recipients (52-character peer ids) with MAX_CHUNKS hashes still fit one gossip
+#: message (0.9 MB; the codec's frame limit is 1 MiB)
+MAX_RECIPIENTS = 10_000
 MAX_PEER_ID_LEN = 64
 #: advertised upload bandwidth, bytes per second (0 = unknown; the plan assumes a default)
 MAX_UPLOAD_BPS = 1 << 40
 MAX_REASON_LEN = 64
+#: stripes a progress report can describe (protocol/relay/striping.py allows up to 16)
+MAX_PROGRESS_STRIPES = 16
 
 
 class ArtifactFormat(enum.Enum):
@@ -157,11 +162,17 @@ class ChunkHeader(Message):
 @message(95)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RelayProgress(Message):
-    """Gossiped by a receiver at milestones and on completion, for status and progress bars."""
+    """Sent by a receiver to its plan children and the publisher at milestones and on
+    completion: for status, progress bars and the stall rule (protocol/relay/fetching.py)."""
+
     repeatable: ClassVar[bool] = True
 
     manifest_id: bytes = limits(size=HASH_LEN)
     chunks_held: int = limits(lo=0, hi=MAX_CHUNKS)
+    #: chunks held per stripe of the plan (stripe k: chunks k, k + s, ...)
+    stripes_held: tuple[int, ...] = limits(
+        max_items=MAX_PROGRESS_STRIPES, lo=0, hi=MAX_CHUNKS, default=()
+    )
 
 
 class ManifestError(ValueError):

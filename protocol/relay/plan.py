@@ -56,6 +56,9 @@ class RelayPlan:
     depth: Mapping[str, int]
     #: estimated time for every recipient to complete, in ms, at ``rate``
     estimated_ms: int
+    #: how many hops below each node its deepest descendant is (0: a leaf); a parent serves
+    #: a chunk to its children tallest first, so the longest path waits least
+    height: Mapping[str, int]
 
     @property
     def rate_bps(self) -> float:
@@ -104,6 +107,17 @@ class RelayPlan:
         return [p for p in ancestors + others if p not in failed]
 
 
+def tree_heights(top_down: Sequence[str], parent: Mapping[str, str]) -> dict[str, int]:
+    """Each node's height (see ``RelayPlan.height``); ``top_down`` lists every node after
+    its parent."""
+    height = dict.fromkeys(top_down, 0)
+    for peer in reversed(top_down):
+        up = parent.get(peer)
+        if up is not None and height[up] <= height[peer]:
+            height[up] = height[peer] + 1
+    return height
+
+
 def _tiebreak(seed: bytes, peer: str) -> bytes:
     return digest(seed + peer.encode("utf-8"), person=_TIE_PERSON)
 
@@ -131,7 +145,7 @@ def _place(uploads: Sequence[int], num: int, den: int, max_fanout: int) -> list[
 _Placement = tuple[int, list[int], list[int]]
 
 
-def _placement_order(
+def placement_order(
     root: str, root_up: int, recipients: Iterable[tuple[str, int]], seed: bytes
 ) -> tuple[list[str], list[int]]:
     """The nodes in placement order, root first, and their uploads (the best one a recipient
@@ -223,7 +237,7 @@ def build_plan(
     if max_fanout < 1 or total_size < 1 or chunk_size < 1:
         raise ValueError("max_fanout, total_size and chunk_size must be positive")
     root_up = root_upload_bps if root_upload_bps > 0 else DEFAULT_UPLOAD_BPS
-    order, uploads = _placement_order(root, root_up, recipients, seed)
+    order, uploads = placement_order(root, root_up, recipients, seed)
     rates = _candidate_rates(uploads, max_fanout)
     evaluated = _placements(uploads, rates, max_fanout)
     rate, work, parents, depths = _fastest(evaluated, rates, total_size, chunk_size)
@@ -242,4 +256,5 @@ def build_plan(
         children={p: tuple(c) for p, c in children.items()},
         depth={p: depths[j] for j, p in enumerate(order)},
         estimated_ms=work * den * 1000 // num,
+        height=tree_heights(order, parent),
     )

@@ -22,7 +22,7 @@ from protocol.errors import LocalProtocolError
 from protocol.machine import Effect, Emit
 from protocol.relay.events import ServeChunk
 from protocol.relay.manifest import Manifest
-from protocol.relay.plan import RelayPlan
+from protocol.relay.striping import StripedPlan
 
 
 class TransferState(enum.Enum):
@@ -46,16 +46,31 @@ TRANSITIONS: dict[TransferState, frozenset[TransferState]] = {
 @dataclass
 class Transfer:
     manifest: Manifest
-    plan: RelayPlan
+    plan: StripedPlan
     state: TransferState
     have: bytearray
     have_count: int = 0
-    pending: list[int] = field(default_factory=list)  # heap of indices to request
+    #: per stripe, a heap of the chunk indices still to request
+    pending: list[list[int]] = field(default_factory=list)
     in_flight: dict[int, str] = field(default_factory=dict)
-    source: str | None = None
+    #: stripe -> the peer its chunks are requested from now
+    sources: dict[int, str] = field(default_factory=dict)
+    #: peer -> when it last sent us a chunk, or became a source
+    heard_at_ms: dict[str, int] = field(default_factory=dict)
+    #: chunks held per stripe of the plan
+    stripe_have: list[int] = field(default_factory=list)
+    #: peer -> chunks it reported holding per stripe
+    stripe_progress: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: no source can count as stalled before this (protocol/relay/fetching.py)
+    check_at_ms: int | None = None
+    #: peer -> when its progress report last showed it holding more chunks
+    advanced_at_ms: dict[str, int] = field(default_factory=dict)
+    #: dropped plan parent -> the chunk we waited for, while its reports said it lacked it
+    suspects: dict[str, int] = field(default_factory=dict)
+    #: suspect -> when it is reported, unless a chunk from it arrives first
+    suspect_due: dict[str, int] = field(default_factory=dict)
     #: peer -> permanent (a bad chunk) or not (cleared when every source has failed)
     failed: dict[str, bool] = field(default_factory=dict)
-    last_progress_ms: int = 0
     retry_at_ms: int | None = None
     waiting: dict[int, list[str]] = field(default_factory=dict)
     queued: Counter[str] = field(default_factory=Counter)
@@ -64,6 +79,13 @@ class Transfer:
     #: chunks held by other peers, from their RelayProgress gossip
     progress: dict[str, int] = field(default_factory=dict)
     reported: int = 0
+    #: chunks held at our last progress report (-1: none sent)
+    last_report: int = -1
+
+    @property
+    def source(self) -> str | None:
+        """The first stripe's current source (for status)."""
+        return self.sources.get(0)
 
     @property
     def complete(self) -> bool:
@@ -83,7 +105,9 @@ class Transfer:
             if 0 <= index < len(self.have) and not self.have[index]:
                 self.have[index] = 1
                 self.have_count += 1
-                for peer in self.waiting.pop(index, ()):
+                if self.stripe_have:
+                    self.stripe_have[index % len(self.stripe_have)] += 1
+                for peer in self.plan.serve_order(index, self.waiting.pop(index, ())):
                     self.queued[peer] -= 1
                     self.served[peer] += 1
                     if out is not None:

@@ -3,7 +3,9 @@
 As node/relay/service.py and node/relay/streams.py do for the daemon:
 
 * ``RequestChunk`` sends a ``ChunkRequest`` frame to the source, which gets ``ChunkRequested``;
-  an unreachable or crashed source comes back as ``ChunkFailed`` after the request timeout.
+  an unreachable or crashed source comes back as ``ChunkFailed`` after the request timeout,
+  and a source that crashes with our requests open as ``PeerDisconnected`` after the
+  transport's crash detection (the daemon's chunk stream resets).
 * A request reaching a source that does not know the version yet delivers the manifest first
   (a chunk stream opens with the manifest frame), then ``ChunkRequested``.
 * ``ServeChunk`` streams the chunk: a transfer of its size over the network model (sender's
@@ -14,7 +16,8 @@ As node/relay/service.py and node/relay/streams.py do for the daemon:
   survives restarts); ``StoreChunk`` keeps the verified digest there; ``DropVersion`` forgets.
 * Attestations: ``protocol.relay.attestations.RelayAttestations`` tallies the stored chunks per
   source and yields ``RELAY_SERVED`` when a version completes and ``RELAY_BAD_CHUNK`` for a
-  corrupt chunk, exactly as node/relay/service.py does; they go to the node's ledger machine
+  corrupt chunk and ``RELAY_WITHHELD`` for a parent that stalled us, exactly as
+  node/relay/service.py does; they go to the node's ledger machine
   when it hosts one, and are counted (``relay_attest.<kind>``) either way.
 * Conservation: every digest a server sends comes from its store, and the store only ever
   holds digests that a publisher put there or that arrived and were verified. The adapter
@@ -31,9 +34,11 @@ from typing import Any
 
 from protocol.codec import encode
 from protocol.ledger.events import Attest as LedgerAttest
+from protocol.machine import PeerDisconnected
 from protocol.relay.attestations import RelayAttestations
 from protocol.relay.events import (
     AttestBadChunk,
+    AttestWithheld,
     ChunkFailed,
     ChunkReceived,
     ChunkRequested,
@@ -58,6 +63,7 @@ from protocol.relay.manifest import (
     RelayManifest,
     RelayProgress,
 )
+from protocol.relay.striping import DEFAULT_STRIPES
 from simulations.adversary import Behaviour, Wrapped
 from simulations.node import MachineSpec, VirtualNode
 
@@ -74,6 +80,7 @@ _HEADER_BYTES = (
 REQUEST_TIMEOUT_MS = 10_000
 
 CompleteObserver = Callable[[VirtualNode, Manifest], None]
+AttestObserver = Callable[[VirtualNode, LedgerAttest], None]
 
 
 class Published:
@@ -95,10 +102,16 @@ def relay_spec(
     on_complete: CompleteObserver | None = None,
     behaviour_of: Callable[[VirtualNode], Behaviour | None] | None = None,
     stall_timeout_ms: int = 30_000,
+    stripes: int = DEFAULT_STRIPES,
+    on_attest: AttestObserver | None = None,
 ) -> MachineSpec:
     def build(node: VirtualNode) -> Any:
         machine = RelayMachine(
-            node.peer_id, window=window, max_fanout=max_fanout, stall_timeout_ms=stall_timeout_ms
+            node.peer_id,
+            window=window,
+            max_fanout=max_fanout,
+            stall_timeout_ms=stall_timeout_ms,
+            stripes=stripes,
         )
         behaviour = behaviour_of(node) if behaviour_of is not None else None
         return machine if behaviour is None else Wrapped(machine, node, behaviour)
@@ -108,16 +121,30 @@ def relay_spec(
         build=build,
         message_types=(RelayManifest, RelayProgress),
         topics=(RELAY_TOPIC,),
-        performers=RelayPerformers(published, on_complete).table(),
+        performers=RelayPerformers(published, on_complete, on_attest).table(),
     )
 
 
 class RelayPerformers:
     """What each relay effect does on a virtual node (see the module docstring)."""
 
-    def __init__(self, published: Published, on_complete: CompleteObserver | None) -> None:
+    def __init__(
+        self,
+        published: Published,
+        on_complete: CompleteObserver | None,
+        on_attest: AttestObserver | None = None,
+    ) -> None:
         self.sender = BulkSender(published)
         self.on_complete = on_complete
+        self.on_attest = on_attest
+        #: (requester, server) chunk streams watched for the server crashing
+        self.watched: set[tuple[int, int]] = set()
+
+    def _attest(self, node: VirtualNode, attestations: list[LedgerAttest]) -> None:
+        _attest(node, attestations)
+        if self.on_attest is not None:
+            for attestation in attestations:
+                self.on_attest(node, attestation)
 
     def table(self) -> dict[type, Callable[[VirtualNode, str, Any], None]]:
         return {
@@ -130,6 +157,7 @@ class RelayPerformers:
             VersionComplete: self.complete,
             DropVersion: self.drop,
             AttestBadChunk: self.attest_bad,
+            AttestWithheld: self.attest_withheld,
         }
 
     def prepare(self, node: VirtualNode, name: str, effect: PrepareVersion) -> None:
@@ -147,11 +175,43 @@ class RelayPerformers:
             failed = ChunkFailed(effect.peer, effect.manifest_id, effect.index, "unreachable")
             swarm.loop.after(REQUEST_TIMEOUT_MS * 1000, _submit, node, node.epoch, failed)
             return
+        self._watch_stream(node, server)
         manifest = node.store.get(MANIFESTS, {}).get(effect.manifest_id)
         arrivals = swarm.net.transfer(node.index, server.index, _REQUEST_BYTES, swarm.loop.now_us)
         for at in arrivals[:1]:
             ask = ChunkRequested(node.peer_id, effect.manifest_id, effect.index)
             swarm.loop.at(at, _asked, server, server.epoch, node.peer_id, manifest, ask)
+
+    def _watch_stream(self, node: VirtualNode, server: VirtualNode) -> None:
+        """Our chunk stream to ``server``: if it crashes with our requests open, we learn it
+        as the daemon does from a reset stream, after the transport's crash detection."""
+        key = (node.index, server.index)
+        if key not in self.watched:
+            self.watched.add(key)
+            delay = node.swarm.transport.crash_detect_us
+            node.swarm.loop.after(delay, self._check_stream, node, node.epoch, server, server.epoch)
+
+    def _check_stream(
+        self, node: VirtualNode, epoch: int, server: VirtualNode, server_epoch: int
+    ) -> None:
+        key = (node.index, server.index)
+        if node.epoch != epoch or not node.up:
+            self.watched.discard(key)
+            return
+        if server.epoch != server_epoch or not server.up:
+            self.watched.discard(key)
+            node.submit(NAME, PeerDisconnected(server.peer_id))
+            return
+        slot = node.slots.get(NAME)
+        machine: Any = None if slot is None else slot.machine
+        machine = machine.inner if isinstance(machine, Wrapped) else machine
+        if machine is not None and any(
+            server.peer_id in t.in_flight.values() for t in machine.transfers.values()
+        ):
+            delay = node.swarm.transport.crash_detect_us
+            node.swarm.loop.after(delay, self._check_stream, node, epoch, server, server_epoch)
+        else:
+            self.watched.discard(key)
 
     def serve(self, node: VirtualNode, name: str, effect: ServeChunk) -> None:
         held = node.store.get(CHUNKS, {}).get(effect.manifest_id, {})
@@ -188,7 +248,7 @@ class RelayPerformers:
 
     def complete(self, node: VirtualNode, name: str, effect: VersionComplete) -> None:
         node.swarm.metrics.count("relay.version_complete")
-        _attest(node, attestations_of(node).completed(effect.manifest.id))
+        self._attest(node, attestations_of(node).completed(effect.manifest.id))
         if self.on_complete is not None:
             self.on_complete(node, effect.manifest)
 
@@ -198,7 +258,12 @@ class RelayPerformers:
 
     def attest_bad(self, node: VirtualNode, name: str, effect: AttestBadChunk) -> None:
         node.swarm.metrics.count("relay.bad_chunk_attested")
-        _attest(node, attestations_of(node).bad_chunk(effect))
+        self._attest(node, attestations_of(node).bad_chunk(effect))
+
+
+    def attest_withheld(self, node: VirtualNode, name: str, effect: AttestWithheld) -> None:
+        node.swarm.metrics.count("relay.withheld_attested")
+        self._attest(node, attestations_of(node).withheld(effect))
 
 
 def attestations_of(node: VirtualNode) -> RelayAttestations:
@@ -229,7 +294,9 @@ def publish(node: VirtualNode, manifest: Manifest, published: Published) -> None
 class BulkSender:
     """Each node's outgoing chunk streams share its uplink one chunk at a time, taking the
     destinations in turn (round robin), as concurrent TCP streams share a link fairly at
-    chunk granularity: N children of one node each get a chunk every N chunk times."""
+    chunk granularity: N children of one node each get a chunk every N chunk times. A chunk
+    travels as a bulk stream (``Network.stream``): a receiver fed by several senders at once
+    (the striped plan) shares its downlink between them."""
 
     def __init__(self, published: Published) -> None:
         self.published = published
@@ -239,6 +306,7 @@ class BulkSender:
         ] = {}
 
     def enqueue(self, node: VirtualNode, peer: str, item: tuple[bytes, int, bytes, int]) -> None:
+        """Queue chunk ``item`` = (manifest id, index, digest, size) for ``peer``."""
         state = self.queues.get(node.index)
         if state is None or state[0] != node.epoch:
             state = self.queues[node.index] = (node.epoch, {}, deque(), [False])
@@ -269,7 +337,7 @@ class BulkSender:
             if target is None or not target.up or not swarm.net.reachable(node.index, target.index):
                 continue
             now = swarm.loop.now_us
-            for at in swarm.net.transfer(node.index, target.index, size, now)[:1]:
+            for at in swarm.net.stream(node.index, target.index, size, now)[:1]:
                 got = ChunkReceived(node.peer_id, mid, index, digest)
                 swarm.loop.at(at, _receive, target, target.epoch, got, size, self.published)
             busy[0] = True

@@ -124,7 +124,7 @@ def test_a_relay_serving_a_corrupt_chunk_is_routed_around(tmp_path: Path) -> Non
             hashes, _ = pub.store.import_file(path, CHUNK)
             relay_hashes.extend(hashes)
             manifest = await pub.publish(path, "w")
-            plan = pub.machine.transfers[manifest.id].plan
+            plan = pub.machine.transfers[manifest.id].plan.trees[0]  # 2 peers: one tree
             middle = a if plan.parent.get(b.ctx.identity.peer_id) == a.ctx.identity.peer_id else b
             leaf = b if middle is a else a
             with trio.fail_after(WAIT_S):

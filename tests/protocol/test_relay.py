@@ -7,7 +7,7 @@ import random
 import pytest
 
 from protocol.errors import LocalProtocolError
-from protocol.machine import Penalize, Publish, Received, Tick
+from protocol.machine import Penalize, Publish, Received, Send, Tick
 from protocol.relay.events import (
     AttestBadChunk,
     ChunkFailed,
@@ -38,7 +38,9 @@ ALL = [PUB.peer_id, *IDS]
 
 
 def net(**machine_args: object) -> Net:
-    return Net.of(ALL, **machine_args)
+    """These tests pin the single tree's rules (stripes=1); tests/protocol/test_relay_striping.py
+    drives the striped plan."""
+    return Net.of(ALL, **{"stripes": 1, **machine_args})
 
 
 def test_one_publisher_five_peers_all_complete() -> None:
@@ -52,10 +54,10 @@ def test_one_publisher_five_peers_all_complete() -> None:
         # each chunk stored exactly once, each from the plan parent (no failures here)
         stored = n.effects(StoreChunk, peer)
         assert sorted(s.index for s in stored) == list(range(m.chunks))
-        parent = n.machines[peer].transfers[m.id].plan.parent[peer]
+        parent = n.machines[peer].transfers[m.id].plan.trees[0].parent[peer]
         assert {s.peer for s in stored} == {parent}
     # the publisher sends every chunk once per child in the plan, not once per peer
-    plan = n.machines[PUB.peer_id].transfers[m.id].plan
+    plan = n.machines[PUB.peer_id].transfers[m.id].plan.trees[0]
     assert len(n.effects(ServeChunk, PUB.peer_id)) == m.chunks * len(plan.children[PUB.peer_id])
 
 
@@ -63,7 +65,7 @@ def test_chunks_are_forwarded_the_moment_they_are_stored() -> None:
     # A child's request for a chunk its parent is still fetching waits, and is answered right
     # after the StoreChunk, in the same step: pipelining, not store-the-whole-file-then-serve.
     m = manifest_for(PUB, [IDS[0]], chunks=4)
-    relay = RelayMachine(IDS[0])
+    relay = RelayMachine(IDS[0], stripes=1)
     relay.handle(Received(PUB.peer_id, m.message, "relay"), 0)
     effects = relay.handle(VersionPrepared(m.id, frozenset()), 0)
     assert [e.index for e in effects if isinstance(e, RequestChunk)] == [0, 1, 2, 3]
@@ -74,7 +76,7 @@ def test_chunks_are_forwarded_the_moment_they_are_stored() -> None:
 
 def test_window_bounds_requests_in_flight() -> None:
     m = manifest_for(PUB, [IDS[0]], chunks=20)
-    relay = RelayMachine(IDS[0], window=3)
+    relay = RelayMachine(IDS[0], stripes=1, window=3)
     relay.handle(Received(PUB.peer_id, m.message, "relay"), 0)
     effects = relay.handle(VersionPrepared(m.id, frozenset()), 0)
     assert [e.index for e in effects if isinstance(e, RequestChunk)] == [0, 1, 2]
@@ -91,7 +93,7 @@ def test_kill_a_middle_relay_survivors_complete(victim_pos: int) -> None:
         m = manifest_for(PUB, IDS, chunks=30)
         n.budget = budget
         n.publish(PUB.peer_id, m)
-        plan = n.machines[PUB.peer_id].transfers[m.id].plan
+        plan = n.machines[PUB.peer_id].transfers[m.id].plan.trees[0]
         victim = plan.order[victim_pos]
         before = {p: len(n.effects(StoreChunk, p)) for p in IDS}
         n.kill(victim)
@@ -114,9 +116,9 @@ def test_kill_a_middle_relay_survivors_complete(victim_pos: int) -> None:
 def test_corrupt_relay_is_attested_dropped_and_routed_around() -> None:
     n = net(retry_ms=10)
     m = manifest_for(PUB, IDS, chunks=10)
-    plan_probe = RelayMachine(IDS[0])
+    plan_probe = RelayMachine(IDS[0], stripes=1)
     plan_probe.handle(Received(PUB.peer_id, m.message), 0)
-    plan = plan_probe.transfers[m.id].plan
+    plan = plan_probe.transfers[m.id].plan.trees[0]
     liar = plan.order[1]
     n.corrupt.add(liar)
     n.publish(PUB.peer_id, m)
@@ -142,7 +144,7 @@ def test_corrupt_relay_is_attested_dropped_and_routed_around() -> None:
 
 
 def test_stale_replayed_and_foreign_manifests() -> None:
-    me = RelayMachine(IDS[0])
+    me = RelayMachine(IDS[0], stripes=1)
     v2 = manifest_for(PUB, [IDS[0]], version=2)
     v1 = manifest_for(PUB, [IDS[0]], version=1)
     assert any(
@@ -157,7 +159,7 @@ def test_stale_replayed_and_foreign_manifests() -> None:
     me.handle(Received(IDS[1], impostor.message), 0)
     assert me.transfers[v2.id].state is TransferState.PREPARING  # untouched
     # with a trusted set, an untrusted signer is ignored outright
-    picky = RelayMachine(IDS[0], trusted={PUB.peer_id})
+    picky = RelayMachine(IDS[0], stripes=1, trusted={PUB.peer_id})
     effects = picky.handle(Received(IDS[1], impostor.message), 0)
     assert [e.event for e in effects] == ["manifest_untrusted"]  # type: ignore[attr-defined]
     assert not picky.transfers
@@ -174,12 +176,12 @@ def test_invalid_manifest_is_penalized() -> None:
             signature=env.signature,
         )
     )
-    effects = RelayMachine(IDS[0]).handle(Received(IDS[1], bad), 0)
+    effects = RelayMachine(IDS[0], stripes=1).handle(Received(IDS[1], bad), 0)
     assert isinstance(effects[0], Penalize) and effects[0].peer == IDS[1]
 
 
 def test_newer_version_supersedes_an_unfinished_one() -> None:
-    me = RelayMachine(IDS[0])
+    me = RelayMachine(IDS[0], stripes=1)
     v1 = manifest_for(PUB, [IDS[0]], version=1)
     v2 = manifest_for(PUB, [IDS[0]], version=2)
     me.handle(Received(PUB.peer_id, v1.message), 0)
@@ -196,11 +198,11 @@ def test_newer_version_supersedes_an_unfinished_one() -> None:
 
 def test_resume_requests_only_the_missing_chunks() -> None:
     m = manifest_for(PUB, [IDS[0]], chunks=10)
-    me = RelayMachine(IDS[0], window=16)
+    me = RelayMachine(IDS[0], stripes=1, window=16)
     effects = me.handle(Restore(m, frozenset({0, 1, 2, 5})), 0)
     assert [e.index for e in effects if isinstance(e, RequestChunk)] == [3, 4, 6, 7, 8, 9]
     # a restart after completion: complete, nothing requested, and it serves at once
-    done = RelayMachine(IDS[0])
+    done = RelayMachine(IDS[0], stripes=1)
     assert done.handle(Restore(m, frozenset(range(10))), 0) == []
     assert done.latest_complete("model") == m
     assert done.handle(ChunkRequested(IDS[1], m.id, 9), 0) == [ServeChunk(IDS[1], m.id, 9)]
@@ -215,7 +217,7 @@ def test_resume_requests_only_the_missing_chunks() -> None:
 
 def test_identical_chunks_are_fetched_once() -> None:
     m = manifest_for(PUB, [IDS[0]], chunks=6, repeat=True)  # two distinct chunk contents
-    n = Net.of([PUB.peer_id, IDS[0]])
+    n = Net.of([PUB.peer_id, IDS[0]], stripes=1)
     n.publish(PUB.peer_id, m)
     assert n.complete(m) == {IDS[0]}
     assert len(n.effects(StoreChunk, IDS[0])) == 2
@@ -224,11 +226,11 @@ def test_identical_chunks_are_fetched_once() -> None:
 def test_stall_timeout_reattaches() -> None:
     m = manifest_for(PUB, IDS[:2], chunks=4)
     # the deeper peer of the two-peer chain
-    probe = RelayMachine(IDS[0])
+    probe = RelayMachine(IDS[0], stripes=1)
     probe.handle(Received(PUB.peer_id, m.message), 0)
-    plan = probe.transfers[m.id].plan
+    plan = probe.transfers[m.id].plan.trees[0]
     deep = plan.order[2]
-    me = RelayMachine(deep, stall_timeout_ms=500)
+    me = RelayMachine(deep, stripes=1, stall_timeout_ms=500)
     me.handle(Received(PUB.peer_id, m.message), 0)
     effects = me.handle(VersionPrepared(m.id, frozenset()), 100)
     assert {e.peer for e in effects if isinstance(e, RequestChunk)} == {plan.order[1]}
@@ -241,7 +243,7 @@ def test_stall_timeout_reattaches() -> None:
 
 def test_every_source_failed_then_retry() -> None:
     m = manifest_for(PUB, [IDS[0]], chunks=2)
-    me = RelayMachine(IDS[0], retry_ms=50)
+    me = RelayMachine(IDS[0], stripes=1, retry_ms=50)
     me.handle(Received(PUB.peer_id, m.message), 0)
     me.handle(VersionPrepared(m.id, frozenset()), 0)
     effects = me.handle(ChunkFailed(PUB.peer_id, m.id, 0, "reset"), 10)
@@ -253,7 +255,7 @@ def test_every_source_failed_then_retry() -> None:
 
 def test_serving_limits_and_refusals() -> None:
     m = manifest_for(PUB, [IDS[0]], chunks=8)
-    me = RelayMachine(IDS[0], max_queued_per_peer=2)
+    me = RelayMachine(IDS[0], stripes=1, max_queued_per_peer=2)
     assert me.handle(ChunkRequested(IDS[1], m.id, 0), 0) == [
         RefuseChunk(IDS[1], m.id, 0, ChunkStatus.GONE)
     ]
@@ -274,7 +276,7 @@ def test_serving_limits_and_refusals() -> None:
     effects = me.handle(ChunkReceived(PUB.peer_id, m.id, 4, m.chunk_hashes[4]), 1)
     assert not [e for e in effects if isinstance(e, ServeChunk)]
     # a node that only knows of a version refuses with NOT_HELD
-    bystander = RelayMachine(IDS[3])
+    bystander = RelayMachine(IDS[3], stripes=1)
     other = manifest_for(PUB, [IDS[0]], chunks=8, version=2)
     bystander.handle(Received(PUB.peer_id, other.message), 0)
     assert bystander.handle(ChunkRequested(IDS[1], other.id, 0), 0) == [
@@ -283,7 +285,7 @@ def test_serving_limits_and_refusals() -> None:
 
 
 def test_garbage_collection_keeps_the_newest_versions() -> None:
-    n = Net.of([PUB.peer_id, IDS[0]], keep_versions=2)
+    n = Net.of([PUB.peer_id, IDS[0]], stripes=1, keep_versions=2)
     ms = [manifest_for(PUB, [IDS[0]], chunks=3, version=v) for v in (1, 2, 3)]
     for m in ms:
         n.publish(PUB.peer_id, m)
@@ -295,7 +297,7 @@ def test_garbage_collection_keeps_the_newest_versions() -> None:
 
 def test_fetch_on_request_by_a_non_recipient() -> None:
     outsider = identity(50).peer_id
-    n = Net.of([*ALL, outsider])
+    n = Net.of([*ALL, outsider], stripes=1)
     m = manifest_for(PUB, IDS, chunks=6)
     n.publish(PUB.peer_id, m)
     assert outsider not in n.complete(m)
@@ -309,8 +311,8 @@ def test_fetch_on_request_by_a_non_recipient() -> None:
 def test_publish_misuse_is_a_local_error() -> None:
     m = manifest_for(PUB, [IDS[0]])
     with pytest.raises(LocalProtocolError):
-        RelayMachine(IDS[0]).handle(PublishVersion(m), 0)
-    me = RelayMachine(PUB.peer_id)
+        RelayMachine(IDS[0], stripes=1).handle(PublishVersion(m), 0)
+    me = RelayMachine(PUB.peer_id, stripes=1)
     effects = me.handle(PublishVersion(m), 0)
     assert any(isinstance(e, Publish) and e.topic == "relay" for e in effects)
     with pytest.raises(LocalProtocolError):
@@ -321,7 +323,7 @@ def test_publish_misuse_is_a_local_error() -> None:
 def test_random_failures_never_stall_survivors(seed: int) -> None:
     rng = random.Random(seed)
     ids = [identity(n).peer_id for n in range(2, 2 + rng.randrange(3, 12))]
-    n = Net.of([PUB.peer_id, *ids], retry_ms=5, window=rng.randrange(1, 6))
+    n = Net.of([PUB.peer_id, *ids], stripes=1, retry_ms=5, window=rng.randrange(1, 6))
     m = manifest_for(PUB, ids, chunks=rng.randrange(5, 40))
     n.budget = rng.randrange(10, 400)
     n.publish(PUB.peer_id, m)
@@ -338,7 +340,7 @@ def test_random_failures_never_stall_survivors(seed: int) -> None:
     assert all(isinstance(e, VersionComplete) for e in n.effects(VersionComplete))
 
 
-def test_progress_gossip_reaches_the_publisher() -> None:
+def test_progress_reports_reach_the_publisher() -> None:
     n = net()
     m = manifest_for(PUB, IDS, chunks=16)
     n.publish(PUB.peer_id, m)
@@ -347,14 +349,15 @@ def test_progress_gossip_reaches_the_publisher() -> None:
     reports = [
         e
         for p, e in n.log
-        if p == IDS[0] and isinstance(e, Publish) and isinstance(e.message, RelayProgress)
+        if p == IDS[0] and isinstance(e, Send) and isinstance(e.message, RelayProgress)
+        and e.peer == PUB.peer_id
     ]
-    assert 2 <= len(reports) <= 9 and reports[-1].message.chunks_held == 16
+    assert 2 <= len(reports) <= 17 and reports[-1].message.chunks_held == 16
 
 
 def test_a_stream_protocol_violation_is_penalized() -> None:
     m = manifest_for(PUB, [IDS[0]], chunks=2)
-    me = RelayMachine(IDS[0])
+    me = RelayMachine(IDS[0], stripes=1)
     me.handle(Received(PUB.peer_id, m.message), 0)
     me.handle(VersionPrepared(m.id, frozenset()), 0)
     effects = me.handle(ChunkFailed(PUB.peer_id, m.id, 0, "unrequested chunk", penalty=7), 1)
@@ -363,7 +366,7 @@ def test_a_stream_protocol_violation_is_penalized() -> None:
 
 def test_a_closed_stream_forgets_its_waiters() -> None:
     m = manifest_for(PUB, [IDS[0]], chunks=4)
-    me = RelayMachine(IDS[0], max_queued_per_peer=1)
+    me = RelayMachine(IDS[0], stripes=1, max_queued_per_peer=1)
     me.handle(Received(PUB.peer_id, m.message), 0)
     me.handle(VersionPrepared(m.id, frozenset()), 0)
     assert me.handle(ChunkRequested(IDS[1], m.id, 2), 0) == []
@@ -374,7 +377,7 @@ def test_a_closed_stream_forgets_its_waiters() -> None:
 
 
 def test_lost_gossip_does_not_stall_anyone() -> None:
-    n = Net.of([PUB.peer_id, *[identity(k).peer_id for k in range(2, 14)]])
+    n = Net.of([PUB.peer_id, *[identity(k).peer_id for k in range(2, 14)]], stripes=1)
     n.drop_gossip = True
     ids = [identity(k).peer_id for k in range(2, 14)]
     m = manifest_for(PUB, ids, chunks=8)

@@ -14,12 +14,14 @@ from protocol.errors import InvalidMessage
 from protocol.relay.manifest import (
     MANIFEST_DOMAIN,
     MAX_CHUNKS,
+    MAX_RECIPIENTS,
     ArtifactFormat,
     ChunkHeader,
     ChunkRequest,
     ChunkStatus,
     ManifestBody,
     ManifestError,
+    Recipient,
     RelayManifest,
     chunk_count,
     chunk_hash,
@@ -147,7 +149,8 @@ def test_tampered_or_misdomained_envelopes_fail() -> None:
 
 def test_largest_manifest_fits_a_gossip_message() -> None:
     n = MAX_CHUNKS
-    recipients = [(Identity.from_seed(i.to_bytes(32, "big")).peer_id, 1 << 30) for i in range(1024)]
+    # MAX_RECIPIENTS peer ids of the real length (52 characters), each distinct
+    recipients = [(PUBLISHER.peer_id[:-8] + f"{i:08d}", 1 << 30) for i in range(MAX_RECIPIENTS)]
     b = make_body(
         name="m" * 64,
         version=1,
@@ -157,10 +160,15 @@ def test_largest_manifest_fits_a_gossip_message() -> None:
         recipients=recipients,
     )
     m = sign_manifest(PUBLISHER, b)
-    assert len(encode(m.message)) < 900 * 1024  # gossipsub's message cap is 1 MiB
+    assert len(encode(m.message)) < 960 * 1024  # the gossip message cap is 1 MiB - 16 KiB
     too_many = dataclasses.replace(b, chunk_hashes=b.chunk_hashes + (b"\0" * 32,))
     with pytest.raises(InvalidMessage, match="exceed"):
         decode(encode(too_many), ManifestBody)
+    one_more = dataclasses.replace(
+        b, recipients=(*b.recipients, Recipient(peer_id="extra", upload_bps=1))
+    )
+    with pytest.raises(InvalidMessage, match="recipients.*exceed"):
+        decode(encode(one_more), ManifestBody)
 
 
 def test_chunk_messages_round_trip_and_limits() -> None:

@@ -52,9 +52,11 @@ def relayed_swaps(adapters: Sequence[Path], base_dir: Path, *, model: str = "",
     versions = sorted((adapter_version(p), p) for p in adapters)
     net = LocalTestnet(Path(base_dir) / "net", network_id="bench-rl-relay", config=CONFIG,
                        env={"OMP_NUM_THREADS": str(threads)})
-    worker_config = {"rl_worker": {"generator": "models", "model": model, "threads": threads}}
     try:
         learner = net.start("learner", timeout_s=START_TIMEOUT_S)
+        # this learner only publishes (no jobs, so no beacons a worker would trust it by)
+        worker_config = {"rl_worker": {"generator": "models", "model": model, "threads": threads,
+                                       "learner": learner.peer_id}}
         nodes = [net.start(f"worker{i}", bootstrap=[learner], wait=False, config=worker_config)
                  for i in range(workers)]
         for node in nodes:

@@ -19,12 +19,15 @@ for the same number of steps from the same seed, with local rollout workers on t
 The asynchronous run is sized from what the synchronous one measured: rollouts per second per
 worker r, step time T, generation and publish-to-swap times give the capacity rule
 (protocol/rl/capacity.py): workers N = the fewest with N r >= B / T, and S = 2 must cover
-ceil((dissemination + generation) / T). The rule's figures go to stderr. With at least
-``PLOT_MIN_STEPS`` steps (the full run) a PNG of reward per step for both modes is written.
+ceil((dissemination + generation) / T), with ``HEADROOM``. The rule's figures go to stderr.
+With at least ``PLOT_MIN_STEPS`` steps (the full run) a PNG of reward per step for both modes
+is written, with the share of completions earning the format reward and the right number
+below it; :func:`plot_runs` draws the same from two ``symphony rl train`` run directories.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tempfile
@@ -36,10 +39,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 #: the asynchronous run's staleness bound
 ASYNC_STALENESS = 2
-QUICK_STEPS, FULL_STEPS = 4, 50
-QUICK_TOKENS, FULL_TOKENS = 24, 32
+QUICK_STEPS, FULL_STEPS = 8, 50
+QUICK_TOKENS, FULL_TOKENS = 24, 24
 #: processes this 2-core machine can give workers beside the learner
 MAX_WORKERS = 2
+#: the synchronous run measures a worker generating while the learner waits; beside a
+#: training learner on the same cores it generates slower (0.97 -> 0.54 rollouts/s here), so
+#: the asynchronous run gets workers for this much more than the learner's demand
+HEADROOM = 1.5
 PLOT_MIN_STEPS = 50
 PLOT_PATH = Path("out") / "bench-rl" / "reward.png"
 
@@ -64,8 +71,10 @@ def _plan(report: Any, workers: int, batch: int, group: int) -> Any:
 
 
 def _size(report: Any, batch: int, group: int) -> tuple[Any, int]:
-    """(plan, workers): the fewest workers that cover the learner, at most MAX_WORKERS."""
-    workers = min(MAX_WORKERS, max(1, _plan(report, 1, batch, group).min_workers))
+    """(plan, workers): the fewest workers that cover the learner with ``HEADROOM``, at most
+    MAX_WORKERS."""
+    p = _plan(report, 1, batch, group)
+    workers = min(MAX_WORKERS, max(1, math.ceil(HEADROOM * p.demand_per_s / p.supply_per_s)))
     return _plan(report, workers, batch, group), workers
 
 
@@ -111,7 +120,7 @@ def run(quick: bool) -> dict[str, Any]:
         _say("this machine cannot hold the capacity rule for the asynchronous run with "
              f"{workers} worker(s) beside the learner on its cores: busy_async is not reported")
     if steps >= PLOT_MIN_STEPS:
-        _plot(sync, asyn)
+        _plot(sync, asyn, PLOT_PATH)
     return {
         "busy_sync": round(sync.busy_fraction, 4),
         "busy_async": round(asyn.busy_fraction, 4) if holds else None,
@@ -123,23 +132,69 @@ def run(quick: bool) -> dict[str, Any]:
     }
 
 
-def _plot(sync: Any, asyn: Any) -> None:
+def _window(xs: list[float], n: int = 10) -> list[float]:
+    return [_mean(xs[max(0, i - n + 1):i + 1]) for i in range(len(xs))]
+
+
+def reward_parts(rewards: tuple[float, ...]) -> tuple[float, float]:
+    """(share with the format reward, share with the right number) of a step's completions,
+    from the shipped environment's rewards (models/rl/env.py): 0.2 for a ``Final answer:``
+    line, 1 for the exact number, so 0, 0.2, 1 or 1.2."""
+    if not rewards:
+        return 0.0, 0.0
+    fmt = sum(abs(r - round(r)) > 0.1 for r in rewards) / len(rewards)
+    return fmt, sum(r >= 0.99 for r in rewards) / len(rewards)
+
+
+def plot_runs(sync_dir: str | Path, async_dir: str | Path, path: Path | None = None) -> Path:
+    """The reward plot from two run directories' ``steps.jsonl`` (``symphony rl train --out
+    DIR`` runs at S = 0 and S = 2, which resume where they stopped): long runs on a busy
+    machine can be taken in several sittings."""
+    import json
+    from types import SimpleNamespace
+
+    def report(d: str | Path) -> Any:
+        lines = (Path(d) / "steps.jsonl").read_text().splitlines()
+        steps = [json.loads(x) for x in lines if x.strip()]
+        return SimpleNamespace(steps=[SimpleNamespace(mean_reward=float(s["mean_reward"]),
+                                                      rewards=tuple(s.get("rewards", ())))
+                                      for s in steps])
+
+    return _plot(report(sync_dir), report(async_dir), path or PLOT_PATH)
+
+
+def _plot(sync: Any, asyn: Any, path: Path = PLOT_PATH) -> Path:
+    """Mean reward per step (above) and what it is made of (below), 10-step means."""
+    import json
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True)
+    record = {}
     for report, label in ((sync, "synchronous (S = 0)"), (asyn, f"asynchronous (S = {ASYNC_STALENESS})")):
         rewards = [s.mean_reward for s in report.steps]
-        window = [_mean(rewards[max(0, i - 9):i + 1]) for i in range(len(rewards))]
-        line, = ax.plot(range(1, len(rewards) + 1), rewards, alpha=0.3)
-        ax.plot(range(1, len(rewards) + 1), window, color=line.get_color(), label=f"{label}, 10-step mean")
-    ax.set_xlabel("step")
-    ax.set_ylabel("mean reward of the step's group")
-    ax.set_title("GRPO on SmolLM2-135M, shipped evalset environment")
-    ax.legend()
-    PLOT_PATH.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(PLOT_PATH, dpi=120, bbox_inches="tight")
+        parts = [reward_parts(s.rewards) for s in report.steps]
+        x = range(1, len(rewards) + 1)
+        line, = top.plot(x, rewards, alpha=0.3)
+        top.plot(x, _window(rewards), color=line.get_color(), label=f"{label}, 10-step mean")
+        bottom.plot(x, _window([p[0] for p in parts]), color=line.get_color(),
+                    label=f"{label}: 'Final answer:' line")
+        bottom.plot(x, _window([p[1] for p in parts]), color=line.get_color(), linestyle="--",
+                    label=f"{label}: right number")
+        record[label] = {"reward": rewards, "format": [p[0] for p in parts],
+                         "correct": [p[1] for p in parts]}
+    top.set_ylabel("mean reward per step")
+    top.set_title("GRPO on SmolLM2-135M (LoRA r 8), shipped evalset environment")
+    top.legend(fontsize=8)
+    bottom.set_xlabel("step")
+    bottom.set_ylabel("share of completions (10-step mean)")
+    bottom.legend(fontsize=7)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
-    _say(f"reward plot: {PLOT_PATH}")
+    path.with_suffix(".json").write_text(json.dumps(record))
+    _say(f"reward plot: {path} (per-step figures beside it, {path.with_suffix('.json').name})")
+    return path

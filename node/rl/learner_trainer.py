@@ -54,6 +54,7 @@ class StepStats:
     loss: float
     kl: float
     step_s: float  # the learner's busy time for this step (forward, backward, export)
+    rewards: tuple[float, ...] = ()  # every completion's reward, in group order
 
 
 class Trainer:
@@ -191,7 +192,7 @@ class Trainer:
         return StepStats(version=next_version, mean_reward=sum(rewards) / max(len(rewards), 1),
                          groups=len(groups), skipped=skipped, tokens=tokens, masked=masked,
                          loss=loss_sum / max(len(useful), 1), kl=kl_sum / max(len(useful), 1),
-                         step_s=time.perf_counter() - t)
+                         step_s=time.perf_counter() - t, rewards=tuple(rewards))
 
     def publish(self, version: int) -> None:
         """Claim ``version``, export its adapter, keep its weights; checkpoint every m steps."""

@@ -72,3 +72,20 @@ def test_a_full_run_writes_the_reward_plot(monkeypatch: pytest.MonkeyPatch, tmp_
     monkeypatch.setattr("node.bench.rl_relay.relayed_swaps_of_run", _relayed)
     bench_rl.run(quick=False)
     assert (tmp_path / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_plot_from_two_run_directories_splits_format_and_accuracy(tmp_path: Any) -> None:
+    import json
+
+    for name, rewards in (("sync", (0.0, 0.2, 1.2, 1.0)), ("async", (0.2, 0.2, 0.0, 0.0))):
+        (tmp_path / name).mkdir()
+        lines = [json.dumps({"version": v, "mean_reward": sum(rewards) / 4, "rewards": rewards})
+                 for v in range(1, 4)]
+        (tmp_path / name / "steps.jsonl").write_text("\n".join(lines) + "\n")
+    path = bench_rl.plot_runs(tmp_path / "sync", tmp_path / "async", tmp_path / "p.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    record = json.loads(path.with_suffix(".json").read_text())
+    sync, asyn = record["synchronous (S = 0)"], record[f"asynchronous (S = {bench_rl.ASYNC_STALENESS})"]
+    assert sync["format"] == [0.5] * 3 and sync["correct"] == [0.5] * 3
+    assert asyn["format"] == [0.5] * 3 and asyn["correct"] == [0.0] * 3
+    assert bench_rl.reward_parts(()) == (0.0, 0.0)

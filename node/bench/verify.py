@@ -27,8 +27,9 @@ questions of the shipped evaluation set:
   store's writer thread. That thread lands the states file after the result has gone
   (models.state_store), so its time, ``state_write_ms_mean``, is not on the result's path.
   ``capture_cost_ratio_cpu`` is the capture's part of ``commit_cost_ratio_cpu``, and
-  ``commit_bytes_per_ms`` the layer-state bytes the commitment takes per ms of its wall time
-  (simulations/verification_cost.py charges executors with both). ``commit_cost_ratio_prefill``
+  ``commit_bytes_per_ms`` the layer-state bytes the commitment takes per ms of its CPU time
+  (its wall time on an idle machine; simulations/verification_cost.py charges executors
+  with both). ``commit_cost_ratio_prefill``
   (``_cpu``) is the former way, measured in the same run: one fp32 prefill on a transformers
   copy of the weights (what a backend without state capture still pays). On a machine other
   jobs load, the CPU-time figures are the ones to compare.
@@ -313,7 +314,7 @@ def _report(bench: _Bench, tally: _Tally, load_s: float, verdict_ms: list[float]
         "commit_ms_mean": round(statistics.mean(tally.fp_ms), 1),
         "state_write_ms_mean": round(statistics.mean(tally.write_ms), 1),
         "commit_bytes_per_ms": round(statistics.mean(tally.state_bytes)
-                                     / statistics.mean(tally.fp_ms)),
+                                     / statistics.mean(tally.commit_cpu_ms)),
         "capture_cost_ratio_cpu": round((statistics.mean(tally.gen_cpu_ms) - plain_cpu)
                                         / plain_cpu, 4),
         "commit_cost_ratio": round((gen_ms + statistics.mean(tally.fp_ms) - plain_ms)

@@ -63,7 +63,7 @@ class NatService:
         self.reachability = Reachability()
         self.server = AutoNatServer(host, config, read_deadline_s, now_ms)
         self.relay = RelayService(host, config, read_deadline_s, self.relaying,
-                                  self.public_addrs)
+                                  self.public_addrs, now_ms)
         self.client = RelayClient(host, read_deadline_s, self._on_inbound_relayed)
         self.puncher = HolePuncher(host, read_deadline_s, self.candidates,
                                    lambda: self.reachability.status != PUBLIC)
@@ -210,14 +210,16 @@ class NatService:
             return
 
     def _dialled_addr(self, peer: str) -> str | None:
-        """An address we know ``peer`` by (what we dialled, or what it told identify): kept
-        beside the relay's own in case those are not reachable from outside."""
-        try:
-            known = self._host.get_peerstore().addrs(ID.from_base58(peer))
-        except Exception:
-            return None  # not in the peerstore: the relay's own addresses will do
-        return next((str(a) for a in known if "/tcp/" in str(a) and "/p2p-circuit" not in
-                     str(a) and not str(a).startswith(("/ip4/0.0.0.0/", "/ip6/::/"))), None)
+        """The address we dialled ``peer`` at, kept beside the relay's own addresses in case
+        those are not reachable from outside (None when it dialled us)."""
+        for conn in self._swarm.get_connections(ID.from_base58(peer)):
+            if is_relayed(conn) or "OUTBOUND" not in str(conn.direction).upper():
+                continue
+            remote = conn.muxed_conn.get_remote_address()
+            if remote:
+                family = "ip6" if ":" in remote[0] else "ip4"
+                return f"/{family}/{remote[0]}/tcp/{remote[1]}/p2p/{peer}"
+        return None
 
     # ---- connections ------------------------------------------------------------------------
 

@@ -41,6 +41,8 @@ class NatConfig:
     max_reservations: int = 64
     #: how long a reservation lasts before its holder must refresh it
     reservation_ttl_s: int = 3600
+    #: hop requests (reserve, connect) one peer may make per minute
+    hop_requests_per_peer_per_min: int = 30
     #: relayed connections through this node at once, and per peer at either end
     max_circuits: int = 32
     max_circuits_per_peer: int = 4

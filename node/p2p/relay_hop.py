@@ -20,7 +20,9 @@ truncated raises a PeerFault (the guard penalizes it); a ``STATUS`` or unknown t
 answered ``UNEXPECTED_MESSAGE`` and penalized as "invalid"; a malformed peer id
 ``MALFORMED_MESSAGE``. Why not py-libp2p's own ``CircuitV2Protocol``: it retries reads of a
 peer's message with sleeps, logs instead of refusing, and its limits are per reservation, not
-per circuit direction; its message schema is used as it is.
+per circuit direction; its message schema is used as it is. A peer may make
+``hop_requests_per_peer_per_min`` requests a minute; past that each is refused
+``RESOURCE_LIMIT_EXCEEDED`` and penalized as a flood.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from node.p2p.framing import PeerFault
 from node.p2p.natconfig import NatConfig
 from node.p2p.pbwire import read_message, write_message
 from node.p2p.streams import NetBulkStream
+from node.runtime.intake import KeyedBuckets
 
 HOP_ID = TProtocol("/libp2p/circuit/relay/0.2.0/hop")
 STOP_ID = TProtocol("/libp2p/circuit/relay/0.2.0/stop")
@@ -76,8 +79,12 @@ class RelayService:
     """The hop protocol's handler and its bookkeeping; see the module doc."""
 
     def __init__(self, host: Any, config: NatConfig, read_deadline_s: float,
-                 serving: Callable[[], bool], public_addrs: Callable[[], list[str]]) -> None:
+                 serving: Callable[[], bool], public_addrs: Callable[[], list[str]],
+                 now_ms: Callable[[], int]) -> None:
         self._host = host
+        per_min = config.hop_requests_per_peer_per_min
+        self._budget = KeyedBuckets(per_min / 60, per_min)
+        self._now_ms = now_ms
         self._config = config
         self._deadline_s = read_deadline_s
         self._serving = serving
@@ -107,6 +114,9 @@ class RelayService:
             message = await read_message(stream, HopMessage)
         if is_relayed(stream.muxed_conn):
             await self._answer(stream, Status.PERMISSION_DENIED, "permission_denied")
+        elif not self._budget.take(peer, self._now_ms()):
+            await self._answer(stream, Status.RESOURCE_LIMIT_EXCEEDED, "over_request_rate")
+            raise PeerFault("flood", "hop requests over the per-minute limit")
         elif message.type == HopMessage.RESERVE:
             await self._reserve(stream, peer)
         elif message.type == HopMessage.CONNECT:

@@ -291,7 +291,8 @@ async def test_autonat_dials_back_and_says_public_on_loopback() -> None:
 
 @trio_test
 async def test_hostile_bytes_on_the_nat_protocols_are_penalized() -> None:
-    tight = NatConfig(relay_service="on", autonat=False, dialback_requests_per_peer_per_min=1)
+    tight = NatConfig(relay_service="on", autonat=False, dialback_requests_per_peer_per_min=1,
+                      hop_requests_per_peer_per_min=2)
     async with _hosts(tight, NatConfig(autonat=False)) as (victim, attacker):
         seen = _faults(victim)
         await attacker.connect(victim.listen_addrs()[0])
@@ -308,8 +309,18 @@ async def test_hostile_bytes_on_the_nat_protocols_are_penalized() -> None:
         dial.dial.peer.id = ID.from_base58(PEER_A).to_bytes()  # not the asker
         await _raw(attacker, victim, AUTONAT_ID, frame(dial))
         await _raw(attacker, victim, AUTONAT_ID, frame(Message(type=Message.DIAL)))  # flood
+        # valid reservations, replayed: the third hop request in a minute is over the budget
+        reserve = frame(HopMessage(type=HopMessage.RESERVE))
+        granted = HopMessage()
+        granted.ParseFromString((await _raw(attacker, victim, HOP_ID, reserve))[1:])
+        assert granted.status == Status.OK
+        answer = await _raw(attacker, victim, HOP_ID, reserve)
+        refused = HopMessage()
+        refused.ParseFromString(answer[1:])
+        assert refused.status == Status.RESOURCE_LIMIT_EXCEEDED
         kinds = [kind for peer, kind, _ in seen if peer == attacker.peer_id]
-        assert kinds == ["oversize", "undecodable", "invalid", "invalid", "invalid", "flood"]
+        assert kinds == ["oversize", "undecodable", "invalid", "invalid", "invalid", "flood",
+                         "flood"]
 
 
 @trio_test

@@ -51,12 +51,12 @@ LEAF_HEADER_BYTES = 12
 #: bytes of the verifier's request for leaves (ids and framing)
 LEAF_REQUEST_BYTES = 64
 #: what capturing every layer's output during a llama.cpp generation adds to it (``symphony
-#: bench verify``'s capture_cost_ratio_cpu: 0.008-0.014 on two CPU cores; GPU offload is
-#: unmeasured)
+#: bench verify``'s capture_cost_ratio_cpu: 0.008-0.014 on two idle CPU cores, 0.017-0.020
+#: with other jobs on them; GPU offload is unmeasured)
 CAPTURE_SHARE = 0.014
 #: state bytes the executor's commitment hashes and writes per ms (``symphony bench verify``'s
 #: commit_bytes_per_ms: BLAKE2b over the leaves and the page-cache write on one CPU thread,
-#: 550-590 KB per ms of CPU time measured for the shipped questions)
+#: 550-650 KB per ms of CPU time measured for the shipped questions)
 COMMIT_BYTES_PER_MS = 500_000
 
 CheckEvent = CheckDone | CheckFailed

@@ -134,8 +134,7 @@ class Membership:
         first = self._timers.first()
         if first is not None:
             times.append(first)
-        if self.config.peer_exchange and any(c.state is ConnState.READY
-                                             for c in self.conns.values()):
+        if self.config.peer_exchange and self._exchange_targets():
             times.append(self._next_exchange_at_ms)
         if self._wants_dials():
             pending = [k.next_dial_at_ms for k in self.book.values() if self._dialable(k)]
@@ -308,13 +307,16 @@ class Membership:
             self._on_conn_timer(conn, now, out)
             self._queue_timer(conn)
         if cfg.peer_exchange and now >= self._next_exchange_at_ms:
-            ready = [p for p in self.ready_peers() if p not in self._closing]
+            ready = self._exchange_targets()
             if ready:
                 self._next_exchange_at_ms = now + cfg.exchange_interval_ms
                 target = self.rng.choice(ready)
                 self._exchange_pending.add(target)
                 out.append(Send(target, PeerListRequest(max_peers=MAX_EXCHANGED_PEERS)))
         self._dial_more(now, out)
+
+    def _exchange_targets(self) -> list[str]:  # not closing: or next_deadline() could spin
+        return [p for p in self.ready_peers() if p not in self._closing]
 
     def _on_conn_timer(self, conn: Connection, now: int, out: list[Effect]) -> None:
         cfg = self.config

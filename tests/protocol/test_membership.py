@@ -240,3 +240,17 @@ def test_deadline_always_moves_past_now() -> None:
         m.handle(Tick(), now)
         due = m.next_deadline()
         assert due is None or due > now, (due, now)
+
+
+def test_no_spin_while_every_ready_peer_is_closing() -> None:
+    """A ready peer we dropped as unresponsive stays READY until the driver reports the
+    disconnect; the peer-exchange deadline must not count it, or the node wakes at once
+    forever (seen as a daemon whose event loop spun in the membership timers under load)."""
+    m = machine()
+    ready(m, A, now=0)
+    now = 0
+    while A not in m._closing:
+        now += 1_000
+        m.handle(Tick(), now)
+    due = m.next_deadline()
+    assert due is None or due > now, (due, now)

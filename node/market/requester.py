@@ -82,6 +82,8 @@ class TasksSection:
     bid_window_ms: int = _AUCTION.bid_window_ms
     spare_bids: int = _AUCTION.spare_bids
     max_rounds: int = _AUCTION.max_rounds
+    backoff_base_ms: int = _AUCTION.backoff_base_ms
+    backoff_max_ms: int = _AUCTION.backoff_max_ms
     min_round_ms: int = _AUCTION.min_round_ms
     assign_base_ms: int = _AUCTION.assign_base_ms
     assign_slack: float = _AUCTION.assign_slack
@@ -96,7 +98,8 @@ class TasksSection:
             raise ValueError(f"selector must be 'score' or 'linucb', got {self.selector!r}")
         if not 1 <= self.default_k <= MAX_K:
             raise ValueError(f"default_k must be in [1, {MAX_K}]")
-        for name in ("bid_window_ms", "max_rounds", "assign_base_ms", "default_deadline_ms",
+        for name in ("bid_window_ms", "max_rounds", "backoff_base_ms", "backoff_max_ms",
+                     "assign_base_ms", "default_deadline_ms",
                      "default_max_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")

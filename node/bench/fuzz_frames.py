@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from crypto.keys import Identity
+from node.p2p.pbwire import encode_varint
 from protocol.codec import encode
 from protocol.ledger.messages import LedgerPush
 from protocol.ledger.records import (
@@ -154,21 +155,9 @@ def _relay_frames(attacker: Identity, daemon_peer: str) -> tuple[bytes, ...]:
     return (encode(manifest.message), encode(request))
 
 
-def _pb_varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def _pb_field(number: int, value: bytes) -> bytes:
     """A length-delimited protobuf field (wire type 2)."""
-    return _pb_varint(number << 3 | 2) + _pb_varint(len(value)) + value
+    return encode_varint(number << 3 | 2) + encode_varint(len(value)) + value
 
 
 def _rpc_subscribe(topic: str) -> bytes:
@@ -195,7 +184,7 @@ def frame(target: Target, payload: bytes) -> bytes:
     if target.framing == "framed":
         return len(payload).to_bytes(4, "big") + payload
     if target.framing == "varint":
-        return _pb_varint(len(payload)) + payload
+        return encode_varint(len(payload)) + payload
     return payload
 
 
@@ -225,7 +214,7 @@ def _bad_length(target: Target, rng: random.Random) -> bytes:
         prefix = rng.choice([0xFFFFFFFF, 1 << 31, len(body) + rng.randint(1, 1000)])
         return prefix.to_bytes(4, "big") + body
     if target.framing == "varint":
-        return _pb_varint(rng.choice([1 << 32, 1 << 62, len(body) + 500])) + body
+        return encode_varint(rng.choice([1 << 32, 1 << 62, len(body) + 500])) + body
     return rng.randbytes(rng.randint(1, PING_BYTES - 1))  # a ping cut short
 
 

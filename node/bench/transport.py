@@ -33,7 +33,7 @@ import trio
 
 from node.bench.transport_discovery import discovery_times
 from node.bench.transport_join import join_times
-from node.bench.transport_relay import relay_times
+from node.bench.transport_relay import relay_times, stream_mb_s
 from node.p2p.host import P2PTransport
 
 PREFIX = "/symphony/bench/transport"
@@ -81,7 +81,8 @@ async def _bench(sizes: tuple[int, int, int, int]) -> dict[str, Any]:
             figures["connect_ms"] = (time.perf_counter() - started) * 1e3
             total = stream_mib * 1024 * 1024
             figures["tcp_mb_s"] = await _tcp_throughput(peer["tcp_port"], total)
-            figures["stream_mb_s"] = await _stream_throughput(transport, peer["peer_id"], total)
+            figures["stream_mb_s"] = await stream_mb_s(transport, peer["peer_id"], f"{PREFIX}/sink/1",
+                                                      total)
             figures["stream_vs_tcp_ratio"] = figures["stream_mb_s"] / figures["tcp_mb_s"]
             figures.update(await _round_trips(transport, peer["peer_id"], round_trips))
             figures.update(await _gossip(transport, peer["peer_id"], gossip_n, gossip_rate))
@@ -117,25 +118,6 @@ async def _tcp_throughput(port: int, total: int) -> float:
     await conn.aclose()
     if int.from_bytes(reply, "big") != total:
         raise RuntimeError("raw TCP sink counted a different number of bytes")
-    return total / elapsed / 1e6
-
-
-async def _stream_throughput(transport: P2PTransport, peer: str, total: int) -> float:
-    payload = b"\x00" * CHUNK
-    started = time.perf_counter()
-    stream = await transport.open_stream(peer, f"{PREFIX}/sink/1")
-    for _ in range(total // CHUNK):
-        await stream.write(payload)
-    await stream.close()
-    reply = b""
-    while len(reply) < 8:
-        chunk = await stream.read(8 - len(reply))
-        if not chunk:
-            raise RuntimeError("libp2p sink closed before answering")
-        reply += chunk
-    elapsed = time.perf_counter() - started
-    if int.from_bytes(reply, "big") != total:
-        raise RuntimeError("libp2p sink counted a different number of bytes")
     return total / elapsed / 1e6
 
 

@@ -83,17 +83,18 @@ async def _throughputs(total: int) -> dict[str, float]:
         assert a.nat is not None  # built with a NatConfig just above
         await a.nat.client.reserve(relay.peer_id)
         await b.connect(next(x for x in a.listen_addrs() if "/p2p-circuit" in x))
-        relayed = await _send(b, a.peer_id, total)
+        relayed = await stream_mb_s(b, a.peer_id, SINK, total) * 8
         await b.connect(a.listen_addrs()[0])  # a direct connection: new streams take it
-        direct = await _send(b, a.peer_id, total)
+        direct = await stream_mb_s(b, a.peer_id, SINK, total) * 8
     return {"relayed_mbps": relayed, "direct_mbps": direct,
             "relayed_vs_direct_ratio": relayed / direct}
 
 
-async def _send(sender: Any, peer: str, total: int) -> float:
+async def stream_mb_s(sender: Any, peer: str, protocol: str, total: int) -> float:
+    """MB/s of ``total`` bytes written on one stream to a sink that answers the count it got."""
     payload = b"\x00" * CHUNK
     started = time.perf_counter()
-    stream = await sender.open_stream(peer, SINK)
+    stream = await sender.open_stream(peer, protocol)
     for _ in range(total // CHUNK):
         await stream.write(payload)
     await stream.close()
@@ -103,6 +104,7 @@ async def _send(sender: Any, peer: str, total: int) -> float:
         if not chunk:
             raise RuntimeError("the sink closed before answering")
         reply += chunk
+    elapsed = time.perf_counter() - started
     if int.from_bytes(reply, "big") != total:
         raise RuntimeError("the sink counted a different number of bytes")
-    return total * 8 / (time.perf_counter() - started) / 1e6
+    return total / elapsed / 1e6

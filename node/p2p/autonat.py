@@ -38,7 +38,7 @@ from node.p2p.framing import PeerFault
 from node.p2p.natconfig import NatConfig
 from node.p2p.pbwire import read_message, write_message
 from node.p2p.relay_hop import is_relayed, peer_of
-from node.runtime.intake import KeyedBuckets
+from protocol.buckets import KeyedBuckets
 
 AUTONAT_ID = TProtocol("/libp2p/autonat/1.0.0")
 #: dial-backs made for one request at most

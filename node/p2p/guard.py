@@ -39,7 +39,6 @@ from libp2p.stream_muxer.exceptions import MuxedStreamError
 
 from node.logs import RepeatLog
 from node.p2p.framing import FramedReads, Framing, PeerFault
-from node.runtime.intake import KeyedBuckets
 from node.runtime.limits import NetLimits
 from node.transport import (
     FaultHandler,
@@ -48,6 +47,7 @@ from node.transport import (
     StreamGone,
     TransportError,
 )
+from protocol.buckets import KeyedBuckets
 from protocol.errors import InvalidMessage, RemoteProtocolError
 
 Handler = Callable[[INetStream], Awaitable[None]]

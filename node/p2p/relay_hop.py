@@ -49,7 +49,7 @@ from node.p2p.framing import PeerFault
 from node.p2p.natconfig import NatConfig
 from node.p2p.pbwire import read_message, write_message
 from node.p2p.streams import NetBulkStream
-from node.runtime.intake import KeyedBuckets
+from protocol.buckets import KeyedBuckets
 
 HOP_ID = TProtocol("/libp2p/circuit/relay/0.2.0/hop")
 STOP_ID = TProtocol("/libp2p/circuit/relay/0.2.0/stop")

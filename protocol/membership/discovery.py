@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from crypto.envelope import Envelope
 from crypto.keys import Identity
+from protocol.buckets import KeyedBuckets
 from protocol.envelopes import seal
 from protocol.machine import (
     Effect,
@@ -130,23 +131,6 @@ class Entry:
     seq: int  # our order of changes: what cookies count
 
 
-class _Buckets:
-    """Token buckets per peer: ``per_minute`` tokens a minute, bursts of as many."""
-
-    def __init__(self, per_minute: int, max_keys: int) -> None:
-        self.per_minute, self.max_keys = per_minute, max_keys
-        self._state: OrderedDict[str, tuple[float, int]] = OrderedDict()
-
-    def take(self, key: str, now: int) -> bool:
-        tokens, at = self._state.pop(key, (float(self.per_minute), now))
-        tokens = min(float(self.per_minute), tokens + max(0, now - at) * self.per_minute / 60_000)
-        if len(self._state) >= self.max_keys:
-            self._state.popitem(last=False)
-        ok = tokens >= 1
-        self._state[key] = (tokens - 1 if ok else tokens, now)
-        return ok
-
-
 @dataclass(slots=True)
 class Discovery:
     config: DiscoveryConfig
@@ -164,16 +148,18 @@ class Discovery:
     refused: int = 0  # records refused, for status
     queries: int = 0  # queries sent, for status
     _seq: int = 0
-    _budget: _Buckets = field(init=False)
-    _intake: _Buckets = field(init=False)
+    _budget: KeyedBuckets = field(init=False)
+    _intake: KeyedBuckets = field(init=False)
     _next_query_at_ms: int = 0
     _next_register_at_ms: int = 0
 
     def __post_init__(self) -> None:
         # cookies from before a restart are far below or above this: all records, or reset
         self._seq = self.rng.randrange(1 << 40) << 16
-        self._budget = _Buckets(self.config.queries_per_minute, 1)
-        self._intake = _Buckets(MAX_REQUESTS_PER_MINUTE, MAX_TRACKED_PEERS)
+        qpm = self.config.queries_per_minute
+        self._budget = KeyedBuckets(qpm / 60, qpm, 1)
+        self._intake = KeyedBuckets(MAX_REQUESTS_PER_MINUTE / 60, MAX_REQUESTS_PER_MINUTE,
+                                    MAX_TRACKED_PEERS)
 
     @property
     def self_peer(self) -> str:

@@ -6,7 +6,7 @@ Promises:
   requester's budget, and never beyond its ``slots`` plus ``queue`` places: a bid holds a
   place (RESERVED) for ``hold_ms``, after which it is released; an accepted assignment runs
   at once when one of the ``slots`` is free, else waits its turn (QUEUED, earliest deadline
-  first), and its bid's estimated latency counted the wait;
+  first), and its bid's estimated latency counted the wait (protocol/market/latency.py);
 * accepts an assignment only if it is signed by the task's requester, sent by that requester,
   addressed to this node, for a task it holds a live reservation for, within its limits
   (question length, tokens, deadline); it answers anything else with a ``Reject``;
@@ -32,6 +32,7 @@ from protocol.errors import InvalidMessage, LocalProtocolError
 from protocol.machine import Effect, Emit, Penalize, Received, Send, Tick
 from protocol.market.events import CancelCompute, ComputeDone, ComputeFailed, StartCompute
 from protocol.market.jobs import BUSY_STATES, Job, JobState, move_job, startable
+from protocol.market.latency import LatencyModel, ahead_of
 from protocol.market.messages import (
     ASSIGN_DOMAIN,
     BEACON_DOMAIN,
@@ -104,8 +105,7 @@ class Executor:
         #: (task id, round) -> forget-at, for beacon dedup
         self.seen: dict[tuple[bytes, int], int] = {}
         self.counters: dict[str, int] = {}
-        #: measured cost of a task beyond its generated tokens (prompt, commitments), EWMA
-        self.task_overhead_ms: float | None = None
+        self.latency = LatencyModel()  # the estimate a bid carries, learned from past tasks
 
     # ------------------------------------------------------------------ machine contract
 
@@ -140,9 +140,6 @@ class Executor:
     def free_slots(self) -> int:
         return max(0, self.config.slots - self.busy())
 
-    def running(self) -> list[Job]:
-        return [j for j in self.jobs.values() if j.state is JobState.RUNNING]
-
     # ------------------------------------------------------------------ helpers
 
     def _count(self, what: str) -> None:
@@ -156,6 +153,11 @@ class Executor:
             Emit("task.assign_rejected", {"task_id": task_id.hex(), "peer": peer,
                                           "reason": reason.value, "detail": detail}),
         ]
+
+    def _move(self, job: Job, to: JobState, until_ms: int) -> None:
+        if job.state is JobState.RESERVED:  # the bid won an assignment, or it did not
+            self.latency.reservation_ended(won=to in (JobState.QUEUED, JobState.RUNNING))
+        move_job(job, to, until_ms)
 
     def _best_model(self, req: Requirement) -> tuple[ServedModel, float] | None:
         best: tuple[ServedModel, float] | None = None
@@ -211,9 +213,8 @@ class Executor:
         price = model.price_per_1k * body.max_tokens / 1000.0
         if price > body.max_price:
             return skip("too_cheap")
-        gen_ms = body.max_tokens / max(model.tokens_per_s, 1e-6) * 1000.0 \
-            + (self.task_overhead_ms or 0.0)
-        est_latency = int(gen_ms * (1.0 + self.busy() / self.config.slots))
+        est_latency = self.latency.estimate_ms(body.max_tokens, model.tokens_per_s,
+                                               ahead_of(self.jobs.values(), self.config.slots), now)
         if est_latency > body.deadline_ms:
             return skip("too_slow")
         hold = min(self.config.hold_ms, body.deadline_ms)
@@ -267,23 +268,23 @@ class Executor:
             return self._reject(peer, task.task_id, body.attempt, RejectReason.BAD_ASSIGN,
                                 "bid was for another requester")
         if now >= job.until_ms:
-            move_job(job, JobState.RELEASED, now + REMEMBER_MS)
+            self._move(job, JobState.RELEASED, now + REMEMBER_MS)
             return self._reject(peer, task.task_id, body.attempt, RejectReason.EXPIRED,
                                 "reservation expired")
         prompt_chars = len(task.question) + sum(len(t.content) for t in task.history)
         if (prompt_chars > self.config.max_question_chars
                 or task.max_tokens > self.config.max_tokens
                 or body.deadline_ms > self.config.max_task_ms):
-            move_job(job, JobState.RELEASED, now + REMEMBER_MS)
+            self._move(job, JobState.RELEASED, now + REMEMBER_MS)
             return self._reject(peer, task.task_id, body.attempt, RejectReason.OVER_LIMITS,
                                 "question, tokens or deadline over this executor's limits")
         if body.model not in {m.name for m in self.config.models}:
-            move_job(job, JobState.RELEASED, now + REMEMBER_MS)
+            self._move(job, JobState.RELEASED, now + REMEMBER_MS)
             return self._reject(peer, task.task_id, body.attempt, RejectReason.BAD_ASSIGN,
                                 f"model {body.model!r} is not served here")
         job.attempt, job.task, job.model = body.attempt, task, body.model
         job.deadline_at_ms = now + body.deadline_ms
-        move_job(job, JobState.QUEUED, job.deadline_at_ms)
+        self._move(job, JobState.QUEUED, job.deadline_at_ms)
         self._count("assign_accepted")
         return [
             *self._start_queued(),
@@ -295,7 +296,7 @@ class Executor:
         """Start queued assignments while compute slots are free (jobs.startable)."""
         effects: list[Effect] = []
         for job in startable(self.jobs, self.config.slots):
-            move_job(job, JobState.RUNNING, job.deadline_at_ms + OVERRUN_GRACE_MS)
+            self._move(job, JobState.RUNNING, job.deadline_at_ms + OVERRUN_GRACE_MS)
             if job.task is not None:  # always set once assigned
                 effects.append(StartCompute(task=job.task, attempt=job.attempt,
                                             model=job.model, deadline_at_ms=job.deadline_at_ms))
@@ -310,7 +311,7 @@ class Executor:
         effects: list[Effect] = []
         if job.state is JobState.RUNNING:
             effects.append(CancelCompute(job.task_id, job.attempt))
-        move_job(job, JobState.RELEASED, job.until_ms + REMEMBER_MS)
+        self._move(job, JobState.RELEASED, job.until_ms + REMEMBER_MS)
         self._count("cancelled")
         effects.append(Emit("task.cancelled", {"task_id": msg.task_id.hex()}))
         return effects + self._start_queued()
@@ -328,11 +329,9 @@ class Executor:
         if job is None:
             return [Emit("task.compute_orphaned", {"task_id": ev.task_id.hex()})]
         tps = max((m.tokens_per_s for m in self.config.models if m.name == job.model), default=0)
-        extra = max(0.0, ev.compute_ms - ev.tokens / max(tps, 1e-6) * 1000.0)
-        seen = extra if self.task_overhead_ms is None else self.task_overhead_ms
-        self.task_overhead_ms = seen + 0.3 * (extra - seen)
+        self.latency.task_done(ev.tokens, ev.compute_ms, tps, now)
         if now > job.deadline_at_ms:
-            move_job(job, JobState.FAILED, now + REMEMBER_MS)
+            self._move(job, JobState.FAILED, now + REMEMBER_MS)
             self._count("results_late")
             return [Emit("task.result_late", {"task_id": ev.task_id.hex(),
                                               "late_ms": now - job.deadline_at_ms}),
@@ -349,7 +348,7 @@ class Executor:
             prompt_tokens=min(MAX_CONTEXT, max(0, ev.prompt_tokens)),
             finish_reason="length" if ev.finish_reason == "length" else "stop",
         )
-        move_job(job, JobState.DONE, now + REMEMBER_MS)
+        self._move(job, JobState.DONE, now + REMEMBER_MS)
         self._count("results_sent")
         return self.deliver(job, body) + self._start_queued()
 
@@ -365,7 +364,7 @@ class Executor:
         job = self._running(ev.task_id, ev.attempt)
         if job is None:
             return []
-        move_job(job, JobState.FAILED, now + REMEMBER_MS)
+        self._move(job, JobState.FAILED, now + REMEMBER_MS)
         return self._reject(job.requester, ev.task_id, ev.attempt, RejectReason.COMPUTE_FAILED,
                             ev.reason[:128]) + self._start_queued()
 
@@ -377,16 +376,16 @@ class Executor:
             if now < job.until_ms:
                 continue
             if job.state is JobState.RESERVED:
-                move_job(job, JobState.RELEASED, now + REMEMBER_MS)
+                self._move(job, JobState.RELEASED, now + REMEMBER_MS)
                 self._count("reservations_expired")
                 effects.append(Emit("task.reservation_expired", {"task_id": task_id.hex()}))
             elif job.state is JobState.RUNNING:
-                move_job(job, JobState.FAILED, now + REMEMBER_MS)
+                self._move(job, JobState.FAILED, now + REMEMBER_MS)
                 self._count("jobs_overran")
                 effects.append(CancelCompute(task_id, job.attempt))
                 effects.append(Emit("task.overran", {"task_id": task_id.hex()}))
             elif job.state is JobState.QUEUED:
-                move_job(job, JobState.FAILED, now + REMEMBER_MS)
+                self._move(job, JobState.FAILED, now + REMEMBER_MS)
                 self._count("queued_expired")
                 effects += self._reject(job.requester, task_id, job.attempt,
                                         RejectReason.COMPUTE_FAILED,

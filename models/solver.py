@@ -144,10 +144,12 @@ class ModelsSolver:
         from models.cot import problem_of, solve
 
         problem = problem_of(task)
-        started = time.perf_counter()
         from models.commitments import Commitments, commitments_for, fingerprints_for
 
         with self._lock:
+            # timed from here: a wait for the backend is not this task's cost, and bids
+            # learn their estimate from compute_ms
+            started = time.perf_counter()
             self._capture_states()
             sol = solve(self.backend, problem, max_tokens=max_tokens,
                         temperature=self.temperature_for(task), top_p=task.top_p,

@@ -144,6 +144,10 @@ class ExecutorService(NurseryService):
         self.solver: Solver | None = None
         self.problem = "no solver configured ([executor] solver)" if not s.solver else ""
         self._scopes: dict[tuple[bytes, int], trio.CancelScope] = {}
+        #: one solver thread per slot; trio holds a token until its thread has really ended,
+        #: even one abandoned on cancel, so a job waits here (cancellable) rather than in a
+        #: thread parked on the backend, which once free would run a job nobody wants
+        self._threads = trio.CapacityLimiter(s.slots)
         self.computed = 0
         self.failed = 0
 
@@ -200,7 +204,7 @@ class ExecutorService(NurseryService):
                 sol = await trio.to_thread.run_sync(
                     functools.partial(solver.solve, job.task, job.model, job.task.max_tokens,
                                       job.attempt),
-                    abandon_on_cancel=True)
+                    abandon_on_cancel=True, limiter=self._threads)
             except Exception as exc:
                 self.failed += 1
                 self.ctx.log.exception("executor.solve_failed", task_id=job.task.task_id.hex())

@@ -6,7 +6,10 @@ sets every attribute declared here). A round's beacon opens a bid window of at m
 and sent by its bidder, is for a task in that round's open window, within budget, above
 ``min_match``, from a peer not yet tried (nor ourselves, unless the task allows it), within
 ``max_bids_per_task`` and not over ``bid_rate`` per ``rate_window_ms``; a valid bid we will
-not use is answered with a ``Cancel`` that releases the bidder's slot.
+not use is answered with a ``Cancel`` that releases the bidder's slot. A valid bid that missed
+its window (an earlier round's, or one closed already) is used at once, like a spare, while
+the task still lacks executors: on a loaded machine bids come seconds late, and refusing them
+left the executors idle while the tasks they bid on waited out a backoff for the next round.
 
 The window closes as soon as waiting longer cannot improve the choice, then the selector picks
 the executors, each gets a signed assignment with its own deadline, the other bids stay as
@@ -24,6 +27,7 @@ spares. That is the first of:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crypto.keys import Identity
@@ -115,15 +119,15 @@ class Bidding(AuctionParts):
             # a valid bid we will not use: release the slot the bidder holds for it
             return reject(why) + [Send(peer, Cancel(task_id=body.task_id, attempt=-1))]
 
-        if task.phase is not TaskPhase.BIDDING or body.round != task.round \
-                or now >= task.window_closes_at_ms:
-            return refuse("late")
         if peer == self.peer and not task.allow_self:
             return refuse("self")
         if body.price > task.spec.max_price:
             return refuse("over_budget")
         if body.match_score < self.config.min_match:
             return refuse("poor_match")
+        if task.phase is not TaskPhase.BIDDING or body.round != task.round \
+                or now >= task.window_closes_at_ms:
+            return self._late_bid(task, body, now, refuse)
         if len(task.bids) >= self.config.max_bids_per_task:
             return refuse("too_many")
         task.bids[peer] = BidInfo(body, now, now + body.hold_ms)
@@ -137,6 +141,18 @@ class Bidding(AuctionParts):
             task.window_closes_at_ms = min(task.window_closes_at_ms,
                                            now + self.config.close_grace_ms)
         return effects
+
+    def _late_bid(self, task: OpenTask, body: BidBody, now: int,
+                  refuse: Callable[[str], list[Effect]]) -> list[Effect]:
+        """A valid bid that missed its round's window: used at once, as a spare is, while the
+        task still lacks executors; refused (its place released) when it no longer does."""
+        if task.finished or task.needed == 0 or body.round > task.round:
+            return refuse("late")
+        task.spares[body.bidder] = BidInfo(body, now, now + body.hold_ms)
+        self._count("late_bids_used")
+        return [Emit("task.late_bid_used", {"task_id": body.task_id.hex(), "peer": body.bidder,
+                                            "round": body.round}),
+                *self._replan(task, now, after_close=now >= task.window_closes_at_ms)]
 
     def _all_bid(self, task: OpenTask) -> bool:
         possible = self.possible_bidders(task)

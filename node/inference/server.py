@@ -4,8 +4,13 @@ A requester opens a stream of the inference protocol to this node and speaks the
 protocol (protocol/inference/messages.py) on it: any number of sessions, one request at a
 time, one reply each. :class:`StageHost` keeps the rules in protocol/inference/session.py's
 ``SessionServer`` (admission, limits, expiry) and performs its effects: replies go back on the
-stream the request came on, ``RunForward`` runs the stage in a worker thread (one computation
-at a time: torch gets the cores), caches are cropped and freed. A penalty is reported through
+stream the request came on, ``RunForward`` runs the stage (one computation at a time: torch
+gets the cores), caches are cropped and freed. A step of a few positions that the stage's
+measured speed puts under ``INLINE_MAX_MS`` runs on the event loop itself: handing it to a
+worker thread and back costs two thread wake-ups, and the one back, right after the compute
+used up this process's share of a busy CPU, waited 4-6 ms per stage (at load 15 on 2 cores),
+more than any stream waits for a step that short. Longer work (a prefill) goes to a worker
+thread, so the event loop is never held long. A penalty is reported through
 ``report`` (the service feeds it to the driver), and a stream whose bytes are no message is
 the peer's fault too. A stream that stays silent for the idle timeout is closed and its
 sessions freed (unless one of them is still open: relays feed it, the machine expires it when
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 import trio
 
@@ -44,6 +50,12 @@ from protocol.machine import Effect, Emit, Penalize, Received, Send
 
 #: opening a stream to the next stage (a dial included) within this
 LINK_TIMEOUT_S = 30.0
+#: a forward of at most this many positions may run on the event loop (a decoding step, a
+#: speculative draft's verification: on a CPU about one position's time, the weights are read
+#: once) ...
+INLINE_MAX_POSITIONS = 16
+#: ... when such a forward through its blocks has been seen to take at most this long
+INLINE_MAX_MS = 250.0
 
 Report = Callable[[str, str], Awaitable[None]]
 OpenStream = Callable[[str], Awaitable[SessionStream]]
@@ -55,8 +67,13 @@ class StageHost:
     def __init__(self, stage: BlockStage, machine: SessionServer, *, clock: Callable[[], int],
                  report: Report, log: object, delay_ms: float = 0.0,
                  open_stream: OpenStream | None = None,
-                 sign: Callable[[bytes], bytes] | None = None) -> None:
+                 sign: Callable[[bytes], bytes] | None = None,
+                 ms_per_block: float = 0.0) -> None:
         self.stage = stage
+        #: the fastest a forward of at most INLINE_MAX_POSITIONS took per block, ms (from the
+        #: service's measurement at start, lowered by every one seen: a busy spell only ever
+        #: slows one down): whether a step runs on the event loop
+        self.ms_per_block = ms_per_block
         self.machine = machine
         self.caches: dict[bytes, StageCache] = {}
         #: each open session's opener stream: where its replies go
@@ -168,19 +185,26 @@ class StageHost:
         except InvalidMessage as exc:
             return self.machine.handle(ForwardFailed(run.session_id, True, str(exc)),
                                        self._clock())
-        started = time.perf_counter()
+        forward = partial(self.stage.forward, hidden, run.start_pos, cache, (run.start, run.end))
         try:
             async with self._compute:
-                out = await trio.to_thread.run_sync(
-                    self.stage.forward, hidden, run.start_pos, cache, (run.start, run.end))
+                started = time.perf_counter()
+                out = forward() if self.inline(run) else await trio.to_thread.run_sync(forward)
+                ms = (time.perf_counter() - started) * 1000
             data = pack_hidden(out, run.precision)
         except (ValueError, RuntimeError) as exc:  # our own compute broke: no one's penalty
             return self.machine.handle(ForwardFailed(run.session_id, False, str(exc)),
                                        self._clock())
         self.forwards += 1
-        ms = int((time.perf_counter() - started) * 1000)
-        return self.machine.handle(ForwardDone(run.session_id, run.start_pos, run.n, data, ms),
-                                   self._clock())
+        if run.n <= INLINE_MAX_POSITIONS:
+            self.ms_per_block = min(self.ms_per_block, ms / (run.end - run.start))
+        return self.machine.handle(ForwardDone(run.session_id, run.start_pos, run.n, data,
+                                               int(ms)), self._clock())
+
+    def inline(self, run: RunForward) -> bool:
+        """Whether ``run`` is short enough to compute on the event loop (module docstring)."""
+        return (run.n <= INLINE_MAX_POSITIONS
+                and self.ms_per_block * (run.end - run.start) <= INLINE_MAX_MS)
 
     async def _relay(self, out: SendRelay) -> list[Effect]:
         """Sign ``out`` and send it to the next stage (a broken stream is opened again once)."""

@@ -170,7 +170,8 @@ class InferenceService(NurseryService):
         self._machine = SessionServer(served, self.limits)
         self.host = StageHost(stage, self._machine, clock=self.ctx.clock, report=self.report,
                               log=self.ctx.log, delay_ms=self.section.link_delay_ms,
-                              open_stream=self.open_stream, sign=self.ctx.identity.sign)
+                              open_stream=self.open_stream, sign=self.ctx.identity.sign,
+                              ms_per_block=self.ms_per_block)
         self.ctx.log.info("inference.serving", model=self.model_name, start=blocks[0],
                           end=blocks[1], ms_per_block=round(self.ms_per_block, 3),
                           param_mib=round(stage.param_bytes / 2**20, 1))

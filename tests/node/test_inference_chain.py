@@ -412,3 +412,42 @@ def test_a_silent_stream_ends_after_the_idle_timeout_unless_its_session_is_open(
         await chain.close()
 
     run_chain(gguf, body)
+
+
+def test_steps_run_on_the_event_loop_and_long_or_slow_work_in_a_thread(gguf: Path) -> None:
+    """A step of a few positions on a stage seen to be fast runs on the event loop (no thread
+    wake-ups); a prefill over INLINE_MAX_POSITIONS in a worker thread, and so do the steps of
+    a stage measured slow until one is seen fast. The output is the same either way."""
+    import threading
+
+    from node.inference.server import INLINE_MAX_MS, INLINE_MAX_POSITIONS
+
+    prompt = [(7 * i) % 200 + 3 for i in range(INLINE_MAX_POSITIONS + 4)]
+
+    async def body(net: Net) -> tuple[list[int], list[tuple[str, int, bool]]]:
+        net.serve("a", 0, 1)
+        net.serve("b", 1, 2)
+        net.hosts[peer_of("b")].ms_per_block = INLINE_MAX_MS + 1  # measured slow at start
+        loop = threading.get_ident()
+        seen: list[tuple[str, int, bool]] = []
+        for peer, host in net.hosts.items():
+            def spy(x: np.ndarray, *args: Any, _forward: Any = host.stage.forward,
+                    _name: str = net.name(peer)) -> np.ndarray:
+                seen.append((_name, len(x), threading.get_ident() == loop))
+                return _forward(x, *args)
+
+            host.stage.forward = spy  # type: ignore[method-assign]
+        chain = net.chain()
+        await chain.open()
+        target = ChainTarget(load_head(gguf), chain)
+        out = await trio.to_thread.run_sync(greedy, target, prompt, 8)
+        await chain.close()
+        return out, seen
+
+    out, seen = run_chain(gguf, body)
+    assert out == greedy(LocalTarget.from_gguf(gguf), prompt, 8)
+    n = len(prompt)
+    assert [s for s in seen if s[0] == "a"] == [("a", n, False)] + [("a", 1, True)] * 7
+    # b's first step shows it fast (the tiny model): the next ones run on the event loop
+    assert [s for s in seen if s[0] == "b"] == [("b", n, False), ("b", 1, False)] + [
+        ("b", 1, True)] * 6

@@ -8,8 +8,9 @@ Promises:
   at once when one of the ``slots`` is free, else waits its turn (QUEUED, earliest deadline
   first), and its bid's estimated latency counted the wait (protocol/market/latency.py);
 * accepts an assignment only if it is signed by the task's requester, sent by that requester,
-  addressed to this node, for a task it holds a live reservation for, within its limits
-  (question length, tokens, deadline); it answers anything else with a ``Reject``;
+  addressed to this node, for a task it bid on and still holds a reservation for (or one
+  whose hold lapsed unassigned, while a place is free again), within its limits (question
+  length, tokens, deadline); it answers anything else with a ``Reject``;
 * runs at most one attempt per task; computation is the driver's job: ``StartCompute``
   out, ``ComputeDone`` / ``ComputeFailed`` back (``CancelCompute`` when it is no longer wanted);
 * sends the signed ``Result`` only while the assignment's deadline has not passed.
@@ -50,7 +51,6 @@ from protocol.market.messages import (
     Cancel,
     Reject,
     RejectReason,
-    Requirement,
     Result,
     ResultBody,
 )
@@ -59,6 +59,7 @@ from protocol.market.offers import (
     MATCH_EXACT,
     MATCH_FAMILY,
     ServedModel,
+    best_model,
     match_score,
 )
 
@@ -159,17 +160,6 @@ class Executor:
             self.latency.reservation_ended(won=to in (JobState.QUEUED, JobState.RUNNING))
         move_job(job, to, until_ms)
 
-    def _best_model(self, req: Requirement) -> tuple[ServedModel, float] | None:
-        best: tuple[ServedModel, float] | None = None
-        for m in self.config.models:
-            score = match_score(req, m)
-            if score is None:
-                continue
-            if best is None or (score, m.tokens_per_s, m.name) > (best[1], best[0].tokens_per_s,
-                                                                   best[0].name):
-                best = (m, score)
-        return best
-
     # ------------------------------------------------------------------ beacons -> bids
 
     def _on_beacon(self, origin: str, msg: Beacon, now: int) -> list[Effect]:
@@ -206,7 +196,7 @@ class Executor:
             return skip("no_slot")
         if body.max_tokens > self.config.max_tokens or body.deadline_ms > self.config.max_task_ms:
             return skip("over_limits")
-        best = self._best_model(body.requirement)
+        best = best_model(body.requirement, self.config.models)
         if best is None:
             return skip("no_model")
         model, score = best
@@ -259,6 +249,13 @@ class Executor:
         if job.state in (JobState.RUNNING, JobState.QUEUED) and job.attempt == body.attempt:
             self._count("assign_duplicate")
             return []  # a retransmission of what we already run
+        if job.state is JobState.RELEASED and job.attempt < 0 \
+                and job.requester == task.requester and self.busy() < self.config.slots \
+                + self.config.queue:  # its hold lapsed before the assignment came: a loaded
+            # network is seconds slow to deliver, so it is taken up again while a place is free
+            job = self.jobs[task.task_id] = Job(
+                task_id=task.task_id, requester=job.requester, round=job.round,
+                model=job.model, state=JobState.RESERVED, until_ms=now + 1)
         if job.state is not JobState.RESERVED:
             reason = RejectReason.EXPIRED if job.state is JobState.RELEASED else \
                 RejectReason.DUPLICATE
@@ -267,10 +264,6 @@ class Executor:
         if job.requester != task.requester:
             return self._reject(peer, task.task_id, body.attempt, RejectReason.BAD_ASSIGN,
                                 "bid was for another requester")
-        if now >= job.until_ms:
-            self._move(job, JobState.RELEASED, now + REMEMBER_MS)
-            return self._reject(peer, task.task_id, body.attempt, RejectReason.EXPIRED,
-                                "reservation expired")
         prompt_chars = len(task.question) + sum(len(t.content) for t in task.history)
         if (prompt_chars > self.config.max_question_chars
                 or task.max_tokens > self.config.max_tokens

@@ -40,3 +40,18 @@ def match_score(req: Requirement, model: ServedModel) -> float | None:
     if model.family.lower() in {wanted_family, wanted_name} - {""}:
         return MATCH_FAMILY
     return None
+
+
+def best_model(req: Requirement,
+               models: tuple[ServedModel, ...]) -> tuple[ServedModel, float] | None:
+    """The model of ``models`` that fits ``req`` best (score, then speed, then name) and its
+    score; None when none fits."""
+    best: tuple[ServedModel, float] | None = None
+    for m in models:
+        score = match_score(req, m)
+        if score is None:
+            continue
+        if best is None or (score, m.tokens_per_s, m.name) > (best[1], best[0].tokens_per_s,
+                                                               best[0].name):
+            best = (m, score)
+    return best

@@ -155,12 +155,22 @@ def test_a_tasks_measured_overhead_goes_into_later_estimates() -> None:
 
 
 def test_reservation_expires_and_frees_the_slot() -> None:
-    ex = executor(hold_ms=1_000)
+    ex = executor(hold_ms=1_000, queue=0)
     ex.handle(beacon(), 0)
     ex.handle(Tick(), 1_000)
     assert ex.free_slots() == 1 and ex.jobs[TID].state is JobState.RELEASED
+    assert sends(ex.handle(beacon(task_id=b"\x08" * 32), 1_000), Bid)  # the place is taken
     effects = ex.handle(assign(), 1_001)
     assert sends(effects, Reject)[0].reason is RejectReason.EXPIRED
+
+
+def test_an_assignment_after_its_hold_lapsed_is_taken_while_a_place_is_free() -> None:
+    ex = executor(hold_ms=1_000, queue=0)
+    ex.handle(beacon(), 0)
+    ex.handle(Tick(), 1_000)  # a loaded network delivered the assignment late
+    effects = ex.handle(assign(), 1_001)
+    assert not sends(effects, Reject) and [e for e in effects if isinstance(e, StartCompute)]
+    assert ex.jobs[TID].state is JobState.RUNNING
 
 
 def test_assignment_starts_compute_and_result_is_signed() -> None:

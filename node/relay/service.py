@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -32,6 +32,7 @@ import trio
 from node.relay.api import relay_routes
 from node.relay.chunk_store import ChunkStore, ChunkStoreError, ChunkWriter
 from node.relay.plan_inputs import ledger_uploads, withheld_reports
+from node.relay.section import RelaySection
 from node.relay.streams import RelayStreams
 from node.service import NodeContext, NurseryService
 from protocol.ledger.events import Attest as LedgerAttest
@@ -53,15 +54,10 @@ from protocol.relay.events import (
     VersionPrepared,
 )
 from protocol.relay.machine import (
-    DEFAULT_WINDOW,
-    KEEP_VERSIONS,
     MAX_QUEUED_PER_PEER,
-    STALL_TIMEOUT_MS,
     RelayMachine,
 )
 from protocol.relay.manifest import (
-    MAX_CHUNK_SIZE,
-    MIN_CHUNK_SIZE,
     RELAY_TOPIC,
     ArtifactFormat,
     Manifest,
@@ -71,46 +67,9 @@ from protocol.relay.manifest import (
     sign_manifest,
 )
 from protocol.relay.recipients import plan_recipients, withholders
-from protocol.relay.striping import DEFAULT_STRIPES, MAX_STRIPES
 from protocol.relay.transfer import TransferState
 
-DEFAULT_CHUNK_SIZE = 1 << 20
 VersionCallback = Callable[[Manifest], Awaitable[None] | None]
-
-
-@dataclass(frozen=True)
-class RelaySection:
-    """``[relay]`` config (``SYMPHONY_RELAY__<KEY>``)."""
-
-    #: chunk size of versions this node publishes
-    chunk_size: int = DEFAULT_CHUNK_SIZE
-    #: chunk requests in flight per version (the pipeline depth towards one source)
-    window: int = DEFAULT_WINDOW
-    #: complete versions kept per artifact; older ones are garbage-collected
-    keep_versions: int = KEEP_VERSIONS
-    #: a source with requests in flight and silent this long is dropped
-    stall_timeout_ms: int = STALL_TIMEOUT_MS
-    #: upload bandwidth this node advertises in manifests it publishes (0: unknown)
-    upload_bps: int = 0
-    #: cap on this node's total chunk upload, bytes/s (0: none); for benchmarks
-    upload_limit_bps: int = 0
-    #: stripes per version (each its own relay tree); every peer must use the same
-    stripes: int = DEFAULT_STRIPES
-    #: if set, only versions signed by these peer ids are accepted
-    trusted_publishers: tuple[str, ...] = ()
-    #: re-hash stored chunks of saved versions at start (resume after a crash)
-    verify_on_start: bool = True
-
-    def __post_init__(self) -> None:
-        if not MIN_CHUNK_SIZE <= self.chunk_size <= MAX_CHUNK_SIZE:
-            raise ValueError(f"chunk_size must be within {MIN_CHUNK_SIZE}..{MAX_CHUNK_SIZE}")
-        for name in ("window", "keep_versions", "stall_timeout_ms"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive")
-        if not 1 <= self.stripes <= MAX_STRIPES:
-            raise ValueError(f"stripes must be within 1..{MAX_STRIPES}, got {self.stripes}")
-        if self.upload_bps < 0 or self.upload_limit_bps < 0:
-            raise ValueError("bandwidths must not be negative")
 
 
 class RelayService(NurseryService):
@@ -132,6 +91,8 @@ class RelayService(NurseryService):
             max_queued_per_peer=MAX_QUEUED_PER_PEER,
             stripes=s.stripes,
             trusted=frozenset(s.trusted_publishers) or None,
+            max_manifests_per_signer=s.max_manifests_per_signer,
+            max_manifests=s.max_manifests,
         )
         self.store = ChunkStore(Path(ctx.data_dir) / "chunks")
         self.streams = RelayStreams(self, s.upload_limit_bps)

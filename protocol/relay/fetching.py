@@ -26,7 +26,8 @@ Contract
 * Progress (``RelayProgress``) goes to our children in every stripe and to the publisher when
   fetching starts (so a parent stuck from the start is known to be behind),
   ``PROGRESS_REPORTS`` times per version, on re-attaching and on completion, which also emits
-  ``VersionComplete``.
+  ``VersionComplete``. The publisher counts the completion reports of its recipients, and
+  gossips the manifest once all have come (protocol/relay/announce.py).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import heapq
 
 from protocol.machine import Effect, Penalize, Send
+from protocol.relay.announce import announce, count_completion
 from protocol.relay.events import (
     AttestBadChunk,
     AttestWithheld,
@@ -43,7 +45,7 @@ from protocol.relay.events import (
     StoreChunk,
     VersionComplete,
 )
-from protocol.relay.manifest import RelayProgress
+from protocol.relay.manifest import MAX_RECIPIENTS, RelayProgress
 from protocol.relay.transfer import Transfer, TransferState, manifest_event
 
 BAD_CHUNK_PENALTY = 50
@@ -209,8 +211,23 @@ class RelayFetcher:
         if index is not None and peer not in t.suspect_due and not self._behind(t, peer, index):
             t.suspect_due[peer] = now + self.stall_timeout_ms
 
+    def _on_progress(self, peer: str, msg: RelayProgress, now: int, out: list[Effect]) -> None:
+        t = self.transfers.get(msg.manifest_id)
+        if t is not None and (peer in t.plan or len(t.progress) < MAX_RECIPIENTS):
+            held = min(msg.chunks_held, t.manifest.chunks)
+            if held > t.progress.get(peer, -1):
+                t.progress[peer] = held
+                t.advanced_at_ms[peer] = now
+                if len(msg.stripes_held) == t.plan.stripes:
+                    t.stripe_progress[peer] = msg.stripes_held
+                self.on_report(t, peer, now)
+                if held == t.manifest.chunks and peer in t.plan and peer != self.self_id:
+                    count_completion(t, out)
+
     def _on_tick(self, now: int, out: list[Effect]) -> None:
         for t in list(self.transfers.values()):
+            if t.announce_at_ms is not None and now >= t.announce_at_ms:
+                announce(t, out)
             for peer, due in list(t.suspect_due.items()):
                 if now >= due:
                     del t.suspect_due[peer], t.suspects[peer]

@@ -10,10 +10,13 @@ bandwidth model.
 * Manifests (``Received`` of a ``RelayManifest``: gossiped, sent by the plan parent, or
   opening a chunk stream) are verified; one whose signer is not trusted, a replay (same id) or a stale one (a version not
   above the newest accepted for its ``(signer, name)``) is ignored. A newer version supersedes
-  an unfinished older one. A node fetches a version when it is a recipient in the manifest or
-  asked for that artifact (``FetchVersion``); otherwise it only remembers it (``KNOWN``). An
-  accepted manifest is also sent (``Send``) to our children in the plan, so a lost gossip
-  message never stalls a subtree.
+  an unfinished older one. A node plans and fetches a version when it is a recipient in the
+  manifest or asked for that artifact (``FetchVersion``); otherwise it only remembers it,
+  unplanned, and the manifests kept are capped per signer and in all, a flood penalized
+  (protocol/relay/admission.py). An
+  accepted manifest is also sent (``Send``) to our children in the plan: that is how
+  recipients learn of it, as the publisher gossips it only once they have the version
+  (protocol/relay/announce.py).
 * Fetching: after ``PrepareVersion`` (the driver persists the manifest, scans its store and
   answers ``VersionPrepared`` with the chunks it already holds) the machine requests missing
   chunks in ascending order, at most ``window`` in flight, from one source: its parent in the
@@ -54,11 +57,17 @@ from protocol.machine import (
     PeerConnected,
     PeerDisconnected,
     Penalize,
-    Publish,
     Received,
     Send,
     Tick,
 )
+from protocol.relay.admission import (
+    MAX_MANIFESTS,
+    MAX_MANIFESTS_PER_SIGNER,
+    ManifestBook,
+    names_recipient,
+)
+from protocol.relay.announce import schedule_announcement
 from protocol.relay.events import (
     ChunkFailed,
     ChunkReceived,
@@ -75,8 +84,6 @@ from protocol.relay.events import (
 )
 from protocol.relay.fetching import RelayFetcher
 from protocol.relay.manifest import (
-    MAX_RECIPIENTS,
-    RELAY_TOPIC,
     ChunkStatus,
     Manifest,
     ManifestError,
@@ -110,6 +117,8 @@ class RelayMachine(RelayFetcher):
         max_fanout: int = MAX_FANOUT,
         stripes: int = DEFAULT_STRIPES,
         trusted: Set[str] | None = None,
+        max_manifests_per_signer: int = MAX_MANIFESTS_PER_SIGNER,
+        max_manifests: int = MAX_MANIFESTS,
     ) -> None:
         if window < 1 or keep_versions < 1 or max_queued_per_peer < 1:
             raise LocalProtocolError("window, keep_versions and max_queued_per_peer must be >= 1")
@@ -127,6 +136,10 @@ class RelayMachine(RelayFetcher):
         self.transfers: dict[bytes, Transfer] = {}
         self._latest: dict[tuple[str, str], int] = {}
         self._wanted: set[tuple[str | None, str]] = set()
+        #: valid manifests this node takes no part in (unplanned), and the caps on all kept
+        self.book = ManifestBook(
+            self_id, max_per_signer=max_manifests_per_signer, max_total=max_manifests
+        )
 
     # ------------------------------------------------------------ queries
 
@@ -148,6 +161,8 @@ class RelayMachine(RelayFetcher):
         deadlines: list[int] = []
         for t in self.transfers.values():
             deadlines.extend(t.suspect_due.values())
+            if t.announce_at_ms is not None:
+                deadlines.append(t.announce_at_ms)
             if t.state is not TransferState.FETCHING:
                 continue
             if t.in_flight and t.check_at_ms is not None:
@@ -167,7 +182,7 @@ class RelayMachine(RelayFetcher):
         elif isinstance(event, ChunkRequested):
             self._on_request(event, out)
         elif isinstance(event, Received) and isinstance(event.message, RelayProgress):
-            self._on_progress(event.peer, event.message, now)
+            self._on_progress(event.peer, event.message, now, out)
         elif isinstance(event, ChunkFailed):
             if event.penalty > 0:
                 out.append(Penalize(event.peer, event.reason, event.penalty))
@@ -200,28 +215,16 @@ class RelayMachine(RelayFetcher):
                 t.move_to(TransferState.FETCHING)
                 self._after_progress(t, now, out)
         elif isinstance(event, PublishVersion):
-            self._on_publish(event.manifest, out)
+            self._on_publish(event.manifest, now, out)
         elif isinstance(event, FetchVersion):
             self._wanted.add((event.signer, event.name))
-            for t in list(self.transfers.values()):
-                newest = self._latest.get(t.manifest.key) == t.manifest.version
-                if newest and t.state is TransferState.KNOWN and self._is_wanted(t.manifest):
-                    t.move_to(TransferState.PREPARING)
-                    out.append(PrepareVersion(t.manifest))
+            for m in [m for m in self.book.known.values() if self._is_wanted(m)]:
+                del self.book.known[m.id]  # the newest of its artifact: older ones are gone
+                self._register(m, TransferState.PREPARING, out)
+                out.append(PrepareVersion(m))
         elif isinstance(event, Restore):
             self._on_restore(event, now, out)
         return out
-
-    def _on_progress(self, peer: str, msg: RelayProgress, now: int) -> None:
-        t = self.transfers.get(msg.manifest_id)
-        if t is not None and (peer in t.plan or len(t.progress) < MAX_RECIPIENTS):
-            held = min(msg.chunks_held, t.manifest.chunks)
-            if held > t.progress.get(peer, -1):
-                t.progress[peer] = held
-                t.advanced_at_ms[peer] = now
-                if len(msg.stripes_held) == t.plan.stripes:
-                    t.stripe_progress[peer] = msg.stripes_held
-                self.on_report(t, peer, now)
 
     def _on_manifest(self, peer: str, msg: RelayManifest, now: int, out: list[Effect]) -> None:
         try:
@@ -230,7 +233,7 @@ class RelayMachine(RelayFetcher):
             out.append(Penalize(peer, f"invalid relay manifest: {exc}", BAD_MANIFEST_PENALTY))
             out.append(Emit("manifest_invalid", {"peer": peer, "error": str(exc)}))
             return
-        if manifest.id in self.transfers:
+        if manifest.id in self.transfers or manifest.id in self.book.known:
             return  # a replay of a manifest we hold: nothing new
         if self.trusted is not None and manifest.signer not in self.trusted:
             out.append(manifest_event("manifest_untrusted", manifest, peer=peer))
@@ -239,16 +242,25 @@ class RelayMachine(RelayFetcher):
         if latest is not None and manifest.version <= latest:
             out.append(manifest_event("manifest_stale", manifest, peer=peer, latest=latest))
             return
-        t = self._register(manifest, TransferState.KNOWN, out)
+        planned = (t.manifest for t in self.transfers.values())
+        evicted = self.book.admit(manifest, peer, planned, out)
+        if evicted is None:
+            return
+        for m in evicted:
+            if not any(t.manifest.key == m.key for t in self.transfers.values()):
+                self._latest.pop(m.key, None)
         out.append(manifest_event("manifest_accepted", manifest, peer=peer))
-        self._push_down(t, out)
-        if manifest.signer != self.self_id and (
-            self.self_id in t.plan or self._is_wanted(manifest)
+        if manifest.signer == self.self_id or not (
+            names_recipient(manifest, self.self_id) or self._is_wanted(manifest)
         ):
-            t.move_to(TransferState.PREPARING)
-            out.append(PrepareVersion(manifest))
+            self._supersede(manifest, out)
+            self.book.known[manifest.id] = manifest  # no part in it: remembered, not planned
+            return
+        t = self._register(manifest, TransferState.PREPARING, out)
+        self._push_down(t, out)
+        out.append(PrepareVersion(manifest))
 
-    def _on_publish(self, manifest: Manifest, out: list[Effect]) -> None:
+    def _on_publish(self, manifest: Manifest, now: int, out: list[Effect]) -> None:
         if manifest.signer != self.self_id:
             raise LocalProtocolError("can only publish a manifest this node signed")
         latest = self._latest.get(manifest.key)
@@ -256,8 +268,8 @@ class RelayMachine(RelayFetcher):
             raise LocalProtocolError(f"version {manifest.version} is not above {latest}")
         t = self._register(manifest, TransferState.COMPLETE, out)
         t.mark_present(frozenset(range(manifest.chunks)))
-        out.append(Publish(RELAY_TOPIC, manifest.message))
         self._push_down(t, out)
+        schedule_announcement(t, now, out)  # gossip once the recipients have it
         out.append(manifest_event("published", manifest, chunks=manifest.chunks))
         self._gc(manifest.key, out)
 
@@ -299,9 +311,16 @@ class RelayMachine(RelayFetcher):
             t.by_hash.setdefault(h, []).append(i)
         # ascending: each stripe's list is already a heap
         t.pending = [list(range(k, manifest.chunks, plan.stripes)) for k in range(plan.stripes)]
+        self._supersede(manifest, out)
+        self.transfers[manifest.id] = t
+        return t
+
+    def _supersede(self, manifest: Manifest, out: list[Effect]) -> None:
+        """A version newer than any of its artifact's drops the unfinished older ones."""
         key = manifest.key
         if manifest.version > self._latest.get(key, 0):
             self._latest[key] = manifest.version
+            self.book.forget_key(key)
             for old in list(self.transfers.values()):
                 if old.manifest.key == key and old.state in (
                     TransferState.PREPARING,
@@ -309,8 +328,6 @@ class RelayMachine(RelayFetcher):
                     TransferState.KNOWN,
                 ):
                     self._abandon(old, "superseded", out)
-        self.transfers[manifest.id] = t
-        return t
 
     def _push_down(self, t: Transfer, out: list[Effect]) -> None:
         """Send the manifest to our children in the plan: nobody waits on a lost gossip."""
@@ -321,7 +338,9 @@ class RelayMachine(RelayFetcher):
 
     def _on_request(self, ev: ChunkRequested, out: list[Effect]) -> None:
         t = self.transfers.get(ev.manifest_id)
-        if t is None or t.state is TransferState.ABANDONED:
+        if t is None and ev.manifest_id in self.book.known:
+            out.append(RefuseChunk(ev.peer, ev.manifest_id, ev.index, ChunkStatus.NOT_HELD))
+        elif t is None or t.state is TransferState.ABANDONED:
             out.append(RefuseChunk(ev.peer, ev.manifest_id, ev.index, ChunkStatus.GONE))
         elif ev.index >= t.manifest.chunks:
             out.append(

@@ -79,6 +79,10 @@ class Transfer:
     #: chunks held by other peers, from their RelayProgress gossip
     progress: dict[str, int] = field(default_factory=dict)
     reported: int = 0
+    #: the publisher's: when it gossips the manifest, None once it has (or never will)
+    announce_at_ms: int | None = None
+    #: the publisher's: recipients that reported holding the whole version
+    completed_reports: int = 0
     #: chunks held at our last progress report (-1: none sent)
     last_report: int = -1
 

@@ -95,3 +95,19 @@ def test_the_relay_advertises_configured_then_measured_upload_within_its_cap(tmp
     assert measured.advertised_upload_bps() == 3_000_000
     measured.streams.meter.best_bps = 9_000_000  # a burst over the cap counts as the cap
     assert measured.advertised_upload_bps() == 4_000_000
+
+
+def test_the_manifest_caps_are_named_config_values(tmp_path: Path) -> None:
+    import pytest
+
+    from crypto.keys import Identity
+    from node.relay.service import RelaySection, RelayService
+
+    section = RelaySection(max_manifests_per_signer=3, max_manifests=40)
+    ctx = SimpleNamespace(identity=Identity.from_seed(b"\x06" * 32), data_dir=tmp_path,
+                          network_id="n", config=SimpleNamespace(sections={"relay": section}))
+    book = RelayService(ctx).machine.book  # type: ignore[arg-type]
+    assert (book.max_per_signer, book.max_total) == (3, 40)
+    for bad in ({"max_manifests": 0}, {"max_manifests_per_signer": -1}):
+        with pytest.raises(ValueError, match="max_manifests"):
+            RelaySection(**bad)

@@ -301,7 +301,8 @@ def test_fetch_on_request_by_a_non_recipient() -> None:
     m = manifest_for(PUB, IDS, chunks=6)
     n.publish(PUB.peer_id, m)
     assert outsider not in n.complete(m)
-    assert n.machines[outsider].transfers[m.id].state is TransferState.KNOWN
+    # remembered, not planned: a node plans only versions it takes part in
+    assert m.id in n.machines[outsider].book.known and m.id not in n.machines[outsider].transfers
     n.deliver(outsider, FetchVersion("model"))
     assert outsider in n.complete(m)
     sources = {s.peer for s in n.effects(StoreChunk, outsider)}
@@ -313,10 +314,41 @@ def test_publish_misuse_is_a_local_error() -> None:
     with pytest.raises(LocalProtocolError):
         RelayMachine(IDS[0], stripes=1).handle(PublishVersion(m), 0)
     me = RelayMachine(PUB.peer_id, stripes=1)
-    effects = me.handle(PublishVersion(m), 0)
-    assert any(isinstance(e, Publish) and e.topic == "relay" for e in effects)
+    me.handle(PublishVersion(m), 0)
     with pytest.raises(LocalProtocolError):
         me.handle(PublishVersion(m), 0)
+
+
+def test_the_manifest_is_gossiped_once_every_recipient_has_the_version() -> None:
+    outsider = identity(50).peer_id
+    n = Net.of([*ALL, outsider], stripes=1)
+    m = manifest_for(PUB, IDS, chunks=6)
+    n.publish(PUB.peer_id, m)
+    gossip = [i for i, (p, e) in enumerate(n.log) if isinstance(e, Publish)]
+    done = [i for i, (p, e) in enumerate(n.log) if isinstance(e, VersionComplete)]
+    assert len(gossip) == 1 and n.log[gossip[0]][0] == PUB.peer_id
+    assert len(done) == len(IDS) and gossip[0] > max(done)  # recipients went by the plan
+    assert m.id in n.machines[outsider].book.known  # and outsiders hear of it after
+
+
+def test_the_manifest_is_gossiped_after_two_estimates_if_a_recipient_never_completes() -> None:
+    n = net()
+    m = manifest_for(PUB, IDS, chunks=6)
+    n.dead.add(IDS[-1])  # never completes, never reports
+    n.publish(PUB.peer_id, m)
+    assert not n.effects(Publish)
+    due = 2 * n.machines[PUB.peer_id].transfers[m.id].plan.estimated_ms
+    assert n.machines[PUB.peer_id].next_deadline() == due
+    n.tick(due - 1)
+    assert not n.effects(Publish)
+    n.tick(due)
+    assert len(n.effects(Publish, PUB.peer_id)) == 1
+    assert n.machines[PUB.peer_id].next_deadline() is None
+
+
+def test_a_manifest_naming_no_recipients_is_gossiped_at_once() -> None:
+    effects = RelayMachine(PUB.peer_id).handle(PublishVersion(manifest_for(PUB, [])), 0)
+    assert any(isinstance(e, Publish) and e.topic == "relay" for e in effects)
 
 
 @pytest.mark.parametrize("seed", range(12))

@@ -210,8 +210,9 @@ def relay_scenario() -> tuple[Any, list[object]]:
     publisher, a, b = ident(40), ident(41), ident(42)
     chunks = [bytes([i]) * 4096 for i in range(4)]
     hashes = [chunk_hash(c) for c in chunks]
+    # the daemon's node (ident 43) is a recipient: a node plans only versions it is in
     body = make_body(name="w", version=1, chunk_size=4096, chunk_hashes=hashes,
-                     total_size=4 * 4096)
+                     total_size=4 * 4096, recipients=[(ident(43).peer_id, 0)])
     manifest = sign_manifest(publisher, body)
     effects: list[object] = [
         StoreChunk(a.peer_id, manifest.id, 0),

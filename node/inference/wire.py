@@ -1,13 +1,16 @@
 """Frames of an inference session on a libp2p stream, hidden-state codecs, link delay.
 
-* Each frame is one length-prefixed message (node.transport.write_frame / read_frame) of at
-  most ``protocol.codec.MAX_FRAME_BYTES``; a larger announced frame is refused before its body.
+* Each frame is one length-prefixed message (node.transport's framing) of at most
+  ``protocol.codec.MAX_FRAME_BYTES``; a larger announced frame is refused before its body.
 * :func:`pack_hidden` / :func:`unpack_hidden` are the one pair of hidden-state codecs both ends
   use: fp16 (or fp32) little-endian, row-major (positions, hidden); ``unpack_hidden`` raises
   ``InvalidMessage`` for a wrong byte count or a non-finite value (the sender's fault).
 * :class:`SessionStream` holds every outgoing frame for ``delay_ms`` before it writes it: a
   per-link delay for experiments (loopback has none and this machine has no netem). Off (0)
-  by default.
+  by default. It reads the stream in chunks of up to ``READ_CHUNK`` bytes and cuts frames out
+  of what it has, so a frame that arrived whole costs one read: each read of a libp2p stream
+  makes yamux write a window update to the sender (encrypted, and the sender wakes to take
+  it) before the data is handed over, and reading a frame's length and body apart cost two.
 """
 
 from __future__ import annotations
@@ -15,12 +18,20 @@ from __future__ import annotations
 import numpy as np
 import trio
 
-from node.transport import BulkStream, read_frame, write_frame
+from node.transport import (
+    FRAME_HEADER,
+    BulkStream,
+    FrameTooLarge,
+    TransportError,
+    write_frame,
+)
 from protocol.codec import MAX_FRAME_BYTES, Message, decode, encode
 from protocol.errors import InvalidMessage
 from protocol.inference.messages import Precision, check_hidden_size
 
 _DTYPES = {Precision.FP16: np.dtype("<f2"), Precision.FP32: np.dtype("<f4")}
+#: the most bytes one read of the stream asks for
+READ_CHUNK = 1 << 16
 
 
 def pack_hidden(hidden: np.ndarray, precision: Precision) -> bytes:
@@ -47,6 +58,7 @@ class SessionStream:
         self.stream = stream
         self.delay_ms = delay_ms
         self._sending = trio.Lock()  # a stage's relays and replies may share one stream
+        self._buffer = bytearray()  # read, not yet cut into frames
 
     @property
     def peer_id(self) -> str:
@@ -64,7 +76,29 @@ class SessionStream:
     async def receive(self) -> Message:
         """The next message; InvalidMessage for bytes that are none, TransportError for a
         broken or truncated stream, FrameTooLarge for an oversized frame."""
-        return decode(await read_frame(self.stream, max_bytes=MAX_FRAME_BYTES))
+        return decode(await self._frame())
+
+    async def _frame(self) -> bytes:
+        """The next frame's body; an announced size over the limit is refused before the
+        rest of its body is waited for."""
+        await self._fill(FRAME_HEADER.size)
+        (size,) = FRAME_HEADER.unpack_from(self._buffer)
+        if size > MAX_FRAME_BYTES:
+            raise FrameTooLarge(size, MAX_FRAME_BYTES, "incoming frame")
+        end = FRAME_HEADER.size + size
+        await self._fill(end)
+        body = bytes(self._buffer[FRAME_HEADER.size:end])
+        del self._buffer[:end]
+        return body
+
+    async def _fill(self, n: int) -> None:
+        """Read until ``n`` bytes are buffered; TransportError if the stream ends first."""
+        while len(self._buffer) < n:
+            chunk = await self.stream.read(max(READ_CHUNK, n - len(self._buffer)))
+            if not chunk:
+                raise TransportError(f"stream ended {n - len(self._buffer)} bytes short of a "
+                                     f"{n}-byte frame")
+            self._buffer += chunk
 
     async def close(self) -> None:
         with trio.CancelScope(shield=True), trio.move_on_after(1):

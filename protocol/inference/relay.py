@@ -17,9 +17,14 @@ as evidence (``RelayRejected``), and the requester judges with :func:`judge_reje
 * a frame whose signature does not verify, or a well-formed frame of another step, proves
   nothing either way: both peers leave the chain, neither is penalized.
 
-:func:`relay_problem` is the receiving stage's check of a relay before it computes (the
-signature, the byte count, the positions it holds); the values themselves are checked by the
-driver when it decodes them.
+:func:`relay_problem` is the receiving stage's check of a relay before it computes (the byte
+count, the positions it holds); the values themselves are checked by the driver when it
+decodes them. The receiving stage does not verify the signature: the relay came on a stream
+that libp2p's secure channel (Noise) authenticates as its upstream's, so the stage already
+knows who sent it. The signature is evidence for a third party, the requester, and
+:func:`judge_rejection` verifies it there. Refusing an otherwise good frame for its signature
+alone would gain nothing: the judge could only send both peers away unpenalized, and a
+sender whose bad frame carries no valid signature leaves unpenalized either way.
 
 Pure logic: no clock, no randomness; Ed25519 verification from crypto/.
 """
@@ -81,11 +86,9 @@ def signature_ok(sender: str, relay: Relay) -> bool:
                             relay.signature)
 
 
-def relay_problem(sender: str, relay: Relay, *, hidden_size: int, precision: Precision,
-                  cached: int) -> str:
-    """Why the receiving stage refuses ``relay`` ("" when it computes it)."""
-    if not signature_ok(sender, relay):
-        return "the relay's signature does not verify"
+def relay_problem(relay: Relay, *, hidden_size: int, precision: Precision, cached: int) -> str:
+    """Why the receiving stage refuses ``relay`` ("" when it computes it); its signature is
+    the judge's to check (see the module contract)."""
     try:
         check_hidden_size(relay.data, relay.n, hidden_size, precision)
     except InvalidMessage as exc:

@@ -264,7 +264,7 @@ class SessionServer:
             why = "no session" if session is None else "busy" if session.busy else "not upstream"
             return [Emit("inference_relay_ignored", {"peer": peer, "why": why})]
         session.last_active_ms = now
-        problem = relay_problem(peer, msg, hidden_size=self.served.hidden_size,
+        problem = relay_problem(msg, hidden_size=self.served.hidden_size,
                                 precision=session.precision, cached=session.length)
         if problem:
             return [Send(session.peer, RelayRejected(session_id=sid, sender=peer, relay=msg,

@@ -34,7 +34,11 @@ links a step) unless named ``direct`` (the requester sends to each stage in turn
 * ``identical``: every greedy output through a chain (plain, speculative, recovered) equals
   the single-process one. ``wall_s``: the whole bench.
 
-Every timed generation runs ``REPEATS`` times (once with ``--quick``) and the fastest counts.
+Every timed generation runs ``REPEATS`` times (once with ``--quick``) and the fastest counts;
+the loopback runs behind the overhead ratios ``LOOPBACK_REPEATS`` times in both modes (the
+single process and the chains interleaved, a round at a time), since those ratios are the
+goal and the load of a shared machine swings within a run. ``load_1m_start`` /
+``load_1m_end``: the 1-minute load average when the bench started and ended.
 ``--quick`` generates 16 tokens instead of 64 and leaves out the direct-way chains.
 """
 
@@ -64,6 +68,9 @@ SPEC_K = 8
 #: each timed generation runs this often (once with --quick) and the fastest counts: the
 #: machine is shared
 REPEATS = 2
+#: the single-process and loopback chain runs (the overhead ratios) repeat this often, in
+#: both modes: the fastest of each counts
+LOOPBACK_REPEATS = 3
 MIB = float(1 << 20)
 
 
@@ -247,6 +254,7 @@ def _serving_session(net: Swarm, candidates: list[Any]) -> Any:
 def run(quick: bool) -> dict[str, Any]:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     started = time.perf_counter()
+    load_start = os.getloadavg()[0]
     max_tokens = QUICK_TOKENS if quick else FULL_TOKENS
     repeats = 1 if quick else REPEATS
     servers, requesters = _layout(_n_blocks(), quick)
@@ -259,7 +267,7 @@ def run(quick: bool) -> dict[str, Any]:
             net.generate(r, PROMPT, 2)
         names = [r for r in ("r2", "r4", "r2-direct", "r4-direct") if r in requesters]
         figures = ref.figures()
-        figures.update(_loopback(net, ref, names, max_tokens, outputs, repeats))
+        figures.update(_loopback(net, ref, names, max_tokens, outputs, LOOPBACK_REPEATS))
         figures["tokens_per_s_single"] = round(ref.tokens_per_s, 3)
         figures.update(_latency_runs(net, ref.tokens, max_tokens, outputs, repeats, quick))
         figures["stage_rss_mb_max"] = round(max(peak_rss_mb(n) for n, _ in
@@ -271,4 +279,6 @@ def run(quick: bool) -> dict[str, Any]:
     figures["link_delay_ms"] = LINK_DELAY_MS
     figures["speculative_k_max"] = SPEC_K
     figures["wall_s"] = elapsed(started)
+    figures["load_1m_start"] = round(load_start, 2)
+    figures["load_1m_end"] = round(os.getloadavg()[0], 2)
     return figures

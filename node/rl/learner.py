@@ -7,9 +7,16 @@ queues here, the task market and the weight relay on the network.
 
 - ``staleness = 0`` (synchronous): the learner issues exactly the jobs of one step for the
   version it holds, waits for them, trains, publishes; workers idle while it trains.
-- ``staleness = S > 0`` (asynchronous): every idle worker gets a job for the newest version at
-  once; a group of version ``v`` is trained on at version ``w`` only if ``w - v <= S``
-  (protocol/rl/staleness.py), otherwise dropped and counted as stale.
+- ``staleness = S > 0`` (asynchronous): workers get jobs for the newest version at once, up
+  to (S + 1) steps' worth issued or waiting; a group of version ``v`` is trained on at version
+  ``w`` only if ``w - v <= S`` (protocol/rl/staleness.py), otherwise dropped and counted as
+  stale.
+
+The learner hands out jobs only between its steps, so a worker holds more than one: the one it
+generates and the next, queued in its process (protocol/rl/capacity.py ``jobs_per_worker``,
+from the measured step and generation times), and results that arrived during a step are taken
+in before the next one starts. A worker that finishes during a step starts its next job at once
+instead of idling until the step ends.
 
 Every returned group is validated before use (the book's model-free checks, then the
 learner's log-prob recomputation under the group's version); a failure excludes its worker for
@@ -33,6 +40,7 @@ from node.rl.learner_config import LearnerConfig
 from node.rl.learner_trainer import Group, StepStats, Trainer
 from node.rl.learner_workers import WorkerPool
 from protocol.codec import decode, encode
+from protocol.rl.capacity import jobs_per_worker
 from protocol.rl.jobs import ACCEPTED, INVALID, BookConfig, JobBook, Verdict
 from protocol.rl.messages import RolloutJob, RolloutResultBody, RolloutSampling
 from protocol.rl.staleness import accepts
@@ -83,8 +91,9 @@ class _Loop:
             random.Random(config.seed), checks=(self._check,), version=trainer.version)
         self.open_jobs: deque[RolloutJob] = deque()
         self.jobs: dict[bytes, RolloutJob] = {}
-        self.running: dict[int, bytes] = {}  # worker index -> job id
-        self.idle = set(range(config.workers))
+        self.running: dict[bytes, int] = {}  # job id -> worker index, until the book ends it
+        #: jobs sent to each worker that it has not answered yet (a result or an error each)
+        self.held = [0] * config.workers
         self.errors: dict[int, int] = {}
         self.ready: list[Group] = []
         self.report = TrainReport(first_version=trainer.version, resumed_from=trainer.resumed_from)
@@ -102,6 +111,7 @@ class _Loop:
         t0 = time.monotonic()
         while len(self.report.steps) < self.config.steps:
             self._expire()
+            self._collect()
             self._dispatch()
             if len(self.ready) >= self.config.jobs_per_step:
                 self._train()
@@ -142,57 +152,67 @@ class _Loop:
         flight, enough for the learner never to wait when the capacity rule holds, and no more
         (a group generated further ahead would only turn stale)."""
         w = self.trainer.version
-        running = [self.jobs[j] for j in self.running.values()]
+        running = [self.jobs[j] for j in self.running]
         if self.config.staleness == 0:
             running = [j for j in running if j.policy_version == w]
         pending = len(self.ready) + len(self.open_jobs) + len(running)
         return pending < self.config.jobs_per_step * (self.config.staleness + 1)
 
+    def _depth(self) -> int:
+        """Jobs a worker may hold, from the step and generation times measured so far."""
+        steps, gens = self.report.steps, self.report.generate_s
+        return jobs_per_worker(sum(s.step_s for s in steps) / len(steps) if steps else None,
+                               sum(gens) / len(gens) if gens else None)
+
     def _dispatch(self) -> None:
-        for i in sorted(self.idle):
-            name = f"local-{i}"
-            if not self.pool.alive(i) or not self.book.eligible(name):
-                continue
-            if self.open_jobs:
-                job = self.open_jobs.popleft()
-            elif self._wanted():
-                job = self.book.new_job(_now_ms())
-            else:
-                return
-            self.book.assign(job.job_id, name, _now_ms(), int(self.config.job_timeout_s * 1000))
+        """Hand out open and wanted jobs, each to the usable worker holding the fewest."""
+        depth = self._depth()
+        usable = [i for i in range(self.config.workers)
+                  if self.pool.alive(i) and self.book.eligible(f"local-{i}")]
+        if not usable:
+            raise RuntimeError("every rollout worker has died or been excluded for cheating")
+        while (free := [i for i in usable if self.held[i] < depth]) and (
+                self.open_jobs or self._wanted()):
+            i = min(free, key=lambda k: (self.held[k], k))
+            job = self.open_jobs.popleft() if self.open_jobs else self.book.new_job(_now_ms())
+            self.book.assign(job.job_id, f"local-{i}", _now_ms(),
+                             int(self.config.job_timeout_s * 1000))
             self.jobs[job.job_id] = job
-            self.running[i] = job.job_id
-            self.idle.discard(i)
+            self.running[job.job_id] = i
+            self.held[i] += 1
             path, sha = self.trainer.adapter(job.policy_version)
             self.pool.send(i, (encode(job), job.policy_version, path, sha,
                                self.trainer.published_times[job.policy_version]))
-        if not any(self.pool.alive(i) and self.book.eligible(f"local-{i}")
-                   for i in range(self.config.workers)):
-            raise RuntimeError("every rollout worker has died or been excluded for cheating")
 
     def _expire(self) -> None:
         for verdict in self.book.expire(_now_ms()):
             self._ended(verdict)
 
     def _ended(self, verdict: Verdict) -> None:
-        """Bookkeeping for jobs a verdict ended (and the jobs it reissued)."""
+        """Bookkeeping for jobs a verdict ended (and the jobs it reissued). A worker still
+        holds an ended job until it answers (or dies): ``held`` counts it until then."""
         ended = {verdict.job_id, *verdict.cancelled}
-        for i, job_id in list(self.running.items()):
-            if job_id in ended:
-                del self.running[i]  # the worker stays busy until it answers, or is dead
+        for job_id in ended:
+            self.running.pop(job_id, None)
+            self.jobs.pop(job_id, None)
         self.open_jobs = deque(j for j in self.open_jobs if j.job_id not in ended)
         self.open_jobs.extend(verdict.reissued)
-        for job_id in ended:
-            self.jobs.pop(job_id, None)
+
+    def _collect(self) -> None:
+        """Take in every message that arrived meanwhile (during a step), without waiting."""
+        while (msg := self.pool.get(0.0)) is not None:
+            self._handle(msg)
 
     def _wait(self) -> None:
         deadline = self.book.next_deadline()
         timeout = 1.0 if deadline is None else min(1.0, max(0.0, (deadline - _now_ms()) / 1000))
         msg = self.pool.get(timeout)
-        if msg is None:
-            return
+        if msg is not None:
+            self._handle(msg)
+
+    def _handle(self, msg: tuple[Any, ...]) -> None:
         kind, i = msg[0], msg[1]
-        self.idle.add(i)
+        self.held[i] = max(0, self.held[i] - 1)
         if kind == "error":
             self.errors[i] = self.errors.get(i, 0) + 1
             self.report.errors.append(msg[2])
@@ -211,8 +231,8 @@ class _Loop:
         result = decode(data, RolloutResultBody)
         job = self.jobs.get(result.job_id)
         verdict = self.book.receive(result, f"local-{i}", _now_ms())
-        if self.running.get(i) == result.job_id:
-            del self.running[i]
+        if self.running.get(result.job_id) == i:
+            del self.running[result.job_id]
         if verdict.outcome == ACCEPTED and job is not None:
             self.ready.extend(self.trainer.groups_of(result, job))
         if verdict.outcome in (ACCEPTED, "stale", INVALID, "excluded"):

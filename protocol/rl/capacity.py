@@ -122,3 +122,23 @@ def rollouts_in_flight(batch: int, staleness: int, turnaround_s: float, step_s: 
     _non_negative("turnaround_s", turnaround_s)
     _positive("step_s", step_s)
     return (min(staleness, math.ceil(turnaround_s / step_s - 1e-9)) + 1) * batch
+
+
+#: jobs a worker holds before its learner has measured a step and a job: the one it generates
+#: and the next, queued behind it
+DEFAULT_JOBS_PER_WORKER = 2
+
+
+def jobs_per_worker(step_s: float | None, generation_s: float | None) -> int:
+    """How many jobs a worker should hold at once (the one it generates and those queued
+    behind it) when its learner hands out jobs only between its steps: during a step of ``T``
+    seconds a worker taking ``g`` seconds per job finishes up to ``ceil(T / g)`` of them, and
+    needs one more in hand so as not to idle until the step ends: ``ceil(T / g) + 1``, at least
+    2. None for a time not measured yet gives ``DEFAULT_JOBS_PER_WORKER``. The learner's bound
+    on jobs issued or waiting still caps all workers' jobs together, so a queued job is no
+    staler than one issued when its worker comes free."""
+    if step_s is None or generation_s is None:
+        return DEFAULT_JOBS_PER_WORKER
+    _non_negative("step_s", step_s)
+    _positive("generation_s", generation_s)
+    return max(DEFAULT_JOBS_PER_WORKER, math.ceil(step_s / generation_s - 1e-9) + 1)

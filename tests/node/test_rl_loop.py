@@ -1,6 +1,7 @@
 """The learner loop's scheduling, with in-test stand-ins for the model side and the worker
 processes (the real ones are exercised by test_rl_learner.py): which jobs it issues under
-S = 0 and S > 0, and which returned groups it trains on or drops as stale."""
+S = 0 and S > 0, which returned groups it trains on or drops as stale, and how it keeps
+workers supplied while it trains."""
 
 from __future__ import annotations
 
@@ -57,26 +58,33 @@ class Trainer:
 
 
 class Pool:
-    """Stands in for the worker processes: answers in a scripted order of worker indices."""
+    """Stands in for the worker processes: answers in a scripted order of worker indices, each
+    worker its jobs in the order sent. Results arrive only while the learner waits, unless
+    ``instant`` (then a result is there as soon as its job is sent)."""
 
-    def __init__(self, order: list[int]) -> None:
-        self.order = order
-        self.held: dict[int, RolloutJob] = {}
+    def __init__(self, order: list[int], instant: bool = False) -> None:
+        self.order, self.instant = order, instant
+        self.held: dict[int, list[RolloutJob]] = {}
         self.sent: list[tuple[int, int]] = []  # (worker, version)
+        self.waits = 0  # gets that would block the learner
 
     def alive(self, index: int) -> bool:
         return True
 
     def send(self, index: int, msg: Any) -> None:
         job = decode(msg[0], RolloutJob)
-        self.held[index] = job
+        self.held.setdefault(index, []).append(job)
         self.sent.append((index, job.policy_version))
 
     def get(self, timeout_s: float) -> tuple[Any, ...] | None:
-        if not self.order or self.order[0] not in self.held:
+        holding = bool(self.order and self.held.get(self.order[0]))
+        if timeout_s == 0 and not (self.instant and holding):
+            return None
+        if not holding:
             raise AssertionError(f"the loop waits for worker {self.order[:1]} holding no job")
+        self.waits += timeout_s > 0
         i = self.order.pop(0)
-        job = self.held.pop(i)
+        job = self.held[i].pop(0)
         completions = (Completion(token_ids=(3,), logprobs=(-1.0,), finished=True),) * job.group_size
         result = RolloutResultBody(
             job_id=job.job_id, attempt=0, worker=f"local-{i}", policy_version=job.policy_version,
@@ -85,10 +93,11 @@ class Pool:
         return ("result", i, encode(result), None, 0.1, None)
 
 
-def _run(tmp_path: Path, order: list[int], **kw: Any) -> tuple[Trainer, Pool, Any]:
+def _run(tmp_path: Path, order: list[int], instant: bool = False,
+         **kw: Any) -> tuple[Trainer, Pool, Any]:
     config = replace(LearnerConfig(group_size=2, jobs_per_step=1, workers=2, steps=3,
                                    out_dir=str(tmp_path)), **kw)
-    trainer, pool = Trainer(), Pool(order)
+    trainer, pool = Trainer(), Pool(order, instant)
     report = _Loop(config, trainer, pool, None).run()  # type: ignore[arg-type]
     return trainer, pool, report
 
@@ -114,4 +123,23 @@ def test_asynchronous_trains_on_lagging_groups_and_drops_stale_ones(tmp_path: Pa
 def test_a_group_within_the_bound_is_used_after_the_learner_moved_on(tmp_path: Path) -> None:
     trainer, _, report = _run(tmp_path, [0, 1, 0, 1], staleness=1)
     assert trainer.trained_on[:2] == [[0], [0]]  # worker 1's version-0 group at version 1: lag 1
+    assert report.counters["stale"] == 0
+
+
+def test_a_busy_worker_gets_its_next_job_queued_within_the_bound(tmp_path: Path) -> None:
+    # S = 2 lets three jobs be pending; two workers take one each, and the third is queued
+    # behind worker 0's first rather than waiting for a worker to come free
+    trainer, pool, report = _run(tmp_path, [0, 1, 0, 1, 0], staleness=2)
+    assert pool.sent[:3] == [(0, 0), (1, 0), (0, 0)]
+    assert trainer.trained_on == [[0], [0], [0]]  # lag 0, 1, 2: every group within S
+    assert report.counters["stale"] == 0
+
+
+def test_results_that_arrived_during_a_step_are_taken_before_the_next(tmp_path: Path) -> None:
+    # one worker whose results are ready as soon as its jobs are sent: the learner waits only
+    # for the very first (the pipeline's fill); afterwards every step finds its group taken in
+    # and the worker already holding the next jobs
+    trainer, pool, report = _run(tmp_path, [0] * 5, instant=True, staleness=2, workers=1)
+    assert pool.waits == 1
+    assert trainer.trained_on == [[0], [0], [0]]
     assert report.counters["stale"] == 0

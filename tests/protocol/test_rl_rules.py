@@ -177,3 +177,17 @@ def test_rollouts_in_flight_rule() -> None:
     assert rollouts_in_flight(64, 4, 20.0, 10.0) == 3 * 64  # an exact multiple
     with pytest.raises(ValueError, match="turnaround_s"):
         rollouts_in_flight(64, 1, -1.0, 10.0)
+
+
+def test_jobs_per_worker_rule() -> None:
+    from protocol.rl.capacity import DEFAULT_JOBS_PER_WORKER, jobs_per_worker
+
+    assert jobs_per_worker(None, 3.0) == jobs_per_worker(6.0, None) == DEFAULT_JOBS_PER_WORKER
+    assert jobs_per_worker(6.0, 9.0) == 2  # a job outlasts a step: the next one, queued
+    assert jobs_per_worker(6.0, 2.5) == 4  # ceil(2.4) jobs finish within a step, plus one
+    assert jobs_per_worker(6.0, 2.0) == 4  # an exact multiple: 3 finish, plus one
+    assert jobs_per_worker(0.3, 5.0) == 2  # steps that skip every group
+    with pytest.raises(ValueError, match="generation_s"):
+        jobs_per_worker(6.0, 0.0)
+    with pytest.raises(ValueError, match="step_s"):
+        jobs_per_worker(-1.0, 2.0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from random import Random
 
+from protocol.market.selection import EXPLORE_SHARE
 from protocol.relay.plan import build_plan
 from protocol.rl.capacity import CapacityPlan
 from protocol.rl.messages import RolloutJob
@@ -46,6 +47,8 @@ class RlSetup:
     #: beacon, bids and assignment before a worker starts
     assign_ms: int = 300
     deadline_factor: float = 3.0
+    #: share of job picks given to workers never picked before (the daemon's default)
+    explore_share: float = EXPLORE_SHARE
 
 
 @dataclass(slots=True)

@@ -6,8 +6,11 @@ and reissued by it, exactly as the daemon's learner does; what the simulator add
 
 * workers have heterogeneous speeds (a device mix of simulations/compute.py ``DEVICES``): a
   job of G completions of L tokens takes ``G L / tokens_per_s`` (+-10% jitter); each worker
-  keeps one job at a time, and the fastest idle worker holding a usable version is picked
-  first (what the market's latency term does);
+  keeps one job at a time; a job goes to the pick of the daemon's selector
+  (protocol/market/selection.py: ``ExploringSelector`` over the score selector, as in
+  node/market/rollout_jobs.py) among the idle workers holding a usable version, each bidding
+  its generation time as latency: the fastest, except the share of picks that go to workers
+  never picked before;
 * a new policy version reaches each worker after its dissemination time in the relay plan
   (protocol/relay/plan.py for the adapter's size and the workers' upload bandwidths: a peer
   at depth d completes after ``(size + d chunk) / rate`` plus d link latencies);
@@ -31,6 +34,7 @@ import bisect
 import math
 from random import Random
 
+from protocol.market.selection import Candidate, ExploringSelector, ScoreSelector
 from protocol.rl.capacity import Swarm, plan, rollouts_in_flight
 from protocol.rl.jobs import ACCEPTED, INVALID, STALE, BookConfig, JobBook, Verdict
 from protocol.rl.messages import Completion, RolloutJob, RolloutResultBody, RolloutSampling
@@ -63,6 +67,7 @@ class RlWorld:
                                                      max_tokens=s.tokens),
                             max_staleness=s.staleness, job_ms=60_000)
         self.book = JobBook(config, Random(seed + 1))
+        self.selector = ExploringSelector(ScoreSelector(), share=s.explore_share)
         uploads = [self._upload() for _ in range(s.workers)]
         delays = dissemination_delays(s, uploads, seed)
         self.workers: dict[str, SimWorker] = {}
@@ -110,26 +115,43 @@ class RlWorld:
         return self.book.version + (1 if self.training else 0)
 
     def _dispatch(self) -> None:
-        """Offer jobs to idle workers, fastest first, while the learner has any to give."""
+        """Offer jobs while the learner has any to give, each to the selector's pick among
+        the idle workers that may take one."""
         s = self.setup
-        for key in list(self.idle):
-            if self._room() < s.group_size and not self.pending:
+        while self.pending or self._room() >= s.group_size:
+            able = []
+            for _, peer in self.idle:
+                worker = self.workers[peer]
+                if s.staleness and self._generation_s(worker) > s.staleness * self._pace_s():
+                    break  # this one and every slower one is too slow for the bound
+                if self._may_take(worker):
+                    able.append(worker)
+            if not able or not self._offer(self._pick(able)):
                 return
-            worker = self.workers[key[1]]
-            if s.staleness and self._generation_s(worker) > s.staleness * self._pace_s():
-                return  # this one and every slower one is too slow for the bound
-            self._offer(worker)
 
-    def _offer(self, worker: SimWorker) -> None:
+    def _pick(self, able: list[SimWorker]) -> SimWorker:
+        """The selector's pick among ``able``, as the rollout auction makes it from their bids:
+        every bid is for the whole job, at the same price and reputation, with the worker's
+        generation time as its latency."""
+        job_ms = self.book.config.job_ms
+        bids = [Candidate(peer=w.peer, match_score=1.0, reputation=0.5, price=0.0,
+                          max_price=0.0, est_latency_ms=int(self._generation_s(w) * 1000),
+                          deadline_ms=job_ms, load=0.0, free_slots=1) for w in able]
+        return self.workers[self.selector.select(b"", bids, 1)[0].peer]
+
+    def _may_take(self, worker: SimWorker) -> bool:
+        return (worker.job is None and worker.alive and self.book.eligible(worker.peer)
+                and accepts(worker.held, self._target(), self.setup.staleness)
+                and not self._too_slow(worker))
+
+    def _offer(self, worker: SimWorker) -> bool:
         """Give ``worker`` a job if it may take one and the learner has one to give."""
-        if (worker.job is not None or not worker.alive or not self.book.eligible(worker.peer)
-                or not accepts(worker.held, self._target(), self.setup.staleness)
-                or self._too_slow(worker)):
-            return
+        if not self._may_take(worker):
+            return False
         now_ms = self.loop.now_ms
         job = self._job_for(worker, now_ms)
         if job is None:
-            return
+            return False
         worker.job = job
         self._set_idle(worker, False)
         gen_s = self._generation_s(worker) * self.rng.uniform(0.9, 1.1)
@@ -138,6 +160,7 @@ class RlWorld:
         start = self.setup.assign_ms * US_PER_MS
         self.loop.after(start + int(gen_s * US_PER_S), self._done, worker, job, worker.epoch,
                         self.loop.now_us)
+        return True
 
     def _set_idle(self, worker: SimWorker, idle: bool) -> None:
         """Keep ``self.idle`` (sorted fastest first) in step with the worker's state."""
@@ -273,7 +296,8 @@ class RlWorld:
     def _arrive_version(self, worker: SimWorker, version: int, epoch: int) -> None:
         if worker.alive and worker.epoch == epoch and version > worker.held:
             worker.held = version
-            self._offer(worker)
+            if self._may_take(worker) and (self.pending or self._room() >= self.setup.group_size):
+                self._offer(self._pick([worker]))  # the only bidder holding it yet
 
     # ------------------------------------------------------------ churn
     def _crash_next(self) -> None:

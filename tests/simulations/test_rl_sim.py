@@ -69,3 +69,19 @@ def test_shipped_scenario_runs_small() -> None:
     assert report.invariants == {"no_honest_worker_excluded": True}
     assert {p.name for p in report.plots} == {"busy_vs_s", "stale_vs_s", "cost_vs_s"}
     assert report.headline["workers"] == 24 and "busy_s2" in report.headline
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_daemons_exploration_share_gives_untried_workers_picks(seed: int) -> None:
+    # 200 workers, most of them never needed: picking the fastest idle one alone leaves the
+    # rest untried (and cheaters among them unexposed); the selector's exploration share
+    # (ExploringSelector, as in the daemon's rollout auction) tries more without costing steps
+    from simulations.rl_swarm import RlWorld
+
+    setup = replace(BASE, workers=200, staleness=4, cheater_share=0.2)
+    greedy, exploring = RlWorld(replace(setup, explore_share=0.0), seed), RlWorld(setup, seed)
+    a, b = greedy.run(), exploring.run()
+    assert len(exploring.selector.tried) >= 2 * len(greedy.selector.tried), f"seed {seed}"
+    assert exploring.selector.explored > 0 == greedy.selector.explored
+    assert b.caught > a.caught and b.honest_excluded == 0, f"seed {seed}"
+    assert b.steps >= a.steps and b.busy_fraction >= 0.9, f"seed {seed}"

@@ -102,7 +102,8 @@ def identify_handler(host: BasicHost, agent: str, limits: NetLimits) -> Any:
     Built on py-libp2p 0.8.1's private ``_mk_identify_protobuf`` (the message its own
     ``identify_handler_for`` sends), with only ``agent_version`` replaced. The asking peer
     sends nothing on this protocol: bytes from it, watched for while we answer and up to the
-    read deadline after, are a fault."""
+    read deadline after, are a fault. Nothing else is: a peer that hangs up (its stream or
+    connection closed while we answer, whatever py-libp2p raises for it) costs no points."""
 
     async def answer(stream: INetStream) -> None:
         observed = None
@@ -113,8 +114,11 @@ def identify_handler(host: BasicHost, agent: str, limits: NetLimits) -> Any:
         message = libp2p_identify._mk_identify_protobuf(host, observed)
         message.agent_version = agent
         data = message.SerializeToString()
-        await stream.write(encode_uvarint(len(data)) + data)
-        await stream.close()
+        try:
+            await stream.write(encode_uvarint(len(data)) + data)
+            await stream.close()
+        except Exception:
+            return  # the asker is gone: an answer nobody reads is no fault of theirs
 
     async def handle(stream: INetStream) -> None:
         extra = b""
@@ -123,8 +127,8 @@ def identify_handler(host: BasicHost, agent: str, limits: NetLimits) -> Any:
             with trio.move_on_after(limits.read_deadline_s):
                 try:
                     extra = await stream.read(1)
-                except EOFError:
-                    pass
+                except Exception:
+                    pass  # ended or broken (EOF, reset, a closed connection): nothing sent
             if extra:
                 nursery.cancel_scope.cancel()
         if extra:

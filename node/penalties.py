@@ -21,15 +21,19 @@ invalid        10      a well-formed message that breaks a protocol rule (a mach
                        ``RemoteProtocolError`` carries its own cost instead)
 replay         5       each identical copy of a unicast frame beyond the allowance in the window
 flood          5       each message over the per-peer rate, each stream over a stream cap or
-                       over the streams a peer may open per minute on one protocol, each ping
-                       or identify push over its per-minute budget
+                       over the streams a peer may open per minute on one protocol (60; the
+                       handshake included), each ping or identify push over its per-minute
+                       budget
 =============  ======  =========================================================================
 
 Gossip frames are checked before py-libp2p sees them (node/p2p/frame_checks.py): an RPC with
 nothing gossipsub defines in it is undecodable, an unsigned message invalid.
 
 So a peer that keeps sending garbage is banned after 10 bad streams, one that floods after
-20 refused messages: well within seconds at the rates a stream allows. A stall costs the read
+20 refused messages: well within seconds at the rates a stream allows. A valid request
+replayed (a relay reservation, an AutoNAT dial, a handshake, a states request: only the rate
+tells it from an honest one) is refused past the 60 streams a minute and banned 20 streams
+later; an honest peer opens a few a minute on any of these protocols. A stall costs the read
 deadline (10 s) per stream, but a peer may stall ten streams at once, and more than a cap's
 worth are floods: a staller is banned at the first deadline. ``symphony bench fuzz`` measures
 it for every protocol the daemon serves and every kind of attack.

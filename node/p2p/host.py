@@ -51,6 +51,7 @@ from node.p2p.natconfig import NatConfig
 from node.p2p.streams import NetBulkStream, bulk_handler
 from node.p2p.swarm import DIAL_TIMEOUT_S, PeerTracker, build_host, identify_handler
 from node.runtime.limits import NetLimits
+from node.runtime.unicast import HANDSHAKE_PROTOCOL_ID
 from node.transport import (
     BulkStream,
     FaultHandler,
@@ -269,8 +270,9 @@ class P2PTransport:
             with trio.fail_after(self._request_io_timeout_s):
                 await write_frame(stream, response)
 
-        # each message is a stream here: the driver meters messages (NetLimits), not streams
-        self._handle(protocol_id, serve, metered=False)
+        # each message is a stream here: the driver meters messages (NetLimits), not streams;
+        # but the handshake is one request per connection, metered like any protocol's streams
+        self._handle(protocol_id, serve, metered=protocol_id == HANDSHAKE_PROTOCOL_ID)
 
     async def request(
         self, peer_id: str, protocol_id: str, data: bytes, *, max_response_bytes: int

@@ -29,10 +29,12 @@ class NetLimits:
     #: inbound streams one peer may hold open at once on one protocol
     max_streams_per_protocol: int = 16
     #: streams one peer may open per minute on one protocol (a burst of this many); an honest
-    #: peer opens one per session or request. Request/response protocols whose every message
-    #: is a stream (the unicast ``msg``) are metered per message instead
+    #: peer opens one per session or request: at most 4 a minute on any protocol in the relay
+    #: and transport benches (identify, gossip, AutoNAT, relay hop and stop, relay chunks, the
+    #: handshake), so a replayed valid request is told apart by its rate alone. The unicast
+    #: ``msg``, whose every message is a stream, is metered per message instead
     #: (``max_messages_per_peer_per_s``)
-    streams_opened_per_min: int = 240
+    streams_opened_per_min: int = 60
     #: inbound gossip streams (``/meshsub/1.x``) one peer may hold open at once; an honest
     #: peer keeps one, and briefly two while it replaces it
     max_gossip_streams_per_peer: int = 2

@@ -12,7 +12,8 @@ never a pass; an eviction or a quota refusal leaves the check inconclusive
 
 The executor serves each peer at most ``NetLimits.states_requests_per_peer_per_min``
 requests a minute and ``NetLimits.states_concurrent_per_peer`` at once (:class:`StatesQuota`);
-beyond that it answers ``STATES_BUSY`` without reading the request.
+beyond that it reads the request (bytes that are no request cost the peer points, over the
+quota too) and answers ``STATES_BUSY``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ from protocol.verification.rules import decode_proof, states_refusal_convicts
 STATES_PROTOCOL_NAME = "verify-states"
 #: opening the stream and each frame after it must make progress within this long
 STEP_TIMEOUT_S = 10.0
+#: threads reading the state store at once, all verifiers together: each thread holds on to
+#: memory of its own after it is done (the allocator's per-thread arena), and a crowd of
+#: requesting peers (the fuzz bench's states attack) took the daemon from 3 threads to 7+ and
+#: its memory up by tens of MiB; beyond this, requests wait their turn
+STORE_READERS = 4
 
 
 def states_protocol(network_id: str) -> str:
@@ -100,28 +106,36 @@ def serve_states(store: StateStore, limits: NetLimits | None = None
     """The executor side: a stream handler answering from ``store`` within the quota."""
     limits = NetLimits() if limits is None else limits
     quota = StatesQuota(limits.states_requests_per_peer_per_min, limits.states_concurrent_per_peer)
+    readers = trio.CapacityLimiter(STORE_READERS)
 
     async def serve(peer: str, stream: BulkStream) -> None:
         if not quota.admit(peer, trio.current_time()):
+            # read all the same: past the quota, bytes that are no request would be free
+            await _request(stream)
             await write_frame(stream, encode(StateLeaf(index=STATES_BUSY, leaf=b"", proof=b"")))
             return
         try:
-            await _answer(store, stream)
+            await _answer(store, stream, readers)
         finally:
             quota.release(peer, trio.current_time())
 
     return serve
 
 
-async def _answer(store: StateStore, stream: BulkStream) -> None:
+async def _request(stream: BulkStream) -> StatesRequest:
     with trio.fail_after(STEP_TIMEOUT_S):
         req = decode(await read_frame(stream, max_bytes=MAX_FRAME_BYTES))
     if not isinstance(req, StatesRequest):
         raise ProtocolViolation(f"states stream: expected a StatesRequest, got "
                                 f"{type(req).__name__}")
+    return req
+
+
+async def _answer(store: StateStore, stream: BulkStream, readers: trio.CapacityLimiter) -> None:
+    req = await _request(stream)
     try:
         leaves = await trio.to_thread.run_sync(store.leaves, req.task_id, req.states_root,
-                                               list(req.leaves))
+                                               list(req.leaves), limiter=readers)
     except StatesEvicted:
         await write_frame(stream, encode(StateLeaf(index=STATES_EVICTED, leaf=b"", proof=b"")))
         return

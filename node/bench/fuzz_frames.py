@@ -55,8 +55,8 @@ LIBP2P_NAMES = {
 #: DIAL, relay RESERVE, stop CONNECT, DCUtR CONNECT
 NAT_VALID = {"autonat": b"\x08\x00\x12\x00", "relay-hop": b"\x08\x00",
              "relay-stop": b"\x08\x00", "dcutr": b"\x08\x64"}
-#: protocols that take one request per stream (ours, request/response, and identify, where
-#: the asking peer sends nothing at all); on the others a stream carries many frames
+#: frames per stream where it is neither one (a request per stream) nor the default 64 (a
+#: protocol the daemon keeps reading): a relay-chunks stream is a manifest, then requests
 FRAMES_PER_STREAM = {"relay-chunks": 16}
 PING_BYTES = 32
 
@@ -121,7 +121,9 @@ def target_for(protocol_id: str, network_id: str, attacker: Identity, daemon_pee
         valid = (NAT_VALID[name],)
     else:  # identify, identify push, or a protobuf protocol this module does not know
         valid = (_identify(attacker),)
-    per_stream = 1 if framing == "framed" or name == "identify" else 64
+    # one request per stream on ours, identify and the NAT protocols (the daemon reads one
+    # message and answers or resets); many on those it keeps reading (ping, gossip, pushes)
+    per_stream = 1 if framing == "framed" or name == "identify" or name in NAT_VALID else 64
     return Target(name, protocol_id, framing, valid, FRAMES_PER_STREAM.get(name, per_stream),
                   2 if name.startswith("meshsub") else 8)
 

@@ -34,7 +34,17 @@ Contract
   per unit of time ``E(k) / (t_draft * k + t_step(k))``: long links (a large ``base``) and a
   high acceptance rate call for long drafts; a slow drafter or poor acceptance for short.
   :class:`AdaptiveK` measures ``a``, ``t_draft`` and the two step-time terms as it goes
-  (exponentially decayed, so it follows a changing text or network).
+  (exponentially decayed, so it follows a changing text or network). The drafter is never on
+  a step's critical path for longer than the step's own round trip: a ``k`` with
+  ``t_draft * k > t_step(k)`` is never chosen (``k_min`` aside).
+* Overlap (the lookahead): while the target verifies a draft ``d_1..d_k``, a second drafter
+  drafts on as if every draft is kept: first its guess ``g`` of the target's bonus token, then
+  the next draft. :func:`reusable_lookahead` says what of it the verdict leaves valid: only
+  when the emitted tokens are a prefix of ``d_1..d_k, g, ...`` (every draft kept and the bonus
+  guessed: probability ``a^(k+1)``) does what it drafted by then open the next draft;
+  otherwise it is dropped. Nothing waits for it. :func:`draft_wait_ms` is the expected
+  drafting time left on a step's critical path, with and without overlap. AdaptiveK needs no
+  model of it: it measures the drafting each step waited for, which a lookahead shortens.
 
 Pure logic: randomness comes from a ``random.Random`` the caller gives; times are numbers the
 caller measured. Distributions are sequences of probabilities (any that sum to a positive
@@ -181,6 +191,42 @@ def expected_tokens(acceptance: float, k: int) -> float:
     return (1.0 - acceptance ** (k + 1)) / (1.0 - acceptance)
 
 
+def reusable_lookahead(sent: Sequence[int], kept: Sequence[int],
+                       ahead: Sequence[int]) -> tuple[int, ...] | None:
+    """What of a lookahead the next step may use as its draft.
+
+    ``sent``: the drafts a step verified; ``kept``: the tokens its verdict emitted (kept drafts
+    and the rule's own token); ``ahead``: what the drafter drafted on after ``sent`` meanwhile.
+    When ``kept`` is a prefix of ``sent + ahead``, the tokens of ``ahead`` after it (possibly
+    none); None when ``kept`` departs from that sequence or reaches past its end."""
+    speculated = [*sent, *ahead]
+    if len(kept) > len(speculated) or list(kept) != speculated[:len(kept)]:
+        return None
+    return tuple(speculated[len(kept):])
+
+
+def draft_wait_ms(k: int, acceptance: float, draft_ms: float, verify_ms: float, *,
+                  overlap: bool) -> float:
+    """Drafting time on the critical path of a step of ``k`` drafts, in expectation.
+
+    Without overlap: ``k * draft_ms``. With overlap (steps of ``k`` drafts, each verified in
+    ``verify_ms``, while a lookahead drafting at the same speed drafts the bonus guess and
+    ``k`` more): after a hit (probability ``a^(k+1)``) the lookahead has drafted
+    ``floor(verify_ms / draft_ms) - 1`` of the next draft (at most ``k``), and the rest is
+    drafted then; after a miss all ``k`` are."""
+    if k < 0 or min(draft_ms, verify_ms) < 0.0:
+        raise ValueError(f"need k >= 0 and times >= 0, got k={k}, {draft_ms}, {verify_ms}")
+    if not 0.0 <= acceptance <= 1.0:
+        raise ValueError(f"acceptance must lie in [0, 1], got {acceptance}")
+    if not overlap or k == 0 or draft_ms == 0.0:
+        return k * draft_ms
+    if verify_ms >= (k + 1) * draft_ms:
+        ready = k
+    else:
+        ready = max(0, math.floor(verify_ms / draft_ms) - 1)
+    return (k - acceptance ** (k + 1) * ready) * draft_ms
+
+
 def choose_k(
     acceptance: float,
     draft_ms: float,
@@ -190,15 +236,19 @@ def choose_k(
     k_min: int = 0,
     k_max: int = MAX_DRAFT,
 ) -> int:
-    """The draft length in [k_min, k_max] that maximizes E(k) / (draft_ms * k + t_step(k)) with
-    t_step(k) = step_base_ms + step_per_position_ms * (k + 1); ties go to the shorter draft."""
+    """The draft length in [k_min, k_max] that maximizes E(k) / (draft_ms * k + t_step(k))
+    with t_step(k) = step_base_ms + step_per_position_ms * (k + 1); ties go to the shorter
+    draft. Above ``k_min``, a ``k`` with ``draft_ms * k > t_step(k)`` is never chosen."""
     if not 0 <= k_min <= k_max:
         raise ValueError(f"need 0 <= k_min <= k_max, got {k_min}, {k_max}")
     if min(draft_ms, step_base_ms, step_per_position_ms) < 0.0:
         raise ValueError("times must be >= 0")
     best_k, best_rate = k_min, -1.0
     for k in range(k_min, k_max + 1):
-        cost = draft_ms * k + step_base_ms + step_per_position_ms * (k + 1)
+        step = step_base_ms + step_per_position_ms * (k + 1)
+        if k > k_min and draft_ms * k > step:
+            break
+        cost = draft_ms * k + step
         rate = expected_tokens(acceptance, k) / max(cost, 1e-9)
         if rate > best_rate * (1.0 + 1e-9):
             best_k, best_rate = k, rate
@@ -216,7 +266,8 @@ class AdaptiveK:
     steps of different lengths have been seen: every ``probe_every``-th step drafts one token
     more or fewer than the best guess (alternately), so the lengths vary and both terms stay
     measurable. ``k`` never goes below ``k_min`` (1 by default), so drafting goes on and
-    acceptance stays measured.
+    acceptance stays measured. ``draft_ms`` is the drafting a step waited for: with a
+    lookahead (see :func:`draft_wait_ms`) less than the drafter's own time.
     """
 
     def __init__(

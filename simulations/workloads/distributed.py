@@ -13,12 +13,17 @@ is the daemon's chain with stage-to-stage forwarding: each server relays to the 
 last answers the requester, N + 1 links a step; ``"client"`` is its direct way: the requester
 sends to each server in turn and gets its output back, 2 N links. Drafts match the target's choice with probability ``acceptance``
 each; the requester verifies them with protocol.inference.speculative's greedy rule, and the
-adaptive runs choose k with its AdaptiveK from the virtual times they measure.
+adaptive runs choose k with its AdaptiveK from the virtual times they measure. With
+``overlap`` (models.lookahead), a second drafter drafts on at the same speed from the moment
+a draft is sent: the bonus guess (right with probability ``acceptance``), then the next draft;
+when every draft is kept and the guess is right, what it drafted by the verdict opens the
+next draft and only the rest is drafted before sending.
 
 Per point: ms per token without drafting (k = 0, the same loop) and with it, the measured
 saving per token, DSD's estimate (N - 1) * t1 * (k - 1) / k, and this chain's own prediction
 R(0) - R(k) / E(k), with R(k) the step time (links, drafting, compute for k + 1 positions) and
-E(k) = (1 - a^(k+1)) / (1 - a) the expected tokens a step emits, at the acceptance the run
+E(k) = (1 - a^(k+1)) / (1 - a) the expected tokens a step emits (with overlap, R(k) counts
+protocol.inference.speculative.draft_wait_ms's drafting), at the acceptance the run
 measured (kept drafts over examined ones: the kept ones and the first rejection). DSD's
 estimate counts N - 1 links and k tokens a round; these chains pay N + 1 links a step (2 N
 the direct way), and a step that keeps every draft emits k + 1 tokens, so the measured saving
@@ -27,18 +32,26 @@ at full acceptance exceeds it.
 ``[workload]``: ``tokens`` (256), ``n_blocks`` (30), ``replicas`` (2), ``ms_per_block`` (2.0),
 ``position_cost`` (0.125), ``draft_ms`` (14.0), ``jitter_ms`` (0.0), ``topology`` ("pipeline").
 ``[sweep]``: ``stages`` ([2, 4, 8]), ``hop_ms`` ([0, 10, 20, 50, 100]), ``k`` ([1, 2, 4, 8]),
-``acceptance`` ([1.0, 0.8, 0.6]). ``--nodes N`` runs N stages only.
+``acceptance`` ([1.0, 0.8, 0.6]), ``overlap`` ([false, true]). ``--nodes N`` runs N stages only.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+import math
 import random
 import statistics
 from dataclasses import dataclass
 from typing import Any
 
 from protocol.inference.routing import Hop, Server, plan_chain
-from protocol.inference.speculative import AdaptiveK, accept_greedy, expected_tokens
+from protocol.inference.speculative import (
+    AdaptiveK,
+    accept_greedy,
+    draft_wait_ms,
+    expected_tokens,
+)
 from simulations.engine import US_PER_MS, EventLoop
 from simulations.report import Plot, Report, Series
 from simulations.scenario import Scenario, ScenarioError, workload_value
@@ -68,6 +81,10 @@ class ChainSpec:
     #: daemon's chain, N + 1 links a step); "client": the requester sends to each server in
     #: turn and gets its output back (the chain's direct way: 2 N links a step)
     topology: str = "pipeline"
+    #: a second drafter drafts on while the chain verifies (models.lookahead): its guess of the
+    #: bonus token, then the next draft; what it has drafted by the verdict opens the next
+    #: draft when every draft and the guess hold (the requester has a core to spare)
+    overlap: bool = False
 
     def links(self, hops: int) -> int:
         return 2 * hops if self.topology == "client" else hops + 1
@@ -94,11 +111,20 @@ class ChainRun:
         self.fixed_k = k
         self.adaptive = AdaptiveK(k_init=4) if k is None else None
         self.rng = random.Random(seed)
+        #: the lookahead's guesses of the bonus token draw apart, so runs with and without
+        #: overlap see the same drafts kept
+        self.guess_rng = random.Random(seed + 1)
         self.loop = EventLoop()
         self.emitted = self.steps = self.drafted = self.accepted = self.examined = 0
         self.draft: list[int] = []
         self.step_started_us = self.drafted_at_us = 0
         self.end_us = -1
+        #: the last step's lookahead: when it began, how many tokens it drafts, and how many
+        #: of them open the next draft (the verdict left it holding)
+        self.ahead_from_us: int | None = None
+        self.ahead_limit = 0
+        self.ready = 0
+        self.hits = 0
 
     def run(self) -> ChainRun:
         self.loop.at(0, self._step)
@@ -117,11 +143,19 @@ class ChainRun:
         self.draft = [MATCH if self.rng.random() < self.spec.acceptance else MISS
                       for _ in range(k)]
         self.step_started_us = self.loop.now_us
-        self.loop.after(round(k * self.spec.draft_ms * US_PER_MS), self._send, 0)
+        self.loop.after(self._draft_wait_us(k), self._send, 0)
+
+    def _draft_wait_us(self, k: int) -> int:
+        """How long this step waits for its k drafts: those the last step's lookahead had
+        not drafted by its verdict, or all of them."""
+        ready, self.ready = min(k, self.ready), 0
+        return round((k - ready) * self.spec.draft_ms * US_PER_MS)
 
     def _send(self, hop: int) -> None:
         if hop == 0:
             self.drafted_at_us = self.loop.now_us
+            if self.spec.overlap and self.draft:
+                self.ahead_from_us, self.ahead_limit = self.loop.now_us, len(self.draft) + 1
         if hop == len(self.hops):  # the last server answers the requester
             self.loop.after(self._link_us(), self._verify)
         else:
@@ -141,6 +175,14 @@ class ChainRun:
 
     def _verify(self) -> None:
         verdict = accept_greedy(self.draft, [MATCH] * (len(self.draft) + 1))
+        if self.spec.overlap and self.draft and self.spec.draft_ms > 0:
+            d_us = self.spec.draft_ms * US_PER_MS
+            assert self.ahead_from_us is not None
+            drafted = min(self.ahead_limit,
+                          math.floor((self.loop.now_us - self.ahead_from_us) / d_us))
+            guessed = self.guess_rng.random() < self.spec.acceptance  # the bonus token
+            if verdict.accepted == len(self.draft) and drafted >= 1 and guessed:
+                self.ready, self.hits = drafted - 1, self.hits + 1
         self.steps += 1
         self.drafted += len(self.draft)
         self.accepted += verdict.accepted
@@ -163,15 +205,19 @@ class ChainRun:
         return self.end_us / US_PER_MS / self.emitted
 
 
-def step_ms(spec: ChainSpec, hops: list[Hop], speeds: dict[str, float], k: int) -> float:
-    """R(k): one step's expected time with k drafts (no jitter: its mean is added per link)."""
+def step_ms(spec: ChainSpec, hops: list[Hop], speeds: dict[str, float], k: int,
+            acceptance: float) -> float:
+    """R(k): one step's expected time with k drafts (no jitter: its mean is added per link):
+    the chain's links and compute, and the drafting left on the critical path
+    (protocol.inference.speculative.draft_wait_ms)."""
     links = spec.links(len(hops)) * (spec.hop_ms + spec.jitter_ms / 2)
     compute = sum(speeds[h.peer] * (h.end - h.start) for h in hops) * (1 + spec.position_cost * k)
-    return links + k * spec.draft_ms + compute
+    verify = links + compute
+    return verify + draft_wait_ms(k, acceptance, spec.draft_ms, verify, overlap=spec.overlap)
 
 
 def _point(scenario: Scenario, stages: int, spec: ChainSpec, ks: list[int],
-           seed: int) -> list[dict[str, Any]]:
+           overlaps: list[bool], seed: int) -> list[dict[str, Any]]:
     n_blocks = int(workload_value(scenario, "n_blocks", 30))
     replicas = int(workload_value(scenario, "replicas", 2))
     servers = servers_for(stages, n_blocks, replicas, spec.ms_per_block)
@@ -180,21 +226,23 @@ def _point(scenario: Scenario, stages: int, spec: ChainSpec, ks: list[int],
     speeds = {s.peer: s.ms_per_block for s in servers}
     plain = ChainRun(spec, hops, speeds, 0, seed).run().ms_per_token
     rows = []
-    for k in [*ks, None]:
+    for overlap, k in itertools.product(overlaps, [*ks, None]):
+        spec = dataclasses.replace(spec, overlap=overlap)
         run = ChainRun(spec, hops, speeds, k, seed).run()
         row: dict[str, Any] = {
             "stages": stages, "hop_ms": spec.hop_ms, "acceptance": spec.acceptance,
-            "k": "adaptive" if k is None else k, "chain_hops": len(hops),
+            "k": "adaptive" if k is None else k, "overlap": overlap, "chain_hops": len(hops),
             "ms_per_token_plain": plain, "ms_per_token": run.ms_per_token,
             "speedup": plain / run.ms_per_token, "saving_ms": plain - run.ms_per_token,
             "measured_acceptance": run.accepted / run.examined if run.examined else 0.0,
-            "mean_k": run.drafted / run.steps,
+            "mean_k": run.drafted / run.steps, "lookahead_hits": run.hits / run.steps,
         }
         if k is not None and k > 0:
             row["dsd_estimate_ms"] = (stages - 1) * spec.hop_ms * (k - 1) / k
-            row["predicted_saving_ms"] = (step_ms(spec, hops, speeds, 0)
-                                          - step_ms(spec, hops, speeds, k)
-                                          / expected_tokens(row["measured_acceptance"], k))
+            a = row["measured_acceptance"]
+            row["predicted_saving_ms"] = (step_ms(spec, hops, speeds, 0, a)
+                                          - step_ms(spec, hops, speeds, k, a)
+                                          / expected_tokens(a, k))
         rows.append(row)
     return rows
 
@@ -227,8 +275,17 @@ def _grid(scenario: Scenario) -> tuple[list[int], list[float], list[int], list[f
     return stages, _floats(scenario, "hop_ms", [0, 10, 20, 50, 100]), ks, acceptance
 
 
+def _overlaps(scenario: Scenario) -> list[bool]:
+    raw = scenario.sweep.get("overlap", [False, True])
+    if not isinstance(raw, list) or not raw or not all(isinstance(v, bool) for v in raw):
+        raise ScenarioError(f"{scenario.name} [sweep] overlap: expected a list of true/false, "
+                            f"got {raw!r}")
+    return list(dict.fromkeys(raw))
+
+
 def run(scenario: Scenario, progress: Progress) -> Report:
     stages_list, hop_list, ks, acceptance_list = _grid(scenario)
+    overlaps = _overlaps(scenario)
     rows: list[dict[str, Any]] = []
     total = len(stages_list) * len(hop_list) * len(acceptance_list)
     for n_stages in stages_list:
@@ -241,14 +298,15 @@ def run(scenario: Scenario, progress: Progress) -> Report:
                     draft_ms=float(workload_value(scenario, "draft_ms", 14.0)),
                     acceptance=a, tokens=int(workload_value(scenario, "tokens", 256)),
                     topology=_topology(scenario))
-                rows.extend(_point(scenario, n_stages, spec, ks, scenario.seed))
-                progress(len(rows) / (total * (len(ks) + 1)), f"N={n_stages} t1={hop_ms:g} ms")
+                rows.extend(_point(scenario, n_stages, spec, ks, overlaps, scenario.seed))
+                progress(len(rows) / (total * (len(ks) + 1) * len(overlaps)),
+                         f"N={n_stages} t1={hop_ms:g} ms")
     return _report(scenario, rows)
 
 
 def _report(scenario: Scenario, rows: list[dict[str, Any]]) -> Report:
     fixed = [r for r in rows if r["k"] != "adaptive" and r["hop_ms"] > 0]
-    full = [r for r in fixed if r["acceptance"] == 1.0 and r["k"] > 1]
+    full = [r for r in fixed if r["acceptance"] == 1.0 and r["k"] > 1 and not r["overlap"]]
     headline: dict[str, Any] = {
         "points": len(rows),
         # the largest gap between measured and predicted saving, as a share of plain decoding's
@@ -261,7 +319,7 @@ def _report(scenario: Scenario, rows: list[dict[str, Any]]) -> Report:
     }
     for r in rows:
         if r["stages"] == 4 and r["hop_ms"] == 20 and r["acceptance"] == 0.8:
-            key = f"speedup_n4_20ms_a08_k{r['k']}"
+            key = f"speedup_n4_20ms_a08_k{r['k']}" + ("_overlap" if r["overlap"] else "")
             headline[key] = r["speedup"]
     return Report(
         scenario=scenario.as_dict(),
@@ -288,17 +346,19 @@ def _plots(rows: list[dict[str, Any]]) -> list[Plot]:
     mid = sorted({r["stages"] for r in rows})[len({r["stages"] for r in rows}) // 2]
     a_mid = sorted({r["acceptance"] for r in rows})[len({r["acceptance"] for r in rows}) // 2]
     series = []
-    for hop in sorted({r["hop_ms"] for r in rows}):
+    for overlap, hop in itertools.product(sorted({r["overlap"] for r in rows}),
+                                          sorted({r["hop_ms"] for r in rows})):
         pts = [r for r in rows if r["stages"] == mid and r["acceptance"] == a_mid
-               and r["hop_ms"] == hop and r["k"] != "adaptive"]
-        series.append(Series(f"t1 = {hop:g} ms", [float(r["k"]) for r in pts],
-                             [r["speedup"] for r in pts]))
+               and r["hop_ms"] == hop and r["k"] != "adaptive" and r["overlap"] == overlap]
+        series.append(Series(f"t1 = {hop:g} ms" + (", overlap" if overlap else ""),
+                             [float(r["k"]) for r in pts], [r["speedup"] for r in pts]))
     plots.append(Plot("speedup_vs_k", f"Speed-up over plain decoding, N = {mid}, acceptance "
                       f"{a_mid:g}", "drafted tokens k", "speed-up", series, hlines=[("1x", 1.0)]))
     scatter = []
     for n in sorted({r["stages"] for r in rows}):
         pts = sorted((r["dsd_estimate_ms"], r["saving_ms"]) for r in rows
-                     if r["stages"] == n and r["acceptance"] == 1.0 and "dsd_estimate_ms" in r)
+                     if r["stages"] == n and r["acceptance"] == 1.0 and "dsd_estimate_ms" in r
+                     and not r["overlap"])
         scatter.append(Series(f"N = {n}, a = 1", [p[0] for p in pts], [p[1] for p in pts]))
     top = max((s for ser in scatter for s in ser.x), default=1.0)
     scatter.append(Series("measured = DSD estimate", [0.0, top], [0.0, top]))

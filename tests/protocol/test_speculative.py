@@ -9,6 +9,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from protocol.inference.speculative import (
     AdaptiveK,
@@ -18,8 +20,10 @@ from protocol.inference.speculative import (
     accept_mars,
     accept_sampling,
     choose_k,
+    draft_wait_ms,
     expected_tokens,
     margin_ratio,
+    reusable_lookahead,
     sample,
     sample_index,
 )
@@ -235,3 +239,72 @@ def test_adaptive_k_learns_acceptance_and_step_time() -> None:
     assert adaptive.k <= 2 and adaptive.acceptance < 0.05
     with pytest.raises(ValueError, match="bad step"):
         adaptive.observe(drafted=1, accepted=2, draft_ms=0.0, step_ms=1.0, positions=2)
+
+
+def test_choose_k_never_drafts_longer_than_a_step_takes() -> None:
+    # a slow drafter (40 ms a token) on a 100 ms step: at most 2 drafts, however good they are
+    assert choose_k(1.0, 40.0, 100.0, 0.0) == 2
+    assert choose_k(1.0, 40.0, 100.0, 0.0, k_min=4) == 4  # k_min is kept all the same
+    assert choose_k(1.0, 10.0, 100.0, 0.0) == 8
+
+
+@given(a=st.floats(0.0, 1.0), d=st.floats(0.0, 200.0), base=st.floats(0.0, 500.0),
+       per=st.floats(0.0, 50.0), k_min=st.integers(0, 3))
+def test_chosen_drafts_fit_in_their_step(a: float, d: float, base: float, per: float,
+                                         k_min: int) -> None:
+    k = choose_k(a, d, base, per, k_min=k_min)
+    assert k == k_min or d * k <= base + per * (k + 1)
+
+
+# --- drafting while verifying (the lookahead) ---------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("sent", "kept", "ahead", "expected"),
+    [
+        ((4, 5, 6), (4, 5, 6, 7), (7, 8, 9), (8, 9)),  # all kept, bonus guessed: the rest
+        ((4, 5, 6), (4, 5, 6, 7), (7,), ()),  # guessed, nothing drafted past it yet
+        ((4, 5, 6), (4, 5, 6, 1), (7, 8, 9), None),  # the bonus was not the guess
+        ((4, 5, 6), (4, 9), (7, 8, 9), None),  # a draft rejected
+        ((4, 5, 6), (4, 5, 6, 7), (), None),  # the lookahead had not guessed yet
+        ((), (3,), (3, 2), (2,)),  # no draft: the guess of the one token
+    ],
+)
+def test_reusable_lookahead(sent: tuple[int, ...], kept: tuple[int, ...],
+                            ahead: tuple[int, ...], expected: tuple[int, ...] | None) -> None:
+    assert reusable_lookahead(sent, kept, ahead) == expected
+
+
+tokens = st.lists(st.integers(0, 3), max_size=6)
+
+
+@given(sent=tokens, kept=tokens, ahead=tokens)
+def test_a_reused_lookahead_continues_exactly_what_was_emitted(
+        sent: list[int], kept: list[int], ahead: list[int]) -> None:
+    rest = reusable_lookahead(sent, kept, ahead)
+    speculated = sent + ahead
+    holds = len(kept) <= len(speculated) and speculated[:len(kept)] == kept
+    assert (rest is not None) == holds
+    if rest is not None:
+        assert kept + list(rest) == speculated
+
+
+def test_draft_wait_with_and_without_overlap() -> None:
+    assert draft_wait_ms(4, 0.8, 10.0, 100.0, overlap=False) == 40.0
+    # every draft kept and guessed, a verification long enough for the whole next draft
+    assert draft_wait_ms(4, 1.0, 10.0, 100.0, overlap=True) == 0.0
+    # 35 ms of verification: the guess and 2 drafts ready, 2 left
+    assert draft_wait_ms(4, 1.0, 10.0, 35.0, overlap=True) == pytest.approx(20.0)
+    # never kept: no help
+    assert draft_wait_ms(4, 0.0, 10.0, 100.0, overlap=True) == 40.0
+    # a hit with probability 0.8^5 saves the 4 drafts then
+    assert draft_wait_ms(4, 0.8, 10.0, 100.0, overlap=True) == pytest.approx(40 * (1 - 0.8**5))
+    with pytest.raises(ValueError, match="acceptance"):
+        draft_wait_ms(4, 1.2, 10.0, 100.0, overlap=True)
+
+
+@given(k=st.integers(0, 8), a=st.floats(0.0, 1.0), d=st.floats(0.0, 100.0),
+       verify=st.floats(0.0, 1000.0))
+def test_overlap_never_adds_drafting_to_a_step(k: int, a: float, d: float,
+                                               verify: float) -> None:
+    alone = draft_wait_ms(k, a, d, verify, overlap=False)
+    assert 0.0 <= draft_wait_ms(k, a, d, verify, overlap=True) <= alone + 1e-9

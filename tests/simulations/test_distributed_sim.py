@@ -84,3 +84,23 @@ def test_the_client_topology_pays_two_links_per_stage_the_pipeline_one() -> None
         assert c["ms_per_token_plain"] - p["ms_per_token_plain"] == pytest.approx((n - 1) * 20.0)
     with pytest.raises(ScenarioError, match="topology"):
         run_scenario(tiny(workload={"topology": "ring"}))
+
+
+def test_drafting_ahead_while_the_chain_verifies_only_ever_saves() -> None:
+    """The same drafts kept either way (fixed k): the lookahead only removes drafting from
+    steps after a hit, every step's at full acceptance when the chain outlasts the drafts."""
+    rows = _rows(tiny(workload={"draft_ms": 14.0}, sweep={"k": [4], "hop_ms": [20]}))
+    for n in (2, 4):
+        for a in (1.0, 0.7):
+            off, on = (next(r for r in rows if r["stages"] == n and r["acceptance"] == a
+                            and r["k"] == 4 and r["overlap"] is overlap)
+                       for overlap in (False, True))
+            assert on["measured_acceptance"] == off["measured_acceptance"]
+            assert on["ms_per_token"] <= off["ms_per_token"]
+            if a == 1.0:  # every draft kept and guessed: no step after the first drafts
+                assert on["lookahead_hits"] == pytest.approx(1.0)
+                steps = 60 / 5
+                assert off["ms_per_token"] - on["ms_per_token"] == pytest.approx(
+                    (steps - 1) * 4 * 14.0 / 60, rel=0.02)
+    with pytest.raises(ScenarioError, match="overlap"):
+        run_scenario(tiny(sweep={"overlap": ["yes"]}))

@@ -14,11 +14,17 @@
   summaries); it proposes nothing when the suffix never occurred before.
 
 A drafter knows nothing of the target: both must share a tokenizer (the same model family).
+
+:class:`DrafterPool` keeps idle LlamaDrafters of one model between generations: loading one
+took 0.7 s on a busy 2-core machine (5.6 s cold), more than a short generation's drafting, and
+one that stays keeps its cache of the last context, so a prompt seen before is not evaluated
+again.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,3 +159,45 @@ class LlamaDrafter:
 
     def close(self) -> None:
         self.llm.close()
+
+
+#: idle drafters a pool keeps (each holds a llama.cpp context, ~50 MB with its cache)
+MAX_IDLE_DRAFTERS = 2
+
+
+class DrafterPool:
+    """Idle :class:`LlamaDrafter` s of one model, lent out one generation at a time."""
+
+    def __init__(self, model: str | Path | None = None, *, n_threads: int = 0,
+                 keep: int = MAX_IDLE_DRAFTERS) -> None:
+        if keep < 0:
+            raise ValueError(f"keep must be >= 0, got {keep}")
+        self.model, self.n_threads, self.keep = model, n_threads, keep
+        self._idle: list[LlamaDrafter] = []
+        self._lock = threading.Lock()
+
+    def take(self, temperature: float = 0.0) -> LlamaDrafter:
+        """An idle drafter (the one used last first: its cache is the most recent), or a new
+        one, drafting at ``temperature``."""
+        if temperature < 0.0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        with self._lock:
+            drafter = self._idle.pop() if self._idle else None
+        if drafter is None:
+            return LlamaDrafter(self.model, temperature=temperature, n_threads=self.n_threads)
+        drafter.temperature = temperature
+        return drafter
+
+    def give(self, drafter: LlamaDrafter) -> None:
+        """Back into the pool, or closed when the pool holds ``keep`` already."""
+        with self._lock:
+            if len(self._idle) < self.keep:
+                self._idle.append(drafter)
+                return
+        drafter.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for drafter in idle:
+            drafter.close()

@@ -14,6 +14,11 @@ gives neither exactly (see its rule).
 
 Draft lengths: a fixed ``config.k``, or (``k=None``) protocol.inference.speculative's
 AdaptiveK fed with the measured acceptance, drafting time and step times.
+
+Given a second drafter (``lookahead``), ``config.overlap`` (the default) and a deterministic
+draft (greedy or MARS verification), it drafts on while the target verifies each draft, as if
+all of it is kept (models.lookahead): when all of it is kept and the bonus token is its
+guess, what it drafted opens the next draft.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import numpy as np
 
 from models.blocks import Target
 from models.drafters import Draft, Drafter, softmax
+from models.lookahead import Drafting
 from protocol.inference.speculative import (
     MARS_THETA,
     MAX_DRAFT,
@@ -51,6 +57,7 @@ class SpeculativeConfig:
     k_max: int = MAX_DRAFT  # the longest draft the adaptive choice may make
     k_init: int = 4  # the adaptive choice's first draft length
     theta: float = MARS_THETA  # MARS margin: keep a top-2 draft when p2 / p1 > theta
+    overlap: bool = True  # draft on while the target verifies (not with sampled drafts)
 
     def __post_init__(self) -> None:
         if self.temperature <= 0.0:
@@ -71,14 +78,24 @@ class Generation:
     steps: int = 0  # target passes after the prefill
     drafted: int = 0
     accepted: int = 0
-    draft_s: float = 0.0
+    draft_s: float = 0.0  # drafting waited for (not what ran during verification)
+    drafter_ms_per_token: float = 0.0  # the loop's drafter's time per token it drafted
     target_s: float = 0.0  # the prefill and every step
+    prefill_s: float = 0.0
+    examined: int = 0  # drafts checked: the kept ones and each step's first rejected one
+    lookahead_hits: int = 0  # verdicts that left the lookahead's drafts holding
+    lookahead_tokens: int = 0  # tokens the lookahead drafted (used or not)
     wall_s: float = 0.0
     ks: list[int] = field(default_factory=list)  # draft length of each step
 
     @property
     def acceptance_rate(self) -> float:
         return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def position_acceptance(self) -> float:
+        """Kept over examined drafts: the chance a draft is kept, given those before it were."""
+        return self.accepted / self.examined if self.examined else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -168,51 +185,97 @@ def speculative_generate(
     seed: int = 0,
     stop: Sequence[int] = (),
     on_tokens: Callable[[Sequence[int]], bool] | None = None,
+    lookahead: Drafter | None = None,
+    lookahead_idle: bool = True,
+    adaptive: AdaptiveK | None = None,
 ) -> Generation:
     """Generate up to ``max_tokens`` after ``prompt`` (the target's caches must be empty).
 
     ``on_tokens`` is called with every token generated so far each time a step adds some (a
     stream's deltas); when it returns True the generation ends there (a stop string, a
-    client gone)."""
+    client gone). ``lookahead``: a second drafter like ``drafter`` (its own state), for the
+    overlap, at idle priority unless ``lookahead_idle`` is False (models.lookahead says when). ``adaptive``: the draft-length rule to go on with (it keeps learning; with
+    ``config.k`` None), e.g. what an earlier generation over the same chain measured."""
     if not prompt:
         raise ValueError("an empty prompt")
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     rng = random.Random(seed)
-    stops = frozenset(int(t) for t in stop)
-    adaptive = AdaptiveK(k_init=config.k_init, k_max=config.k_max) if config.k is None else None
-    started = time.perf_counter()
-    logits = target.forward(prompt, 0)
-    gen = Generation(tokens=[])
-    gen.target_s = time.perf_counter() - started
-    pending = first_token(logits[-1], config, rng)
-    pos = len(prompt)
-    done = _emit(gen.tokens, [pending], max_tokens, stops)
-    done = bool(on_tokens is not None and on_tokens(gen.tokens)) or done
-    while not done:
-        k = 0 if drafter is None else (adaptive.k if adaptive is not None else config.k or 0)
-        k = min(k, max_tokens - len(gen.tokens) - 1)  # never draft past the budget
-        t0 = time.perf_counter()
-        draft = drafter.draft([*prompt, *gen.tokens], k, rng) if drafter and k > 0 else Draft(())
-        t1 = time.perf_counter()
-        rows = target.forward([pending, *draft.tokens], pos)  # (1 + len(draft), V)
-        t2 = time.perf_counter()
-        verdict = verify(draft, rows, config, rng)
-        if verdict.accepted < len(draft.tokens):
-            target.rollback(pos + 1 + verdict.accepted)
-        pos += 1 + verdict.accepted
-        pending = verdict.tokens[-1]
+    overlap = config.overlap and config.rule is not Rule.SAMPLING
+    drafting = None if drafter is None else Drafting(
+        drafter, rng, lookahead if overlap else None, idle=lookahead_idle)
+    try:
+        loop = _Loop(target, list(prompt), max_tokens, config, rng,
+                     frozenset(int(t) for t in stop), on_tokens, drafting, adaptive)
+        return loop.run()
+    finally:
+        if drafting is not None:
+            drafting.close()
+
+
+class _Loop:
+    """One generation's decoding loop (see speculative_generate)."""
+
+    def __init__(self, target: Target, prompt: list[int], max_tokens: int,
+                 config: SpeculativeConfig, rng: random.Random, stops: frozenset[int],
+                 on_tokens: Callable[[Sequence[int]], bool] | None,
+                 drafting: Drafting | None, adaptive: AdaptiveK | None) -> None:
+        self.target, self.prompt, self.max_tokens = target, prompt, max_tokens
+        self.config, self.rng, self.stops, self.on_tokens = config, rng, stops, on_tokens
+        self.drafting = drafting
+        self.adaptive = None if config.k is not None else (
+            adaptive or AdaptiveK(k_init=config.k_init, k_max=config.k_max))
+        self.gen = Generation(tokens=[])
+
+    def _emit(self, new: Sequence[int]) -> bool:
+        done = _emit(self.gen.tokens, new, self.max_tokens, self.stops)
+        return bool(self.on_tokens is not None and self.on_tokens(self.gen.tokens)) or done
+
+    def run(self) -> Generation:
+        gen, target, drafting = self.gen, self.target, self.drafting
+        started = time.perf_counter()
+        logits = target.forward(self.prompt, 0)
+        gen.target_s = gen.prefill_s = time.perf_counter() - started
+        pending = first_token(logits[-1], self.config, self.rng)
+        pos = len(self.prompt)
+        done = self._emit([pending])
+        while not done:
+            k = 0 if drafting is None else (
+                self.adaptive.k if self.adaptive is not None else self.config.k or 0)
+            k = min(k, self.max_tokens - len(gen.tokens) - 1)  # never draft past the budget
+            context = [*self.prompt, *gen.tokens]
+            t0 = time.perf_counter()
+            draft = drafting.next(context, k) if drafting is not None else Draft(())
+            t1 = time.perf_counter()
+            if drafting is not None:
+                drafting.look_ahead([*context, *draft.tokens], len(draft.tokens))
+            rows = target.forward([pending, *draft.tokens], pos)  # (1 + len(draft), V)
+            t2 = time.perf_counter()
+            verdict = verify(draft, rows, self.config, self.rng)
+            if verdict.accepted < len(draft.tokens):
+                target.rollback(pos + 1 + verdict.accepted)
+            if drafting is not None:
+                drafting.settle(draft.tokens, verdict.tokens)
+            self._record(draft, verdict, t1 - t0, t2 - t1)
+            pos += 1 + verdict.accepted
+            pending = verdict.tokens[-1]
+            done = self._emit(verdict.tokens)
+        gen.wall_s = time.perf_counter() - started
+        if drafting is not None:
+            gen.drafter_ms_per_token = drafting.ms_per_token
+            gen.lookahead_hits, gen.lookahead_tokens = drafting.hits, drafting.ahead_tokens
+        return gen
+
+    def _record(self, draft: Draft, verdict: Verdict, waited_s: float, step_s: float) -> None:
+        gen, n = self.gen, len(draft.tokens)
         gen.steps += 1
-        gen.drafted += len(draft.tokens)
+        gen.drafted += n
         gen.accepted += verdict.accepted
-        gen.draft_s += t1 - t0
-        gen.target_s += t2 - t1
-        gen.ks.append(len(draft.tokens))
-        if adaptive is not None and draft.tokens:
-            adaptive.observe(drafted=len(draft.tokens), accepted=verdict.accepted,
-                             draft_ms=(t1 - t0) * 1000, step_ms=(t2 - t1) * 1000,
-                             positions=1 + len(draft.tokens))
-        done = _emit(gen.tokens, verdict.tokens, max_tokens, stops)
-        done = bool(on_tokens is not None and on_tokens(gen.tokens)) or done
-    gen.wall_s = time.perf_counter() - started
-    return gen
+        gen.examined += min(verdict.accepted + 1, n)
+        gen.draft_s += waited_s
+        gen.target_s += step_s
+        gen.ks.append(n)
+        if self.adaptive is not None and n:
+            self.adaptive.observe(drafted=n, accepted=verdict.accepted,
+                                  draft_ms=waited_s * 1000, step_ms=step_s * 1000,
+                                  positions=1 + n)

@@ -20,7 +20,11 @@ links a step) unless named ``direct`` (the requester sends to each stage in turn
   step; greedy verification: the output must stay identical) over tokens/s without;
   ``mean_k`` is the mean draft length. ``mars_speedup_20ms`` is the same with MARS
   verification (not exact; theta 0.9). ``acceptance_rate``: drafts kept / drafted in the
-  greedy speculative run.
+  greedy speculative run; ``position_acceptance``: kept / examined (a step examines its kept
+  drafts and the first rejected one); ``draft_ms_per_token``: the requester's drafter's time
+  per token it drafted, beside the stages; ``draft_s``: the drafting the steps waited for;
+  ``lookahead_hits``: steps whose draft a lookahead (drafting while the chain verified)
+  began (each with a ``_mars`` twin).
 * Without ``--quick`` the same chains also run the direct way: ``overhead_ratio_2_direct``,
   ``overhead_ratio_4_direct``, ``tokens_per_s_chain4_20ms_direct`` and
   ``dsd_speedup_20ms_direct`` (speculative over plain, both direct).
@@ -197,12 +201,22 @@ def _latency_runs(net: Swarm, reference: list[int], max_tokens: int, outputs: di
                                                  / base, 3)
             figures["acceptance_rate_mars"] = best["_mars"].get("acceptance_rate")
             figures["mean_k_mars"] = best["_mars"].get("mean_k")
+            figures.update(_drafting(best["_mars"], "_mars"))
             figures["mars_tokens_equal_greedy"] = all(a["tokens"] == reference
                                                       for a in runs["_mars"])
         if not way:
             figures["acceptance_rate"] = best["_spec"].get("acceptance_rate")
             figures["mean_k"] = best["_spec"].get("mean_k")
+            figures.update(_drafting(best["_spec"], ""))
     return figures
+
+
+def _drafting(answer: dict[str, Any], suffix: str) -> dict[str, Any]:
+    """How a speculative run drafted: drafts kept given the ones before them were, the
+    drafter's time per token beside the stages, the drafting the steps waited for, and the
+    steps the lookahead (drafting during verification) began."""
+    return {f"{key}{suffix}": answer.get(key) for key in (
+        "position_acceptance", "draft_ms_per_token", "draft_s", "lookahead_hits")}
 
 
 def _recovery(net: Swarm, reference: list[int], max_tokens: int, outputs: dict[str, bool],

@@ -5,7 +5,9 @@ The requester holds the model's embedding, final norm and output head (models.bl
 and its tokenizer; the blocks are the servers'. A generation opens a chain
 (node/inference/client.py), decodes in a worker thread through the chain as a ``Target``
 (models.speculative: plain decoding, or speculative decoding with a local drafter) and reports
-what it measured. Servers that failed the chain are left out of new plans for ``EXCLUDE_MS``.
+what it measured. Drafters stay loaded between generations (models.drafters.DrafterPool), and
+so does what each chain's draft-length rule learned (its AdaptiveK, per rule and route): the
+next generation over the same chain starts from the acceptance and step times it measured. Servers that failed the chain are left out of new plans for ``EXCLUDE_MS``.
 Measured round trips (a hop's time minus its compute) feed the routing.
 
 How tokens are chosen (:class:`Decoding`): temperature 0 is greedy decoding (drafts verified
@@ -21,6 +23,7 @@ completes a stop string (the text keeps the stop string; the API cuts it where i
 from __future__ import annotations
 
 import atexit
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -29,6 +32,7 @@ import trio
 
 from models.backend import Message, render_chat
 from models.blocks import Head, load_head
+from models.drafters import DrafterPool
 from node.inference.client import Chain, ChainError, ChainTarget, Directory
 from node.inference.decoding import Decoding, OnText, stop_length
 
@@ -37,6 +41,8 @@ RTT_ALPHA = 0.3
 #: special tokens that end a chat turn, besides the model's end-of-sequence token (as the
 #: executor's models.llama_backend stops at them)
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>")
+#: draft-length rules kept (one per rule, longest draft and route), the oldest dropped first
+MAX_ADAPTIVE = 16
 
 
 class Requester:
@@ -55,6 +61,9 @@ class Requester:
             if len(ids) == 1:
                 ends.add(int(ids[0]))
         self.end_ids = frozenset(ends)
+        self.drafters = DrafterPool(service.model_path)
+        self._adaptive: dict[tuple[str, int, tuple[str, ...]], Any] = {}
+        self._lock = threading.Lock()
 
     @classmethod
     def load(cls, service: Any) -> Requester:
@@ -64,7 +73,13 @@ class Requester:
         tokenizer = llama_cpp.Llama(model_path=str(service.model_path), vocab_only=True,
                                     verbose=False)
         atexit.register(tokenizer.close)  # its finalizer can hang or fail at interpreter exit
-        return cls(service, head, tokenizer)
+        requester = cls(service, head, tokenizer)
+        atexit.register(requester.drafters.close)
+        # the drafter and the lookahead's, loaded now rather than in the first generation
+        drafters = [requester.drafters.take() for _ in range(2)]
+        for drafter in drafters:
+            requester.drafters.give(drafter)
+        return requester
 
     def _piece(self, token: int) -> str:
         if token < 0:
@@ -122,6 +137,7 @@ class Requester:
         started = time.perf_counter()
         try:
             await chain.open()
+            open_s = time.perf_counter() - started
             route = chain.route
             target = ChainTarget(self.head, chain)
             out = await trio.to_thread.run_sync(self._decode, target, ids, decoding, on_text)
@@ -137,7 +153,7 @@ class Requester:
         wall = time.perf_counter() - started
         tokens = out["tokens"]
         return {**out, "prompt_ids": ids, "prompt_tokens": len(ids),
-                "wall_s": round(wall, 3),
+                "wall_s": round(wall, 3), "open_s": round(open_s, 3),
                 "tokens_per_s": round(len(tokens) / wall, 3) if wall > 0 else 0.0,
                 "chain": [{"peer": p, "start": a, "end": b} for p, a, b in route],
                 "final_chain": [{"peer": p, "start": a, "end": b} for p, a, b in final],
@@ -170,22 +186,48 @@ class Requester:
                 halt = bool(trio.from_thread.run_sync(on_text, text, len(kept))) or halt
             return halt
 
-        drafter = None
-        if d.speculative:
-            from models.drafters import LlamaDrafter
-
-            drafter = LlamaDrafter(self.service.model_path, temperature=d.temperature)
-        try:
-            gen = speculative_generate(target, ids, d.max_tokens, drafter, config, seed=d.seed,
+        if not d.speculative:
+            gen = speculative_generate(target, ids, d.max_tokens, None, config, seed=d.seed,
                                        stop=sorted(self.end_ids), on_tokens=on_tokens)
+        else:
+            gen = self._speculate(target, ids, d, config, on_tokens)
+        return self._ending(list(gen.tokens), d) | _measured(gen, d, rule.value)
+
+    def _speculate(self, target: ChainTarget, ids: list[int], d: Decoding, config: Any,
+                   on_tokens: Any) -> Any:
+        """speculative_generate with drafters from the pool (a second one for the lookahead
+        when drafts are deterministic) and the draft-length rule this route left."""
+        from models.speculative import speculative_generate
+        from protocol.inference.speculative import AdaptiveK, Rule
+
+        route = target.chain.route if isinstance(target, ChainTarget) else []
+        key = (config.rule.value, config.k_max, tuple(p for p, _, _ in route))
+        with self._lock:
+            adaptive = self._adaptive.pop(key, None)
+        adaptive = adaptive or AdaptiveK(k_init=config.k_init, k_max=config.k_max)
+        drafters = [self.drafters.take(d.temperature)]
+        if config.rule is not Rule.SAMPLING and self.service.section.lookahead:
+            drafters.append(self.drafters.take(0.0))
+        finished = False
+        try:
+            gen = speculative_generate(target, ids, d.max_tokens, drafters[0], config,
+                                       seed=d.seed, stop=sorted(self.end_ids),
+                                       on_tokens=on_tokens, adaptive=adaptive,
+                                       lookahead=drafters[1] if len(drafters) > 1 else None,
+                                       # idle beside this node's own stage, if it serves one
+                                       lookahead_idle=self.service.host is not None)
+            finished = True
         finally:
-            if drafter is not None:
-                drafter.close()  # its llama.cpp context, not left to the garbage collector
-        return self._ending(list(gen.tokens), d) | {
-            "speculative": d.speculative, "rule": rule.value, "temperature": d.temperature,
-            "top_p": d.top_p, "seed": d.seed,
-            "acceptance_rate": round(gen.acceptance_rate, 4) if d.speculative else None,
-            "steps": gen.steps, "mean_k": round(gen.drafted / gen.steps, 2) if gen.steps else 0.0}
+            for drafter in drafters:  # one a failure left mid-way is not lent again
+                if finished:
+                    self.drafters.give(drafter)
+                else:
+                    drafter.close()
+        with self._lock:
+            self._adaptive[key] = adaptive
+            while len(self._adaptive) > MAX_ADAPTIVE:
+                self._adaptive.pop(next(iter(self._adaptive)))
+        return gen
 
     def _ending(self, tokens: list[int], d: Decoding) -> dict[str, Any]:
         """The generated tokens up to where generation ends, their text and finish reason."""
@@ -199,3 +241,23 @@ class Requester:
             finish = "stop"
         return {"tokens": tokens, "completion_tokens": len(text_ids),
                 "text": self.detokenize(text_ids), "finish_reason": finish}
+
+
+def _measured(gen: Any, d: Decoding, rule: str) -> dict[str, Any]:
+    """What a generation (models.speculative.Generation) measured, for its answer."""
+    spec = bool(d.speculative)
+    return {
+        "speculative": d.speculative, "rule": rule, "temperature": d.temperature,
+        "top_p": d.top_p, "seed": d.seed,
+        # drafts kept over drafts made, and over drafts examined (the kept ones and each
+        # step's first rejected one: the chance a draft is kept given those before it were)
+        "acceptance_rate": round(gen.acceptance_rate, 4) if spec else None,
+        "position_acceptance": round(gen.position_acceptance, 4) if spec else None,
+        "steps": gen.steps, "mean_k": round(gen.drafted / gen.steps, 2) if gen.steps else 0.0,
+        "draft_lengths": list(gen.ks),
+        "prefill_s": round(gen.prefill_s, 3), "target_s": round(gen.target_s, 3),
+        # drafting the loop waited for; the drafter's time per token it drafted (its speed
+        # beside the chain's stages); steps whose draft the lookahead began, its tokens
+        "draft_s": round(gen.draft_s, 3),
+        "draft_ms_per_token": round(gen.drafter_ms_per_token, 2) if spec else None,
+        "lookahead_hits": gen.lookahead_hits, "lookahead_tokens": gen.lookahead_tokens}

@@ -79,6 +79,9 @@ class InferenceSection:
     auto_max_blocks: int = 0
     #: torch threads for the stage and a requester's head (0 = torch's default)
     threads: int = 0
+    #: a requester's speculative chains draft ahead while the chain verifies (a second drafter
+    #: on a thread of its own, models.lookahead), with greedy and MARS verification
+    lookahead: bool = True
 
     def __post_init__(self) -> None:
         if self.precision not in ("f16", "f32"):

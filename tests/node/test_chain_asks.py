@@ -24,6 +24,7 @@ from models.blocks import LocalTarget, greedy  # noqa: E402
 from node.api.openai_routes import streamable  # noqa: E402
 from node.inference.decoding import Decoding, stop_length  # noqa: E402
 from node.inference.requester import Requester  # noqa: E402
+from node.inference.service import InferenceSection  # noqa: E402
 from node.market.ask_request import AskError, parse_ask  # noqa: E402
 from node.market.chain_asks import ChainAsks, interrupted  # noqa: E402
 from node.market.requester import TasksSection  # noqa: E402
@@ -47,7 +48,8 @@ class LocalRequester(Requester):
         import llama_cpp
 
         tokenizer = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-        super().__init__(SimpleNamespace(model_path=path), None, tokenizer)  # type: ignore[arg-type]
+        service = SimpleNamespace(model_path=path, section=InferenceSection(), host=None)
+        super().__init__(service, None, tokenizer)  # type: ignore[arg-type]
         self.path, self.fail = path, fail
 
     async def complete(self, ids: list[int], decoding: Decoding,

@@ -132,12 +132,13 @@ class InferenceService(NurseryService):
 
     async def start(self) -> None:
         try:
-            from models.gguf_torch import llama_config, read_gguf
+            # the metadata alone: importing torch and transformers for it took most of every
+            # daemon's start (13-50 s on a loaded machine); a stage server loads them in _serve
+            from models.gguf_reader import llama_block_count
             from models.registry import resolve
 
             info = resolve(self.section.model or None)
-            meta, tensors = read_gguf(info.path)
-            self.n_blocks = int(llama_config(info.path, meta, tensors).num_hidden_layers)
+            self.n_blocks = llama_block_count(info.path)
         except Exception as exc:  # no models extra, or no such model: serve and ask nothing
             self.problem = f"no model for inference: {exc}"
             self.ctx.log.warning("inference.no_model", error=str(exc))

@@ -21,7 +21,9 @@ version, decoding), keyed by the envelope object, then by its value. Checks that
 signer, clock, replay, quota) still run on every node.
 
 Also shared: ``protocol.relay.striping.build_striped_plan`` (every node of a relay computes
-the same plan from the same manifest; the plan is frozen and only read).
+the same plan from the same manifest; the plan is frozen and only read) and
+``protocol.relay.transfer.chunk_indices`` (each node's map from chunk hash to indices, only
+read: at 10,000 nodes and 512 chunks, one copy instead of 10,000).
 
 Also shared: the immutable tuples a ledger state keeps per item (``held_attestation``,
 ``attestation_expiry``, ``record_expiry`` in protocol.ledger.state: made of their arguments,
@@ -48,6 +50,7 @@ from protocol.ledger import records as ledger_records
 from protocol.ledger import state as ledger_state
 from protocol.ledger.messages import LedgerDigest
 from protocol.relay import striping as relay_striping
+from protocol.relay import transfer as relay_transfer
 
 #: distinct argument tuples remembered per function; the oldest are forgotten first
 CACHE_ENTRIES = 1 << 17
@@ -161,6 +164,7 @@ _PROTOCOL_FUNCTIONS: tuple[tuple[str, Callable[..., Any]], ...] = (
     ("record_expiry", ledger_state.record_expiry),
     ("bucket_digest", ledger_state.bucket_digest),
     ("build_striped_plan", relay_striping.build_striped_plan),
+    ("chunk_indices", relay_transfer.chunk_indices),
 )
 #: of those, the ones whose first argument is an immutable object handed around as is
 _BY_IDENTITY = (ledger_records.envelope_hash, ledger_records._open)

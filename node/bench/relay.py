@@ -41,6 +41,9 @@ FULL = (7, 256, 64, 5, 1024, (256, 1024, 4096))
 QUICK = (3, 16, 8, 4, 256, (256, 1024))
 #: bound on one phase
 PHASE_TIMEOUT_S = 600.0
+#: bound on a daemon's start (it loads its model first): under load 25 on this 2-core machine
+#: the publisher took over the testnet's default minute to be ready
+START_TIMEOUT_S = 300.0
 POLL_S = 0.1
 #: every this many polls of the publisher, the recipients still missing are asked directly
 DIRECT_POLL_EVERY = 20
@@ -61,10 +64,10 @@ def run(quick: bool) -> dict[str, Any]:
         base = Path(tmp)
         net = LocalTestnet(base / "net", network_id="benchrelay", config=FAST_MEMBERSHIP)
         try:
-            pub = net.start("pub")
+            pub = net.start("pub", timeout_s=START_TIMEOUT_S)
             others = [net.start(f"p{i}", bootstrap=[pub], wait=False) for i in range(peers)]
             for node in others:
-                node.wait_ready()
+                node.wait_ready(START_TIMEOUT_S)
             net.wait_all_connected(120)
             idle = [_rss_mib(n, "VmRSS") for n in [pub, *others]]
             bench = _Bench(pub, others, base, mib << 20)

@@ -93,7 +93,7 @@ from protocol.relay.manifest import (
 )
 from protocol.relay.plan import MAX_FANOUT
 from protocol.relay.striping import DEFAULT_STRIPES, MAX_STRIPES, build_striped_plan
-from protocol.relay.transfer import Transfer, TransferState, manifest_event
+from protocol.relay.transfer import Transfer, TransferState, chunk_indices, manifest_event
 
 DEFAULT_WINDOW = 8
 KEEP_VERSIONS = 2
@@ -307,8 +307,7 @@ class RelayMachine(RelayFetcher):
         )
         t = Transfer(manifest=manifest, plan=plan, state=state, have=bytearray(manifest.chunks))
         t.stripe_have = [0] * plan.stripes
-        for i, h in enumerate(manifest.chunk_hashes):
-            t.by_hash.setdefault(h, []).append(i)
+        t.by_hash = chunk_indices(manifest.chunk_hashes)
         # ascending: each stripe's list is already a heap
         t.pending = [list(range(k, manifest.chunks, plan.stripes)) for k in range(plan.stripes)]
         self._supersede(manifest, out)

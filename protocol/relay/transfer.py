@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Set
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from protocol.errors import LocalProtocolError
@@ -75,7 +75,8 @@ class Transfer:
     waiting: dict[int, list[str]] = field(default_factory=dict)
     queued: Counter[str] = field(default_factory=Counter)
     served: Counter[str] = field(default_factory=Counter)
-    by_hash: dict[bytes, list[int]] = field(default_factory=dict)
+    #: chunk hash -> the indices that carry it (``chunk_indices``; read only)
+    by_hash: Mapping[bytes, tuple[int, ...]] = field(default_factory=dict)
     #: chunks held by other peers, from their RelayProgress gossip
     progress: dict[str, int] = field(default_factory=dict)
     reported: int = 0
@@ -103,7 +104,7 @@ class Transfer:
             )
         self.state = new
 
-    def mark_present(self, indices: Set[int] | list[int], out: list[Effect] | None = None) -> None:
+    def mark_present(self, indices: Iterable[int], out: list[Effect] | None = None) -> None:
         """Record chunks as held; peers waiting for them are served (into ``out``, if given)."""
         for index in indices:
             if 0 <= index < len(self.have) and not self.have[index]:
@@ -125,6 +126,16 @@ class Transfer:
             self.waiting[index] = [p for p in self.waiting[index] if p != peer]
             if not self.waiting[index]:
                 del self.waiting[index]
+
+
+def chunk_indices(hashes: tuple[bytes, ...]) -> dict[bytes, tuple[int, ...]]:
+    """Each distinct chunk hash -> the indices that carry it, ascending (equal chunks are
+    fetched once). A pure function of the manifest, read only once made: the simulator shares
+    one copy among all its nodes (simulations/memo.py)."""
+    out: dict[bytes, list[int]] = {}
+    for i, h in enumerate(hashes):
+        out.setdefault(h, []).append(i)
+    return {h: tuple(ix) for h, ix in out.items()}
 
 
 def manifest_event(event: str, manifest: Manifest, **fields: object) -> Emit:

@@ -34,6 +34,7 @@ by side, and the same for every goal run.
 "striped"]), ``chunk_mib`` ([1, 4, 16, 64]), ``chunk_nodes`` (100), ``star_max_nodes`` (30),
 ``goal_nodes`` (300).
 With ``--nodes`` only ``plan`` and ``striped`` run, at that N, without the chunk sweep.
+simulations/scenarios/relay-10k.toml runs the equal-link case at 10,000 peers.
 """
 
 from __future__ import annotations

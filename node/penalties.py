@@ -85,6 +85,7 @@ class PenaltyBook:
         record.total += points
         record.reasons.append(reason)
         if record.score >= PENALTY_BAN_THRESHOLD and not self.is_banned(peer, now):
+            self._forget_expired(now)
             self.banned_until[peer] = now + BAN_MS
             record.score = 0.0
             return True
@@ -103,14 +104,25 @@ class PenaltyBook:
             return False
         return True
 
+    def banned_count(self, now: int) -> int:
+        return sum(1 for u in self.banned_until.values() if u > now)
+
     def status(self, now: int) -> dict[str, Any]:
-        """Bans, and the ``STATUS_LISTED`` highest scores with their reasons (an attacker
-        with many keys must not make ``/status`` megabytes long)."""
+        """The ``STATUS_LISTED`` latest bans (seconds left) and highest scores with their
+        reasons, and how many of each there are: an attacker with many keys must not make
+        ``/status`` megabytes long."""
         listed = sorted(self.records.items(), key=lambda item: -item[1].score)[:STATUS_LISTED]
+        bans = sorted(((u, p) for p, u in self.banned_until.items() if u > now), reverse=True)
         return {
             "penalized_peers": len(self.records),
             "penalties": {p: {"score": round(r.score, 1), "total": r.total,
                               "reasons": list(r.reasons)} for p, r in listed},
-            "banned": {p: round((u - now) / 1000, 1) for p, u in self.banned_until.items()
-                       if u > now},
+            "banned_peers": len(bans),
+            "banned": {p: round((u - now) / 1000, 1) for u, p in bans[:STATUS_LISTED]},
         }
+
+    def _forget_expired(self, now: int) -> None:
+        """Drop the bans that have run out (a banned key that never returns is not looked up
+        again, so without this each would be kept for the life of the process)."""
+        for peer in [p for p, u in self.banned_until.items() if u <= now]:
+            del self.banned_until[peer]

@@ -185,7 +185,7 @@ class _StateCollector(Collector):
         membership = driver.services.get("membership")
         known = membership.status().get("known_peers", 0) if membership is not None else 0
         yield _gauge("peers_known", known)
-        yield _gauge("peers_banned", len(driver.penalties.status(now)["banned"]))
+        yield _gauge("peers_banned", driver.penalties.banned_count(now))
         events = CounterMetricFamily(f"{PREFIX}_driver_events", METRICS["driver_events"][2],
                                      labels=["event"])
         for event, count in sorted(driver.counters.items()):

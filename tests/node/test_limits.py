@@ -124,3 +124,20 @@ def test_status_lists_the_highest_penalty_scores_only() -> None:
     assert len(status["penalties"]) == STATUS_LISTED
     assert min(r["score"] for r in status["penalties"].values()) >= \
         sorted(1 + n % 90 for n in range(STATUS_LISTED + 50))[50]
+
+
+def test_status_lists_the_latest_bans_only_and_expired_bans_are_forgotten() -> None:
+    from node.penalties import BAN_MS, STATUS_LISTED, PenaltyBook
+
+    book = PenaltyBook()
+    keys = STATUS_LISTED + 30  # an attacker with many keys, each banned in turn
+    for n in range(keys):
+        assert book.add(f"peer-{n}", "flood", PENALTY_BAN_THRESHOLD, now=n)
+    status = book.status(keys)
+    assert status["banned_peers"] == keys
+    assert set(status["banned"]) == {f"peer-{n}" for n in range(30, keys)}  # the latest
+    # once they have run out, the next ban forgets them: the table does not grow for ever
+    later = keys + BAN_MS
+    assert book.add("fresh", "flood", PENALTY_BAN_THRESHOLD, now=later)
+    assert list(book.banned_until) == ["fresh"]
+    assert book.status(later)["banned_peers"] == book.banned_count(later) == 1

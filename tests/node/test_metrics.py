@@ -67,6 +67,10 @@ class _DriverDouble:
         def status(now: int) -> dict[str, Any]:
             return {"penalties": {}, "banned": {"peer-x": 12.0}}
 
+        @staticmethod
+        def banned_count(now: int) -> int:
+            return 1
+
 
 def test_observed_events_become_parseable_metrics() -> None:
     metrics = NodeMetrics(_DriverDouble(), {"peer_id": "p", "network_id": "n", "version": "v"})

@@ -592,4 +592,5 @@ def test_penalty_scores_decay_and_the_book_stays_bounded() -> None:
     assert not book.is_banned("p", now=10 * 60_000 + BAN_MS)
     for i in range(MAX_PENALIZED_PEERS + 10):
         book.add(f"q{i}", "x", 1, now=0)
-    assert len(book.records) == MAX_PENALIZED_PEERS
+    # full: an eighth of the records (the lowest scores) is forgotten to make room
+    assert MAX_PENALIZED_PEERS * 7 // 8 <= len(book.records) <= MAX_PENALIZED_PEERS

@@ -141,3 +141,22 @@ def test_status_lists_the_latest_bans_only_and_expired_bans_are_forgotten() -> N
     assert book.add("fresh", "flood", PENALTY_BAN_THRESHOLD, now=later)
     assert list(book.banned_until) == ["fresh"]
     assert book.status(later)["banned_peers"] == book.banned_count(later) == 1
+
+
+def test_an_attacker_past_the_record_cap_cannot_push_out_its_own_keys_records() -> None:
+    """Thousands of keys banned already, and banned keys whose frames in flight kept
+    costing points: eight fresh keys faulting in turn must each still be banned at 100."""
+    from node.penalties import MAX_PENALIZED_PEERS
+
+    book = PenaltyBook()
+    for n in range(MAX_PENALIZED_PEERS):
+        assert book.add(f"old-{n}", "undecodable", PENALTY_BAN_THRESHOLD, now=0)
+        book.add(f"old-{n}", "undecodable", 50, now=0)  # in flight after its ban: nothing
+    assert book.score("old-0") == 0.0
+    banned = set()
+    for _ in range(10):
+        for key in range(8):  # round robin, as concurrent attackers interleave
+            if book.add(f"new-{key}", "undecodable", 10, now=1):
+                banned.add(key)
+    assert banned == set(range(8))
+    assert len(book.records) <= MAX_PENALIZED_PEERS

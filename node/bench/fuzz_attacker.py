@@ -6,8 +6,9 @@ Two requests:
 * ``{"discover": true, ...}``: dial the daemon, ask its identify (``/ipfs/id/1.0.0``) which
   protocols it serves, and print ``{"protocols": [...]}``: the bench attacks what the daemon
   says it serves, as an attacker would, so a protocol added to the daemon is attacked too;
-* otherwise an attack on ``protocol_id``: for each attack kind, frames are written until
-  ``frames_per_kind`` are sent or ``kind_time_s`` has passed; printed per kind: the frames
+* otherwise an attack on ``protocol_id``: for each attack kind in turn, frames are written
+  until its share of ``frames_total`` is sent (:func:`kind_share`: an even share of what
+  the kinds before it left) or ``kind_time_s`` has passed; printed per kind: the frames
   written, the identities used, for each identity the daemon banned how many frames it had
   written when the ban was seen, and identities refused at the dial.
 
@@ -340,6 +341,13 @@ async def _identities(config: dict[str, Any], kind: _Kind, bans: BanWatch,
         kind.result.refused += how == "refused"
 
 
+def kind_share(total: int, sent: int, kinds_left: int) -> int:
+    """The frames the next kind may send: an even share of what the kinds before it left of
+    ``total`` (a kind the daemon bans at its first frames leaves most of its share to the
+    kinds after it)."""
+    return max(1, (total - sent) // max(1, kinds_left))
+
+
 async def attack(config: dict[str, Any]) -> dict[str, Any]:
     rng = random.Random(config["seed"])
     attacker = Identity.from_seed(rng.randbytes(32))
@@ -348,17 +356,19 @@ async def attack(config: dict[str, Any]) -> dict[str, Any]:
     identities = int(config["identities"])
     bans = BanWatch(config["api_url"])
     out: dict[str, Any] = {}
+    sent = 0
     async with trio.open_nursery() as background:
         background.start_soon(bans.run)
-        for name in config["kinds"]:
+        for i, name in enumerate(config["kinds"]):
             now = trio.current_time()
-            kind = _Kind(name, target, int(config["frames_per_kind"]),
-                         now + float(config["kind_time_s"]), now)
+            share = kind_share(int(config["frames_total"]), sent, len(config["kinds"]) - i)
+            kind = _Kind(name, target, share, now + float(config["kind_time_s"]), now)
             async with trio.open_nursery() as verdicts:
                 for _ in range(identities):
                     verdicts.start_soon(_identities, config, kind, bans,
                                         random.Random(rng.random()), verdicts)
             result = kind.result
+            sent += result.frames
             result.elapsed_s = round(trio.current_time() - now, 2)
             result.frames_per_s = round(result.frames / max(result.elapsed_s, 1e-3), 1)
             out[name] = result.__dict__

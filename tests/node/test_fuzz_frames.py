@@ -43,3 +43,15 @@ def test_every_kind_makes_frames_for_every_protocol(protocol_id: str) -> None:
     if target.framing == "framed":  # a 4-byte length that tells the truth, but for bad_length
         body = MAKERS["random"](target, rng)
         assert int.from_bytes(body[:4], "big") == len(body) - 4
+
+
+def test_a_kind_banned_at_once_leaves_its_share_to_the_kinds_after_it() -> None:
+    from node.bench.fuzz_attacker import kind_share
+
+    total, sent, shares = 100_000, 0, []
+    for i, frames_sent in enumerate([900, 40, None, None, None]):  # bad_length, oversized, ...
+        share = kind_share(total, sent, 5 - i)
+        shares.append(share)
+        sent += share if frames_sent is None else frames_sent
+    assert shares == [20_000, 24_775, 33_020, 33_020, 33_020]
+    assert sent == total  # what the first two left unsent went to the three after them

@@ -152,7 +152,7 @@ class StreamGuard:
                 return
             self._per_peer[peer] += 1
             try:
-                await inner(net_stream)
+                await _until_connection_closed(net_stream, inner)
             except Exception as exc:
                 await self._failed(net_stream, peer, _protocol_of(net_stream), exc, ours=False)
             finally:
@@ -229,6 +229,32 @@ class StreamGuard:
             self._repeats.note(("ours", f"{protocol} {type(exc).__name__}"), self._now_ms(),
                                "transport.handler_failed", protocol=protocol, peer=peer,
                                error=repr(exc)[:200], exc_info=exc)
+
+
+async def _until_connection_closed(net_stream: INetStream, inner: Handler) -> None:
+    """``inner(net_stream)``, cancelled if the stream's connection closes first.
+
+    py-libp2p 0.8.1: a handler blocked in ``Yamux.read_stream`` (waiting on the stream's
+    event) is not always woken when the connection closes (``Yamux.close`` sets the events of
+    the streams it still tracks, and a stream reset just before is no longer tracked): the
+    handler waited for ever and kept the closed connection's whole object graph alive (about
+    60 KiB per attacker key in the fuzz bench, where every key's gossip stream stayed
+    blocked). The connection's own ``event_closed`` ends the handler instead."""
+    closed = getattr(net_stream.muxed_conn, "event_closed", None)
+    if closed is None:
+        await inner(net_stream)
+        return
+    async with trio.open_nursery() as nursery:
+
+        async def watch() -> None:
+            await closed.wait()
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(watch)
+        try:
+            await inner(net_stream)
+        finally:
+            nursery.cancel_scope.cancel()
 
 
 def _reported(exc: BaseException) -> bool:

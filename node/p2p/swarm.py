@@ -4,7 +4,9 @@
 purpose:
 
 * inbound connections: at most ``NetLimits.max_connections`` open at once (py-libp2p's own
-  inbound cap never gave its slots back: :class:`_LiveConnectionCap`);
+  inbound cap never gave its slots back: :class:`_LiveConnectionCap`), and each one's handler
+  ends when that connection closes, not when the swarm stops (py-libp2p kept every inbound
+  connection ever accepted in memory: :func:`_end_inbound_handlers_with_their_connection`);
 * dials: one attempt per ``connect`` (swarm retries off), bounded by ``DIAL_TIMEOUT_S``; the
   swarm's auto-connector, which would redial any peer in the peerstore on its own, is never
   started: redialing is the daemon's decision. (The transport also clears the swarm's 60 s
@@ -24,6 +26,7 @@ rather than losing an event.
 
 from __future__ import annotations
 
+import contextvars
 from typing import Any
 
 import multiaddr
@@ -93,7 +96,46 @@ def build_host(key_pair: Any, limits: NetLimits) -> BasicHost:
 
     swarm.auto_connector.start = _never_start
     swarm._inbound_limiter = _LiveConnectionCap(swarm, limits.max_connections)
+    _end_inbound_handlers_with_their_connection(swarm)
     return BasicHost(network=swarm)
+
+
+class _ConnectionEnded(Exception):
+    """An inbound connection closed: its listener handler may return (see below)."""
+
+
+#: set in the task of a listener's inbound connection handler, and only there
+_LISTENER_INBOUND: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "listener_inbound", default=False)
+
+
+def _end_inbound_handlers_with_their_connection(swarm: Any) -> None:
+    """py-libp2p 0.8.1, ``Swarm._do_handle_inbound_connection``: after upgrading a listener's
+    inbound connection it awaits ``self.manager.wait_finished()``, the end of the whole swarm
+    (trio closes the TCP stream when the handler returns, so it must outlive the connection).
+    Each inbound connection's task, socket, Noise session and yamux muxer therefore stayed
+    in memory after the connection closed, for the life of the process: in the fuzz bench,
+    where every ban brings a fresh key and a fresh connection, the daemon grew by about 20 MiB
+    a minute. Here the handler waits for its own connection's ``event_closed`` instead, then
+    returns through upstream's own error path (which closes what is left, quietly). Only the
+    listener's path waits: other callers of ``upgrade_inbound_raw_conn`` (circuit relay) get
+    the connection back at once, as before."""
+    handle, upgrade = swarm._do_handle_inbound_connection, swarm.upgrade_inbound_raw_conn
+
+    async def handle_until_closed(*args: Any) -> None:
+        _LISTENER_INBOUND.set(True)  # this handler's own task: its context is its own copy
+        await handle(*args)
+
+    async def upgrade_then_wait(raw_conn: Any, maddr: Any) -> Any:
+        muxed = await upgrade(raw_conn, maddr)
+        closed = getattr(muxed, "event_closed", None)
+        if not _LISTENER_INBOUND.get() or closed is None:
+            return muxed
+        await closed.wait()
+        raise _ConnectionEnded
+
+    swarm._do_handle_inbound_connection = handle_until_closed
+    swarm.upgrade_inbound_raw_conn = upgrade_then_wait
 
 
 def identify_handler(host: BasicHost, agent: str, limits: NetLimits) -> Any:

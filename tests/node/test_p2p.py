@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import structlog
 import trio
+import trio.testing
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from libp2p.crypto.ed25519 import create_new_key_pair
@@ -678,3 +679,42 @@ async def test_inbound_connections_are_capped_by_those_open_now_not_ever_accepte
             with pytest.raises(TransportError):  # a third at once is over the cap
                 await z.connect(b.listen_addrs()[0])
                 await z.request(b.peer_id, ECHO, b"x", max_response_bytes=10)
+
+
+@trio_test
+async def test_closed_inbound_connections_leave_nothing_behind() -> None:
+    """py-libp2p 0.8.1 kept each inbound connection's handler task (and with it the socket,
+    the Noise session and the yamux muxer) until the host stopped, and a gossip reader
+    blocked on a stream reset just before the close was never woken: a node's memory grew
+    with every connection it ever accepted (node/p2p/swarm.py, node/p2p/guard.py)."""
+    import gc
+
+    from libp2p.network.connection.raw_connection import RawConnection
+    from libp2p.network.connection.swarm_connection import SwarmConn
+
+    def closed_conns() -> list[Any]:
+        gc.collect()
+        return [o for o in gc.get_objects() if isinstance(o, SwarmConn) and o.is_closed]
+
+    def raw_conns() -> int:
+        gc.collect()
+        return sum(isinstance(o, RawConnection) for o in gc.get_objects())
+
+    async with open_p2p(seed(2)) as b:
+        raw_before = raw_conns()
+        await b.subscribe(TOPIC)
+        events = b.peer_events()
+        for n in range(30, 36):  # each opens its gossip stream, then b drops it (a ban)
+            async with open_p2p(seed(n)) as a:
+                await a.subscribe(TOPIC)
+                await a.connect(b.listen_addrs()[0])
+                assert await next_event(events, a.peer_id) == PeerEvent(a.peer_id, True)
+                with trio.fail_after(10):
+                    while b.open_stream_count(a.peer_id) == 0:  # a's gossip stream is up
+                        await trio.testing.wait_all_tasks_blocked()
+                        await trio.sleep(0)
+                await b.disconnect(a.peer_id)
+                assert await next_event(events, a.peer_id) == PeerEvent(a.peer_id, False)
+        await trio.testing.wait_all_tasks_blocked()
+        assert closed_conns() == []
+        assert raw_conns() == raw_before  # no handler holds a closed TCP connection

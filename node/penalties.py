@@ -134,7 +134,7 @@ class PenaltyBook:
         stored score dropped one at a time, an attacker's fresh keys pushed out each other's
         records, so none of them ever reached a ban (seen in the fuzz bench past 4,096 keys);
         and one sort per eighth keeps a stream of new keys cheap."""
-        order = sorted(self.records, key=lambda p: (not self.is_banned(p, now),
+        order = sorted(self.records, key=lambda p: (self.banned_until.get(p, 0) <= now,
                                                     self._decayed(self.records[p], now)))
         for peer in order[: max(1, len(order) // 8)]:
             del self.records[peer]

@@ -35,9 +35,13 @@ def simulate(
     scenario: str, nodes: int | None, seed: int | None, out_dir: str | None, as_json: bool
 ) -> None:
     """Simulate SCENARIO (ledger, voting, voting-real, routing, verification, relay, membership,
-    distributed, rl, or a .toml file; voting-real answers with the real model, see [compute] in
-    simulations/scenario.py; distributed takes --nodes as its stage count, rl as its worker
-    count)."""
+    distributed, rl, agents, or a .toml file; voting-real answers with the real model, see
+    [compute] in simulations/scenario.py; distributed takes --nodes as its stage count, rl as
+    its worker count; agents routes tasks to agents by score and by LinUCB and writes no
+    report files)."""
+    if scenario == "agents":
+        _simulate_agents(0 if seed is None else seed, as_json)
+        return
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -79,3 +83,22 @@ def simulate(
     Console(file=sys.stdout).print(table)
     click.echo(f"{report.question}")
     click.echo(f"report: {json_path}  page: {html_path}  ({wall_s:.1f} s)")
+
+
+def _simulate_agents(seed: int, as_json: bool) -> None:
+    """`symphony simulate agents`: simulations/agents/, printed as one JSON object or a table."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from simulations.agents import run_agents_scenario
+
+    report = run_agents_scenario(seed)
+    if as_json:
+        click.echo(json.dumps(report, sort_keys=True))
+        return
+    table = Table(title=f"symphony simulate agents (seed {seed})")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key, value in report.items():
+        table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
+    Console(file=sys.stdout).print(table)

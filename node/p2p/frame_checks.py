@@ -14,14 +14,44 @@ dropped for free:
   message is signed by its author; py-libp2p 0.8.1 drops an unsigned one without a word
   (and one for a topic we do not subscribe to before looking at it), which made sending them
   free.
+
+:func:`libp2p_framings` is the table the transport builds its guard with: how the guard
+follows the frames of each py-libp2p protocol, with these checks where they apply.
 """
 
 from __future__ import annotations
 
+from libp2p.host.ping import ID as PING_ID
+from libp2p.host.ping import PING_LENGTH
 from libp2p.identity.identify.pb.identify_pb2 import Identify
+from libp2p.identity.identify_push.identify_push import ID_PUSH as IDENTIFY_PUSH_ID
 from libp2p.pubsub.pb.rpc_pb2 import RPC
 
-from node.p2p.framing import PeerFault
+from node.p2p.framing import Framing, PeerFault
+from node.p2p.gossip import GOSSIP_PROTOCOLS
+from node.runtime.limits import NetLimits
+
+#: inbound ping streams py-libp2p 0.8.1's PingService serves per peer (its own fixed cap)
+PING_STREAMS_PER_PEER = 2
+
+
+def libp2p_framings(limits: NetLimits) -> dict[str, Framing]:
+    """Protocol id -> how the guard follows the frames of py-libp2p's handler for it."""
+    framings = {
+        str(protocol): Framing(max_frame=limits.gossip_max_rpc_bytes, long_lived=True,
+                               check=check_gossip_rpc)
+        for protocol in GOSSIP_PROTOCOLS
+    }
+    # py-libp2p's identify-push handler swallows a parse error: check each frame here
+    framings[str(IDENTIFY_PUSH_ID)] = Framing(
+        max_frame=limits.identify_max_frame_bytes, check=check_identify,
+        max_frames_per_min=limits.identify_push_frames_per_min)
+    # py-libp2p's ping service resets a peer's third ping stream without a word: the guard
+    # refuses it first, as a flood
+    framings[str(PING_ID)] = Framing(
+        fixed_size=PING_LENGTH, max_frames_per_min=limits.ping_frames_per_min,
+        max_streams=PING_STREAMS_PER_PEER)
+    return framings
 
 
 def check_identify(body: bytes) -> None:

@@ -31,21 +31,17 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 import trio
-from libp2p.host.basic_host import BasicHost
 from libp2p.peer.id import ID
 from libp2p.pubsub import gossipsub as libp2p_gossipsub
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.validators import signature_validator
 
+from node.p2p.guard import GuardedHost
 from node.runtime.limits import NetLimits
 from node.transport import TransportError
-
-#: (peer, protocol, kind, detail) -> None: the guard's fault report
-Fault = Callable[[str, str, str, str], None]
 
 GOSSIP_PROTOCOLS = [
     libp2p_gossipsub.PROTOCOL_ID_V12,  # IDONTWANT: fewer duplicate sends
@@ -86,11 +82,14 @@ class _SizedQueues(dict[Any, Any]):
 class Gossip:
     """One host's gossipsub router and pubsub, with our subscriptions and publish pacing."""
 
-    def __init__(self, host: BasicHost, log: Any, limits: NetLimits, fault: Fault) -> None:
+    def __init__(self, guarded: GuardedHost, log: Any, limits: NetLimits) -> None:
+        """Pubsub on ``guarded.host`` (its handlers land behind the guard as py-libp2p's);
+        invalid messages py-libp2p drops are reported to the guard as faults."""
+        host = guarded.host
         self._own_id = host.get_id()
         self._log = log
         self._max_message = limits.gossip_max_message_bytes
-        self._fault = fault
+        self._fault = guarded.guard.fault
         self.router = libp2p_gossipsub.GossipSub(
             protocols=GOSSIP_PROTOCOLS,
             degree=GOSSIP_DEGREE,

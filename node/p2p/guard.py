@@ -6,7 +6,9 @@ loop. A stream that misbehaves is reset, the fault is reported once to the fault
 traceback; a traceback is logged only for an exception in one of our own handlers that no
 peer's bytes explain (our bug), and repeats of it are summarized (node/logs.RepeatLog).
 
-Where it sits (the one place this project patches py-libp2p 0.8.1):
+Where it sits (the one place this project patches py-libp2p 0.8.1's stream handling): it is a
+layer of the host, put in once when the transport builds the host (:class:`GuardedHost`);
+from then on no stream handler reaches the host without it, whoever registers it and when.
 
 * the swarm's stream handler, ``BasicHost._swarm_stream_handler`` (protocol negotiation,
   then the protocol's handler), is wrapped: an exception escaping it is caught here. In
@@ -15,7 +17,9 @@ Where it sits (the one place this project patches py-libp2p 0.8.1):
   ``Pubsub.continuously_read_stream`` lets protobuf's ``DecodeError`` out for a
   non-protobuf frame on ``/meshsub/1.x``. The same wrapper caps a peer's open streams.
 * every handler in ``host.multiselect.handlers`` (gossipsub's, identify, identify push,
-  ping, and ours as they are registered) is wrapped per protocol: a cap on one peer's open
+  ping, the ones py-libp2p registers later, and ours) is wrapped per protocol as it is
+  stored there (:class:`_GuardedHandlers`; ours through ``GuardedHost.serve``, where a
+  failure no peer explains is our bug, not the peer's fault): a cap on one peer's open
   streams on it, and for py-libp2p's protocols a stream proxy that follows the frames as
   they are read (:class:`node.p2p.framing.FramedReads`) so oversize, truncated and stalled
   frames are seen and penalized (py-libp2p 0.8.1 drops them quietly, which makes them free),
@@ -26,12 +30,13 @@ from __future__ import annotations
 
 import weakref
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import trio
 from google.protobuf.message import DecodeError
 from libp2p.abc import INetStream
+from libp2p.custom_types import TProtocol
 from libp2p.exceptions import ParseError
 from libp2p.io.exceptions import IncompleteReadError, IOException, MessageTooLarge
 from libp2p.network.stream.exceptions import StreamError
@@ -87,16 +92,23 @@ def classify(exc: BaseException) -> tuple[str, str] | None:
 
 
 class StreamGuard:
-    """Caps, fault reports and logging for every inbound stream of one host; see module doc."""
+    """Caps, fault reports and logging for every inbound stream of one host; see module doc.
 
-    def __init__(self, limits: NetLimits, log: Any, now_ms: Callable[[], int]) -> None:
+    ``framings``: py-libp2p's protocols whose frames the guard follows (see framing.py)."""
+
+    def __init__(self, limits: NetLimits, log: Any, now_ms: Callable[[], int],
+                 framings: Mapping[str, Framing] | None = None) -> None:
         self._limits = limits
         self._log = log
         self._now_ms = now_ms
         self._repeats = RepeatLog(log, interval_ms=int(limits.log_summary_interval_s * 1000))
         self.on_fault: FaultHandler | None = None
-        self._framings: dict[str, Framing] = {}
-        self._frame_budgets: dict[str, KeyedBuckets] = {}
+        self._framings = dict(framings or {})
+        self._frame_budgets = {
+            protocol: KeyedBuckets(f.max_frames_per_min / 60, f.max_frames_per_min)
+            for protocol, f in self._framings.items() if f.max_frames_per_min}
+        #: the handlers ``wrap`` made (a handler stored into a guarded host is wrapped once)
+        self._wrapped: weakref.WeakSet[Handler] = weakref.WeakSet()
         self._per_peer: Counter[str] = Counter()
         self._per_protocol: Counter[tuple[str, str]] = Counter()
         #: connections we are closing (a banned peer's): muxed connection -> peer, forgotten
@@ -108,21 +120,20 @@ class StreamGuard:
         #: streams refused or reset for a fault, by kind (status, benchmarks)
         self.faults: Counter[str] = Counter()
 
-    def set_framing(self, protocol_id: str, framing: Framing) -> None:
-        """Follow the frames of py-libp2p's handler for ``protocol_id`` (see framing.py)."""
-        self._framings[protocol_id] = framing
-        if framing.max_frames_per_min:
-            per_min = framing.max_frames_per_min
-            self._frame_budgets[protocol_id] = KeyedBuckets(per_min / 60, per_min)
-
     def install(self, host: Any) -> None:
-        """Wrap the host's stream entry point and every handler registered so far."""
+        """Become a layer of ``host``: its stream entry point, and every handler it holds now
+        or is given later, run behind this guard (a handler not made by ``wrap`` is taken as
+        py-libp2p's: ``ours=False``)."""
         inner = host._swarm_stream_handler
         host.get_network().set_stream_handler(self._accepting(inner))
-        handlers = host.multiselect.handlers
-        for protocol, handler in list(handlers.items()):
-            if protocol is not None and handler is not None:
-                handlers[protocol] = self.wrap(str(protocol), handler, ours=False)
+        host.multiselect.handlers = _GuardedHandlers(self, host.multiselect.handlers)
+
+    def guards(self, handler: Any) -> bool:
+        """Whether ``handler`` is one ``wrap`` made (already behind this guard)."""
+        try:
+            return handler in self._wrapped
+        except TypeError:  # not weakly referenceable: not one of ours
+            return False
 
     def fault(self, peer: str, protocol: str, kind: str, detail: str) -> None:
         """Count and report a fault; logged here (first time per peer and kind, then
@@ -203,6 +214,7 @@ class StreamGuard:
             finally:
                 _release(self._per_protocol, key)
 
+        self._wrapped.add(guarded)
         return guarded
 
     async def _failed(self, net_stream: INetStream, peer: str, protocol: str,
@@ -229,6 +241,44 @@ class StreamGuard:
             self._repeats.note(("ours", f"{protocol} {type(exc).__name__}"), self._now_ms(),
                                "transport.handler_failed", protocol=protocol, peer=peer,
                                error=repr(exc)[:200], exc_info=exc)
+
+
+class _GuardedHandlers(dict[Any, Any]):
+    """``Multiselect.handlers`` of a guarded host: py-libp2p's ``add_handler`` (behind
+    ``host.set_stream_handler``) stores every protocol's handler here, and each is put behind
+    the guard as it is stored, unless ``wrap`` made it already. (py-libp2p 0.8.1 only ever
+    assigns items of this dict, which is what this map intercepts.)"""
+
+    def __init__(self, guard: StreamGuard, handlers: Mapping[Any, Any]) -> None:
+        super().__init__()
+        self._guard = guard
+        for protocol, handler in handlers.items():
+            self[protocol] = handler
+
+    def __setitem__(self, protocol: Any, handler: Any) -> None:
+        if protocol is not None and handler is not None and not self._guard.guards(handler):
+            handler = self._guard.wrap(str(protocol), handler, ours=False)
+        super().__setitem__(protocol, handler)
+
+
+class GuardedHost:
+    """A py-libp2p host with the guard as its layer (module doc), from construction on.
+
+    ``host`` is the py-libp2p host itself (dials, streams, py-libp2p's services, which may
+    register handlers on it: those are guarded as py-libp2p's); ``serve`` registers one of our
+    own handlers; ``guard`` counts faults and refuses streams of connections being closed."""
+
+    def __init__(self, host: Any, guard: StreamGuard) -> None:
+        self.host = host
+        self.guard = guard
+        guard.install(host)
+
+    def serve(self, protocol_id: str, handler: Handler, *, metered: bool = True) -> None:
+        """Serve ``protocol_id`` with our ``handler``, behind the guard as ours: a failure no
+        peer's bytes explain is logged as our bug, not charged to the peer. ``metered``: see
+        ``StreamGuard.wrap``."""
+        guarded = self.guard.wrap(protocol_id, handler, ours=True, metered=metered)
+        self.host.set_stream_handler(TProtocol(protocol_id), guarded)
 
 
 async def _until_connection_closed(net_stream: INetStream, inner: Handler) -> None:

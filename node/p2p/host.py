@@ -16,9 +16,11 @@ that as an async context manager (tests, benchmarks).
 
 Dials, gossip and streams keep py-libp2p's settings only where the sibling modules say so:
 ``swarm.py`` (one attempt per dial, no auto-redial), ``gossip.py`` (rates and queues),
-``streams.py`` (yamux window timeouts), ``guard.py`` (every inbound stream, py-libp2p's own
-protocols included, behind one guard: limits from ``node.runtime.limits.NetLimits``, faults
-reported to the handler given to ``set_fault_handler``). Each request/response exchange is
+``streams.py`` (yamux window timeouts), ``guard.py`` (the guard is a layer of the host, put in
+once as the host is built: every inbound stream, py-libp2p's own protocols included, behind
+one guard; limits from ``node.runtime.limits.NetLimits``, frames of py-libp2p's protocols as
+``frame_checks.libp2p_framings`` says, faults reported to the handler given to
+``set_fault_handler``). Each request/response exchange is
 one stream: one request frame, one response frame, both sides close it.
 """
 
@@ -33,19 +35,15 @@ import structlog
 import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.custom_types import TProtocol
-from libp2p.host.ping import ID as PING_ID
-from libp2p.host.ping import PING_LENGTH
 from libp2p.identity.identify.identify import ID as IDENTIFY_ID
-from libp2p.identity.identify_push.identify_push import ID_PUSH as IDENTIFY_PUSH_ID
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.tools.anyio_service import background_trio_service
 
 from node.logs import route_library_logs
-from node.p2p.frame_checks import check_gossip_rpc, check_identify
-from node.p2p.framing import Framing
-from node.p2p.gossip import GOSSIP_PROTOCOLS, Gossip
-from node.p2p.guard import StreamGuard
+from node.p2p.frame_checks import libp2p_framings
+from node.p2p.gossip import Gossip
+from node.p2p.guard import GuardedHost, StreamGuard
 from node.p2p.nat import NatService
 from node.p2p.natconfig import NatConfig
 from node.p2p.streams import NetBulkStream, bulk_handler
@@ -66,10 +64,12 @@ from node.transport import (
 )
 
 DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
-#: inbound ping streams py-libp2p 0.8.1's PingService serves per peer (its own fixed cap)
-PING_STREAMS_PER_PEER = 2
 #: stop() closes connections within this long, then tears down whatever is left.
 STOP_GRACE_S = 2.0
+
+
+def _now_ms() -> int:
+    return int(trio.current_time() * 1000)
 
 
 class P2PTransport:
@@ -94,43 +94,28 @@ class P2PTransport:
         # written within it, or the stream is reset (a stalled peer cannot pin a handler).
         self._request_io_timeout_s = limits.read_deadline_s
         route_library_logs("libp2p")  # py-libp2p detached its logger at import
-        self._host = build_host(create_new_key_pair(seed), limits)
-        self._id = self._host.get_id()
+        host = build_host(create_new_key_pair(seed), limits)
+        self._id = host.get_id()
         self._peer_id = self._id.to_base58()
         self._log = structlog.get_logger(__name__).bind(peer_id=self._peer_id)
-        self._swarm: Any = self._host.get_network()
+        # the guard, once, as a layer of the host: every stream handler put on it from here
+        # on, by py-libp2p (gossipsub, identify, ping) or by us, runs behind it (guard.py)
+        self._guarded = GuardedHost(host, StreamGuard(limits, self._log, _now_ms,
+                                                      libp2p_framings(limits)))
+        self._host, self._guard = host, self._guarded.guard
+        self._swarm: Any = host.get_network()
         self._peers = PeerTracker(self._log)
         self._swarm.register_notifee(self._peers)
-        self._guard = StreamGuard(limits, self._log, lambda: int(trio.current_time() * 1000))
-        self._gossip = Gossip(self._host, self._log, limits, self._guard.fault)
-        self._guard_libp2p_protocols(agent_version() if agent is None else agent)
+        agent = agent_version() if agent is None else agent
+        host.set_stream_handler(IDENTIFY_ID, identify_handler(host, agent, limits))
+        self._gossip = Gossip(self._guarded, self._log, limits)
         # AutoNAT, circuit relay v2 and hole punching (node/p2p/nat.py); None: none of them
         self.nat = None if nat is None else NatService(
-            self._host, nat, limits.read_deadline_s,
-            lambda p, h: self._guard.wrap(p, h, ours=True),
-            lambda: int(trio.current_time() * 1000))
+            self._guarded, nat, limits.read_deadline_s, _now_ms)
         if self.nat is not None:
             self.nat.install()
         self._nursery: trio.Nursery | None = None
         self._stop = trio.Event()
-
-    def _guard_libp2p_protocols(self, agent: str) -> None:
-        """Our identify, then the guard around everything py-libp2p serves (see guard.py)."""
-        limits = self.limits
-        self._host.set_stream_handler(IDENTIFY_ID, identify_handler(self._host, agent, limits))
-        for gossip_protocol in GOSSIP_PROTOCOLS:
-            self._guard.set_framing(str(gossip_protocol), Framing(
-                max_frame=limits.gossip_max_rpc_bytes, long_lived=True, check=check_gossip_rpc))
-        # py-libp2p's identify-push handler swallows a parse error: check each frame here
-        self._guard.set_framing(str(IDENTIFY_PUSH_ID), Framing(
-            max_frame=limits.identify_max_frame_bytes,
-            check=check_identify, max_frames_per_min=limits.identify_push_frames_per_min))
-        # py-libp2p's ping service resets a peer's third ping stream without a word: the
-        # guard refuses it first, as a flood
-        self._guard.set_framing(str(PING_ID), Framing(
-            fixed_size=PING_LENGTH, max_frames_per_min=limits.ping_frames_per_min,
-            max_streams=PING_STREAMS_PER_PEER))
-        self._guard.install(self._host)
 
     def set_fault_handler(self, handler: FaultHandler) -> None:
         self._guard.on_fault = handler
@@ -311,8 +296,7 @@ class P2PTransport:
         return NetBulkStream(stream, peer_id)
 
     def _handle(self, protocol_id: str, serve: Any, *, metered: bool = True) -> None:
-        handler = self._guard.wrap(protocol_id, bulk_handler(serve), ours=True, metered=metered)
-        self._host.set_stream_handler(TProtocol(protocol_id), handler)
+        self._guarded.serve(protocol_id, bulk_handler(serve), metered=metered)
 
     # ---- gossip -----------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """NAT traversal for one host: which of AutoNAT, relay and hole punching runs, and when.
 
-:class:`NatService` owns the four protocols' handlers (each behind the transport's guard,
-so every fault is penalized like any other protocol's) and one loop, ``run``, ticking every
+:class:`NatService` owns the four protocols' handlers (served on the guarded host, so every
+fault is penalized like any other protocol's) and one loop, ``run``, ticking every
 ``TICK_S``:
 
 * AutoNAT: with at least one peer connected directly, ask up to
@@ -31,6 +31,7 @@ from libp2p.peer.id import ID
 
 from node.p2p.autonat import AUTONAT_ID, PUBLIC, AutoNatServer, Reachability, probe
 from node.p2p.dcutr import DCUTR_ID, HolePuncher
+from node.p2p.guard import GuardedHost
 from node.p2p.invite import dialable_addrs
 from node.p2p.natconfig import NatConfig
 from node.p2p.relay_client import RelayClient
@@ -52,13 +53,13 @@ EXPAND_EVERY_S = 60.0
 class NatService:
     """AutoNAT, relay (both sides) and DCUtR for one host; see the module doc."""
 
-    def __init__(self, host: Any, config: NatConfig, read_deadline_s: float,
-                 wrap: Callable[[str, Any], Any], now_ms: Callable[[], int]) -> None:
-        self._host = host
+    def __init__(self, guarded: GuardedHost, config: NatConfig, read_deadline_s: float,
+                 now_ms: Callable[[], int]) -> None:
+        self._guarded = guarded
+        self._host = host = guarded.host
         self._swarm = host.get_network()
         self.config = config
         self._deadline_s = read_deadline_s
-        self._wrap = wrap
         self._self = host.get_id().to_base58()
         self.reachability = Reachability()
         self.server = AutoNatServer(host, config, read_deadline_s, now_ms)
@@ -81,7 +82,7 @@ class NatService:
                   (DCUTR_ID, self.puncher.handle, cfg.hole_punch)]
         for protocol, handler, on in served:
             if on:
-                self._host.set_stream_handler(protocol, self._wrap(str(protocol), handler))
+                self._guarded.serve(str(protocol), handler)
 
     def relaying(self) -> bool:
         mode = self.config.relay_service

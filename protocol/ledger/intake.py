@@ -3,8 +3,10 @@ requests under per-peer rate limits, and refusals counted and turned into penalt
 
 Contract
 --------
-* ``LedgerIntake`` is the receiving half of protocol/ledger/machine.py's ``LedgerMachine``
-  (which sets every attribute declared here). Peer data never raises out of it: a refused
+* ``LedgerIntake`` is a helper object that protocol/ledger/machine.py's ``LedgerMachine``
+  builds and calls for every message a peer sends; it merges into the machine's CRDT and
+  sync sessions (given to its constructor) and owns only what intake needs of its own: the
+  rate limiters, the signer cache, the refusal counts. Peer data never raises out of it: a refused
   item is counted per peer and reason (``rejections()``), and each message's refusals become
   one ``Penalize`` per reason, capped at ``MAX_PENALTY_PER_MESSAGE`` points, plus one
   ``Emit("rejected")``.
@@ -13,19 +15,20 @@ Contract
   digests and sync requests are rate limited per sending peer (token buckets, per minute).
 * Every record and attestation is checked by protocol/ledger/records.py and merged into the
   CRDT (protocol/ledger/state.py); what is new becomes ``StoreCapability`` /
-  ``StoreAttestation``, what the observer quota evicts ``ForgetAttestations``.
+  ``StoreAttestation``, what the observer quota evicts ``ForgetAttestations``. A record of
+  this node's own (from a previous life of its data dir) is passed to ``on_own_record``.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crypto.envelope import Envelope
 from protocol.codec import Message
 from protocol.errors import LocalProtocolError
 from protocol.ledger.events import (
-    CapabilitySpec,
     ForgetAttestations,
     LedgerConfig,
     StoreAttestation,
@@ -34,6 +37,8 @@ from protocol.ledger.events import (
 from protocol.ledger.messages import LedgerDigest, LedgerPush, LedgerSyncRequest
 from protocol.ledger.records import (
     PENALTY_POINTS,
+    Attestation,
+    CapabilityRecord,
     Rejected,
     Rejection,
     envelope_hash,
@@ -82,26 +87,42 @@ def _count(counts: dict[Rejection, int], reason: Rejection) -> None:
 
 
 class LedgerIntake:
-    """The receiving half of the ledger machine (see the module docstring)."""
+    """What the ledger machine accepts from peers (see the module docstring)."""
 
-    network_id: str
-    peer_id: str
-    config: LedgerConfig
-    state: LedgerState
-    sync: SyncSessions
-    _stats: Counter[str]
-    _accepted: int | None
-    _rejections: dict[str, Counter[str]]
-    _spec: CapabilitySpec | None
-    _own_seq: int
-    _dirty: bool
-    _signers: dict[bytes, str]
-    _attestation_ttl_ms: int
-    _skew_ms: int
-    _limits: dict[str, RateLimiter]
-    _attestation_limiter: RateLimiter
+    def __init__(
+        self,
+        state: LedgerState,
+        sync: SyncSessions,
+        config: LedgerConfig,
+        *,
+        network_id: str,
+        peer_id: str,
+        stats: Counter[str],
+        on_own_record: Callable[[int], None],
+    ) -> None:
+        self.state = state
+        self.sync = sync
+        self.config = config
+        self.network_id = network_id
+        self.peer_id = peer_id
+        #: the machine's counters: refusals are counted in as ``rejected.<reason>``
+        self._stats = stats
+        #: called with the seq of a record of ours a peer sent (ours from a previous life)
+        self._on_own_record = on_own_record
+        #: items merged (the machine's stats["items_accepted"]; None: nothing delivered yet)
+        self.accepted: int | None = None
+        self._rejections: dict[str, Counter[str]] = {}
+        self._signers: dict[bytes, str] = {}
+        self._attestation_ttl_ms = config.max_attestation_ttl_ms
+        self._skew_ms = config.clock_skew_ms
+        self._limits = {
+            "attestation": RateLimiter(config.attestation_rate_per_minute),
+            "digest": RateLimiter(config.digest_rate_per_minute),
+            "request": RateLimiter(config.request_rate_per_minute),
+        }
+        self._attestation_limiter = self._limits["attestation"]
 
-    def _on_gossip(self, peer: str, msg: Message, now: int) -> list[Effect]:
+    def on_gossip(self, peer: str, msg: Message, now: int) -> list[Effect]:
         """A message on the ledger topic: an unsolicited push, merged item by item.
 
         What comes back is only Store*, Forget*, Penalize and Emit (nothing is sent).
@@ -120,9 +141,10 @@ class LedgerIntake:
             effects += self._account(peer, rejected)
         return effects
 
-    def _on_received(self, peer: str, msg: Message, topic: str | None, now: int) -> list[Effect]:
+    def on_received(self, peer: str, msg: Message, topic: str | None, now: int) -> list[Effect]:
+        """A message from ``peer`` (``topic``: by gossip, else sent to us)."""
         if topic is not None:
-            return self._on_gossip(peer, msg, now)
+            return self.on_gossip(peer, msg, now)
         rejected: dict[Rejection, int] = {}
         effects: list[Effect] = []
         if isinstance(msg, LedgerPush):
@@ -154,13 +176,36 @@ class LedgerIntake:
             effects += self._account(peer, rejected)
         return effects
 
-    def _signer(self, envelope: Envelope) -> str:
+    def signer(self, envelope: Envelope) -> str:
+        """The peer id of ``envelope``'s key, remembered (bounded) per key."""
         signer = self._signers.get(envelope.public_key)
         if signer is None:
             if len(self._signers) >= self.config.max_records:
                 self._signers.clear()
             signer = self._signers[envelope.public_key] = envelope.signer
         return signer
+
+    def open_record(self, env: Envelope, now: int) -> CapabilityRecord:
+        """Check a stored capability record as a pushed one is checked (raises Rejected)."""
+        return open_capability(
+            env,
+            network_id=self.network_id,
+            now_ms=now,
+            signer=self.signer(env),
+            max_ttl_ms=self.config.max_record_ttl_ms,
+            skew_ms=self.config.clock_skew_ms,
+        )
+
+    def open_attestation(self, env: Envelope, now: int) -> Attestation:
+        """Check a stored attestation as a pushed one is checked (raises Rejected)."""
+        return open_attestation(
+            env,
+            network_id=self.network_id,
+            now_ms=now,
+            signer=self.signer(env),
+            max_ttl_ms=self.config.max_attestation_ttl_ms,
+            skew_ms=self.config.clock_skew_ms,
+        )
 
     def _apply(
         self,
@@ -177,8 +222,8 @@ class LedgerIntake:
         new += self._merge_attestations(
             peer, push.attestations, now, solicited, effects, rejected, refused
         )
-        accepted = self._accepted
-        self._accepted = new if accepted is None else accepted + new
+        accepted = self.accepted
+        self.accepted = new if accepted is None else accepted + new
         return new, refused
 
     def _merge_records(
@@ -193,7 +238,7 @@ class LedgerIntake:
         state = self.state
         for env in envelopes:
             h = envelope_hash(env)
-            signer = self._signers.get(env.public_key) or self._signer(env)
+            signer = self._signers.get(env.public_key) or self.signer(env)
             held = state.records.get(signer)
             if held is not None and held.hash == h:
                 continue
@@ -210,8 +255,7 @@ class LedgerIntake:
                     new += 1
                     effects.append(tuple.__new__(StoreCapability, (env, rec)))  # (as below)
                     if rec.peer_id == self.peer_id:  # ours from a previous life: move past it
-                        self._own_seq = max(self._own_seq, rec.seq)
-                        self._dirty = self._spec is not None
+                        self._on_own_record(rec.seq)
             except Rejected as exc:
                 _count(rejected, exc.reason)
         return new
@@ -241,7 +285,7 @@ class LedgerIntake:
                 _count(rejected, Rejection.RATE_LIMITED)
                 continue
             try:
-                signer = signers.get(env.public_key) or self._signer(env)
+                signer = signers.get(env.public_key) or self.signer(env)
                 att = open_attestation(
                     env, self.network_id, now, signer, self._attestation_ttl_ms, self._skew_ms
                 )

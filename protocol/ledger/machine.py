@@ -7,7 +7,8 @@ Contract
   one record per ``min_republish_ms`` and re-signed every ``refresh_ms``; ``Attest(...)`` signs,
   stores and publishes an attestation. Both go out as a ``LedgerPush`` on ``LEDGER_TOPIC``.
 * Every received record and attestation is checked (protocol/ledger/records.py) and merged into
-  the CRDT (protocol/ledger/state.py) by the receiving half (protocol/ledger/intake.py). A
+  the CRDT (protocol/ledger/state.py) by the ``LedgerIntake`` the machine holds
+  (protocol/ledger/intake.py), which it calls for every peer message. A
   refused item is counted per peer and reason; each message's refusals become one ``Penalize``
   per reason (the driver disconnects over its threshold). Peer data never raises out of
   ``handle``.
@@ -53,7 +54,7 @@ from protocol.ledger.events import (
     StoreAttestation,
     StoreCapability,
 )
-from protocol.ledger.intake import LedgerIntake, RateLimiter
+from protocol.ledger.intake import LedgerIntake
 from protocol.ledger.messages import LEDGER_TOPIC, LedgerPush, LedgerSyncRequest
 from protocol.ledger.records import (
     ATTESTATION_DOMAIN,
@@ -61,8 +62,6 @@ from protocol.ledger.records import (
     Attestation,
     CapabilityRecord,
     Rejected,
-    open_attestation,
-    open_capability,
 )
 from protocol.ledger.state import LedgerState
 from protocol.ledger.sync import SyncSessions
@@ -95,7 +94,7 @@ __all__ = [
 ]
 
 
-class LedgerMachine(LedgerIntake):
+class LedgerMachine:
     def __init__(
         self,
         identity: Identity,
@@ -121,31 +120,34 @@ class LedgerMachine(LedgerIntake):
         self.clock_offset_ms = clock_offset_ms
         self.view = LedgerView(self.state, self.peer_id, clock_offset_ms)
         self._stats: Counter[str] = Counter()
-        #: stats["items_accepted"], kept apart (bumped on every delivery; None: never)
-        self._accepted: int | None = None
-        self._rejections: dict[str, Counter[str]] = {}
         self._spec: CapabilitySpec | None = None
         self._own_seq = 0
         self._published_at: int | None = None
         self._dirty = False
         self._connected: set[str] = set()
         self._next_anti_entropy: int | None = None
-        self._signers: dict[bytes, str] = {}
-        self._attestation_ttl_ms = config.max_attestation_ttl_ms
-        self._skew_ms = config.clock_skew_ms
-        self._limits = {
-            "attestation": RateLimiter(config.attestation_rate_per_minute),
-            "digest": RateLimiter(config.digest_rate_per_minute),
-            "request": RateLimiter(config.request_rate_per_minute),
-        }
-        self._attestation_limiter = self._limits["attestation"]
+        #: what peers send: checked, rate limited, merged into ``state``, refusals counted
+        self.intake = LedgerIntake(
+            self.state,
+            self.sync,
+            config,
+            network_id=network_id,
+            peer_id=self.peer_id,
+            stats=self._stats,
+            on_own_record=self._saw_own_record,
+        )
 
     @property
     def stats(self) -> Counter[str]:
         """What this machine did: bytes and messages sent, items accepted, rejections."""
-        if self._accepted is not None:
-            self._stats["items_accepted"] = self._accepted
+        accepted = self.intake.accepted  # kept apart: bumped on every delivery
+        if accepted is not None:
+            self._stats["items_accepted"] = accepted
         return self._stats
+
+    def rejections(self) -> dict[str, dict[str, int]]:
+        """Refusals per peer and reason (protocol/ledger/intake.py)."""
+        return self.intake.rejections()
 
     # ------------------------------------------------------------ machine contract
 
@@ -155,8 +157,8 @@ class LedgerMachine(LedgerIntake):
             self._next_anti_entropy = now + self.config.anti_entropy_ms
         if type(event) is Received:  # the common case first
             if event.topic is not None:  # gossip: never answered by a Send or Publish
-                return self._on_gossip(event.peer, event.message, now)
-            effects = self._on_received(event.peer, event.message, None, now)
+                return self.intake.on_gossip(event.peer, event.message, now)
+            effects = self.intake.on_received(event.peer, event.message, None, now)
         else:
             effects = self._dispatch(event, now)
         for effect in effects:
@@ -189,7 +191,7 @@ class LedgerMachine(LedgerIntake):
         if isinstance(event, Tick):
             return self._on_tick(now)
         if isinstance(event, Received):
-            return self._on_received(event.peer, event.message, event.topic, now)
+            return self.intake.on_received(event.peer, event.message, event.topic, now)
         if isinstance(event, PeerConnected):
             self._connected.add(event.peer)
             return [self.sync.send_digest(event.peer, now, reply=False)]
@@ -216,6 +218,11 @@ class LedgerMachine(LedgerIntake):
         raise LocalProtocolError(f"the ledger machine does not handle {type(event).__name__}")
 
     # ------------------------------------------------------------ our own records
+
+    def _saw_own_record(self, seq: int) -> None:
+        """A peer sent a record of ours from a previous life: move past it (republish)."""
+        self._own_seq = max(self._own_seq, seq)
+        self._dirty = self._spec is not None
 
     def _record_from(self, spec: CapabilitySpec, seq: int, now: int) -> CapabilityRecord:
         ttl = min(self.config.record_ttl_ms, self.config.max_record_ttl_ms)
@@ -312,28 +319,6 @@ class LedgerMachine(LedgerIntake):
                 effects.append(self.sync.send_digest(peer, now, reply=False))
         return effects
 
-    # ------------------------------------------------------------ stored envelopes
-
-    def _open_record(self, env: Envelope, now: int) -> CapabilityRecord:
-        return open_capability(
-            env,
-            network_id=self.network_id,
-            now_ms=now,
-            signer=self._signer(env),
-            max_ttl_ms=self.config.max_record_ttl_ms,
-            skew_ms=self.config.clock_skew_ms,
-        )
-
-    def _open_attestation(self, env: Envelope, now: int) -> Attestation:
-        return open_attestation(
-            env,
-            network_id=self.network_id,
-            now_ms=now,
-            signer=self._signer(env),
-            max_ttl_ms=self.config.max_attestation_ttl_ms,
-            skew_ms=self.config.clock_skew_ms,
-        )
-
     # ------------------------------------------------------------ storage and status
 
     def restore(
@@ -349,7 +334,7 @@ class LedgerMachine(LedgerIntake):
         for data in records:
             try:
                 env = Envelope.decode(data)
-                rec = self._open_record(env, now)
+                rec = self.intake.open_record(env, now)
                 self.state.merge_record(env, rec, env.content_hash, now)
             except (EnvelopeError, Rejected):
                 report.stale_records.append(data)
@@ -360,9 +345,9 @@ class LedgerMachine(LedgerIntake):
         for data in attestations:
             try:
                 env = Envelope.decode(data)
-                att = self._open_attestation(env, now)
+                att = self.intake.open_attestation(env, now)
                 h = env.content_hash
-                _, evicted = self.state.merge_attestation(env, att, self._signer(env), h)
+                _, evicted = self.state.merge_attestation(env, att, self.intake.signer(env), h)
             except (EnvelopeError, Rejected):
                 report.stale_attestations.append(data)
                 continue

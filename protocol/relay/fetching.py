@@ -1,10 +1,11 @@
-"""The fetching half of the relay machine: which chunk to request from whom, and when a source
+"""The fetching rules of the relay machine: which chunk to request from whom, and when a source
 has failed.
 
 Contract
 --------
-* ``RelayFetcher`` is mixed into protocol/relay/machine.py's ``RelayMachine``, which sets the
-  attributes declared here. For a FETCHING transfer it keeps, per stripe of the plan
+* ``ChunkFetcher`` is a helper object that protocol/relay/machine.py's ``RelayMachine`` holds
+  and calls with one ``Transfer`` at a time; the machine owns the transfers (and drops or
+  garbage-collects them), the fetcher only its own limits. For a FETCHING transfer it keeps, per stripe of the plan
   (protocol/relay/striping.py), at most ``window`` chunk requests in flight, lowest index
   first, to that stripe's source: its parent in the stripe's tree, or after a failure the next
   of that tree's ``sources_for`` (the re-attach rule).
@@ -53,41 +54,35 @@ BAD_CHUNK_PENALTY = 50
 PROGRESS_REPORTS = 16
 
 
-class RelayFetcher:
-    """The fetching half of ``RelayMachine`` (see the module docstring)."""
+class ChunkFetcher:
+    """Requests, sources, stalls and progress of the transfers it is handed (module doc)."""
 
-    self_id: str
-    window: int
-    stall_timeout_ms: int
-    retry_ms: int
-    transfers: dict[bytes, Transfer]
+    def __init__(self, self_id: str, *, window: int, stall_timeout_ms: int, retry_ms: int) -> None:
+        self.self_id = self_id
+        #: chunk requests in flight per stripe
+        self.window = window
+        self.stall_timeout_ms = stall_timeout_ms
+        self.retry_ms = retry_ms
 
-    def _gc(self, key: tuple[str, str], out: list[Effect]) -> None:
-        raise NotImplementedError
-
-    def _on_chunk(self, ev: ChunkReceived, now: int, out: list[Effect]) -> None:
-        t = self.transfers.get(ev.manifest_id)
-        if t is not None and t.suspects.pop(ev.peer, None) is not None:
+    def on_chunk(self, t: Transfer, ev: ChunkReceived, now: int, out: list[Effect]) -> bool:
+        """A chunk of ``t`` arrived: whether it completed the version."""
+        if t.suspects.pop(ev.peer, None) is not None:
             t.suspect_due.pop(ev.peer, None)  # it serves what it was asked: no free rider
-        if (
-            t is None
-            or t.state is not TransferState.FETCHING
-            or t.in_flight.get(ev.index) != ev.peer
-        ):
+        if t.state is not TransferState.FETCHING or t.in_flight.get(ev.index) != ev.peer:
             out.append(DiscardChunk(ev.peer, ev.manifest_id, ev.index))
-            return
+            return False
         expected = t.manifest.chunk_hashes[ev.index]
         if ev.digest != expected:
             out.append(DiscardChunk(ev.peer, ev.manifest_id, ev.index))
             out.append(Penalize(ev.peer, f"bad relay chunk {ev.index}", BAD_CHUNK_PENALTY))
             out.append(AttestBadChunk(ev.peer, ev.manifest_id, ev.index, expected, ev.digest))
-            self._fail_source(t, ev.peer, "bad chunk", True, now, out)
-            return
+            self.fail_source(t, ev.peer, "bad chunk", True, now, out)
+            return False
         del t.in_flight[ev.index]
         out.append(StoreChunk(ev.peer, ev.manifest_id, ev.index))
         t.heard_at_ms[ev.peer] = now
         t.mark_present(t.by_hash[expected], out)
-        self._after_progress(t, now, out)
+        return self.after_progress(t, now, out)
 
     def _report_progress(self, t: Transfer, out: list[Effect]) -> None:
         """Tell our children in every stripe and the publisher how far we are (never the
@@ -104,7 +99,9 @@ class RelayFetcher:
             if peer != self.self_id:
                 out.append(Send(peer, report))
 
-    def _after_progress(self, t: Transfer, now: int, out: list[Effect]) -> None:
+    def after_progress(self, t: Transfer, now: int, out: list[Effect]) -> bool:
+        """Chunks of ``t`` were marked held: report, then complete or request more. Whether
+        ``t`` is complete now (the machine then garbage-collects its artifact's versions)."""
         step = max(1, t.manifest.chunks // PROGRESS_REPORTS)
         if t.complete or t.last_report < 0 or t.have_count >= t.reported + step:
             self._report_progress(t, out)
@@ -114,11 +111,11 @@ class RelayFetcher:
             t.retry_at_ms = None
             out.append(VersionComplete(t.manifest))
             out.append(manifest_event("complete", t.manifest))
-            self._gc(t.manifest.key, out)
-        else:
-            self._pump(t, now, out)
+            return True
+        self.pump(t, now, out)
+        return False
 
-    def _pump(self, t: Transfer, now: int, out: list[Effect]) -> None:
+    def pump(self, t: Transfer, now: int, out: list[Effect]) -> None:
         """Top up every stripe's in-flight window from its source, choosing one if needed."""
         if t.state is not TransferState.FETCHING:
             return
@@ -158,7 +155,7 @@ class RelayFetcher:
             room -= 1
             out.append(RequestChunk(source, t.manifest.id, index))
 
-    def _fail_source(
+    def fail_source(
         self, t: Transfer, peer: str, reason: str, permanent: bool, now: int, out: list[Effect]
     ) -> None:
         t.failed[peer] = permanent or t.failed.get(peer, False)
@@ -170,7 +167,7 @@ class RelayFetcher:
             if source == peer:
                 del t.sources[stripe]
         out.append(manifest_event("source_failed", t.manifest, peer=peer, reason=reason))
-        self._pump(t, now, out)
+        self.pump(t, now, out)
 
     def stall_deadlines(self, t: Transfer) -> dict[str, int]:
         """When each source with requests in flight counts as stalled.
@@ -211,9 +208,11 @@ class RelayFetcher:
         if index is not None and peer not in t.suspect_due and not self._behind(t, peer, index):
             t.suspect_due[peer] = now + self.stall_timeout_ms
 
-    def _on_progress(self, peer: str, msg: RelayProgress, now: int, out: list[Effect]) -> None:
-        t = self.transfers.get(msg.manifest_id)
-        if t is not None and (peer in t.plan or len(t.progress) < MAX_RECIPIENTS):
+    def on_progress(
+        self, t: Transfer, peer: str, msg: RelayProgress, now: int, out: list[Effect]
+    ) -> None:
+        """``peer`` reported how much of ``t`` it holds."""
+        if peer in t.plan or len(t.progress) < MAX_RECIPIENTS:
             held = min(msg.chunks_held, t.manifest.chunks)
             if held > t.progress.get(peer, -1):
                 t.progress[peer] = held
@@ -224,22 +223,34 @@ class RelayFetcher:
                 if held == t.manifest.chunks and peer in t.plan and peer != self.self_id:
                     count_completion(t, out)
 
-    def _on_tick(self, now: int, out: list[Effect]) -> None:
-        for t in list(self.transfers.values()):
-            if t.announce_at_ms is not None and now >= t.announce_at_ms:
-                announce(t, out)
-            for peer, due in list(t.suspect_due.items()):
-                if now >= due:
-                    del t.suspect_due[peer], t.suspects[peer]
-                    out.append(AttestWithheld(peer, t.manifest.id))
-            if t.state is not TransferState.FETCHING:
-                continue
-            if t.check_at_ms is not None and now >= t.check_at_ms:
-                self._check_stalls(t, now, out)
-            if t.retry_at_ms is not None and now >= t.retry_at_ms:
-                t.retry_at_ms = None
-                t.failed = {p: bad for p, bad in t.failed.items() if bad}
-                self._pump(t, now, out)
+    def on_tick(self, t: Transfer, now: int, out: list[Effect]) -> None:
+        """Whatever of ``t`` is due: the announcement, suspects, stalls, the retry."""
+        if t.announce_at_ms is not None and now >= t.announce_at_ms:
+            announce(t, out)
+        for peer, due in list(t.suspect_due.items()):
+            if now >= due:
+                del t.suspect_due[peer], t.suspects[peer]
+                out.append(AttestWithheld(peer, t.manifest.id))
+        if t.state is not TransferState.FETCHING:
+            return
+        if t.check_at_ms is not None and now >= t.check_at_ms:
+            self._check_stalls(t, now, out)
+        if t.retry_at_ms is not None and now >= t.retry_at_ms:
+            t.retry_at_ms = None
+            t.failed = {p: bad for p, bad in t.failed.items() if bad}
+            self.pump(t, now, out)
+
+    @staticmethod
+    def add_deadlines(t: Transfer, due: list[int]) -> None:
+        """Add to ``due`` when ``on_tick`` has something to do for ``t``."""
+        due.extend(t.suspect_due.values())
+        if t.announce_at_ms is not None:
+            due.append(t.announce_at_ms)
+        if t.state is TransferState.FETCHING:
+            if t.in_flight and t.check_at_ms is not None:
+                due.append(t.check_at_ms)
+            if t.retry_at_ms is not None:
+                due.append(t.retry_at_ms)
 
     def _check_stalls(self, t: Transfer, now: int, out: list[Effect]) -> None:
         """Drop (and report, if it is our plan parent) every stalled source; the next check
@@ -253,7 +264,7 @@ class RelayFetcher:
                     t.suspects[stalled] = waiting_for
                 else:
                     out.append(AttestWithheld(stalled, t.manifest.id))
-            self._fail_source(t, stalled, "stalled", False, now, out)
+            self.fail_source(t, stalled, "stalled", False, now, out)
         if t.state is TransferState.FETCHING and t.in_flight:
             t.check_at_ms = max(now + 1, min(self.stall_deadlines(t).values()))
         else:

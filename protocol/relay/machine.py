@@ -40,8 +40,9 @@ bandwidth model.
 * Completion emits ``VersionComplete`` (the hot-swap hook).
 
 Events and effects are declared in protocol/relay/events.py; one version's state and its
-legal transitions in protocol/relay/transfer.py; the fetching half (requests, sources,
-progress) in protocol/relay/fetching.py. Per artifact the newest ``keep_versions`` complete
+legal transitions in protocol/relay/transfer.py; the fetching rules (requests, sources,
+stalls, progress) in protocol/relay/fetching.py's ``ChunkFetcher``, which the machine holds
+and calls with one transfer at a time. Per artifact the newest ``keep_versions`` complete
 versions are kept; older ones get ``DropVersion``.
 """
 
@@ -72,6 +73,7 @@ from protocol.relay.events import (
     ChunkFailed,
     ChunkReceived,
     ChunkRequested,
+    DiscardChunk,
     DropVersion,
     FetchVersion,
     PrepareVersion,
@@ -82,7 +84,7 @@ from protocol.relay.events import (
     StreamClosed,
     VersionPrepared,
 )
-from protocol.relay.fetching import RelayFetcher
+from protocol.relay.fetching import ChunkFetcher
 from protocol.relay.manifest import (
     ChunkStatus,
     Manifest,
@@ -104,7 +106,7 @@ BAD_MANIFEST_PENALTY = 20
 BAD_REQUEST_PENALTY = 5
 
 
-class RelayMachine(RelayFetcher):
+class RelayMachine:
     def __init__(
         self,
         self_id: str,
@@ -125,10 +127,7 @@ class RelayMachine(RelayFetcher):
         if not 1 <= stripes <= MAX_STRIPES:
             raise LocalProtocolError(f"stripes must be within 1..{MAX_STRIPES}, got {stripes}")
         self.self_id = self_id
-        self.window = window
         self.keep_versions = keep_versions
-        self.stall_timeout_ms = stall_timeout_ms
-        self.retry_ms = retry_ms
         self.max_queued_per_peer = max_queued_per_peer
         self.max_fanout = max_fanout
         self.stripes = stripes
@@ -139,6 +138,10 @@ class RelayMachine(RelayFetcher):
         #: valid manifests this node takes no part in (unplanned), and the caps on all kept
         self.book = ManifestBook(
             self_id, max_per_signer=max_manifests_per_signer, max_total=max_manifests
+        )
+        #: requests, sources, stalls and progress of the transfers being fetched
+        self.fetcher = ChunkFetcher(
+            self_id, window=window, stall_timeout_ms=stall_timeout_ms, retry_ms=retry_ms
         )
 
     # ------------------------------------------------------------ queries
@@ -160,15 +163,7 @@ class RelayMachine(RelayFetcher):
     def next_deadline(self) -> int | None:
         deadlines: list[int] = []
         for t in self.transfers.values():
-            deadlines.extend(t.suspect_due.values())
-            if t.announce_at_ms is not None:
-                deadlines.append(t.announce_at_ms)
-            if t.state is not TransferState.FETCHING:
-                continue
-            if t.in_flight and t.check_at_ms is not None:
-                deadlines.append(t.check_at_ms)
-            if t.retry_at_ms is not None:
-                deadlines.append(t.retry_at_ms)
+            self.fetcher.add_deadlines(t, deadlines)
         return min(deadlines, default=None)
 
     # ------------------------------------------------------------ events
@@ -182,20 +177,22 @@ class RelayMachine(RelayFetcher):
         elif isinstance(event, ChunkRequested):
             self._on_request(event, out)
         elif isinstance(event, Received) and isinstance(event.message, RelayProgress):
-            self._on_progress(event.peer, event.message, now, out)
+            t = self.transfers.get(event.message.manifest_id)
+            if t is not None:
+                self.fetcher.on_progress(t, event.peer, event.message, now, out)
         elif isinstance(event, ChunkFailed):
             if event.penalty > 0:
                 out.append(Penalize(event.peer, event.reason, event.penalty))
             t = self.transfers.get(event.manifest_id)
             if t is not None and t.in_flight.get(event.index) == event.peer:
-                self._fail_source(t, event.peer, event.reason, False, now, out)
+                self.fetcher.fail_source(t, event.peer, event.reason, False, now, out)
         elif isinstance(event, PeerDisconnected):
             for t in list(self.transfers.values()):
                 t.forget_waiter(event.peer)
                 if t.state is TransferState.FETCHING and (
                     event.peer in t.sources.values() or event.peer in t.in_flight.values()
                 ):
-                    self._fail_source(t, event.peer, "disconnected", False, now, out)
+                    self.fetcher.fail_source(t, event.peer, "disconnected", False, now, out)
                 elif event.peer in t.plan:
                     t.failed.setdefault(event.peer, False)
         elif isinstance(event, StreamClosed):
@@ -207,13 +204,15 @@ class RelayMachine(RelayFetcher):
                 if t.failed.get(event.peer) is False:
                     del t.failed[event.peer]
         elif isinstance(event, Tick):
-            self._on_tick(now, out)
+            for t in list(self.transfers.values()):
+                self.fetcher.on_tick(t, now, out)
         elif isinstance(event, VersionPrepared):
             t = self.transfers.get(event.manifest_id)
             if t is not None and t.state is TransferState.PREPARING:
                 t.mark_present(event.present)
                 t.move_to(TransferState.FETCHING)
-                self._after_progress(t, now, out)
+                if self.fetcher.after_progress(t, now, out):
+                    self._gc(t.manifest.key, out)
         elif isinstance(event, PublishVersion):
             self._on_publish(event.manifest, now, out)
         elif isinstance(event, FetchVersion):
@@ -225,6 +224,13 @@ class RelayMachine(RelayFetcher):
         elif isinstance(event, Restore):
             self._on_restore(event, now, out)
         return out
+
+    def _on_chunk(self, ev: ChunkReceived, now: int, out: list[Effect]) -> None:
+        t = self.transfers.get(ev.manifest_id)
+        if t is None:
+            out.append(DiscardChunk(ev.peer, ev.manifest_id, ev.index))
+        elif self.fetcher.on_chunk(t, ev, now, out):
+            self._gc(t.manifest.key, out)
 
     def _on_manifest(self, peer: str, msg: RelayManifest, now: int, out: list[Effect]) -> None:
         try:
@@ -290,7 +296,7 @@ class RelayMachine(RelayFetcher):
         ):
             t.move_to(TransferState.PREPARING)
             t.move_to(TransferState.FETCHING)
-            self._pump(t, now, out)
+            self.fetcher.pump(t, now, out)
         self._gc(manifest.key, out)
 
     def _register(self, manifest: Manifest, state: TransferState, out: list[Effect]) -> Transfer:

@@ -10,9 +10,9 @@ import trio
 from libp2p.identity.identify.pb.identify_pb2 import Identify
 from libp2p.pubsub.pb import rpc_pb2
 
-from node.p2p.frame_checks import check_gossip_rpc, check_identify
+from node.p2p.frame_checks import PING_STREAMS_PER_PEER, check_gossip_rpc, check_identify
 from node.p2p.framing import PeerFault
-from node.p2p.host import PING_STREAMS_PER_PEER, open_p2p
+from node.p2p.host import open_p2p
 from node.runtime.limits import NetLimits
 from node.transport import TransportError
 from tests.node.test_p2p import Faults, trio_test

@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, str] = {
     "join": "node.cli.invite:join",
     "rl": "node.cli.rl:rl",
     "generate": "node.cli.generate:generate",
+    "mcp": "node.cli.mcp:mcp",
 }
 
 

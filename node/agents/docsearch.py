@@ -185,5 +185,7 @@ class DocSearch:
             except OSError as exc:
                 raise ToolFailed(f"docsearch: cannot read {rel}: {exc.strerror}") from None
         found = _passages(rel, data.decode("utf-8", errors="replace"))
+        if len(self._cache) >= 2 * MAX_FILES:
+            self._cache.clear()  # files come and go; the cache never outgrows its bound
         self._cache[rel] = (key, found)
         return len(data), found

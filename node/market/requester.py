@@ -58,6 +58,7 @@ from protocol.market.messages import (
 )
 from protocol.market.selection import ScoreSelector, Selector
 from protocol.market.state import OpenTask
+from protocol.verification.requester import VerifiedAuction
 
 #: snapshots of finished tasks kept in memory for waiters (the database keeps them all)
 MAX_CACHED_SNAPSHOTS = 256
@@ -131,21 +132,19 @@ class TasksService(Service):
         self.section: TasksSection = ctx.config.section(self.name)
         s = self.section
         self._bandit: LinUCB | None = None
+        self._linucb: LinUCBSelector | None = None
         self._trust_view: TrustView | None = None
         selector: Selector = ScoreSelector(group_of=self.group)
         if s.selector == "linucb":
             self._bandit = LinUCB(len(FEATURES), alpha=s.linucb_alpha, ridge=s.linucb_lambda)
-            selector = LinUCBSelector(self._bandit)
+            selector = self._linucb = LinUCBSelector(self._bandit)
         self.selector = selector
         from node.verification.service import requester_machine  # VerifiedAuction if [verify] on
 
-        self._machine = requester_machine(
-            ctx, selector,
-            fed_config(s),
-            self.reputation,
-        )
-        # the bid window closes once every executor the ledger knows for the task has bid
-        self._machine.possible_bidders = self.possible_bidders
+        # possible_bidders: the bid window closes once every executor the ledger knows for the
+        # task has bid
+        self._machine = requester_machine(ctx, selector, fed_config(s), self.reputation,
+                                          self.possible_bidders)
         self._waiters: dict[str, trio.Event] = {}
         self._latest: dict[str, dict[str, Any]] = {}
         self._restored = 0
@@ -154,7 +153,7 @@ class TasksService(Service):
         self.chains = ChainAsks(ctx, self.record, int(self._started_at * 1000))
 
     @property
-    def machine(self) -> Auction:
+    def machine(self) -> Auction | VerifiedAuction:
         return self._machine
 
     # ---------------------------------------------------------------- ledger adapters
@@ -192,13 +191,14 @@ class TasksService(Service):
     # ---------------------------------------------------------------- storage
 
     async def start(self) -> None:
-        if self._bandit is not None:
+        if self._linucb is not None:
             rows = self.ctx.db.query("SELECT state FROM task_bandit WHERE id = 1")
             if rows:
                 try:
-                    self._bandit = LinUCB.from_dict(json.loads(rows[0]["state"]))
-                    self.selector = LinUCBSelector(self._bandit)
-                    self._machine.selector = self.selector
+                    restored = LinUCB.from_dict(json.loads(rows[0]["state"]))
+                    # the machine holds this selector: it chooses by the saved model from now
+                    self._linucb.load(restored)
+                    self._bandit = restored
                 except ValueError as exc:
                     self.ctx.log.warning("tasks.bandit_state_unreadable", error=str(exc))
 

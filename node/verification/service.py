@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -38,6 +39,7 @@ from protocol.machine import Effect, Received
 from protocol.market.auction import Auction, AuctionConfig
 from protocol.market.executor import Executor, ExecutorConfig
 from protocol.market.selection import Selector
+from protocol.market.state import OpenTask
 from protocol.verification.candidates import verified_auction
 from protocol.verification.executor import VerifiedExecutor
 from protocol.verification.messages import (
@@ -48,6 +50,7 @@ from protocol.verification.messages import (
     Terms,
     Verdict,
 )
+from protocol.verification.requester import VerifiedAuction
 from protocol.verification.state import VerifyConfig
 from protocol.verification.verifier import (
     CancelCheck,
@@ -111,13 +114,17 @@ def ledger_view(ctx: NodeContext) -> LedgerView | None:
 
 
 def requester_machine(ctx: NodeContext, selector: Selector, config: AuctionConfig,
-                      reputation: Any) -> Auction:
-    """The tasks service's machine: a VerifiedAuction when verification is enabled."""
+                      reputation: Callable[[str], float],
+                      possible_bidders: Callable[[OpenTask], int | None],
+                      ) -> Auction | VerifiedAuction:
+    """The tasks service's machine: a VerifiedAuction when verification is enabled; every
+    auction option goes to its constructor, as in simulations/machines/."""
     section = _section(ctx)
     if section is None or not section.enabled:
-        return Auction(ctx.identity, selector, ctx.rng, config, reputation)
+        return Auction(ctx.identity, selector, ctx.rng, config, reputation, possible_bidders)
     return verified_auction(ctx.identity, selector, ctx.rng, config, reputation,
-                            section.verify_config(), functools.partial(ledger_view, ctx))
+                            possible_bidders, section.verify_config(),
+                            functools.partial(ledger_view, ctx))
 
 
 def executor_machine(ctx: NodeContext, config: ExecutorConfig) -> Executor:

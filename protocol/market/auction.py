@@ -20,15 +20,20 @@ For each task submitted with ``SubmitTask`` the auction promises:
 
 The machine never reads the ledger: reputations come from the ``reputation`` callback, and
 how many peers could bid on a task from ``possible_bidders`` (the bid window closes early once
-all of them have; protocol/market/bidding.py). Its
-own effects: ``TaskUpdated`` (store/show the snapshot), ``Attest`` (an observation the node
-turns into a signed ledger attestation). ``Reward`` feeds later rewards (e.g. verification)
-to the selector. Seam for verification: every result that passes the checks goes through
-``Auction.admit(task, result, now)``; a commit/reveal step wraps it.
+all of them have; protocol/market/bidding.py); ``excluded`` names peers never to pick (the
+verification's convicted peers). Every option is a constructor argument: the daemon
+(node/market/requester.py) and the simulator (simulations/machines/market.py) pass them the
+same way. Its own effects: ``TaskUpdated`` (store/show the snapshot), ``Attest`` (an
+observation the node turns into a signed ledger attestation). ``Reward`` feeds later rewards
+(e.g. verification) to the selector.
 
-Beacons and bids are handled by the bidding half (protocol/market/bidding.py), results and
-the vote by the result half (protocol/market/results.py); this module holds the task's life
-around them: submit, restore, failures, replanning and timers.
+``Auction`` owns the task table and the counters and holds two components it calls:
+``Bidding`` (protocol/market/bidding.py: beacons, bid checks, picking and assigning) and
+``ResultIntake`` (protocol/market/results.py: result checks, the vote). Tasks are built by
+protocol/market/tasks.py; this module holds the task's life around them: submit, restore,
+failures, replanning and timers. Seam for verification: ``check_result`` and ``admit`` are
+public, so ``protocol.verification.requester.VerifiedAuction``, which holds an ``Auction``,
+checks a revealed result as the auction does and then decides itself whether to admit it.
 """
 
 from __future__ import annotations
@@ -36,22 +41,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from random import Random
 
-from crypto.envelope import Envelope, EnvelopeError
 from crypto.keys import Identity
-from protocol.answers import AnswerType
-from protocol.envelopes import open_envelope
-from protocol.errors import InvalidMessage, LocalProtocolError
 from protocol.machine import (
     Effect,
     Emit,
     PeerDisconnected,
-    Penalize,
     Received,
     Send,
     SendFailed,
     Tick,
 )
-from protocol.market.bidding import Bidding, RateWindow
+from protocol.market.bidding import Bidding, BidNext
 from protocol.market.events import (
     FAILED,
     TASK_ATTEST,
@@ -66,29 +66,14 @@ from protocol.market.events import (
     SubmitTask,
     TaskUpdated,
 )
-from protocol.market.messages import (
-    MAX_ROUND,
-    MAX_TASK_MS,
-    RESULT_DOMAIN,
-    TASK_ID_LEN,
-    Assign,
-    Bid,
-    BidBody,
-    Cancel,
-    Reject,
-    Requirement,
-    Result,
-    ResultBody,
-    TaskSpec,
-)
+from protocol.market.messages import MAX_ROUND, Assign, Bid, Cancel, Reject, RejectReason, Result
+from protocol.market.refusals import count
 from protocol.market.results import ResultIntake
 from protocol.market.rounds import NextRound, RoundAction, RoundState, next_round
-from protocol.market.sampling import default_temperature
 from protocol.market.selection import Selector
 from protocol.market.state import (
     Attempt,
     AttemptState,
-    BidInfo,
     OpenTask,
     ResultInfo,
     TaskPhase,
@@ -96,16 +81,16 @@ from protocol.market.state import (
     move_phase,
     snapshot,
 )
+from protocol.market.tasks import restored_task, submitted_task
+from protocol.market.voting import VoteRule
 
 __all__ = [
     "Attest", "Auction", "AuctionConfig", "CancelTask", "KeptResult", "RestoredAttempt",
-    "RestoreTask", "Reward",
-    "SubmitTask", "TaskUpdated",
+    "RestoreTask", "Reward", "SubmitTask", "TaskUpdated", "VoteRule",
 ]
 
 
-
-class Auction(Bidding, ResultIntake):
+class Auction:
     def __init__(
         self,
         identity: Identity,
@@ -114,17 +99,26 @@ class Auction(Bidding, ResultIntake):
         config: AuctionConfig | None = None,
         reputation: Callable[[str], float] = lambda peer: 0.5,
         possible_bidders: Callable[[OpenTask], int | None] = lambda task: None,
+        *,
+        excluded: Callable[[str, int], bool] = lambda peer, now: False,
+        voting: VoteRule | None = None,
     ) -> None:
+        """``possible_bidders``: how many peers could bid on a task (the ledger's live peers
+        serving a matching model, the requester itself only when the task allows it; None: not
+        known); ``excluded(peer, now)``: never pick this peer's bids; ``voting``: the vote's
+        rule (protocol.market.voting.VoteRule, the protocol's by default)."""
         self.identity = identity
         self.peer = identity.peer_id
         self.selector = selector
         self.rng = rng
         self.config = config if config is not None else AuctionConfig()
-        self.reputation = reputation
         self.possible_bidders = possible_bidders
         self.tasks: dict[bytes, OpenTask] = {}
         self.counters: dict[str, int] = {}
-        self._rates: dict[str, RateWindow] = {}
+        self.bidding = Bidding(identity, self.config, selector, reputation, possible_bidders,
+                               excluded, self.counters)
+        self.intake = ResultIntake(self.config, selector, reputation,
+                                   voting if voting is not None else VoteRule(), self.counters)
 
     # ------------------------------------------------------------------ machine contract
 
@@ -150,7 +144,7 @@ class Auction(Bidding, ResultIntake):
             return self._fail_peer(event.peer, "disconnected", now)
         if isinstance(event, CancelTask):
             task = self.tasks.get(event.task_id)
-            return [] if task is None or task.finished else self._finish(task, now, "cancelled")
+            return [] if task is None or task.finished else self.finish(task, now, "cancelled")
         if isinstance(event, Reward):
             self.selector.observe(event.task_id, event.peer, event.reward)
             return []
@@ -170,107 +164,114 @@ class Auction(Bidding, ResultIntake):
             times.extend(a.due_at_ms for a in t.active)
         return min(times) if times else None
 
-    # ------------------------------------------------------------------ helpers
-
-    def _count(self, what: str) -> None:
-        self.counters[what] = self.counters.get(what, 0) + 1
-
-    def _rejecter(self, scope: str, noun: str, peer: str) -> Callable[..., list[Effect]]:
-        """``reject(why, penalty=0)`` for one incoming ``noun`` (e.g. "bid") from ``peer``:
-        counts ``<noun>s_rejected.<why>``, emits ``<scope>.<noun>_rejected`` and, with a
-        penalty, penalizes the peer."""
-
-        def reject(why: str, penalty: int = 0) -> list[Effect]:
-            self._count(f"{noun}s_rejected.{why}")
-            out: list[Effect] = [Emit(f"{scope}.{noun}_rejected", {"peer": peer, "why": why})]
-            if penalty:
-                out.append(Penalize(peer, f"{noun} rejected: {why}", penalty))
-            return out
-
-        return reject
-
-    def _updated(self, task: OpenTask) -> TaskUpdated:
-        return TaskUpdated(snapshot(task))
-
     def open_tasks(self) -> list[OpenTask]:
         return [t for t in self.tasks.values() if not t.finished]
 
     # ------------------------------------------------------------------ submit and restore
 
     def _submit(self, ev: SubmitTask, now: int) -> list[Effect]:
-        try:
-            AnswerType(ev.answer_type)
-        except ValueError:
-            raise LocalProtocolError(f"unknown answer type {ev.answer_type!r}") from None
-        if not 1 <= ev.deadline_ms <= MAX_TASK_MS:
-            raise LocalProtocolError(f"deadline_ms must be in [1, {MAX_TASK_MS}]")
-        task_id = ev.task_id if ev.task_id is not None else self.rng.randbytes(TASK_ID_LEN)
-        if task_id in self.tasks:
-            raise LocalProtocolError(f"task {task_id.hex()} exists already")
-        spec = TaskSpec(
-            task_id=task_id, requester=self.peer, question=ev.question,
-            answer_type=ev.answer_type, choices=ev.choices,
-            requirement=Requirement(model=ev.model, family=ev.family,
-                                    min_context=ev.min_context),
-            k=ev.k, max_price=ev.max_price, max_tokens=ev.max_tokens, style=ev.style,
-            history=ev.history, top_p=ev.top_p, seed=ev.seed, stop=ev.stop,
-            temperature=default_temperature(ev.k) if ev.temperature is None else ev.temperature,
-        )
-        try:
-            spec.check()
-        except ValueError as exc:
-            raise LocalProtocolError(f"task: {exc}") from None
-        task = OpenTask(spec=spec, allow_self=ev.allow_self, phase=TaskPhase.BIDDING,
-                        created_at_ms=now, deadline_at_ms=now + ev.deadline_ms)
-        self.tasks[task_id] = task
-        self._count("tasks_submitted")
+        task = submitted_task(ev, self.peer, self.tasks, self.rng, now)
+        self.tasks[task.spec.task_id] = task
+        count(self.counters, "tasks_submitted")
         if len(self.open_tasks()) > self.config.max_open_tasks:
-            return self._finish(task, now, "too many open tasks")
-        return [Emit("task.submitted", {"task_id": task_id.hex(), "k": ev.k}),
-                *self._beacon(task, now)]
+            return self.finish(task, now, "too many open tasks")
+        return [Emit("task.submitted", {"task_id": task.spec.task_id.hex(), "k": ev.k}),
+                *self.bidding.beacon(task, now)]
 
     def _restore(self, ev: RestoreTask, now: int) -> list[Effect]:
-        spec = ev.spec
-        if spec.task_id in self.tasks or spec.requester != self.peer:
-            raise LocalProtocolError("restore of a task that is not ours or already known")
-        task = OpenTask(spec=spec, allow_self=ev.allow_self, phase=TaskPhase.BIDDING,
-                        created_at_ms=now, deadline_at_ms=now + max(0, ev.remaining_ms),
-                        round=min(ev.round, MAX_ROUND), next_attempt=ev.next_attempt,
-                        tried=set(ev.tried), rounds_with_bids=min(ev.round, MAX_ROUND) + 1)
-        self.tasks[spec.task_id] = task
-        for kept in ev.kept:
-            try:
-                env = Envelope.decode(kept.envelope)
-                body = open_envelope(env, RESULT_DOMAIN, ResultBody, self.config.max_frame)
-            except (InvalidMessage, EnvelopeError):
-                continue  # a damaged row loses that result, not the task
-            if body.task_id != spec.task_id or env.signer != body.executor:
-                continue
-            task.results[body.executor] = ResultInfo(body, env, body.attempt, kept.match_score,
-                                                     now)
-            task.tried.add(body.executor)
-        for ra in ev.assigned:
-            if ra.peer in task.results or ra.attempt in task.attempts:
-                continue
-            bid = BidBody(task_id=spec.task_id, round=task.round, bidder=ra.peer, model=ra.model,
-                          model_hash=b"", match_score=ra.match_score, price=0.0,
-                          est_latency_ms=0, load=0.0, free_slots=0, hold_ms=1)
-            due = min(task.deadline_at_ms, now + max(0, ra.due_in_ms))
-            task.attempts[ra.attempt] = Attempt(ra.attempt, ra.peer, BidInfo(bid, now, now),
-                                                AttemptState.ASSIGNED, now, due)
-            task.tried.add(ra.peer)
-        task.next_attempt = max([task.next_attempt, *(a + 1 for a in task.attempts)])
-        self._count("tasks_restored")
-        if len(task.results) >= spec.k or ev.remaining_ms <= 0:
-            return self._finish(task, now, "requester restarted after the deadline")
+        task = restored_task(ev, self.peer, self.tasks, self.config.max_frame, now)
+        self.tasks[task.spec.task_id] = task
+        count(self.counters, "tasks_restored")
+        if len(task.results) >= task.spec.k or ev.remaining_ms <= 0:
+            return self.finish(task, now, "requester restarted after the deadline")
         return self._replan(task, now, after_close=True)
+
+    # ------------------------------------------------------------------ bids
+
+    def _on_bid(self, peer: str, msg: Bid, now: int) -> list[Effect]:
+        taken = self.bidding.take(peer, msg, self.tasks, now)
+        if isinstance(taken, list):
+            return taken
+        task = taken.task
+        if taken.next is BidNext.CLOSE:
+            return taken.effects + self._close(task, now)
+        if taken.next is BidNext.SPARE:  # used at once while the task lacks executors
+            return taken.effects + self._replan(task, now,
+                                                after_close=now >= task.window_closes_at_ms)
+        return taken.effects
+
+    def _close(self, task: OpenTask, now: int) -> list[Effect]:
+        """Close the bid window: assign from the bids, keep the rest as spares."""
+        if task.bids:
+            task.rounds_with_bids += 1
+            task.empty_rounds = 0
+        else:
+            task.empty_rounds += 1
+        task.last_round_at_ms = now
+        effects = self.bidding.pick(task, task.bids, now)
+        task.spares.update(task.bids)
+        task.bids.clear()
+        count(self.counters, "auctions_closed")
+        return effects + self._replan(task, now, after_close=True)
+
+    # ------------------------------------------------------------------ results
+
+    def _on_reject(self, peer: str, msg: Reject, now: int) -> list[Effect]:
+        task = self.tasks.get(msg.task_id)
+        attempt = task.attempts.get(msg.attempt) if task is not None else None
+        if task is None or attempt is None or attempt.peer != peer \
+                or attempt.state is not AttemptState.ASSIGNED:
+            count(self.counters, "rejects_ignored")
+            return []
+        outcome = FAILED if msg.reason is RejectReason.COMPUTE_FAILED else None
+        return self.fail_attempt(task, attempt, f"rejected:{msg.reason.value}", outcome, now,
+                                 cancel=False)
+
+    def _on_result(self, peer: str, msg: Result, now: int) -> list[Effect]:
+        checked = self.check_result(peer, msg, now)
+        if isinstance(checked, list):
+            return checked
+        return self.admit(self.tasks[checked.body.task_id], checked, now)
+
+    def check_result(self, peer: str, msg: Result, now: int) -> ResultInfo | list[Effect]:
+        """The result checks (protocol/market/results.py): the checked result, or the
+        refusal's effects, the attempt it fails included."""
+        checked = self.intake.check(peer, msg, self.tasks, now)
+        if isinstance(checked, ResultInfo):
+            return checked
+        f = checked.failure
+        if f is None:
+            return checked.effects
+        return checked.effects + self.fail_attempt(f.task, f.attempt, f.reason, f.outcome, now,
+                                                   cancel=f.cancel)
+
+    def admit(self, task: OpenTask, result: ResultInfo, now: int) -> list[Effect]:
+        """Keep a checked result; vote once ``k`` are in."""
+        attempt = task.attempts[result.attempt]
+        move_attempt(attempt, AttemptState.ANSWERED)
+        task.results[attempt.peer] = result
+        count(self.counters, "results_accepted")
+        effects: list[Effect] = [Emit("task.result", {
+            "task_id": task.spec.task_id.hex(), "peer": attempt.peer,
+            "answer": result.body.answer, "latency_ms": now - attempt.assigned_at_ms})]
+        if len(task.results) >= task.spec.k:
+            return effects + self.finish(task, now, "")
+        if not task.active and task.phase is TaskPhase.RUNNING:
+            return effects + self._replan(task, now)
+        effects.append(TaskUpdated(snapshot(task)))
+        return effects
+
+    def finish(self, task: OpenTask, now: int, why: str) -> list[Effect]:
+        """Vote and end ``task`` (protocol/market/results.py); ``why`` a failure's reason."""
+        return self.intake.finish(task, now, why)
 
     # ------------------------------------------------------------------ failures and replan
 
-    def _fail_attempt(self, task: OpenTask, attempt: Attempt, reason: str, outcome: str | None,
-                      now: int, cancel: bool = True) -> list[Effect]:
+    def fail_attempt(self, task: OpenTask, attempt: Attempt, reason: str, outcome: str | None,
+                     now: int, cancel: bool = True) -> list[Effect]:
+        """Fail a running attempt (attested when ``outcome``), then replan its task."""
         move_attempt(attempt, AttemptState.FAILED, reason)
-        self._count(f"attempts_failed.{reason.split(':')[0]}")
+        count(self.counters, f"attempts_failed.{reason.split(':')[0]}")
         self.selector.observe(task.spec.task_id, attempt.peer, 0.0)
         effects: list[Effect] = [Emit("task.attempt_failed", {
             "task_id": task.spec.task_id.hex(), "peer": attempt.peer, "reason": reason})]
@@ -287,7 +288,7 @@ class Auction(Bidding, ResultIntake):
             task.spares.pop(peer, None)
             for attempt in task.active:
                 if attempt.peer == peer and not task.finished:
-                    effects += self._fail_attempt(task, attempt, reason, FAILED, now, False)
+                    effects += self.fail_attempt(task, attempt, reason, FAILED, now, False)
         return effects
 
     def _replan(self, task: OpenTask, now: int, after_close: bool = False) -> list[Effect]:
@@ -300,7 +301,7 @@ class Auction(Bidding, ResultIntake):
             return []
         effects: list[Effect] = []
         if task.needed > 0 and task.spares:
-            effects += self._pick(task, task.spares, now)
+            effects += self.bidding.pick(task, task.spares, now)
         window_open = task.phase is TaskPhase.BIDDING and not after_close
         why = "no executor left"
         if task.needed > 0 and not window_open and task.next_round_at_ms is None:
@@ -310,22 +311,22 @@ class Auction(Bidding, ResultIntake):
                 task.round += 1
                 if task.phase is not TaskPhase.BIDDING:
                     move_phase(task, TaskPhase.BIDDING)
-                self._count("replans")
-                return effects + self._beacon(task, now)
+                count(self.counters, "replans")
+                return effects + self.bidding.beacon(task, now)
             if plan.action is RoundAction.GIVE_UP:
                 why = plan.why
             else:  # a round after a backoff, or a skipped one: the tick brings it
                 if plan.action is RoundAction.SKIP:
                     task.last_round_at_ms = now
-                    self._count("rounds_skipped")
+                    count(self.counters, "rounds_skipped")
                 task.next_round_at_ms = plan.at_ms
         if window_open:
-            return effects + [self._updated(task)]
+            return effects + [TaskUpdated(snapshot(task))]
         if not task.active and task.next_round_at_ms is None:
-            return effects + self._finish(task, now, why)
+            return effects + self.finish(task, now, why)
         if task.phase is TaskPhase.BIDDING and task.active:
             move_phase(task, TaskPhase.RUNNING)
-        return effects + [self._updated(task)]
+        return effects + [TaskUpdated(snapshot(task))]
 
     def _plan_round(self, task: OpenTask, now: int) -> NextRound:
         """The next round for ``task`` by protocol/market/rounds.py (the wire allows
@@ -350,11 +351,11 @@ class Auction(Bidding, ResultIntake):
                     del self.tasks[task_id]
                 continue
             if now >= task.deadline_at_ms:
-                effects += self._finish(task, now, "")
+                effects += self.finish(task, now, "")
                 continue
             for attempt in task.active:
                 if now >= attempt.due_at_ms and not task.finished:
-                    effects += self._fail_attempt(task, attempt, "timeout", TIMEOUT, now)
+                    effects += self.fail_attempt(task, attempt, "timeout", TIMEOUT, now)
             if task.next_round_at_ms is not None:
                 if now >= task.next_round_at_ms and not task.finished:
                     task.next_round_at_ms = None
@@ -363,4 +364,3 @@ class Auction(Bidding, ResultIntake):
                     and not task.finished:
                 effects += self._close(task, now)
         return effects
-

@@ -1,19 +1,20 @@
-"""Requester side, the bidding half: beacons out, bids in, executors chosen and assigned.
+"""Requester side, bidding: beacons out, bids in, executors chosen and assigned.
 
-``Bidding`` is mixed into ``protocol.market.auction.Auction`` (which documents the promises and
-sets every attribute declared here). A round's beacon opens a bid window of at most
-``bid_window_ms`` (and a third of the time left); a bid is accepted only if it opens as signed
-and sent by its bidder, is for a task in that round's open window, within budget, above
-``min_match``, from a peer not yet tried (nor ourselves, unless the task allows it), within
-``max_bids_per_task`` and not over ``bid_rate`` per ``rate_window_ms``; a valid bid we will
-not use is answered with a ``Cancel`` that releases the bidder's slot. A valid bid that missed
-its window (an earlier round's, or one closed already) is used at once, like a spare, while
-the task still lacks executors: on a loaded machine bids come seconds late, and refusing them
-left the executors idle while the tasks they bid on waited out a backoff for the next round.
+``Bidding`` is a component the ``protocol.market.auction.Auction`` holds (which documents the
+promises and owns the task table; bidding keeps only each peer's recent bid times). A round's
+beacon opens a bid window of at most ``bid_window_ms`` (and a third of the time left); a bid
+is accepted only if it opens as signed and sent by its bidder, is for a task in that round's
+open window, within budget, above ``min_match``, from a peer not yet tried (nor ourselves,
+unless the task allows it), within ``max_bids_per_task`` and not over ``bid_rate`` per
+``rate_window_ms``; a valid bid we will not use is answered with a ``Cancel`` that releases the
+bidder's slot. A valid bid that missed its window (an earlier round's, or one closed already)
+is kept as a spare for the auction to use at once while the task still lacks executors: on a
+loaded machine bids come seconds late, and refusing them left the executors idle while the
+tasks they bid on waited out a backoff for the next round.
 
-The window closes as soon as waiting longer cannot improve the choice, then the selector picks
-the executors, each gets a signed assignment with its own deadline, the other bids stay as
-spares. That is the first of:
+``take`` says what the auction does next (``BidNext``): the window closes as soon as waiting
+longer cannot improve the choice, then ``pick`` has the selector choose the executors, each gets
+a signed assignment with its own deadline, the other bids stay as spares. That is the first of:
 * ``wanted + spare_bids`` bids are in;
 * every peer that could bid has (``possible_bidders``: the ledger's live peers serving a
   matching model, less those already tried for the task);
@@ -22,10 +23,12 @@ spares. That is the first of:
   selector ranks low on latency and load anyway; waiting for it costs every task the whole
   window (1.5 s by default, against about 1 s of compute for a short answer);
 * the window's deadline.
+``pick`` never chooses a peer ``excluded`` says to leave out (verification's convicted peers).
 """
 
 from __future__ import annotations
 
+import enum
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 from crypto.keys import Identity
 from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored, seal
 from protocol.machine import Effect, Emit, Publish, Send
+from protocol.market.events import AuctionConfig, TaskUpdated
 from protocol.market.messages import (
     ASSIGN_DOMAIN,
     BEACON_DOMAIN,
@@ -46,9 +50,16 @@ from protocol.market.messages import (
     BidBody,
     Cancel,
 )
-from protocol.market.parts import AuctionParts
-from protocol.market.selection import Candidate
-from protocol.market.state import Attempt, AttemptState, BidInfo, OpenTask, TaskPhase
+from protocol.market.refusals import count, rejecter
+from protocol.market.selection import Candidate, Selector
+from protocol.market.state import (
+    Attempt,
+    AttemptState,
+    BidInfo,
+    OpenTask,
+    TaskPhase,
+    snapshot,
+)
 
 PENALTY_RATE = 2
 
@@ -60,14 +71,40 @@ class RateWindow:
     times: deque[int] = field(default_factory=deque)
 
 
-class Bidding(AuctionParts):
-    """The bidding half of ``Auction`` (see the module docstring)."""
+class BidNext(enum.Enum):
+    """What the auction does after a bid was taken."""
 
-    identity: Identity
-    peer: str
-    _rates: dict[str, RateWindow]
+    WAIT = "wait"  # the window stays open (its close perhaps brought forward)
+    CLOSE = "close"  # waiting longer cannot improve the choice: close the window now
+    SPARE = "spare"  # a late bid kept as a spare: replan, which may assign it at once
 
-    def _beacon(self, task: OpenTask, now: int) -> list[Effect]:
+
+@dataclass(slots=True)
+class TakenBid:
+    task: OpenTask
+    next: BidNext
+    effects: list[Effect]
+
+
+class Bidding:
+    """Beacons, bid checks, picking and assigning for the ``Auction`` that holds it."""
+
+    def __init__(self, identity: Identity, config: AuctionConfig, selector: Selector,
+                 reputation: Callable[[str], float],
+                 possible_bidders: Callable[[OpenTask], int | None],
+                 excluded: Callable[[str, int], bool], counters: dict[str, int]) -> None:
+        self.identity = identity
+        self.peer = identity.peer_id
+        self.config = config
+        self.selector = selector
+        self.reputation = reputation
+        self.possible_bidders = possible_bidders
+        self.excluded = excluded
+        self.counters = counters
+        self.rates: dict[str, RateWindow] = {}
+
+    def beacon(self, task: OpenTask, now: int) -> list[Effect]:
+        """Open a bid round for ``task``: a signed beacon, its window set."""
         remaining = task.deadline_at_ms - now
         window = max(1, min(self.config.bid_window_ms, remaining // 3))
         task.window_closes_at_ms = now + window
@@ -79,28 +116,31 @@ class Bidding(AuctionParts):
             max_tokens=spec.max_tokens, bid_window_ms=window, deadline_ms=max(1, remaining),
             allow_self=task.allow_self,
         )
-        self._count("beacons_sent")
+        count(self.counters, "beacons_sent")
         return [
             Publish(BEACON_TOPIC, Beacon(envelope=seal(self.identity, BEACON_DOMAIN, body))),
             Emit("task.beacon", {"task_id": spec.task_id.hex(), "round": task.round,
                                  "wanted": body.wanted, "window_ms": window}),
-            self._updated(task),
+            TaskUpdated(snapshot(task)),
         ]
 
     def _rate_limited(self, peer: str, now: int) -> bool:
-        rate = self._rates.setdefault(peer, RateWindow())
+        rate = self.rates.setdefault(peer, RateWindow())
         while rate.times and rate.times[0] <= now - self.config.rate_window_ms:
             rate.times.popleft()
         if len(rate.times) >= self.config.bid_rate:
             return True
         rate.times.append(now)
-        if len(self._rates) > 4 * self.config.max_open_tasks * self.config.max_bids_per_task:
-            for p in [p for p, r in self._rates.items() if not r.times]:
-                del self._rates[p]
+        if len(self.rates) > 4 * self.config.max_open_tasks * self.config.max_bids_per_task:
+            for p in [p for p, r in self.rates.items() if not r.times]:
+                del self.rates[p]
         return False
 
-    def _on_bid(self, peer: str, msg: Bid, now: int) -> list[Effect]:
-        reject = self._rejecter("task", "bid", peer)
+    def take(self, peer: str, msg: Bid, tasks: dict[bytes, OpenTask],
+             now: int) -> TakenBid | list[Effect]:
+        """Check a bid and keep it (in the window, or as a spare when late); else the
+        refusal's effects."""
+        reject = rejecter(self.counters, "task", "bid", peer)
 
         if self._rate_limited(peer, now):
             return reject("rate_limited", PENALTY_RATE)
@@ -109,7 +149,7 @@ class Bidding(AuctionParts):
                                  self.config.max_frame, sender=peer, author=lambda b: b.bidder)
         except Unopened as refused:
             return reject(refused.why, PENALTY_FORGED)
-        task = self.tasks.get(body.task_id)
+        task = tasks.get(body.task_id)
         if task is None:
             return reject("unknown_task")
         if peer in task.bids or peer in task.tried or peer in task.spares:
@@ -127,32 +167,31 @@ class Bidding(AuctionParts):
             return refuse("poor_match")
         if task.phase is not TaskPhase.BIDDING or body.round != task.round \
                 or now >= task.window_closes_at_ms:
-            return self._late_bid(task, body, now, refuse)
+            return self._late(task, body, now, refuse)
         if len(task.bids) >= self.config.max_bids_per_task:
             return refuse("too_many")
         task.bids[peer] = BidInfo(body, now, now + body.hold_ms)
-        self._count("bids_accepted")
+        count(self.counters, "bids_accepted")
         effects: list[Effect] = [Emit("task.bid", {"task_id": body.task_id.hex(), "peer": peer,
                                                     "match": body.match_score,
                                                     "price": body.price})]
         if len(task.bids) >= task.needed + self.config.spare_bids or self._all_bid(task):
-            effects.extend(self._close(task, now))
-        elif len(task.bids) >= task.needed:
+            return TakenBid(task, BidNext.CLOSE, effects)
+        if len(task.bids) >= task.needed:
             task.window_closes_at_ms = min(task.window_closes_at_ms,
                                            now + self.config.close_grace_ms)
-        return effects
+        return TakenBid(task, BidNext.WAIT, effects)
 
-    def _late_bid(self, task: OpenTask, body: BidBody, now: int,
-                  refuse: Callable[[str], list[Effect]]) -> list[Effect]:
-        """A valid bid that missed its round's window: used at once, as a spare is, while the
-        task still lacks executors; refused (its place released) when it no longer does."""
+    def _late(self, task: OpenTask, body: BidBody, now: int,
+              refuse: Callable[[str], list[Effect]]) -> TakenBid | list[Effect]:
+        """A valid bid that missed its round's window: kept as a spare while the task still
+        lacks executors; refused (its place released) when it no longer does."""
         if task.finished or task.needed == 0 or body.round > task.round:
             return refuse("late")
         task.spares[body.bidder] = BidInfo(body, now, now + body.hold_ms)
-        self._count("late_bids_used")
-        return [Emit("task.late_bid_used", {"task_id": body.task_id.hex(), "peer": body.bidder,
-                                            "round": body.round}),
-                *self._replan(task, now, after_close=now >= task.window_closes_at_ms)]
+        count(self.counters, "late_bids_used")
+        return TakenBid(task, BidNext.SPARE, [Emit("task.late_bid_used", {
+            "task_id": body.task_id.hex(), "peer": body.bidder, "round": body.round})])
 
     def _all_bid(self, task: OpenTask) -> bool:
         possible = self.possible_bidders(task)
@@ -166,8 +205,12 @@ class Bidding(AuctionParts):
             deadline_ms=max(0, task.deadline_at_ms - now), load=b.load, free_slots=b.free_slots,
         )
 
-    def _pick(self, task: OpenTask, pool: dict[str, BidInfo], now: int) -> list[Effect]:
-        """Assign up to ``task.needed`` executors chosen from ``pool`` (which is consumed)."""
+    def pick(self, task: OpenTask, pool: dict[str, BidInfo], now: int) -> list[Effect]:
+        """Assign up to ``task.needed`` executors chosen from ``pool`` (which is consumed;
+        excluded peers' bids are dropped from it)."""
+        for peer in [p for p in pool if self.excluded(p, now)]:
+            del pool[peer]
+            count(self.counters, "bids_excluded")
         usable = {p: b for p, b in pool.items() if p not in task.tried and now < b.hold_until_ms}
         chosen = self.selector.select(
             task.spec.task_id, [self._candidate(task, b, now) for b in usable.values()],
@@ -182,20 +225,6 @@ class Bidding(AuctionParts):
         pool.update(usable)
         return effects
 
-    def _close(self, task: OpenTask, now: int) -> list[Effect]:
-        """Close the bid window: assign from the bids, keep the rest as spares."""
-        if task.bids:
-            task.rounds_with_bids += 1
-            task.empty_rounds = 0
-        else:
-            task.empty_rounds += 1
-        task.last_round_at_ms = now
-        effects = self._pick(task, task.bids, now)
-        task.spares.update(task.bids)
-        task.bids.clear()
-        self._count("auctions_closed")
-        return effects + self._replan(task, now, after_close=True)
-
     def _assign(self, task: OpenTask, info: BidInfo, now: int) -> list[Effect]:
         b = info.body
         due = now + self.config.assign_base_ms + int(self.config.assign_slack *
@@ -209,7 +238,7 @@ class Bidding(AuctionParts):
             task.first_assigned_at_ms = now
         body = AssignBody(task=task.spec, executor=b.bidder, attempt=attempt.attempt,
                           round=task.round, model=b.model, deadline_ms=max(1, due - now))
-        self._count("assigned")
+        count(self.counters, "assigned")
         return [
             Send(b.bidder, Assign(envelope=seal(self.identity, ASSIGN_DOMAIN, body))),
             Emit("task.assigned", {"task_id": task.spec.task_id.hex(), "peer": b.bidder,

@@ -217,8 +217,18 @@ class LinUCBSelector:
 
     def __init__(self, model: LinUCB | None = None) -> None:
         self.model = model if model is not None else LinUCB(len(FEATURES))
-        if self.model.dim != len(FEATURES):
+        self._check(self.model)
+
+    @staticmethod
+    def _check(model: LinUCB) -> None:
+        if model.dim != len(FEATURES):
             raise ValueError(f"a selection model has {len(FEATURES)} features")
+
+    def load(self, model: LinUCB) -> None:
+        """Choose by ``model`` from now on (a saved state restored into the selector a machine
+        already holds)."""
+        self._check(model)
+        self.model = model
 
     def select(self, task_id: bytes, candidates: Sequence[Candidate], n: int) -> list[Candidate]:
         by_peer = {c.peer: c for c in unique(candidates)}

@@ -1,16 +1,20 @@
-"""Requester side, second half: taking results in, voting, finishing a task.
+"""Requester side, results: checking each result, voting, finishing a task.
 
-``ResultIntake`` is mixed into ``protocol.market.auction.Auction`` (which documents the promises);
-it holds the result checks (forged, unassigned, replayed, late, oversized CoT, wrong model;
-unparseable answers are kept as abstentions), ``admit`` (the verification seam: a
-commit/reveal step wraps it) and ``_finish`` (vote, attest each executor: completed when
-the other executors' ballots confirm its answer, ``VoteOutcome.confirmed``; reward the
-selector, release everyone still held).
+``ResultIntake`` is a component the ``protocol.market.auction.Auction`` holds (which documents
+the promises and owns the task table). ``check`` holds the result checks (forged, unassigned,
+replayed, late, oversized CoT, wrong model; unparseable answers are kept as abstentions) and
+returns either the checked result, for the auction to ``admit`` (the verification seam:
+protocol/verification/requester.py checks a revealed result the same way and then decides
+itself), or the refusal with the attempt to fail for it. ``finish`` votes (by the ``VoteRule``
+the auction was given), attests each executor (completed when the other executors' ballots
+confirm its answer, ``VoteOutcome.confirmed``, under the protocol's rule), rewards the
+selector and releases everyone still held.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from protocol.answers import AnswerType, normalize_answer
 from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored
@@ -22,101 +26,93 @@ from protocol.market.events import (
     TIMEOUT,
     WRONG,
     Attest,
+    AuctionConfig,
+    TaskUpdated,
 )
-from protocol.market.messages import (
-    RESULT_DOMAIN,
-    Cancel,
-    Reject,
-    RejectReason,
-    Result,
-    ResultBody,
-)
-from protocol.market.parts import AuctionParts
+from protocol.market.messages import RESULT_DOMAIN, Cancel, Result, ResultBody
+from protocol.market.refusals import assigned, count, rejecter
+from protocol.market.selection import Selector
 from protocol.market.state import (
+    Attempt,
     AttemptState,
     OpenTask,
     ResultInfo,
     TaskPhase,
     move_attempt,
     move_phase,
+    snapshot,
 )
-from protocol.market.voting import Ballot, ballot_weight, vote
+from protocol.market.voting import Ballot, VoteRule, vote
 
 
-class ResultIntake(AuctionParts):
-    #: how a ballot weighs (protocol.market.voting's rule), and whether an executor's answer
-    #: must be confirmed by the others' ballots to be attested completed (else: agree with the
-    #: winner); the voting scenario measures the former rule by giving its comparison runs'
-    #: requesters that (ballot weight as claimed, False) instead
-    weigh: Callable[[Ballot], float] = staticmethod(ballot_weight)
-    confirm_by_others: bool = True
+@dataclass(frozen=True, slots=True)
+class AttemptFailure:
+    """An attempt the auction fails (``Auction.fail_attempt``) for a refused result."""
 
-    # ------------------------------------------------------------------ results
+    task: OpenTask
+    attempt: Attempt
+    reason: str
+    outcome: str | None
+    cancel: bool
 
-    def _on_reject(self, peer: str, msg: Reject, now: int) -> list[Effect]:
-        task = self.tasks.get(msg.task_id)
-        attempt = task.attempts.get(msg.attempt) if task is not None else None
-        if task is None or attempt is None or attempt.peer != peer \
-                or attempt.state is not AttemptState.ASSIGNED:
-            self._count("rejects_ignored")
-            return []
-        outcome = FAILED if msg.reason is RejectReason.COMPUTE_FAILED else None
-        return self._fail_attempt(task, attempt, f"rejected:{msg.reason.value}", outcome, now,
-                                  cancel=False)
 
-    def _on_result(self, peer: str, msg: Result, now: int) -> list[Effect]:
-        reject = self._rejecter("task", "result", peer)
+@dataclass(slots=True)
+class Refused:
+    """A result refused: the refusal's effects, and the attempt to fail for it (if any)."""
+
+    effects: list[Effect]
+    failure: AttemptFailure | None = None
+
+
+class ResultIntake:
+    """Result checks and the vote for the ``Auction`` that holds it."""
+
+    def __init__(self, config: AuctionConfig, selector: Selector,
+                 reputation: Callable[[str], float], voting: VoteRule,
+                 counters: dict[str, int]) -> None:
+        self.config = config
+        self.selector = selector
+        self.reputation = reputation
+        self.voting = voting
+        self.counters = counters
+
+    def check(self, peer: str, msg: Result, tasks: dict[bytes, OpenTask],
+              now: int) -> ResultInfo | Refused:
+        reject = rejecter(self.counters, "task", "result", peer)
 
         try:
             body = open_authored(msg.envelope, RESULT_DOMAIN, ResultBody,
                                  self.config.max_frame, sender=peer, author=lambda b: b.executor)
         except Unopened as refused:
-            return reject(refused.why, PENALTY_FORGED)
-        found = self._assigned(peer, body.task_id, body.attempt, reject)
+            return Refused(reject(refused.why, PENALTY_FORGED))
+        found = assigned(tasks, peer, body.task_id, body.attempt, reject)
         if isinstance(found, list):
-            return found
+            return Refused(found)
         task, attempt = found
         if attempt.state is AttemptState.ANSWERED:
-            return reject("duplicate")
+            return Refused(reject("duplicate"))
         if attempt.state is not AttemptState.ASSIGNED or task.finished:
-            return reject("late")
+            return Refused(reject("late"))
         if now > attempt.due_at_ms:
-            return reject("late") + self._fail_attempt(task, attempt, "timeout", TIMEOUT, now)
+            return Refused(reject("late"),
+                           AttemptFailure(task, attempt, "timeout", TIMEOUT, cancel=True))
         if len(body.cot) > self.config.max_cot_chars:
-            return reject("oversized", PENALTY_FORGED) + self._fail_attempt(
-                task, attempt, "malformed:oversized cot", FAILED, now, cancel=False)
+            return Refused(reject("oversized", PENALTY_FORGED), AttemptFailure(
+                task, attempt, "malformed:oversized cot", FAILED, cancel=False))
         bid_hash = attempt.bid.body.model_hash
         if bid_hash and body.model_hash != bid_hash:
-            return reject("model_mismatch") + self._fail_attempt(
-                task, attempt, "malformed:model_mismatch", FAILED, now, cancel=False)
+            return Refused(reject("model_mismatch"), AttemptFailure(
+                task, attempt, "malformed:model_mismatch", FAILED, cancel=False))
         if normalize_answer(AnswerType(task.spec.answer_type), body.answer,
                             task.spec.choices) is None:
             # Honest work can end without a usable answer (a small model rambles): the result
             # stays as an abstaining ballot (weight 0) and is attested "wrong" when the vote
             # ends, not as a protocol failure that would exclude and replace the executor.
-            self._count("unparseable_answers")
-        return self.admit(task, ResultInfo(body, msg.envelope, attempt.attempt,
-                                           attempt.bid.body.match_score, now), now)
+            count(self.counters, "unparseable_answers")
+        return ResultInfo(body, msg.envelope, attempt.attempt, attempt.bid.body.match_score, now)
 
-    def admit(self, task: OpenTask, result: ResultInfo, now: int) -> list[Effect]:
-        """Keep a checked result; vote once ``k`` are in (the verification seam)."""
-        attempt = task.attempts[result.attempt]
-        move_attempt(attempt, AttemptState.ANSWERED)
-        task.results[attempt.peer] = result
-        self._count("results_accepted")
-        effects: list[Effect] = [Emit("task.result", {
-            "task_id": task.spec.task_id.hex(), "peer": attempt.peer,
-            "answer": result.body.answer, "latency_ms": now - attempt.assigned_at_ms})]
-        if len(task.results) >= task.spec.k:
-            return effects + self._finish(task, now, "")
-        if not task.active and task.phase is TaskPhase.RUNNING:
-            return effects + self._replan(task, now)
-        effects.append(self._updated(task))
-        return effects
-
-    # ------------------------------------------------------------------ finishing
-
-    def _finish(self, task: OpenTask, now: int, why: str) -> list[Effect]:
+    def finish(self, task: OpenTask, now: int, why: str) -> list[Effect]:
+        """End ``task``: release everyone still held, then vote (or fail without results)."""
         effects: list[Effect] = []
         for attempt in task.active:
             timed_out = now >= attempt.due_at_ms
@@ -134,29 +130,33 @@ class ResultIntake(AuctionParts):
         task.bids.clear()
         task.finished_at_ms = now
         task.forget_at_ms = now + self.config.keep_finished_ms
-        tid = task.spec.task_id
         if task.results and why != "cancelled":
-            ballots = [Ballot(p, r.body.answer, r.body.confidence, self.reputation(p),
-                              r.match_score) for p, r in task.results.items()]
-            task.outcome = vote(ballots, AnswerType(task.spec.answer_type), task.spec.choices,
-                                self.weigh)
-            task.partial = len(task.results) < task.spec.k
-            move_phase(task, TaskPhase.DONE)
-            self._count("tasks_done")
-            for p in task.results:
-                agreed = (task.outcome.confirmed(p) if self.confirm_by_others
-                          else task.outcome.agrees(p))
-                effects.append(Attest(p, tid, TASK_ATTEST, COMPLETED if agreed else WRONG))
-                if self.config.reward_on_vote:
-                    self.selector.observe(tid, p, 1.0 if agreed else 0.0)
-            effects.append(Emit("task.done", {"task_id": tid.hex(),
-                                              "answer": task.outcome.winner,
-                                              "votes": len(task.results),
-                                              "partial": task.partial}))
+            effects += self._vote(task)
         else:
             task.failure = why or "no result before the deadline"
             move_phase(task, TaskPhase.FAILED)
-            self._count("tasks_failed")
-            effects.append(Emit("task.failed", {"task_id": tid.hex(), "why": task.failure}))
-        effects.append(self._updated(task))
+            count(self.counters, "tasks_failed")
+            effects.append(Emit("task.failed", {"task_id": task.spec.task_id.hex(),
+                                                "why": task.failure}))
+        effects.append(TaskUpdated(snapshot(task)))
+        return effects
+
+    def _vote(self, task: OpenTask) -> list[Effect]:
+        tid = task.spec.task_id
+        ballots = [Ballot(p, r.body.answer, r.body.confidence, self.reputation(p),
+                          r.match_score) for p, r in task.results.items()]
+        task.outcome = vote(ballots, AnswerType(task.spec.answer_type), task.spec.choices,
+                            self.voting.weigh)
+        task.partial = len(task.results) < task.spec.k
+        move_phase(task, TaskPhase.DONE)
+        count(self.counters, "tasks_done")
+        effects: list[Effect] = []
+        for p in task.results:
+            agreed = (task.outcome.confirmed(p) if self.voting.confirm_by_others
+                      else task.outcome.agrees(p))
+            effects.append(Attest(p, tid, TASK_ATTEST, COMPLETED if agreed else WRONG))
+            if self.config.reward_on_vote:
+                self.selector.observe(tid, p, 1.0 if agreed else 0.0)
+        effects.append(Emit("task.done", {"task_id": tid.hex(), "answer": task.outcome.winner,
+                                          "votes": len(task.results), "partial": task.partial}))
         return effects

@@ -120,6 +120,18 @@ def ballot_weight(b: Ballot) -> float:
     return _factor(b.reputation) * _factor(calibrated_confidence(b)) * _factor(b.match_score)
 
 
+@dataclass(frozen=True, slots=True)
+class VoteRule:
+    """How the requester's vote weighs a ballot, and whether an executor's answer must be
+    confirmed by the other executors' ballots to be attested completed (else: it agrees with
+    the winner). The protocol's rule is the default; the voting scenario measures it against
+    the former one (ballot weight as claimed, not confirmed by others) by giving its comparison
+    runs' auctions another ``VoteRule``."""
+
+    weigh: Callable[[Ballot], float] = ballot_weight
+    confirm_by_others: bool = True
+
+
 def vote(
     ballots: Sequence[Ballot],
     answer_type: AnswerType,

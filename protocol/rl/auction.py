@@ -100,7 +100,9 @@ class GroupAccepted:
 
 
 @dataclass(slots=True)
-class Bidding:
+class BidWindow:
+    """One job's open bid window: its round, when it closes, the bids in."""
+
     job: RolloutJob
     round: int
     closes_at_ms: int
@@ -117,7 +119,7 @@ class RolloutAuction:
         self.selector = selector
         self.reputation = reputation
         self.settings = settings if settings is not None else AuctionSettings()
-        self.bidding: dict[bytes, Bidding] = {}
+        self.bidding: dict[bytes, BidWindow] = {}
         self.next_attempt = 0
         self.counters: dict[str, int] = {}
 
@@ -166,7 +168,7 @@ class RolloutAuction:
         s = self.settings
         if left <= s.bid_window_ms or round_ >= s.max_rounds:
             return []  # the book times it out and reissues it
-        self.bidding[job.job_id] = Bidding(job, round_, now + s.bid_window_ms)
+        self.bidding[job.job_id] = BidWindow(job, round_, now + s.bid_window_ms)
         body = RolloutBeaconBody(job=job, round=round_, max_price=s.max_price,
                                  bid_window_ms=s.bid_window_ms,
                                  deadline_ms=min(left, MAX_TASK_MS))
@@ -196,7 +198,7 @@ class RolloutAuction:
             return self._close(open_job, now)
         return []
 
-    def _close(self, open_job: Bidding, now: int) -> list[Effect]:
+    def _close(self, open_job: BidWindow, now: int) -> list[Effect]:
         job = open_job.job
         del self.bidding[job.job_id]
         left = self._time_left(job, now)

@@ -11,7 +11,8 @@ A ``VerifiedAuction`` asks two questions its driver answers from the node's ledg
   :meth:`LedgerCandidates.excluded`).
 
 Without a ledger (``view_of`` returns None) there are no candidates and nobody is excluded.
-:func:`verified_auction` builds the requester's machine with both answers wired, so the daemon
+:func:`verified_auction` builds the requester's machine with both answers wired and every
+auction option (``possible_bidders`` among them) passed to its one constructor, so the daemon
 (node/verification/service.py) and the simulator (simulations/machines/verification.py) build
 it the same way and neither can leave one out.
 """
@@ -26,6 +27,7 @@ from protocol.ledger.records import Role
 from protocol.ledger.view import LedgerView
 from protocol.market.events import AuctionConfig
 from protocol.market.selection import Selector
+from protocol.market.state import OpenTask
 from protocol.verification.requester import VerifiedAuction
 from protocol.verification.rules import ledger_convicted
 from protocol.verification.state import VerifyConfig
@@ -56,8 +58,11 @@ class LedgerCandidates:
 
 def verified_auction(identity: Identity, selector: Selector, rng: Random,
                      config: AuctionConfig, reputation: Callable[[str], float],
+                     possible_bidders: Callable[[OpenTask], int | None],
                      verify: VerifyConfig, view_of: ViewOf) -> VerifiedAuction:
-    """A requester that verifies, its candidates and exclusions read from ``view_of()``."""
+    """A requester that verifies, its candidates and exclusions read from ``view_of()``; the
+    auction's options as ``protocol.market.auction.Auction`` takes them."""
     ledger = LedgerCandidates(view_of, verify.exclusion_ms)
-    return VerifiedAuction(identity, selector, rng, config, reputation, verify=verify,
-                           verifier_candidates=ledger.verifiers, excluded=ledger.excluded)
+    return VerifiedAuction(identity, selector, rng, config, reputation, possible_bidders,
+                           verify=verify, verifier_candidates=ledger.verifiers,
+                           excluded=ledger.excluded)

@@ -1,29 +1,25 @@
-"""Commit and reveal: the first half of the requester's verification.
+"""Commit and reveal: the first step of the requester's verification.
 
-``CommitRevealAuction`` is the market's ``protocol.market.auction.Auction`` plus the commit window.
-It takes ``Commit`` s (checked, then batched into windows), sends ``RevealRequest`` s when a
-window closes, and opens each ``Reveal`` against its commitment: a matching result goes on to
-the auction's own result checks, which end in ``admit`` (the seam ``VerifiedAuction``
-overrides); a mismatching one goes to ``_convict`` (protocol/verification/verdicts.py).
-protocol/verification/requester.py completes this class and lists the promises all the parts
-keep.
+``CommitReveal`` is a component ``VerifiedAuction`` (protocol/verification/requester.py, which
+lists the promises and owns the per-task ``vtasks``) holds. It takes ``Commit`` s (checked,
+then batched into windows), sends ``RevealRequest`` s when a window closes, and opens each
+``Reveal`` against its commitment: a matching result goes through the auction's own result
+checks (``Auction.check_result``) and then to ``VerdictChecks.admit``
+(protocol/verification/verdicts.py), which samples it for checking; a mismatching one is
+convicted there (``VerdictChecks.convict``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from random import Random
-
-from crypto.keys import Identity
 from crypto.merkle import merkle_root
 from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored, open_envelope
 from protocol.errors import InvalidMessage
 from protocol.machine import Effect, Emit, Send
 from protocol.market.auction import Auction
-from protocol.market.events import FAILED, AuctionConfig
+from protocol.market.events import FAILED, TaskUpdated
 from protocol.market.messages import RESULT_DOMAIN, Result, ResultBody
-from protocol.market.selection import Selector
-from protocol.market.state import Attempt, AttemptState, OpenTask
+from protocol.market.refusals import assigned, count, rejecter
+from protocol.market.state import Attempt, AttemptState, OpenTask, snapshot
 from protocol.verification.messages import (
     COMMIT_DOMAIN,
     NONCE_LEN,
@@ -40,58 +36,49 @@ from protocol.verification.rules import (
     spec_hash,
 )
 from protocol.verification.state import Batch, CommitInfo, VerifyConfig, VerifyTask
+from protocol.verification.verdicts import VerdictChecks
 
 
-class CommitRevealAuction(Auction):
-    def __init__(
-        self,
-        identity: Identity,
-        selector: Selector,
-        rng: Random,
-        config: AuctionConfig | None = None,
-        reputation: Callable[[str], float] = lambda peer: 0.5,
-        *,
-        verify: VerifyConfig | None = None,
-    ) -> None:
-        super().__init__(identity, selector, rng, config, reputation)
-        self.verify = verify if verify is not None else VerifyConfig()
-        self.vtasks: dict[bytes, VerifyTask] = {}
-        #: the reveal being admitted right now (set around the auction's result checks)
-        self._revealed: dict[tuple[bytes, int], CommitInfo] = {}
+class CommitReveal:
+    """Commit windows and reveals for the ``VerifiedAuction`` that holds it."""
 
-    def _convict(self, task: OpenTask, attempt: Attempt, why: str, evidence: bytes,
-                 now: int) -> list[Effect]:
-        raise NotImplementedError  # protocol.verification.verdicts.VerdictChecks
+    def __init__(self, auction: Auction, verify: VerifyConfig, vtasks: dict[bytes, VerifyTask],
+                 verdicts: VerdictChecks) -> None:
+        self.auction = auction
+        self.verify = verify
+        self.vtasks = vtasks
+        self.verdicts = verdicts
 
-    def _vtask(self, task_id: bytes) -> VerifyTask:
+    def vtask(self, task_id: bytes) -> VerifyTask:
         vt = self.vtasks.get(task_id)
         if vt is None:
-            nonce = self.rng.randbytes(NONCE_LEN)
+            nonce = self.auction.rng.randbytes(NONCE_LEN)
             vt = self.vtasks[task_id] = VerifyTask(nonce, nonce_hash(nonce))
         return vt
 
     # ------------------------------------------------------------------ commitments
 
-    def _on_commit(self, peer: str, msg: Commit, now: int) -> list[Effect]:
-        reject = self._rejecter("verify", "commit", peer)
+    def on_commit(self, peer: str, msg: Commit, now: int) -> list[Effect]:
+        reject = rejecter(self.auction.counters, "verify", "commit", peer)
 
         try:
             body = open_authored(msg.envelope, COMMIT_DOMAIN, CommitBody,
-                                 self.config.max_frame, sender=peer, author=lambda b: b.executor)
+                                 self.auction.config.max_frame, sender=peer,
+                                 author=lambda b: b.executor)
         except Unopened as refused:
             return reject(refused.why, PENALTY_FORGED)
-        found = self._assigned(peer, body.task_id, body.attempt, reject)
+        found = assigned(self.auction.tasks, peer, body.task_id, body.attempt, reject)
         if isinstance(found, list):
             return found
         task, attempt = found
-        vt = self._vtask(body.task_id)
+        vt = self.vtask(body.task_id)
         if body.attempt in vt.commits:
             return reject("duplicate")
         if attempt.state is not AttemptState.ASSIGNED or task.finished or now > attempt.due_at_ms:
             return reject("late")
         why = self._inconsistent(task, attempt, body, vt)
         if why:
-            return reject("inconsistent") + self._fail_attempt(
+            return reject("inconsistent") + self.auction.fail_attempt(
                 task, attempt, f"malformed:commitment {why}", FAILED, now, cancel=False)
         batch = vt.open_batch
         if batch is None:
@@ -101,13 +88,13 @@ class CommitRevealAuction(Auction):
         vt.commits[body.attempt] = CommitInfo(body, msg.envelope, msg.envelope.content_hash,
                                               batch, now)
         attempt.due_at_ms = max(attempt.due_at_ms, batch.closes_at_ms + self.verify.reveal_ms)
-        self._count("commits_accepted")
+        count(self.auction.counters, "commits_accepted")
         effects: list[Effect] = [Emit("verify.commit", {
             "task_id": body.task_id.hex(), "peer": peer, "attempt": body.attempt,
             "chunks": body.chunks, "tokens": body.tokens})]
         if all(a.attempt in vt.commits for a in task.active):
-            effects += self._close_window(task, vt, now)
-        return effects + [self._updated(task)]
+            effects += self.close_window(task, vt, now)
+        return effects + [TaskUpdated(snapshot(task))]
 
     def _inconsistent(self, task: OpenTask, attempt: Attempt, body: CommitBody,
                       vt: VerifyTask) -> str:
@@ -124,7 +111,7 @@ class CommitRevealAuction(Auction):
             return "has no fingerprints"
         return ""
 
-    def _close_window(self, task: OpenTask, vt: VerifyTask, now: int) -> list[Effect]:
+    def close_window(self, task: OpenTask, vt: VerifyTask, now: int) -> list[Effect]:
         batch = vt.open_batch
         if batch is None:
             return []
@@ -145,16 +132,16 @@ class CommitRevealAuction(Auction):
             elif attempt.attempt not in vt.commits and attempt.assigned_at_ms <= batch.opened_at_ms:
                 # running before the window opened and still silent: too slow to trust, since
                 # reveals now begin (attempts assigned later commit in the next window)
-                effects += self._fail_attempt(task, attempt, "missed the commit window", None,
-                                              now)
+                effects += self.auction.fail_attempt(task, attempt, "missed the commit window",
+                                                     None, now)
         return effects
 
     # ------------------------------------------------------------------ reveals
 
-    def _on_reveal(self, peer: str, msg: Reveal, now: int) -> list[Effect]:
-        reject = self._rejecter("verify", "reveal", peer)
+    def on_reveal(self, peer: str, msg: Reveal, now: int) -> list[Effect]:
+        reject = rejecter(self.auction.counters, "verify", "reveal", peer)
 
-        task = self.tasks.get(msg.task_id)
+        task = self.auction.tasks.get(msg.task_id)
         vt = self.vtasks.get(msg.task_id)
         info = vt.commits.get(msg.attempt) if vt is not None else None
         if task is None or vt is None or info is None or info.body.executor != peer:
@@ -171,17 +158,16 @@ class CommitRevealAuction(Auction):
         if why:
             evidence = reveal_evidence(info.hash, msg.result.content_hash, msg.salt,
                                        msg.output_ids)
-            return reject("mismatch") + self._convict(task, attempt, why, evidence, now)
-        key = (msg.task_id, msg.attempt)
-        self._revealed[key] = info
-        try:
-            return self._on_result(peer, Result(envelope=msg.result), now)
-        finally:
-            self._revealed.pop(key, None)
+            return reject("mismatch") + self.verdicts.convict(task, attempt, why, evidence, now)
+        checked = self.auction.check_result(peer, Result(envelope=msg.result), now)
+        if isinstance(checked, list):
+            return checked
+        return self.verdicts.admit(task, checked, info, now)
 
     def _reveal_mismatch(self, c: CommitBody, msg: Reveal) -> str:
         try:
-            body = open_envelope(msg.result, RESULT_DOMAIN, ResultBody, self.config.max_frame)
+            body = open_envelope(msg.result, RESULT_DOMAIN, ResultBody,
+                                 self.auction.config.max_frame)
         except InvalidMessage:
             return "result does not open"
         if msg.result.signer != c.executor or body.executor != c.executor:

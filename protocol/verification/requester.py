@@ -34,10 +34,15 @@ front of its result seam (``admit``). For every task it promises:
   ``VERDICT_CONTRADICTED``. Results not sampled, or with no verifier available, are admitted
   unchecked, and their status says so.
 
-The commit and reveal half lives in protocol/verification/commits.py (``CommitRevealAuction``);
-asking verifiers, taking their verdicts, deciding and the consequences in
-protocol/verification/verdicts.py (``VerdictChecks``, built on it and this class's base); the
-sampling seam, the Terms and the task statuses are here.
+``VerifiedAuction`` holds the market's ``Auction`` (given every auction option, one
+constructor) and wraps its ``handle``: commitments, reveals and verdicts go to its components,
+everything else to the auction, and every effect is dressed on the way out (Terms after each
+``Assign``, verification statuses in snapshots). The auction picks no bid from an excluded
+peer (its ``excluded`` option is this class's ``Exclusions``). The components:
+``CommitReveal`` (protocol/verification/commits.py: commit windows, reveals) and
+``VerdictChecks`` (protocol/verification/verdicts.py: sampling, asking verifiers, their
+verdicts, deciding and the consequences). This class owns their records (``vtasks``,
+``checks``, ``exclusions``).
 
 Own effects besides the auction's: ``protocol.ledger.events.Attest`` (a verification
 attestation for the ledger, performed by the node). Task snapshots gain a ``verification`` map
@@ -53,15 +58,14 @@ from crypto.keys import Identity
 from protocol.codec import decode
 from protocol.envelopes import seal
 from protocol.machine import Effect, Emit, Received, Send, Tick
+from protocol.market.auction import Auction
 from protocol.market.events import AuctionConfig, TaskUpdated
 from protocol.market.messages import Assign, AssignBody, Result
+from protocol.market.refusals import count
 from protocol.market.selection import Selector
-from protocol.market.state import (
-    BidInfo,
-    OpenTask,
-    ResultInfo,
-    TaskSnapshot,
-)
+from protocol.market.state import OpenTask, TaskSnapshot
+from protocol.market.voting import VoteRule
+from protocol.verification.commits import CommitReveal
 from protocol.verification.messages import (
     TERMS_DOMAIN,
     Commit,
@@ -70,16 +74,12 @@ from protocol.verification.messages import (
     TermsBody,
     Verdict,
 )
-from protocol.verification.rules import (
-    choose_chunks,
-    evidence_hash,
-    rank_verifiers,
-    sampled,
-)
 from protocol.verification.state import (
     Check,
     CheckPhase,
+    Exclusions,
     VerifyConfig,
+    VerifyTask,
     move_check,
     status_of,
 )
@@ -88,8 +88,7 @@ from protocol.verification.verdicts import VerdictChecks
 __all__ = ["VerifiedAuction", "VerifyConfig"]
 
 
-
-class VerifiedAuction(VerdictChecks):
+class VerifiedAuction:
     def __init__(
         self,
         identity: Identity,
@@ -97,16 +96,55 @@ class VerifiedAuction(VerdictChecks):
         rng: Random,
         config: AuctionConfig | None = None,
         reputation: Callable[[str], float] = lambda peer: 0.5,
+        possible_bidders: Callable[[OpenTask], int | None] = lambda task: None,
         *,
+        voting: VoteRule | None = None,
         verify: VerifyConfig | None = None,
         verifier_candidates: Callable[[bytes, int], Sequence[str]] = lambda h, now: (),
         excluded: Callable[[str, int], bool] = lambda peer, now: False,
     ) -> None:
-        super().__init__(identity, selector, rng, config, reputation, verify=verify)
-        self.verifier_candidates = verifier_candidates
-        self.excluded = excluded
+        """The auction's options as ``Auction`` takes them; ``verify`` the verification's;
+        ``verifier_candidates(model_hash, now)``: ledger peers that may verify such a result;
+        ``excluded(peer, now)``: whether the ledger shows ``peer`` failing."""
+        self.verify = verify if verify is not None else VerifyConfig()
+        self._exclusions = Exclusions(excluded, self.verify.exclusion_ms)
+        self.auction = Auction(identity, selector, rng, config, reputation, possible_bidders,
+                               excluded=self._exclusions.is_excluded, voting=voting)
+        self.vtasks: dict[bytes, VerifyTask] = {}
         self.checks: dict[tuple[bytes, int], Check] = {}
-        self.exclusions: dict[str, int] = {}
+        self.verdicts = VerdictChecks(self.auction, self.verify, verifier_candidates,
+                                      self._exclusions, self.vtasks, self.checks)
+        self.commits = CommitReveal(self.auction, self.verify, self.vtasks, self.verdicts)
+
+    # ------------------------------------------------------------------ what drivers read
+
+    @property
+    def tasks(self) -> dict[bytes, OpenTask]:
+        return self.auction.tasks
+
+    @property
+    def counters(self) -> dict[str, int]:
+        return self.auction.counters
+
+    def open_tasks(self) -> list[OpenTask]:
+        return self.auction.open_tasks()
+
+    @property
+    def exclusions(self) -> dict[str, int]:
+        """Peers we convicted -> until when we exclude them."""
+        return self._exclusions.convicted
+
+    def is_excluded(self, peer: str, now: int) -> bool:
+        return self._exclusions.is_excluded(peer, now)
+
+    @property
+    def verifier_candidates(self) -> Callable[[bytes, int], Sequence[str]]:
+        return self.verdicts.verifier_candidates
+
+    @property
+    def excluded(self) -> Callable[[str, int], bool]:
+        """Whether the ledger shows a peer failing (the ``excluded`` option)."""
+        return self._exclusions.by_ledger
 
     # ------------------------------------------------------------------ machine contract
 
@@ -114,25 +152,25 @@ class VerifiedAuction(VerdictChecks):
         if isinstance(event, Received):
             msg = event.message
             if isinstance(msg, Commit):
-                effects = self._on_commit(event.peer, msg, now)
+                effects = self.commits.on_commit(event.peer, msg, now)
             elif isinstance(msg, Reveal):
-                effects = self._on_reveal(event.peer, msg, now)
+                effects = self.commits.on_reveal(event.peer, msg, now)
             elif isinstance(msg, Verdict):
-                effects = self._on_verdict(event.peer, msg, now)
+                effects = self.verdicts.on_verdict(event.peer, msg, now)
             elif isinstance(msg, Result):
-                self._count("results_rejected.uncommitted")
+                count(self.counters, "results_rejected.uncommitted")
                 effects = [Emit("task.result_rejected", {"peer": event.peer,
                                                          "why": "uncommitted"})]
             else:
-                effects = super().handle(event, now)
+                effects = self.auction.handle(event, now)
         else:
-            effects = super().handle(event, now)
+            effects = self.auction.handle(event, now)
             if isinstance(event, Tick):
                 effects += self._on_verify_tick(now)
         return self._dress(effects, now)
 
     def next_deadline(self) -> int | None:
-        times = [t for t in (super().next_deadline(),) if t is not None]
+        times = [t for t in (self.auction.next_deadline(),) if t is not None]
         for vt in self.vtasks.values():
             if vt.open_batch is not None:
                 times.append(vt.open_batch.closes_at_ms)
@@ -141,12 +179,6 @@ class VerifiedAuction(VerdictChecks):
         return min(times) if times else None
 
     # ------------------------------------------------------------------ wrapping the auction
-
-    def _pick(self, task: OpenTask, pool: dict[str, BidInfo], now: int) -> list[Effect]:
-        for peer in [p for p in pool if self.is_excluded(p, now)]:
-            del pool[peer]
-            self._count("bids_excluded")
-        return super()._pick(task, pool, now)
 
     def _dress(self, effects: list[Effect], now: int) -> list[Effect]:
         """Send Terms after each Assign; add verification statuses to snapshots; clean up."""
@@ -158,19 +190,19 @@ class VerifiedAuction(VerdictChecks):
             out.append(e)
             if isinstance(e, Send) and isinstance(e.message, Assign):
                 body = decode(e.message.envelope.payload, AssignBody)  # signed by us just now
-                vt = self._vtask(body.task.task_id)
+                vt = self.commits.vtask(body.task.task_id)
                 terms = TermsBody(task_id=body.task.task_id, attempt=body.attempt,
-                                  requester=self.peer, executor=body.executor,
+                                  requester=self.auction.peer, executor=body.executor,
                                   nonce_hash=vt.nonce_hash)
-                out.append(Send(e.peer, Terms(envelope=seal(self.identity, TERMS_DOMAIN,
+                out.append(Send(e.peer, Terms(envelope=seal(self.auction.identity, TERMS_DOMAIN,
                                                             terms))))
         for key, check in list(self.checks.items()):
             task = self.tasks.get(key[0])
             if task is None or task.finished:
                 move_check(check, CheckPhase.ABANDONED)
-                self._set_status(check, now)
+                self.verdicts.set_status(check, now)
                 del self.checks[key]
-                self._count("checks_abandoned")
+                count(self.counters, "checks_abandoned")
         for task_id in [t for t in self.vtasks if t not in self.tasks]:
             del self.vtasks[task_id]
         return out
@@ -192,49 +224,6 @@ class VerifiedAuction(VerdictChecks):
                 if isinstance(r, dict) else r for r in results]
         return TaskUpdated(TaskSnapshot(data))
 
-    # ------------------------------------------------------------------ the seam
-
-    def admit(self, task: OpenTask, result: ResultInfo, now: int) -> list[Effect]:
-        """Hold a sampled result for checking; admit the rest to the vote."""
-        key = (task.spec.task_id, result.attempt)
-        info = self._revealed.get(key)
-        vt = self.vtasks.get(task.spec.task_id)
-        executor = result.body.executor
-        if info is None or vt is None:
-            return super().admit(task, result, now)
-        seed = info.batch.seed
-
-        def unchecked(status: str) -> list[Effect]:
-            vt.status[executor] = {"status": status, "attempt": result.attempt,
-                                   "sampled": status != "not_sampled"}
-            self._count(f"results_unchecked.{status}")
-            return super(VerifiedAuction, self).admit(task, result, now)
-
-        if not sampled(seed, executor, self.verify.sample_rate):
-            return unchecked("not_sampled")
-        if info.body.chunks == 0:
-            return unchecked("nothing_to_check")
-        ranking = rank_verifiers(seed, self.verifier_candidates(info.body.model_hash, now),
-                                 exclude=(executor, self.peer))
-        if not ranking:
-            return unchecked("no_verifier")
-        chunks = choose_chunks(seed, executor, info.body.chunks, self.verify.chunks_per_check)
-        check = Check(task_id=task.spec.task_id, attempt=result.attempt, executor=executor,
-                      result=result, commit=info, seed=seed, chunks=chunks,
-                      evidence=evidence_hash(info.hash, seed, chunks, info.reveal.output_ids
-                                             if info.reveal else b""),
-                      ranking=ranking, started_at_ms=now)
-        self.checks[key] = check
-        # held: the attempt stays running (so no replan) until the task's deadline at most
-        task.attempts[result.attempt].due_at_ms = task.deadline_at_ms
-        self._count("checks_started")
-        effects: list[Effect] = [Emit("verify.check_started", {
-            "task_id": task.spec.task_id.hex(), "executor": executor, "chunks": list(chunks)})]
-        effects += self._ask(task, check, self.verify.verifiers, now)
-        if not check.outstanding:
-            effects += self._judge(task, check, now)
-        return effects + [self._updated(task)]
-
     # ------------------------------------------------------------------ timers
 
     def _on_verify_tick(self, now: int) -> list[Effect]:
@@ -244,19 +233,5 @@ class VerifiedAuction(VerdictChecks):
             if task is None or task.finished:
                 continue
             if vt.open_batch is not None and now >= vt.open_batch.closes_at_ms:
-                effects += self._close_window(task, vt, now)
-        for check in list(self.checks.values()):
-            task = self.tasks.get(check.task_id)
-            if task is None or task.finished or check.phase is not CheckPhase.CHECKING:
-                continue
-            late = [v for v, (_, due) in check.outstanding.items() if now >= due]
-            for verifier in late:
-                del check.outstanding[verifier]
-                check.outcomes[verifier] = "timeout"
-                self._count("verdicts_timed_out")
-                effects += self._ask(task, check, 1, now)
-            if late and not check.outstanding:
-                effects += self._judge(task, check, now)
-            if late:
-                effects.append(self._updated(task))
-        return effects
+                effects += self.commits.close_window(task, vt, now)
+        return effects + self.verdicts.on_tick(now)

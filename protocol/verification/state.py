@@ -1,8 +1,10 @@
-"""The requester's verification records: configuration, commit windows, checks in flight.
+"""The requester's verification records: configuration, commit windows, checks in flight,
+exclusions.
 
-Used by protocol/verification/requester.py. ``CheckPhase`` lists the life of one result under check
-with its legal transitions in ``CHECK_TRANSITIONS``; ``move_check`` enforces them (a
-violation is our own bug: ``LocalProtocolError``).
+Used by protocol/verification/requester.py and its components (commits.py, verdicts.py).
+``CheckPhase`` lists the life of one result under check with its legal transitions in
+``CHECK_TRANSITIONS``; ``move_check`` enforces them (a violation is our own bug:
+``LocalProtocolError``).
 
 ``status_of`` renders what a person (``symphony ask``), the database and the HTTP API see per
 result: plain str/int/bool/list/dict data, merged into the task snapshot under
@@ -12,6 +14,7 @@ result: plain str/int/bool/list/dict data, merged into the task snapshot under
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crypto.envelope import Envelope
@@ -147,6 +150,25 @@ class VerifyTask:
     #: attempts assigned before this instant had to commit in a window that has closed
     committed_by_ms: int | None = None
     status: dict[str, dict[str, object]] = field(default_factory=dict)
+
+
+class Exclusions:
+    """Peers the requester picks no bids from: those it convicted itself, for
+    ``exclusion_ms`` after the conviction, and those ``by_ledger`` says the ledger shows
+    failing (protocol/verification/candidates.py). The auction is given ``is_excluded``."""
+
+    def __init__(self, by_ledger: Callable[[str, int], bool], exclusion_ms: int) -> None:
+        self.by_ledger = by_ledger
+        self.exclusion_ms = exclusion_ms
+        #: peers we convicted -> until when we exclude them
+        self.convicted: dict[str, int] = {}
+
+    def convict(self, peer: str, now: int) -> None:
+        self.convicted[peer] = now + self.exclusion_ms
+
+    def is_excluded(self, peer: str, now: int) -> bool:
+        until = self.convicted.get(peer)
+        return (until is not None and now < until) or self.by_ledger(peer, now)
 
 
 def status_of(check: Check, now: int) -> dict[str, object]:

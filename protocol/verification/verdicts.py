@@ -1,9 +1,12 @@
-"""Requester side of verification, the checking half: ask verifiers, take their verdicts,
-decide, and apply the consequences.
+"""Requester side of verification, the checking component: sample, ask verifiers, take their
+verdicts, decide, and apply the consequences.
 
-``VerdictChecks`` sits between ``CommitRevealAuction`` (protocol/verification/commits.py) and
-``VerifiedAuction`` (protocol/verification/requester.py, which documents the promises, holds a
-sampled result here and sets the attributes declared below). For a held result it promises:
+``VerdictChecks`` is held by ``VerifiedAuction`` (protocol/verification/requester.py, which
+documents the promises and owns the records: the per-task ``vtasks``, the ``checks`` in flight
+and the ``Exclusions``); it calls the ``Auction`` it is given to admit a result to the vote or
+fail an attempt. ``admit`` is the seam for a revealed result that passed the market's checks:
+it is held for checking with probability ``sample_rate`` (drawn from the seed), else admitted
+unchecked. For a held result it promises:
 
 * verifiers are asked in the seed's ranking order, skipping excluded peers, ``n`` at a time,
   each with a signed ``CheckRequest`` carrying the commitment, the reveal and the sampled
@@ -28,8 +31,10 @@ from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored, seal
 from protocol.ledger.events import Attest as LedgerAttest
 from protocol.ledger.records import AttestationKind
 from protocol.machine import Effect, Emit, Send
-from protocol.market.state import Attempt, AttemptState, OpenTask
-from protocol.verification.commits import CommitRevealAuction
+from protocol.market.auction import Auction
+from protocol.market.events import TaskUpdated
+from protocol.market.refusals import count, rejecter
+from protocol.market.state import Attempt, AttemptState, OpenTask, ResultInfo, snapshot
 from protocol.verification.messages import (
     CHECK_DOMAIN,
     VERDICT_DOMAIN,
@@ -39,28 +44,87 @@ from protocol.verification.messages import (
     VerdictBody,
     VerdictStatus,
 )
-from protocol.verification.rules import Decision, check_id, decide, encode_proof
-from protocol.verification.state import Check, CheckPhase, move_check, status_of
+from protocol.verification.rules import (
+    Decision,
+    check_id,
+    choose_chunks,
+    decide,
+    encode_proof,
+    evidence_hash,
+    rank_verifiers,
+    sampled,
+)
+from protocol.verification.state import (
+    Check,
+    CheckPhase,
+    CommitInfo,
+    Exclusions,
+    VerifyConfig,
+    VerifyTask,
+    move_check,
+    status_of,
+)
 
 PENALTY_BAD_VERDICT = 10
 
 
-class VerdictChecks(CommitRevealAuction):
-    """The checking half of ``VerifiedAuction`` (see the module docstring)."""
+class VerdictChecks:
+    """Sampled checks of revealed results for the ``VerifiedAuction`` that holds it."""
 
-    #: ledger peers that may verify a result of this model hash, at ``now``
-    verifier_candidates: Callable[[bytes, int], Sequence[str]]
-    #: whether the ledger shows ``peer`` failing, at ``now``
-    excluded: Callable[[str, int], bool]
-    checks: dict[tuple[bytes, int], Check]
-    #: peers we convicted -> until when we exclude them
-    exclusions: dict[str, int]
+    def __init__(self, auction: Auction, verify: VerifyConfig,
+                 verifier_candidates: Callable[[bytes, int], Sequence[str]],
+                 exclusions: Exclusions, vtasks: dict[bytes, VerifyTask],
+                 checks: dict[tuple[bytes, int], Check]) -> None:
+        self.auction = auction
+        self.verify = verify
+        #: ledger peers that may verify a result of this model hash, at ``now``
+        self.verifier_candidates = verifier_candidates
+        self.exclusions = exclusions
+        self.vtasks = vtasks
+        self.checks = checks
 
-    def is_excluded(self, peer: str, now: int) -> bool:
-        until = self.exclusions.get(peer)
-        return (until is not None and now < until) or self.excluded(peer, now)
+    def admit(self, task: OpenTask, result: ResultInfo, info: CommitInfo,
+              now: int) -> list[Effect]:
+        """Hold a sampled result for checking; admit the rest to the vote."""
+        key = (task.spec.task_id, result.attempt)
+        vt = self.vtasks.get(task.spec.task_id)
+        executor = result.body.executor
+        if vt is None:
+            return self.auction.admit(task, result, now)
+        seed = info.batch.seed
 
-    def _set_status(self, check: Check, now: int) -> None:
+        def unchecked(status: str) -> list[Effect]:
+            vt.status[executor] = {"status": status, "attempt": result.attempt,
+                                   "sampled": status != "not_sampled"}
+            count(self.auction.counters, f"results_unchecked.{status}")
+            return self.auction.admit(task, result, now)
+
+        if not sampled(seed, executor, self.verify.sample_rate):
+            return unchecked("not_sampled")
+        if info.body.chunks == 0:
+            return unchecked("nothing_to_check")
+        ranking = rank_verifiers(seed, self.verifier_candidates(info.body.model_hash, now),
+                                 exclude=(executor, self.auction.peer))
+        if not ranking:
+            return unchecked("no_verifier")
+        chunks = choose_chunks(seed, executor, info.body.chunks, self.verify.chunks_per_check)
+        check = Check(task_id=task.spec.task_id, attempt=result.attempt, executor=executor,
+                      result=result, commit=info, seed=seed, chunks=chunks,
+                      evidence=evidence_hash(info.hash, seed, chunks, info.reveal.output_ids
+                                             if info.reveal else b""),
+                      ranking=ranking, started_at_ms=now)
+        self.checks[key] = check
+        # held: the attempt stays running (so no replan) until the task's deadline at most
+        task.attempts[result.attempt].due_at_ms = task.deadline_at_ms
+        count(self.auction.counters, "checks_started")
+        effects: list[Effect] = [Emit("verify.check_started", {
+            "task_id": task.spec.task_id.hex(), "executor": executor, "chunks": list(chunks)})]
+        effects += self._ask(task, check, self.verify.verifiers, now)
+        if not check.outstanding:
+            effects += self._judge(task, check, now)
+        return effects + [TaskUpdated(snapshot(task))]
+
+    def set_status(self, check: Check, now: int) -> None:
         vt = self.vtasks.get(check.task_id)
         if vt is not None:
             vt.status[check.executor] = status_of(check, now)
@@ -75,11 +139,11 @@ class VerdictChecks(CommitRevealAuction):
         while n > 0 and check.next_rank < len(check.ranking):
             verifier = check.ranking[check.next_rank]
             check.next_rank += 1
-            if self.is_excluded(verifier, now):
+            if self.exclusions.is_excluded(verifier, now):
                 continue
             cid = check_id(check.task_id, check.attempt, verifier, round_)
             body = CheckBody(
-                check_id=cid, requester=self.peer, verifier=verifier, task=task.spec,
+                check_id=cid, requester=self.auction.peer, verifier=verifier, task=task.spec,
                 commit=check.commit.envelope, nonce=self.vtasks[check.task_id].nonce,
                 batch=tuple(sorted(self.vtasks[check.task_id].commits[a].hash
                                    for a in check.commit.batch.attempts)),
@@ -91,21 +155,22 @@ class VerdictChecks(CommitRevealAuction):
             )
             check.outstanding[verifier] = (cid, now + self.verify.check_timeout_ms)
             n -= 1
-            self._count("check_requests_sent")
-            effects.append(Send(verifier, CheckRequest(envelope=seal(self.identity, CHECK_DOMAIN,
-                                                                     body))))
+            count(self.auction.counters, "check_requests_sent")
+            effects.append(Send(verifier, CheckRequest(
+                envelope=seal(self.auction.identity, CHECK_DOMAIN, body))))
         return effects
 
-    def _on_verdict(self, peer: str, msg: Verdict, now: int) -> list[Effect]:
-        reject = self._rejecter("verify", "verdict", peer)
+    def on_verdict(self, peer: str, msg: Verdict, now: int) -> list[Effect]:
+        reject = rejecter(self.auction.counters, "verify", "verdict", peer)
 
         try:
             body = open_authored(msg.envelope, VERDICT_DOMAIN, VerdictBody,
-                                 self.config.max_frame, sender=peer, author=lambda b: b.verifier)
+                                 self.auction.config.max_frame, sender=peer,
+                                 author=lambda b: b.verifier)
         except Unopened as refused:
             return reject(refused.why, PENALTY_FORGED)
         check = self.checks.get((body.task_id, body.attempt))
-        task = self.tasks.get(body.task_id)
+        task = self.auction.tasks.get(body.task_id)
         wanted = check.outstanding.get(peer) if check is not None else None
         if check is None or task is None or wanted is None or wanted[0] != body.check_id:
             return reject("unsolicited")
@@ -113,9 +178,9 @@ class VerdictChecks(CommitRevealAuction):
         effects: list[Effect] = []
         if body.status is VerdictStatus.DECLINED:
             check.outcomes[peer] = "declined"
-            self._count("verdicts_declined")
+            count(self.auction.counters, "verdicts_declined")
             effects += self._ask(task, check, 1, now)
-        elif (body.executor, body.requester) != (check.executor, self.peer) \
+        elif (body.executor, body.requester) != (check.executor, self.auction.peer) \
                 or body.evidence_hash != check.evidence or body.chunk_indices != check.chunks:
             check.outcomes[peer] = "invalid"
             effects += reject("inconsistent", PENALTY_BAD_VERDICT)
@@ -124,19 +189,19 @@ class VerdictChecks(CommitRevealAuction):
             passed = body.status is VerdictStatus.PASS
             check.rounds[-1][peer] = passed
             check.outcomes[peer] = body.status.value
-            self._count(f"verdicts.{body.status.value}")
+            count(self.auction.counters, f"verdicts.{body.status.value}")
             effects.append(Emit("verify.verdict", {"task_id": body.task_id.hex(),
                                                    "executor": check.executor, "verifier": peer,
                                                    "status": body.status.value}))
         if not check.outstanding:
             effects += self._judge(task, check, now)
-        return effects + [self._updated(task)]
+        return effects + [TaskUpdated(snapshot(task))]
 
     def _judge(self, task: OpenTask, check: Check, now: int) -> list[Effect]:
         decision = decide(check.rounds, self.verify.max_escalations)
         if decision is Decision.ESCALATE:
             check.rounds.append({})
-            self._count("escalations")
+            count(self.auction.counters, "escalations")
             effects: list[Effect] = [Emit("verify.escalated", {
                 "task_id": check.task_id.hex(), "executor": check.executor,
                 "round": len(check.rounds) - 1})]
@@ -151,8 +216,8 @@ class VerdictChecks(CommitRevealAuction):
         attempt = task.attempts[check.attempt]
         move_check(check, {Decision.PASS: CheckPhase.PASSED, Decision.FAIL: CheckPhase.FAILED}
                    .get(decision, CheckPhase.UNDECIDED))
-        self._set_status(check, now)
-        self._count(f"checks_{check.phase.value}")
+        self.set_status(check, now)
+        count(self.auction.counters, f"checks_{check.phase.value}")
         effects.append(Emit("verify.decided", {
             "task_id": check.task_id.hex(), "executor": check.executor,
             "decision": check.phase.value, "rounds": len(check.rounds),
@@ -170,27 +235,47 @@ class VerdictChecks(CommitRevealAuction):
         if attempt.state is not AttemptState.ASSIGNED or task.finished:
             return effects
         if decision is Decision.PASS:
-            return effects + super().admit(task, check.result, now)
+            return effects + self.auction.admit(task, check.result, now)
         if decision is Decision.FAIL:
-            return effects + self._convict(task, attempt, "re-computed fingerprints differ",
-                                           check.evidence, now)
-        return effects + self._fail_attempt(task, attempt, "verification:undecided", None, now,
-                                            cancel=False)
+            return effects + self.convict(task, attempt, "re-computed fingerprints differ",
+                                          check.evidence, now)
+        return effects + self.auction.fail_attempt(task, attempt, "verification:undecided", None,
+                                                   now, cancel=False)
 
-    def _convict(self, task: OpenTask, attempt: Attempt, why: str, evidence: bytes,
-                 now: int) -> list[Effect]:
+    def convict(self, task: OpenTask, attempt: Attempt, why: str, evidence: bytes,
+                now: int) -> list[Effect]:
         """A failed verification: attest, exclude, and take the attempt out of the task."""
-        self.exclusions[attempt.peer] = now + self.verify.exclusion_ms
+        self.exclusions.convict(attempt.peer, now)
         vt = self.vtasks.get(task.spec.task_id)
         if vt is not None and attempt.peer not in vt.status:
             vt.status[attempt.peer] = {"status": "failed", "attempt": attempt.attempt,
                                        "detail": why}
-        self._count("convicted")
+        count(self.auction.counters, "convicted")
         return [
             LedgerAttest(subject=attempt.peer, object_id=task.spec.task_id,
                          kind=AttestationKind.VERIFICATION_FAILED, outcome=why[:128],
                          evidence_hash=evidence),
             Emit("verify.failed", {"task_id": task.spec.task_id.hex(), "peer": attempt.peer,
                                    "why": why}),
-            *self._fail_attempt(task, attempt, f"verification:{why}", None, now, cancel=False),
+            *self.auction.fail_attempt(task, attempt, f"verification:{why}", None, now,
+                                       cancel=False),
         ]
+
+    def on_tick(self, now: int) -> list[Effect]:
+        """Replace every verifier whose verdict is overdue; judge a round left with none."""
+        effects: list[Effect] = []
+        for check in list(self.checks.values()):
+            task = self.auction.tasks.get(check.task_id)
+            if task is None or task.finished or check.phase is not CheckPhase.CHECKING:
+                continue
+            late = [v for v, (_, due) in check.outstanding.items() if now >= due]
+            for verifier in late:
+                del check.outstanding[verifier]
+                check.outcomes[verifier] = "timeout"
+                count(self.auction.counters, "verdicts_timed_out")
+                effects += self._ask(task, check, 1, now)
+            if late and not check.outstanding:
+                effects += self._judge(task, check, now)
+            if late:
+                effects.append(TaskUpdated(snapshot(task)))
+        return effects

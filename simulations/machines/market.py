@@ -35,6 +35,7 @@ from protocol.market.executor import Executor, ExecutorConfig
 from protocol.market.messages import BEACON_TOPIC, Assign, Beacon, Bid, Cancel, Reject, Result
 from protocol.market.selection import Selector
 from protocol.market.state import OpenTask
+from protocol.market.voting import VoteRule
 from simulations.adversary import Behaviour, Wrapped, unwrap
 from simulations.node import MachineSpec, VirtualNode
 
@@ -89,10 +90,16 @@ def auction_spec(
     selector_of: Callable[[VirtualNode], Selector],
     config: AuctionConfig,
     behaviour_of: BehaviourOf | None = None,
+    reputation_of: Callable[[VirtualNode], Callable[[str], float]] = earned_reputation,
+    voting: VoteRule | None = None,
 ) -> MachineSpec:
+    """The requester's ``Auction``, every option passed to its constructor as the daemon's:
+    ``reputation_of(node)`` the reputation callback (the earned one unless a scenario measures
+    another rule, with its ``voting``), the ledger's possible bidders."""
+
     def build(node: VirtualNode) -> Any:
         machine = Auction(node.identity, selector_of(node), node.rng, config,
-                          earned_reputation(node), ledger_bidders(node))
+                          reputation_of(node), ledger_bidders(node), voting=voting)
         return _wrap(machine, node, behaviour_of)
 
     def attest(node: VirtualNode, name: str, effect: Attest) -> None:

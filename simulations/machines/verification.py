@@ -2,7 +2,8 @@
 
 As node/verification/service.py does for the daemon, with the same protocol calls: the
 requester runs ``protocol.verification.candidates.verified_auction`` (verifier candidates and
-network-wide exclusions read from the node's ledger machine), executors run
+network-wide exclusions read from the node's ledger machine, the auction's options, possible
+bidders included, as simulations/machines/market.py gives them), executors run
 ``VerifiedExecutor`` with the protocol's Terms grace and the ``Verifier`` role; every
 ``protocol.ledger.events.Attest`` goes to the node's ledger machine.
 
@@ -50,6 +51,7 @@ from simulations.machines.market import (
     auction_spec,
     earned_reputation,
     executor_spec,
+    ledger_bidders,
 )
 from simulations.node import MachineSpec, VirtualNode
 from simulations.verification_cost import CheckCost, CheckWork, CommittingCost, fingerprints
@@ -80,8 +82,8 @@ def verified_auction_spec(
             return None if slot is None else unwrap(slot.machine).view
 
         return verified_auction(
-            node.identity, selector_of(node), node.rng, config, earned_reputation(node), verify,
-            view,
+            node.identity, selector_of(node), node.rng, config, earned_reputation(node),
+            ledger_bidders(node), verify, view,
         )
 
     def attest(node: VirtualNode, name: str, effect: LedgerAttest) -> None:

@@ -44,7 +44,7 @@ from simulations.node import VirtualNode
 from simulations.scenario import Scenario, ScenarioError, workload_value
 from simulations.swarm import Swarm, derive_rng
 from simulations.workloads.common import MODEL_NAME
-from simulations.workloads.market_nodes import MarketSpecs, deal_executors, with_former_rule
+from simulations.workloads.market_nodes import MarketSpecs, deal_executors, former_rule_auction
 from simulations.world import build_swarm
 
 _NEUTRAL = 1.0
@@ -111,7 +111,7 @@ def build_market(
         scenario, n_req, profiles, behaviours, cost, compute, sybil_peers, selector, auction, ledger
     )
     if rule == "today":
-        specs.auction = with_former_rule(specs.auction)
+        specs.auction = former_rule_auction(specs.selector_of, auction or AuctionConfig())
         specs.independent = False
     swarm = build_swarm(scenario, n_req + n_exec, seed, specs.of, lambda i: profiles.get(i))
     sybil_peers.extend(swarm.nodes[i].peer_id for i, b in behaviours.items() if b == "sybil")

@@ -5,7 +5,7 @@ to nodes, the machines each node hosts, and the former voting rule kept for comp
 prefers independent executors by the node's praise groups, ``protocol.ledger.trust``) and
 executors an ``Executor`` wrapped in their behaviour (simulations/adversary.py), both over a
 ledger machine when ``ledger`` is on (sybils' ledgers wrapped in ``SybilPraise``).
-``with_former_rule`` turns a requester into one under the rule the protocol had before earned
+``former_rule_auction`` builds a requester under the rule the protocol had before earned
 reputation: raw ledger reputation, confidence counted as claimed (``today_weight``), an
 executor attested completed when it agrees with the winner, no preference for independence.
 """
@@ -19,7 +19,7 @@ from protocol.market.events import AuctionConfig
 from protocol.market.executor import ExecutorConfig, ServedModel
 from protocol.market.linucb import LinUCBSelector
 from protocol.market.selection import ScoreSelector, Selector
-from protocol.market.voting import WEIGHT_FLOOR, Ballot
+from protocol.market.voting import WEIGHT_FLOOR, Ballot, VoteRule
 from simulations.adversary import (
     Behaviour,
     BidSpammer,
@@ -174,13 +174,12 @@ class MarketSpecs:
         return ScoreSelector(group_of=group_of)
 
 
-def with_former_rule(spec: MachineSpec) -> MachineSpec:
-    """The requester under the former rule: raw ledger reputation, ``today_weight``."""
-    from dataclasses import replace
+def former_rule_auction(selector_of: Any, config: AuctionConfig) -> MachineSpec:
+    """The requester under the former rule: raw ledger reputation, ``today_weight``, an
+    executor attested completed when it agrees with the winner (given to the auction's
+    constructor, as every option is)."""
 
-    def build(node: VirtualNode) -> Any:
-        machine = spec.build(node)
-
+    def raw_reputation(node: VirtualNode) -> Any:
         def reputation(peer: str) -> float:
             slot = node.slots.get("ledger")
             if slot is None:
@@ -188,13 +187,10 @@ def with_former_rule(spec: MachineSpec) -> MachineSpec:
             view = unwrap(slot.machine).view
             return float(view.reputation(peer, node.swarm.machine_now_ms).score)
 
-        inner = unwrap(machine)
-        inner.reputation = reputation
-        inner.weigh = today_weight
-        inner.confirm_by_others = False
-        return machine
+        return reputation
 
-    return replace(spec, build=build)
+    return auction_spec(selector_of, config, reputation_of=raw_reputation,
+                        voting=VoteRule(weigh=today_weight, confirm_by_others=False))
 
 
 def _with_wrapper(spec: MachineSpec, behaviour_of: Any) -> MachineSpec:

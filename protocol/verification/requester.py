@@ -1,7 +1,8 @@
 """Requester side of commitment-based verification, wrapped around the task market's auction.
 
-``VerifiedAuction`` is ``protocol.market.auction.Auction`` with commit/reveal and sampled checks in
-front of its result seam (``admit``). For every task it promises:
+``VerifiedAuction`` is the task market's ``protocol.market.auction.Auction`` with commit/reveal
+and sampled checks in front of the vote: a result reaches ``Auction.admit`` only through them.
+For every task it promises:
 
 * **Terms**: right after each ``Assign`` it sends the executor signed ``Terms`` naming
   ``H(nonce)`` for a fresh per-task nonce, so the nonce is fixed before any commitment.

@@ -8,7 +8,9 @@ the simulator's machine hosts (simulations/machines/), and what each produces is
   vote, one answering wrong, one silent) become the same ledger attestations on both sides;
 * verification: both sides build the requester's ``VerifiedAuction`` and the executor's
   ``VerifiedExecutor``; over one ledger view they choose the same verifier candidates, exclude
-  the same convicted peer, and wait the same Terms grace;
+  the same convicted peer, and wait the same Terms grace; the daemon's tasks service and the
+  simulator's requester close a bid window early the same way, once every executor the ledger
+  knows has bid (``possible_bidders``, given to the one constructor on both sides);
 * relay: the same stored chunks, corrupt chunk and completed version give the same
   ``RELAY_SERVED`` / ``RELAY_BAD_CHUNK`` attestations.
 
@@ -26,19 +28,24 @@ from typing import Any
 import trio
 import trio.testing
 
+from node.config import fed_config
 from node.market.requester import TasksSection, TasksService
 from node.relay.service import RelaySection, RelayService
 from node.verification.service import VerifySection, executor_machine, requester_machine
+from protocol.envelopes import seal
 from protocol.ledger.events import Attest as LedgerAttest
 from protocol.ledger.machine import LedgerConfig
 from protocol.ledger.records import AttestationKind, Role
-from protocol.machine import Received
-from protocol.market.events import AuctionConfig
+from protocol.machine import Received, Send
+from protocol.market.auction import Auction
+from protocol.market.events import AuctionConfig, SubmitTask
 from protocol.market.executor import ExecutorConfig, ServedModel
+from protocol.market.messages import BID_DOMAIN, Assign, Bid, BidBody
 from protocol.market.selection import ScoreSelector
 from protocol.relay.events import AttestBadChunk, StoreChunk, VersionComplete
 from protocol.relay.manifest import chunk_hash, make_body, sign_manifest
 from protocol.verification.executor import DEFAULT_TERMS_GRACE_MS
+from protocol.verification.requester import VerifiedAuction
 from protocol.verification.state import VerifyConfig
 from simulations.compute import DEVICES, model_hash
 from simulations.machines.ledger import ledger_spec
@@ -182,7 +189,8 @@ def test_verifier_choice_exclusion_and_grace_are_the_same_in_daemon_and_simulato
     ctx = daemon_context([], identity=asker.identity,
                          services={"ledger": SimpleNamespace(machine=SimpleNamespace(view=view))},
                          config=SimpleNamespace(section=lambda name: verify))
-    daemon = requester_machine(ctx, ScoreSelector(), AuctionConfig(), lambda peer: 0.5)  # type: ignore[arg-type]
+    daemon = requester_machine(ctx, ScoreSelector(), AuctionConfig(), lambda peer: 0.5,  # type: ignore[arg-type]
+                               lambda task: None)
     spec = verified_auction_spec(lambda node: ScoreSelector(), AuctionConfig(),
                                  verify.verify_config())
     simulated = spec.build(asker)
@@ -200,6 +208,61 @@ def test_verifier_choice_exclusion_and_grace_are_the_same_in_daemon_and_simulato
     exec_sim = verified_executor_spec(lambda node: config, None).build(asker)  # type: ignore[arg-type]
     assert exec_daemon.terms_grace_ms == exec_sim.terms_grace_ms == DEFAULT_TERMS_GRACE_MS == 500  # type: ignore[attr-defined]
     assert VerifyConfig() == verify.verify_config()
+
+
+TASK_ID = bytes(range(32))
+
+
+def bid_from(node: VirtualNode) -> Bid:
+    """``node``'s signed bid on ``TASK_ID``'s first round, for the swarm's model."""
+    body = BidBody(task_id=TASK_ID, round=0, bidder=node.peer_id, model=MODEL_NAME,
+                   model_hash=model_hash(MODEL_NAME), match_score=1.0, price=0.0,
+                   est_latency_ms=1_000, load=0.0, free_slots=2, hold_ms=30_000)
+    return Bid(envelope=seal(node.identity, BID_DOMAIN, body))
+
+
+def assigned_after_each_bid(machine: Any, bidders: list[VirtualNode], now: int) -> list[list[str]]:
+    """Submit a task wanting one executor per bidder, then one bid from each, 1 ms apart:
+    the peers assigned right after each bid (the window closed then when any is)."""
+    machine.handle(SubmitTask(question="2+2?", answer_type="number", deadline_ms=60_000,
+                              k=len(bidders), model=MODEL_NAME, task_id=TASK_ID), now)
+    out = []
+    for i, node in enumerate(bidders, start=1):
+        effects = machine.handle(Received(node.peer_id, bid_from(node)), now + i)
+        out.append(sorted(e.peer for e in effects
+                          if isinstance(e, Send) and isinstance(e.message, Assign)))
+    return out
+
+
+def test_the_bid_window_closes_early_the_same_way_in_daemon_and_simulator() -> None:
+    swarm, asker, peers = ledger_swarm()
+    now = swarm.machine_now_ms
+    view = asker.slots["ledger"].machine.view
+    verify = VerifySection(enabled=True)
+    sections = {"tasks": TasksSection(), "verify": verify}
+    ctx = daemon_context([], identity=asker.identity, clock=lambda: now,
+                         services={"ledger": SimpleNamespace(machine=SimpleNamespace(view=view))},
+                         config=SimpleNamespace(section=sections.__getitem__))
+    daemon = TasksService(ctx).machine  # type: ignore[arg-type]
+    config = fed_config(TasksSection())
+    simulated = verified_auction_spec(lambda node: ScoreSelector(), config,
+                                      verify.verify_config()).build(asker)
+    assert isinstance(daemon, VerifiedAuction) and isinstance(simulated, VerifiedAuction)
+
+    # the ledger knows five executors of the model (nodes 1-5): with the fifth bid every one
+    # has bid, though the wanted count (five) plus a spare is not in
+    bidders = sorted((n for n in swarm.nodes if n.index in (1, 2, 3, 4, 5)), key=lambda n: n.index)
+    assert config.spare_bids >= 1
+    on_daemon = assigned_after_each_bid(daemon, bidders, now)
+    on_simulator = assigned_after_each_bid(simulated, bidders, now)
+    assert on_daemon == on_simulator
+    # closed at the fifth bid, not before; node 3, whom the ledger shows convicted, not picked
+    assert on_daemon[:4] == [[], [], [], []]
+    assert sorted(peers[p] for p in on_daemon[4]) == [1, 2, 4, 5]
+    assert daemon.counters["auctions_closed"] == simulated.counters["auctions_closed"] == 1
+    # an auction that is not told who could bid waits past the fifth bid (close_grace_ms)
+    blind = Auction(asker.identity, ScoreSelector(), random.Random(1), config)
+    assert assigned_after_each_bid(blind, bidders, now) == [[], [], [], [], []]
 
 
 # ------------------------------------------------------------------ relay

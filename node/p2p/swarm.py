@@ -77,7 +77,8 @@ class _LiveConnectionCap:
         """Nothing to give back: the count is of live connections."""
 
 
-def build_host(key_pair: Any, limits: NetLimits) -> BasicHost:
+def build_host(key_pair: Any, limits: NetLimits, tcp: TCP | None = None) -> BasicHost:
+    """The host over ``tcp`` (a plain ``TCP()`` unless given: a link shaper's)."""
     swarm: Any = new_swarm(
         key_pair=key_pair,
         sec_opt={
@@ -86,7 +87,7 @@ def build_host(key_pair: Any, limits: NetLimits) -> BasicHost:
             )
         },
         muxer_opt={TProtocol(YAMUX_PROTOCOL_ID): Yamux},
-        transports=[TCP()],
+        transports=[TCP() if tcp is None else tcp],
         retry_config=RetryConfig(max_retries=0),
         connection_config=ConnectionConfig(dial_timeout=DIAL_TIMEOUT_S),
     )

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from node.p2p.link import parse_link
 from protocol.inference.routing import parse_serve_blocks
 from protocol.names import check_network_id
 
@@ -83,6 +84,8 @@ class Config:
     #: the network covers worst, moving with coverage) or "A:B" (blocks A..B-1); see
     #: node/inference/service.py and the [inference] section
     serve_blocks: str = ""
+    #: shape every connection as this link, e.g. "rtt=60ms,up=20mbit" (node/p2p/link.py)
+    link: str = ""
     #: service name -> its section dataclass instance (see module docstring)
     sections: Mapping[str, Any] = field(default_factory=dict)
 
@@ -348,10 +351,12 @@ def _coerce(key: str, tp: Any, value: Any, source: str) -> Any:
 
 
 def _validate(config: Config) -> None:
-    try:
-        check_network_id(config.network_id)
-    except ValueError as exc:
-        raise ConfigError(f"key 'network_id': {exc}") from None
+    for key, check in (("network_id", check_network_id), ("link", parse_link),
+                       ("serve_blocks", parse_serve_blocks)):
+        try:
+            check(getattr(config, key))
+        except ValueError as exc:
+            raise ConfigError(f"key {key!r}: {exc}") from None
     if not 0 <= config.target_peers <= MAX_TARGET_PEERS:
         raise ConfigError(
             f"key 'target_peers': {config.target_peers!r} is not within 0..{MAX_TARGET_PEERS}"
@@ -371,10 +376,6 @@ def _validate(config: Config) -> None:
     for addr in config.bootstrap:
         if "/p2p/" not in addr:
             raise ConfigError(f"key 'bootstrap': {addr!r} must end in /p2p/<peer id>")
-    try:
-        parse_serve_blocks(config.serve_blocks)
-    except ValueError as exc:
-        raise ConfigError(f"key 'serve_blocks': {exc}") from None
 
 
 def default_toml(sections: Mapping[str, type] | None = None) -> str:

@@ -49,6 +49,7 @@ from node.db import Database
 from node.driver import Driver
 from node.logs import get_logger
 from node.membership import agent_version
+from node.p2p.link import parse_link
 from node.p2p.natconfig import NatConfig
 from node.runtime.limits import NetLimits
 from node.service import NodeContext, Service
@@ -165,7 +166,7 @@ class Daemon:
         limits = config.sections.get(LIMITS_SECTION) or NetLimits()
         self.transport = transport = P2PTransport(
             identity.seed, listen=config.listen, limits=limits,
-            nat=config.sections.get(NAT_SECTION) or NatConfig())
+            nat=config.sections.get(NAT_SECTION) or NatConfig(), link=parse_link(config.link))
         self.driver = driver = ObservedDriver(transport, network_id=config.network_id,
                                               log=log, limits=limits)
         self._started_ms = driver.now_ms()

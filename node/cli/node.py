@@ -63,6 +63,9 @@ def node_group() -> None:
 @click.option("--serve-blocks", default=None, metavar="auto|A:B",
               help="Serve blocks A..B-1 of the inference model to chains, or 'auto': the "
                    "range the network covers worst.")
+@click.option("--link", default=None, metavar="SPEC",
+              help="Shape every connection as this link, e.g. rtt=60ms,up=20mbit,loss=0.5% "
+                   "(also jitter=, down=).")
 def run(config_file: str | None, **flags: Any) -> None:
     """Run the daemon until SIGINT/SIGTERM (a second signal forces exit)."""
     from node.config import load_config
@@ -183,7 +186,10 @@ def demo(executors: int, questions: int | None, max_tokens: int | None,
 @click.option("--network-id", default="localtest", show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="IPv4 address the nodes listen on; 0.0.0.0 lets other machines join.")
-def testnet(nodes: int, base_dir: str | None, network_id: str, host: str) -> None:
+@click.option("--link", default="", metavar="SPEC",
+              help="Shape every daemon's connections as this link, e.g. "
+                   "rtt=60ms,up=20mbit,loss=0.5%.")
+def testnet(nodes: int, base_dir: str | None, network_id: str, host: str, link: str) -> None:
     """Start N daemons as a local testnet and print an invite to it; Ctrl-C or SIGTERM stops
     them all."""
     import signal
@@ -198,7 +204,14 @@ def testnet(nodes: int, base_dir: str | None, network_id: str, host: str) -> Non
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     base = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="symphony-testnet-"))
-    net = LocalTestnet(base, network_id=network_id, listen=f"/ip4/{host}/tcp/0")
+    from node.p2p.link import parse_link
+
+    try:
+        parse_link(link)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--link") from None
+    net = LocalTestnet(base, network_id=network_id, listen=f"/ip4/{host}/tcp/0",
+                       config={"link": link} if link else None)
     try:
         first = net.start("node0")
         for node in [net.start(f"node{i}", bootstrap=[first], wait=False)

@@ -44,8 +44,10 @@ from node.logs import route_library_logs
 from node.p2p.frame_checks import libp2p_framings
 from node.p2p.gossip import Gossip
 from node.p2p.guard import GuardedHost, StreamGuard
+from node.p2p.link import LinkSpec
 from node.p2p.nat import NatService
 from node.p2p.natconfig import NatConfig
+from node.p2p.shaping import ShapedTCP
 from node.p2p.streams import NetBulkStream, bulk_handler
 from node.p2p.swarm import DIAL_TIMEOUT_S, PeerTracker, build_host, identify_handler
 from node.runtime.limits import NetLimits
@@ -84,6 +86,7 @@ class P2PTransport:
         limits: NetLimits | None = None,
         agent: str | None = None,
         nat: NatConfig | None = None,
+        link: LinkSpec | None = None,
     ) -> None:
         if len(seed) != 32:
             raise ValueError(f"an Ed25519 seed is 32 bytes, got {len(seed)}")
@@ -94,7 +97,9 @@ class P2PTransport:
         # written within it, or the stream is reset (a stalled peer cannot pin a handler).
         self._request_io_timeout_s = limits.read_deadline_s
         route_library_logs("libp2p")  # py-libp2p detached its logger at import
-        host = build_host(create_new_key_pair(seed), limits)
+        # every TCP connection behind this link (node/p2p/shaping.py); None: plain TCP
+        self._shaper = None if link is None else ShapedTCP(link)
+        host = build_host(create_new_key_pair(seed), limits, self._shaper)
         self._id = host.get_id()
         self._peer_id = self._id.to_base58()
         self._log = structlog.get_logger(__name__).bind(peer_id=self._peer_id)
@@ -143,6 +148,8 @@ class P2PTransport:
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         async with AsyncExitStack() as stack:
+            if self._shaper is not None:  # its connections' tasks outlive the host's
+                await stack.enter_async_context(self._shaper.running())
             await stack.enter_async_context(self._host.run(self._listen))
             await stack.enter_async_context(background_trio_service(self._gossip.pubsub))
             await stack.enter_async_context(background_trio_service(self._gossip.router))
@@ -204,11 +211,13 @@ class P2PTransport:
         self._swarm._negative_peer_cache.evict(str(info.peer_id))
         with trio.move_on_after(self._dial_timeout_s) as scope:
             try:
-                if self.nat is not None and self.nat.relayed_only(info.peer_id.to_base58()):
-                    # py-libp2p's connect would settle for the relayed connection
+                relayed_only = self.nat is not None and self.nat.relayed_only(
+                    info.peer_id.to_base58())
+                if relayed_only or not self._swarm.get_connections(info.peer_id):
+                    # this address only: py-libp2p's connect would settle for a relayed
+                    # connection, and wait for its dial to the peer already in flight (the
+                    # driver dials a peer's addresses side by side: node/runtime/dialing.py)
                     await self._swarm.dial_addr(info.addrs[0], info.peer_id)
-                else:
-                    await self._host.connect(info)
             except Exception as exc:
                 raise TransportError(f"dial {address} failed: {exc!r}") from exc
         if scope.cancelled_caught:

@@ -19,10 +19,11 @@ What it promises (services and their machines may rely on it)
 * Timers. One loop feeds ``Tick`` to every machine whose ``next_deadline()`` has passed; it
   wakes whenever a machine was fed (its deadline may have moved). Time is integer
   milliseconds of trio's clock (:meth:`Driver.now_ms`).
-* Effects. ``Send``, ``Publish``, ``Dial`` (addresses tried in turn; ``DialFailed`` back to
-  the dialing machine), ``Disconnect``, ``Penalize`` and ``Emit`` (a structured log line
-  ``<service>.<event>``) are performed here and never wait on the network; every other effect
-  is awaited in ``service.perform`` in order. When one event gives a service two or more of
+* Effects. ``Send``, ``Publish``, ``Dial`` (addresses dialed side by side, staggered:
+  node/runtime/dialing.py; ``DialFailed`` back to the dialing machine), ``Disconnect``,
+  ``Penalize`` and ``Emit`` (a structured log line ``<service>.<event>``) are performed
+  here and never wait on the network; every other effect is awaited in ``service.perform``
+  in order. When one event gives a service two or more of
   those, they are performed inside ``service.performing()`` (the ledger writes a pulled batch
   in one SQLite transaction there).
 * Peers' faults. Undecodable bytes (``InvalidMessage``), a message no service owns, or a
@@ -51,12 +52,12 @@ import trio
 
 from node.logs import RepeatLog, log_emit
 from node.penalties import BAN_MS, FAULT_PENALTIES, PenaltyBook
+from node.runtime.dialing import dial_first, dial_plan
 from node.runtime.intake import PeerIntake
 from node.runtime.limits import NetLimits
 from node.runtime.publish import PublishQueue
 from node.runtime.unicast import HANDSHAKE_PROTOCOL_ID, HANDSHAKE_TYPES, MSG_PROTOCOL_NAME, Outboxes
 from node.service import Service
-from node.transport import TransportError
 from protocol.codec import MAX_FRAME_BYTES, Message, decode
 from protocol.errors import InvalidMessage, LocalProtocolError, RemoteProtocolError
 from protocol.machine import (
@@ -72,7 +73,7 @@ from protocol.machine import (
     Send,
     Tick,
 )
-from protocol.names import peer_id_of_multiaddr, protocol_id, topic
+from protocol.names import protocol_id, topic
 
 INVALID_MESSAGE_PENALTY = FAULT_PENALTIES["undecodable"]
 UNROUTED_MESSAGE_PENALTY = 5
@@ -333,23 +334,20 @@ class Driver:
         self._spawn(self._dial, name, peer, tuple(addrs))
 
     async def _dial(self, name: str, peer: str, addrs: tuple[str, ...]) -> None:
-        errors = []
-        for addr in addrs:
-            if peer_id_of_multiaddr(addr) is None:
-                addr = f"{addr.rstrip('/')}/p2p/{peer}"
-            elif peer_id_of_multiaddr(addr) != peer:
-                errors.append(f"{addr}: names another peer")
-                continue
-            self._dialing[peer] = addr
+        plan, errors = dial_plan(peer, addrs)
+        if plan:
+            self._dialing[peer] = plan[0]  # the connect event may come before the winner is known
             try:
-                await self.transport.connect(addr)
-                if peer not in self._peers:
-                    self._dialled[peer] = addr
-                return
-            except TransportError as exc:
-                errors.append(str(exc))
+                outcome = await dial_first(self.transport.connect, plan)
             finally:
                 self._dialing.pop(peer, None)
+            if outcome.addr is not None:
+                if peer in self._peers and self._peers[peer].outbound:
+                    self._peers[peer].addrs = (outcome.addr,)
+                elif peer not in self._peers:
+                    self._dialled[peer] = outcome.addr
+                return
+            errors += outcome.errors
         reason = "; ".join(errors) or "no address to dial"
         self.log.debug("driver.dial_failed", peer=peer, reason=reason)
         await self._feed(name, DialFailed(peer, reason))

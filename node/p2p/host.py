@@ -158,7 +158,8 @@ class P2PTransport:
                 self._nursery = nursery
                 if self.nat is not None:
                     await nursery.start(self.nat.run)
-                self._log.info("transport.started", addrs=self.listen_addrs())
+                self._log.info("transport.started", addrs=self.listen_addrs(),
+                               link=None if self._shaper is None else str(self._shaper.spec))
                 task_status.started()
                 try:
                     await self._stop.wait()

@@ -51,14 +51,15 @@ def test_a_hanging_first_address_gives_way_to_the_next_after_the_stagger() -> No
         outcome = await dial_first(dials.connect, ["hang:", "ok:0.3", "ok:0.1"])
         assert outcome.addr == "ok:0.3" and outcome.errors == ()
         s = DIAL_STAGGER_S
-        assert dials.events == [
+        assert dials.events[:4] == [
             (0.0, "start", "hang:"),
             (s, "start", "ok:0.3"),
             (2 * s, "start", "ok:0.1"),
             (s + 0.3, "connected", "ok:0.3"),  # first to connect, though not the fastest dial
-            (s + 0.3, "cancelled", "hang:"),
-            (s + 0.3, "cancelled", "ok:0.1"),
         ]
+        # the rest are cancelled then (in trio's order, which it shuffles on purpose)
+        assert sorted(dials.events[4:]) == [(s + 0.3, "cancelled", "hang:"),
+                                            (s + 0.3, "cancelled", "ok:0.1")]
 
     run_virtual(test)
 

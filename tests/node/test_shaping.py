@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import random
-import statistics
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -64,15 +63,17 @@ async def shaped_pair(a: LinkSpec, b: LinkSpec) -> AsyncIterator[tuple[ShapedStr
         nursery.cancel_scope.cancel()
 
 
-async def ping_median(write: Callable[[bytes], Awaitable[None]],
-                      read: Callable[[], Awaitable[bytes]]) -> float:
+async def ping_floor(write: Callable[[bytes], Awaitable[None]],
+                     read: Callable[[], Awaitable[bytes]]) -> float:
+    """The fastest of PINGS round trips: the link sets a floor, and a busy machine's late
+    wake-ups only ever add to it, so the minimum is the measurement that reads the link."""
     rtts = []
     for _ in range(PINGS):
         started = trio.current_time()
         await write(b"p")
         assert await read() == b"p"
         rtts.append(trio.current_time() - started)
-    return statistics.median(rtts)
+    return min(rtts)
 
 
 async def receive_rate(read: Callable[[], Awaitable[bytes]], total: int) -> float:
@@ -102,7 +103,7 @@ async def echo_rtt(a: LinkSpec, b: LinkSpec) -> float:
                 await far.write(data)
 
         nursery.start_soon(echo)
-        rtt = await ping_median(near.write, lambda: near.read(64))
+        rtt = await ping_floor(near.write, lambda: near.read(64))
         nursery.cancel_scope.cancel()
     return rtt
 
@@ -156,7 +157,7 @@ async def libp2p_echo_rtt(link: LinkSpec | None) -> float:
         b.set_stream_handler(ECHO, echo)
         await a.connect(b.listen_addrs()[0])
         pings = await a.open_stream(b.peer_id, ECHO)
-        return await ping_median(pings.write, lambda: pings.read(64))
+        return await ping_floor(pings.write, lambda: pings.read(64))
 
 
 def test_two_shaped_libp2p_hosts_see_the_link_on_their_streams() -> None:

@@ -7,7 +7,7 @@
   ``ComputeFailed`` if the solver raised), and ``CancelCompute`` stops waiting for it.
 * A solver is any object with ``models() -> list[ServedModel]`` (names, context, weights
   hash, *measured* tokens/s; called once at start, in a thread) and
-  ``solve(task: TaskSpec, model: str, max_tokens: int, attempt: int) -> Solution``
+  ``solve(task: TaskSpec, model: str, max_tokens: int, attempt: int) -> ComputeDone``
   (blocking; the attempt picks the sampling seed, protocol.market.sampling); one with a
   ``fingerprints`` attribute gets it set to whether this executor commits (verification). The
   ``[executor] solver`` setting names a factory ``"module:callable"`` taking
@@ -16,7 +16,9 @@
   solver on the models/ backend; ``model`` picks the model, "" = the embedded default), so a
   plain ``symphony node run`` executes. ``solver = ""`` opts out: the node never bids, and
   says so in its status and log; so does a solver that fails to start (e.g. models/ not
-  installed), without stopping the node. A solver's result is a models.solver.Solution.
+  installed), without stopping the node. The ``ComputeDone`` a solver returns goes to the
+  machine as it is; one for another task or attempt, or no ``ComputeDone`` at all, is a
+  ``ComputeFailed``.
 * Sampling is the requester's choice, carried by the task (temperature, top-p, seed base,
   stop strings); the executor has no temperature of its own.
 """
@@ -32,7 +34,6 @@ from typing import Any, ClassVar, Protocol
 
 import trio
 
-from models.solver import Solution
 from node.config import fed_config
 from node.service import NodeContext, NurseryService
 from protocol.market.executor import (
@@ -67,7 +68,8 @@ BUILTIN_SOLVERS = {"models": "node.market.executor:models_solver"}
 class Solver(Protocol):
     def models(self) -> list[ServedModel]: ...
 
-    def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int) -> Solution: ...
+    def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int) -> ComputeDone:
+        ...
 
 
 @dataclass(frozen=True)
@@ -211,15 +213,25 @@ class ExecutorService(NurseryService):
                 event = ComputeFailed(job.task.task_id, job.attempt,
                                       f"{type(exc).__name__}: {exc}"[:MAX_FAILURE_TEXT])
             else:
-                self.computed += 1
-                event = ComputeDone(job.task.task_id, job.attempt, sol.answer, sol.cot,
-                                    sol.confidence, sol.tokens, sol.compute_ms, sol.model_hash,
-                                    sol.fingerprints, sol.fingerprint_root, sol.output_ids,
-                                    sol.states_root, sol.state_layers, sol.prompt_tokens,
-                                    sol.finish_reason)
+                event = self._checked(job, sol)
         self._scopes.pop(key, None)
         if event is not None and not scope.cancelled_caught:
             await self.ctx.submit(self.name, event)
+
+    def _checked(self, job: StartCompute, sol: object) -> ComputeDone | ComputeFailed:
+        """The solver's result for ``job``, or a failure naming what it returned instead."""
+        if (isinstance(sol, ComputeDone) and sol.task_id == job.task.task_id
+                and sol.attempt == job.attempt):
+            self.computed += 1
+            return sol
+        self.failed += 1
+        what = (f"a result for task {sol.task_id.hex()} attempt {sol.attempt}"
+                if isinstance(sol, ComputeDone) else type(sol).__name__)
+        self.ctx.log.error("executor.solver_result_wrong", task_id=job.task.task_id.hex(),
+                           got=what)
+        return ComputeFailed(job.task.task_id, job.attempt,
+                             f"solver returned {what}, not this job's ComputeDone"[
+                                 :MAX_FAILURE_TEXT])
 
     def status(self) -> dict[str, Any]:
         m = self._machine

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import structlog
 import trio
 import trio.testing
 
 from crypto.keys import Identity
-from models.solver import Solution
 from node.market.executor import ExecutorSection, ExecutorService
-from protocol.market.events import CancelCompute, ComputeDone, StartCompute
+from protocol.market.events import CancelCompute, ComputeDone, ComputeFailed, StartCompute
 from protocol.market.messages import Requirement, TaskSpec
 from protocol.market.offers import ServedModel
 from tests.node.test_p2p import trio_test
@@ -47,13 +48,22 @@ class _GatedSolver:
     def models(self) -> list[ServedModel]:
         return [MODEL]
 
-    def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int) -> Solution:
+    def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int) -> ComputeDone:
         self.calls.append(task.task_id)
         if len(self.calls) == 1:
             trio.from_thread.run_sync(self.entered.set)
             self.gate.wait(WAIT_S)
-        return Solution(answer="4", cot="c", confidence=1.0, tokens=1, compute_ms=1,
-                        model_hash=MODEL.model_hash)
+        return ComputeDone(task_id=task.task_id, attempt=attempt, answer="4", cot="c",
+                           confidence=1.0, tokens=1, compute_ms=1, model_hash=MODEL.model_hash)
+
+
+def _service(submit: Callable[[str, object], Awaitable[None]]) -> ExecutorService:
+    config = SimpleNamespace(section=lambda name: {"executor": ExecutorSection(slots=1)}[name])
+    ctx = SimpleNamespace(identity=Identity.from_seed(b"\x01" * 32), network_id="t",
+                          data_dir=Path("."), config=config, db=None, transport=None,
+                          log=structlog.get_logger(), rng=random.Random(1), clock=lambda: 0,
+                          submit=submit, services={})
+    return ExecutorService(ctx)  # type: ignore[arg-type]
 
 
 @trio_test
@@ -65,12 +75,7 @@ async def test_a_job_cancelled_while_waiting_for_the_solver_never_runs() -> None
         done.append(event)
         arrived.set()
 
-    config = SimpleNamespace(section=lambda name: {"executor": ExecutorSection(slots=1)}[name])
-    ctx = SimpleNamespace(identity=Identity.from_seed(b"\x01" * 32), network_id="t",
-                          data_dir=Path("."), config=config, db=None, transport=None,
-                          log=structlog.get_logger(), rng=random.Random(1), clock=lambda: 0,
-                          submit=submit, services={})
-    service = ExecutorService(ctx)  # type: ignore[arg-type]
+    service = _service(submit)
     solver = _GatedSolver()
     service.solver = solver
     first, second, third = _task(1), _task(2), _task(3)
@@ -89,3 +94,50 @@ async def test_a_job_cancelled_while_waiting_for_the_solver_never_runs() -> None
             nursery.cancel_scope.cancel()
     assert solver.calls == [first.task.task_id, third.task.task_id]
     assert [e.task_id for e in done if isinstance(e, ComputeDone)] == [third.task.task_id]
+
+
+class _MisdirectedSolver:
+    """Answers with what ``answer(task, attempt)`` builds, right or not."""
+
+    def __init__(self, answer: Callable[[TaskSpec, int], object]) -> None:
+        self.answer = answer
+
+    def models(self) -> list[ServedModel]:
+        return [MODEL]
+
+    def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int) -> object:
+        return self.answer(task, attempt)
+
+
+def _done(task: TaskSpec, attempt: int) -> ComputeDone:
+    return ComputeDone(task_id=task.task_id, attempt=attempt, answer="4", cot="c",
+                       confidence=1.0, tokens=1, compute_ms=1, model_hash=MODEL.model_hash)
+
+
+@pytest.mark.parametrize(("answer", "reason"), [
+    (lambda task, attempt: _done(task, attempt + 1), "a result for task 0101"),
+    (lambda task, attempt: _done(_task(9).task, attempt), "a result for task 0909"),
+    (lambda task, attempt: {"answer": "4"}, "solver returned dict"),
+])
+@trio_test
+async def test_a_solver_result_for_another_job_is_a_failure(
+        answer: Callable[[TaskSpec, int], object], reason: str) -> None:
+    done: list[object] = []
+    arrived = trio.Event()
+
+    async def submit(name: str, event: object) -> None:
+        done.append(event)
+        arrived.set()
+
+    service = _service(submit)
+    service.solver = _MisdirectedSolver(answer)
+    job = _task(1)
+    with trio.fail_after(WAIT_S):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+            await service.perform(job)
+            await arrived.wait()
+            nursery.cancel_scope.cancel()
+    (failed,) = done
+    assert isinstance(failed, ComputeFailed) and failed.task_id == job.task.task_id
+    assert reason in failed.reason and service.failed == 1 and service.computed == 0

@@ -28,19 +28,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import trio
 
-from node.config import fed_config
+from node.config import fed_config, tuning
 from node.service import NodeContext, NurseryService
 from protocol.market.executor import (
-    DEFAULT_HOLD_MS,
-    DEFAULT_MAX_TASK_MS,
-    DEFAULT_MAX_TOKENS,
-    DEFAULT_QUEUE,
     CancelCompute,
     ComputeDone,
     ComputeFailed,
@@ -52,7 +47,6 @@ from protocol.market.executor import (
 from protocol.market.jobs import JobState
 from protocol.market.messages import (
     BEACON_TOPIC,
-    MAX_QUESTION_CHARS,
     Assign,
     Beacon,
     Cancel,
@@ -72,12 +66,11 @@ class Solver(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@tuning(ExecutorConfig, "slots", "queue", "hold_ms", "max_tokens", "max_task_ms",
+        "max_question_chars")
 class ExecutorSection:
     """Tunables of the executor side (``[executor]`` in node.toml)."""
 
-    feeds: ClassVar[type] = ExecutorConfig
-    node_fields: ClassVar[tuple[str, ...]] = ("solver", "model", "threads", "price_per_1k")
     #: "models" (models/solver.py), or "module:callable" building a solver from
     #: (section, data_dir); "" = do not execute
     solver: str = "models"
@@ -85,15 +78,6 @@ class ExecutorSection:
     model: str = ""
     #: with solver = "models": CPU threads for the model (0 = the backend's default)
     threads: int = 0
-    #: tasks computed at once; each bid holds one slot (or queue place) for hold_ms
-    slots: int = 1
-    #: assignments that may wait for a busy slot, earliest deadline first: a busy executor
-    #: still bids, its estimated latency counting the wait, so concurrent asks queue
-    queue: int = DEFAULT_QUEUE
-    hold_ms: int = DEFAULT_HOLD_MS
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    max_task_ms: int = DEFAULT_MAX_TASK_MS
-    max_question_chars: int = MAX_QUESTION_CHARS
     price_per_1k: float = 0.0
 
     def __post_init__(self) -> None:

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from node.p2p import multiaddrs
 from protocol.inference.routing import parse_serve_blocks
 from protocol.names import check_network_id
 
@@ -137,7 +138,6 @@ def tuning(feeds: type, *names: str) -> Callable[[type], type]:
             f = theirs[name]
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 raise TypeError(f"{feeds.__name__}.{name} has no default: the node sets it")
-            # the class being built gets the protocol's default as its own
             setattr(cls, name, dataclasses.field(default=f.default,
                                                  default_factory=f.default_factory))
         cls.feeds = feeds  # type: ignore[attr-defined]
@@ -366,11 +366,12 @@ def _validate(config: Config) -> None:
         raise ConfigError("key 'listen': at least one multiaddr is needed")
     for key, addrs in (("listen", config.listen), ("bootstrap", config.bootstrap)):
         for addr in addrs:
-            if not addr.startswith("/"):
-                raise ConfigError(f"key {key!r}: {addr!r} is not a multiaddr")
-    for addr in config.bootstrap:
-        if "/p2p/" not in addr:
-            raise ConfigError(f"key 'bootstrap': {addr!r} must end in /p2p/<peer id>")
+            try:
+                last = multiaddrs.parts(addr)[-1][0]
+            except multiaddrs.AddrError as exc:
+                raise ConfigError(f"key {key!r}: {exc}") from None
+            if key == "bootstrap" and last != "p2p":
+                raise ConfigError(f"key 'bootstrap': {addr!r} must end in /p2p/<peer id>")
     try:
         parse_serve_blocks(config.serve_blocks)
     except ValueError as exc:

@@ -30,6 +30,8 @@ class LedgerSection:
 
 
 SECTIONS = {"ledger": LedgerSection}
+#: well-formed peer ids (bootstrap addresses must name one)
+X, Y = "12D3KooWSrKnMZUcSxK8G7wmBbXdU8nFEfWGhLu6H8xjn8LmCSJb", "12D3KooWENTLiCwwoVwYNbKFEfmNdyHG1jxNn9oPB29JeeZXWjAb"
 
 
 def write(path: Path, text: str) -> Path:
@@ -72,7 +74,7 @@ def test_precedence_flag_env_toml_default(data_dir: Path, toml: str | None, env:
 def test_every_top_level_key_from_each_layer(data_dir: Path) -> None:
     write(data_dir / "node.toml", """
 listen = ["/ip4/127.0.0.1/tcp/0"]
-bootstrap = ["/ip4/127.0.0.1/tcp/9/p2p/12D3KooWAbc"]
+bootstrap = ["/ip4/127.0.0.1/tcp/9/p2p/12D3KooWB8sCGZCrwr79HtabLAn95qyPQx6RYHXjEbiD6QKou7ww"]
 network_id = "from-toml"
 api_port = 8123
 log_level = "debug"
@@ -80,9 +82,9 @@ json_logs = true
 """)
     config = load(data_dir, {"listen": ("/ip4/127.0.0.1/tcp/5",)},
                   {"SYMPHONY_NETWORK_ID": "from-env", "SYMPHONY_JSON_LOGS": "false",
-                   "SYMPHONY_BOOTSTRAP": "/ip4/1.2.3.4/tcp/1/p2p/X,/ip4/1.2.3.4/tcp/2/p2p/Y"})
+                   "SYMPHONY_BOOTSTRAP": f"/ip4/1.2.3.4/tcp/1/p2p/{X},/ip4/1.2.3.4/tcp/2/p2p/{Y}"})
     assert config.listen == ("/ip4/127.0.0.1/tcp/5",)
-    assert config.bootstrap == ("/ip4/1.2.3.4/tcp/1/p2p/X", "/ip4/1.2.3.4/tcp/2/p2p/Y")
+    assert config.bootstrap == (f"/ip4/1.2.3.4/tcp/1/p2p/{X}", f"/ip4/1.2.3.4/tcp/2/p2p/{Y}")
     assert config.network_id == "from-env"
     assert config.json_logs is False
     assert (config.api_port, config.log_level) == (8123, "debug")
@@ -149,6 +151,9 @@ def test_sections_take_defaults_toml_and_env(data_dir: Path) -> None:
         ("listen = ['tcp/1']", {}, "key 'listen': 'tcp/1' is not a multiaddr"),
         ("network_id = 'Bad Net'", {}, "key 'network_id'"),
         ("bootstrap = ['/ip4/1.2.3.4/tcp/1']", {}, "must end in /p2p/"),
+        ("bootstrap = ['/ip4/1.2.3.4/tcp/1/p2p/not-a-peer']", {},
+         "key 'bootstrap': '/ip4/1.2.3.4/tcp/1/p2p/not-a-peer' is not a multiaddr: Invalid CID"),
+        ("listen = ['/ip4/1.2.3.4/tcp/65536']", {}, "is not a multiaddr: integer not in range"),
         ("[ledger]\nmax_records = 'lots'", {}, "key 'ledger.max_records': 'lots'"),
         ("target_peers = ", {}, "cannot read config file"),
     ],

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -57,17 +57,9 @@ class _GatedSolver:
                            confidence=1.0, tokens=1, compute_ms=1, model_hash=MODEL.model_hash)
 
 
-def _service(submit: Callable[[str, object], Awaitable[None]]) -> ExecutorService:
-    config = SimpleNamespace(section=lambda name: {"executor": ExecutorSection(slots=1)}[name])
-    ctx = SimpleNamespace(identity=Identity.from_seed(b"\x01" * 32), network_id="t",
-                          data_dir=Path("."), config=config, db=None, transport=None,
-                          log=structlog.get_logger(), rng=random.Random(1), clock=lambda: 0,
-                          submit=submit, services={})
-    return ExecutorService(ctx)  # type: ignore[arg-type]
-
-
-@trio_test
-async def test_a_job_cancelled_while_waiting_for_the_solver_never_runs() -> None:
+def _service() -> tuple[ExecutorService, list[object], trio.Event]:
+    """The executor service on a bare context; the events it submits, and an event set at
+    each."""
     done: list[object] = []
     arrived = trio.Event()
 
@@ -75,7 +67,17 @@ async def test_a_job_cancelled_while_waiting_for_the_solver_never_runs() -> None
         done.append(event)
         arrived.set()
 
-    service = _service(submit)
+    config = SimpleNamespace(section=lambda name: {"executor": ExecutorSection(slots=1)}[name])
+    ctx = SimpleNamespace(identity=Identity.from_seed(b"\x01" * 32), network_id="t",
+                          data_dir=Path("."), config=config, db=None, transport=None,
+                          log=structlog.get_logger(), rng=random.Random(1), clock=lambda: 0,
+                          submit=submit, services={})
+    return ExecutorService(ctx), done, arrived  # type: ignore[arg-type]
+
+
+@trio_test
+async def test_a_job_cancelled_while_waiting_for_the_solver_never_runs() -> None:
+    service, done, arrived = _service()
     solver = _GatedSolver()
     service.solver = solver
     first, second, third = _task(1), _task(2), _task(3)
@@ -122,14 +124,7 @@ def _done(task: TaskSpec, attempt: int) -> ComputeDone:
 @trio_test
 async def test_a_solver_result_for_another_job_is_a_failure(
         answer: Callable[[TaskSpec, int], object], reason: str) -> None:
-    done: list[object] = []
-    arrived = trio.Event()
-
-    async def submit(name: str, event: object) -> None:
-        done.append(event)
-        arrived.set()
-
-    service = _service(submit)
+    service, done, arrived = _service()
     service.solver = _MisdirectedSolver(answer)
     job = _task(1)
     with trio.fail_after(WAIT_S):

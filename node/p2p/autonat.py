@@ -37,7 +37,7 @@ from libp2p.peer.id import ID
 from node.p2p.framing import PeerFault
 from node.p2p.multiaddrs import direct_tcp_endpoints
 from node.p2p.natconfig import NatConfig
-from node.p2p.pbwire import read_message, write_message
+from node.p2p.pbwire import close_quietly, read_message, write_message
 from node.p2p.relay_hop import is_relayed, peer_of
 from protocol.buckets import KeyedBuckets
 
@@ -174,11 +174,7 @@ async def probe(host: Any, server: str, addrs: list[str], deadline_s: float) -> 
             await write_message(stream, request)
             answer = await read_message(stream, Message)
     finally:
-        with trio.CancelScope(shield=True):
-            try:
-                await stream.close()
-            except Exception:
-                pass  # gone already
+        await close_quietly(stream)
     if answer.type != Message.DIAL_RESPONSE:
         return None
     if answer.dialResponse.status == Message.OK:

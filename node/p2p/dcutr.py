@@ -40,7 +40,7 @@ from libp2p.relay.circuit_v2.pb.dcutr_pb2 import HolePunch
 
 from node.p2p.framing import PeerFault
 from node.p2p.multiaddrs import direct_tcp_endpoints
-from node.p2p.pbwire import read_message, read_message_or_end, write_message
+from node.p2p.pbwire import close_quietly, read_message, read_message_or_end, write_message
 from node.p2p.relay_hop import is_relayed, peer_of
 
 DCUTR_ID = TProtocol("/libp2p/dcutr")
@@ -116,11 +116,7 @@ class HolePuncher:
             punched = await self._dial_any(peer, theirs, responder=True, punch=True)
             return "punched" if punched else "failed"
         finally:
-            with trio.CancelScope(shield=True):
-                try:
-                    await stream.close()
-                except Exception:
-                    pass  # gone already
+            await close_quietly(stream)
 
     def _connect(self) -> HolePunch:
         addrs = [multiaddr.Multiaddr(a).to_bytes() for a in self._candidates()[:MAX_OBS_ADDRS]]

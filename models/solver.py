@@ -22,8 +22,8 @@ activation fingerprints and the root of every layer's hidden states (models/comm
 the states stay in the states folder, models.state_store, for verifiers to fetch), which
 commitment-based verification binds. On llama.cpp those states are taken from the generation
 itself (``enable_state_capture``: a few percent of the generation time); a backend that cannot
-capture pays one extra fp32 prefill on a transformers copy of the weights (~0.3 of the
-generation time on a CPU), which its bids then account for.
+capture pays one extra fp32 prefill on a transformers copy of the weights, timed at start
+(``_commit_seconds``) so that its bids account for it.
 """
 
 from __future__ import annotations

@@ -56,7 +56,7 @@ class DeviceProfile:
 
 
 DEVICES: dict[str, DeviceProfile] = {
-    "cpu": DeviceProfile("cpu", 37.0, 8.0, 0.0),  # SmolLM2-135M Q4 on 2 cores (measured)
+    "cpu": DeviceProfile("cpu", 37.0, 8.0, 0.0),  # SmolLM2-135M Q4 on 2 cores (ARCHITECTURE.md)
     "laptop-gpu": DeviceProfile("laptop-gpu", 45.0, 8.0, 0.05),
     "rtx3090": DeviceProfile("rtx3090", 110.0, 24.0, 0.10),
     "rtx4090": DeviceProfile("rtx4090", 160.0, 24.0, 0.15),

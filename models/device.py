@@ -162,7 +162,7 @@ def _torch_view(index: int) -> tuple[tuple[str, int] | None, str]:
     if build is None:
         return None, "torch is not installed"
     version, cuda = build
-    if cuda is None:  # known without importing torch (seconds on a busy machine)
+    if cuda is None:  # known without importing torch (an import of seconds)
         return None, f"torch {version} is a CPU-only build"
     try:
         import torch

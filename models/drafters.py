@@ -16,9 +16,8 @@
 A drafter knows nothing of the target: both must share a tokenizer (the same model family).
 
 :class:`DrafterPool` keeps idle LlamaDrafters of one model between generations: loading one
-took 0.7 s on a busy 2-core machine (5.6 s cold), more than a short generation's drafting, and
-one that stays keeps its cache of the last context, so a prompt seen before is not evaluated
-again.
+costs more than a short generation's drafting, and one that stays keeps its cache of the last
+context, so a prompt seen before is not evaluated again.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 ``read_gguf`` gives (metadata, tensors), the tensors zero-copy views of a memory map; models/
 gguf_torch.py builds a transformers model from them. A daemon that only needs a number from
-the metadata (how many blocks the model has) reads it here: importing torch and transformers
-for it took 13-40 s of every daemon start on a loaded 2-core machine.
+the metadata (how many blocks the model has) reads it here, instead of importing torch and
+transformers for it, which costs seconds of every daemon start.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ so every check. A cheater that computes some layers properly and fakes the rest 
 with the probability that a sampled layer is a faked one; the protocol draws
 ``protocol.verification.verifier.LAYERS_PER_CHECK`` of them per check from the unsteerable seed.
 Cost: 1 + sampled layers of L, at the compared positions, plus keys and values elsewhere:
-well under 1/10 of one prefill here, plus fetching the leaves (``BLOCK_TOKENS * C * 4``
+well under 1/10 of one prefill, plus fetching the leaves (``BLOCK_TOKENS * C * 4``
 bytes each, 74 KB for SmolLM2-135M).
 """
 

@@ -28,9 +28,8 @@ if TYPE_CHECKING:
 
 # llama.cpp's OpenMP threads spin-wait between kernels by default. On a machine whose cores
 # are shared (other daemons, a desktop), spinning threads steal the CPU from the ones doing
-# the work: measured here under load, prefilling 200 tokens took 34.7 s with the default
-# policy and 6.5 s with PASSIVE. Set before llama_cpp loads its OpenMP runtime; a user's own
-# setting wins.
+# the work, so a prefill slows several-fold; PASSIVE threads sleep instead. Set before
+# llama_cpp loads its OpenMP runtime; a user's own setting wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 

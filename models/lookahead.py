@@ -12,12 +12,12 @@ The lookahead never waits on the loop nor the loop on it: it runs on its own lla
 context (the second drafter), so the loop never waits for the token it is on, and the verdict
 takes what it has drafted by then. With ``idle`` its thread is scheduled ``SCHED_IDLE`` where
 the OS has it, so it takes only CPU this process's other threads leave: for a process that
-computes the target itself (a drafting thread of normal priority slowed the target's compute
-in the same process about twofold on a busy 2-core machine, more than the drafting it saved).
+computes the target itself (a drafting thread of normal priority competes with the target's
+compute in the same process, and on shared cores slows it by more than the drafting saves).
 A requester whose target is a chain of other processes runs it at its own priority: at
-``SCHED_IDLE`` it got almost no CPU beside them (measured on a 4-stage chain at load ~25: 3 to
-5 lookahead tokens a step, no gain), at its own priority it drafted 6 to 9 a step and cut the
-drafting the steps waited for by a quarter (greedy) to four fifths (MARS).
+``SCHED_IDLE`` it would get almost no CPU beside the stages' processes and draft too little to
+gain, while at its own priority it drafts ahead of every step and cuts the drafting the steps
+wait for.
 
 Overlap is for deterministic drafts only (greedy drafting): a sampled draft draws from the
 generation's one ``random.Random``, which the verification draws from too, so a draft drawn

@@ -3,7 +3,9 @@
 It is the daemon's default ``[executor] solver = "models"``: node/market/executor.py hands
 :func:`load_models_solver` its settings (``model = "<registry name, .gguf path or HF dir>"``,
 default: the embedded SmolLM2; ``threads``; ``temperature``; the states folder under its data
-dir). Every solver, this one or another, returns a :class:`Solution`. At start it loads the
+dir). Every solver, this one or another, answers a task with the market executor's own
+``protocol.market.events.ComputeDone`` for that task and attempt, so a computed result has one
+type from the model to the machine and drivers pass it on as it is. At start it loads the
 model and measures its generation speed (``models.backend.measure_throughput``), which is what
 bids estimate latency from; the advertised model carries the registry's quantization. Each
 task runs ``models.cot.solve`` (prompt, generate, extract, normalize, confidence) with the
@@ -14,25 +16,25 @@ and anyone holding the task can recompute the seed. The simulator's scenarios fi
 sampling instead: a ``temperature`` and a ``salt`` drawn from the scenario seed given to the
 constructor replace the task's temperature and seed, so its runs are reproducible.
 A backend runs one call at a time, so calls are serialized by a lock (``slots`` above 1 only
-queue). Each solution carries its output token ids; with ``fingerprints`` on (the executor
+queue). Each result carries its output token ids; with ``fingerprints`` on (the executor
 service turns it on when verification is, i.e. its machine commits to results) also their
 activation fingerprints and the root of every layer's hidden states (models/commitments.py;
 the states stay in the states folder, models.state_store, for verifiers to fetch), which
 commitment-based verification binds. On llama.cpp those states are taken from the generation
 itself (``enable_state_capture``: a few percent of the generation time); a backend that cannot
-capture pays one extra fp32 prefill on a transformers copy of the weights (~0.3 of the
-generation time on a CPU), which its bids then account for.
+capture pays one extra fp32 prefill on a transformers copy of the weights, timed at start
+(``_commit_seconds``) so that its bids account for it.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from crypto.hashing import digest
+from protocol.market.events import ComputeDone
 from protocol.market.executor import ServedModel
 from protocol.market.messages import TaskSpec
 from protocol.market.sampling import executor_seed
@@ -47,29 +49,6 @@ THROUGHPUT_TOKENS = 32
 
 SEED_PERSON = b"solver-seed"
 SEED_BITS = 63
-
-
-@dataclass(frozen=True, slots=True)
-class Solution:
-    """What a solver returns for one task (the executor turns it into ``ComputeDone``)."""
-
-    answer: str
-    cot: str
-    confidence: float
-    tokens: int
-    compute_ms: int
-    #: content hash of the weights file that produced it
-    model_hash: bytes
-    fingerprints: tuple[bytes, ...] = ()
-    fingerprint_root: bytes = b""
-    #: the generated token ids (commit/reveal binds them, verifiers re-run them)
-    output_ids: tuple[int, ...] = ()
-    #: Merkle root and layer count of the layer states kept for verifiers (models.state_store)
-    states_root: bytes = b""
-    state_layers: int = 0
-    #: tokens of the prompt, and why generation ended ("stop" or "length")
-    prompt_tokens: int = 0
-    finish_reason: str = "stop"
 
 
 class ModelsSolver:
@@ -139,7 +118,7 @@ class ModelsSolver:
         layer_states(fb, ids)
         return time.perf_counter() - started
 
-    def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int = 0) -> Solution:
+    def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int = 0) -> ComputeDone:
         """Answer ``task`` as the executor of ``attempt`` (which picks the sampling seed)."""
         from models.cot import problem_of, solve
 
@@ -161,14 +140,15 @@ class ModelsSolver:
             elif self.fingerprints:
                 made = Commitments(fingerprints_for(self.backend, sol.prompt_token_ids,
                                                     sol.token_ids), b"", 0)
-        return Solution(answer=sol.answer, cot=sol.cot_text, confidence=sol.confidence,
-                        tokens=len(sol.token_ids),
-                        compute_ms=int((time.perf_counter() - started) * 1000),
-                        model_hash=bytes.fromhex(self.backend.identity_hash),
-                        fingerprints=made.fingerprints, output_ids=tuple(sol.token_ids),
-                        states_root=made.states_root, state_layers=made.state_layers,
-                        prompt_tokens=len(sol.prompt_token_ids),
-                        finish_reason=sol.finish_reason)
+        return ComputeDone(task_id=task.task_id, attempt=attempt, answer=sol.answer,
+                           cot=sol.cot_text, confidence=sol.confidence,
+                           tokens=len(sol.token_ids),
+                           compute_ms=int((time.perf_counter() - started) * 1000),
+                           model_hash=bytes.fromhex(self.backend.identity_hash),
+                           fingerprints=made.fingerprints, output_ids=tuple(sol.token_ids),
+                           states_root=made.states_root, state_layers=made.state_layers,
+                           prompt_tokens=len(sol.prompt_token_ids),
+                           finish_reason=sol.finish_reason)
 
 
 def load_models_solver(model: str = "", *, threads: int = 0, temperature: float | None = None,

@@ -13,20 +13,20 @@ reaches the service as ``ctx.config.section(name)`` (an instance of that datacla
 
 Sections that tune a protocol machine
 -------------------------------------
-A section whose keys feed a protocol config (``LedgerConfig``, ``AuctionConfig``, ...) names it
-in the class variable ``feeds`` and lists its other keys, the node's own, in ``node_fields``.
-Every other field must be a field of the protocol config with the same name, type and default:
-:func:`load_config` checks this (:func:`section_drift`) and refuses a section that drifted, so
-renaming or retuning a protocol field cannot leave its TOML key behind. The service builds the
-protocol config with :func:`fed_config`, which passes every such field on; protocol fields a
-section leaves out keep the protocol's default.
+A section whose keys feed a protocol config (``LedgerConfig``, ``AuctionConfig``, ...) is
+declared with :func:`tuning`: ``@tuning(AuctionConfig, "bid_window_ms", ...)`` names the
+protocol fields it exposes as keys, and they take their types and defaults from the protocol
+dataclass, so there is one list of them (renaming a protocol field fails at import, naming
+it). The class body declares only the node's own keys (``node_fields``); one named like a
+field of the protocol config is refused. The service builds the protocol config with
+:func:`fed_config`, which passes every tuned field on; protocol fields a section leaves out
+keep the protocol's default.
 
 Errors
 ------
-An unknown key, top level or inside a section, is a :class:`ConfigError` that names the key
-and where it came from; so is a value of the wrong type or out of range (it names the key
-and the value). Environment variables that start with ``SYMPHONY_`` but name no key are
-ignored (other tools share the prefix); everything else that is unknown is an error.
+An unknown key, top level or in a section, is a :class:`ConfigError` naming the key and its
+source; so is a value of the wrong type or out of range (naming key and value). ``SYMPHONY_*``
+variables that name no key are ignored (other tools share the prefix), nothing else unknown is.
 
 Value types understood in files, env and flags: ``str``, ``int``, ``float``, ``bool``,
 ``Path``, ``tuple[str, ...]`` (env: comma-separated). A bool is never accepted as an int.
@@ -38,11 +38,12 @@ import dataclasses
 import os
 import tomllib
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from node.p2p import multiaddrs
 from node.p2p.link import parse_link
 from protocol.inference.routing import parse_serve_blocks
 from protocol.names import check_network_id
@@ -118,38 +119,40 @@ def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
     return Path(raw).expanduser() if raw else DEFAULT_DATA_DIR.expanduser()
 
 
-def section_drift(section: type) -> list[str]:
-    """How the fields of ``section`` disagree with the protocol config it ``feeds`` (see the
-    module docstring); empty when they agree or when it feeds none."""
-    feeds = getattr(section, "feeds", None)
-    if feeds is None:
-        return []
-    node_fields = frozenset(getattr(section, "node_fields", ()))
+def tuning(feeds: type, *names: str) -> Callable[[type], type]:
+    """Make the decorated class a frozen config section with its own fields (the node's, its
+    ``node_fields``) followed by the fields ``names`` of the protocol config ``feeds``, with
+    their types and defaults taken from ``feeds`` (see the module docstring)."""
     theirs = {f.name: f for f in dataclasses.fields(feeds)}
-    their_types = typing.get_type_hints(feeds)
-    our_types = typing.get_type_hints(section)
-    problems = []
-    for ours in dataclasses.fields(section):
-        name, where = ours.name, f"{section.__name__}.{ours.name}"
-        if name in node_fields:
-            if name in theirs:
-                problems.append(f"{where} is listed in node_fields but is a field of "
-                                f"{feeds.__name__}")
-        elif name not in theirs:
-            problems.append(f"{where} is not a field of {feeds.__name__} (renamed there? "
-                            f"else list it in node_fields)")
-        elif our_types[name] != their_types[name]:
-            problems.append(f"{where} is {our_types[name]!r} but {feeds.__name__}.{name} is "
-                            f"{their_types[name]!r}")
-        elif ours.default != theirs[name].default:
-            problems.append(f"{where} defaults to {ours.default!r} but {feeds.__name__}.{name} "
-                            f"to {theirs[name].default!r}")
-    return problems
+    unknown = [name for name in names if name not in theirs]
+    if unknown:
+        raise TypeError(f"{feeds.__name__} has no field(s) {unknown}")
+    types = typing.get_type_hints(feeds)
+
+    def section(cls: type) -> type:
+        own = dict(cls.__dict__.get("__annotations__", {}))
+        shadowing = sorted(set(own) & set(theirs))
+        if shadowing:
+            raise TypeError(f"{cls.__name__}: {shadowing} are fields of {feeds.__name__}; "
+                            "name them in tuning(...) instead of declaring them")
+        cls.__annotations__ = {**own, **{name: types[name] for name in names}}
+        for name in names:
+            f = theirs[name]
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise TypeError(f"{feeds.__name__}.{name} has no default: the node sets it")
+            setattr(cls, name, dataclasses.field(default=f.default,
+                                                 default_factory=f.default_factory))
+        cls.feeds = feeds  # type: ignore[attr-defined]
+        cls.node_fields = tuple(own)  # type: ignore[attr-defined]
+        return dataclass(frozen=True)(cls)
+
+    return section
 
 
 def fed_config(section: Any, **set_by_node: Any) -> Any:
-    """The protocol config ``section`` feeds: every field of the section that is not one of its
-    ``node_fields``, plus ``set_by_node`` (values the node knows only at run time)."""
+    """The protocol config ``section`` feeds (:func:`tuning`): every field of the section that
+    is not one of its ``node_fields``, plus ``set_by_node`` (values the node knows only at run
+    time)."""
     node_fields = frozenset(getattr(section, "node_fields", ()))
     tuned = {f.name: getattr(section, f.name) for f in dataclasses.fields(section)
              if f.name not in node_fields}
@@ -197,10 +200,6 @@ def _check_sections(sections: Mapping[str, type]) -> None:
     for name, cls in sections.items():
         if name in TOP_LEVEL_KEYS or not dataclasses.is_dataclass(cls):
             raise ConfigError(f"section {name!r} must be a dataclass whose name is not a key")
-        drift = section_drift(cls)
-        if drift:
-            raise ConfigError(f"section [{name}] drifted from the protocol config it feeds: "
-                              + "; ".join(drift))
 
 
 def _data_dir(flags: Mapping[str, Any], env_top: Mapping[str, str]) -> Path:
@@ -371,11 +370,12 @@ def _validate(config: Config) -> None:
         raise ConfigError("key 'listen': at least one multiaddr is needed")
     for key, addrs in (("listen", config.listen), ("bootstrap", config.bootstrap)):
         for addr in addrs:
-            if not addr.startswith("/"):
-                raise ConfigError(f"key {key!r}: {addr!r} is not a multiaddr")
-    for addr in config.bootstrap:
-        if "/p2p/" not in addr:
-            raise ConfigError(f"key 'bootstrap': {addr!r} must end in /p2p/<peer id>")
+            try:
+                last = multiaddrs.parts(addr)[-1][0]
+            except multiaddrs.AddrError as exc:
+                raise ConfigError(f"key {key!r}: {exc}") from None
+            if key == "bootstrap" and last != "p2p":
+                raise ConfigError(f"key 'bootstrap': {addr!r} must end in /p2p/<peer id>")
 
 
 def default_toml(sections: Mapping[str, type] | None = None) -> str:

@@ -30,6 +30,19 @@ class DaemonNotRunning(Exception):
     """No live daemon owns this data dir."""
 
 
+def refusal(exc: httpx.HTTPStatusError) -> str:
+    """What the daemon said when it refused a call: the ``error`` of its JSON answer (or that
+    error's ``message``), else the answer's text."""
+    try:
+        answer = exc.response.json()
+    except ValueError:
+        return exc.response.text
+    detail = answer.get("error") if isinstance(answer, dict) else answer
+    if isinstance(detail, dict):
+        detail = detail.get("message")
+    return str(detail)
+
+
 @dataclass(frozen=True)
 class DaemonInfo:
     pid: int

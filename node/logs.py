@@ -37,6 +37,37 @@ REPEAT_INTERVAL_MS = 60_000
 MAX_REPEAT_KEYS = 4096
 
 
+class RepeatRule:
+    """The repeat rule of :class:`RepeatLog` and :class:`RepeatFilter`: the first occurrence of
+    a key passes; later ones are counted, and the first one at least ``interval`` after the
+    last that passed passes again as the summary of those counted. At most ``max_keys`` keys
+    are remembered; beyond it the least recently seen is forgotten (it passes again)."""
+
+    def __init__(self, interval: float, max_keys: int = MAX_REPEAT_KEYS) -> None:
+        self._interval = interval
+        self._max_keys = max_keys
+        #: key -> [last passed at, occurrences not passed since]
+        self._seen: OrderedDict[Hashable, list[float]] = OrderedDict()
+
+    def check(self, key: Hashable, now: float) -> tuple[int, float] | None:
+        """None: suppress this occurrence; ``(0, 0)``: the first, pass it; else
+        ``(repeats, since)``: pass it as a summary of ``repeats`` suppressed over ``since``."""
+        entry = self._seen.get(key)
+        if entry is None:
+            if len(self._seen) >= self._max_keys:
+                self._seen.popitem(last=False)
+            self._seen[key] = [now, 0]
+            return 0, 0
+        self._seen.move_to_end(key)
+        entry[1] += 1
+        since = now - entry[0]
+        if since < self._interval:
+            return None
+        repeats = int(entry[1])
+        entry[0], entry[1] = now, 0
+        return repeats, since
+
+
 class RepeatLog:
     """First occurrence of each key logged, later ones counted and summarized once per interval.
 
@@ -49,32 +80,20 @@ class RepeatLog:
     def __init__(self, log: Any, *, interval_ms: int = REPEAT_INTERVAL_MS,
                  max_keys: int = MAX_REPEAT_KEYS) -> None:
         self._log = log
-        self._interval_ms = interval_ms
-        self._max_keys = max_keys
-        #: key -> [last logged at ms, occurrences not logged since]
-        self._seen: OrderedDict[Hashable, list[int]] = OrderedDict()
+        self._rule = RepeatRule(interval_ms, max_keys)
         #: lines not written because they repeated (all keys)
         self.suppressed = 0
 
     def note(self, key: Hashable, now_ms: int, event: str, **fields: Any) -> None:
-        entry = self._seen.get(key)
-        if entry is None:
-            if len(self._seen) >= self._max_keys:
-                self._seen.popitem(last=False)
-            self._seen[key] = [now_ms, 0]
-            self._write(event, fields)
-            return
-        self._seen.move_to_end(key)
-        entry[1] += 1
-        if now_ms - entry[0] < self._interval_ms:
+        passed = self._rule.check(key, now_ms)
+        if passed is None:
             self.suppressed += 1
             return
-        fields.pop("exc_info", None)  # a summary carries no traceback
-        self._write(f"{event}.repeated", {**fields, "repeats": entry[1],
-                                          "over_s": round((now_ms - entry[0]) / 1000, 1)})
-        entry[0], entry[1] = now_ms, 0
-
-    def _write(self, event: str, fields: dict[str, Any]) -> None:
+        repeats, since_ms = passed
+        if repeats:
+            fields.pop("exc_info", None)  # a summary carries no traceback
+            event, fields = f"{event}.repeated", {**fields, "repeats": repeats,
+                                                  "over_s": round(since_ms / 1000, 1)}
         method = self._log.error if "exc_info" in fields else self._log.warning
         method(event, **fields)
 
@@ -85,28 +104,20 @@ class RepeatFilter(logging.Filter):
 
     def __init__(self, interval_s: float = REPEAT_INTERVAL_MS / 1000) -> None:
         super().__init__()
-        self._interval_s = interval_s
-        self._seen: OrderedDict[tuple[str, int], list[float]] = OrderedDict()
+        self._rule = RepeatRule(interval_s)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.name.startswith(_PEER_FED):
             return True
         record.exc_info = None
         record.exc_text = None
-        key = (record.pathname, record.lineno)  # the call site: its text may vary per peer
-        now = time.monotonic()
-        entry = self._seen.get(key)
-        if entry is None:
-            if len(self._seen) >= MAX_REPEAT_KEYS:
-                self._seen.popitem(last=False)
-            self._seen[key] = [now, 0]
-            return True
-        self._seen.move_to_end(key)
-        entry[1] += 1
-        if now - entry[0] < self._interval_s:
+        # the call site is the key: its text may vary per peer
+        passed = self._rule.check((record.pathname, record.lineno), time.monotonic())
+        if passed is None:
             return False
-        record.msg = f"{record.msg} [repeated {int(entry[1])} times in {now - entry[0]:.0f} s]"
-        entry[0], entry[1] = now, 0
+        repeats, since_s = passed
+        if repeats:
+            record.msg = f"{record.msg} [repeated {repeats} times in {since_s:.0f} s]"
         return True
 
 

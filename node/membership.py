@@ -14,12 +14,12 @@ size.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any, ClassVar
 
 import trio
 
-from node.config import fed_config
+from node.config import fed_config, tuning
 from node.p2p.invite import dialable_addrs
 from node.p2p.mdns import LanDiscovery
 from node.p2p.peerstore import SAVE_INTERVAL_S, PeerStore
@@ -39,24 +39,15 @@ from protocol.names import peer_id_of_multiaddr
 
 #: how often the transport's addresses are compared with those peers were told
 ADDRS_POLL_S = 1.0
-_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(MembershipConfig)}
 _FINDING: dict[str, Any] = {f.name: f.default for f in fields(DiscoveryConfig)}
 
 
-@dataclass(frozen=True)
+@tuning(MembershipConfig, "hello_timeout_ms", "ping_interval_ms", "unresponsive_after_ms",
+        "exchange_interval_ms", "backoff_base_ms", "backoff_max_ms", "refused_backoff_ms",
+        "peer_exchange")
 class MembershipSection:
     """Tunables of the membership machine (defaults from protocol/membership/machine.py)."""
 
-    feeds: ClassVar[type] = MembershipConfig
-    hello_timeout_ms: int = _DEFAULTS["hello_timeout_ms"]
-    ping_interval_ms: int = _DEFAULTS["ping_interval_ms"]
-    unresponsive_after_ms: int = _DEFAULTS["unresponsive_after_ms"]
-    exchange_interval_ms: int = _DEFAULTS["exchange_interval_ms"]
-    backoff_base_ms: int = _DEFAULTS["backoff_base_ms"]
-    backoff_max_ms: int = _DEFAULTS["backoff_max_ms"]
-    refused_backoff_ms: int = _DEFAULTS["refused_backoff_ms"]
-    #: ask peers for the peers they are connected to (unsigned addresses, one hop)
-    peer_exchange: bool = _DEFAULTS["peer_exchange"]
     #: announce this node and find peers of its network on the LAN by mDNS (node/p2p/mdns.py)
     mdns: bool = True
     #: signed rendezvous records of this network, kept and served by every node
@@ -68,9 +59,6 @@ class MembershipSection:
     discovery_record_ttl_ms: int = _FINDING["record_ttl_ms"]
     #: discovery queries we send a minute (at most 30: peers take 60 requests a minute)
     discovery_queries_per_minute: int = _FINDING["queries_per_minute"]
-    node_fields: ClassVar[tuple[str, ...]] = (
-        "mdns", "discovery", "discovery_records_per_peer", "discovery_record_ttl_ms",
-        "discovery_queries_per_minute")
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():

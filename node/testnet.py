@@ -31,7 +31,8 @@ import tomli_w
 
 from node.control import daemon_file
 
-#: default bound on waiting for one daemon to be ready (imports + libp2p start on 2 cores)
+#: default bound on waiting for one daemon to be ready (imports and the libp2p start, on cores
+#: other daemons share)
 READY_TIMEOUT_S = 60.0
 #: a graceful stop (SIGTERM) must finish within this long
 STOP_TIMEOUT_S = 10.0

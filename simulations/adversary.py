@@ -108,14 +108,14 @@ class LazyExecutor(Behaviour):
             if isinstance(effect, StartCompute):
                 guess = str(node.rng.randrange(10, 10_000))
                 done = ComputeDone(
-                    effect.task.task_id,
-                    effect.attempt,
-                    guess,
-                    "",
-                    0.95,
-                    5,
-                    10,
-                    _hash(effect.model),
+                    task_id=effect.task.task_id,
+                    attempt=effect.attempt,
+                    answer=guess,
+                    cot="",
+                    confidence=0.95,
+                    tokens=5,
+                    compute_ms=10,
+                    model_hash=_hash(effect.model),
                 )
                 node.swarm.loop.after(10_000, node.submit, "executor", done)
                 continue

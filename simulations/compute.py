@@ -56,7 +56,7 @@ class DeviceProfile:
 
 
 DEVICES: dict[str, DeviceProfile] = {
-    "cpu": DeviceProfile("cpu", 37.0, 8.0, 0.0),  # SmolLM2-135M Q4 on 2 cores (measured)
+    "cpu": DeviceProfile("cpu", 37.0, 8.0, 0.0),  # SmolLM2-135M Q4 on 2 cores (ARCHITECTURE.md)
     "laptop-gpu": DeviceProfile("laptop-gpu", 45.0, 8.0, 0.05),
     "rtx3090": DeviceProfile("rtx3090", 110.0, 24.0, 0.10),
     "rtx4090": DeviceProfile("rtx4090", 160.0, 24.0, 0.15),
@@ -201,7 +201,8 @@ class CostModel:
 
 
 class SolverBackend:
-    """Runs a real solver (``solve(task, model, max_tokens) -> Solution``) inside the run."""
+    """Runs a real solver (``solve(task, model, max_tokens, attempt) -> ComputeDone``, as the
+    daemon's executor does) inside the run; its result is fed back as it is."""
 
     def __init__(self, solver: Any, time_from: Callable[[Any], int] | None = None) -> None:
         self.solver = solver
@@ -211,18 +212,7 @@ class SolverBackend:
         self, profile: ExecutorProfile, job: StartCompute, rng: random.Random
     ) -> ComputeOutcome:
         try:
-            sol = self.solver.solve(job.task, job.model, job.task.max_tokens)
+            done = self.solver.solve(job.task, job.model, job.task.max_tokens, job.attempt)
         except Exception as exc:  # a solver failure is a failed computation, as in the daemon
             return 1, ComputeFailed(job.task.task_id, job.attempt, str(exc)[:120])
-        return max(1, self.time_from(sol)), ComputeDone(
-            job.task.task_id,
-            job.attempt,
-            sol.answer,
-            sol.cot,
-            sol.confidence,
-            sol.tokens,
-            sol.compute_ms,
-            sol.model_hash,
-            sol.fingerprints,
-            sol.fingerprint_root,
-        )
+        return max(1, self.time_from(done)), done

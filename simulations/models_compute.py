@@ -17,19 +17,21 @@ Contract
   ``time = "measured"`` the solve's wall-clock ``compute_ms`` on this host (the device profile's
   speed is then ignored), which makes reports differ run to run. ``ComputeDone.compute_ms``
   carries the same figure as the delay.
-* Results carry the hash of the model the executors advertise (the simulated name), so the
-  auction's model check holds; the real model's identity is :attr:`ModelsCompute.identity`.
+* Results are the solver's own ``ComputeDone``, as in the daemon, with the virtual compute time
+  and the hash of the model the executors advertise (the simulated name), so the auction's
+  model check holds; the real model's identity is :attr:`ModelsCompute.identity`.
 * A profile's ``hung`` and ``fail_rate`` act as with the cost model; skill and calibration do
   not (the model is what it is).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import TYPE_CHECKING, Any
 
 from protocol.answers import AnswerType, normalize_answer
-from protocol.market.events import ComputeDone, ComputeFailed, StartCompute
+from protocol.market.events import ComputeFailed, StartCompute
 from simulations.compute import (
     DISTRACTORS,
     PREFILL_FACTOR,
@@ -144,24 +146,17 @@ class ModelsCompute:
             return 1_000, ComputeFailed(tid, attempt, "simulated failure")
         budget = min(job.task.max_tokens, self.spec.max_tokens)
         try:
-            sol = solver.solve(job.task, job.model, budget)
+            done = solver.solve(job.task, job.model, budget, attempt)
         except Exception as exc:  # a solver failure is a failed computation, as in the daemon
             return 1, ComputeFailed(tid, attempt, str(exc)[:120])
         self.solves += 1
-        self.measured_ms += sol.compute_ms
+        self.measured_ms += done.compute_ms
         if self.spec.time == "measured":
-            duration_ms = max(1, int(sol.compute_ms))
+            duration_ms = max(1, int(done.compute_ms))
         else:
             prompt = len(job.task.question) // CHARS_PER_PROMPT_TOKEN + PROMPT_OVERHEAD_TOKENS
-            seconds = (sol.tokens + PREFILL_FACTOR * prompt) / profile.device.tokens_per_s
+            seconds = (done.tokens + PREFILL_FACTOR * prompt) / profile.device.tokens_per_s
             duration_ms = max(1, int(seconds * 1000 * jitter))
-        return duration_ms, ComputeDone(
-            task_id=tid,
-            attempt=attempt,
-            answer=sol.answer,
-            cot=sol.cot,
-            confidence=sol.confidence,
-            tokens=sol.tokens,
-            compute_ms=duration_ms,
-            model_hash=model_hash(job.model),
-        )
+        # the virtual node serves the model under its simulated name and hash
+        return duration_ms, dataclasses.replace(
+            done, compute_ms=duration_ms, model_hash=model_hash(job.model))

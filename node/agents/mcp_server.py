@@ -25,7 +25,7 @@ import httpx
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-from node.control import ApiClient, DaemonNotRunning
+from node.control import ApiClient, DaemonNotRunning, refusal
 
 #: the client waits this much longer than the task's deadline for the daemon's answer
 ASK_GRACE_S = 15.0
@@ -48,13 +48,7 @@ def _request(data_dir: Path, method: str, path: str, body: Any = None,
     except httpx.HTTPStatusError as exc:
         if exc.response.status_code == 404:
             raise
-        try:
-            detail = exc.response.json().get("error")
-        except ValueError:
-            detail = exc.response.text
-        if isinstance(detail, dict):
-            detail = detail.get("message")
-        raise DaemonError(f"the daemon refused: {detail}") from None
+        raise DaemonError(f"the daemon refused: {refusal(exc)}") from None
 
 
 def ask_body(question: str, k: int | None, needs: str | None, agent: str | None,

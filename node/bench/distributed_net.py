@@ -30,7 +30,7 @@ from node.testnet import LocalTestnet, NodeProcess, TestnetError, wait_until
 
 #: a generation through a chain of CPU stages on a shared machine can take minutes
 GENERATE_TIMEOUT_S = 600.0
-#: starting daemons that load blocks of the model, all at once on two busy cores
+#: starting daemons that load blocks of the model, all at once on shared cores
 START_TIMEOUT_S = 300.0
 #: log lines of each daemon shown with a refused generation
 LOG_LINES = 12

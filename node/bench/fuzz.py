@@ -10,8 +10,8 @@ node/bench/fuzz_frames.py that cost one frame at a time: lying length prefixes,
 valid-but-oversized messages, random bytes, mutated valid frames, one signed message replayed,
 in that order. Each runs until its share is sent (an even share of what the kinds before it
 left: the first two end at the daemon's first bans, so their shares pass to the others) or
-``KIND_TIME_S`` has passed (on a busy 2-core machine the time cap ends it first: the figures
-say how many frames went out). Stalled half
+``KIND_TIME_S`` has passed (on a slow or shared machine the time cap ends it first: the
+figures say how many frames went out). Stalled half
 frames cost the attacker the daemon's read deadline each (10 s): the ``stall`` kind runs for
 ``STALL_TIME_S``, long enough for a few bans, its frames on top of the others'. While it
 runs, this process asks ``GET /status`` every ``probes.STATUS_EVERY_S`` and watches the
@@ -63,9 +63,9 @@ from node.bench.fuzz_frames import KINDS, short_name
 from node.bench.probes import StatusPoller, fd_count, rss_mib
 
 FULL_FRAMES, QUICK_FRAMES = 100_000, 1_200
-#: the longest one frame-at-a-time kind runs on one protocol (full, quick): where the daemon
-#: keeps reading (ping, gossip, identify push, relay chunks) the attacker writes 2,000-11,000
-#: frames a second on a quiet 2-core machine, so a third of 100,000 fits
+#: the longest one frame-at-a-time kind runs on one protocol (full, quick): long enough for a
+#: third of the full run's 100,000 frames where the daemon keeps reading (ping, gossip,
+#: identify push, relay chunks) at the frame rates README.md gives for bench fuzz
 KIND_TIME_S = (16.0, 10.0)
 #: how long the stall kind runs on one protocol (full, quick): a ban needs the daemon's read
 #: deadline (10 s) to pass on ten stalled streams at once
@@ -77,7 +77,7 @@ STALL_HOLD_S = 13.0
 IDENTITIES = (8, 1)
 NETWORK_ID = "bench-fuzz"
 SEED = 17
-#: the daemon loads and measures the default model before it is ready (busy 2-core machine)
+#: the daemon loads and measures the default model before it is ready
 START_TIMEOUT_S = 120.0
 ATTACKER = [sys.executable, "-m", "node.bench.fuzz_attacker"]
 #: kinds every protocol refuses at the first frame (a stream that ends mid-frame, a frame

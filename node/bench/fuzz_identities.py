@@ -1,11 +1,10 @@
 """The fuzz attacker's identities and its view of the daemon's bans.
 
 * :func:`fresh_identity`: a fresh libp2p identity, started, connected to the daemon and
-  greeted (the handshake answered, so it passes for an ordinary peer). A pool of identities
-  started ahead of time was tried: in a full run at load 20-30 the daemon stopped receiving
-  the attacker's handshakes after 15 minutes and an attacker run outlived its time limit
-  (the cause was not pinned down), so each identity is again started when it is needed and
-  stopped when it is done, as in the runs that completed.
+  greeted (the handshake answered, so it passes for an ordinary peer). Each identity is
+  started when it is needed and stopped when it is done, not drawn from a pool started ahead
+  of time: with such a pool the daemon stopped receiving the attacker's handshakes partway
+  through a full run and the run outlived its time limit (the cause is not known).
 * :class:`BanWatch`: one ``GET /status`` every ``POLL_S`` for every identity of the process
   (each identity polling on its own added several requests a second to the daemon whose
   ``/status`` latency the bench measures); an identity waits for the poll that lists it.
@@ -31,7 +30,7 @@ from protocol.codec import encode
 from protocol.membership.messages import Hello
 from protocol.names import PROTOCOL_VERSION, protocol_id
 
-#: a dial and handshake under this machine's load (20-30) take seconds; beyond this, given up
+#: a dial and handshake beside a busy daemon take seconds; beyond this, given up
 CONNECT_TIMEOUT_S = 20.0
 IDENTIFY_ID = "/ipfs/id/1.0.0"
 #: how often the daemon's /status is asked which identities it has banned

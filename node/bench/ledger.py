@@ -7,7 +7,7 @@ Measured in one run:
   anti-entropy. ``join_sync_s`` runs from its transport starting (the first moment it can
   dial) to its last pull ending (log timestamps: connect, digests, every batch verified and
   stored). It does not start at the ledger service's start: the daemon starts every service
-  (the executor's model load and self-benchmark included, seconds on 2 cores) before its
+  (the executor's model load and self-benchmark included, which take seconds) before its
   transport, and that is start-up, not sync;
   ``join_ready_to_converged_s`` from the daemon being ready to its digest equalling a
   founder's (polled over HTTP); ``join_total_s`` adds its process start (start-up included).
@@ -51,7 +51,7 @@ FULL = (4, 10_000)
 QUICK = (2, 1_000)
 OBSERVERS = 50
 SUBJECTS = 20
-#: bound on every wait (a daemon's start on 2 busy cores included)
+#: bound on every wait (a daemon's start, model load included, on shared cores)
 WAIT_S = 120.0
 #: polling the record update (cheap GETs); a join is timed from log timestamps and polled
 #: slowly, so that status requests do not steal the joiner's CPU

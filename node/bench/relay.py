@@ -17,8 +17,8 @@ the store is timed apart as ``import_s``) until every recipient reports the vers
 * peak resident memory per daemon (``VmHWM``), max and mean, in MiB, and the most any daemon
   grew over its idle size (``peak_rss_over_idle_max_mib``: what relaying cost in memory).
 
-On a 2-core machine eight daemons compete for the CPU, so the uncapped ratios mostly measure
-CPU contention; the capped ratios are the protocol's.
+Eight daemons on one machine compete for its CPU, so where cores are few the uncapped ratios
+mostly measure CPU contention; the capped ratios are the protocol's.
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ from node.api.app import read_token
 from node.testnet import LocalTestnet, NodeProcess
 
 #: (peers, artifact MiB, capped artifact MiB, uplink cap MB/s, chunk KiB, swept chunk KiB).
-#: The cap is low because eight daemons share two cores here: above ~5 MB/s per node the
-#: relay is CPU-bound (Noise + yamux in Python cost tens of ms per MB per side).
+#: The cap is low because the eight daemons share the machine's cores: above a few MB/s per
+#: node the relay is CPU-bound (Noise and yamux run in Python, on both sides of each link).
 FULL = (7, 256, 64, 5, 1024, (256, 1024, 4096))
 QUICK = (3, 16, 8, 4, 256, (256, 1024))
 #: bound on one phase
 PHASE_TIMEOUT_S = 600.0
-#: bound on a daemon's start (it loads its model first): under load 25 on this 2-core machine
-#: the publisher took over the testnet's default minute to be ready
+#: bound on a daemon's start (it loads its model first): on cores the other daemons share,
+#: longer than the testnet's default minute
 START_TIMEOUT_S = 300.0
 POLL_S = 0.1
 #: every this many polls of the publisher, the recipients still missing are asked directly

@@ -41,11 +41,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ASYNC_STALENESS = 2
 QUICK_STEPS, FULL_STEPS = 8, 50
 QUICK_TOKENS, FULL_TOKENS = 24, 24
-#: processes this 2-core machine can give workers beside the learner
+#: worker processes beside the learner: two keep the run within a 2-core machine's CPU
 MAX_WORKERS = 2
 #: the synchronous run measures a worker generating while the learner waits; beside a
-#: training learner on the same cores it generates slower (0.97 -> 0.54 rollouts/s here), so
-#: the asynchronous run gets workers for this much more than the learner's demand
+#: training learner on the same cores it generates slower, so the asynchronous run gets
+#: workers for this much more than the learner's demand
 HEADROOM = 1.5
 PLOT_MIN_STEPS = 50
 PLOT_PATH = Path("out") / "bench-rl" / "reward.png"

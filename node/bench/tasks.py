@@ -48,7 +48,7 @@ ASK_DEADLINE_MS = 90_000
 #: time an executor gets per attempt before being replaced (beyond its estimate): generous,
 #: so a shared machine's load shows as latency, not as replans; it never adds to latency
 ASSIGN_BASE_MS = 60_000
-#: start-up of four daemons that load and measure a model, on a busy 2-core machine
+#: start-up of four daemons that load and measure a model, at once on shared cores
 START_TIMEOUT_S = 120.0
 
 

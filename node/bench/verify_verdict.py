@@ -109,9 +109,11 @@ class _Loop:
             elif isinstance(e, StartCompute) and self.solution is not None:
                 sol, made = self.solution
                 self.queue.append((src, ComputeDone(
-                    e.task.task_id, e.attempt, sol.answer, sol.cot_text, sol.confidence,
-                    len(sol.token_ids), 1, self.runner.model_hash, made.fingerprints, b"",
-                    tuple(sol.token_ids), made.states_root, made.state_layers)))
+                    task_id=e.task.task_id, attempt=e.attempt, answer=sol.answer,
+                    cot=sol.cot_text, confidence=sol.confidence, tokens=len(sol.token_ids),
+                    compute_ms=1, model_hash=self.runner.model_hash,
+                    fingerprints=made.fingerprints, output_ids=tuple(sol.token_ids),
+                    states_root=made.states_root, state_layers=made.state_layers)))
             elif isinstance(e, StartCheck):
                 job = self.runner.prepare(e)
                 done = job if not isinstance(job, LayerJob) else \

@@ -42,7 +42,8 @@ UNPARSEABLE = "malformed:unparseable_answer"
 #: time an executor gets per attempt beyond its own estimate before it is replaced: generous,
 #: since three executors share this machine's cores (their measured speed assumed them idle)
 ASSIGN_BASE_MS = 60_000
-#: bound on start-up: importing, loading the model and measuring its speed on 2 busy cores
+#: bound on start-up: importing, loading the model and measuring its speed, with the other
+#: demo daemons doing the same on the same cores
 START_TIMEOUT_S = 180.0
 
 

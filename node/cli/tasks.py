@@ -33,20 +33,14 @@ def _client(data_dir: str | None, timeout_s: float = 10.0) -> Any:
 def _call(fn: Any, *args: Any) -> Any:
     import httpx
 
-    from node.control import DaemonNotRunning
+    from node.control import DaemonNotRunning, refusal
 
     try:
         return fn(*args)
     except DaemonNotRunning as exc:
         raise click.ClickException(str(exc)) from None
     except httpx.HTTPStatusError as exc:
-        try:
-            detail = exc.response.json().get("error")
-        except ValueError:
-            detail = exc.response.text
-        if isinstance(detail, dict):
-            detail = detail.get("message")
-        raise click.ClickException(f"the daemon refused: {detail}") from None
+        raise click.ClickException(f"the daemon refused: {refusal(exc)}") from None
 
 
 def _short(peer: str) -> str:

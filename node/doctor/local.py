@@ -13,10 +13,12 @@ import shutil
 import socket
 import tempfile
 import time
+from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
 from node.doctor.report import FAIL, PASS, SKIP, WARN, Check
+from node.p2p.multiaddrs import AddrError, direct_tcp_endpoints, tcp_endpoint
 
 #: free disk the data dir needs beyond what is stored: the ledger, chunk store and logs grow
 MIN_FREE_DISK_BYTES = 1 << 30
@@ -57,30 +59,19 @@ def data_dir_check(data_dir: Path) -> Check:
     return Check("data dir", PASS, f"{data_dir} is writable")
 
 
-def parse_tcp_multiaddr(addr: str) -> tuple[str, str, int]:
-    """``/ip4/H/tcp/P...`` -> (family, host, port); ValueError naming what is wrong."""
-    parts = addr.strip("/").split("/")
-    if len(parts) < 4 or parts[0] not in ("ip4", "ip6", "dns", "dns4", "dns6") \
-            or parts[2] != "tcp":
-        raise ValueError(f"{addr!r} is not a /ip4|ip6|dns|dns4|dns6/<host>/tcp/<port> multiaddr")
-    if not parts[3].isdigit() or not 0 <= int(parts[3]) <= 65535:
-        raise ValueError(f"{addr!r}: {parts[3]!r} is not a TCP port")
-    return parts[0], parts[1], int(parts[3])
-
-
 def listen_checks(listen: tuple[str, ...], bound: list[str] | None) -> list[Check]:
     """Each listen address bindable; ``bound``: the running daemon's addresses (None: stopped)."""
     checks = []
     for addr in listen:
         name = f"listen {addr}"
         try:
-            family, host, port = parse_tcp_multiaddr(addr)
-        except ValueError as exc:
+            family, host, port = astuple(tcp_endpoint(addr))
+        except AddrError as exc:
             checks.append(Check(name, FAIL, str(exc), "fix 'listen' in node.toml or --listen"))
             continue
         if bound is not None:
             # port 0 became whatever port the daemon got: any of its TCP addresses
-            held = [a for a in bound if f"/tcp/{port}/" in a + "/" or (not port and "/tcp/" in a)]
+            held = [str(e) for e in direct_tcp_endpoints(bound) if e.port == port or not port]
             if held:
                 checks.append(Check(name, PASS, f"bound by the running daemon ({held[0]})"))
             else:

@@ -24,8 +24,8 @@ from typing import Any
 
 import trio
 
-from node.doctor.local import parse_tcp_multiaddr
 from node.doctor.report import FAIL, PASS, SKIP, WARN, Check
+from node.p2p.multiaddrs import AddrError, TcpEndpoint, direct_tcp_endpoints, tcp_endpoint
 from node.transport import TransportError
 from protocol.codec import decode
 from protocol.errors import InvalidMessage
@@ -44,9 +44,10 @@ async def probe_bootstrap(addr: str, network_id: str, *, step_s: float = PROBE_S
     name = f"bootstrap {addr}"
     peer = peer_id_of_multiaddr(addr)
     try:
-        _, host, port = parse_tcp_multiaddr(addr)
-    except ValueError as exc:
+        endpoint = tcp_endpoint(addr)
+    except AddrError as exc:
         return Check(name, FAIL, str(exc), "fix 'bootstrap' in node.toml or --bootstrap")
+    host, port = endpoint.host, endpoint.port
     if peer is None:
         return Check(name, FAIL, "the address names no peer (/p2p/<peer id>)",
                      "append /p2p/<the peer's id> (its `symphony node status` shows it)")
@@ -115,12 +116,8 @@ async def _ask_network_id(name: str, addr: str, peer: str, network_id: str,
                  "(or one too old to say its network id)", "use a symphony node's address")
 
 
-def _private(addr: str) -> bool:
-    parts = addr.strip("/").split("/")
-    try:
-        ip = ipaddress.ip_address(parts[1])
-    except (ValueError, IndexError):
-        return False
+def _private(endpoint: TcpEndpoint) -> bool:
+    ip = ipaddress.ip_address(endpoint.host)
     return ip.is_private or ip.is_loopback or ip.is_link_local
 
 
@@ -128,16 +125,16 @@ def reachability_check(status: dict[str, Any]) -> Check:
     """Whether peers can dial this node, from its addresses and who dialled in."""
     addrs = list(status.get("addresses", []))
     inbound = [p for p in status.get("peers", []) if p.get("outbound") is False]
-    direct = [a for a in addrs if "/p2p-circuit" not in a]
-    public = [a for a in direct if not _private(a)]
-    where = ", ".join(direct) or "none"
+    direct = direct_tcp_endpoints(addrs)
+    public = [e for e in direct if not _private(e)]
+    where = ", ".join(map(str, direct)) or "none"
     relayed = status.get("nat", {}).get("relayed_addrs", [])
     if inbound:
         return Check("reachability", PASS, f"{len(inbound)} peer(s) dialled in; addresses "
                      f"{where}")
     if relayed:
         return Check("reachability", PASS, f"reachable through a relay: {relayed[0]}")
-    port = next((a.split("/tcp/")[1].split("/")[0] for a in direct if "/tcp/" in a), "<port>")
+    port = direct[0].port if direct else "<port>"
     detail = (f"no peer has dialled in yet; addresses {where}"
               + ("" if public else " (all private: peers outside this network cannot dial "
                  "them)") + "; no relay reservation")

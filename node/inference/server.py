@@ -7,9 +7,9 @@ time, one reply each. :class:`StageHost` keeps the rules in protocol/inference/s
 stream the request came on, ``RunForward`` runs the stage (one computation at a time: torch
 gets the cores), caches are cropped and freed. A step of a few positions that the stage's
 measured speed puts under ``INLINE_MAX_MS`` runs on the event loop itself: handing it to a
-worker thread and back costs two thread wake-ups, and the one back, right after the compute
-used up this process's share of a busy CPU, waited 4-6 ms per stage (at load 15 on 2 cores),
-more than any stream waits for a step that short. Longer work (a prefill) goes to a worker
+worker thread and back costs two thread wake-ups, and the one back comes right after the
+compute used up this process's share of the CPU, so on shared cores it waits for a time slice:
+longer than a step that short takes. Longer work (a prefill) goes to a worker
 thread, so the event loop is never held long. A penalty is reported through
 ``report`` (the service feeds it to the driver), and a stream whose bytes are no message is
 the peer's fault too. A stream that stays silent for the idle timeout is closed and its

@@ -6,11 +6,12 @@
   use: fp16 (or fp32) little-endian, row-major (positions, hidden); ``unpack_hidden`` raises
   ``InvalidMessage`` for a wrong byte count or a non-finite value (the sender's fault).
 * :class:`SessionStream` holds every outgoing frame for ``delay_ms`` before it writes it: a
-  per-link delay for experiments (loopback has none and this machine has no netem). Off (0)
-  by default. It reads the stream in chunks of up to ``READ_CHUNK`` bytes and cuts frames out
-  of what it has, so a frame that arrived whole costs one read: each read of a libp2p stream
-  makes yamux write a window update to the sender (encrypted, and the sender wakes to take
-  it) before the data is handed over, and reading a frame's length and body apart cost two.
+  per-link delay for experiments (loopback has none, and a kernel without netem cannot add
+  it). Off (0) by default. It reads the stream in chunks of up to ``READ_CHUNK`` bytes and
+  cuts frames out of what it has, so a frame that arrived whole costs one read: each read of a
+  libp2p stream makes yamux write a window update to the sender (encrypted, and the sender
+  wakes to take it) before the data is handed over, and reading a frame's length and body
+  apart cost two.
 """
 
 from __future__ import annotations

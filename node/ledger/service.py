@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import time
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import trio
 
 from models.device import describe_device
-from node.config import fed_config
+from node.config import fed_config, tuning
 from node.ledger.api import ledger_routes
 from node.ledger.store import SCHEMA, LedgerStore
 from node.service import NodeContext, Service
@@ -66,18 +66,15 @@ from protocol.ledger.view import PeerMatch
 if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
-_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(LedgerConfig)}
 #: roles that need a model to be worth advertising
 _MODEL_ROLES = (Role.EXECUTOR, Role.VERIFIER)
 
 
-@dataclass(frozen=True)
+@tuning(LedgerConfig, "record_ttl_ms", "refresh_ms", "min_republish_ms", "attestation_ttl_ms",
+        "anti_entropy_ms", "sync_fanout", "sync_timeout_ms", "attestation_rate_per_minute")
 class LedgerSection:
-    """Tunables of the ledger (``[ledger]`` in node.toml); defaults from protocol/ledger/machine.py."""
+    """Tunables of the ledger (``[ledger]`` in node.toml); defaults from protocol/ledger/events.py."""
 
-    feeds: ClassVar[type] = LedgerConfig
-    node_fields: ClassVar[tuple[str, ...]] = ("roles", "tags", "price_per_1k_tokens",
-                                               "capability_poll_ms")
     #: roles this node offers (executor and verifier only when it serves a model)
     roles: tuple[str, ...] = ("executor", "verifier", "relay")
     tags: tuple[str, ...] = ()
@@ -85,14 +82,6 @@ class LedgerSection:
     price_per_1k_tokens: float = 0.0
     #: how often the service checks whether what the node offers changed
     capability_poll_ms: int = 1_000
-    record_ttl_ms: int = _DEFAULTS["record_ttl_ms"]
-    refresh_ms: int = _DEFAULTS["refresh_ms"]
-    min_republish_ms: int = _DEFAULTS["min_republish_ms"]
-    attestation_ttl_ms: int = _DEFAULTS["attestation_ttl_ms"]
-    anti_entropy_ms: int = _DEFAULTS["anti_entropy_ms"]
-    sync_fanout: int = _DEFAULTS["sync_fanout"]
-    sync_timeout_ms: int = _DEFAULTS["sync_timeout_ms"]
-    attestation_rate_per_minute: int = _DEFAULTS["attestation_rate_per_minute"]
 
     def __post_init__(self) -> None:
         for role in self.roles:

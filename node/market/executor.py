@@ -7,7 +7,7 @@
   ``ComputeFailed`` if the solver raised), and ``CancelCompute`` stops waiting for it.
 * A solver is any object with ``models() -> list[ServedModel]`` (names, context, weights
   hash, *measured* tokens/s; called once at start, in a thread) and
-  ``solve(task: TaskSpec, model: str, max_tokens: int, attempt: int) -> Solution``
+  ``solve(task: TaskSpec, model: str, max_tokens: int, attempt: int) -> ComputeDone``
   (blocking; the attempt picks the sampling seed, protocol.market.sampling); one with a
   ``fingerprints`` attribute gets it set to whether this executor commits (verification). The
   ``[executor] solver`` setting names a factory ``"module:callable"`` taking
@@ -16,7 +16,9 @@
   solver on the models/ backend; ``model`` picks the model, "" = the embedded default), so a
   plain ``symphony node run`` executes. ``solver = ""`` opts out: the node never bids, and
   says so in its status and log; so does a solver that fails to start (e.g. models/ not
-  installed), without stopping the node. A solver's result is a models.solver.Solution.
+  installed), without stopping the node. The ``ComputeDone`` a solver returns goes to the
+  machine as it is; one for another task or attempt, or no ``ComputeDone`` at all, is a
+  ``ComputeFailed``.
 * Sampling is the requester's choice, carried by the task (temperature, top-p, seed base,
   stop strings); the executor has no temperature of its own.
 """
@@ -26,20 +28,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import trio
 
-from models.solver import Solution
-from node.config import fed_config
+from node.config import fed_config, tuning
 from node.service import NodeContext, NurseryService
 from protocol.market.executor import (
-    DEFAULT_HOLD_MS,
-    DEFAULT_MAX_TASK_MS,
-    DEFAULT_MAX_TOKENS,
-    DEFAULT_QUEUE,
     CancelCompute,
     ComputeDone,
     ComputeFailed,
@@ -51,7 +47,6 @@ from protocol.market.executor import (
 from protocol.market.jobs import JobState
 from protocol.market.messages import (
     BEACON_TOPIC,
-    MAX_QUESTION_CHARS,
     Assign,
     Beacon,
     Cancel,
@@ -67,15 +62,15 @@ BUILTIN_SOLVERS = {"models": "node.market.executor:models_solver"}
 class Solver(Protocol):
     def models(self) -> list[ServedModel]: ...
 
-    def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int) -> Solution: ...
+    def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int) -> ComputeDone:
+        ...
 
 
-@dataclass(frozen=True)
+@tuning(ExecutorConfig, "slots", "queue", "hold_ms", "max_tokens", "max_task_ms",
+        "max_question_chars")
 class ExecutorSection:
     """Tunables of the executor side (``[executor]`` in node.toml)."""
 
-    feeds: ClassVar[type] = ExecutorConfig
-    node_fields: ClassVar[tuple[str, ...]] = ("solver", "model", "threads", "price_per_1k")
     #: "models" (models/solver.py), or "module:callable" building a solver from
     #: (section, data_dir); "" = do not execute
     solver: str = "models"
@@ -83,15 +78,6 @@ class ExecutorSection:
     model: str = ""
     #: with solver = "models": CPU threads for the model (0 = the backend's default)
     threads: int = 0
-    #: tasks computed at once; each bid holds one slot (or queue place) for hold_ms
-    slots: int = 1
-    #: assignments that may wait for a busy slot, earliest deadline first: a busy executor
-    #: still bids, its estimated latency counting the wait, so concurrent asks queue
-    queue: int = DEFAULT_QUEUE
-    hold_ms: int = DEFAULT_HOLD_MS
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    max_task_ms: int = DEFAULT_MAX_TASK_MS
-    max_question_chars: int = MAX_QUESTION_CHARS
     price_per_1k: float = 0.0
 
     def __post_init__(self) -> None:
@@ -211,15 +197,25 @@ class ExecutorService(NurseryService):
                 event = ComputeFailed(job.task.task_id, job.attempt,
                                       f"{type(exc).__name__}: {exc}"[:MAX_FAILURE_TEXT])
             else:
-                self.computed += 1
-                event = ComputeDone(job.task.task_id, job.attempt, sol.answer, sol.cot,
-                                    sol.confidence, sol.tokens, sol.compute_ms, sol.model_hash,
-                                    sol.fingerprints, sol.fingerprint_root, sol.output_ids,
-                                    sol.states_root, sol.state_layers, sol.prompt_tokens,
-                                    sol.finish_reason)
+                event = self._checked(job, sol)
         self._scopes.pop(key, None)
         if event is not None and not scope.cancelled_caught:
             await self.ctx.submit(self.name, event)
+
+    def _checked(self, job: StartCompute, sol: object) -> ComputeDone | ComputeFailed:
+        """The solver's result for ``job``, or a failure naming what it returned instead."""
+        if (isinstance(sol, ComputeDone) and sol.task_id == job.task.task_id
+                and sol.attempt == job.attempt):
+            self.computed += 1
+            return sol
+        self.failed += 1
+        what = (f"a result for task {sol.task_id.hex()} attempt {sol.attempt}"
+                if isinstance(sol, ComputeDone) else type(sol).__name__)
+        self.ctx.log.error("executor.solver_result_wrong", task_id=job.task.task_id.hex(),
+                           got=what)
+        return ComputeFailed(job.task.task_id, job.attempt,
+                             f"solver returned {what}, not this job's ComputeDone"[
+                                 :MAX_FAILURE_TEXT])
 
     def status(self) -> dict[str, Any]:
         m = self._machine

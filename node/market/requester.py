@@ -21,13 +21,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import trio
 
 from node.api.openai_routes import openai_routes
-from node.config import fed_config
+from node.config import fed_config, tuning
 from node.market.api import task_routes
 from node.market.ask_request import AskError, parse_ask
 from node.market.chain_asks import ChainAsks, interrupted
@@ -65,29 +64,17 @@ MAX_CACHED_SNAPSHOTS = 256
 #: an ask waits this much longer than its deadline for the final vote
 ASK_GRACE_S = 5.0
 OPEN_PHASES = ("bidding", "running")
-_AUCTION = AuctionConfig()  # defaults (a slots dataclass has no class-level defaults)
 
 
-@dataclass(frozen=True)
+@tuning(AuctionConfig, "bid_window_ms", "spare_bids", "max_rounds", "backoff_base_ms",
+        "backoff_max_ms", "min_round_ms", "assign_base_ms", "assign_slack")
 class TasksSection:
     """Tunables of the requester side (``[tasks]`` in node.toml)."""
 
-    feeds: ClassVar[type] = AuctionConfig
-    node_fields: ClassVar[tuple[str, ...]] = (
-        "selector", "linucb_alpha", "linucb_lambda", "default_k", "default_deadline_ms",
-        "default_max_tokens", "default_max_price")
     #: "score" (weighted sum, protocol/market/selection.py) or "linucb" (protocol/market/linucb.py)
     selector: str = "score"
     linucb_alpha: float = DEFAULT_ALPHA
     linucb_lambda: float = DEFAULT_LAMBDA
-    bid_window_ms: int = _AUCTION.bid_window_ms
-    spare_bids: int = _AUCTION.spare_bids
-    max_rounds: int = _AUCTION.max_rounds
-    backoff_base_ms: int = _AUCTION.backoff_base_ms
-    backoff_max_ms: int = _AUCTION.backoff_max_ms
-    min_round_ms: int = _AUCTION.min_round_ms
-    assign_base_ms: int = _AUCTION.assign_base_ms
-    assign_slack: float = _AUCTION.assign_slack
     default_k: int = 3
     default_deadline_ms: int = 120_000
     default_max_tokens: int = 256

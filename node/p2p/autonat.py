@@ -35,8 +35,9 @@ from libp2p.host.autonat.pb.autonat_pb2 import Message
 from libp2p.peer.id import ID
 
 from node.p2p.framing import PeerFault
+from node.p2p.multiaddrs import direct_tcp_endpoints
 from node.p2p.natconfig import NatConfig
-from node.p2p.pbwire import read_message, write_message
+from node.p2p.pbwire import close_quietly, read_message, write_message
 from node.p2p.relay_hop import is_relayed, peer_of
 from protocol.buckets import KeyedBuckets
 
@@ -50,20 +51,6 @@ VERDICT_WINDOW = 5
 PUBLIC, PRIVATE, UNKNOWN = "public", "private", "unknown"
 
 
-def _ip_port(addr: multiaddr.Multiaddr) -> tuple[str, str, int] | None:
-    """``(ip4|ip6, ip, port)`` of a direct TCP multiaddr, else None."""
-    text = str(addr)
-    parts = text.split("/")
-    if len(parts) < 5 or parts[1] not in ("ip4", "ip6") or parts[3] != "tcp":
-        return None
-    if "/p2p-circuit" in text:
-        return None
-    try:
-        return parts[1], str(ipaddress.ip_address(parts[2])), int(parts[4])
-    except ValueError:
-        return None
-
-
 def dialback_candidates(offered: list[bytes], observed_ip: str) -> list[str]:
     """What a server may dial for a request from ``observed_ip``; see the module doc."""
     try:
@@ -72,15 +59,8 @@ def dialback_candidates(offered: list[bytes], observed_ip: str) -> list[str]:
         return []
     family = "ip4" if observed.version == 4 else "ip6"
     out: list[str] = []
-    for raw in offered[:MAX_OFFERED_ADDRS]:
-        try:
-            parsed = _ip_port(multiaddr.Multiaddr(raw))
-        except Exception:
-            continue
-        if parsed is None:
-            continue
-        port = parsed[2]
-        candidate = f"/{family}/{observed}/tcp/{port}"  # its own IP is the observed one
+    for endpoint in direct_tcp_endpoints(offered[:MAX_OFFERED_ADDRS]):
+        candidate = f"/{family}/{observed}/tcp/{endpoint.port}"  # its IP is the observed one
         if candidate not in out:
             out.append(candidate)
     return out[:MAX_DIALBACK_ADDRS]
@@ -194,11 +174,7 @@ async def probe(host: Any, server: str, addrs: list[str], deadline_s: float) -> 
             await write_message(stream, request)
             answer = await read_message(stream, Message)
     finally:
-        with trio.CancelScope(shield=True):
-            try:
-                await stream.close()
-            except Exception:
-                pass  # gone already
+        await close_quietly(stream)
     if answer.type != Message.DIAL_RESPONSE:
         return None
     if answer.dialResponse.status == Message.OK:

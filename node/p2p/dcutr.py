@@ -39,7 +39,8 @@ from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.pb.dcutr_pb2 import HolePunch
 
 from node.p2p.framing import PeerFault
-from node.p2p.pbwire import read_message, read_message_or_end, write_message
+from node.p2p.multiaddrs import direct_tcp_endpoints
+from node.p2p.pbwire import close_quietly, read_message, read_message_or_end, write_message
 from node.p2p.relay_hop import is_relayed, peer_of
 
 DCUTR_ID = TProtocol("/libp2p/dcutr")
@@ -52,17 +53,8 @@ RELAY_CLOSE_GRACE_S = 5.0
 
 
 def _tcp_addrs(raw: list[bytes]) -> list[str]:
-    out: list[str] = []
-    for data in raw[:MAX_OBS_ADDRS]:
-        try:
-            text = str(multiaddr.Multiaddr(data))
-        except Exception:
-            continue
-        parts = text.split("/")
-        if len(parts) >= 5 and parts[1] in ("ip4", "ip6") and parts[3] == "tcp" \
-                and "/p2p-circuit" not in text:
-            out.append("/".join(parts[:5]))
-    return out
+    """The direct TCP addresses of a peer's CONNECT, each as ``/ipX/<ip>/tcp/<port>``."""
+    return [str(endpoint) for endpoint in direct_tcp_endpoints(raw[:MAX_OBS_ADDRS])]
 
 
 class HolePuncher:
@@ -124,11 +116,7 @@ class HolePuncher:
             punched = await self._dial_any(peer, theirs, responder=True, punch=True)
             return "punched" if punched else "failed"
         finally:
-            with trio.CancelScope(shield=True):
-                try:
-                    await stream.close()
-                except Exception:
-                    pass  # gone already
+            await close_quietly(stream)
 
     def _connect(self) -> HolePunch:
         addrs = [multiaddr.Multiaddr(a).to_bytes() for a in self._candidates()[:MAX_OBS_ADDRS]]
@@ -157,10 +145,9 @@ class HolePuncher:
 
     def _source(self) -> tuple[str, int] | None:
         """Our listening (ip, port): hole-punch dials leave from it."""
-        for addr in self._host.get_transport_addrs():
-            parts = str(addr).split("/")
-            if len(parts) >= 5 and parts[1] == "ip4" and parts[3] == "tcp":
-                return parts[2], int(parts[4])
+        for endpoint in direct_tcp_endpoints(self._host.get_transport_addrs()):
+            if endpoint.family == "ip4":
+                return endpoint.host, endpoint.port
         return None
 
     async def _dial_any(self, peer: str, addrs: list[str], *, responder: bool,

@@ -56,9 +56,9 @@ GOSSIP_HEARTBEAT_S = 1
 #: the whole topic's rate; the protocol layer validates and penalizes peers on content.
 GOSSIP_MAX_MSGS_PER_TOPIC_PER_S = 1000
 #: Our own publishes are paced to at most this many per second (they count against the cap
-#: too). Measured: py-libp2p spends ~1-2 ms of CPU per message per hop, so one process cannot
-#: sustain much more; publishing faster only grows queues and stalls everything else, shutdown
-#: included. Bursts up to this size in a second go out at once.
+#: too). py-libp2p spends CPU on every message at every hop (ARCHITECTURE.md has the figure),
+#: so one process cannot sustain much more; publishing faster only grows queues and stalls
+#: everything else, shutdown included. Bursts up to this size in a second go out at once.
 GOSSIP_OWN_PUBLISH_PER_S = 200
 #: Outbound RPCs queued per peer before py-libp2p drops (its default: 32).
 GOSSIP_OUTBOUND_QUEUE = 4096

@@ -41,10 +41,12 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.tools.anyio_service import background_trio_service
 
 from node.logs import route_library_logs
+from node.p2p import multiaddrs
 from node.p2p.frame_checks import libp2p_framings
 from node.p2p.gossip import Gossip
 from node.p2p.guard import GuardedHost, StreamGuard
 from node.p2p.link import LinkSpec
+from node.p2p.multiaddrs import AddrError
 from node.p2p.nat import NatService
 from node.p2p.natconfig import NatConfig
 from node.p2p.shaping import ShapedTCP
@@ -196,7 +198,11 @@ class P2PTransport:
     # ---- connections ------------------------------------------------------------------------
 
     async def connect(self, address: str) -> str:
-        if "/p2p-circuit" in address and self.nat is not None:
+        try:
+            relayed = multiaddrs.is_relayed(address)
+        except AddrError as exc:
+            raise TransportError(f"cannot dial: {exc}") from None
+        if relayed and self.nat is not None:
             with trio.move_on_after(self._dial_timeout_s):
                 return await self.nat.client.dial(address)
             raise TransportError(f"dial {address} timed out after {self._dial_timeout_s} s")

@@ -24,6 +24,7 @@ import msgpack
 
 from crypto.envelope import Envelope, EnvelopeError
 from crypto.keys import Identity
+from node.p2p.multiaddrs import AddrError, ip_of, parse, with_ip
 from protocol.membership.messages import MAX_ADDR_LEN, MAX_ADDRS
 from protocol.names import check_network_id, peer_id_of_multiaddr
 
@@ -94,9 +95,13 @@ def _checked(value: object, signer: str) -> Invite:
         check_network_id(network_id)
     except ValueError as exc:
         raise InviteError(f"the invite's {exc}") from None
-    if not isinstance(addrs, tuple) or not addrs or \
-            not all(isinstance(a, str) and a.startswith("/") for a in addrs):
+    if not isinstance(addrs, tuple) or not addrs or not all(isinstance(a, str) for a in addrs):
         raise InviteError("the invite holds no multiaddr")
+    for addr in addrs:
+        try:
+            parse(addr)
+        except AddrError as exc:
+            raise InviteError(f"the invite's address {exc}") from None
     foreign = [a for a in addrs if peer_id_of_multiaddr(a) != signer]
     if foreign:
         raise InviteError(f"the invite is signed by {signer} but names addresses of another "
@@ -109,9 +114,8 @@ def dialable_addrs(addrs: Sequence[str], extra: Sequence[str] = ()) -> list[str]
     addresses; loopback addresses last (they only reach this machine)."""
     out: list[str] = list(extra)
     for addr in addrs:
-        parts = addr.split("/")
-        if len(parts) > 2 and parts[1] == "ip4" and parts[2] == "0.0.0.0":
-            out += ["/".join(parts[:2] + [ip] + parts[3:]) for ip in local_ipv4s()]
+        if ip_of(addr) == ipaddress.IPv4Address("0.0.0.0"):
+            out += [with_ip(addr, ip) for ip in local_ipv4s()]
         else:
             out.append(addr)
     unique = list(dict.fromkeys(out))
@@ -119,11 +123,8 @@ def dialable_addrs(addrs: Sequence[str], extra: Sequence[str] = ()) -> list[str]
 
 
 def _is_loopback(addr: str) -> bool:
-    parts = addr.split("/")
-    try:
-        return ipaddress.ip_address(parts[2]).is_loopback
-    except (ValueError, IndexError):
-        return False
+    ip = ip_of(addr)
+    return ip is not None and ip.is_loopback
 
 
 def local_ipv4s() -> list[str]:

@@ -26,7 +26,8 @@ from typing import Any
 
 import trio
 
-from protocol.membership.messages import MAX_ADDR_LEN, MAX_ADDRS
+from node.p2p.multiaddrs import direct_tcp_endpoints, is_multiaddr
+from protocol.membership.messages import MAX_ADDRS
 from protocol.names import peer_id_of_multiaddr
 
 #: discoveries waiting for the membership service (it drains them at once; a burst of a whole
@@ -61,7 +62,7 @@ class LanDiscovery:
         from zeroconf import ServiceBrowser, ServiceInfo, Zeroconf
 
         token = trio.lowlevel.current_trio_token()
-        ports = [int(a.split("/tcp/")[1].split("/")[0]) for a in self.addrs if "/tcp/" in a]
+        ports = [e.port for e in direct_tcp_endpoints(self.addrs)]
         self._info = ServiceInfo(
             self.type, f"{self.peer_id[-40:]}.{self.type}", port=ports[0] if ports else 0,
             addresses=[socket.inet_aton(ip) for ip in _ipv4s(self.addrs)],
@@ -133,8 +134,7 @@ def parse_txt(raw: bytes) -> tuple[str, ...]:
 
 
 def _one_peer(addrs: list[str]) -> tuple[str, ...]:
-    ok = [a for a in addrs if a.startswith("/") and len(a) <= MAX_ADDR_LEN
-          and peer_id_of_multiaddr(a)]
+    ok = [a for a in addrs if is_multiaddr(a) and peer_id_of_multiaddr(a)]
     if not ok:
         return ()
     peer = peer_id_of_multiaddr(ok[0])
@@ -142,9 +142,4 @@ def _one_peer(addrs: list[str]) -> tuple[str, ...]:
 
 
 def _ipv4s(addrs: Sequence[str]) -> list[str]:
-    ips = []
-    for addr in addrs:
-        parts = addr.split("/")
-        if len(parts) > 2 and parts[1] == "ip4":
-            ips.append(parts[2])
-    return list(dict.fromkeys(ips))
+    return list(dict.fromkeys(e.host for e in direct_tcp_endpoints(addrs) if e.family == "ip4"))

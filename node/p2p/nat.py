@@ -33,6 +33,7 @@ from node.p2p.autonat import AUTONAT_ID, PUBLIC, AutoNatServer, Reachability, pr
 from node.p2p.dcutr import DCUTR_ID, HolePuncher
 from node.p2p.guard import GuardedHost
 from node.p2p.invite import dialable_addrs
+from node.p2p.multiaddrs import direct_tcp_endpoints, ip_of
 from node.p2p.natconfig import NatConfig
 from node.p2p.relay_client import RelayClient
 from node.p2p.relay_hop import HOP_ID, STOP_ID, RelayService, is_relayed
@@ -90,7 +91,7 @@ class NatService:
 
     def direct_addrs(self) -> list[str]:
         """Our listening TCP addresses, without /p2p/."""
-        return [str(a) for a in self._host.get_transport_addrs() if "/tcp/" in str(a)]
+        return [str(e) for e in direct_tcp_endpoints(self._host.get_transport_addrs())]
 
     def public_addrs(self) -> list[str]:
         """What a reservation tells its holder to reach us by: our direct addresses (a
@@ -101,22 +102,22 @@ class NatService:
         if self._expanded[0] != direct or now - self._expanded[1] > EXPAND_EVERY_S:
             # dialable_addrs asks the OS for this machine's addresses: not on every request
             self._expanded = (direct, now, dialable_addrs(direct))
-        addrs = [a for a in self._expanded[2] if not a.startswith("/ip4/0.0.0.0/")]
-        outside = [a for a in addrs if not a.startswith(("/ip4/127.", "/ip6/::1/"))]
+        addrs = [a for a in self._expanded[2] if not _ip_is(a, "is_unspecified")]
+        outside = [a for a in addrs if not _ip_is(a, "is_loopback")]
         return [f"{a}/p2p/{self._self}" for a in outside or addrs]
 
     def candidates(self) -> list[str]:
         """Where a hole punch may reach us: each IP peers saw us at, with each listening
         port (NATs that keep source ports map them so), then our listening addresses."""
-        ports = [a.split("/")[4] for a in self.direct_addrs() if a.startswith("/ip4/")]
+        ports = [e.port for e in direct_tcp_endpoints(self.direct_addrs()) if e.family == "ip4"]
         seen: list[str] = []
         manager = getattr(self._host, "_observed_addr_manager", None)
         observed = manager.addrs(min_observers=1) if manager is not None else []
         for addr in observed:
-            parts = str(addr).split("/")
-            if len(parts) >= 3 and parts[1] == "ip4":
-                seen += [f"/ip4/{parts[2]}/tcp/{port}" for port in ports]
-        own = [a for a in self.direct_addrs() if not a.startswith("/ip4/0.0.0.0/")]
+            ip = ip_of(addr)
+            if ip is not None and ip.version == 4:
+                seen += [f"/ip4/{ip}/tcp/{port}" for port in ports]
+        own = [a for a in self.direct_addrs() if not _ip_is(a, "is_unspecified")]
         return list(dict.fromkeys(seen + own))
 
     def status(self) -> dict[str, Any]:
@@ -238,3 +239,9 @@ class NatService:
     def relayed_only(self, peer: str) -> bool:
         conns = self._swarm.get_connections(ID.from_base58(peer))
         return bool(conns) and all(is_relayed(c) for c in conns)
+
+
+def _ip_is(addr: str, kind: str) -> bool:
+    """Whether ``addr`` starts with an IP address that ``ipaddress`` says is ``kind``."""
+    ip = ip_of(addr)
+    return ip is not None and bool(getattr(ip, kind))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+import trio
 from google.protobuf.message import DecodeError, Message
 
 from node.p2p.framing import PeerFault
@@ -118,3 +119,13 @@ class _Prepended:
 
 async def write_message(stream: Any, message: Message) -> None:
     await stream.write(frame(message))
+
+
+async def close_quietly(stream: Any) -> None:
+    """Close ``stream`` at the end of an exchange, even while cancelled; one the peer has
+    already closed or reset is gone already, which is no fault."""
+    with trio.CancelScope(shield=True):
+        try:
+            await stream.close()
+        except Exception:
+            pass

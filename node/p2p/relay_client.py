@@ -19,6 +19,7 @@ peer that the secured connection then proves to be (a mismatch closes it, "inval
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -32,7 +33,9 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage, Status, StopMessage
 
+from node.p2p import multiaddrs
 from node.p2p.framing import PeerFault
+from node.p2p.multiaddrs import AddrError
 from node.p2p.pbwire import read_message, write_message
 from node.p2p.relay_hop import HOP_ID, peer_of
 from node.p2p.streams import NetBulkStream
@@ -40,8 +43,6 @@ from node.transport import TransportError
 
 #: relay addresses of a reservation we keep at most (the relay's answer may list more)
 MAX_RELAY_ADDRS = 4
-#: a relay address longer than this is not one
-MAX_ADDR_LEN = 256
 STATUS_NAMES = {v: k for k, v in Status.items()}
 
 
@@ -67,20 +68,16 @@ class Held:
 
 def split_circuit(addr: str) -> tuple[str, str, str]:
     """``(relay address with /p2p/<relay>, relay, target)`` of a relayed multiaddr."""
-    head, sep, tail = addr.partition("/p2p-circuit")
-    parts = head.rstrip("/").split("/")
-    tail_parts = tail.strip("/").split("/")
-    if (not sep or len(parts) < 2 or parts[-2] != "p2p" or len(tail_parts) != 2
-            or tail_parts[0] != "p2p"):
-        raise TransportError(f"not a relayed address (<relay>/p2p/<id>/p2p-circuit/p2p/<id>):"
-                             f" {addr!r}")
-    relay, target = parts[-1], tail_parts[1]
+    try:
+        relay_addr, relay, target = multiaddrs.split_circuit(addr)
+    except AddrError as exc:
+        raise TransportError(str(exc)) from None
     for peer in (relay, target):
         try:
             ID.from_base58(peer)
         except Exception as exc:
             raise TransportError(f"{peer!r} in {addr!r} is no peer id") from exc
-    return head.rstrip("/"), relay, target
+    return relay_addr, relay, target
 
 
 class _CircuitIO:
@@ -225,29 +222,18 @@ class RelayClient:
 def _relay_addrs(relay: str, offered: list[bytes], known_addr: str | None) -> tuple[str, ...]:
     """The relay's dialable direct addresses, each ending in ``/p2p/<relay>``."""
     out: list[str] = []
-    for raw in [*offered, *([known_addr.encode()] if known_addr else [])]:
-        text = _parse_addr(raw)
-        if (not text or "/p2p-circuit" in text or "/tcp/" not in text
-                or text.startswith(("/ip4/0.0.0.0/", "/ip6/::/"))):
+    for raw in [*offered, *([known_addr] if known_addr else [])]:
+        try:
+            endpoint, named = multiaddrs.direct_tcp(raw), multiaddrs.parts(raw)
+        except AddrError:
+            continue
+        if endpoint is None or ipaddress.ip_address(endpoint.host).is_unspecified:
             continue  # not a direct TCP address anyone could dial
-        if "/p2p/" not in text:
+        text = multiaddrs.text(raw)
+        if all(name != "p2p" for name, _ in named):
             text = f"{text}/p2p/{relay}"
-        elif not text.endswith(f"/p2p/{relay}"):
+        elif named[-1] != ("p2p", relay):
             continue
         if text not in out:
             out.append(text)
     return tuple(out[:MAX_RELAY_ADDRS])
-
-
-def _parse_addr(raw: bytes) -> str:
-    """A multiaddr in its binary form (the spec's) or as text; "" when it is neither."""
-    if len(raw) > MAX_ADDR_LEN:
-        return ""
-    try:
-        return str(multiaddr.Multiaddr(raw))
-    except Exception:
-        pass
-    try:
-        return str(multiaddr.Multiaddr(raw.decode()))
-    except Exception:
-        return ""

@@ -45,6 +45,7 @@ from libp2p.relay.circuit_v2.pb.circuit_pb2 import (
     StopMessage,
 )
 
+from node.p2p import multiaddrs
 from node.p2p.framing import PeerFault
 from node.p2p.natconfig import NatConfig
 from node.p2p.pbwire import read_message, write_message
@@ -62,7 +63,7 @@ MAX_RESERVATION_ADDRS = 8
 def is_relayed(conn: Any) -> bool:
     """Whether a libp2p connection (or a stream's muxed connection) runs through a relay."""
     try:
-        return any("/p2p-circuit" in str(a) for a in conn.get_transport_addresses())
+        return any(multiaddrs.is_relayed(a) for a in conn.get_transport_addresses())
     except Exception:
         return False
 

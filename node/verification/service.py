@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 import trio
 
-from node.config import fed_config
+from node.config import fed_config, tuning
 from node.service import NodeContext, NurseryService
 from protocol.ledger.events import Attest as LedgerAttest
 from protocol.ledger.view import LedgerView
@@ -61,28 +61,17 @@ from protocol.verification.verifier import (
     VerifierConfig,
 )
 
-_V = VerifyConfig()
 MAX_FAILURE_TEXT = 120
 
 
-@dataclass(frozen=True)
+@tuning(VerifyConfig, "sample_rate", "verifiers", "panel", "max_escalations",
+        "chunks_per_check", "commit_window_ms", "reveal_ms", "check_timeout_ms", "exclusion_ms",
+        "require_fingerprints")
 class VerifySection:
     """Tunables of verification (``[verify]`` in node.toml); see protocol/verification/requester.py."""
 
-    feeds: ClassVar[type] = VerifyConfig
-    node_fields: ClassVar[tuple[str, ...]] = ("enabled", "verifier", "model", "slots")
     #: commit/reveal and sampled checks for this node's tasks and executions
     enabled: bool = True
-    sample_rate: float = _V.sample_rate
-    verifiers: int = _V.verifiers
-    panel: int = _V.panel
-    max_escalations: int = _V.max_escalations
-    chunks_per_check: int = _V.chunks_per_check
-    commit_window_ms: int = _V.commit_window_ms
-    reveal_ms: int = _V.reveal_ms
-    check_timeout_ms: int = _V.check_timeout_ms
-    exclusion_ms: int = _V.exclusion_ms
-    require_fingerprints: bool = _V.require_fingerprints
     #: serve the verifier role (re-run others' checks); needs the model below
     verifier: bool = True
     #: model for checks: registry name, .gguf path or HF dir ("" = the default model)

@@ -155,6 +155,9 @@ class CancelCompute:
 
 @dataclass(frozen=True, slots=True)
 class ComputeDone:
+    """A finished computation of one attempt at a task: what a solver returns (models/solver.py
+    and any other) and the driver hands to the executor as it is."""
+
     task_id: bytes
     attempt: int
     answer: str
@@ -162,6 +165,7 @@ class ComputeDone:
     confidence: float
     tokens: int
     compute_ms: int
+    #: content hash of the weights file that produced it
     model_hash: bytes
     fingerprints: tuple[bytes, ...] = ()
     fingerprint_root: bytes = b""

@@ -85,7 +85,10 @@ COT_TRUNCATION_MARK = "\n[... truncated]"
 @dataclass(frozen=True, slots=True)
 class ExecutorConfig:
     models: tuple[ServedModel, ...]
+    #: tasks computed at once; each bid holds one slot (or queue place) for hold_ms
     slots: int = 1
+    #: assignments that may wait for a busy slot, earliest deadline first: a busy executor
+    #: still bids, its estimated latency counting the wait, so concurrent asks queue
     queue: int = DEFAULT_QUEUE
     hold_ms: int = DEFAULT_HOLD_MS
     max_question_chars: int = MAX_QUESTION_CHARS

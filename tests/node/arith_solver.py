@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from crypto.hashing import digest
-from models.solver import Solution
+from protocol.market.events import ComputeDone
 from protocol.market.executor import ServedModel
 from protocol.market.messages import TaskSpec
 
@@ -40,7 +40,7 @@ class ArithmeticSolver:
                             tokens_per_s=NOMINAL_TOKENS * 1000 / max(1, self.delay_ms),
                             price_per_1k=0.0)]
 
-    def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int = 0) -> Solution:
+    def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int = 0) -> ComputeDone:
         started = time.monotonic()
         time.sleep(self.delay_ms / 1000)  # stands in for generation time
         m = _EXPR.search(task.question)
@@ -51,9 +51,10 @@ class ArithmeticSolver:
             value = a + b if op == "+" else a - b if op == "-" else a * b
             cot = f"We compute {a} {op} {b} step by step.\nThat is {value}.\nFinal answer: {value}"
             answer = str(value)
-        return Solution(answer=answer, cot=cot, confidence=0.9, tokens=len(cot.split()),
-                        compute_ms=int((time.monotonic() - started) * 1000),
-                        model_hash=MODEL_HASH)
+        return ComputeDone(task_id=task.task_id, attempt=attempt, answer=answer, cot=cot,
+                           confidence=0.9, tokens=len(cot.split()),
+                           compute_ms=int((time.monotonic() - started) * 1000),
+                           model_hash=MODEL_HASH)
 
 
 def factory(section: Any, data_dir: Path) -> ArithmeticSolver:

@@ -25,7 +25,13 @@ from node.api.app import (
     serve_api,
     token_route,
 )
-from node.control import ApiClient, DaemonNotRunning, read_daemon_info, write_daemon_info
+from node.control import (
+    ApiClient,
+    DaemonNotRunning,
+    read_daemon_info,
+    refusal,
+    write_daemon_info,
+)
 from node.daemon import prepare_data_dir
 
 
@@ -116,3 +122,16 @@ def test_the_status_route_serves_the_status_json(tmp_path: Path) -> None:
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+@pytest.mark.parametrize(("answer", "said"), [
+    ({"json": {"error": "no such task"}}, "no such task"),
+    ({"json": {"error": {"message": "k must be positive", "field": "k"}}}, "k must be positive"),
+    ({"json": ["not", "an", "object"]}, "['not', 'an', 'object']"),
+    ({"text": "Bad Gateway"}, "Bad Gateway"),
+])
+def test_a_refusal_says_what_the_daemon_said(answer: dict[str, object], said: str) -> None:
+    request = httpx.Request("POST", "http://127.0.0.1:1/tasks")
+    response = httpx.Response(400, request=request, **answer)  # type: ignore[arg-type]
+    exc = httpx.HTTPStatusError("refused", request=request, response=response)
+    assert refusal(exc) == said

@@ -127,8 +127,8 @@ def test_two_testnets_on_one_machine_never_mix(tmp_path: Path) -> None:
 
 def test_mdns_txt_records_carry_one_peers_addresses() -> None:
     me, other = _peer(1), _peer(2)
-    raw = txt_record([_addr(me), _addr(me, 4002), "/ip4/1.2.3.4/tcp/1/p2p/" + other,
-                      "/ip4/1.2.3.4/tcp/1/p2p/" + "x" * 300])
+    raw = txt_record([_addr(me), "/ip4/999.0.0.1/tcp/1/p2p/" + me, _addr(me, 4002),
+                      "/ip4/1.2.3.4/tcp/1/p2p/" + other, "/ip4/1.2.3.4/tcp/1/p2p/" + "x" * 300])
     assert parse_txt(raw) == (_addr(me), _addr(me, 4002))
     assert parse_txt(raw[:-5]) == (_addr(me), _addr(me, 4002))  # cut short: the rest dropped
     assert parse_txt(b"\x05hello") == ()

@@ -13,14 +13,17 @@ import tomli_w
 from crypto.keys import Identity, save_identity
 from node.config import load_config
 from node.daemon import config_sections, load_service_classes
-from node.doctor.local import key_check, listen_checks, model_check, parse_tcp_multiaddr
+from node.doctor.local import key_check, listen_checks, model_check
 from node.doctor.network import clock_check, nat_check, reachability_check
 from node.doctor.report import FAIL, PASS, SKIP, WARN
 from node.doctor.run import run_doctor
 from node.market.executor import ExecutorSection
+from node.p2p.multiaddrs import AddrError, tcp_endpoint
 from tests.node.conftest import ARITH_SOLVER, TEST_NETWORK_ID, Testnet, run_cli
 
 CONVERGE_S = 30.0
+#: a well-formed peer id (the daemon's addresses always carry one)
+PEER = "12D3KooWRawPbxPtP1eZaJpumGnyWX2DcUyd3RQnydr3eAto4Az7"
 
 
 def _doctor(data_dir: Path, *args: str) -> tuple[int, dict[str, dict[str, Any]]]:
@@ -69,10 +72,10 @@ def test_a_listen_port_in_use_fails_and_port_zero_passes() -> None:
     assert bad.status == FAIL and "not a /ip4" in bad.detail
     # while the daemon runs, its own addresses are what counts
     (ours,) = listen_checks((f"/ip4/127.0.0.1/tcp/{port}",),
-                            [f"/ip4/127.0.0.1/tcp/{port}/p2p/12D3KooWx"])
+                            [f"/ip4/127.0.0.1/tcp/{port}/p2p/{PEER}"])
     assert ours.status == PASS and "running daemon" in ours.detail
-    with pytest.raises(ValueError, match="not a TCP port"):
-        parse_tcp_multiaddr("/ip4/1.2.3.4/tcp/99999")
+    with pytest.raises(AddrError, match=r"'/ip4/1.2.3.4/tcp/99999' is not a multiaddr: integer"):
+        tcp_endpoint("/ip4/1.2.3.4/tcp/99999")
 
 
 def test_a_missing_model_fails_the_model_check(tmp_path: Path) -> None:
@@ -86,7 +89,7 @@ def test_a_missing_model_fails_the_model_check(tmp_path: Path) -> None:
 
 
 def test_reachability_is_proven_by_peers_that_dialled_in() -> None:
-    addrs = ["/ip4/192.168.1.20/tcp/4001/p2p/12D3KooWx"]
+    addrs = [f"/ip4/192.168.1.20/tcp/4001/p2p/{PEER}"]
     inbound = reachability_check({"addresses": addrs, "peers": [{"outbound": False}]})
     assert inbound.status == PASS
     behind = reachability_check({"addresses": addrs, "peers": [{"outbound": True}]})

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import structlog
 import trio
 import trio.testing
 
 from crypto.keys import Identity
-from models.solver import Solution
 from node.market.executor import ExecutorSection, ExecutorService
-from protocol.market.events import CancelCompute, ComputeDone, StartCompute
+from protocol.market.events import CancelCompute, ComputeDone, ComputeFailed, StartCompute
 from protocol.market.messages import Requirement, TaskSpec
 from protocol.market.offers import ServedModel
 from tests.node.test_p2p import trio_test
@@ -47,17 +48,18 @@ class _GatedSolver:
     def models(self) -> list[ServedModel]:
         return [MODEL]
 
-    def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int) -> Solution:
+    def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int) -> ComputeDone:
         self.calls.append(task.task_id)
         if len(self.calls) == 1:
             trio.from_thread.run_sync(self.entered.set)
             self.gate.wait(WAIT_S)
-        return Solution(answer="4", cot="c", confidence=1.0, tokens=1, compute_ms=1,
-                        model_hash=MODEL.model_hash)
+        return ComputeDone(task_id=task.task_id, attempt=attempt, answer="4", cot="c",
+                           confidence=1.0, tokens=1, compute_ms=1, model_hash=MODEL.model_hash)
 
 
-@trio_test
-async def test_a_job_cancelled_while_waiting_for_the_solver_never_runs() -> None:
+def _service() -> tuple[ExecutorService, list[object], trio.Event]:
+    """The executor service on a bare context; the events it submits, and an event set at
+    each."""
     done: list[object] = []
     arrived = trio.Event()
 
@@ -70,7 +72,12 @@ async def test_a_job_cancelled_while_waiting_for_the_solver_never_runs() -> None
                           data_dir=Path("."), config=config, db=None, transport=None,
                           log=structlog.get_logger(), rng=random.Random(1), clock=lambda: 0,
                           submit=submit, services={})
-    service = ExecutorService(ctx)  # type: ignore[arg-type]
+    return ExecutorService(ctx), done, arrived  # type: ignore[arg-type]
+
+
+@trio_test
+async def test_a_job_cancelled_while_waiting_for_the_solver_never_runs() -> None:
+    service, done, arrived = _service()
     solver = _GatedSolver()
     service.solver = solver
     first, second, third = _task(1), _task(2), _task(3)
@@ -89,3 +96,43 @@ async def test_a_job_cancelled_while_waiting_for_the_solver_never_runs() -> None
             nursery.cancel_scope.cancel()
     assert solver.calls == [first.task.task_id, third.task.task_id]
     assert [e.task_id for e in done if isinstance(e, ComputeDone)] == [third.task.task_id]
+
+
+class _MisdirectedSolver:
+    """Answers with what ``answer(task, attempt)`` builds, right or not."""
+
+    def __init__(self, answer: Callable[[TaskSpec, int], object]) -> None:
+        self.answer = answer
+
+    def models(self) -> list[ServedModel]:
+        return [MODEL]
+
+    def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int) -> object:
+        return self.answer(task, attempt)
+
+
+def _done(task: TaskSpec, attempt: int) -> ComputeDone:
+    return ComputeDone(task_id=task.task_id, attempt=attempt, answer="4", cot="c",
+                       confidence=1.0, tokens=1, compute_ms=1, model_hash=MODEL.model_hash)
+
+
+@pytest.mark.parametrize(("answer", "reason"), [
+    (lambda task, attempt: _done(task, attempt + 1), "a result for task 0101"),
+    (lambda task, attempt: _done(_task(9).task, attempt), "a result for task 0909"),
+    (lambda task, attempt: {"answer": "4"}, "solver returned dict"),
+])
+@trio_test
+async def test_a_solver_result_for_another_job_is_a_failure(
+        answer: Callable[[TaskSpec, int], object], reason: str) -> None:
+    service, done, arrived = _service()
+    service.solver = _MisdirectedSolver(answer)
+    job = _task(1)
+    with trio.fail_after(WAIT_S):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+            await service.perform(job)
+            await arrived.wait()
+            nursery.cancel_scope.cancel()
+    (failed,) = done
+    assert isinstance(failed, ComputeFailed) and failed.task_id == job.task.task_id
+    assert reason in failed.reason and service.failed == 1 and service.computed == 0

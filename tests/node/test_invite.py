@@ -68,6 +68,12 @@ def test_an_invite_may_only_name_its_signers_addresses() -> None:
         Envelope.sign(me, INVITE_DOMAIN, bad_net).encode()).decode()
     with pytest.raises(InviteError, match="network id"):
         read_invite(text)
+    not_an_addr = f"/ip4/1.2.3/tcp/1/p2p/{me.peer_id}"  # signed, so only the parse refuses it
+    bad_addr = msgpack.packb([1, "mynet", [not_an_addr], 1], use_bin_type=True)
+    text = INVITE_PREFIX + base64.urlsafe_b64encode(
+        Envelope.sign(me, INVITE_DOMAIN, bad_addr).encode()).decode()
+    with pytest.raises(InviteError, match=r"address '/ip4/1\.2\.3/tcp/1/p2p/\w+' is not a multiaddr"):
+        read_invite(text)
 
 
 def test_unspecified_hosts_become_this_machines_addresses_loopback_last() -> None:

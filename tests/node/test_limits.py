@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from typing import Any
 
@@ -72,6 +73,11 @@ def test_third_party_lines_a_peer_provokes_are_summarized_without_tracebacks() -
     assert keep.filter(record("libp2p.pubsub", "another line", 20))
     assert keep.filter(record("hypercorn.access", "GET /status", 30))
     assert keep.filter(record("hypercorn.access", "GET /status", 30))  # not peer-fed
+    summarize = RepeatFilter(interval_s=0)  # every repeat is past the interval
+    assert summarize.filter(record("libp2p.pubsub", "bad record from peer A", 10))
+    again = record("libp2p.pubsub", "bad record from peer B", 10)
+    assert summarize.filter(again) and again.exc_info is None
+    assert re.fullmatch(r"bad record from peer B \[repeated 1 times in \d+ s\]", again.msg)
 
 
 def test_a_flood_is_refused_beyond_the_rate_and_the_bucket_refills() -> None:

@@ -66,8 +66,8 @@ class VirtualTimeSolver:
         self.solver = solver
         self.compute_ms = compute_ms
 
-    def solve(self, task: Any, model: str, max_tokens: int) -> Any:
-        solution = self.solver.solve(task, model, max_tokens)
+    def solve(self, task: Any, model: str, max_tokens: int, attempt: int) -> Any:
+        solution = self.solver.solve(task, model, max_tokens, attempt)
         return dataclasses.replace(solution, compute_ms=self.compute_ms)
 
 

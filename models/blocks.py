@@ -12,7 +12,7 @@ One implementation of a block: transformers' ``LlamaDecoderLayer``, the very lay
 * :class:`Target` is what a generation loop (plain greedy, speculative decoding) drives:
   ``forward(token_ids, start)`` returns float32 logits, one row per given token, and
   ``rollback(length)``. :class:`LocalTarget` is the single-process reference over the whole
-  model; the network chain client (node.inference.client) implements the same protocol.
+  model; the network chain client (node.inference.chain) implements the same protocol.
 """
 
 from __future__ import annotations

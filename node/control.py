@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from node.api.app import read_token
+from node.api.token import read_token
 
 DAEMON_FILE_NAME = "daemon.json"
 #: how long a CLI call waits for the daemon to answer

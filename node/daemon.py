@@ -38,17 +38,18 @@ from typing import Any
 import trio
 
 from crypto.keys import Identity, load_identity, save_identity
-from node.api.app import build_app, load_or_create_token, serve_api
+from node.api.app import build_app, serve_api
 from node.api.dashboard import Dashboard
 from node.api.dashboard_state import LiveFeed
 from node.api.metrics import NodeMetrics
 from node.api.observed import ObservedDriver
+from node.api.token import load_or_create_token
 from node.config import Config, default_toml
 from node.control import remove_daemon_info, write_daemon_info
 from node.db import Database
 from node.driver import Driver
 from node.logs import get_logger
-from node.membership import agent_version
+from node.membership.service import agent_version
 from node.p2p.link import parse_link
 from node.p2p.natconfig import NatConfig
 from node.runtime.limits import NetLimits
@@ -57,16 +58,16 @@ from protocol.names import PROTOCOL_VERSION
 
 #: service name -> "module:Class", started in this order (see the module docstring).
 SERVICES: dict[str, str] = {
-    "membership": "node.membership:MembershipService",
-    "discovery": "node.p2p.discovery:DiscoveryService",
+    "membership": "node.membership.service:MembershipService",
+    "discovery": "node.membership.discovery:DiscoveryService",
     "ledger": "node.ledger.service:LedgerService",
     "tasks": "node.market.requester:TasksService",
     "executor": "node.market.executor:ExecutorService",
     "relay": "node.relay.service:RelayService",
     "verify": "node.verification.service:VerifyService",
     "inference": "node.inference.service:InferenceService",
-    "rl_worker": "node.market.rollout_worker:RolloutWorkerService",
-    "rl_jobs": "node.market.rollout_jobs:RolloutJobsService",
+    "rl_worker": "node.rl.rollout_worker:RolloutWorkerService",
+    "rl_jobs": "node.rl.rollout_jobs:RolloutJobsService",
 }
 
 #: after the first signal the daemon must be gone within this long, or it exits forcibly

@@ -8,7 +8,7 @@ and reissued by it, exactly as the daemon's learner does; what the simulator add
   job of G completions of L tokens takes ``G L / tokens_per_s`` (+-10% jitter); each worker
   keeps one job at a time; a job goes to the pick of the daemon's selector
   (protocol/market/selection.py: ``ExploringSelector`` over the score selector, as in
-  node/market/rollout_jobs.py) among the idle workers holding a usable version, each bidding
+  node/rl/rollout_jobs.py) among the idle workers holding a usable version, each bidding
   its generation time as latency: the fastest, except the share of picks that go to workers
   never picked before;
 * a new policy version reaches each worker after its dissemination time in the relay plan
@@ -35,7 +35,7 @@ import math
 from random import Random
 
 from protocol.market.selection import Candidate, ExploringSelector, ScoreSelector
-from protocol.rl.capacity import Swarm, plan, rollouts_in_flight
+from protocol.rl.capacity import CapacityInputs, plan, rollouts_in_flight
 from protocol.rl.jobs import ACCEPTED, INVALID, STALE, BookConfig, JobBook, Verdict
 from protocol.rl.messages import Completion, RolloutJob, RolloutResultBody, RolloutSampling
 from protocol.rl.prompts import job_prompts
@@ -348,10 +348,11 @@ class RlWorld:
         f.generation_s = s.group_size * s.tokens / mean_tps
         learner_cost = s.learner_cost_per_h * end_us / US_PER_S / 3600
         f.cost_per_step = (learner_cost + self.worker_cost) / f.steps if f.steps else math.inf
-        f.predicted = plan(Swarm(workers=s.workers, rollouts_per_s=f.rollouts_per_s,
-                                 batch=s.batch, step_s=s.step_s,
-                                 dissemination_s=f.dissemination_s,
-                                 generation_s=f.generation_s, staleness=s.staleness))
+        f.predicted = plan(CapacityInputs(workers=s.workers, rollouts_per_s=f.rollouts_per_s,
+                                          batch=s.batch, step_s=s.step_s,
+                                          dissemination_s=f.dissemination_s,
+                                          generation_s=f.generation_s,
+                                          staleness=s.staleness))
         return f
 
 

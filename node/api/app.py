@@ -3,9 +3,9 @@
 * ``GET /status``: the node's status (see ``Daemon.status``), open to local readers.
 * Each service's ``routes()`` are mounted under ``/<service name>``.
 * Mutating endpoints need ``Authorization: Bearer <token>``; the token is a random secret in
-  ``<data_dir>/api.token`` (mode 0600, created on first run), which the CLI client reads
-  (node/control.py). Declare such a route with :func:`token_route`, or wrap an endpoint with
-  :func:`require_token`::
+  ``<data_dir>/api.token`` (mode 0600, created on first run; node/api/token.py), which the CLI
+  client reads (node/control.py). Declare such a route with :func:`token_route`, or wrap an
+  endpoint with :func:`require_token`::
 
       def routes(self) -> list[BaseRoute]:
           return [Route("/records", self.list_records),                 # GET, open
@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import functools
 import hmac
-import os
-import secrets
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -34,36 +31,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
 API_HOST = "127.0.0.1"
-TOKEN_FILE_NAME = "api.token"
-TOKEN_FILE_MODE = 0o600
 #: hypercorn waits this long for open requests when the daemon stops
 GRACEFUL_TIMEOUT_S = 1.0
 
 Endpoint = Callable[[Request], Awaitable[Response]]
-
-
-def load_or_create_token(data_dir: Path) -> str:
-    """The API token of this data dir, created (mode 0600, atomically) if missing."""
-    path = Path(data_dir) / TOKEN_FILE_NAME
-    if path.exists():
-        return read_token(data_dir)
-    token = secrets.token_urlsafe(32)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, TOKEN_FILE_MODE)
-    try:
-        os.fchmod(fd, TOKEN_FILE_MODE)
-        os.write(fd, token.encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    return token
-
-
-def read_token(data_dir: Path) -> str:
-    path = Path(data_dir) / TOKEN_FILE_NAME
-    if path.stat().st_mode & 0o077:
-        raise PermissionError(f"{path} is readable by others; fix: chmod 600 {path}")
-    return path.read_text().strip()
 
 
 def require_token(endpoint: Endpoint) -> Endpoint:

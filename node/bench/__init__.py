@@ -15,17 +15,17 @@ from typing import Any
 
 #: name -> module path; modules are imported lazily so `symphony --help` stays fast.
 BENCHMARKS: dict[str, str] = {
-    "transport": "node.bench.transport",
+    "transport": "node.bench.transport.bench",
     "models": "node.bench.models",
     "ledger": "node.bench.ledger",
-    "tasks": "node.bench.tasks",
-    "verify": "node.bench.verify",
+    "tasks": "node.bench.tasks.bench",
+    "verify": "node.bench.verify.bench",
     "relay": "node.bench.relay",
-    "fuzz": "node.bench.fuzz",
+    "fuzz": "node.bench.fuzz.bench",
     "soak": "node.bench.soak",
     "simulate": "node.bench.simulate",
-    "rl": "node.bench.rl",
-    "distributed": "node.bench.distributed",
+    "rl": "node.bench.rl.bench",
+    "distributed": "node.bench.distributed.bench",
 }
 
 

@@ -38,9 +38,10 @@ import httpx
 
 from crypto.envelope import Envelope
 from crypto.keys import Identity
+from node.api.token import read_token
 from node.db import Database
 from node.ledger.store import SCHEMA, LedgerStore
-from node.testnet import LocalTestnet, NodeProcess, TestnetError
+from node.testnet import FAST_MEMBERSHIP, LocalTestnet, NodeProcess, TestnetError
 from protocol.codec import decode, encode
 from protocol.ledger.machine import LedgerMachine
 from protocol.ledger.records import ATTESTATION_DOMAIN, Attestation, AttestationKind
@@ -58,12 +59,7 @@ WAIT_S = 120.0
 POLL_S = 0.02
 JOIN_POLL_S = 0.5
 CONFIG = {
-    "membership": {
-        "ping_interval_ms": 1000,
-        "exchange_interval_ms": 500,
-        "backoff_base_ms": 200,
-        "backoff_max_ms": 2000,
-    },
+    **FAST_MEMBERSHIP,
     "ledger": {"capability_poll_ms": 200, "min_republish_ms": 200},
 }
 
@@ -209,7 +205,7 @@ def _update(net: LocalTestnet) -> dict[str, Any]:
     nodes = [n for n in net.nodes.values() if n.running]
     net.wait_until(lambda: len({_ledger(x)["digest"] for x in nodes}) == 1, "all to agree", WAIT_S)
     updater = nodes[0]
-    token = (updater.data_dir / "api.token").read_text().strip()
+    token = read_token(updater.data_dir)
     before = _bytes(nodes)
     started = time.monotonic()
     response = httpx.post(

@@ -31,8 +31,8 @@ from typing import Any
 
 import httpx
 
-from node.api.app import read_token
-from node.testnet import LocalTestnet, NodeProcess
+from node.api.token import read_token
+from node.testnet import FAST_MEMBERSHIP, LocalTestnet, NodeProcess
 
 #: (peers, artifact MiB, capped artifact MiB, uplink cap MB/s, chunk KiB, swept chunk KiB).
 #: The cap is low because the eight daemons share the machine's cores: above a few MB/s per
@@ -48,14 +48,6 @@ POLL_S = 0.1
 #: every this many polls of the publisher, the recipients still missing are asked directly
 DIRECT_POLL_EVERY = 20
 MB = 1_000_000
-FAST_MEMBERSHIP = {
-    "membership": {
-        "ping_interval_ms": 1000,
-        "exchange_interval_ms": 500,
-        "backoff_base_ms": 200,
-        "backoff_max_ms": 2000,
-    }
-}
 
 
 def run(quick: bool) -> dict[str, Any]:

@@ -68,15 +68,14 @@ class Acked:
 
 
 def run(quick: bool, cycles: int | None = None) -> dict[str, Any]:
-    from node.testnet import LocalTestnet
+    from node.testnet import FAST_MEMBERSHIP, LocalTestnet
 
     n = cycles if cycles is not None else (QUICK_CYCLES if quick else DEFAULT_CYCLES)
     rng = random.Random(SEED)
     figures: dict[str, Any] = {"cycles": n}
     with tempfile.TemporaryDirectory(prefix="symphony-bench-soak-") as tmp:
         net = LocalTestnet(Path(tmp), network_id=NETWORK_ID,
-                           config={"membership": {"ping_interval_ms": 1000,
-                                                  "exchange_interval_ms": 500}})
+                           config=FAST_MEMBERSHIP)
         try:
             executor = net.start("executor", config={"executor": {"threads": 1}},
                                  timeout_s=START_TIMEOUT_S)
@@ -151,7 +150,7 @@ def _cycles(net: Any, executor: Any, victim: Any, n: int, rng: random.Random,
 
 
 def _client(node: Any) -> httpx.Client:
-    from node.api.app import read_token
+    from node.api.token import read_token
 
     return httpx.Client(base_url=node.api_url, timeout=HTTP_TIMEOUT_S,
                         headers={"Authorization": f"Bearer {read_token(node.data_dir)}"})

@@ -154,8 +154,8 @@ def ask_evalset(asker: NodeProcess, questions: int, max_tokens: int, console: An
 
 def demo_dashboard_url(node: NodeProcess) -> str:
     """The sign-in URL of a node's web dashboard (it carries the API token once)."""
-    from node.api.app import read_token
     from node.api.dashboard import dashboard_url
+    from node.api.token import read_token
 
     return dashboard_url(node.api_url, read_token(node.data_dir))
 

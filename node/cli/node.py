@@ -109,8 +109,8 @@ def status(data_dir: str | None, as_json: bool) -> None:
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None)
 def dashboard(data_dir: str | None) -> None:
     """Print the running daemon's web dashboard URL (it carries the API token once)."""
-    from node.api.app import read_token
     from node.api.dashboard import dashboard_url
+    from node.api.token import read_token
     from node.control import DaemonNotRunning, read_daemon_info
 
     directory = _data_dir(data_dir)

@@ -42,17 +42,17 @@ def rl() -> None:
 def plan(workers: int, rate: float, batch: int, step_s: float, dissemination_s: float,
          generation_s: float | None, group: int, staleness: int, as_json: bool) -> None:
     """Print the capacity rule's figures for a swarm."""
-    from protocol.rl.capacity import Swarm
+    from protocol.rl.capacity import CapacityInputs
     from protocol.rl.capacity import plan as capacity_plan
 
     if not rate > 0:
         raise click.BadParameter(f"must be > 0, got {rate}", param_hint="--rollouts-per-s")
     generation = group / rate if generation_s is None else generation_s
-    swarm = Swarm(workers=workers, rollouts_per_s=rate, batch=batch, step_s=step_s,
-                  dissemination_s=dissemination_s, generation_s=generation,
-                  staleness=staleness)
+    inputs = CapacityInputs(workers=workers, rollouts_per_s=rate, batch=batch, step_s=step_s,
+                            dissemination_s=dissemination_s, generation_s=generation,
+                            staleness=staleness)
     try:
-        p = capacity_plan(swarm)
+        p = capacity_plan(inputs)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     figures = {

@@ -10,7 +10,7 @@ one of two ways:
   (sessions are opened with their upstream and next hop) and the last one answers: N + 1 links
   a step. Every hop's stream is read at once (node.inference.hops.Inbox): a stage may report
   a failure (its compute, its relay) or a bad relay it got, with the signed frame as evidence
-  (protocol.inference.relay judges who is to blame). A step that gets no answer within
+  (protocol.inference.forwarding judges who is to blame). A step that gets no answer within
   ``STEP_TIMEOUT_S`` is run again the direct way, which shows which hop stalls.
 * **direct**: the requester sends to each hop in turn and gets its output back (2 N links).
 
@@ -44,6 +44,7 @@ from node.inference.wire import pack_hidden, unpack_hidden
 from node.transport import TransportError
 from protocol.codec import Message
 from protocol.errors import InvalidMessage
+from protocol.inference.forwarding import judge_rejection
 from protocol.inference.messages import (
     Forward,
     ForwardResult,
@@ -59,7 +60,6 @@ from protocol.inference.messages import (
     SessionRefused,
     max_positions_per_frame,
 )
-from protocol.inference.relay import judge_rejection
 from protocol.inference.routing import Hop, NoRoute, plan_chain
 
 __all__ = ["Chain", "ChainError", "ChainTarget", "Directory", "HopFailed"]

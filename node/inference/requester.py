@@ -3,7 +3,7 @@ asks for a model served only in parts: node/market/chain_asks.py).
 
 The requester holds the model's embedding, final norm and output head (models.blocks.Head)
 and its tokenizer; the blocks are the servers'. A generation opens a chain
-(node/inference/client.py), decodes in a worker thread through the chain as a ``Target``
+(node/inference/chain.py), decodes in a worker thread through the chain as a ``Target``
 (models.speculative: plain decoding, or speculative decoding with a local drafter) and reports
 what it measured. Drafters stay loaded between generations (models.drafters.DrafterPool), and
 so does what each chain's draft-length rule learned (its AdaptiveK, per rule and route): the
@@ -33,7 +33,7 @@ import trio
 from models.backend import Message, render_chat
 from models.blocks import Head, load_head
 from models.drafters import DrafterPool
-from node.inference.client import Chain, ChainError, ChainTarget, Directory
+from node.inference.chain import Chain, ChainError, ChainTarget, Directory
 from node.inference.decoding import Decoding, OnText, stop_length
 
 #: exponential average weight of a new round-trip sample

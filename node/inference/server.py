@@ -36,8 +36,8 @@ from models.blocks import BlockStage, StageCache
 from node.inference.wire import SessionStream, pack_hidden, unpack_hidden
 from node.transport import BulkStream, FrameTooLarge, TransportError
 from protocol.errors import InvalidMessage
+from protocol.inference.forwarding import RelayFailed, SendRelay
 from protocol.inference.messages import Relay, SessionAccepted, SessionOpen, relay_signing_bytes
-from protocol.inference.relay import RelayFailed, SendRelay
 from protocol.inference.session import (
     CropCache,
     ForwardDone,

@@ -204,7 +204,7 @@ class LedgerService(Service):
             free_slots = int(machine.free_slots())
             load = (max_slots - free_slots) / max_slots if max_slots else 0.0
         roles = tuple(Role(r) for r in self.section.roles if models or Role(r) not in _MODEL_ROLES)
-        from node.membership import agent_version
+        from node.membership.service import agent_version
 
         return CapabilitySpec(
             listen_addrs=tuple(self.ctx.transport.listen_addrs())[:MAX_ADDRS],

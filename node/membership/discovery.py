@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 import trio
 
-from node.membership import MembershipSection
+from node.membership.service import MembershipSection
 from node.p2p.invite import dialable_addrs
 from node.service import NodeContext, Service
 from protocol.membership.discovery import Discovered, Discovery, SetRecordAddrs

@@ -51,7 +51,7 @@ class MembershipSection:
     #: announce this node and find peers of its network on the LAN by mDNS (node/p2p/mdns.py)
     mdns: bool = True
     #: signed rendezvous records of this network, kept and served by every node
-    #: (protocol/membership/discovery.py; node/p2p/discovery.py)
+    #: (protocol/membership/discovery.py; node/membership/discovery.py)
     discovery: bool = _FINDING["enabled"]
     #: records one peer may relay into our table (its own registration aside)
     discovery_records_per_peer: int = _FINDING["records_per_peer"]

@@ -13,7 +13,7 @@ mplex (5x slower), no TLS/secio/plaintext (a peer offering only those is refused
   frames of py-libp2p's protocols so oversize, truncated and stalled frames are penalized.
 * ``gossip.py``: gossipsub with our settings, subscriptions and paced publishes.
 * ``nat.py``: NAT traversal, which runs when: ``autonat.py`` (are we publicly reachable?),
-  ``relay_hop.py`` and ``relay_client.py`` (circuit relay v2, both sides), ``dcutr.py`` (hole
+  ``circuit_hop.py`` and ``circuit_client.py`` (circuit relay v2, both sides), ``dcutr.py`` (hole
   punching); ``pbwire.py`` reads their length-delimited protobuf messages, ``natconfig.py``
   is their ``[nat]`` config section.
 

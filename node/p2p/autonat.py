@@ -34,11 +34,11 @@ from libp2p.custom_types import TProtocol
 from libp2p.host.autonat.pb.autonat_pb2 import Message
 from libp2p.peer.id import ID
 
+from node.p2p.circuit_hop import is_relayed, peer_of
 from node.p2p.framing import PeerFault
 from node.p2p.multiaddrs import direct_tcp_endpoints
 from node.p2p.natconfig import NatConfig
 from node.p2p.pbwire import close_quietly, read_message, write_message
-from node.p2p.relay_hop import is_relayed, peer_of
 from protocol.buckets import KeyedBuckets
 
 AUTONAT_ID = TProtocol("/libp2p/autonat/1.0.0")

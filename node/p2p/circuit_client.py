@@ -8,7 +8,7 @@ raw connection to the target: it is secured (Noise, which checks the target's pe
 multiplexed (yamux) by py-libp2p's own upgrader, as a TCP socket would be, and counts as a
 connection to that peer like any other (``PeerEvent`` and all). Its transport address carries
 ``/p2p-circuit``, so py-libp2p's stream selection prefers a direct connection to the same
-peer once one exists (``Swarm._best_connection``), and ``relay_hop.is_relayed`` tells them
+peer once one exists (``Swarm._best_connection``), and ``circuit_hop.is_relayed`` tells them
 apart.
 
 What it assumes of peers: a relay answers within the read deadline with one
@@ -34,10 +34,10 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.relay.circuit_v2.pb.circuit_pb2 import HopMessage, Status, StopMessage
 
 from node.p2p import multiaddrs
+from node.p2p.circuit_hop import HOP_ID, peer_of
 from node.p2p.framing import PeerFault
 from node.p2p.multiaddrs import AddrError
 from node.p2p.pbwire import read_message, write_message
-from node.p2p.relay_hop import HOP_ID, peer_of
 from node.p2p.streams import NetBulkStream
 from node.transport import TransportError
 
@@ -133,7 +133,7 @@ class RelayClient:
             await NetBulkStream(stream, relay).close()
         if answer.type != HopMessage.STATUS or answer.status != Status.OK:
             raise RelayRefused(relay, "a reservation", answer.status)
-        addrs = _relay_addrs(relay, [bytes(a) for a in answer.reservation.addrs], known_addr)
+        addrs = relay_addrs(relay, [bytes(a) for a in answer.reservation.addrs], known_addr)
         if not addrs:
             raise TransportError(f"relay {relay} gave no address to be reached through")
         held = Held(relay=relay, expire=float(answer.reservation.expire), addrs=addrs,
@@ -219,7 +219,7 @@ class RelayClient:
             nursery.cancel_scope.cancel()
 
 
-def _relay_addrs(relay: str, offered: list[bytes], known_addr: str | None) -> tuple[str, ...]:
+def relay_addrs(relay: str, offered: list[bytes], known_addr: str | None) -> tuple[str, ...]:
     """The relay's dialable direct addresses, each ending in ``/p2p/<relay>``."""
     out: list[str] = []
     for raw in [*offered, *([known_addr] if known_addr else [])]:

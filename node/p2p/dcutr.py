@@ -38,10 +38,10 @@ from libp2p.custom_types import TProtocol
 from libp2p.peer.id import ID
 from libp2p.relay.circuit_v2.pb.dcutr_pb2 import HolePunch
 
+from node.p2p.circuit_hop import is_relayed, peer_of
 from node.p2p.framing import PeerFault
 from node.p2p.multiaddrs import direct_tcp_endpoints
 from node.p2p.pbwire import close_quietly, read_message, read_message_or_end, write_message
-from node.p2p.relay_hop import is_relayed, peer_of
 
 DCUTR_ID = TProtocol("/libp2p/dcutr")
 #: addresses of a peer's CONNECT dialled at most

@@ -8,9 +8,9 @@ fault is penalized like any other protocol's) and one loop, ``run``, ticking eve
   ``autonat_peers_per_round`` of them to dial us back (node/p2p/autonat.py), at once and
   then every ``autonat_interval_s``; the verdict (public, private, unknown) is the majority
   of the latest answers.
-* Relay service (hop, node/p2p/relay_hop.py): served while ``relay_service`` is "on", or
+* Relay service (hop, node/p2p/circuit_hop.py): served while ``relay_service`` is "on", or
   "auto" and the verdict is public.
-* Relay client (node/p2p/relay_client.py): while the verdict is private (or always, with
+* Relay client (node/p2p/circuit_client.py): while the verdict is private (or always, with
   ``reserve_always``), hold one live reservation on a directly connected peer that relays
   (tried in turn; one that refuses is not asked again for ``REFUSED_BACKOFF_S``), refreshed
   ``REFRESH_BEFORE_S`` before it expires, dropped when the relay disconnects. Our relayed
@@ -30,13 +30,13 @@ import trio
 from libp2p.peer.id import ID
 
 from node.p2p.autonat import AUTONAT_ID, PUBLIC, AutoNatServer, Reachability, probe
+from node.p2p.circuit_client import RelayClient
+from node.p2p.circuit_hop import HOP_ID, STOP_ID, RelayService, is_relayed
 from node.p2p.dcutr import DCUTR_ID, HolePuncher
 from node.p2p.guard import GuardedHost
 from node.p2p.invite import dialable_addrs
 from node.p2p.multiaddrs import direct_tcp_endpoints, ip_of
 from node.p2p.natconfig import NatConfig
-from node.p2p.relay_client import RelayClient
-from node.p2p.relay_hop import HOP_ID, STOP_ID, RelayService, is_relayed
 from node.transport import TransportError
 
 #: how often the loop looks at what is due

@@ -57,7 +57,7 @@ def adapter_name(model: str) -> str:
 
 
 class AdapterHolder(Protocol):
-    """A generator that takes adapters (node/market/rollout_worker.py's ModelsGenerator)."""
+    """A generator that takes adapters (node/rl/rollout_worker.py's ModelsGenerator)."""
 
     model: str
 

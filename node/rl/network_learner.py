@@ -50,7 +50,7 @@ class DaemonApi:
 
     @classmethod
     def of(cls, data_dir: Path) -> DaemonApi:
-        from node.api.app import read_token
+        from node.api.token import read_token
         from node.control import read_daemon_info
 
         return cls(read_daemon_info(Path(data_dir)).api_url, read_token(Path(data_dir)))

@@ -10,7 +10,7 @@
   comes from the ledger's trust view (0.5 for everyone without a ledger), and workers never
   picked get a bounded share of the picks (``explore_share``).
 * The run (its fields, version, excluded workers and open jobs) is kept in the daemon's SQLite
-  (node/market/rollout_state.py): a restarted daemon resumes it and issues its open jobs again.
+  (node/rl/rollout_state.py): a restarted daemon resumes it and issues its open jobs again.
 
 Routes under ``/rl_jobs`` (POST ones need the API token):
 
@@ -38,7 +38,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 
 from node.api.app import token_route
-from node.market import rollout_state
+from node.rl import rollout_state
 from node.service import NodeContext, Service
 from protocol.errors import InvalidMessage, LocalProtocolError
 from protocol.ledger.trust import TrustView

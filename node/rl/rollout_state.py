@@ -24,7 +24,7 @@ from protocol.rl.jobs import JobBook, JobState
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS rl_jobs_state (
     id INTEGER PRIMARY KEY CHECK (id = 1),
-    state TEXT NOT NULL            -- node/market/rollout_state.py's snapshot as JSON
+    state TEXT NOT NULL            -- node/rl/rollout_state.py's snapshot as JSON
 );
 """
 

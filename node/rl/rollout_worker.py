@@ -52,7 +52,7 @@ from protocol.rl.worker import (
     WorkerConfig,
 )
 
-BUILTIN_GENERATORS = {"models": "node.market.rollout_worker:models_generator"}
+BUILTIN_GENERATORS = {"models": "node.rl.rollout_worker:models_generator"}
 MAX_FAILURE_TEXT = 120
 #: tokens generated once at start to measure the builtin generator's speed
 SPEED_PROBE_TOKENS = 16

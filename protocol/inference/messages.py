@@ -27,7 +27,7 @@ next hop) answers its opener with a ``ForwardResult``: N + 1 links a step instea
 relay is signed by its sender over :func:`relay_signing_bytes` (the receiving session, the
 requester's step number, the positions and a digest of the data), so a stage that gets a bad
 relay can prove to the requester who sent it (``RelayRejected`` carries the signed frame;
-protocol.inference.relay judges it).
+protocol.inference.forwarding judges it).
 
 Hidden states travel as little-endian fp16 (or fp32, :class:`Precision`) in ``data``, row-major
 (positions, hidden size): ``len(data)`` must equal ``n * hidden * itemsize`` exactly; values

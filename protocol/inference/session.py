@@ -30,7 +30,7 @@ of them (``SessionOpen``), then sends ``Forward`` frames of hidden states, ``Rol
   answers its opener either way. A ``Relay`` is taken only from the session's ``upstream``
   (the requester sets it at open and by ``Relink``); one from anyone else, for no open
   session, or while the session computes is ignored (a race with a replacement). A relay
-  that fails protocol.inference.relay's check, or whose values the driver finds non-finite,
+  that fails protocol.inference.forwarding's check, or whose values the driver finds non-finite,
   is reported to the opener as ``RelayRejected`` with the frame as evidence; the session
   stays open and no one is penalized here (the requester judges). A relay the driver could
   not send (``RelayFailed``) is reported as ``SessionError(NEXT_HOP_FAILED)``; the session
@@ -48,6 +48,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from protocol.errors import InvalidMessage
+from protocol.inference.forwarding import RelayFailed, SendRelay, relay_problem
 from protocol.inference.messages import (
     Forward,
     ForwardResult,
@@ -65,7 +66,6 @@ from protocol.inference.messages import (
     SessionRefused,
     check_hidden_size,
 )
-from protocol.inference.relay import RelayFailed, SendRelay, relay_problem
 from protocol.machine import Effect, Emit, Event, Penalize, Received, Send, Tick
 
 #: penalty points for a malformed session request

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
-class Swarm:
-    """A swarm as the capacity rule sees it."""
+class CapacityInputs:
+    """A learner and its rollout workers, as the capacity rule sees them."""
 
     workers: int
     #: rollouts per second one worker produces
@@ -70,18 +70,18 @@ def _non_negative(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
-def check_swarm(swarm: Swarm) -> None:
-    """``ValueError`` naming the first field of ``swarm`` outside its domain."""
-    if type(swarm.workers) is not int or swarm.workers < 0:
-        raise ValueError(f"workers must be an int >= 0, got {swarm.workers!r}")
-    if type(swarm.batch) is not int or swarm.batch < 1:
-        raise ValueError(f"batch must be an int >= 1, got {swarm.batch!r}")
-    if type(swarm.staleness) is not int or swarm.staleness < 0:
-        raise ValueError(f"staleness must be an int >= 0, got {swarm.staleness!r}")
-    _positive("rollouts_per_s", swarm.rollouts_per_s)
-    _positive("step_s", swarm.step_s)
-    _non_negative("dissemination_s", swarm.dissemination_s)
-    _non_negative("generation_s", swarm.generation_s)
+def check_inputs(inputs: CapacityInputs) -> None:
+    """``ValueError`` naming the first field of ``inputs`` outside its domain."""
+    if type(inputs.workers) is not int or inputs.workers < 0:
+        raise ValueError(f"workers must be an int >= 0, got {inputs.workers!r}")
+    if type(inputs.batch) is not int or inputs.batch < 1:
+        raise ValueError(f"batch must be an int >= 1, got {inputs.batch!r}")
+    if type(inputs.staleness) is not int or inputs.staleness < 0:
+        raise ValueError(f"staleness must be an int >= 0, got {inputs.staleness!r}")
+    _positive("rollouts_per_s", inputs.rollouts_per_s)
+    _positive("step_s", inputs.step_s)
+    _non_negative("dissemination_s", inputs.dissemination_s)
+    _non_negative("generation_s", inputs.generation_s)
 
 
 def min_staleness(dissemination_s: float, generation_s: float, step_s: float) -> int:
@@ -92,19 +92,19 @@ def min_staleness(dissemination_s: float, generation_s: float, step_s: float) ->
     return max(0, math.ceil((dissemination_s + generation_s) / step_s - 1e-9))
 
 
-def plan(swarm: Swarm) -> CapacityPlan:
-    """Both inequalities of the capacity rule for ``swarm``, with the figures around them."""
-    check_swarm(swarm)
-    supply = swarm.workers * swarm.rollouts_per_s
-    demand = swarm.batch / swarm.step_s
-    need_s = min_staleness(swarm.dissemination_s, swarm.generation_s, swarm.step_s)
+def plan(inputs: CapacityInputs) -> CapacityPlan:
+    """Both inequalities of the capacity rule for ``inputs``, with the figures around them."""
+    check_inputs(inputs)
+    supply = inputs.workers * inputs.rollouts_per_s
+    demand = inputs.batch / inputs.step_s
+    need_s = min_staleness(inputs.dissemination_s, inputs.generation_s, inputs.step_s)
     return CapacityPlan(
         supply_per_s=supply,
         demand_per_s=demand,
         throughput_ok=supply >= demand * (1 - 1e-9),
-        min_workers=math.ceil(demand / swarm.rollouts_per_s - 1e-9),
+        min_workers=math.ceil(demand / inputs.rollouts_per_s - 1e-9),
         min_staleness=need_s,
-        staleness_ok=swarm.staleness >= need_s,
+        staleness_ok=inputs.staleness >= need_s,
         busy_bound=min(1.0, supply / demand),
     )
 

@@ -3,7 +3,7 @@
 Fixtures
 --------
 ``testnet``: a :class:`node.testnet.LocalTestnet` under this test's tmp dir, network id
-``itest``, membership timings shortened (``FAST_MEMBERSHIP``) so discovery takes seconds, and
+``itest``, membership timings shortened (``FAST_MEMBERSHIP``, node/testnet.py) so discovery takes seconds, and
 no model (``NO_MODEL``: ``[executor] solver = ""``; a plain node serves the default model,
 which test daemons that do not execute skip). A test that needs executors passes
 ``config={"executor": {"solver": ARITH_SOLVER}}`` (tests/node/arith_solver.py, deterministic
@@ -44,18 +44,10 @@ from typing import Any
 
 import pytest
 
-from node.testnet import LocalTestnet, NodeProcess
+from node.testnet import FAST_MEMBERSHIP, LocalTestnet, NodeProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 TEST_NETWORK_ID = "itest"
-FAST_MEMBERSHIP = {
-    "membership": {
-        "ping_interval_ms": 1000,
-        "exchange_interval_ms": 500,
-        "backoff_base_ms": 200,
-        "backoff_max_ms": 2000,
-    }
-}
 #: test daemons load no model unless a test asks (loading and measuring it costs seconds)
 NO_MODEL = {"executor": {"solver": ""}}
 #: nor verify (on by default: commit/reveal rounds and the verifier's model hash) unless a

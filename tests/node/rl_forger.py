@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from node.market.rollout_worker import ModelsGenerator
+from node.rl.rollout_worker import ModelsGenerator
 from protocol.rl.messages import RolloutJob, RolloutResultBody
 
 

@@ -17,14 +17,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from node.api.app import (
-    API_HOST,
-    build_app,
-    load_or_create_token,
-    read_token,
-    serve_api,
-    token_route,
-)
+from node.api.app import API_HOST, build_app, serve_api, token_route
+from node.api.token import load_or_create_token, read_token
 from node.control import (
     ApiClient,
     DaemonNotRunning,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from node.bench import BENCHMARKS
-from node.bench.distributed_net import split
+from node.bench.distributed.testnet import split
 
 
 @pytest.mark.parametrize(("blocks", "stages"), [(30, 2), (30, 4), (7, 3), (5, 5)])
@@ -19,5 +19,5 @@ def test_split_covers_every_block_once_in_nearly_equal_ranges(blocks: int, stage
 
 
 def test_the_bench_is_registered() -> None:
-    assert BENCHMARKS["distributed"] == "node.bench.distributed"
+    assert BENCHMARKS["distributed"] == "node.bench.distributed.bench"
 

@@ -9,9 +9,9 @@ import json
 import httpx
 import pytest
 
-from node.api.app import read_token
 from node.api.dashboard import cookie_name, dashboard_url, session_value
 from node.api.dashboard_state import JOB_SERVICES
+from node.api.token import read_token
 
 from .conftest import Testnet
 

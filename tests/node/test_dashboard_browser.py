@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from node.api.app import read_token
 from node.api.dashboard import dashboard_url
+from node.api.token import read_token
 
 from .conftest import ARITH_SOLVER, ROOT, Testnet
 

@@ -1,5 +1,5 @@
 """What the fuzz bench attacks: its names for the protocols the daemon announces, and the
-frames it writes for each (node/bench/fuzz_frames.py)."""
+frames it writes for each (node/bench/fuzz/frames.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import pytest
 
 from crypto.keys import Identity
-from node.bench.fuzz_frames import KINDS, MAKERS, framing_of, short_name, target_for
+from node.bench.fuzz.frames import KINDS, MAKERS, framing_of, short_name, target_for
 
 NET = "bench-fuzz"
 
@@ -46,7 +46,7 @@ def test_every_kind_makes_frames_for_every_protocol(protocol_id: str) -> None:
 
 
 def test_a_kind_banned_at_once_leaves_its_share_to_the_kinds_after_it() -> None:
-    from node.bench.fuzz_attacker import kind_share
+    from node.bench.fuzz.attacker import kind_share
 
     total, sent, shares = 100_000, 0, []
     for i, frames_sent in enumerate([900, 40, None, None, None]):  # bad_length, oversized, ...

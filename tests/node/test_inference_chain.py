@@ -25,9 +25,10 @@ import torch  # noqa: E402
 
 from crypto.keys import Identity  # noqa: E402
 from models.blocks import LocalTarget, greedy, load_head, load_stage  # noqa: E402
-from node.inference.client import Chain, ChainError, ChainTarget, Directory  # noqa: E402
+from node.inference.chain import Chain, ChainError, ChainTarget, Directory  # noqa: E402
 from node.inference.server import StageHost  # noqa: E402
 from node.inference.wire import SessionStream, pack_hidden  # noqa: E402
+from protocol.inference.forwarding import SendRelay  # noqa: E402
 from protocol.inference.messages import (  # noqa: E402
     Forward,
     ForwardResult,
@@ -36,7 +37,6 @@ from protocol.inference.messages import (  # noqa: E402
     RelayRejected,
     SessionError,
 )
-from protocol.inference.relay import SendRelay  # noqa: E402
 from protocol.inference.routing import Server  # noqa: E402
 from protocol.inference.session import ServedBlocks, SessionLimits, SessionServer  # noqa: E402
 from protocol.machine import Received, Send  # noqa: E402

@@ -146,7 +146,7 @@ def _openai_over_the_chain(asker: Any, reference: Any) -> None:
 
     from models.llama_backend import LlamaCppBackend
     from models.registry import default_model
-    from node.api.app import read_token
+    from node.api.token import read_token
 
     client = openai.OpenAI(base_url=asker.api_url + "/v1", api_key=read_token(asker.data_dir),
                            timeout=GENERATE_TIMEOUT_S, max_retries=0)

@@ -17,6 +17,7 @@ import trio
 
 from crypto.envelope import Envelope
 from crypto.keys import Identity
+from node.api.token import read_token
 from node.p2p.host import open_p2p
 from node.testnet import NodeProcess
 from protocol.codec import encode
@@ -202,7 +203,7 @@ def test_five_daemons_converge_reject_forgeries_and_keep_their_ledger(testnet: T
         assert not node.log_events("driver.perform_error"), node.log_tail()
 
     # a changed offer is re-signed and reaches every node (the API needs the token)
-    token = (a.data_dir / "api.token").read_text().strip()
+    token = read_token(a.data_dir)
     denied = httpx.post(a.api_url + "/ledger/capability", json={"tags": ["x"]}, timeout=5.0)
     assert denied.status_code == 401
     changed = httpx.post(

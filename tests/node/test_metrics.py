@@ -9,9 +9,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from node.api.app import read_token
 from node.api.metrics import METRICS, NodeMetrics, metric_names
 from node.api.observed import PenaltyNoted
+from node.api.token import read_token
 from protocol.machine import Emit, Received, Send
 from protocol.market.events import ComputeDone
 from protocol.membership.messages import Ping

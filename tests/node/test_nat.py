@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 import pytest
 
-from node.api.app import read_token
+from node.api.token import read_token
 from node.control import daemon_file
 from node.testnet import NodeProcess, wait_until
 from tests.node.conftest import ARITH_SOLVER, ROOT, TEST_NETWORK_ID, Testnet

@@ -32,12 +32,12 @@ from node.p2p.autonat import (
     Reachability,
     dialback_candidates,
 )
+from node.p2p.circuit_client import RelayRefused, relay_addrs, split_circuit
+from node.p2p.circuit_hop import HOP_ID, STOP_ID
 from node.p2p.framing import PeerFault
 from node.p2p.host import P2PTransport, open_p2p
 from node.p2p.natconfig import NatConfig
 from node.p2p.pbwire import MAX_MESSAGE_BYTES, encode_varint, frame, read_message
-from node.p2p.relay_client import RelayRefused, _relay_addrs, split_circuit
-from node.p2p.relay_hop import HOP_ID, STOP_ID
 from node.transport import TransportError
 from protocol.names import peer_id_of_multiaddr
 from tests.node.test_p2p import trio_test
@@ -122,7 +122,7 @@ def test_a_relays_addresses_are_kept_only_when_they_are_its_own_and_direct() -> 
                f"/ip4/5.6.7.8/tcp/1/p2p/{PEER_A}".encode(),  # names another peer
                f"/ip4/5.6.7.8/tcp/1/p2p/{PEER_R}/p2p-circuit".encode(),
                b"/ip4/5.6.7.8/udp/1"]
-    assert _relay_addrs(PEER_R, offered, None) == (f"/ip4/1.2.3.4/tcp/4001/p2p/{PEER_R}",)
+    assert relay_addrs(PEER_R, offered, None) == (f"/ip4/1.2.3.4/tcp/4001/p2p/{PEER_R}",)
 
 
 def test_dial_backs_go_only_to_the_ip_the_request_came_from() -> None:
@@ -325,9 +325,9 @@ async def test_hostile_bytes_on_the_nat_protocols_are_penalized() -> None:
 
 @trio_test
 async def test_the_transport_bench_sends_through_the_relay_then_directly() -> None:
-    from node.bench.transport_relay import _throughputs
+    from node.bench.transport.circuit import throughputs
 
-    figures = await _throughputs(1 << 20)
+    figures = await throughputs(1 << 20)
     assert figures["relayed_mbps"] > 0 and figures["direct_mbps"] > 0
     assert figures["relayed_vs_direct_ratio"] == pytest.approx(
         figures["relayed_mbps"] / figures["direct_mbps"])

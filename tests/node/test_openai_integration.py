@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from node.api.app import read_token
+from node.api.token import read_token
 from protocol.market.sampling import VOTING_TEMPERATURE
 
 from .conftest import FAST_MEMBERSHIP, TEST_NETWORK_ID, TESTNET_CONFIG, Testnet, run_cli

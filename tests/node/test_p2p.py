@@ -474,12 +474,12 @@ async def test_cancelling_a_publishing_host_raises_nothing() -> None:
 
 
 class peer_process:
-    """``node.bench.transport_peer`` as a child process; yields its address and the process."""
+    """``node.bench.transport.peer`` as a child process; yields its address and the process."""
 
     async def __aenter__(self) -> dict[str, Any]:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.process = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "node.bench.transport_peer", "/symphony/test-net"],
+            [sys.executable, "-m", "node.bench.transport.peer", "/symphony/test-net"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
         )
         line = b""

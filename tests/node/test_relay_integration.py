@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from node.api.app import read_token
+from node.api.token import read_token
 from node.testnet import NodeProcess
 
 from .conftest import Testnet, run_cli

@@ -24,7 +24,7 @@ def _report(step_s: float, generate_s: float, wall_s: float, reward: float, stal
 
 
 def _relayed(run_dir: Any, workers: int) -> list[float]:
-    """The relayed swaps stand-in: node/bench/rl_relay.py starts daemons."""
+    """The relayed swaps stand-in: node/bench/rl/swaps.py starts daemons."""
     return [1.0, 2.0]
 
 
@@ -36,7 +36,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, sync: TrainReport, asyn: TrainReport) 
         return sync if config.staleness == 0 else asyn
 
     monkeypatch.setattr("node.rl.learner.run_training", fake_run_training)
-    monkeypatch.setattr("node.bench.rl_relay.relayed_swaps_of_run", _relayed)
+    monkeypatch.setattr("node.bench.rl.swaps.relayed_swaps_of_run", _relayed)
     return bench_rl.run(quick=True), configs
 
 
@@ -69,7 +69,7 @@ def test_a_full_run_writes_the_reward_plot(monkeypatch: pytest.MonkeyPatch, tmp_
     n = bench_rl.PLOT_MIN_STEPS
     monkeypatch.setattr("node.rl.learner.run_training",
                         lambda config, on_step=None: _report(10.0, 2.0, 30.0, 0.1, n=n))
-    monkeypatch.setattr("node.bench.rl_relay.relayed_swaps_of_run", _relayed)
+    monkeypatch.setattr("node.bench.rl.swaps.relayed_swaps_of_run", _relayed)
     bench_rl.run(quick=False)
     assert (tmp_path / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

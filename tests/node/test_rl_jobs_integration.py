@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from node.api.app import read_token
+from node.api.token import read_token
 
 from .conftest import Testnet
 from .rl_generator import MODEL, VERSIONS_ENV

@@ -15,8 +15,8 @@ from starlette.routing import Mount
 from starlette.testclient import TestClient
 
 from crypto.keys import Identity
-from node.market.rollout_jobs import RlJobsSection, RolloutJobsService
-from node.market.rollout_worker import RlWorkerSection, RolloutWorkerService
+from node.rl.rollout_jobs import RlJobsSection, RolloutJobsService
+from node.rl.rollout_worker import RlWorkerSection, RolloutWorkerService
 from protocol.rl.auction import GroupAccepted, IssueJobs
 from protocol.rl.worker import RolloutDone, RolloutFailed, StartRollout
 from tests.node.rl_generator import MODEL
@@ -143,7 +143,7 @@ def test_worker_service_without_a_generator_refuses_jobs() -> None:
 @pytest.mark.integration
 def test_builtin_generator_answers_a_job_that_passes_validation() -> None:
     """The real path: the embedded model through models/rl/rollout.py, version 0."""
-    from node.market.rollout_worker import models_generator
+    from node.rl.rollout_worker import models_generator
     from protocol.rl.messages import RolloutSampling
     from protocol.rl.validation import check_group
 
@@ -161,7 +161,7 @@ def test_a_restarted_learner_daemon_resumes_its_run(tmp_path: Path) -> None:
     """The run, its version, the workers caught and its open jobs survive a restart of the
     daemon (the same SQLite file); a version older than the saved one is refused after it."""
     from node.db import Database
-    from node.market import rollout_state
+    from node.rl import rollout_state
     from protocol.market.events import Attest
     from protocol.rl.auction import Convict
 
@@ -213,7 +213,7 @@ def test_a_restarted_learner_daemon_resumes_its_run(tmp_path: Path) -> None:
 
 def test_an_unreadable_saved_run_starts_a_new_one(tmp_path: Path) -> None:
     from node.db import Database
-    from node.market import rollout_state
+    from node.rl import rollout_state
 
     db = Database(tmp_path / "node.db")
     db.apply_schema(RolloutJobsService.schema)

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from models.device import cpu_name, ram_bytes
-from node.api.app import read_token
+from node.api.token import read_token
 
 from .arith_solver import DELAY_ENV
 from .conftest import ARITH_SOLVER, FAST_MEMBERSHIP, TEST_NETWORK_ID, Testnet, run_cli

@@ -1,5 +1,5 @@
 """protocol.inference: stage-to-stage forwarding in the session machine, and who is blamed for
-a bad relay (protocol.inference.relay.judge_rejection)."""
+a bad relay (protocol.inference.forwarding.judge_rejection)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import dataclasses
 import pytest
 
 from crypto.keys import Identity
+from protocol.inference.forwarding import RelayFailed, SendRelay, judge_rejection
 from protocol.inference.messages import (
     Forward,
     ForwardResult,
@@ -21,7 +22,6 @@ from protocol.inference.messages import (
     SessionOpen,
     relay_signing_bytes,
 )
-from protocol.inference.relay import RelayFailed, SendRelay, judge_rejection
 from protocol.inference.session import (
     ForwardDone,
     ForwardFailed,

@@ -12,7 +12,7 @@ from crypto.keys import Identity
 from protocol.codec import decode, encode
 from protocol.envelopes import open_authored, seal
 from protocol.errors import InvalidMessage
-from protocol.rl.capacity import Swarm, min_staleness, plan
+from protocol.rl.capacity import CapacityInputs, min_staleness, plan
 from protocol.rl.messages import (
     MAX_RESULT_TOKENS,
     RL_RESULT_DOMAIN,
@@ -140,13 +140,13 @@ def test_prompts_chosen_by_the_seed_not_the_worker() -> None:
 
 def test_capacity_rule_figures() -> None:
     # 8 workers at 0.5 rollouts/s give 4/s; the learner wants 32 per 4 s step = 8/s
-    p = plan(Swarm(workers=8, rollouts_per_s=0.5, batch=32, step_s=4.0, dissemination_s=3.0,
-                   generation_s=6.0, staleness=2))
+    p = plan(CapacityInputs(workers=8, rollouts_per_s=0.5, batch=32, step_s=4.0,
+                            dissemination_s=3.0, generation_s=6.0, staleness=2))
     assert (p.supply_per_s, p.demand_per_s, p.throughput_ok) == (4.0, 8.0, False)
     assert p.min_workers == 16 and p.busy_bound == 0.5
     assert p.min_staleness == 3 and not p.staleness_ok and not p.holds
-    ok = plan(Swarm(workers=16, rollouts_per_s=0.5, batch=32, step_s=4.0, dissemination_s=2.0,
-                    generation_s=6.0, staleness=2))
+    ok = plan(CapacityInputs(workers=16, rollouts_per_s=0.5, batch=32, step_s=4.0,
+                             dissemination_s=2.0, generation_s=6.0, staleness=2))
     assert ok.throughput_ok and ok.min_staleness == 2 and ok.holds and ok.busy_bound == 1.0
 
 
@@ -162,10 +162,10 @@ def test_min_staleness_at_exact_multiples_and_zero() -> None:
      ("dissemination_s", -1.0), ("staleness", -2), ("generation_s", math.inf)],
 )
 def test_capacity_rule_names_bad_input(field: str, value: object) -> None:
-    swarm = Swarm(workers=4, rollouts_per_s=1.0, batch=8, step_s=2.0, dissemination_s=1.0,
-                  generation_s=1.0)
+    inputs = CapacityInputs(workers=4, rollouts_per_s=1.0, batch=8, step_s=2.0,
+                            dissemination_s=1.0, generation_s=1.0)
     with pytest.raises(ValueError, match=field):
-        plan(replace(swarm, **{field: value}))
+        plan(replace(inputs, **{field: value}))
 
 
 def test_rollouts_in_flight_rule() -> None:

@@ -6,7 +6,7 @@ Q4_1 GGUF (models.blocks), one torch thread each; the requester daemons hold the
 head and draft with llama.cpp on the same Q4_1 file. Hidden states travel as fp16. Seven block
 servers serve the 2-stage ranges (0-15, 15-30) and the 4-stage ones (0-8, 8-15 twice: a spare,
 15-23, 23-30); each requester daemon is told which of them it may use
-(node.bench.distributed_net), and all start at once. Chains forward stage to stage (N + 1
+(node.bench.distributed.testnet), and all start at once. Chains forward stage to stage (N + 1
 links a step) unless named ``direct`` (the requester sends to each stage in turn: 2 N links).
 
 * ``tokens_per_s_single``: greedy decoding of the whole model in this process (LocalTarget,
@@ -53,13 +53,13 @@ import threading
 import time
 from typing import Any
 
-from node.bench.distributed_net import (
+from node.bench.distributed.testnet import (
+    ChainTestnet,
     RequesterSpec,
-    Swarm,
+    chain_testnet,
     elapsed,
     peak_rss_mb,
     split,
-    swarm,
     wait_for_session,
 )
 
@@ -157,7 +157,7 @@ def _best(answers: list[dict[str, Any]], reference: list[int], key: str,
     return max(answers, key=_tps)
 
 
-def _loopback(net: Swarm, ref: Reference, names: list[str], max_tokens: int,
+def _loopback(net: ChainTestnet, ref: Reference, names: list[str], max_tokens: int,
               outputs: dict[str, bool], repeats: int) -> dict[str, Any]:
     """Single-process and chain runs interleaved: the chains' overhead ratios."""
     runs: dict[str, list[dict[str, Any]]] = {r: [] for r in names}
@@ -174,8 +174,8 @@ def _loopback(net: Swarm, ref: Reference, names: list[str], max_tokens: int,
     return figures
 
 
-def _latency_runs(net: Swarm, reference: list[int], max_tokens: int, outputs: dict[str, bool],
-                  repeats: int, quick: bool) -> dict[str, Any]:
+def _latency_runs(net: ChainTestnet, reference: list[int], max_tokens: int,
+                  outputs: dict[str, bool], repeats: int, quick: bool) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     plans = [("r4-20ms", "", ("", "_spec", "_mars"))]
     if not quick:
@@ -219,8 +219,8 @@ def _drafting(answer: dict[str, Any], suffix: str) -> dict[str, Any]:
         "position_acceptance", "draft_ms_per_token", "draft_s", "lookahead_hits")}
 
 
-def _recovery(net: Swarm, reference: list[int], max_tokens: int, outputs: dict[str, bool],
-              calm_wall_s: float) -> dict[str, Any]:
+def _recovery(net: ChainTestnet, reference: list[int], max_tokens: int,
+              outputs: dict[str, bool], calm_wall_s: float) -> dict[str, Any]:
     """Kill the 4-stage chain's server of blocks 8-15 mid-generation (see the docstring)."""
     spares = [net.servers[s][0] for s in ("q1", "q1-spare")]
     result: dict[str, Any] = {}
@@ -252,7 +252,7 @@ def _recovery(net: Swarm, reference: list[int], max_tokens: int, outputs: dict[s
     return figures
 
 
-def _serving_session(net: Swarm, candidates: list[Any]) -> Any:
+def _serving_session(net: ChainTestnet, candidates: list[Any]) -> Any:
     from node.testnet import wait_until
 
     def find() -> Any:
@@ -273,7 +273,7 @@ def run(quick: bool) -> dict[str, Any]:
     repeats = 1 if quick else REPEATS
     servers, requesters = _layout(_n_blocks(), quick)
     outputs: dict[str, bool] = {}
-    with swarm(servers, requesters) as net:
+    with chain_testnet(servers, requesters) as net:
         ref = Reference(max_tokens)  # loads while the daemons start
         net.wait()
         ref.run()  # warm-up, and the reference tokens

@@ -1,14 +1,14 @@
 """One set of real daemons on loopback for `symphony bench distributed`.
 
-:func:`swarm` starts block servers (``--serve-blocks A:B``, one torch thread each) and
-requester daemons (no blocks), all at once: every daemon's key is made before it starts, so
+:func:`chain_testnet` starts block servers (``--serve-blocks A:B``, one torch thread each)
+and requester daemons (no blocks), all at once: every daemon's key is made before it starts, so
 each requester's ``[inference] avoid_peers`` can name the servers it must not use (that is
 how one set of servers serves both the 2-stage and the 4-stage chains), and its
 ``link_delay_ms`` makes its chains emulate slow links (the servers hold that session's frames
 too) while the others run at loopback speed. The first requester is the bootstrap peer of the
-rest. :meth:`Swarm.wait` waits until every daemon is up and each requester's ledger lists the
-ranges it needs; :meth:`Swarm.generate` posts ``/inference/generate`` to a requester and
-returns its answer (a refusal raises :class:`ChainRefused` with the daemon's message). Every
+rest. :meth:`ChainTestnet.wait` waits until every daemon is up and each requester's ledger
+lists the ranges it needs; :meth:`ChainTestnet.generate` posts ``/inference/generate`` to a
+requester and returns its answer (a refusal raises :class:`ChainRefused` with the daemon's message). Every
 daemon is stopped on the way out.
 """
 
@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from crypto.keys import Identity, save_identity
-from node.api.app import read_token
+from node.api.token import read_token
 from node.testnet import LocalTestnet, NodeProcess, TestnetError, wait_until
 
 #: a generation through a chain of CPU stages on a shared machine can take minutes
@@ -58,7 +58,7 @@ class RequesterSpec:
 
 
 @dataclass
-class Swarm:
+class ChainTestnet:
     net: LocalTestnet
     servers: dict[str, tuple[NodeProcess, tuple[int, int]]]
     requesters: dict[str, NodeProcess]
@@ -114,9 +114,10 @@ def _keyed(base: Path, name: str) -> str:
 
 
 @contextmanager
-def swarm(servers: Mapping[str, tuple[int, int]], requesters: Mapping[str, RequesterSpec], *,
-          name: str = "distributed") -> Iterator[Swarm]:
-    """Start every daemon (not waiting: call :meth:`Swarm.wait`) and stop them all after."""
+def chain_testnet(servers: Mapping[str, tuple[int, int]],
+                  requesters: Mapping[str, RequesterSpec], *,
+                  name: str = "distributed") -> Iterator[ChainTestnet]:
+    """Start every daemon (not waiting: call :meth:`ChainTestnet.wait`), stop them all after."""
     with tempfile.TemporaryDirectory(prefix=f"symphony-bench-{name}-") as tmp:
         base = Path(tmp)
         # membership keeps its default intervals: a peer exchange every 500 ms repeats the same
@@ -136,7 +137,7 @@ def swarm(servers: Mapping[str, tuple[int, int]], requesters: Mapping[str, Reque
             placed = {s: (net.start(s, bootstrap=hub, wait=False,
                                     extra_args=["--serve-blocks", f"{a}:{b}"]), (a, b))
                       for s, (a, b) in servers.items()}
-            yield Swarm(net, placed, started, dict(requesters))
+            yield ChainTestnet(net, placed, started, dict(requesters))
         finally:
             try:
                 net.stop_all(timeout_s=STOP_TIMEOUT_S)
@@ -157,7 +158,7 @@ def peak_rss_mb(node: NodeProcess) -> float:
     return 0.0
 
 
-def wait_for_session(chain: Swarm, node: NodeProcess, forwards: int,
+def wait_for_session(chain: ChainTestnet, node: NodeProcess, forwards: int,
                      timeout_s: float = GENERATE_TIMEOUT_S) -> None:
     """Until ``node`` has an open session that has run at least ``forwards`` forwards."""
     def busy() -> bool:

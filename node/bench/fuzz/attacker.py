@@ -1,6 +1,6 @@
 """The fuzz attacker: a real libp2p peer in its own process, attacking one protocol of a daemon.
 
-``python -m node.bench.fuzz_attacker`` reads one JSON line on stdin and prints one JSON line.
+``python -m node.bench.fuzz.attacker`` reads one JSON line on stdin and prints one JSON line.
 Two requests:
 
 * ``{"discover": true, ...}``: dial the daemon, ask its identify (``/ipfs/id/1.0.0``) which
@@ -13,10 +13,10 @@ Two requests:
   written when the ban was seen, and identities refused at the dial.
 
 How it attacks: ``identities`` identities at once, each a fresh Ed25519 key started,
-connected and greeted as an ordinary peer (node/bench/fuzz_identities.py), each
+connected and greeted as an ordinary peer (node/bench/fuzz/identities.py), each
 running stream writers side by side (``Target.streams_at_once``; ``stall`` opens
 ``STALL_STREAMS``). A stream carries ``frames_per_stream`` frames of the kind
-(node/bench/fuzz_frames.py): where the daemon reads one request per stream, one frame, then
+(node/bench/fuzz/frames.py): where the daemon reads one request per stream, one frame, then
 the write side is closed and the answer (or the daemon's reset) awaited before the next
 stream; where it keeps reading (ping, gossip, identify push, relay chunks), many. The first
 ``PROBES`` identities of a kind are probes: on a long-lived stream they wait for each ping's
@@ -47,8 +47,8 @@ import structlog
 import trio
 
 from crypto.keys import Identity
-from node.bench.fuzz_frames import MAKERS, Target, target_for
-from node.bench.fuzz_identities import (
+from node.bench.fuzz.frames import MAKERS, Target, target_for
+from node.bench.fuzz.identities import (
     CONNECT_TIMEOUT_S,
     BanWatch,
     Ready,

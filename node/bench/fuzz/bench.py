@@ -4,9 +4,9 @@ One daemon (``symphony node run``, its own process, default config with verifica
 embedded model, so it serves every protocol) on loopback. The protocols attacked are the ones
 the daemon itself says it serves (its identify answer, asked by the attacker process), so a
 protocol added to the daemon is attacked without a change here. For each, an attacker process
-(node/bench/fuzz_attacker.py, py-libp2p peers through node.p2p, a fresh key after each ban)
+(node/bench/fuzz/attacker.py, py-libp2p peers through node.p2p, a fresh key after each ban)
 sends ``--frames N`` frames (default 100,000; ``--quick`` 1,200) with the attack kinds of
-node/bench/fuzz_frames.py that cost one frame at a time: lying length prefixes,
+node/bench/fuzz/frames.py that cost one frame at a time: lying length prefixes,
 valid-but-oversized messages, random bytes, mutated valid frames, one signed message replayed,
 in that order. Each runs until its share is sent (an even share of what the kinds before it
 left: the first two end at the daemon's first bans, so their shares pass to the others) or
@@ -17,7 +17,7 @@ frames cost the attacker the daemon's read deadline each (10 s): the ``stall`` k
 runs, this process asks ``GET /status`` every ``probes.STATUS_EVERY_S`` and watches the
 daemon's process.
 
-Per protocol ``<p>`` (short names: ``msg``, ``meshsub-1.2``, ...; node/bench/fuzz_frames.py):
+Per protocol ``<p>`` (short names: ``msg``, ``meshsub-1.2``, ...; node/bench/fuzz/frames.py):
 
 * ``<p>_frames_sent``: frames the attacker wrote (frames written after a ban and before the
   dropped connection reached the attacker count: the daemon refused them);
@@ -59,7 +59,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from node.bench.fuzz_frames import KINDS, short_name
+from node.bench.fuzz.frames import KINDS, short_name
 from node.bench.probes import StatusPoller, fd_count, rss_mib
 
 FULL_FRAMES, QUICK_FRAMES = 100_000, 1_200
@@ -79,7 +79,7 @@ NETWORK_ID = "bench-fuzz"
 SEED = 17
 #: the daemon loads and measures the default model before it is ready
 START_TIMEOUT_S = 120.0
-ATTACKER = [sys.executable, "-m", "node.bench.fuzz_attacker"]
+ATTACKER = [sys.executable, "-m", "node.bench.fuzz.attacker"]
 #: kinds every protocol refuses at the first frame (a stream that ends mid-frame, a frame
 #: over the limit), so their frames are bounded by connection setup, not by the budget
 BANNED_AT_ONCE = ("bad_length", "oversized")
@@ -91,7 +91,7 @@ def run(quick: bool, frames: int | None = None) -> dict[str, Any]:
     total = frames if frames is not None else (QUICK_FRAMES if quick else FULL_FRAMES)
     mode = 1 if quick else 0
     # the kinds the daemon ends at their first frames go first: what they leave of the
-    # protocol's frames goes to the kinds after them (node/bench/fuzz_attacker.kind_share)
+    # protocol's frames goes to the kinds after them (node/bench/fuzz/attacker.kind_share)
     paced = sorted((k for k in KINDS if k != "stall"), key=lambda k: k not in BANNED_AT_ONCE)
     figures: dict[str, Any] = {"frames_per_protocol": total, "kinds": len(KINDS)}
     started = time.monotonic()

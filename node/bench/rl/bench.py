@@ -12,7 +12,7 @@ for the same number of steps from the same seed, with local rollout workers on t
 - ``stale_dropped``: groups the asynchronous run dropped as stale;
 - ``swap_s``: mean time from the learner publishing a version to a worker serving it, over
   the network path: the sync run's last adapters published by a learner daemon through the
-  weight relay to worker daemons that hot-swap them (node/bench/rl_relay.py); the same
+  weight relay to worker daemons that hot-swap them (node/bench/rl/swaps.py); the same
   between the local processes of the two runs (the adapter handed over by path) goes to
   stderr.
 
@@ -61,13 +61,13 @@ def _say(text: str) -> None:
 
 def _plan(report: Any, workers: int, batch: int, group: int) -> Any:
     """The capacity rule for ``workers`` workers at the rates ``report`` measured."""
-    from protocol.rl.capacity import Swarm, plan
+    from protocol.rl.capacity import CapacityInputs, plan
 
     generation_s = _mean(report.generate_s)
-    return plan(Swarm(workers=workers, rollouts_per_s=group / generation_s, batch=batch,
-                      step_s=_mean([s.step_s for s in report.steps]),
-                      dissemination_s=_mean(report.swap_s), generation_s=generation_s,
-                      staleness=ASYNC_STALENESS))
+    return plan(CapacityInputs(workers=workers, rollouts_per_s=group / generation_s,
+                               batch=batch, step_s=_mean([s.step_s for s in report.steps]),
+                               dissemination_s=_mean(report.swap_s),
+                               generation_s=generation_s, staleness=ASYNC_STALENESS))
 
 
 def _size(report: Any, batch: int, group: int) -> tuple[Any, int]:
@@ -86,7 +86,7 @@ def _describe(p: Any, workers: int, label: str) -> None:
 
 
 def run(quick: bool) -> dict[str, Any]:
-    from node.bench.rl_relay import relayed_swaps_of_run
+    from node.bench.rl.swaps import relayed_swaps_of_run
     from node.rl.learner import run_training
     from node.rl.learner_config import LearnerConfig
 

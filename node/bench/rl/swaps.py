@@ -16,16 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from node.rl.dissemination import adapter_name, run_model_name
-from node.testnet import LocalTestnet, NodeProcess
+from node.testnet import FAST_MEMBERSHIP, LocalTestnet, NodeProcess
 
 #: every relayed version must be usable on every worker within this
 SWAP_TIMEOUT_S = 120.0
 START_TIMEOUT_S = 300.0
-CONFIG = {
-    "membership": {"ping_interval_ms": 1000, "exchange_interval_ms": 500,
-                   "backoff_base_ms": 200, "backoff_max_ms": 2000},
-    "executor": {"solver": ""},
-}
+CONFIG = {**FAST_MEMBERSHIP, "executor": {"solver": ""}}
 
 
 def adapter_version(path: Path) -> int:

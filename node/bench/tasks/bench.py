@@ -17,7 +17,7 @@ alike. ``k1_compute_p50_ms`` is the executor's own time for a task (it also comp
 activation fingerprints verification binds: one extra prefill); ``k1_same_answer`` is the
 share of k = 1 answers equal to the direct call's (greedy on the same backend: expect 1).
 
-Then the load (node/bench/tasks_load.py): 50 concurrent asks at a time against the asker's
+Then the load (node/bench/tasks/load.py): 50 concurrent asks at a time against the asker's
 HTTP API, 1,000 in all (``--quick``: 100), each done or failed with a clear error
 (``load_unclear`` counts the others, goal 0), ``/status`` latency meanwhile, and the asker's
 fd and memory growth over them (``load_*`` keys).
@@ -78,11 +78,11 @@ def _ask(client: Any, question: str, k: int, max_tokens: int) -> tuple[float, di
 def run(quick: bool) -> dict[str, Any]:
     from models.config import ModelConfig
     from models.loader import load_backend
-    from node.api.app import read_token
-    from node.bench.tasks_load import FULL_LOAD_ASKS, QUICK_LOAD_ASKS, run_load
+    from node.api.token import read_token
+    from node.bench.tasks.load import FULL_LOAD_ASKS, QUICK_LOAD_ASKS, run_load
     from node.control import ApiClient
     from node.market.requester import TasksSection
-    from node.testnet import LocalTestnet
+    from node.testnet import FAST_MEMBERSHIP, LocalTestnet
 
     asks = QUICK_ASKS if quick else FULL_ASKS
     max_tokens = QUICK_MAX_TOKENS if quick else FULL_MAX_TOKENS
@@ -95,8 +95,7 @@ def run(quick: bool) -> dict[str, Any]:
     baseline = _Baseline(backend, max_tokens)
     with tempfile.TemporaryDirectory(prefix="symphony-bench-tasks-") as tmp:
         net = LocalTestnet(Path(tmp), network_id="bench-tasks",
-                           config={"membership": {"ping_interval_ms": 1000,
-                                                  "exchange_interval_ms": 500}})
+                           config=FAST_MEMBERSHIP)
         try:
             t0 = time.perf_counter()
             asker = _start_network(net)

@@ -1,6 +1,6 @@
 """`symphony bench transport`: libp2p between two processes on loopback, beside raw TCP.
 
-A child process (``node.bench.transport_peer``) runs one host; this process runs the other and
+A child process (``node.bench.transport.peer``) runs one host; this process runs the other and
 measures, in one run:
 
 * stream throughput of one yamux stream (Noise-encrypted) for a ``stream_mib`` MiB transfer,
@@ -10,10 +10,10 @@ measures, in one run:
 * gossipsub at a paced rate: delivery ratio and latency p50 / p99 in ms, sender's publish
   call to the child's subscription (CLOCK_MONOTONIC is shared across processes);
 * a daemon's time to its first ready peer, through a bootstrap address and from its peer
-  store after a restart (node/bench/transport_join.py), and to a peer it was never told of,
-  found through a third node's rendezvous records (node/bench/transport_discovery.py);
+  store after a restart (node/bench/transport/join.py), and to a peer it was never told of,
+  found through a third node's rendezvous records (node/bench/transport/discovery.py);
 * the first connection through a circuit relay, and relayed against direct throughput
-  (node/bench/transport_relay.py).
+  (node/bench/transport/circuit.py).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from typing import Any
 import structlog
 import trio
 
-from node.bench.transport_discovery import discovery_times
-from node.bench.transport_join import join_times
-from node.bench.transport_relay import relay_times, stream_mb_s
+from node.bench.transport.circuit import relay_times, stream_mb_s
+from node.bench.transport.discovery import discovery_times
+from node.bench.transport.join import join_times
 from node.p2p.host import P2PTransport
 
 PREFIX = "/symphony/bench/transport"
@@ -41,7 +41,7 @@ CHUNK = 256 * 1024
 #: (stream MiB, request round trips, gossip messages, gossip messages per second)
 FULL = (64, 1000, 500, 50)
 QUICK = (16, 200, 100, 50)
-#: daemons started to time the first connection (node/bench/transport_join.py), full / quick
+#: daemons started to time the first connection (node/bench/transport/join.py), full / quick
 JOIN_ROUNDS = {False: 3, True: 1}
 #: After the last publish, wait at most this long for stragglers before counting losses.
 GOSSIP_DRAIN_S = 3.0
@@ -66,7 +66,7 @@ async def _bench(sizes: tuple[int, int, int, int]) -> dict[str, Any]:
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     process = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "node.bench.transport_peer", PREFIX],
+        [sys.executable, "-m", "node.bench.transport.peer", PREFIX],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
     )
     try:

@@ -5,7 +5,7 @@ First connection (``first_peer_relay_ms``): three real daemons on loopback (node
 R relays (``[nat] relay_service = "on"``); A holds a reservation on R (``reserve_always``: on
 loopback AutoNAT rightly calls every node public, so nothing would make A reserve); B starts
 with A's relayed address as its only bootstrap address. Read from B's log as the bootstrap
-figure is (node/bench/transport_join.py): from ``transport.started`` to the first
+figure is (node/bench/transport/join.py): from ``transport.started`` to the first
 ``membership.peer_ready`` for A, so it holds B's dial to R, the relay's CONNECT and STOP
 exchanges, the Noise and yamux handshakes through the circuit and the Hello exchange. Median
 of ``rounds`` runs, each with a fresh B.
@@ -29,7 +29,7 @@ from typing import Any
 
 import trio
 
-from node.bench.transport_join import _first_peer_ms
+from node.bench.transport.join import first_peer_ms
 from node.p2p.host import open_p2p
 from node.p2p.natconfig import NatConfig
 from node.testnet import LocalTestnet
@@ -44,7 +44,7 @@ MIB = {False: 32, True: 8}
 
 def relay_times(rounds: int, quick: bool) -> dict[str, float]:
     figures = {"first_peer_relay_ms": _first_peer_relay_ms(rounds)}
-    figures.update(trio.run(_throughputs, MIB[quick] << 20))
+    figures.update(trio.run(throughputs, MIB[quick] << 20))
     return figures
 
 
@@ -59,14 +59,16 @@ def _first_peer_relay_ms(rounds: int) -> float:
             times = []
             for i in range(rounds):
                 b = net.start(f"b{i}", bootstrap=[relayed])
-                times.append(_first_peer_ms(net, b, a))
+                times.append(first_peer_ms(net, b, a))
                 b.terminate()
         finally:
             net.stop_all()
     return statistics.median(times)
 
 
-async def _throughputs(total: int) -> dict[str, float]:
+async def throughputs(total: int) -> dict[str, float]:
+    """Mbit/s of ``total`` bytes from B to A through a circuit relay, then directly, and their
+    ratio: three transports in this process (see the module docstring)."""
     wide = NatConfig(relay_service="on", autonat=False, hole_punch=False,
                      circuit_max_bytes=1 << 40, circuit_rate_bytes_per_s=1 << 40)
     quiet = NatConfig(autonat=False, hole_punch=False)

@@ -5,7 +5,7 @@ Three real daemons on loopback (node/testnet.py). A hub runs, and C joins it; th
 with the hub as its only bootstrap address and finds C through the signed rendezvous records
 the hub keeps (protocol/membership/discovery.py: B asks the hub at connect, gets C's record,
 and membership dials C). The figure is read from B's own log, as the bootstrap figure is
-(node/bench/transport_join.py): from its ``transport.started`` line to its first
+(node/bench/transport/join.py): from its ``transport.started`` line to its first
 ``membership.peer_ready`` for C, so it holds the dial to the hub, the query, the answer and the
 dial to C. Peer exchange is off in these daemons so that only discovery can introduce B to C
 (on a user's node both run, and whichever answers first wins). Median of ``rounds`` runs, each
@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from node.bench.transport_join import _first_peer_ms
+from node.bench.transport.join import first_peer_ms
 from node.testnet import LocalTestnet, TestnetError
 
 #: the bench's daemons: default membership timings, no peer exchange, no model
@@ -42,7 +42,7 @@ def discovery_times(rounds: int) -> dict[str, float]:
             found = []
             for i in range(rounds):
                 b = net.start(f"b{i}", bootstrap=[hub])
-                found.append(_first_peer_ms(net, b, c))
+                found.append(first_peer_ms(net, b, c))
                 b.send_stop()  # stopped with the others at the end: a slow stop is no figure
         finally:
             try:

@@ -8,8 +8,8 @@ the membership service dials anyone) to its first ``membership.peer_ready`` line
 the dial, the Noise and yamux handshakes and the Hello exchange are). Median of ``rounds`` runs.
 
 Keys: ``first_peer_bootstrap_ms``, ``first_peer_peer_store_ms``. Discovery is timed beside
-them (node/bench/transport_discovery.py, ``first_peer_dht_ms``), and so is a first connection
-through a relay (node/bench/transport_relay.py, ``first_peer_relay_ms``).
+them (node/bench/transport/discovery.py, ``first_peer_dht_ms``), and so is a first connection
+through a relay (node/bench/transport/circuit.py, ``first_peer_relay_ms``).
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ def join_times(rounds: int) -> dict[str, float]:
             boot, stored = [], []
             for i in range(rounds):
                 b = net.start(f"b{i}", bootstrap=[a])
-                boot.append(_first_peer_ms(net, b, a))
+                boot.append(first_peer_ms(net, b, a))
                 b.terminate()
                 b.args = [x for x in b.args if x != a.addresses[0] and x != "--bootstrap"]
                 b.spawn().wait_ready()
-                stored.append(_first_peer_ms(net, b, a))
+                stored.append(first_peer_ms(net, b, a))
                 b.terminate()
         finally:
             net.stop_all()
@@ -47,7 +47,7 @@ def join_times(rounds: int) -> dict[str, float]:
             "first_peer_peer_store_ms": statistics.median(stored)}
 
 
-def _first_peer_ms(net: LocalTestnet, b: NodeProcess, a: NodeProcess) -> float:
+def first_peer_ms(net: LocalTestnet, b: NodeProcess, a: NodeProcess) -> float:
     """From B's latest ``transport.started`` to its first ``membership.peer_ready`` for A."""
 
     def measured() -> float | None:

@@ -1,6 +1,6 @@
 """A libp2p peer in its own process, for `symphony bench transport` and the transport tests.
 
-``python -m node.bench.transport_peer PREFIX`` starts a :class:`node.p2p.host.P2PTransport` on
+``python -m node.bench.transport.peer PREFIX`` starts a :class:`node.p2p.host.P2PTransport` on
 127.0.0.1 (port 0) and a raw TCP sink, prints one JSON line ``{"addr", "peer_id",
 "tcp_port"}`` on stdout, and serves until its stdin closes (so it dies with its parent):
 

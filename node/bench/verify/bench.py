@@ -68,7 +68,7 @@ from typing import Any
 from models.checks import CheckRunner, LayerJob
 from models.commitments import CHUNK_TOKENS, Commitments, commitments_for, fingerprints_for
 from models.fingerprint import blob_positions
-from node.bench.verify_verdict import fetch_states, result_to_verdict_ms
+from node.bench.verify.verdict import fetch_states, result_to_verdict_ms
 from protocol.market.messages import Requirement, TaskSpec
 from protocol.verification.rules import choose_chunks, choose_layers
 from protocol.verification.state import DEFAULT_SAMPLE_RATE, DEFAULT_VERIFIERS

@@ -9,8 +9,8 @@ count like any other. It fails on:
   models <- simulations <- node, where node (its CLI runs the simulator) is imported by no
   other package and protocol imports neither models nor anything of the network;
 * an import cycle among the modules of the five packages (strongly connected components);
-* more than ``MAX_FLAT_MODULES`` modules directly in node/ or protocol/ (the rest live in one
-  subpackage per concern);
+* more than ``MAX_FLAT_MODULES`` modules directly in node/, protocol/ or node/bench/ (the rest
+  live in one subpackage per concern, or per benchmark with its helpers);
 * libp2p imported outside the p2p module, or the network imported by models/.
 
 Each checker has a self-test on a small tree built to breach it.
@@ -261,7 +261,7 @@ def test_no_import_cycles_among_the_modules() -> None:
     assert not cycles, f"{len(cycles)} import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
-@pytest.mark.parametrize("package", ["node", "protocol"])
+@pytest.mark.parametrize("package", ["node", "protocol", "node/bench"])
 def test_few_modules_sit_directly_in_the_package(package: str) -> None:
     flat = flat_modules(ROOT, package)
     assert len(flat) <= MAX_FLAT_MODULES, f"{package}/ holds {len(flat)} modules directly: {flat}"

@@ -7,16 +7,25 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-pytest.importorskip("torch")
-pytest.importorskip("gguf")
+#: why a test that builds the tiny model is skipped: torch and gguf come with the models extra
+NEEDS_TORCH = "needs torch and gguf (pip install -e .[models])"
 
-from tests.models import tiny  # noqa: E402
+
+def _tiny():  # type: ignore[no-untyped-def]
+    """tests/models/tiny.py, or a skip naming what is missing: it builds models with torch and
+    writes them with gguf."""
+    pytest.importorskip("torch", reason=NEEDS_TORCH)
+    pytest.importorskip("gguf", reason=NEEDS_TORCH)
+    from tests.models import tiny
+
+    return tiny
 
 
 @pytest.fixture(scope="session")
 def tiny_ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """{"f32": model seed 0, "q8" / "q4": same model in Q8_0 / Q4_0, "other": a different
     model (seed 1)}."""
+    tiny = _tiny()
     d = tmp_path_factory.mktemp("tiny")
     base = tiny.tiny_model(seed=0)
     return {

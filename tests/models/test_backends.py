@@ -2,11 +2,14 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
-from models.backend import SamplingParams, measure_throughput, render_chat
-from models.loader import load_backend
-from tests.models import tiny
+pytest.importorskip("torch", reason="needs torch (pip install -e .[models])")
+
+import torch  # noqa: E402
+
+from models.backend import SamplingParams, measure_throughput, render_chat  # noqa: E402
+from models.loader import load_backend  # noqa: E402
+from tests.models import tiny  # noqa: E402
 
 PROMPT = "<|im_start|>user\nhello the world<|im_end|>\n<|im_start|>assistant\n"
 

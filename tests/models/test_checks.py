@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-pytest.importorskip("torch")
-pytest.importorskip("gguf")
+pytest.importorskip("torch", reason="needs torch and gguf (pip install -e .[models])")
+pytest.importorskip("gguf", reason="needs torch and gguf (pip install -e .[models])")
 
 from models.checks import CheckRunner  # noqa: E402
 from models.commitments import CHUNK_TOKENS, fingerprints_for  # noqa: E402

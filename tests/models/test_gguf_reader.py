@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from models.gguf_reader import llama_block_count, read_gguf
+# the reader takes its type tables from the gguf package (not torch)
+pytest.importorskip("gguf", reason="needs gguf (pip install -e .[models])")
+
+from models.gguf_reader import llama_block_count, read_gguf  # noqa: E402
 
 
 def _gguf(path: Path, meta: dict[str, str | int]) -> Path:

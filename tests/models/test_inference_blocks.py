@@ -6,11 +6,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from models.blocks import LocalTarget, StageCache, greedy, load_head, load_stage
-from models.gguf_torch import load_gguf_llama, load_gguf_part
-from tests.models import tiny
+pytest.importorskip("torch", reason="needs torch (pip install -e .[models])")
+
+import torch  # noqa: E402
+
+from models.blocks import LocalTarget, StageCache, greedy, load_head, load_stage  # noqa: E402
+from models.gguf_torch import load_gguf_llama, load_gguf_part  # noqa: E402
+from tests.models import tiny  # noqa: E402
 
 PROMPT = [5, 17, 33, 99, 100, 7]
 

@@ -10,10 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from models import layer_states as ls
-from models.backend import SamplingParams
-from models.loader import load_backend
-from tests.models import tiny
+pytest.importorskip("torch", reason="needs torch (pip install -e .[models])")
+
+from models import layer_states as ls  # noqa: E402
+from models.backend import SamplingParams  # noqa: E402
+from models.loader import load_backend  # noqa: E402
+from tests.models import tiny  # noqa: E402
 
 pytest.importorskip("llama_cpp")
 

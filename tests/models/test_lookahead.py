@@ -12,14 +12,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from models.blocks import LocalTarget, greedy
-from models.drafters import Draft, DrafterPool
-from models.lookahead import Drafting
-from models.speculative import SpeculativeConfig, speculative_generate
-from protocol.inference.speculative import Rule
-from tests.models.test_speculative_loop import PROMPT, MarkovTarget, NoisyDrafter
+pytest.importorskip("torch", reason="needs torch (pip install -e .[models])")
+
+import torch  # noqa: E402
+
+from models.blocks import LocalTarget, greedy  # noqa: E402
+from models.drafters import Draft, DrafterPool  # noqa: E402
+from models.lookahead import Drafting  # noqa: E402
+from models.speculative import SpeculativeConfig, speculative_generate  # noqa: E402
+from protocol.inference.speculative import Rule  # noqa: E402
+from tests.models.test_speculative_loop import PROMPT, MarkovTarget, NoisyDrafter  # noqa: E402
 
 #: the longest a test waits for the lookahead's thread (a condition wait, not a sleep)
 WAIT_S = 30.0

@@ -10,13 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
-from models.rl import export as export_mod
-from models.rl import lora
-from models.rl.grpo import mismatch_kl
-from models.rl.policy import Policy, TokenSeq
-from protocol.rl.messages import RolloutJob, RolloutSampling
+pytest.importorskip("torch", reason="needs torch (pip install -e .[models])")
+
+import torch  # noqa: E402
+
+from models.rl import export as export_mod  # noqa: E402
+from models.rl import lora  # noqa: E402
+from models.rl.grpo import mismatch_kl  # noqa: E402
+from models.rl.policy import Policy, TokenSeq  # noqa: E402
+from protocol.rl.messages import RolloutJob, RolloutSampling  # noqa: E402
 
 pytest.importorskip("llama_cpp")
 torch.set_num_threads(1)

@@ -9,12 +9,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch
 
-from models.rl.checks import decode_problem, fingerprint_problem, fingerprint_shape_problem
-from models.rl.policy import TokenSeq
-from protocol.rl.validation import rollout_commitment
-from tests.models.test_rl_adapter import TinyEnv, _export, _job, _perturb, _policy
+pytest.importorskip("torch", reason="needs torch (pip install -e .[models])")
+
+import torch  # noqa: E402
+
+from models.rl.checks import decode_problem, fingerprint_problem, fingerprint_shape_problem  # noqa: E402
+from models.rl.policy import TokenSeq  # noqa: E402
+from protocol.rl.validation import rollout_commitment  # noqa: E402
+from tests.models.test_rl_adapter import TinyEnv, _export, _job, _perturb, _policy  # noqa: E402
 
 pytest.importorskip("llama_cpp")
 torch.set_num_threads(1)

@@ -7,9 +7,7 @@ import types
 from pathlib import Path
 
 import pytest
-import torch
 
-from models.rl.checkpoint import Checkpoint, VersionCounter, latest_checkpoint, save_checkpoint
 from models.rl.env import (
     ANSWER_REWARD,
     FORMAT_REWARD,
@@ -59,35 +57,44 @@ def test_a_plugin_environment_loads_by_module_and_factory(monkeypatch: pytest.Mo
         load_environment("nonsense")
 
 
-def _ckpt(version: int) -> Checkpoint:
-    return Checkpoint(version=version, adapter={"a": torch.full((2,), float(version))},
-                      optimizer={"step": version}, counters={"steps": float(version)})
+def _checkpoint() -> types.ModuleType:
+    """models/rl/checkpoint.py (it stores torch tensors), or a skip where torch is missing."""
+    pytest.importorskip("torch", reason="needs torch (pip install -e .[models])")
+    from models.rl import checkpoint
+
+    return checkpoint
 
 
 def test_checkpoints_are_atomic_and_the_newest_ones_are_kept(tmp_path: Path) -> None:
-    assert latest_checkpoint(tmp_path) is None
+    ck = _checkpoint()
+    import torch
+
+    assert ck.latest_checkpoint(tmp_path) is None
     for v in (2, 4, 6):
-        save_checkpoint(tmp_path, _ckpt(v), keep=2)
+        ckpt = ck.Checkpoint(version=v, adapter={"a": torch.full((2,), float(v))},
+                             optimizer={"step": v}, counters={"steps": float(v)})
+        ck.save_checkpoint(tmp_path, ckpt, keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-4.pt", "ckpt-6.pt"]
-    latest = latest_checkpoint(tmp_path)
+    latest = ck.latest_checkpoint(tmp_path)
     assert latest is not None and latest.version == 6
     assert torch.equal(latest.adapter["a"], torch.full((2,), 6.0))
     (tmp_path / "ckpt-8.pt").write_bytes(b"torn")  # not one of ours: a clear error
     with pytest.raises(ValueError, match="cannot be read"):
-        latest_checkpoint(tmp_path)
+        ck.latest_checkpoint(tmp_path)
 
 
 def test_a_version_is_never_published_twice_across_restarts(tmp_path: Path) -> None:
+    ck = _checkpoint()
     path = tmp_path / "versions.json"
-    counter = VersionCounter(path)
+    counter = ck.VersionCounter(path)
     for v in (1, 2, 3):
         counter.claim(v)
     with pytest.raises(ValueError, match="already published"):
         counter.claim(3)
     # killed after publishing 3, last checkpoint at 2: the next step is 4, not 3
-    restarted = VersionCounter(path)
+    restarted = ck.VersionCounter(path)
     assert restarted.published == 3 and restarted.next_after(2) == 4
-    assert VersionCounter(tmp_path / "fresh.json").next_after(0) == 1
+    assert ck.VersionCounter(tmp_path / "fresh.json").next_after(0) == 1
     path.write_text("{")
     with pytest.raises(ValueError, match="unreadable"):
-        VersionCounter(path)
+        ck.VersionCounter(path)

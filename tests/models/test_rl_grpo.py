@@ -5,9 +5,12 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
-from models.rl.grpo import RATIO_HIGH, RATIO_LOW, group_advantages, grpo_loss, mismatch_kl
+pytest.importorskip("torch", reason="needs torch (pip install -e .[models])")
+
+import torch  # noqa: E402
+
+from models.rl.grpo import RATIO_HIGH, RATIO_LOW, group_advantages, grpo_loss, mismatch_kl  # noqa: E402
 
 
 def test_advantages_are_reward_minus_group_mean_without_std_division() -> None:

@@ -5,10 +5,13 @@ and their fingerprints open to its states, and confident forged log-probs sit fa
 from __future__ import annotations
 
 import pytest
-import torch
 
-from models.rl.grpo import MISMATCH_KL_MAX, mismatch_kl
-from protocol.rl.messages import RolloutJob, RolloutSampling
+pytest.importorskip("torch", reason="needs torch (pip install -e .[models])")
+
+import torch  # noqa: E402
+
+from models.rl.grpo import MISMATCH_KL_MAX, mismatch_kl  # noqa: E402
+from protocol.rl.messages import RolloutJob, RolloutSampling  # noqa: E402
 
 pytest.importorskip("llama_cpp")
 torch.set_num_threads(1)

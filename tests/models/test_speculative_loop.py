@@ -11,9 +11,11 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from models.drafters import Draft, NgramDrafter, softmax
-from models.speculative import SpeculativeConfig, speculative_generate
-from protocol.inference.speculative import Rule
+pytest.importorskip("torch", reason="needs torch (pip install -e .[models])")
+
+from models.drafters import Draft, NgramDrafter, softmax  # noqa: E402
+from models.speculative import SpeculativeConfig, speculative_generate  # noqa: E402
+from protocol.inference.speculative import Rule  # noqa: E402
 
 V = 12
 

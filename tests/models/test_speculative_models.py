@@ -7,12 +7,15 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
 
-from models.blocks import LocalTarget, greedy
-from models.drafters import LlamaDrafter
-from models.speculative import SpeculativeConfig, speculative_generate
-from protocol.inference.speculative import Rule
+pytest.importorskip("torch", reason="needs torch (pip install -e .[models])")
+
+import torch  # noqa: E402
+
+from models.blocks import LocalTarget, greedy  # noqa: E402
+from models.drafters import LlamaDrafter  # noqa: E402
+from models.speculative import SpeculativeConfig, speculative_generate  # noqa: E402
+from protocol.inference.speculative import Rule  # noqa: E402
 
 PROMPT = [5, 17, 33, 99, 100, 7]
 

@@ -10,11 +10,13 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from models.backend import SamplingParams, choose_token, log_softmax
-from models.drafters import softmax
-from models.speculative import SpeculativeConfig, speculative_generate, target_probs
-from protocol.inference.speculative import Rule
-from tests.models.test_speculative_loop import (
+pytest.importorskip("torch", reason="needs torch (pip install -e .[models])")
+
+from models.backend import SamplingParams, choose_token, log_softmax  # noqa: E402
+from models.drafters import softmax  # noqa: E402
+from models.speculative import SpeculativeConfig, speculative_generate, target_probs  # noqa: E402
+from protocol.inference.speculative import Rule  # noqa: E402
+from tests.models.test_speculative_loop import (  # noqa: E402
     CHI2_CRIT_11,
     PROMPT,
     MarkovTarget,

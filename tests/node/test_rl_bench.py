@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from node.bench import rl as bench_rl
+from node.bench.rl import bench as bench_rl
 from node.rl.learner import TrainReport
 from node.rl.learner_trainer import StepStats
 

@@ -22,7 +22,7 @@ from models.drafters import Draft, DrafterPool  # noqa: E402
 from models.lookahead import Drafting  # noqa: E402
 from models.speculative import SpeculativeConfig, speculative_generate  # noqa: E402
 from protocol.inference.speculative import Rule  # noqa: E402
-from tests.models.test_speculative_loop import PROMPT, MarkovTarget, NoisyDrafter  # noqa: E402
+from tests.models.markov import PROMPT, MarkovTarget, NoisyDrafter  # noqa: E402
 
 #: the longest a test waits for the lookahead's thread (a condition wait, not a sleep)
 WAIT_S = 30.0

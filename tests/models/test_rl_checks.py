@@ -17,7 +17,7 @@ import torch  # noqa: E402
 from models.rl.checks import decode_problem, fingerprint_problem, fingerprint_shape_problem  # noqa: E402
 from models.rl.policy import TokenSeq  # noqa: E402
 from protocol.rl.validation import rollout_commitment  # noqa: E402
-from tests.models.test_rl_adapter import TinyEnv, _export, _job, _perturb, _policy  # noqa: E402
+from tests.models.rl_tiny import TinyEnv, export_adapter, make_job, make_policy, perturb  # noqa: E402
 
 pytest.importorskip("llama_cpp")
 torch.set_num_threads(1)
@@ -36,20 +36,20 @@ def test_fingerprints_open_only_for_the_model_and_version_that_made_them(
     from models.rl.rollout import RolloutWorker
 
     env = TinyEnv()
-    policy = _policy(tiny_ggufs["f32"])
-    _perturb(policy)
-    adapter = _export(policy, tmp_path, version=1)
+    policy = make_policy(tiny_ggufs["f32"])
+    perturb(policy)
+    adapter = export_adapter(policy, tmp_path, version=1)
     honest = RolloutWorker(str(tiny_ggufs["f32"]), n_threads=1)
     other = RolloutWorker(str(tiny_ggufs["other"]), n_threads=1)
     try:
         honest.add_adapter(1, adapter.path, adapter.sha256)
-        result = honest.generate_group(_job(1), env, worker="w")
+        result = honest.generate_group(make_job(1), env, worker="w")
         assert result.commitment == rollout_commitment(result.completions)
         states = _states(policy, result, env)
         for c, h in zip(result.completions, states, strict=True):
             assert fingerprint_shape_problem(c) is None and fingerprint_problem(h, c) is None
             assert decode_problem(policy, c) is None
-        forged = other.generate_group(_job(0), env, worker="w")
+        forged = other.generate_group(make_job(0), env, worker="w")
         reasons = [fingerprint_problem(h, c) for c, h in
                    zip(forged.completions, _states(policy, forged, env), strict=True)]
         assert all(r is not None for r in reasons), reasons
@@ -64,7 +64,7 @@ def test_fingerprints_open_only_for_the_model_and_version_that_made_them(
 def test_token_ids_that_no_sampler_returns_fail_to_decode(tiny_ggufs: dict[str, Path]) -> None:
     from protocol.rl.messages import Completion
 
-    policy = _policy(tiny_ggufs["f32"])
+    policy = make_policy(tiny_ggufs["f32"])
     eos = min(policy.eos_ids)
     text = policy.prompt_ids([{"role": "user", "content": "hello there"}])[-4:]
     ok = Completion(token_ids=(*text, eos), logprobs=(-1.0,) * 5, finished=True)

@@ -16,7 +16,7 @@ from models.backend import SamplingParams, choose_token, log_softmax  # noqa: E4
 from models.drafters import softmax  # noqa: E402
 from models.speculative import SpeculativeConfig, speculative_generate, target_probs  # noqa: E402
 from protocol.inference.speculative import Rule  # noqa: E402
-from tests.models.test_speculative_loop import (  # noqa: E402
+from tests.models.markov import (  # noqa: E402
     CHI2_CRIT_11,
     PROMPT,
     MarkovTarget,

@@ -60,6 +60,10 @@ GOSSIP_PROBE = "tests.node.probe_service:GossipProbe"
 STUCK_ON_SHUTDOWN = "tests.node.probe_service:StuckOnShutdown"
 FAILS_ON_SHUTDOWN = "tests.node.probe_service:FailsOnShutdown"
 CLI_TIMEOUT_S = 60
+#: bound on a testnet's convergence waits (daemons connected, a task's rounds done)
+CONVERGE_S = 60.0
+#: short bid windows and several rounds: a beacon sent before the gossip mesh formed is retried
+TASKS = {"bid_window_ms": 1500, "max_rounds": 8, "min_round_ms": 500}
 
 
 class Testnet(LocalTestnet):

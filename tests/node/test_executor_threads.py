@@ -23,7 +23,7 @@ from node.market.executor import ExecutorSection, ExecutorService
 from protocol.market.events import CancelCompute, ComputeDone, ComputeFailed, StartCompute
 from protocol.market.messages import Requirement, TaskSpec
 from protocol.market.offers import ServedModel
-from tests.node.test_p2p import trio_test
+from tests.node.trio_support import trio_test
 
 MODEL = ServedModel("m", "f", 2048, b"\x11" * 32, 100.0, 0.0)
 WAIT_S = 10

@@ -15,7 +15,7 @@ from node.p2p.framing import PeerFault
 from node.p2p.host import open_p2p
 from node.runtime.limits import NetLimits
 from node.transport import TransportError
-from tests.node.test_p2p import Faults, trio_test
+from tests.node.trio_support import Faults, trio_test
 
 BULK = "/symphony/test-net/bulk/1"
 

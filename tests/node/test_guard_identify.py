@@ -16,7 +16,7 @@ from libp2p.stream_muxer.exceptions import MuxedConnUnavailable
 from node.p2p.guard import StreamGuard
 from node.p2p.swarm import build_host, identify_handler
 from node.runtime.limits import NetLimits
-from tests.node.test_p2p import Faults
+from tests.node.trio_support import Faults
 
 IDENTIFY = "/ipfs/id/1.0.0"
 LIMITS = NetLimits(read_deadline_s=2.0)

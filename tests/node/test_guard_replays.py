@@ -19,7 +19,7 @@ from node.penalties import FAULT_PENALTIES, PenaltyBook
 from node.runtime.limits import NetLimits
 from node.runtime.unicast import HANDSHAKE_PROTOCOL_ID
 from node.transport import TransportError
-from tests.node.test_p2p import Faults, trio_test
+from tests.node.trio_support import Faults, trio_test
 
 #: the libp2p protocols and ours whose streams an honest peer opens one per session or request
 PROTOCOLS = ("/ipfs/id/1.0.0", "/meshsub/1.2.0", "/libp2p/autonat/1.0.0",

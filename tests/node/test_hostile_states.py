@@ -17,14 +17,14 @@ from node.verification.state_streams import STATES_BUSY, STATES_NOT_HELD, serve_
 from protocol.codec import decode, encode
 from protocol.errors import InvalidMessage
 from protocol.verification.messages import StateLeaf, StatesRequest
-from tests.node.test_state_streams import MemStream, _Pipe
+from tests.node.mem_streams import MemStream, Pipe
 
 REQUEST = encode(StatesRequest(task_id=b"\x01" * 32, states_root=b"\x02" * 32, leaves=(0,)))
 
 
 async def _ask(handler: object, frame: bytes) -> int:
     """Send ``frame`` on a fresh stream to ``handler``; the index of its one answer frame."""
-    to_server, to_client = _Pipe(), _Pipe()
+    to_server, to_client = Pipe(), Pipe()
     client = MemStream(to_client, to_server, "exec")
     await write_frame(client, frame)
     await client.close()

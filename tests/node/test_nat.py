@@ -25,7 +25,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -41,16 +40,13 @@ from node.api.token import read_token
 from node.control import daemon_file
 from node.testnet import NodeProcess, wait_until
 from tests.node.conftest import ARITH_SOLVER, ROOT, TEST_NETWORK_ID, Testnet
+from tests.node.netns import sh, why_not
 
 pytestmark = pytest.mark.integration
 
 CONVERGE_S = 60.0
 CLONE_NEWNET = 0x40000000
 TASKS = {"bid_window_ms": 1500, "max_rounds": 8, "min_round_ms": 500}
-
-
-def _sh(*args: str) -> None:
-    subprocess.run(args, check=True, capture_output=True, text=True, timeout=30)
 
 
 class Nat:
@@ -68,26 +64,26 @@ class Nat:
 
     def open(self) -> None:
         r, p = self.router, self.private
-        _sh("ip", "netns", "add", r)
-        _sh("ip", "netns", "add", p)
-        _sh("ip", "link", "add", self._root_if, "type", "veth", "peer", "name", self._rtr_pub)
-        _sh("ip", "link", "set", self._rtr_pub, "netns", r)
-        _sh("ip", "addr", "add", f"{self.public_ip}/30", "dev", self._root_if)
-        _sh("ip", "link", "set", self._root_if, "up")
+        sh("ip", "netns", "add", r)
+        sh("ip", "netns", "add", p)
+        sh("ip", "link", "add", self._root_if, "type", "veth", "peer", "name", self._rtr_pub)
+        sh("ip", "link", "set", self._rtr_pub, "netns", r)
+        sh("ip", "addr", "add", f"{self.public_ip}/30", "dev", self._root_if)
+        sh("ip", "link", "set", self._root_if, "up")
         # B may route to the private network: the NAT, not a missing route, must stop it
-        _sh("ip", "route", "add", self.private_net, "via", self.router_ip)
-        _sh("ip", "link", "add", self._rtr_priv, "netns", r, "type", "veth", "peer", "name",
+        sh("ip", "route", "add", self.private_net, "via", self.router_ip)
+        sh("ip", "link", "add", self._rtr_priv, "netns", r, "type", "veth", "peer", "name",
             self._priv_if, "netns", p)
         inr, inp = ("ip", "netns", "exec", r), ("ip", "netns", "exec", p)
-        _sh(*inr, "ip", "addr", "add", f"{self.router_ip}/30", "dev", self._rtr_pub)
-        _sh(*inr, "ip", "addr", "add", f"{self.gateway_ip}/30", "dev", self._rtr_priv)
+        sh(*inr, "ip", "addr", "add", f"{self.router_ip}/30", "dev", self._rtr_pub)
+        sh(*inr, "ip", "addr", "add", f"{self.gateway_ip}/30", "dev", self._rtr_priv)
         for dev in (self._rtr_pub, self._rtr_priv, "lo"):
-            _sh(*inr, "ip", "link", "set", dev, "up")
-        _sh(*inp, "ip", "addr", "add", f"{self.private_ip}/30", "dev", self._priv_if)
+            sh(*inr, "ip", "link", "set", dev, "up")
+        sh(*inp, "ip", "addr", "add", f"{self.private_ip}/30", "dev", self._priv_if)
         for dev in (self._priv_if, "lo"):
-            _sh(*inp, "ip", "link", "set", dev, "up")
-        _sh(*inp, "ip", "route", "add", "default", "via", self.gateway_ip)
-        _sh(*inr, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+            sh(*inp, "ip", "link", "set", dev, "up")
+        sh(*inp, "ip", "route", "add", "default", "via", self.gateway_ip)
+        sh(*inr, "sysctl", "-qw", "net.ipv4.ip_forward=1")
         ruleset = "\n".join([
             "table ip nat {", "  chain masq {",
             "    type nat hook postrouting priority 100;",
@@ -105,23 +101,9 @@ class Nat:
             subprocess.run(args, capture_output=True, timeout=30)
 
 
-def _why_not() -> str:
-    if os.geteuid() != 0:
-        return "network namespaces need root"
-    for tool in ("ip", "nft"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed"
-    probe = f"g19probe{os.getpid() % 10000}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode:
-        return f"ip netns add is not permitted here: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return ""
-
-
 @pytest.fixture
 def nat() -> Iterator[Nat]:
-    why = _why_not()
+    why = why_not()
     if why:
         pytest.skip(why)
     net = Nat()

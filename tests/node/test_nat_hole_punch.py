@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from tests.node.conftest import ROOT
-from tests.node.test_nat import _sh, _why_not
+from tests.node.netns import sh, why_not
 
 pytestmark = pytest.mark.integration
 
@@ -51,17 +51,17 @@ class TwoNats:
     def open(self) -> None:
         n, s = self._n, self._s
         for ns in (self.inet, self.r1, self.a, self.r2, self.b):
-            _sh("ip", "netns", "add", ns)
-            _sh("ip", "-n", ns, "link", "set", "lo", "up")
-        _sh("ip", "netns", "exec", self.inet, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+            sh("ip", "netns", "add", ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "netns", "exec", self.inet, "sysctl", "-qw", "net.ipv4.ip_forward=1")
         sides = ((self.r1, self.a, "172.31", "10.31", "1"), (self.r2, self.b, "172.30", "10.30", "2"))
         for router, host, outside, inside, k in sides:
             out_i, out_r, in_r, in_h = (f"h19{x}{k}{s}" for x in "oqgh")
             self._link(self.inet, out_i, f"{outside}.{n}.1", router, out_r, f"{outside}.{n}.2")
             self._link(router, in_r, f"{inside}.{n}.1", host, in_h, f"{inside}.{n}.2")
-            _sh("ip", "-n", router, "route", "add", "default", "via", f"{outside}.{n}.1")
-            _sh("ip", "-n", host, "route", "add", "default", "via", f"{inside}.{n}.1")
-            _sh("ip", "netns", "exec", router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+            sh("ip", "-n", router, "route", "add", "default", "via", f"{outside}.{n}.1")
+            sh("ip", "-n", host, "route", "add", "default", "via", f"{inside}.{n}.1")
+            sh("ip", "netns", "exec", router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
             ruleset = "\n".join([
                 "table ip nat {", "  chain masq {", "    type nat hook postrouting priority 100;",
                 f'    oifname "{out_r}" masquerade', "  }", "}",
@@ -76,11 +76,11 @@ class TwoNats:
 
     @staticmethod
     def _link(ns1: str, if1: str, ip1: str, ns2: str, if2: str, ip2: str) -> None:
-        _sh("ip", "link", "add", if1, "netns", ns1, "type", "veth", "peer", "name", if2,
+        sh("ip", "link", "add", if1, "netns", ns1, "type", "veth", "peer", "name", if2,
             "netns", ns2)
         for ns, dev, ip in ((ns1, if1, ip1), (ns2, if2, ip2)):
-            _sh("ip", "-n", ns, "addr", "add", f"{ip}/30", "dev", dev)
-            _sh("ip", "-n", ns, "link", "set", dev, "up")
+            sh("ip", "-n", ns, "addr", "add", f"{ip}/30", "dev", dev)
+            sh("ip", "-n", ns, "link", "set", dev, "up")
 
     def close(self) -> None:
         for ns in (self.a, self.b, self.r1, self.r2, self.inet):
@@ -89,7 +89,7 @@ class TwoNats:
 
 @pytest.fixture
 def nats() -> Iterator[TwoNats]:
-    why = _why_not()
+    why = why_not()
     if why:
         pytest.skip(why)
     net = TwoNats()

@@ -40,7 +40,7 @@ from node.p2p.natconfig import NatConfig
 from node.p2p.pbwire import MAX_MESSAGE_BYTES, encode_varint, frame, read_message
 from node.transport import TransportError
 from protocol.names import peer_id_of_multiaddr
-from tests.node.test_p2p import trio_test
+from tests.node.trio_support import trio_test
 
 ON = NatConfig(relay_service="on", autonat_interval_s=3600)
 PEER_A = "12D3KooWGPYhDGmxSxsBgkAK3vxozzxfoqPyjRSPjQMdPGbQvbew"

@@ -5,7 +5,6 @@ Every wait is on an event or a channel, bounded by a trio deadline; none sleeps 
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -13,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,24 +39,12 @@ from node.transport import (
     read_frame,
     write_frame,
 )
+from tests.node.trio_support import Faults, trio_test
 
 ROOT = Path(__file__).resolve().parents[2]
-TEST_DEADLINE_S = 60
 ECHO = "/symphony/test-net/echo/1"
 BULK = "/symphony/test-net/bulk/1"
 TOPIC = "/symphony/test-net/gossip"
-
-
-def trio_test(fn: Callable[..., Awaitable[None]]) -> Callable[..., None]:
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> None:
-        async def bounded() -> None:
-            with trio.fail_after(TEST_DEADLINE_S):
-                await fn(*args, **kwargs)
-
-        trio.run(bounded)
-
-    return run
 
 
 def seed(n: int) -> bytes:
@@ -497,28 +483,6 @@ class peer_process:
 
 
 # ---- the guard in front of py-libp2p's own protocols --------------------------------------------
-
-
-class Faults:
-    """The faults a transport reports, and a wait for the n-th (no sleeping)."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[str, str]] = []
-        self._grew = trio.Event()
-
-    def __call__(self, peer: str, kind: str, detail: str) -> None:
-        self.seen.append((kind, detail))
-        self._grew.set()
-        self._grew = trio.Event()
-
-    @property
-    def kinds(self) -> list[str]:
-        return [kind for kind, _ in self.seen]
-
-    async def wait(self, n: int) -> None:
-        with trio.fail_after(10):
-            while len(self.seen) < n:
-                await self._grew.wait()
 
 
 async def _ended(stream: Any) -> None:

@@ -33,44 +33,10 @@ from node.verification.state_streams import (
 )
 from protocol.verification.rules import states_check_window_ms, states_refusal_convicts
 from protocol.verification.state import VerifyConfig
+from tests.node.mem_streams import MemStream, Pipe
 
 TASK = b"\x07" * 32
 L, T, C = 3, 70, 16  # 3 blocks per layer
-
-
-class _Pipe:
-    """One direction of an in-memory byte stream."""
-
-    def __init__(self) -> None:
-        self.send, self.recv = trio.open_memory_channel[bytes](1000)
-        self.buf = b""
-
-
-class MemStream:
-    def __init__(self, inbound: _Pipe, outbound: _Pipe, peer: str) -> None:
-        self.inbound, self.outbound, self._peer = inbound, outbound, peer
-
-    @property
-    def peer_id(self) -> str:
-        return self._peer
-
-    async def read(self, max_bytes: int) -> bytes:
-        if not self.inbound.buf:
-            try:
-                self.inbound.buf = await self.inbound.recv.receive()
-            except trio.EndOfChannel:
-                return b""
-        out, self.inbound.buf = self.inbound.buf[:max_bytes], self.inbound.buf[max_bytes:]
-        return out
-
-    async def write(self, data: bytes) -> None:
-        await self.outbound.send.send(data)
-
-    async def close(self) -> None:
-        await self.outbound.send.aclose()
-
-    async def reset(self) -> None:
-        await self.outbound.send.aclose()
 
 
 class MemTransport:
@@ -85,7 +51,7 @@ class MemTransport:
     async def open_stream(self, peer_id: str, protocol_id: str) -> MemStream:
         if self.handler is None:
             raise TransportError("no route")
-        a, b = _Pipe(), _Pipe()
+        a, b = Pipe(), Pipe()
         self.nursery.start_soon(self.handler, "verifier", MemStream(a, b, "verifier"))
         return MemStream(b, a, peer_id)
 

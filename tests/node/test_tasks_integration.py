@@ -18,13 +18,18 @@ from models.device import cpu_name, ram_bytes
 from node.api.token import read_token
 
 from .arith_solver import DELAY_ENV
-from .conftest import ARITH_SOLVER, FAST_MEMBERSHIP, TEST_NETWORK_ID, Testnet, run_cli
+from .conftest import (
+    ARITH_SOLVER,
+    CONVERGE_S,
+    FAST_MEMBERSHIP,
+    TASKS,
+    TEST_NETWORK_ID,
+    Testnet,
+    run_cli,
+)
 
 pytestmark = pytest.mark.integration
 
-CONVERGE_S = 60.0
-#: short windows and several rounds: a beacon sent before the gossip mesh formed is retried
-TASKS = {"bid_window_ms": 1500, "max_rounds": 8, "min_round_ms": 500}
 
 
 def start(testnet: Testnet, delay_ms: int = 50, hold_ms: int = 5000) -> list[Any]:

@@ -100,12 +100,12 @@ def messages_of(cls: type[Message], depth: int = 0) -> st.SearchStrategy[Message
         try:
             return cls(**kwargs)
         except (ValueError, TypeError):  # a __post_init__ rule: keep the draw, unconstructed
-            return _Unbuilt(cls, kwargs)
+            return Unbuilt(cls, kwargs)
 
     return st.fixed_dictionaries(fields).map(build)
 
 
-class _Unbuilt(Message):
+class Unbuilt(Message):
     """Field values the class's constructor refused; encoded as the array they would form."""
 
     __slots__ = ("cls", "kwargs")
@@ -117,7 +117,7 @@ class _Unbuilt(Message):
 
 def _wire(value: object) -> object:
     """The msgpack form of a field value; unconstructed draws become the array they form."""
-    if isinstance(value, _Unbuilt):
+    if isinstance(value, Unbuilt):
         names = [f.name for f in dataclasses.fields(value.cls)]  # type: ignore[arg-type]
         return [value.cls.TAG, value.cls.VERSION, *(_wire(value.kwargs[n]) for n in names)]
     if isinstance(value, Message):

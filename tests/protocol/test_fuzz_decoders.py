@@ -22,7 +22,7 @@ from protocol.envelopes import open_envelope
 from protocol.errors import InvalidMessage
 from protocol.ledger.records import _peek_tag_version
 from protocol.verification.rules import decode_proof, unpack_ids
-from tests.protocol.fuzzing import SIGNERS, _Unbuilt, all_message_classes, frame_of, mutate
+from tests.protocol.fuzzing import SIGNERS, Unbuilt, all_message_classes, frame_of, mutate
 
 CLASSES = all_message_classes()
 FUZZ = settings(max_examples=15, deadline=None, derandomize=True,
@@ -44,8 +44,8 @@ def _refused_by_own_check(value: object) -> bool:
     """Whether ``value`` or a message nested in it fails its class's ``check``."""
     if isinstance(value, tuple):
         return any(_refused_by_own_check(v) for v in value)
-    if not isinstance(value, Message) or isinstance(value, _Unbuilt):
-        return isinstance(value, _Unbuilt)
+    if not isinstance(value, Message) or isinstance(value, Unbuilt):
+        return isinstance(value, Unbuilt)
     if any(_refused_by_own_check(getattr(value, f.name)) for f in dataclasses.fields(value)):  # type: ignore[arg-type]
         return True
     check = getattr(value, "check", None)
@@ -69,10 +69,10 @@ def test_well_typed_messages_round_trip_or_are_refused_by_their_own_rule(
     try:
         back = decode(frame, cls)
     except InvalidMessage:
-        assert isinstance(msg, _Unbuilt) or _refused_by_own_check(msg), \
+        assert isinstance(msg, Unbuilt) or _refused_by_own_check(msg), \
             f"a {cls.__name__} within its declared limits was refused"
         return
-    assert not isinstance(msg, _Unbuilt), f"{cls.__name__}'s constructor refused what decode took"
+    assert not isinstance(msg, Unbuilt), f"{cls.__name__}'s constructor refused what decode took"
     assert back == msg
     assert encode(back) == frame
 

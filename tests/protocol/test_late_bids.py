@@ -8,7 +8,7 @@ from __future__ import annotations
 from protocol.machine import Publish, Send, Tick
 from protocol.market.messages import Cancel
 from protocol.market.state import TaskPhase
-from tests.protocol.test_auction import BIDDERS, assigns, auction, bid, submit
+from tests.protocol.auction_net import BIDDERS, assigns, auction, bid, submit
 
 
 def test_a_bid_after_a_bidless_window_is_assigned_at_once_and_no_round_follows() -> None:

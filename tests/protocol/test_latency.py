@@ -15,7 +15,7 @@ from protocol.market.latency import (
     LatencyModel,
 )
 from protocol.market.messages import BID_DOMAIN, Bid, BidBody
-from tests.protocol.test_executor import assign, beacon, executor, sends, spec
+from tests.protocol.executor_net import assign, beacon, executor, sends, spec
 
 HALF = OVERHEAD_HALF_LIFE_MS
 

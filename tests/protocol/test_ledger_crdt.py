@@ -10,40 +10,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from crypto.envelope import Envelope
 from protocol.ledger.machine import LedgerConfig, LedgerMachine
-from protocol.ledger.records import AttestationKind
 from protocol.machine import Received
-from tests.protocol.ledger_net import NET, T0, Net, attestation, gossip, identity, machine, record
+from tests.protocol.ledger_net import NET, T0, Net, gossip, machine
+from tests.protocol.ledger_pool import PEERS, POOL
 
 CFG = LedgerConfig(observer_quota=3)
-PEERS = [identity(20 + i) for i in range(4)]
-
-
-def _pool() -> list[tuple[str, Envelope]]:
-    items: list[tuple[str, Envelope]] = []
-    for p in PEERS:
-        for seq in (1, 2, 3):
-            items.append(("r", record(p, seq, price_per_1k_tokens=float(seq))))
-    items.append(("r", record(PEERS[0], 3, price_per_1k_tokens=99.0)))  # same seq, other content
-    for i, obs in enumerate(PEERS):
-        for j, subj in enumerate(PEERS):
-            if i != j:
-                kind = list(AttestationKind)[(i + j) % 3]
-                items.append(
-                    ("a", attestation(obs, subj.peer_id, kind=kind, object_id=bytes([i, j])))
-                )
-    flooder = identity(99)
-    for k in range(6):  # same observer, same minute: only 3 survive
-        items.append(
-            ("a", attestation(flooder, PEERS[0].peer_id, object_id=bytes([k]), now=T0 - 1000))
-        )
-    items.append(("r", record(PEERS[1], 7, network="othernet")))
-    items.append(("a", attestation(PEERS[1], PEERS[2].peer_id, network="othernet")))
-    return items
-
-
-POOL = _pool()
 
 
 def _apply(m: LedgerMachine, stream: list[int]) -> None:

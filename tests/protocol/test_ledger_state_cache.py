@@ -11,7 +11,7 @@ from protocol.ledger.messages import BUCKETS, PREFIX_LEN
 from protocol.ledger.state import LedgerState
 from protocol.machine import Received, Tick
 from tests.protocol.ledger_net import MINUTE, T0, gossip, machine
-from tests.protocol.test_ledger_crdt import POOL
+from tests.protocol.ledger_pool import POOL
 
 
 def _summary(state: LedgerState) -> bytes:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from protocol.machine import PeerConnected, Received, Send
 from protocol.membership.machine import SetListenAddrs
 from protocol.membership.messages import Hello
-from tests.protocol.test_membership import ME, A, B, addr, machine, of, ready
+from tests.protocol.membership_net import ME, A, B, addr, machine, of, ready
 
 RELAYED = f"/ip4/127.0.0.1/tcp/9/p2p/{B}/p2p-circuit/p2p/{ME}"
 

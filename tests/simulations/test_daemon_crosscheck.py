@@ -29,9 +29,15 @@ from simulations.memo import shared_pure_functions
 from simulations.network import LatencyModel
 from simulations.swarm import Swarm
 from tests.node.arith_solver import DELAY_ENV, ArithmeticSolver
-from tests.node.conftest import ARITH_SOLVER, Testnet, run_cli, testnet  # noqa: F401  (fixture)
+from tests.node.conftest import (  # noqa: F401  (testnet: the fixture)
+    ARITH_SOLVER,
+    CONVERGE_S,
+    TASKS,
+    Testnet,
+    run_cli,
+    testnet,
+)
 from tests.node.dissenting_solver import DISSENT_CONFIDENCE, DissentingSolver
-from tests.node.test_tasks_integration import CONVERGE_S, TASKS
 
 QUESTION = "What is 6 * 7?"
 DISSENTING_SOLVER = "tests.node.dissenting_solver:factory"

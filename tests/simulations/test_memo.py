@@ -7,7 +7,7 @@ from protocol.ledger.state import LedgerState
 from protocol.machine import Received
 from simulations.memo import shared_pure_functions
 from tests.protocol.ledger_net import T0, gossip, machine
-from tests.protocol.test_ledger_crdt import POOL
+from tests.protocol.ledger_pool import POOL
 
 ATTESTATIONS = [env for what, env in POOL if what == "a"][:5]
 

@@ -10,76 +10,25 @@ from typing import Any
 import pytest
 import trio
 from libp2p.crypto.ed25519 import create_new_key_pair
-from libp2p.network.stream.exceptions import StreamEOF, StreamReset
+from libp2p.network.stream.exceptions import StreamReset
 from libp2p.stream_muxer.exceptions import MuxedConnUnavailable
 
 from node.p2p.guard import StreamGuard
 from node.p2p.swarm import build_host, identify_handler
 from node.runtime.limits import NetLimits
+from tests.node.fake_streams import IDENTIFY, IdentifyStream, NullLog
 from tests.node.trio_support import Faults
 
-IDENTIFY = "/ipfs/id/1.0.0"
 LIMITS = NetLimits(read_deadline_s=2.0)
-
-
-class _Conn:
-    def __init__(self, peer_id: Any) -> None:
-        self.peer_id = peer_id
-
-
-class _Stream:
-    """An identify stream whose asker sends ``sent`` (then EOF) and whose writes fail with
-    ``write_error`` (None: they succeed)."""
-
-    def __init__(self, peer_id: Any, write_error: BaseException | None, sent: bytes = b"",
-                 read_error: BaseException | None = None) -> None:
-        self.muxed_conn = _Conn(peer_id)
-        self._write_error = write_error
-        self._read_error = read_error
-        self._sent = sent
-        self.written = b""
-        self.was_reset = False
-
-    def get_remote_address(self) -> tuple[str, int]:
-        return ("127.0.0.1", 4001)
-
-    def get_protocol(self) -> str:
-        return IDENTIFY
-
-    async def write(self, data: bytes) -> None:
-        if self._write_error is not None:
-            raise self._write_error
-        self.written += data
-
-    async def close(self) -> None:
-        if self._write_error is not None:
-            raise self._write_error
-
-    async def read(self, n: int | None = None) -> bytes:
-        await trio.lowlevel.checkpoint()
-        if self._sent:
-            data, self._sent = self._sent, b""
-            return data
-        if self._read_error is not None:
-            raise self._read_error
-        raise StreamEOF()
-
-    async def reset(self) -> None:
-        self.was_reset = True
 
 
 def _guarded(faults: Faults) -> tuple[Any, Any]:
     host = build_host(create_new_key_pair(hashlib.sha256(b"guard-identify").digest()), LIMITS)
-    guard = StreamGuard(LIMITS, _NullLog(), lambda: int(trio.current_time() * 1000))
+    guard = StreamGuard(LIMITS, NullLog(), lambda: int(trio.current_time() * 1000))
     guard.on_fault = faults
     handler = guard.wrap(IDENTIFY, identify_handler(host, "symphony-node/test", LIMITS),
                          ours=False)
     return host.get_id(), handler
-
-
-class _NullLog:
-    def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: None
 
 
 @pytest.mark.parametrize(("write_error", "read_error"), [
@@ -93,7 +42,7 @@ def test_a_peer_hanging_up_mid_identify_costs_nothing(write_error: BaseException
         faults = Faults()
         peer, handler = _guarded(faults)
         with trio.fail_after(10):
-            await handler(_Stream(peer, write_error, read_error=read_error))
+            await handler(IdentifyStream(peer, write_error, read_error=read_error))
         assert faults.seen == []
 
     trio.run(main)
@@ -103,11 +52,11 @@ def test_an_honest_identify_is_answered_and_bytes_from_the_asker_cost_points() -
     async def main() -> None:
         faults = Faults()
         peer, handler = _guarded(faults)
-        honest = _Stream(peer, None)
+        honest = IdentifyStream(peer, None)
         with trio.fail_after(10):
             await handler(honest)
             assert honest.written and faults.seen == []
-            await handler(_Stream(peer, None, sent=b"junk"))
+            await handler(IdentifyStream(peer, None, sent=b"junk"))
         assert faults.kinds == ["undecodable"]
 
     trio.run(main)

@@ -17,8 +17,8 @@ from node.p2p.frame_checks import libp2p_framings
 from node.p2p.guard import GuardedHost, StreamGuard
 from node.p2p.swarm import build_host
 from node.runtime.limits import NetLimits
-from tests.node.test_guard_identify import _NullLog, _Stream
-from tests.node.test_p2p import Faults
+from tests.node.fake_streams import IdentifyStream, NullLog
+from tests.node.trio_support import Faults
 
 LIMITS = NetLimits(read_deadline_s=2.0)
 LATE = "/late/1.0.0"
@@ -26,7 +26,7 @@ LATE = "/late/1.0.0"
 
 def _guarded_host(faults: Faults) -> GuardedHost:
     host = build_host(create_new_key_pair(hashlib.sha256(b"guard-layer").digest()), LIMITS)
-    guard = StreamGuard(LIMITS, _NullLog(), lambda: int(trio.current_time() * 1000),
+    guard = StreamGuard(LIMITS, NullLog(), lambda: int(trio.current_time() * 1000),
                         libp2p_framings(LIMITS))
     guard.on_fault = faults
     return GuardedHost(host, guard)
@@ -55,7 +55,7 @@ def test_raw_garbage_a_late_libp2p_handler_fails_on_costs_points_not_the_process
 
         guarded.host.set_stream_handler(TProtocol(LATE), late)
         peer = guarded.host.get_id()
-        stream = _Stream(peer, None, sent=b"\xff" * 64)
+        stream = IdentifyStream(peer, None, sent=b"\xff" * 64)
         with trio.fail_after(10):
             await guarded.host.multiselect.handlers[LATE](stream)  # raises nothing
         assert stream.was_reset
@@ -75,7 +75,7 @@ def test_our_handlers_are_guarded_as_ours() -> None:
 
         guarded.serve(LATE, ours)
         handler = guarded.host.multiselect.handlers[LATE]
-        stream = _Stream(guarded.host.get_id(), None)
+        stream = IdentifyStream(guarded.host.get_id(), None)
         with trio.fail_after(10):
             await handler(stream)
         # ours: our bug is counted as ours and costs the peer nothing (a handler guarded as

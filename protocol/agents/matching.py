@@ -157,13 +157,13 @@ def screen(candidates: Sequence[Screened], top_l: int = SCREEN_TOP_L) -> list[Sc
 def quantize(vector: Sequence[float]) -> tuple[bytes, float]:
     """``vector`` as int8 components (one signed byte each) and the scale that restores it:
     ``component ~= int8 * scale`` with ``scale = max|component| / 127`` (0.0 for a zero
-    vector). Raises ValueError for a non-finite component."""
+    vector, and for one so small that its scale underflows to zero). Raises ValueError for a
+    non-finite component."""
     if not all(math.isfinite(x) for x in vector):
         raise ValueError("a vector to quantize must be finite")
-    peak = max((abs(x) for x in vector), default=0.0)
-    if peak == 0.0:
+    scale = max((abs(x) for x in vector), default=0.0) / INT8_MAX
+    if scale == 0.0:
         return bytes(len(vector)), 0.0
-    scale = peak / INT8_MAX
     q = (max(-INT8_MAX, min(INT8_MAX, round(x / scale))) for x in vector)
     return bytes(v & 0xFF for v in q), scale
 

@@ -118,6 +118,7 @@ def test_quantization_round_trips_within_one_step(vector: list[float]) -> None:
 
 def test_quantization_of_special_vectors() -> None:
     assert quantize([0.0, 0.0]) == (b"\x00\x00", 0.0)
+    assert quantize([5e-324, -5e-324]) == (b"\x00\x00", 0.0), "a scale that underflows"
     assert dequantize(b"\x00\x00", 0.0) == [0.0, 0.0]
     data, scale = quantize([1.0, -1.0, 0.5])
     assert data == b"\x7f\x81\x40" and scale == pytest.approx(1 / 127)

@@ -17,6 +17,11 @@ Contract
   CRDT (protocol/ledger/state.py); what is new becomes ``StoreCapability`` /
   ``StoreAttestation``, what the observer quota evicts ``ForgetAttestations``. A record of
   this node's own (from a previous life of its data dir) is passed to ``on_own_record``.
+* Agent-card records (``LedgerPush.agents``) are checked by protocol/agents/cards.py and merged
+  into ``state.cards`` the same way (``StoreAgentCards``; ours from a previous life go to
+  ``on_own_cards``); a forged, oversized or malformed one is refused and costs the sender
+  points like any bad record. ``refuse_cards`` refuses a held version after intake (its
+  vector is not its description's) and penalizes its author.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crypto.envelope import Envelope
+from protocol.agents.cards import AgentCards, open_agent_cards
 from protocol.codec import Message
 from protocol.errors import LocalProtocolError
+from protocol.ledger.cards import ForgetAgentCards, StoreAgentCards
 from protocol.ledger.events import (
     ForgetAttestations,
     LedgerConfig,
@@ -82,6 +89,10 @@ class RateLimiter:
         return True
 
 
+def _items(push: LedgerPush) -> int:
+    return len(push.records) + len(push.attestations) + len(push.agents)
+
+
 def _count(counts: dict[Rejection, int], reason: Rejection) -> None:
     counts[reason] = counts.get(reason, 0) + 1
 
@@ -99,6 +110,7 @@ class LedgerIntake:
         peer_id: str,
         stats: Counter[str],
         on_own_record: Callable[[int], None],
+        on_own_cards: Callable[[int], None],
     ) -> None:
         self.state = state
         self.sync = sync
@@ -109,6 +121,7 @@ class LedgerIntake:
         self._stats = stats
         #: called with the seq of a record of ours a peer sent (ours from a previous life)
         self._on_own_record = on_own_record
+        self._on_own_cards = on_own_cards
         #: items merged (the machine's stats["items_accepted"]; None: nothing delivered yet)
         self.accepted: int | None = None
         self._rejections: dict[str, Counter[str]] = {}
@@ -133,7 +146,7 @@ class LedgerIntake:
             _count(rejected, Rejection.MALFORMED)  # only pushes travel by gossip
         elif msg.reply:
             _count(rejected, Rejection.UNSOLICITED)
-        elif len(msg.records) + len(msg.attestations) > self.config.max_gossip_items:
+        elif _items(msg) > self.config.max_gossip_items:
             _count(rejected, Rejection.OVERSIZED)
         else:
             self._apply(peer, msg, now, False, effects, rejected)
@@ -151,10 +164,7 @@ class LedgerIntake:
             solicited = msg.reply and self.sync.awaiting(peer)
             if msg.reply and not solicited:
                 _count(rejected, Rejection.UNSOLICITED)
-            elif (
-                not solicited
-                and len(msg.records) + len(msg.attestations) > self.config.max_gossip_items
-            ):
+            elif not solicited and _items(msg) > self.config.max_gossip_items:
                 _count(rejected, Rejection.OVERSIZED)
             else:
                 _, refused = self._apply(peer, msg, now, solicited, effects, rejected)
@@ -196,6 +206,20 @@ class LedgerIntake:
             skew_ms=self.config.clock_skew_ms,
         )
 
+    def open_cards(self, env: Envelope, now: int) -> AgentCards:
+        """Check a stored agent-card record as a pushed one is checked (raises Rejected)."""
+        return open_agent_cards(
+            env, self.network_id, now, self.signer(env),
+            self.config.max_record_ttl_ms, self.config.clock_skew_ms,
+        )
+
+    def refuse_cards(self, peer: str, h: bytes, reason: Rejection) -> list[Effect]:
+        """Drop ``peer``'s held agent cards of hash ``h`` and penalize ``peer``, their author
+        (nothing when that version is no longer held: replaced or expired meanwhile)."""
+        if self.state.cards.refuse(peer, h) is None:
+            return []
+        return [ForgetAgentCards((peer,)), *self._account(peer, {reason: 1})]
+
     def open_attestation(self, env: Envelope, now: int) -> Attestation:
         """Check a stored attestation as a pushed one is checked (raises Rejected)."""
         return open_attestation(
@@ -219,6 +243,8 @@ class LedgerIntake:
         """Merge a push: (new items, hashes of refused or evicted attestations)."""
         refused: list[bytes] = []
         new = self._merge_records(push.records, now, effects, rejected)
+        if push.agents:
+            new += self._merge_cards(push.agents, now, effects, rejected)
         new += self._merge_attestations(
             peer, push.attestations, now, solicited, effects, rejected, refused
         )
@@ -256,6 +282,32 @@ class LedgerIntake:
                     effects.append(tuple.__new__(StoreCapability, (env, rec)))  # (as below)
                     if rec.peer_id == self.peer_id:  # ours from a previous life: move past it
                         self._on_own_record(rec.seq)
+            except Rejected as exc:
+                _count(rejected, exc.reason)
+        return new
+
+    def _merge_cards(
+        self,
+        envelopes: tuple[Envelope, ...],
+        now: int,
+        effects: list[Effect],
+        rejected: dict[Rejection, int],
+    ) -> int:
+        """Check and merge pushed agent-card records: how many were new."""
+        new = 0
+        cards = self.state.cards
+        for env in envelopes:
+            h = envelope_hash(env)
+            held = cards.held.get(self.signer(env))
+            if held is not None and held.hash == h:
+                continue
+            try:
+                rec = self.open_cards(env, now)
+                if cards.merge(env, rec, h, now):
+                    new += 1
+                    effects.append(StoreAgentCards(env, rec))
+                    if rec.peer_id == self.peer_id:  # ours from a previous life: move past it
+                        self._on_own_cards(rec.seq)
             except Rejected as exc:
                 _count(rejected, exc.reason)
         return new

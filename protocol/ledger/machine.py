@@ -20,11 +20,17 @@ Contract
   each bounded by ``sync_timeout_ms`` per round and ``max_sync_rounds``.
 * Unsolicited attestations (gossip) are rate limited per sending peer; digests and requests
   too. Replies are accepted only for a request we have outstanding to that peer.
+* Agent cards (protocol/ledger/cards.py): ``SetAgents(cards)`` publishes this node's one
+  ``AgentCards`` record as the capability record is published; peers' records spread, sync,
+  replace by seq and expire like capability records; ``RefuseAgentCards`` drops a held version
+  found bad after intake (its vector) and penalizes its author.
 * Effects beyond protocol/machine.py: ``StoreCapability``, ``StoreAttestation``,
-  ``ForgetCapabilities``, ``ForgetAttestations`` (the driver persists them).
+  ``StoreAgentCards``, ``ForgetCapabilities``, ``ForgetAttestations``, ``ForgetAgentCards``
+  (the driver persists them).
 * Queries: ``machine.view`` (protocol/ledger/view.py: ``find_peers``, ``reputation``,
-  ``attestations``, ``capability``, ``digest_hash``) and ``status(now)``.
-* ``restore`` re-verifies stored envelopes at start-up and names those that no longer pass.
+  ``attestations``, ``capability``, ``agents``, ``digest_hash``) and ``status(now)``.
+* ``restore`` re-verifies stored envelopes at start-up and names those that no longer pass
+  (protocol/ledger/restore.py).
 
 Time: records carry Unix epoch milliseconds (they cross machines). Every ``now`` given to the
 machine and its view is the driver's clock; ``clock_offset_ms`` maps it to the epoch (the daemon
@@ -36,13 +42,19 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from random import Random
 
-from crypto.envelope import Envelope, EnvelopeError
+from crypto.envelope import Envelope
 from crypto.keys import Identity
 from protocol.codec import Message, decode, encode
 from protocol.errors import InvalidMessage, LocalProtocolError
+from protocol.ledger.cards import (
+    ForgetAgentCards,
+    OwnCards,
+    RefuseAgentCards,
+    SetAgents,
+    StoreAgentCards,
+)
 from protocol.ledger.events import (
     Attest,
     CapabilitySpec,
@@ -63,6 +75,7 @@ from protocol.ledger.records import (
     CapabilityRecord,
     Rejected,
 )
+from protocol.ledger.restore import RestoreReport, restore_envelopes
 from protocol.ledger.state import LedgerState
 from protocol.ledger.sync import SyncSessions
 from protocol.ledger.view import LedgerView
@@ -82,13 +95,17 @@ from protocol.machine import (
 __all__ = [
     "Attest",
     "CapabilitySpec",
+    "ForgetAgentCards",
     "ForgetAttestations",
     "ForgetCapabilities",
     "LedgerConfig",
     "LedgerMachine",
+    "RefuseAgentCards",
     "RestoreReport",
+    "SetAgents",
     "SetCapability",
     "SetLoad",
+    "StoreAgentCards",
     "StoreAttestation",
     "StoreCapability",
 ]
@@ -126,6 +143,8 @@ class LedgerMachine:
         self._dirty = False
         self._connected: set[str] = set()
         self._next_anti_entropy: int | None = None
+        #: this node's agent cards: signed, published, republished
+        self.own_cards = OwnCards(identity, network_id, config, self.state.cards)
         #: what peers send: checked, rate limited, merged into ``state``, refusals counted
         self.intake = LedgerIntake(
             self.state,
@@ -135,6 +154,7 @@ class LedgerMachine:
             peer_id=self.peer_id,
             stats=self._stats,
             on_own_record=self._saw_own_record,
+            on_own_cards=self.own_cards.saw_own,
         )
 
     @property
@@ -181,6 +201,10 @@ class LedgerMachine:
                 t = min(t, self._published_at + self.config.refresh_ms)
             if soonest is None or t < soonest:
                 soonest = t
+        if self.own_cards.cards is not None:
+            t = self.own_cards.next_deadline()
+            if t is not None and (soonest is None or t < soonest):
+                soonest = t
         if self._connected:
             t = self._next_anti_entropy
             if t is not None and (soonest is None or t < soonest):
@@ -215,6 +239,10 @@ class LedgerMachine:
             return self._maybe_publish_record(now, changed=changed)
         if isinstance(event, Attest):
             return self._attest(event, now)
+        if isinstance(event, SetAgents):
+            return self.own_cards.set(event.cards, now)
+        if isinstance(event, RefuseAgentCards):
+            return self.intake.refuse_cards(event.peer_id, event.hash, event.reason)
         raise LocalProtocolError(f"the ledger machine does not handle {type(event).__name__}")
 
     # ------------------------------------------------------------ our own records
@@ -310,7 +338,11 @@ class LedgerMachine:
                 effects.append(ForgetCapabilities(tuple(peers)))
             if gone:
                 effects.append(ForgetAttestations(tuple(h.hash for h in gone)))
+            cards_gone = self.state.cards.prune(now)
+            if cards_gone:
+                effects.append(ForgetAgentCards(tuple(cards_gone)))
         effects += self._maybe_publish_record(now, changed=False)
+        effects += self.own_cards.maybe_publish(now)
         effects += self.sync.on_tick(now)
         if self._next_anti_entropy is not None and now >= self._next_anti_entropy:
             self._next_anti_entropy = now + self.config.anti_entropy_ms
@@ -322,37 +354,23 @@ class LedgerMachine:
     # ------------------------------------------------------------ storage and status
 
     def restore(
-        self, records: Iterable[bytes], attestations: Iterable[bytes], now: int
+        self,
+        records: Iterable[bytes],
+        attestations: Iterable[bytes],
+        now: int,
+        agents: Iterable[bytes] = (),
     ) -> RestoreReport:
         """Re-verify and merge stored envelopes (the bytes as received); produces no effects.
 
-        Whatever no longer passes (expired, corrupt) is reported by its stored bytes, and what
-        the observer quota evicted by content hash, so the store can delete them.
+        Whatever no longer passes is reported (protocol/ledger/restore.py) so the store can
+        delete it; our own records' seqs move ours forward.
         """
-        report = RestoreReport()
-        now += self.clock_offset_ms
-        for data in records:
-            try:
-                env = Envelope.decode(data)
-                rec = self.intake.open_record(env, now)
-                self.state.merge_record(env, rec, env.content_hash, now)
-            except (EnvelopeError, Rejected):
-                report.stale_records.append(data)
-                continue
-            report.records += 1
-            if rec.peer_id == self.peer_id:
-                self._own_seq = max(self._own_seq, rec.seq)
-        for data in attestations:
-            try:
-                env = Envelope.decode(data)
-                att = self.intake.open_attestation(env, now)
-                h = env.content_hash
-                _, evicted = self.state.merge_attestation(env, att, self.intake.signer(env), h)
-            except (EnvelopeError, Rejected):
-                report.stale_attestations.append(data)
-                continue
-            report.attestations += 1
-            report.evicted.extend(evicted)
+        report = restore_envelopes(
+            self.state, self.intake, self.peer_id, records, attestations, agents,
+            now + self.clock_offset_ms,
+        )
+        self._own_seq = max(self._own_seq, report.own_seq)
+        self.own_cards.seq = max(self.own_cards.seq, report.own_cards_seq)
         return report
 
     def status(self, now: int) -> dict[str, object]:
@@ -363,20 +381,10 @@ class LedgerMachine:
             "records": len(self.state.records),
             "live_peers": sum(1 for _ in self.state.live_records(epoch_now)),
             "attestations": len(self.state.attestations),
+            "agent_records": sum(1 for _ in self.state.cards.live(epoch_now)),
             "own_seq": own.record.seq if own is not None else None,
             "digest": self.view.digest_hash(now).hex(),
             "syncing": {p: s.state.value for p, s in sorted(self.sync.sessions.items())},
             "rejections": self.rejections(),
             "stats": dict(sorted(self.stats.items())),
         }
-
-
-@dataclass(slots=True)
-class RestoreReport:
-    records: int = 0
-    attestations: int = 0
-    #: stored envelope bytes that no longer pass
-    stale_records: list[bytes] = field(default_factory=list)
-    stale_attestations: list[bytes] = field(default_factory=list)
-    #: content hashes of attestations the observer quota evicted
-    evicted: list[bytes] = field(default_factory=list)

@@ -2,14 +2,18 @@
 
 Contract
 --------
-* ``LedgerPush`` carries signed capability records and attestations (envelopes as received;
-  protocol/ledger/records.py checks each one): as gossip on ``LEDGER_TOPIC`` (``reply``
+* ``LedgerPush`` carries signed capability records, attestations and nodes' agent cards
+  (envelopes as received; protocol/ledger/records.py and protocol/agents/cards.py check each
+  one): as gossip on ``LEDGER_TOPIC`` (``reply``
   false), or as the answer to a ``LedgerSyncRequest`` (``reply`` true, ``more`` when the
   responder stopped at a batch limit).
 * ``LedgerDigest`` summarizes what a node holds: live record versions and one hash prefix per
-  attestation bucket, so two nodes find what differs without listing every hash.
-* ``LedgerSyncRequest`` pulls the named peers' records and the attestations of the listed
-  buckets that the requester lacks (``BucketHave``: the prefixes it already holds).
+  attestation bucket, so two nodes find what differs without listing every hash; agent-card
+  records are versioned per node like capability records (``agents``).
+* ``LedgerSyncRequest`` pulls the named peers' records (and agent cards) and the attestations
+  of the listed buckets that the requester lacks (``BucketHave``: the prefixes it holds).
+* The ``agents`` fields came last, with a default: frames of nodes from before agent cards
+  still decode (with no cards in them).
 * Every count and length is bounded by the limits below; decoding refuses anything past them.
 """
 
@@ -33,6 +37,11 @@ MAX_REQUEST_RECORDS = 64
 MAX_HAVE_PREFIXES = 8192
 MAX_PUSH_RECORDS = 64
 MAX_PUSH_ATTESTATIONS = 1024
+#: agent-card records per push, and asked for per sync request: each may be up to
+#: protocol.agents.cards.MAX_AGENT_CARDS_BYTES, so a full request's answer stays well within a
+#: frame beside its records and attestations (the answer's byte budget bounds it too)
+MAX_PUSH_AGENTS = 8
+MAX_REQUEST_AGENTS = MAX_PUSH_AGENTS
 
 
 @message(24)
@@ -60,6 +69,8 @@ class LedgerDigest(Message):
     attestation_buckets: bytes = limits(max_len=BUCKETS * PREFIX_LEN)
     #: an answer to the peer's digest (never answered in turn, so digests cannot ping-pong)
     reply: bool
+    #: live agent-card record versions, one per node (absent from frames of older versions)
+    agents: tuple[RecordVersion, ...] = limits(max_items=MAX_DIGEST_RECORDS, default=())
 
     def check(self) -> None:
         if len(self.attestation_buckets) not in (0, BUCKETS * PREFIX_LEN):
@@ -87,15 +98,21 @@ class LedgerSyncRequest(Message):
     records: tuple[str, ...] = limits(max_items=MAX_REQUEST_RECORDS, max_len=MAX_PEER_ID_LEN)
     buckets: tuple[BucketHave, ...] = limits(max_items=BUCKETS)
     max_attestations: int = limits(lo=1, hi=MAX_PUSH_ATTESTATIONS)
+    #: nodes whose agent-card records the requester wants (absent from older frames)
+    agents: tuple[str, ...] = limits(
+        max_items=MAX_REQUEST_AGENTS, max_len=MAX_PEER_ID_LEN, default=()
+    )
 
 
 @message(28)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LedgerPush(Message):
-    """Records and attestations: gossip (``reply`` false) or the answer to a sync request."""
+    """Records, attestations and agent cards: gossip (``reply`` false) or the answer to a sync request."""
 
     records: tuple[Envelope, ...] = limits(max_items=MAX_PUSH_RECORDS)
     attestations: tuple[Envelope, ...] = limits(max_items=MAX_PUSH_ATTESTATIONS)
     reply: bool
     #: in a reply: the responder stopped at a batch limit and holds more for this request
     more: bool
+    #: signed AgentCards records (protocol/agents/cards.py; absent from older frames)
+    agents: tuple[Envelope, ...] = limits(max_items=MAX_PUSH_AGENTS, default=())

@@ -108,6 +108,9 @@ class Rejection(enum.Enum):
     OBSERVER_QUOTA = "observer_quota"
     LEDGER_FULL = "ledger_full"
     UNSOLICITED = "unsolicited"
+    #: an agent card's vector is not its own description's (the receiver re-embedded the
+    #: description with the same embedder: protocol.agents.matching.vector_agrees)
+    VECTOR_MISMATCH = "vector_mismatch"
 
 
 #: penalty points per rejection; 0 means "counted, not the sender's fault".
@@ -128,6 +131,7 @@ PENALTY_POINTS: dict[Rejection, int] = {
     Rejection.OBSERVER_QUOTA: 0,
     Rejection.LEDGER_FULL: 0,
     Rejection.UNSOLICITED: 5,
+    Rejection.VECTOR_MISMATCH: 20,
 }
 
 

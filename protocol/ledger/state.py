@@ -15,6 +15,9 @@ order, with duplicates, give the same state):
 
 The summary (``bucket_summary``) groups attestation hashes by their first byte and hashes each
 bucket's sorted members, so two nodes find what differs by comparing 256 short hashes.
+Agent-card records (one per node) merge like capability records; they live in ``cards``
+(protocol/ledger/cards.py) and are part of the digest.
+
 Validation of signatures and fields happens before (protocol/ledger/records.py); this module
 only sees checked records and never raises for anything but ``Rejected``.
 """
@@ -28,6 +31,7 @@ from typing import NamedTuple
 
 from crypto.envelope import Envelope
 from crypto.hashing import digest
+from protocol.ledger.cards import CardRecords
 from protocol.ledger.messages import (
     BUCKETS,
     MAX_DIGEST_RECORDS,
@@ -118,6 +122,8 @@ class LedgerState:
         self.max_attestations = max_attestations
         self.tombstone_ms = tombstone_ms
         self.records: dict[str, HeldRecord] = {}
+        #: every node's newest agent-card record
+        self.cards = CardRecords(max_records=max_records, tombstone_ms=tombstone_ms)
         self.attestations: dict[bytes, HeldAttestation] = {}
         self._by_subject: dict[str, set[bytes]] = {}
         self._subject_version: dict[str, int] = {}
@@ -137,6 +143,7 @@ class LedgerState:
         self._stale_buckets: set[int] = set()
         #: cached digest(): (computed at, valid before, digest); None after any change
         self._digest: tuple[int, int, LedgerDigest] | None = None
+        self._digest_cards = 0  # the ``cards.version`` the cached digest was made at
         #: its record part alike, kept across attestation changes (records change seldom)
         self._versions: tuple[int, int, tuple[RecordVersion, ...]] | None = None
         self._quota: dict[tuple[str, int], list[bytes]] = {}  # sorted hashes
@@ -297,13 +304,17 @@ class LedgerState:
         return peers, gone
 
     def next_expiry(self) -> int | None:
-        """When ``prune`` next has something to do (may be early: the heaps are lazy)."""
+        """When ``prune`` or ``cards.prune`` next has something to do (may be early: the
+        heaps are lazy)."""
         atts, recs = self._expiry, self._record_expiry
         if atts:
-            if recs and recs[0][0] < atts[0][0]:
-                return recs[0][0]
-            return atts[0][0]
-        return recs[0][0] if recs else None
+            soonest: int | None = recs[0][0] if recs and recs[0][0] < atts[0][0] else atts[0][0]
+        else:
+            soonest = recs[0][0] if recs else None
+        cards = self.cards.next_expiry()
+        if cards is not None and (soonest is None or cards < soonest):
+            return cards
+        return soonest
 
     # ------------------------------------------------------------ summary
 
@@ -341,9 +352,14 @@ class LedgerState:
         """What we hold, as a ``LedgerDigest`` with ``reply`` false (the same object until
         something changes or a record in it expires)."""
         cached = self._digest
-        if cached is not None and cached[0] <= now_ms < cached[1]:
+        cards = self.cards
+        if (
+            cached is not None
+            and cached[0] <= now_ms < cached[1]
+            and self._digest_cards == cards.version
+        ):
             return cached[2]
-        if not self.records and not self.attestations:
+        if not self.records and not self.attestations and not cards.held:
             return _EMPTY_DIGEST  # one object for every empty ledger
         versions = self._versions
         if versions is None or not versions[0] <= now_ms < versions[1]:
@@ -358,12 +374,15 @@ class LedgerState:
                     for h in live
                 ),
             )
+        agents, agents_valid_before = cards.versions(now_ms)
         d = LedgerDigest(
             records=versions[2][:MAX_DIGEST_RECORDS],
             attestation_count=len(self.attestations),
             attestation_buckets=self.bucket_summary(),
             reply=False,
+            agents=agents,
         )
-        valid_before = versions[1]
+        valid_before = min(versions[1], agents_valid_before)
         self._digest = (now_ms, valid_before, d)
+        self._digest_cards = cards.version
         return d

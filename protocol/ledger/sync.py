@@ -7,7 +7,8 @@ Per peer, a pull session moves through ``SyncState`` (no session object means ID
     PULLING --reply empty / complete, timeout, send failure, disconnect--> IDLE
     QUEUED --nothing left to ask, disconnect--> IDLE
 
-What we ask for: the peers whose record version in the digest beats ours, and the attestation
+What we ask for: the peers whose record version in the digest beats ours (capability records
+and, apart, agent-card records: one held or refused counts as ours), and the attestation
 buckets whose summary hash differs, each with the hash prefixes we already hold there (plus
 those we refused during this session, so they are not sent again). The holder answers with at
 most ``batch_attestations`` items / ``batch_bytes`` and says whether it stopped early. Every
@@ -27,8 +28,10 @@ from protocol.ledger.messages import (
     BUCKETS,
     MAX_DIGEST_RECORDS,
     MAX_HAVE_PREFIXES,
+    MAX_PUSH_AGENTS,
     MAX_PUSH_ATTESTATIONS,
     MAX_PUSH_RECORDS,
+    MAX_REQUEST_AGENTS,
     MAX_REQUEST_RECORDS,
     PREFIX_LEN,
     BucketHave,
@@ -69,6 +72,8 @@ class _Session:
     refused: dict[int, set[bytes]] = field(default_factory=dict)  # bucket -> prefixes
     #: peers whose records we asked for once this session (asked again only in a new session)
     asked_peers: set[str] = field(default_factory=set)
+    #: likewise for agent-card records
+    asked_agents: set[str] = field(default_factory=set)
 
 
 def envelope_size(envelope: Envelope) -> int:
@@ -117,7 +122,23 @@ class SyncSessions:
                         buckets.append(b)
         return peers, buckets
 
+    def wanted_agents(self, d: LedgerDigest) -> list[str]:
+        """Nodes whose agent-card version in ``d`` beats what we hold or refused."""
+        cards = self.state.cards
+        peers: list[str] = []
+        for rv in d.agents:
+            ours = cards.newest(rv.peer_id)
+            if ours is None or (rv.seq, rv.hash_prefix) > (ours[0], ours[1][:PREFIX_LEN]):
+                if rv.peer_id not in peers:
+                    peers.append(rv.peer_id)
+        return peers
+
     def _they_may_lack(self, d: LedgerDigest, now: int) -> bool:
+        their_cards = {rv.peer_id: (rv.seq, rv.hash_prefix) for rv in d.agents}
+        for held_cards in self.state.cards.live(now):
+            version = (held_cards.record.seq, held_cards.hash[:PREFIX_LEN])
+            if their_cards.get(held_cards.record.peer_id, (-1, b"")) < version:
+                return True
         theirs: dict[str, tuple[int, bytes]] = {}
         for rv in d.records:
             theirs[rv.peer_id] = max(theirs.get(rv.peer_id, (-1, b"")), (rv.seq, rv.hash_prefix))
@@ -157,6 +178,7 @@ class SyncSessions:
                 attestation_count=d.attestation_count,
                 attestation_buckets=d.attestation_buckets,
                 reply=True,
+                agents=d.agents,
             ),
         )
 
@@ -166,6 +188,7 @@ class SyncSessions:
             len(ours.records) < MAX_DIGEST_RECORDS  # (a full digest may leave records out)
             and d.attestation_buckets == ours.attestation_buckets
             and d.records == ours.records
+            and d.agents == ours.agents
         ):
             return []  # the peer holds what we hold: neither side lacks anything
         effects: list[Effect] = []
@@ -177,7 +200,7 @@ class SyncSessions:
         ):
             effects.append(self.send_digest(peer, now, reply=True))
         peers, buckets = self.wanted(d, now)
-        if peers or buckets:
+        if peers or buckets or self.wanted_agents(d):
             s = self.sessions.get(peer)
             if s is None:
                 s = self.sessions[peer] = _Session(their=d)
@@ -257,6 +280,9 @@ class SyncSessions:
         peers = [p for p in peers if p not in s.asked_peers]
         truncated = len(peers) > MAX_REQUEST_RECORDS
         peers = peers[:MAX_REQUEST_RECORDS]
+        agents = [p for p in self.wanted_agents(s.their) if p not in s.asked_agents]
+        truncated = truncated or len(agents) > MAX_REQUEST_AGENTS
+        agents = agents[:MAX_REQUEST_AGENTS]
         haves: list[BucketHave] = []
         budget = self.config.request_have_bytes
         for b in buckets:
@@ -268,21 +294,24 @@ class SyncSessions:
                 break
             haves.append(BucketHave(bucket=b, have=have))
             budget -= len(have)
-        if not peers and not haves:
+        if not peers and not haves and not agents:
             return None
         s.truncated = truncated
         s.asked_peers.update(peers)
+        s.asked_agents.update(agents)
         return LedgerSyncRequest(
             records=tuple(peers),
             buckets=tuple(haves),
             max_attestations=min(self.config.batch_attestations, MAX_PUSH_ATTESTATIONS),
+            agents=tuple(agents),
         )
 
 
 def build_reply(
     state: LedgerState, req: LedgerSyncRequest, config: LedgerConfig, now: int
 ) -> LedgerPush:
-    """Our answer to a pull: the live records asked for, and attestations the asker lacks."""
+    """Our answer to a pull: the live records and agent cards asked for (cards while the byte
+    budget lasts), and attestations the asker lacks."""
     records: list[Envelope] = []
     budget = config.batch_bytes
     for peer in dict.fromkeys(req.records):
@@ -290,6 +319,18 @@ def build_reply(
         if held is not None and held.live(now) and len(records) < MAX_PUSH_RECORDS:
             records.append(held.envelope)
             budget -= envelope_size(held.envelope)
+    agents: list[Envelope] = []
+    cards_left = False
+    for peer in dict.fromkeys(req.agents):
+        held_cards = state.cards.held.get(peer)
+        if held_cards is None or not held_cards.live(now):
+            continue
+        size = envelope_size(held_cards.envelope)
+        if len(agents) >= MAX_PUSH_AGENTS or size > budget:
+            cards_left = True
+            break
+        agents.append(held_cards.envelope)
+        budget -= size
     attestations: list[Envelope] = []
     limit = min(req.max_attestations, config.batch_attestations, MAX_PUSH_ATTESTATIONS)
     more = False
@@ -314,5 +355,9 @@ def build_reply(
         if more:
             break
     return LedgerPush(
-        records=tuple(records), attestations=tuple(attestations), reply=True, more=more
+        records=tuple(records),
+        attestations=tuple(attestations),
+        reply=True,
+        more=more or cards_left,
+        agents=tuple(agents),
     )

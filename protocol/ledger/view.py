@@ -7,6 +7,9 @@
   ``REPUTATION_EPOCH_MS``, cached per peer and recomputed only when the epoch or the peer's
   attestations change (``LedgerState.subject_version``): cheap enough to call per bid.
 * ``attestations(subject=, observer=, kind=)``, ``capability(peer)``, ``digest_hash(now)``.
+* ``agents(peer, now)``: the node's live ``AgentCards`` record; ``agent_records(now)``: every
+  live one (``HeldCards``, by node id). Whether a card's vector is its description's is the
+  node's check (node/agents/checks.py); a record refused for it is no longer here.
 
 Every ``now`` is the driver's clock; ``clock_offset_ms`` (the machine's) maps it to the Unix
 epoch milliseconds records carry. Pure: no clock, no I/O; nothing here changes the state.
@@ -19,7 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from crypto.hashing import digest
+from protocol.agents.cards import AgentCards
 from protocol.codec import encode
+from protocol.ledger.cards import HeldCards
 from protocol.ledger.records import AttestationKind, CapabilityRecord, ModelOffer, Role
 from protocol.ledger.reputation import NEUTRAL, REPUTATION_EPOCH_MS, Reputation, reputation
 from protocol.ledger.state import HeldAttestation, HeldRecord, LedgerState
@@ -65,6 +70,17 @@ class LedgerView:
         if held is None or (now is not None and not held.live(now + self.clock_offset_ms)):
             return None
         return held
+
+    def agents(self, peer: str, now: int | None = None) -> AgentCards | None:
+        """The node's newest agent-card record (None if unknown, or expired at ``now``)."""
+        held = self.state.cards.held.get(peer)
+        if held is None or (now is not None and not held.live(now + self.clock_offset_ms)):
+            return None
+        return held.record
+
+    def agent_records(self, now: int) -> list[HeldCards]:
+        """Every node's live agent-card record, by node id."""
+        return list(self.state.cards.live(now + self.clock_offset_ms))
 
     def reputation(self, peer: str, now: int) -> Reputation:
         return self._reputation(peer, now + self.clock_offset_ms)

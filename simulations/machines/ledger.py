@@ -5,7 +5,10 @@
 * ``StoreCapability``/``StoreAttestation``/``Forget*`` are performed on the node's store;
   each accepted record version is also reported to ``observer`` (the workload measures
   convergence from the moment a node stores a version, the same moment the daemon persists it).
-* ``on_boot`` submits the node's ``CapabilitySpec`` (if it advertises one).
+* ``on_boot`` submits the node's ``CapabilitySpec`` (if it advertises one) and its agent
+  cards (``agents_of``, if it hosts any): they spread, sync and expire by the same machine.
+* ``StoreAgentCards``/``ForgetAgentCards`` keep a node's agent-card records in its store, and
+  ``build`` restores them with the rest.
 """
 
 from __future__ import annotations
@@ -13,13 +16,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from protocol.agents.cards import AgentCard
 from protocol.ledger.machine import (
     CapabilitySpec,
+    ForgetAgentCards,
     ForgetAttestations,
     ForgetCapabilities,
     LedgerConfig,
     LedgerMachine,
+    SetAgents,
     SetCapability,
+    StoreAgentCards,
     StoreAttestation,
     StoreCapability,
 )
@@ -30,6 +37,7 @@ NAME = "ledger"
 MESSAGE_TYPES = (LedgerPush, LedgerDigest, LedgerSyncRequest)
 RECORDS = "ledger.records"
 ATTESTATIONS = "ledger.attestations"
+AGENTS = "ledger.agents"
 
 #: observer(node, effect) of every StoreCapability/StoreAttestation performed
 StoreObserver = Callable[[VirtualNode, object], None]
@@ -40,6 +48,7 @@ def ledger_spec(
     config: LedgerConfig,
     capability_of: Callable[[VirtualNode], CapabilitySpec | None],
     observer: StoreObserver | None = None,
+    agents_of: Callable[[VirtualNode], tuple[AgentCard, ...] | None] | None = None,
 ) -> MachineSpec:
     def build(node: VirtualNode) -> LedgerMachine:
         machine = LedgerMachine(node.identity, network_id, node.rng, config)
@@ -51,6 +60,9 @@ def ledger_spec(
         if spec is not None:
             # after the current instant, so that connections made at boot are in place
             node.swarm.loop.after(0, _advertise, node, node.epoch, spec)
+        cards = agents_of(node) if agents_of is not None else None
+        if cards is not None:
+            node.swarm.loop.after(0, _host_agents, node, node.epoch, cards)
 
     return MachineSpec(
         name=NAME,
@@ -62,6 +74,8 @@ def ledger_spec(
             StoreAttestation: _observed(_store_attestation, observer),
             ForgetCapabilities: _forget_capabilities,
             ForgetAttestations: _forget_attestations,
+            StoreAgentCards: _store_cards,
+            ForgetAgentCards: _forget_cards,
         },
         on_boot=on_boot,
     )
@@ -71,13 +85,17 @@ def _restore(node: VirtualNode, machine: LedgerMachine) -> None:
     """What the node's store kept, back into a new machine (the daemon's start from SQLite)."""
     records: dict[str, Any] = node.store.get(RECORDS, {})
     atts: dict[bytes, Any] = node.store.get(ATTESTATIONS, {})
-    if records or atts:
+    cards: dict[str, Any] = node.store.get(AGENTS, {})
+    if records or atts or cards:
         report = machine.restore(
             [env.encode() for _, env in sorted(records.items())],
             [env.encode() for _, env in sorted(atts.items())],
             node.swarm.machine_now_ms,
+            agents=[env.encode() for _, env in sorted(cards.items())],
         )
-        node.swarm.metrics.count("ledger_restored_items", report.records + report.attestations)
+        node.swarm.metrics.count(
+            "ledger_restored_items", report.records + report.attestations + report.agents
+        )
 
 
 # The store performers run once per accepted item on every node: no setdefault (it builds a
@@ -120,6 +138,21 @@ def _forget_attestations(node: VirtualNode, name: str, effect: ForgetAttestation
     atts = node.store.get(ATTESTATIONS, {})
     for h in effect.hashes:
         atts.pop(h, None)
+
+
+def _store_cards(node: VirtualNode, name: str, effect: StoreAgentCards) -> None:
+    node.store.setdefault(AGENTS, {})[effect.record.peer_id] = effect.envelope
+
+
+def _forget_cards(node: VirtualNode, name: str, effect: ForgetAgentCards) -> None:
+    held = node.store.get(AGENTS, {})
+    for peer in effect.peer_ids:
+        held.pop(peer, None)
+
+
+def _host_agents(node: VirtualNode, epoch: int, cards: tuple[AgentCard, ...]) -> None:
+    if node.epoch == epoch:
+        node.submit(NAME, SetAgents(cards))
 
 
 def _advertise(node: VirtualNode, epoch: int, spec: CapabilitySpec) -> None:

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from node.agents.config import AGENTS_KEY, AgentSpec, parse_agents
 from node.p2p import multiaddrs
 from node.p2p.link import parse_link
 from protocol.inference.routing import parse_serve_blocks
@@ -55,6 +56,7 @@ DEFAULT_LISTEN = ("/ip4/0.0.0.0/tcp/4001",)
 DEFAULT_NETWORK_ID = "symphony-main"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_TARGET_PEERS = 1000
+NOT_KEYS = ("sections", AGENTS_KEY)  # Config fields that are no key=value of flags/env/TOML
 
 
 class ConfigError(ValueError):
@@ -87,6 +89,7 @@ class Config:
     serve_blocks: str = ""
     #: shape every connection as this link, e.g. "rtt=60ms,up=20mbit" (node/p2p/link.py)
     link: str = ""
+    agents: tuple[AgentSpec, ...] = ()  #: ``[[agents]]`` as declared (node/agents/config.py)
     #: service name -> its section dataclass instance (see module docstring)
     sections: Mapping[str, Any] = field(default_factory=dict)
 
@@ -109,7 +112,7 @@ class Config:
         return self.data_dir / CONFIG_FILE_NAME
 
 
-TOP_LEVEL_KEYS = tuple(f.name for f in dataclasses.fields(Config) if f.name != "sections")
+TOP_LEVEL_KEYS = tuple(f.name for f in dataclasses.fields(Config) if f.name not in NOT_KEYS)
 
 
 def default_data_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -191,7 +194,7 @@ def load_config(
     built = {name: _build_section(name, cls, {**file_sections.get(name, {}),
                                               **env_sections.get(name, {})})
              for name, cls in sections.items()}
-    config = Config(**values, sections=built)
+    config = Config(**values, agents=file_top.get(AGENTS_KEY, ()), sections=built)
     _validate(config)
     return config
 
@@ -280,22 +283,21 @@ def _read_toml(
     for key, value in data.items():
         if key in TOP_LEVEL_KEYS:
             top[key] = value
+        elif key == AGENTS_KEY:  # an array of tables, TOML only: node/agents/config.py
+            top[key] = parse_agents(value, str(path), error=ConfigError)
         elif key in sections:
             if not isinstance(value, dict):
                 raise ConfigError(f"{path}: [{key}] must be a table, got {value!r}")
             known = {f.name for f in dataclasses.fields(sections[key])}
             for sub, sub_value in value.items():
                 if sub not in known:
-                    raise ConfigError(
-                        f"{path}: unknown key {sub!r} in section [{key}] "
-                        f"(known: {', '.join(sorted(known))})"
-                    )
+                    raise ConfigError(f"{path}: unknown key {sub!r} in section [{key}] "
+                                      f"(known: {', '.join(sorted(known))})")
                 per_section.setdefault(key, {})[sub] = (sub_value, str(path))
         else:
-            raise ConfigError(
-                f"{path}: unknown key {key!r} (known keys: {', '.join(TOP_LEVEL_KEYS)}; "
-                f"sections: {', '.join(sorted(sections)) or 'none'})"
-            )
+            raise ConfigError(f"{path}: unknown key {key!r} (known keys: "
+                              f"{', '.join(TOP_LEVEL_KEYS)}; sections: "
+                              f"{', '.join(sorted(sections)) or 'none'})")
     return top, per_section
 
 
@@ -357,15 +359,13 @@ def _validate(config: Config) -> None:
         except ValueError as exc:
             raise ConfigError(f"key {key!r}: {exc}") from None
     if not 0 <= config.target_peers <= MAX_TARGET_PEERS:
-        raise ConfigError(
-            f"key 'target_peers': {config.target_peers!r} is not within 0..{MAX_TARGET_PEERS}"
-        )
+        raise ConfigError(f"key 'target_peers': {config.target_peers!r} is not within "
+                          f"0..{MAX_TARGET_PEERS}")
     if not 0 <= config.api_port <= 65535:
         raise ConfigError(f"key 'api_port': {config.api_port!r} is not a port (0..65535)")
     if config.log_level.lower() not in LOG_LEVELS:
-        raise ConfigError(
-            f"key 'log_level': {config.log_level!r} is not one of {', '.join(LOG_LEVELS)}"
-        )
+        raise ConfigError(f"key 'log_level': {config.log_level!r} is not one of "
+                          f"{', '.join(LOG_LEVELS)}")
     if not config.listen:
         raise ConfigError("key 'listen': at least one multiaddr is needed")
     for key, addrs in (("listen", config.listen), ("bootstrap", config.bootstrap)):

@@ -1,5 +1,9 @@
-"""Agents' tools: what an agent may call while it answers a task, and who may make it call them.
+"""Agents: the agents a node hosts, the network's agents it knows, and the tools they call.
 
+* ``config``: the ``[[agents]]`` tables of node.toml, and the agents this node hosts.
+* ``cards``: this node's agent cards (embedded, quantized, signed, published by the ledger).
+* ``checks``: the receiving side's check that a card's vector is its own description's.
+* ``api``: ``GET /agents`` on the daemon's HTTP API.
 * ``tools``: the tool interface, the registry an agent's declared tool names build, the
   permission check (:class:`~node.agents.tools.ToolPolicy`) and the per-task bounds.
 * ``calculator``, ``docsearch``: the built-in tools (both read-only).

@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, str] = {
     "ask": "node.cli.tasks:ask",
     "tasks": "node.cli.tasks:tasks",
     "ledger": "node.cli.ledger:ledger",
+    "agents": "node.cli.agents:agents",
     "relay": "node.cli.relay:relay",
     "simulate": "node.cli.simulate:simulate",
     "doctor": "node.cli.doctor:doctor",

@@ -85,7 +85,19 @@ def run(config_file: str | None, **flags: Any) -> None:
     except (ConfigError, ImportError, AttributeError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from None
     configure_logging(config.log_level, json_logs=config.json_logs)
-    sys.exit(run_daemon(config, classes))
+    try:
+        code = run_daemon(config, classes)
+    except BaseExceptionGroup as group:  # a ConfigError only found at start (an agent's model)
+        if group.subgroup(ConfigError) is None:
+            raise
+        raise click.ClickException(str(_leaf(group.subgroup(ConfigError)))) from None
+    sys.exit(code)
+
+
+def _leaf(error: BaseException | None) -> BaseException | None:
+    while isinstance(error, BaseExceptionGroup):
+        error = error.exceptions[0]
+    return error
 
 
 @node_group.command("status")

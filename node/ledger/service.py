@@ -19,6 +19,12 @@
   or its view is ``ctx.clock()``.
 * Query API for other services: ``reputation(peer)``, ``find_peers(model=, role=, ...)``,
   ``await attest(...)``, and ``machine.view`` (protocol/ledger/view.py) with ``ctx.clock()``.
+* Agent cards: node/agents/cards.py's ``AgentCardsHost`` (``self.agents``) resolves this
+  node's ``[[agents]]`` against the models the executor serves (an unserved model fails the
+  start), embeds and publishes their cards (``SetAgents``) once ``run`` starts, and checks each
+  peer's new record (node/agents/checks.py); ``agent_embeddings = false`` in ``[ledger]``
+  sends cards without vectors and verifies none (a light node). ``GET /agents`` lists the
+  network's agents (node/agents/api.py). Stored in ``ledger_agents`` like records.
 * HTTP (mounted under ``/ledger``, read-only, open to local readers like ``/status``):
   ``GET /ledger/peers`` (``?model=&family=&role=&sort=``), ``GET /ledger/peers/{peer_id}``,
   ``GET /ledger/attestations`` (``?peer=&observer=&kind=&limit=``); and, with the API token,
@@ -36,18 +42,24 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import trio
 
 from models.device import describe_device
+from node.agents.api import agents_routes
+from node.agents.cards import AgentCardsHost
+from node.agents.checks import CardEmbedder
 from node.config import fed_config, tuning
 from node.ledger.api import ledger_routes
 from node.ledger.store import SCHEMA, LedgerStore
 from node.service import NodeContext, Service
+from protocol.ledger.cards import HeldCards
 from protocol.ledger.machine import (
     Attest,
     CapabilitySpec,
+    ForgetAgentCards,
     ForgetAttestations,
     ForgetCapabilities,
     LedgerConfig,
     LedgerMachine,
     SetCapability,
+    StoreAgentCards,
     StoreAttestation,
     StoreCapability,
 )
@@ -82,6 +94,9 @@ class LedgerSection:
     price_per_1k_tokens: float = 0.0
     #: how often the service checks whether what the node offers changed
     capability_poll_ms: int = 1_000
+    #: embed agent cards' descriptions (models/embedder.py, the models extra): our cards carry
+    #: vectors and peers' vectors are checked; false: neither (cards match by skill tags)
+    agent_embeddings: bool = True
 
     def __post_init__(self) -> None:
         for role in self.roles:
@@ -90,7 +105,7 @@ class LedgerSection:
             raise ValueError("price_per_1k_tokens must not be negative")
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, int) and value <= 0:
+            if isinstance(value, int) and not isinstance(value, bool) and value <= 0:
                 raise ValueError(f"{f.name} must be positive, got {value!r}")
         if self.refresh_ms >= self.record_ttl_ms:
             raise ValueError("refresh_ms must be shorter than record_ttl_ms")
@@ -134,6 +149,9 @@ class LedgerService(Service):
         self._offered: CapabilitySpec | None = None
         #: operator changes at run time (``POST /ledger/capability``): tags, price
         self.overrides: dict[str, Any] = {}
+        #: this node's agents and the check of others' cards (node/agents/cards.py)
+        self.agents = AgentCardsHost(self, getattr(ctx.config, "agents", ()),
+                                     CardEmbedder(self.section.agent_embeddings))
 
     @property
     def machine(self) -> LedgerMachine:
@@ -141,13 +159,18 @@ class LedgerService(Service):
 
     async def start(self) -> None:
         records, atts = self.store.load()
-        report = self._machine.restore(records, atts, self.ctx.clock())
+        report = self._machine.restore(records, atts, self.ctx.clock(),
+                                       agents=self.store.load_agents())
         self.store.delete_stale(report)
+        for held in self._machine.state.cards.held.values():  # checked again, as if new
+            self.agents.stored(held)
         self.ctx.log.info(
             "ledger.restored",
             records=report.records,
             attestations=report.attestations,
-            stale=len(report.stale_records) + len(report.stale_attestations) + len(report.evicted),
+            agents=report.agents,
+            stale=len(report.stale_records) + len(report.stale_attestations)
+            + len(report.stale_agents) + len(report.evicted),
         )
 
     async def perform(self, effect: object) -> None:
@@ -159,6 +182,14 @@ class LedgerService(Service):
             self.store.forget_capabilities(effect.peer_ids)
         elif isinstance(effect, ForgetAttestations):
             self.store.forget_attestations(effect.hashes)
+        elif isinstance(effect, StoreAgentCards):
+            self.store.save_agents(effect.envelope, effect.record)
+            env = effect.envelope
+            self.agents.stored(HeldCards(env, effect.record, env.content_hash, self.now_ms()))
+        elif isinstance(effect, ForgetAgentCards):
+            self.store.forget_agents(effect.peer_ids)
+            for peer in effect.peer_ids:
+                self.agents.checker.forget(peer)
         else:
             await super().perform(effect)
 
@@ -168,10 +199,19 @@ class LedgerService(Service):
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         await self.refresh_capability()
-        task_status.started()
-        while True:
-            await trio.sleep(self.section.capability_poll_ms / 1000)  # a periodic poll
-            await self.refresh_capability()
+        assert self._offered is not None  # (refresh_capability set it)
+        self.agents.resolve([m.name for m in self._offered.models])  # ConfigError: no start
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._agents, self._offered.price_per_1k_tokens)
+            task_status.started()
+            while True:
+                await trio.sleep(self.section.capability_poll_ms / 1000)  # a periodic poll
+                await self.refresh_capability()
+
+    async def _agents(self, price: float) -> None:
+        """Publish this node's cards (embedding takes a while), then check peers' cards."""
+        await self.agents.publish(price)
+        await self.agents.checker.run()
 
     # ------------------------------------------------------------ our capability
 
@@ -272,7 +312,15 @@ class LedgerService(Service):
     def status(self) -> dict[str, Any]:
         st = self._machine.status(self.ctx.clock())
         st["stored"] = self.store.counts()
+        st["agents"] = {"hosted": [a.name for a in self.agents.hosted],
+                        "checked": self.agents.checker.checked,
+                        "refused": self.agents.checker.refused,
+                        "pending": len(self.agents.checker.pending),
+                        "embedder_problem": self.agents.embedder.problem}
         return st
 
     def routes(self) -> list[BaseRoute]:
         return ledger_routes(self)
+
+    def root_routes(self) -> list[BaseRoute]:
+        return agents_routes(self)

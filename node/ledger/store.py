@@ -4,6 +4,8 @@ re-verified after a restart.
 * ``ledger_records``: one row per peer, its newest capability record (the machine decides which
   is newest; the store replaces). ``envelope`` is ``Envelope.encode()`` of what arrived: the
   payload bytes exactly as signed.
+* ``ledger_agents``: one row per node, its newest agent-card record (protocol/agents/cards.py),
+  replaced like ``ledger_records``.
 * ``ledger_attestations``: one row per attestation, keyed by the envelope's content hash, with
   a few columns copied out of the (verified) payload for indexed queries.
 
@@ -18,6 +20,7 @@ from collections.abc import Iterable
 
 from crypto.envelope import Envelope
 from node.db import Database
+from protocol.agents.cards import AgentCards
 from protocol.ledger.machine import RestoreReport
 from protocol.ledger.records import Attestation, CapabilityRecord
 
@@ -27,6 +30,12 @@ CREATE TABLE IF NOT EXISTS ledger_records (
     seq INTEGER NOT NULL,
     expires_at_ms INTEGER NOT NULL,   -- Unix epoch ms
     envelope BLOB NOT NULL            -- crypto.envelope.Envelope.encode() as received
+);
+CREATE TABLE IF NOT EXISTS ledger_agents (
+    peer_id TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    expires_at_ms INTEGER NOT NULL,   -- Unix epoch ms
+    envelope BLOB NOT NULL            -- Envelope.encode() as received
 );
 CREATE TABLE IF NOT EXISTS ledger_attestations (
     hash BLOB PRIMARY KEY,            -- Envelope.content_hash
@@ -67,6 +76,25 @@ class LedgerStore:
             "expires_at_ms = excluded.expires_at_ms, envelope = excluded.envelope",
             (record.peer_id, record.seq, record.expires_at_ms, envelope.encode()),
         )
+
+    def load_agents(self) -> list[bytes]:
+        """Stored agent-card record envelopes (bytes)."""
+        rows = self.db.query("SELECT envelope FROM ledger_agents ORDER BY peer_id")
+        return [bytes(r[0]) for r in rows]
+
+    def save_agents(self, envelope: Envelope, record: AgentCards) -> None:
+        self.db.execute(
+            "INSERT INTO ledger_agents(peer_id, seq, expires_at_ms, envelope) VALUES(?, ?, ?, ?) "
+            "ON CONFLICT(peer_id) DO UPDATE SET seq = excluded.seq, "
+            "expires_at_ms = excluded.expires_at_ms, envelope = excluded.envelope",
+            (record.peer_id, record.seq, record.expires_at_ms, envelope.encode()),
+        )
+
+    def forget_agents(self, peer_ids: Iterable[str]) -> None:
+        with self.db.transaction():
+            self.db.executemany(
+                "DELETE FROM ledger_agents WHERE peer_id = ?", [(p,) for p in peer_ids]
+            )
 
     def save_attestation(self, envelope: Envelope, att: Attestation, h: bytes) -> None:
         self.db.execute(
@@ -110,9 +138,13 @@ class LedgerStore:
             self.db.executemany(
                 "DELETE FROM ledger_attestations WHERE hash = ?", [(h,) for h in report.evicted]
             )
+            self.db.executemany(
+                "DELETE FROM ledger_agents WHERE envelope = ?", [(e,) for e in report.stale_agents]
+            )
 
     def counts(self) -> dict[str, int]:
         return {
             "records": int(self.db.query("SELECT COUNT(*) FROM ledger_records")[0][0]),
             "attestations": int(self.db.query("SELECT COUNT(*) FROM ledger_attestations")[0][0]),
+            "agents": int(self.db.query("SELECT COUNT(*) FROM ledger_agents")[0][0]),
         }

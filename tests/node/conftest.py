@@ -53,7 +53,10 @@ NO_MODEL = {"executor": {"solver": ""}}
 #: nor verify (on by default: commit/reveal rounds and the verifier's model hash) unless a
 #: test asks, as tests/node/test_verify_integration.py does
 NO_VERIFY = {"verify": {"enabled": False}}
-TESTNET_CONFIG = {**FAST_MEMBERSHIP, **NO_MODEL, **NO_VERIFY}
+#: nor embed agent cards (loading the text embedder costs seconds of CPU per daemon) unless a
+#: test asks, as tests/node/test_agents_integration.py does
+NO_EMBEDDINGS = {"ledger": {"agent_embeddings": False}}
+TESTNET_CONFIG = {**FAST_MEMBERSHIP, **NO_MODEL, **NO_VERIFY, **NO_EMBEDDINGS}
 #: the deterministic test solver, as an ``[executor] solver`` value
 ARITH_SOLVER = "tests.node.arith_solver:factory"
 GOSSIP_PROBE = "tests.node.probe_service:GossipProbe"

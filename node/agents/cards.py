@@ -13,9 +13,10 @@ and calls; it owns:
 * :meth:`entries`: every live card in the ledger with its node, its node's reputation, and
   its vector when verified (the one thing matching may use).
 
-A card's tools are described by ``tool_info`` (name -> ``AgentTool``). Until the tool registry
-is wired in, :func:`builtin_tool_info` describes the built-in tools and declares every other
-tool side-effecting, the safe assumption about a tool nothing is known of.
+A card's tools are described by ``tool_info`` (name -> ``AgentTool``). Until the operator's
+tool settings (node/agents/settings.py) are wired in, :func:`builtin_tool_info` describes the
+built-in tools by their own specs and declares every other tool (an MCP server's)
+side-effecting, the safe assumption about a tool nothing is known of.
 """
 
 from __future__ import annotations
@@ -28,26 +29,28 @@ from typing import Any
 import trio
 
 from crypto.hashing import digest
+from node.agents.calculator import Calculator
 from node.agents.checks import CardChecker, CardEmbedder
 from node.agents.config import AgentConfigError, AgentSpec, hosted_agents
+from node.agents.docsearch import DocSearch
+from node.agents.tools import ToolSpec
 from node.config import ConfigError
-from protocol.agents.cards import AgentCard, AgentTool
+from protocol.agents.cards import MAX_TOOL_DESCRIPTION_LEN, AgentCard, AgentTool
 from protocol.agents.matching import quantize
 from protocol.ledger.cards import HeldCards, RefuseAgentCards, SetAgents
 
-#: the built-in tools (node/agents/ on the tools side), both read-only
-BUILTIN_TOOLS = {
-    "calculator": "Exact arithmetic on numbers: + - * / and parentheses, never eval.",
-    "docsearch": "Read-only search over a folder of documents the operator names.",
-}
+#: the built-in tools' specs (node/agents/calculator.py, node/agents/docsearch.py)
+BUILTIN_TOOLS: dict[str, ToolSpec] = {t.spec.name: t.spec for t in (Calculator, DocSearch)}
 _ADAPTER_PERSON = b"symphony-adapter"
 
 
 def builtin_tool_info(name: str) -> AgentTool:
     """A card's description of tool ``name``: a built-in one as it is, any other one
     side-effecting (nothing says it is not)."""
-    if name in BUILTIN_TOOLS:
-        return AgentTool(name=name, description=BUILTIN_TOOLS[name], side_effects=False)
+    spec = BUILTIN_TOOLS.get(name)
+    if spec is not None:
+        return AgentTool(name=name, description=spec.description[:MAX_TOOL_DESCRIPTION_LEN],
+                         side_effects=spec.side_effects)
     return AgentTool(name=name, description="", side_effects=True)
 
 

@@ -234,8 +234,8 @@ def test_a_section_cannot_restate_or_misname_a_protocol_field(
 
 #: the keys of the daemon's sections that tune protocol configs (TOML keys and env variables)
 TUNED_KEYS = {
-    "ledger": ["roles", "tags", "price_per_1k_tokens", "capability_poll_ms", "record_ttl_ms",
-               "refresh_ms", "min_republish_ms", "attestation_ttl_ms", "anti_entropy_ms",
+    "ledger": ["roles", "tags", "price_per_1k_tokens", "capability_poll_ms", "agent_embeddings",
+               "record_ttl_ms", "refresh_ms", "min_republish_ms", "attestation_ttl_ms", "anti_entropy_ms",
                "sync_fanout", "sync_timeout_ms", "attestation_rate_per_minute"],
     "tasks": ["selector", "linucb_alpha", "linucb_lambda", "default_k", "default_deadline_ms",
               "default_max_tokens", "default_max_price", "bid_window_ms", "spare_bids",

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from node.agents.config import AGENTS_KEY, AgentSpec, parse_agents
+from node.agents.settings import ToolSettings, check_agent_tools, parse_tool_settings
 from node.p2p import multiaddrs
 from node.p2p.link import parse_link
 from protocol.inference.routing import parse_serve_blocks
@@ -56,7 +57,8 @@ DEFAULT_LISTEN = ("/ip4/0.0.0.0/tcp/4001",)
 DEFAULT_NETWORK_ID = "symphony-main"
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_TARGET_PEERS = 1000
-NOT_KEYS = ("sections", AGENTS_KEY)  # Config fields that are no key=value of flags/env/TOML
+TOOL_KEYS = ("tools", "mcp_servers")  # TOML tables read by node/agents/settings.py
+NOT_KEYS = ("sections", AGENTS_KEY, "tools")  # Config fields that are no key of flags/env/TOML
 
 
 class ConfigError(ValueError):
@@ -90,6 +92,7 @@ class Config:
     #: shape every connection as this link, e.g. "rtt=60ms,up=20mbit" (node/p2p/link.py)
     link: str = ""
     agents: tuple[AgentSpec, ...] = ()  #: ``[[agents]]`` as declared (node/agents/config.py)
+    tools: ToolSettings = ToolSettings()  #: ``[tools]``, ``[[mcp_servers]]`` (agents/settings.py)
     #: service name -> its section dataclass instance (see module docstring)
     sections: Mapping[str, Any] = field(default_factory=dict)
 
@@ -194,8 +197,10 @@ def load_config(
     built = {name: _build_section(name, cls, {**file_sections.get(name, {}),
                                               **env_sections.get(name, {})})
              for name, cls in sections.items()}
-    config = Config(**values, agents=file_top.get(AGENTS_KEY, ()), sections=built)
+    config = Config(**values, agents=file_top.get(AGENTS_KEY, ()),
+                    tools=file_top.get("tools", ToolSettings()), sections=built)
     _validate(config)
+    check_agent_tools(config.agents, config.tools, error=ConfigError)
     return config
 
 
@@ -285,6 +290,9 @@ def _read_toml(
             top[key] = value
         elif key == AGENTS_KEY:  # an array of tables, TOML only: node/agents/config.py
             top[key] = parse_agents(value, str(path), error=ConfigError)
+        elif key in TOOL_KEYS:  # TOML only: node/agents/settings.py
+            top["tools"] = parse_tool_settings(data.get("tools"), data.get("mcp_servers"),
+                                               str(path), error=ConfigError)
         elif key in sections:
             if not isinstance(value, dict):
                 raise ConfigError(f"{path}: [{key}] must be a table, got {value!r}")
@@ -322,24 +330,14 @@ def _coerce(key: str, tp: Any, value: Any, source: str) -> Any:
         if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
             return False
         raise bad("a boolean (true/false)")
-    if tp is int:
-        if isinstance(value, bool):
-            raise bad("an integer")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value.strip())
-            except ValueError:
-                raise bad("an integer") from None
-        raise bad("an integer")
-    if tp is float:
-        if isinstance(value, bool):
-            raise bad("a number")
+    if tp is int or tp is float:
+        what = "an integer" if tp is int else "a number"
+        if isinstance(value, bool) or (tp is int and not isinstance(value, int | str)):
+            raise bad(what)
         try:
-            return float(value)
+            return tp(value.strip() if isinstance(value, str) else value)
         except (TypeError, ValueError):
-            raise bad("a number") from None
+            raise bad(what) from None
     if tp is Path:
         if not isinstance(value, (str, Path)) or not str(value):
             raise bad("a path")

@@ -23,8 +23,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -33,38 +32,17 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, CallToolResult, TextContent
 from mcp_types import Tool as McpToolListing
 
-from node.agents.mcp_transport import MAX_MESSAGE_BYTES, StdioTransport
+from node.agents.mcp_transport import StdioTransport
+from node.agents.settings import McpServerConfig
 from node.agents.tools import TOOL_NAME_RE, Tool, ToolFailed, ToolSpec
 
 log = logging.getLogger(__name__)
 
-#: seconds a server has to start and list its tools
-START_TIMEOUT_S = 30.0
 MAX_TOOLS_PER_SERVER = 64
 MAX_DESCRIPTION_CHARS = 1000
 MAX_SCHEMA_BYTES = 8192
 #: characters of a tool's own error message passed on
 MAX_ERROR_CHARS = 500
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class McpServerConfig:
-    """One ``[[mcp_servers]]`` table of node.toml (node/agents/settings.py reads it)."""
-
-    name: str
-    command: str
-    args: tuple[str, ...] = ()
-    #: added to the minimal environment the server gets (PATH, HOME, ...)
-    env: Mapping[str, str] = field(default_factory=dict)
-    cwd: Path | None = None
-    #: the only tools of this server treated as read-only
-    read_only_tools: frozenset[str] = frozenset()
-    #: tools the operator states have side effects (any tool not read-only is treated so)
-    side_effect_tools: frozenset[str] = frozenset()
-    start_timeout_s: float = START_TIMEOUT_S
-    max_message_bytes: int = MAX_MESSAGE_BYTES
-    #: where the server's stderr goes (appended); None: discarded
-    stderr_path: Path | None = None
 
 
 @dataclass(slots=True)

@@ -36,8 +36,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.client.stdio import get_default_environment
 from mcp.shared.message import SessionMessage
 
-#: bytes of one JSON-RPC message from a server; a longer line kills the server
-MAX_MESSAGE_BYTES = 1 << 20
+from node.agents.settings import MAX_MESSAGE_BYTES
 
 
 class ServerFlooded(Exception):

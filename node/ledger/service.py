@@ -25,6 +25,11 @@
   peer's new record (node/agents/checks.py); ``agent_embeddings = false`` in ``[ledger]``
   sends cards without vectors and verifies none (a light node). ``GET /agents`` lists the
   network's agents (node/agents/api.py). Stored in ``ledger_agents`` like records.
+* Tools: node/agents/toolbox.py's ``NodeTools`` (``self.tools``: ``[tools]`` and
+  ``[[mcp_servers]]``) runs in this service's nursery, so MCP servers start and stop with the
+  daemon; cards are published once every server has listed its tools (or failed), and
+  describe each tool as the toolbox does. The executor runs agents' tools with
+  ``tools.kit()``.
 * HTTP (mounted under ``/ledger``, read-only, open to local readers like ``/status``):
   ``GET /ledger/peers`` (``?model=&family=&role=&sort=``), ``GET /ledger/peers/{peer_id}``,
   ``GET /ledger/attestations`` (``?peer=&observer=&kind=&limit=``); and, with the API token,
@@ -45,6 +50,8 @@ from models.device import describe_device
 from node.agents.api import agents_routes
 from node.agents.cards import AgentCardsHost
 from node.agents.checks import CardEmbedder
+from node.agents.settings import ToolSettings
+from node.agents.toolbox import NodeTools
 from node.config import fed_config, tuning
 from node.ledger.api import ledger_routes
 from node.ledger.store import SCHEMA, LedgerStore
@@ -149,9 +156,12 @@ class LedgerService(Service):
         self._offered: CapabilitySpec | None = None
         #: operator changes at run time (``POST /ledger/capability``): tags, price
         self.overrides: dict[str, Any] = {}
+        #: this node's tools: built-in and the MCP servers' (node/agents/toolbox.py)
+        self.tools = NodeTools(getattr(ctx.config, "tools", ToolSettings()), ctx.log)
         #: this node's agents and the check of others' cards (node/agents/cards.py)
         self.agents = AgentCardsHost(self, getattr(ctx.config, "agents", ()),
-                                     CardEmbedder(self.section.agent_embeddings))
+                                     CardEmbedder(self.section.agent_embeddings),
+                                     tool_info=self.tools.tool_info)
 
     @property
     def machine(self) -> LedgerMachine:
@@ -202,6 +212,7 @@ class LedgerService(Service):
         assert self._offered is not None  # (refresh_capability set it)
         self.agents.resolve([m.name for m in self._offered.models])  # ConfigError: no start
         async with trio.open_nursery() as nursery:
+            await nursery.start(self.tools.run)
             nursery.start_soon(self._agents, self._offered.price_per_1k_tokens)
             task_status.started()
             while True:
@@ -209,7 +220,9 @@ class LedgerService(Service):
                 await self.refresh_capability()
 
     async def _agents(self, price: float) -> None:
-        """Publish this node's cards (embedding takes a while), then check peers' cards."""
+        """Publish this node's cards (embedding takes a while) once the tools they describe
+        are listed, then check peers' cards."""
+        await self.tools.listed.wait()
         await self.agents.publish(price)
         await self.agents.checker.run()
 
@@ -317,6 +330,7 @@ class LedgerService(Service):
                         "refused": self.agents.checker.refused,
                         "pending": len(self.agents.checker.pending),
                         "embedder_problem": self.agents.embedder.problem}
+        st["tools"] = self.tools.status()
         return st
 
     def routes(self) -> list[BaseRoute]:

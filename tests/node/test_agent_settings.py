@@ -10,7 +10,7 @@ import pytest
 
 from crypto.keys import Identity
 from node.agents.settings import builtin_tools, parse_tool_settings
-from node.config import ConfigError
+from node.agents.tools import ToolConfigError
 
 PEER = Identity.from_seed(bytes(32)).peer_id
 
@@ -68,5 +68,5 @@ def test_defaults_allow_nobody() -> None:
     ('[[mcp_servers]]\nname = "calculator"\ncommand = "c"', "built-in"),
 ])
 def test_refused(text: str, match: str) -> None:
-    with pytest.raises(ConfigError, match=match):
+    with pytest.raises(ToolConfigError, match=match):
         builtin_tools(_parse(text))

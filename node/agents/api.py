@@ -43,6 +43,20 @@ def entry_json(entry: AgentEntry) -> dict[str, Any]:
     }
 
 
+def agent_created(service: Any) -> dict[str, int]:
+    """Each agent name on a live card in the ledger of ``service`` (node/ledger/service.py's
+    LedgerService; None: no ledger, no agents) -> when the oldest live record naming it was
+    signed (Unix seconds): what ``GET /v1/models`` lists (node/api/openai_routes.py)."""
+    if service is None:
+        return {}
+    found: dict[str, int] = {}
+    for held in service.machine.view.agent_records(service.ctx.clock()):
+        at = held.record.issued_at_ms // 1000
+        for card in held.record.cards:
+            found[card.name] = min(at, found.get(card.name, at))
+    return found
+
+
 def agents_routes(service: Any) -> list[BaseRoute]:
     """``service``: node/ledger/service.py's LedgerService (its ``agents`` host)."""
 

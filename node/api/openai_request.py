@@ -5,8 +5,10 @@ a ``POST /v1/completions`` body. Every parameter OpenAI defines is either honour
 with :class:`OpenAIError` (400, ``param`` naming it); nothing is silently dropped except the
 bookkeeping fields that change no output (``user``, ``metadata``, ``store``,
 ``service_tier``). Honoured: ``model`` (a name some peer serves per the ledger, whole or in
-parts that cover all its blocks, else 404 ``model_not_found`` naming what is missing:
-protocol.inference.placement.place; "auto", "symphony", "default" or "" mean any model),
+parts that cover all its blocks, else an agent's name on a live card in the ledger (the task
+names that agent: ``ask["agent"]``; a served model of the same name wins), else 404
+``model_not_found`` naming what is missing: protocol.inference.placement.place; "auto",
+"symphony", "default" or "" mean any model),
 ``messages`` (system/developer, user and assistant turns, text content or text parts; the
 last one must be the user's), ``prompt``, ``temperature``, ``top_p``, ``max_tokens`` /
 ``max_completion_tokens``, ``stop``, ``seed``, ``n`` (1), ``stream`` and
@@ -26,6 +28,7 @@ type the executors reason step by step to a final answer that the vote compares 
 from __future__ import annotations
 
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +74,7 @@ class Parsed:
     """What the routes need: the ask request, and how to answer."""
 
     ask: dict[str, Any]
-    model: str  # as requested ("" = any)
+    model: str  # as requested ("" = any; an agent's name when it names one)
     stream: bool
     include_usage: bool
     stop: tuple[str, ...]
@@ -91,17 +94,20 @@ def _refuse_unknown(body: dict[str, Any], known: tuple[str, ...]) -> None:
                           code="unknown_parameter")
 
 
-def _model(body: dict[str, Any], place: Place) -> str:
+def _model(body: dict[str, Any], place: Place, agents: AbstractSet[str]) -> tuple[str, str]:
+    """(model, agent) the request's ``model`` names: a served model wins over an agent."""
     model = body.get("model")
     if not isinstance(model, str):
-        raise OpenAIError("model must be a string (a served model's name, or \"auto\")",
-                          param="model")
+        raise OpenAIError("model must be a string (a served model's name, an agent's name, "
+                          "or \"auto\")", param="model")
     if model.lower() in ANY_MODEL:
-        return ""
+        return "", ""
     placement = place(model)
     if placement.route is Route.NOT_FOUND:
+        if model in agents:
+            return "", model
         raise OpenAIError(placement.reason, status=404, param="model", code="model_not_found")
-    return model
+    return model, ""
 
 
 def _max_tokens(body: dict[str, Any]) -> int | None:
@@ -200,18 +206,20 @@ def _turns(messages: object) -> tuple[list[dict[str, str]], str]:
 
 
 def _common(body: dict[str, Any], place: Place, known: tuple[str, ...],
-            ask: dict[str, Any]) -> Parsed:
+            ask: dict[str, Any], agents: AbstractSet[str]) -> Parsed:
     _refuse_unknown(body, known)
-    model = _model(body, place)
+    model, agent = _model(body, place, agents)
     stream, include_usage = _stream(body)
     ask["model"] = model
+    if agent:
+        ask["agent"] = agent
     max_tokens = _max_tokens(body)
     if max_tokens is not None:
         ask["max_tokens"] = max_tokens
     stops = _sampling(body, ask)
     _extension(body, ask)
     ask.setdefault("k", 1)  # one executor unless the request asks for a vote
-    return Parsed(ask=ask, model=model, stream=stream, include_usage=include_usage,
+    return Parsed(ask=ask, model=model or agent, stream=stream, include_usage=include_usage,
                   stop=stops)
 
 
@@ -221,24 +229,29 @@ COMPLETION_KEYS = ("model", "prompt", "stream", "stream_options", "max_tokens", 
                    "symphony", *SAMPLING)
 
 
-def chat_request(body: dict[str, Any], place: Place) -> Parsed:
-    """A chat completion request as an ask; raises OpenAIError."""
+def chat_request(body: dict[str, Any], place: Place,
+                 agents: AbstractSet[str] = frozenset()) -> Parsed:
+    """A chat completion request as an ask (``agents``: the agent names a ``model`` may
+    name); raises OpenAIError."""
     fmt = body.get("response_format")
     if fmt is not None and fmt != {"type": "text"}:
         raise OpenAIError("response_format: only {\"type\": \"text\"} is supported",
                           param="response_format")
     history, question = _turns(body.get("messages"))
-    parsed = _common(body, place, CHAT_KEYS, {"question": question, "history": history})
+    parsed = _common(body, place, CHAT_KEYS, {"question": question, "history": history},
+                     agents)
     ask = parsed.ask
     ask["style"] = "chat" if ask["k"] == 1 and "answer_type" not in ask else "cot"
     return parsed
 
 
-def completion_request(body: dict[str, Any], place: Place) -> Parsed:
+def completion_request(body: dict[str, Any], place: Place,
+                       agents: AbstractSet[str] = frozenset()) -> Parsed:
     """A (legacy) completion request as an ask of the raw prompt; raises OpenAIError."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise OpenAIError("prompt must be a string (one prompt per request)", param="prompt")
-    return _common(body, place, COMPLETION_KEYS, {"question": prompt, "style": "plain"})
+    return _common(body, place, COMPLETION_KEYS, {"question": prompt, "style": "plain"},
+                   agents)

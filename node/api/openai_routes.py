@@ -24,7 +24,14 @@
   ``usage`` (and ``symphony``), then ``data: [DONE]``. A task that fails mid-stream sends
   OpenAI's error object as an event instead.
 * ``GET /v1/models``: the models this node or a live ledger peer serves, whole or in parts that
-  a chain can use, ``created`` when the oldest live offer of each was signed.
+  a chain can use, ``created`` when the oldest live offer of each was signed; then the
+  network's agents (every name on a live agent card in the ledger, ``owned_by``
+  "symphony-agent", ``created`` when the oldest live record naming it was signed). The id of
+  an agent is its name. Names are resolved so: a model and an agent of the same name is
+  listed once, as the model, and ``model: <name>`` asks for the model (name the agent with
+  the extension's ``"symphony": {"agent": ...}``); agents of one name on several nodes are
+  listed once, and ``model: <agent name>`` lets any of them bid (the market chooses among
+  them as among executors: match, reputation, the selector).
 * Every error, including a missing token (401), an unknown model (404 ``model_not_found``, at
   once, from the ledger) and an unknown path or method under ``/v1``, is OpenAI's error
   object ``{"error": {"message", "type", "param", "code"}}``.
@@ -36,6 +43,7 @@ import hmac
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from collections.abc import Set as AbstractSet
 from typing import Any, Protocol
 
 from starlette.requests import Request
@@ -63,6 +71,8 @@ class ChatService(Protocol):
     def place(self, model: str) -> Placement: ...
 
     def model_created(self) -> dict[str, int]: ...
+
+    def agent_created(self) -> dict[str, int]: ...
 
     def live_text(self, task_id: str) -> AsyncIterator[str] | None:
         """A chain task's text as it grows (None for the market's tasks)."""
@@ -229,9 +239,10 @@ def openai_routes(service: ChatService) -> list[BaseRoute]:
     """The ``/v1`` routes, mounted at the API's root."""
 
     async def complete(request: Request, kind: _Kind,
-                       parse: Callable[[dict[str, Any], Place], Parsed]) -> Response:
+                       parse: Callable[[dict[str, Any], Place, AbstractSet[str]], Parsed]
+                       ) -> Response:
         created = int(time.time())
-        parsed = parse(await _body(request), service.place)
+        parsed = parse(await _body(request), service.place, service.agent_created().keys())
         try:
             snap = await service.ask(parsed.ask, wait=not parsed.stream)
         except AskError as exc:
@@ -249,9 +260,13 @@ def openai_routes(service: ChatService) -> list[BaseRoute]:
         return await complete(request, _Kind(chat=False), completion_request)
 
     async def models(request: Request) -> Response:
+        models = service.model_created()
+        agents = {n: at for n, at in service.agent_created().items() if n not in models}
         return JSONResponse({"object": "list", "data": [
-            {"id": name, "object": "model", "created": at, "owned_by": "symphony"}
-            for name, at in sorted(service.model_created().items())]})
+            *({"id": name, "object": "model", "created": at, "owned_by": "symphony"}
+              for name, at in sorted(models.items())),
+            *({"id": name, "object": "model", "created": at, "owned_by": "symphony-agent"}
+              for name, at in sorted(agents.items()))]})
 
     async def unknown(request: Request) -> Response:
         raise OpenAIError(f"Unknown request URL: {request.method} {request.url.path}",

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 import trio
 
+from node.agents.api import agent_created
 from node.api.openai_routes import openai_routes
 from node.config import fed_config, tuning
 from node.market.api import task_routes
@@ -303,6 +304,10 @@ class TasksService(Service):
         """Each model a request may name (served whole, or in parts that a chain of this node
         can use) -> when it was first offered (Unix seconds)."""
         return self.chains.model_created()
+
+    def agent_created(self) -> dict[str, int]:
+        """Each agent name on a live card in the ledger -> when first signed (Unix seconds)."""
+        return agent_created(self.ctx.services.get("ledger"))
 
     def known_models(self) -> set[str]:
         return set(self.model_created())

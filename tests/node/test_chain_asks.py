@@ -187,6 +187,9 @@ class ChainService:
     def model_created(self) -> dict[str, int]:
         return {"tiny": 1}
 
+    def agent_created(self) -> dict[str, int]:
+        return {}
+
     async def _grow(self) -> Any:
         for text in self.GROWING:
             yield text

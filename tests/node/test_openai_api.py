@@ -155,6 +155,9 @@ class Service:
     def model_created(self) -> dict[str, int]:
         return {"smollm2": 1_700_000_000}
 
+    def agent_created(self) -> dict[str, int]:
+        return {"calc": 1_700_000_100, "smollm2": 1_700_000_200}
+
 
 def client(snap: dict[str, Any]) -> TestClient:
     app = Starlette(routes=openai_routes(Service(snap)))
@@ -223,8 +226,29 @@ def test_a_wrong_key_is_a_401_error_object_and_models_have_created() -> None:
     c = client(snapshot())
     got = c.get("/v1/models", headers={"Authorization": "Bearer wrong"})
     assert got.status_code == 401 and got.json()["error"]["code"] == "invalid_api_key"
+    # the agent named like a served model is listed once, as the model
     assert c.get("/v1/models").json()["data"] == [
-        {"id": "smollm2", "object": "model", "created": 1_700_000_000, "owned_by": "symphony"}]
+        {"id": "smollm2", "object": "model", "created": 1_700_000_000, "owned_by": "symphony"},
+        {"id": "calc", "object": "model", "created": 1_700_000_100,
+         "owned_by": "symphony-agent"}]
+
+
+def test_an_agents_name_as_the_model_names_that_agent() -> None:
+    agents = {"calc", "smollm2"}
+    parsed = chat_request({**CHAT, "model": "calc"}, SERVED, agents)
+    assert parsed.ask["agent"] == "calc" and parsed.ask["model"] == "" and parsed.model == "calc"
+    assert "agent" not in chat_request(CHAT, SERVED, agents).ask  # a served model wins
+    assert completion_request({"model": "calc", "prompt": "x"}, SERVED,
+                              agents).ask["agent"] == "calc"
+    with pytest.raises(OpenAIError, match="does not exist"):
+        chat_request({**CHAT, "model": "calc"}, SERVED)  # no such agent: not found
+    service = Service(snapshot())
+    app = Starlette(routes=openai_routes(service))
+    app.state.api_token = TOKEN
+    c = TestClient(app, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert c.post("/v1/chat/completions", json={**CHAT, "model": "calc"}).status_code == 200
+    (asked,) = service.asked
+    assert asked["agent"] == "calc" and asked["model"] == ""
 
 
 def test_a_failed_task_is_a_server_error() -> None:

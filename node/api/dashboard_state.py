@@ -10,7 +10,11 @@ the feed:
 
 * ``node``: peer id, network, addresses, uptime, versions, served models, device, slots;
 * ``peers``: connected peers with round-trip latency, reputation and attestations held;
-* ``tasks``: recent tasks with bids, chosen executors (attempts), votes, verification;
+* ``tasks``: recent tasks with bids, chosen executors (attempts), votes, verification, the
+  agent that answered and every result's tool calls (name, arguments, output, shortened);
+* ``agents``: the network's agents in this node's ledger, as ``GET /agents`` lists them
+  (node/agents/api.py: name, node, skills, tools with their side effects, price,
+  reputation, whether the card's vector was verified), at most ``AGENTS_SHOWN``;
 * ``relay``: artifact versions being relayed, with chunks held of chunks in all;
 * ``jobs``: one entry per heavier job kind (``inference``: distributed-inference chains,
   ``rl``: rollout jobs and workers), the status of each service of that kind this node runs
@@ -20,17 +24,21 @@ the feed:
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from typing import Any, Protocol
 
+from node.agents.api import entry_json
 from protocol.machine import Emit
 
 MAX_TASKS = 200
 MAX_EVENTS = 40
 #: tasks shown (newest first)
 TASKS_SHOWN = 15
+#: agents shown (best node reputation first)
+AGENTS_SHOWN = 50
 #: job kinds with a section of their own: kind -> the services that run it
 JOB_SERVICES = {"inference": ("inference",), "rl": ("rl_jobs", "rl_worker")}
 #: events not shown in the feed (routine, every few seconds with every peer)
@@ -99,6 +107,7 @@ def dashboard_state(source: DashboardSource, feed: LiveFeed) -> dict[str, Any]:
         "node": _node(status, services),
         "peers": _peers(status, services),
         "tasks": _tasks(services, feed),
+        "agents": _agents(services),
         "relay": _relay(services),
         "jobs": {kind: ({n: services[n].status() for n in names if n in services} or None)
                  for kind, names in JOB_SERVICES.items()},
@@ -163,8 +172,22 @@ def _tasks(services: Mapping[str, Any], feed: LiveFeed) -> list[dict[str, Any]]:
             "votes": [{"answer": _short(v["answer"]), "count": v["count"],
                        "share": v["share"]} for v in snap["votes"]],
             "verification": feed.checks.get(tid, []),
+            "agent": snap.get("agent"),
+            "tool_calls": [{"executor": r["executor"], "name": c["name"],
+                            "arguments": _short(json.dumps(c["arguments"], sort_keys=True)),
+                            "output": _short(c["output"])}
+                           for r in snap.get("results", []) for c in r.get("tool_calls") or []],
         })
     return rows
+
+
+def _agents(services: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The network's agents as ``GET /agents`` lists them (node/agents/api.py)."""
+    ledger = services.get("ledger")
+    if ledger is None or getattr(ledger, "agents", None) is None:
+        return []
+    entries = sorted(ledger.agents.entries(), key=lambda e: (-e.reputation, e.peer_id))
+    return [entry_json(e) for e in entries[:AGENTS_SHOWN]]
 
 
 def _relay(services: Mapping[str, Any]) -> list[dict[str, Any]]:

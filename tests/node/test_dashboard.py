@@ -5,12 +5,13 @@ the chat box's checks. The browser test is tests/node/test_dashboard_browser.py.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import httpx
 import pytest
 
 from node.api.dashboard import cookie_name, dashboard_url, session_value
-from node.api.dashboard_state import JOB_SERVICES
+from node.api.dashboard_state import JOB_SERVICES, LiveFeed, dashboard_state
 from node.api.token import read_token
 
 from .conftest import Testnet
@@ -74,3 +75,29 @@ def test_sign_in_state_events_and_refusals(testnet: Testnet) -> None:
         # DNS rebinding: a foreign Host name is refused even with the session
         assert browser.get("/dashboard/state",
                            headers={"Host": "evil.example"}).status_code == 421
+
+
+class _Tasks:
+    def recent(self, n: int) -> list[dict[str, Any]]:
+        return [{"task_id": "ab" * 16, "phase": "done", "question": "What is 2 * 3?", "k": 1,
+                 "answer": "6", "failure": None, "attempts": [], "votes": [],
+                 "agent": "calc", "results": [
+                     {"executor": "12D3KooWB", "tool_calls": [
+                         {"name": "calculator", "arguments": {"expression": "2 * 3"},
+                          "output": "6"}]},
+                     {"executor": "12D3KooWC", "tool_calls": None}]}]
+
+
+class _Source:
+    services = {"tasks": _Tasks()}
+
+    def status(self) -> dict[str, Any]:
+        return {"peer_id": "12D3KooWA", "peers": []}
+
+
+def test_a_tasks_agent_and_tool_calls_are_in_the_state() -> None:
+    state = dashboard_state(_Source(), LiveFeed(lambda: 0))
+    (task,) = state["tasks"]
+    assert task["agent"] == "calc" and state["agents"] == []  # no ledger: no agents
+    assert task["tool_calls"] == [{"executor": "12D3KooWB", "name": "calculator",
+                                   "arguments": '{"expression": "2 * 3"}', "output": "6"}]

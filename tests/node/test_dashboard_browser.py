@@ -1,7 +1,8 @@
 """The dashboard in a real headless Chromium (Debian's ``chromium``, driven by Playwright
 through its executable path; Playwright's own browser download is never used): on a 3-daemon
-testnet the page loads with no console error, shows the asker's two peers, and a question
-typed into the chat box gets the network's answer. It saves a screenshot in the test's
+testnet the page loads with no console error, shows the asker's two peers and the network's
+agents (e1's declared ones with their tools marked read-only, e2's default generalist), and a
+question typed into the chat box gets the network's answer. It saves a screenshot in the test's
 temporary directory, or as docs/dashboard.png (the README's) with SYMPHONY_UPDATE_SCREENSHOT=1,
 so a suite run leaves the tree clean.
 
@@ -30,6 +31,8 @@ CHROMIUM = os.environ.get("SYMPHONY_CHROMIUM") or shutil.which("chromium") or "/
 README_SCREENSHOT = ROOT / "docs" / "dashboard.png"
 CONVERGE_S = 60.0
 TASKS = {"bid_window_ms": 1500, "max_rounds": 8, "min_round_ms": 500}
+CALC = {"name": "calc", "description": "Exact arithmetic.", "skills": ["arithmetic", "math"],
+        "tools": ["calculator"], "price": 0.25}
 #: page waits (ms): a shared 2-core machine runs three daemons and a browser at once
 WAIT_MS = 60_000
 
@@ -53,8 +56,8 @@ def test_dashboard_shows_the_testnet_and_answers_the_chat(testnet: Testnet, brow
                                                           tmp_path: Path) -> None:
     asker = testnet.start("asker", config={"tasks": TASKS})
     execs = [testnet.start(name, bootstrap=[asker], wait=False,
-                           config={"executor": {"solver": ARITH_SOLVER}})
-             for name in ("e1", "e2")]
+                           config={"executor": {"solver": ARITH_SOLVER}, **agents})
+             for name, agents in (("e1", {"agents": [CALC]}), ("e2", {}))]
     for node in execs:
         node.wait_ready()
     testnet.wait_all_connected(CONVERGE_S)
@@ -74,6 +77,19 @@ def test_dashboard_shows_the_testnet_and_answers_the_chat(testnet: Testnet, brow
     assert shown == {node.peer_id for node in execs}
     assert page.text_content("#live") == "live"
     assert asker.peer_id in (page.text_content("#node-facts") or "")
+
+    # the agents section, from the cards in the asker's ledger
+    page.wait_for_function(
+        "document.querySelectorAll('#agent-rows tr[data-agent]').length === 2", timeout=WAIT_MS)
+    rows = {row.get_attribute("data-agent"): row
+            for row in page.query_selector_all("#agent-rows tr[data-agent]")}
+    assert set(rows) == {"calc", "generalist"}
+    assert rows["calc"].get_attribute("data-peer") == execs[0].peer_id
+    assert rows["generalist"].get_attribute("data-peer") == execs[1].peer_id
+    calc = [td.text_content() for td in rows["calc"].query_selector_all("td")]
+    assert calc[2] == "arithmetic, math" and calc[3] == "calculator (read-only)"
+    assert calc[4] == "0.25 / 1k tokens" and calc[6] == "no vector"  # embeddings off here
+    assert page.text_content("#agent-count") == "(2)"
 
     # the chat box asks the network; both executors vote
     page.fill("#question", "What is 6 * 7?")

@@ -1,6 +1,7 @@
 // The node dashboard: renders the state document pushed on /dashboard/events (server-sent
 // events) and sends the chat box's questions to /dashboard/ask. Everything a peer wrote
-// (questions, answers, model names) is inserted as text, never as HTML.
+// (questions, answers, model names, agent cards, tool calls) is inserted as text, never as
+// HTML.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -36,6 +37,7 @@ function listCell(row, items) {
     td.appendChild(ul);
   }
   row.appendChild(td);
+  return td;
 }
 
 function fill(tbody, rows, empty, columns) {
@@ -103,9 +105,33 @@ function renderTasks(tasks) {
     listCell(tr, t.verification.map((c) =>
       `${short(c.executor)} ${c.final ? "→" : "by " + short(c.verifier)} ${c.outcome}`));
     cell(tr, t.answer !== null ? t.answer : (t.failure || "…"));
+    const calls = (t.tool_calls || []).map((c) =>
+      `${short(c.executor)} ${c.name} ${c.arguments} → ${c.output}`);
+    listCell(tr, t.agent ? [`agent ${t.agent}`, ...calls] : calls).classList.add("tool-calls");
     return tr;
   });
-  fill($("task-rows"), rows, "no task yet: ask the network above", 8);
+  fill($("task-rows"), rows, "no task yet: ask the network above", 9);
+}
+
+// the network's agents: a tool is marked read-only or side-effecting, as its card declares
+function renderAgents(agents) {
+  $("agent-count").textContent = `(${agents.length})`;
+  const rows = agents.map((a) => {
+    const tr = el("tr");
+    tr.dataset.agent = a.name;
+    tr.dataset.peer = a.peer_id;
+    cell(tr, a.name).title = a.description;
+    cell(tr, a.self ? "this node" : short(a.peer_id), "mono").title = a.peer_id;
+    cell(tr, a.skills.join(", ") || "—");
+    listCell(tr, a.tools.map((tool) =>
+      `${tool.name} (${tool.side_effects ? "side-effecting" : "read-only"})`));
+    cell(tr, `${a.price_per_1k_tokens} / 1k tokens`);
+    cell(tr, a.reputation.toFixed(3));
+    cell(tr, a.vector_verified ? "verified" : (a.has_vector ? "unchecked" : "no vector"),
+      a.vector_verified ? "" : "muted");
+    return tr;
+  });
+  fill($("agent-rows"), rows, "no agent in the ledger yet", 7);
 }
 
 function renderRelay(versions) {
@@ -164,6 +190,7 @@ function render(state) {
   renderNode(state.node);
   renderPeers(state.peers);
   renderTasks(state.tasks);
+  renderAgents(state.agents || []);
   renderRelay(state.relay);
   renderJob("job-inference", state.jobs.inference, "distributed-inference");
   renderJob("job-rl", state.jobs.rl, "RL");

@@ -90,3 +90,12 @@ def test_a_testnet_without_a_link_writes_none_and_a_bad_one_starts_nothing(
     with pytest.raises(LinkSpecError, match="'up=20'"):
         LocalTestnet(tmp_path / "bad", link="rtt=60ms,up=20")
     assert not (tmp_path / "bad").exists()
+
+
+def test_testnet_refuses_a_bad_link_with_the_same_parameter_type() -> None:
+    from node.cli.node import testnet
+
+    with pytest.raises(click.BadParameter, match="'up=20'.*a rate needs a unit"):
+        testnet.make_context("testnet", ["--link", "rtt=60ms,up=20"])
+    with testnet.make_context("testnet", ["--link", HOME_LINK]) as ctx:
+        assert ctx.params["link"] == HOME_LINK

@@ -12,6 +12,10 @@ every wait is bounded and raises :class:`TestnetError` naming what it waited for
     a.kill()                                   # SIGKILL, like a crash
     a.restart()                                # same data dir: same key, same peer id
     net.stop_all()                             # SIGTERM, then bounded wait, then SIGKILL
+
+A testnet made with ``link="rtt=60ms,up=20mbit"`` writes that spec into every node's config
+(``link``, node/p2p/link.py), so each daemon it starts shapes all of its connections alike: the
+one place a testnet, a bench or a test puts its daemons behind a link.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import httpx
 import tomli_w
 
 from node.control import daemon_file
+from node.p2p.link import parse_link
 
 #: default bound on waiting for one daemon to be ready (imports and the libp2p start, on cores
 #: other daemons share)
@@ -227,12 +232,16 @@ class NodeProcess:
 
 
 class LocalTestnet:
-    """Several NodeProcesses under one base dir; all share a network id unless told not to."""
+    """Several NodeProcesses under one base dir; all share a network id unless told not to,
+    and all run behind ``link`` (a link spec; "" is none) whatever their own config says."""
 
     def __init__(self, base_dir: Path, *, network_id: str = "localtest",
                  config: Mapping[str, Any] | None = None,
                  env: Mapping[str, str] | None = None,
-                 listen: str = LOOPBACK_LISTEN) -> None:
+                 listen: str = LOOPBACK_LISTEN, link: str = "") -> None:
+        parse_link(link)  # a bad spec fails here (LinkSpecError names the part), not in a child
+        #: the link spec every node's config gets
+        self.link = link
         self.base_dir = Path(base_dir)
         #: what every node listens on (``/ip4/0.0.0.0/tcp/0``: reachable from other machines)
         self.listen = listen
@@ -249,10 +258,7 @@ class LocalTestnet:
         and written as node.toml (sections as nested dicts); bootstrap takes nodes or addrs."""
         if name in self.nodes:
             raise ValueError(f"node {name!r} exists; use restart()")
-        data_dir = self.base_dir / name
-        data_dir.mkdir(parents=True, exist_ok=True)
-        merged = _merge(_merge(QUIET, self.config), config or {})
-        (data_dir / "node.toml").write_text(tomli_w.dumps(merged))
+        data_dir = self.write_config(name, config or {})
         args = ["--listen", self.listen, "--network-id", network_id or self.network_id,
                 "--json-logs", *extra_args]
         for peer in bootstrap:
@@ -261,6 +267,18 @@ class LocalTestnet:
         self.nodes[name] = node
         node.spawn()
         return node.wait_ready(timeout_s) if wait else node
+
+    def write_config(self, name: str, config: Mapping[str, Any]) -> Path:
+        """Write node ``name``'s node.toml, returning its data dir: QUIET, under the testnet's
+        config, under the node's own ``config``, and the testnet's link (when it has one)
+        over all of them."""
+        data_dir = self.base_dir / name
+        data_dir.mkdir(parents=True, exist_ok=True)
+        merged = _merge(_merge(QUIET, self.config), config)
+        if self.link:
+            merged["link"] = self.link
+        (data_dir / "node.toml").write_text(tomli_w.dumps(merged))
+        return data_dir
 
     def wait_until(self, predicate: Callable[[], Any], what: str,
                    timeout_s: float = READY_TIMEOUT_S) -> Any:

@@ -29,8 +29,17 @@ BENCHMARKS: dict[str, str] = {
 }
 
 
-#: options some benchmarks take beside --quick (keyword arguments of their ``run``)
-OPTIONS: dict[str, tuple[str, ...]] = {"fuzz": ("frames",), "soak": ("cycles",)}
+#: options some benchmarks take beside --quick (keyword arguments of their ``run``); ``link``
+#: (a link spec, node/p2p/link.py) puts every daemon the benchmark starts behind that link
+#: (node.testnet.LocalTestnet's ``link``) and adds a ``link`` figure echoing it
+OPTIONS: dict[str, tuple[str, ...]] = {
+    "fuzz": ("frames",),
+    "soak": ("cycles",),
+    "tasks": ("link",),
+    "distributed": ("link",),
+    "relay": ("link",),
+    "ledger": ("link",),
+}
 
 
 def load(name: str) -> Callable[..., dict[str, Any]]:

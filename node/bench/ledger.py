@@ -21,6 +21,9 @@ Measured in one run:
   ``update_converge_ms``: polled over HTTP until every node shows it (includes polling);
   ``update_bytes_per_node``: mean ledger bytes sent per node meanwhile.
 
+``--link SPEC`` runs every daemon behind that link (node/p2p/link.py; ``link`` echoes it); the
+in-process merge, the baseline, crosses none.
+
 ``--quick`` (under a minute): 2 founders + 1 joiner, 1,000 attestations. Full: 4 + 1, 10,000.
 """
 
@@ -64,13 +67,13 @@ CONFIG = {
 }
 
 
-def run(quick: bool) -> dict[str, Any]:
+def run(quick: bool, link: str = "") -> dict[str, Any]:
     founders, n = QUICK if quick else FULL
     envelopes = _attestations(n, int(time.time() * 1000))
-    figures: dict[str, Any] = {"daemons": founders + 1, "attestations": n}
+    figures: dict[str, Any] = {"link": link, "daemons": founders + 1, "attestations": n}
     figures["local_merge_s"] = _local_merge_s(envelopes)
     with tempfile.TemporaryDirectory(prefix="symphony-bench-ledger-") as tmp:
-        net = LocalTestnet(Path(tmp), network_id=NETWORK_ID, config=CONFIG)
+        net = LocalTestnet(Path(tmp), network_id=NETWORK_ID, config=CONFIG, link=link)
         try:
             figures.update(_join(net, founders, envelopes))
             figures.update(_update(net))

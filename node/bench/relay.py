@@ -17,6 +17,9 @@ the store is timed apart as ``import_s``) until every recipient reports the vers
 * peak resident memory per daemon (``VmHWM``), max and mean, in MiB, and the most any daemon
   grew over its idle size (``peak_rss_over_idle_max_mib``: what relaying cost in memory).
 
+``--link SPEC`` runs every daemon behind that link (node/p2p/link.py; ``link`` echoes it): every
+chunk stream crosses it, under the ``capped_`` phases' uplink cap too.
+
 Eight daemons on one machine compete for its CPU, so where cores are few the uncapped ratios
 mostly measure CPU contention; the capped ratios are the protocol's.
 """
@@ -50,11 +53,12 @@ DIRECT_POLL_EVERY = 20
 MB = 1_000_000
 
 
-def run(quick: bool) -> dict[str, Any]:
+def run(quick: bool, link: str = "") -> dict[str, Any]:
     peers, mib, capped_mib, cap_mbps, chunk_kib, sweep = QUICK if quick else FULL
     with tempfile.TemporaryDirectory(prefix="symphony-bench-relay-") as tmp:
         base = Path(tmp)
-        net = LocalTestnet(base / "net", network_id="benchrelay", config=FAST_MEMBERSHIP)
+        net = LocalTestnet(base / "net", network_id="benchrelay", config=FAST_MEMBERSHIP,
+                           link=link)
         try:
             pub = net.start("pub", timeout_s=START_TIMEOUT_S)
             others = [net.start(f"p{i}", bootstrap=[pub], wait=False) for i in range(peers)]
@@ -64,6 +68,7 @@ def run(quick: bool) -> dict[str, Any]:
             idle = [_rss_mib(n, "VmRSS") for n in [pub, *others]]
             bench = _Bench(pub, others, base, mib << 20)
             figures: dict[str, Any] = {
+                "link": link,
                 "peers": peers,
                 "artifact_mib": mib,
                 "capped_artifact_mib": capped_mib,

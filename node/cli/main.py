@@ -14,6 +14,8 @@ from typing import Any
 
 import click
 
+from node.cli.options import LINK_SPEC
+
 #: command name -> "module:attribute" of a click command or group.
 SUBCOMMANDS: dict[str, str] = {
     "keygen": "node.cli.node:keygen",
@@ -63,22 +65,14 @@ def main() -> None:
               help="fuzz: frames per protocol (default 100,000).")
 @click.option("--cycles", type=click.IntRange(min=1), default=None,
               help="soak: kill-and-restart cycles (default 100).")
-def bench(name: str, as_json: bool, quick: bool, frames: int | None,
-          cycles: int | None) -> None:
+@click.option("--link", type=LINK_SPEC, default=None,
+              help="tasks, distributed, relay, ledger: run every daemon behind this link, "
+                   "e.g. rtt=60ms,up=20mbit (node/p2p/link.py).")
+def bench(name: str, as_json: bool, quick: bool, **options: Any) -> None:
     """Run benchmark NAME and print its figures."""
-    from node.bench import BENCHMARKS, OPTIONS, load
+    from node.bench import load
 
-    if name not in BENCHMARKS:
-        raise click.BadParameter(
-            f"unknown benchmark {name!r}; choose from {', '.join(sorted(BENCHMARKS))}",
-            param_hint="NAME",
-        )
-    given = {k: v for k, v in {"frames": frames, "cycles": cycles}.items() if v is not None}
-    for option in given:
-        if option not in OPTIONS.get(name, ()):
-            takers = ", ".join(n for n, opts in sorted(OPTIONS.items()) if option in opts)
-            raise click.BadParameter(f"--{option} applies only to: {takers}",
-                                     param_hint=f"--{option}")
+    given = bench_options(name, options)
     from node.cli.progress import working
 
     with working(f"bench {name}{' --quick' if quick else ''}"):
@@ -87,6 +81,25 @@ def bench(name: str, as_json: bool, quick: bool, frames: int | None,
         click.echo(json.dumps(figures, sort_keys=True))
     else:
         print_figures(name, figures)
+
+
+def bench_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments benchmark ``name``'s ``run`` gets from the options given (those
+    not None); an unknown benchmark, or an option it does not take, is a usage error."""
+    from node.bench import BENCHMARKS, OPTIONS
+
+    if name not in BENCHMARKS:
+        raise click.BadParameter(
+            f"unknown benchmark {name!r}; choose from {', '.join(sorted(BENCHMARKS))}",
+            param_hint="NAME",
+        )
+    given = {k: v for k, v in options.items() if v is not None}
+    for option in given:
+        if option not in OPTIONS.get(name, ()):
+            takers = ", ".join(n for n, opts in sorted(OPTIONS.items()) if option in opts)
+            raise click.BadParameter(f"--{option} applies only to: {takers}",
+                                     param_hint=f"--{option}")
+    return given
 
 
 def print_figures(title: str, figures: dict[str, Any]) -> None:

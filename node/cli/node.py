@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from node.cli.options import LINK_SPEC
 from node.config import ConfigError, default_data_dir
 
 
@@ -198,7 +199,7 @@ def demo(executors: int, questions: int | None, max_tokens: int | None,
 @click.option("--network-id", default="localtest", show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="IPv4 address the nodes listen on; 0.0.0.0 lets other machines join.")
-@click.option("--link", default="", metavar="SPEC",
+@click.option("--link", default="", type=LINK_SPEC,
               help="Shape every daemon's connections as this link, e.g. "
                    "rtt=60ms,up=20mbit,loss=0.5%.")
 def testnet(nodes: int, base_dir: str | None, network_id: str, host: str, link: str) -> None:
@@ -216,14 +217,7 @@ def testnet(nodes: int, base_dir: str | None, network_id: str, host: str, link: 
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     base = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="symphony-testnet-"))
-    from node.p2p.link import parse_link
-
-    try:
-        parse_link(link)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--link") from None
-    net = LocalTestnet(base, network_id=network_id, listen=f"/ip4/{host}/tcp/0",
-                       config={"link": link} if link else None)
+    net = LocalTestnet(base, network_id=network_id, listen=f"/ip4/{host}/tcp/0", link=link)
     try:
         first = net.start("node0")
         for node in [net.start(f"node{i}", bootstrap=[first], wait=False)

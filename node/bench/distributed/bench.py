@@ -44,6 +44,12 @@ single process and the chains interleaved, a round at a time), since those ratio
 goal and the load of a shared machine swings within a run. ``load_1m_start`` /
 ``load_1m_end``: the 1-minute load average when the bench started and ended.
 ``--quick`` generates 16 tokens instead of 64 and leaves out the direct-way chains.
+
+``--link SPEC`` runs every daemon behind that link (node/p2p/link.py; ``link`` echoes it). The
+chains' overhead ratios then hold the link's round trips, and the ``_20ms`` figures come from
+the 4-stage requesters' chains at the link's round trip with no emulated delay on top
+(``link_delay_ms`` 0; the ``r4-20ms`` requesters are not started): ``--link rtt=40ms`` holds
+each hop 20 ms one way, as the emulation does, but in the TCP connection under libp2p.
 """
 
 from __future__ import annotations
@@ -130,19 +136,27 @@ def _n_blocks() -> int:
     return int(llama_config(path, meta, tensors).num_hidden_layers)
 
 
-def _layout(n_blocks: int, quick: bool) -> tuple[dict[str, tuple[int, int]],
-                                                 dict[str, RequesterSpec]]:
+def _slow(way: str, shaped: bool) -> str:
+    """The requester whose chains the ``_20ms`` figures (``way``: "" or "_direct") time: the
+    one that emulates the delay, or behind a link (``shaped``) the loopback one."""
+    return f"r4{'' if shaped else '-20ms'}{'-direct' if way else ''}"
+
+
+def _layout(n_blocks: int, quick: bool, shaped: bool) -> tuple[dict[str, tuple[int, int]],
+                                                               dict[str, RequesterSpec]]:
     two, four = split(n_blocks, 2), split(n_blocks, 4)
     servers = {"x0": two[0], "x1": two[1], "q0": four[0], "q1": four[1], "q1-spare": four[1],
                "q2": four[2], "q3": four[3]}
     pair, quad = ("x0", "x1"), ("q0", "q1", "q1-spare", "q2", "q3")
-    requesters = {"r2": RequesterSpec(pair), "r4": RequesterSpec(quad),
-                  "r4-20ms": RequesterSpec(quad, LINK_DELAY_MS)}
+    requesters = {"r2": RequesterSpec(pair), "r4": RequesterSpec(quad)}
     if not quick:
-        requesters.update({
-            "r2-direct": RequesterSpec(pair, forwarding=False),
-            "r4-direct": RequesterSpec(quad, forwarding=False),
-            "r4-20ms-direct": RequesterSpec(quad, LINK_DELAY_MS, forwarding=False)})
+        requesters.update({"r2-direct": RequesterSpec(pair, forwarding=False),
+                           "r4-direct": RequesterSpec(quad, forwarding=False)})
+    if not shaped:  # behind a link, the link delays every hop: no requester emulates it
+        requesters[_slow("", shaped)] = RequesterSpec(quad, LINK_DELAY_MS)
+        if not quick:
+            requesters[_slow("_direct", shaped)] = RequesterSpec(quad, LINK_DELAY_MS,
+                                                                 forwarding=False)
     return servers, requesters
 
 
@@ -175,12 +189,14 @@ def _loopback(net: ChainTestnet, ref: Reference, names: list[str], max_tokens: i
 
 
 def _latency_runs(net: ChainTestnet, reference: list[int], max_tokens: int,
-                  outputs: dict[str, bool], repeats: int, quick: bool) -> dict[str, Any]:
+                  outputs: dict[str, bool], repeats: int, quick: bool,
+                  shaped: bool) -> dict[str, Any]:
     figures: dict[str, Any] = {}
-    plans = [("r4-20ms", "", ("", "_spec", "_mars"))]
+    plans = [("", ("", "_spec", "_mars"))]
     if not quick:
-        plans.append(("r4-20ms-direct", "_direct", ("", "_spec")))
-    for requester, way, kinds in plans:
+        plans.append(("_direct", ("", "_spec")))
+    for way, kinds in plans:
+        requester = _slow(way, shaped)
         runs: dict[str, list[dict[str, Any]]] = {k: [] for k in kinds}
         for _ in range(repeats):  # interleaved, so a busy spell of the machine hits all
             for kind in kinds:
@@ -265,15 +281,15 @@ def _serving_session(net: ChainTestnet, candidates: list[Any]) -> Any:
     return found
 
 
-def run(quick: bool) -> dict[str, Any]:
+def run(quick: bool, link: str = "") -> dict[str, Any]:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     started = time.perf_counter()
     load_start = os.getloadavg()[0]
     max_tokens = QUICK_TOKENS if quick else FULL_TOKENS
     repeats = 1 if quick else REPEATS
-    servers, requesters = _layout(_n_blocks(), quick)
+    servers, requesters = _layout(_n_blocks(), quick, shaped=bool(link))
     outputs: dict[str, bool] = {}
-    with chain_testnet(servers, requesters) as net:
+    with chain_testnet(servers, requesters, link=link) as net:
         ref = Reference(max_tokens)  # loads while the daemons start
         net.wait()
         ref.run()  # warm-up, and the reference tokens
@@ -283,14 +299,16 @@ def run(quick: bool) -> dict[str, Any]:
         figures = ref.figures()
         figures.update(_loopback(net, ref, names, max_tokens, outputs, LOOPBACK_REPEATS))
         figures["tokens_per_s_single"] = round(ref.tokens_per_s, 3)
-        figures.update(_latency_runs(net, ref.tokens, max_tokens, outputs, repeats, quick))
+        figures.update(_latency_runs(net, ref.tokens, max_tokens, outputs, repeats, quick,
+                                     shaped=bool(link)))
         figures["stage_rss_mb_max"] = round(max(peak_rss_mb(n) for n, _ in
                                                 net.servers.values()), 1)
         calm = len(ref.tokens) / figures["tokens_per_s_chain4"]
         figures.update(_recovery(net, ref.tokens, max_tokens, outputs, calm))
     figures["identical"] = all(outputs.values())
     figures["not_identical"] = ",".join(k for k, same in outputs.items() if not same) or "-"
-    figures["link_delay_ms"] = LINK_DELAY_MS
+    figures["link"] = link
+    figures["link_delay_ms"] = 0.0 if link else LINK_DELAY_MS
     figures["speculative_k_max"] = SPEC_K
     figures["wall_s"] = elapsed(started)
     figures["load_1m_start"] = round(load_start, 2)

@@ -9,7 +9,7 @@ too) while the others run at loopback speed. The first requester is the bootstra
 rest. :meth:`ChainTestnet.wait` waits until every daemon is up and each requester's ledger
 lists the ranges it needs; :meth:`ChainTestnet.generate` posts ``/inference/generate`` to a
 requester and returns its answer (a refusal raises :class:`ChainRefused` with the daemon's message). Every
-daemon is stopped on the way out.
+daemon is stopped on the way out. With a ``link`` spec every daemon runs behind that link.
 """
 
 from __future__ import annotations
@@ -116,13 +116,14 @@ def _keyed(base: Path, name: str) -> str:
 @contextmanager
 def chain_testnet(servers: Mapping[str, tuple[int, int]],
                   requesters: Mapping[str, RequesterSpec], *,
-                  name: str = "distributed") -> Iterator[ChainTestnet]:
+                  name: str = "distributed", link: str = "") -> Iterator[ChainTestnet]:
     """Start every daemon (not waiting: call :meth:`ChainTestnet.wait`), stop them all after."""
     with tempfile.TemporaryDirectory(prefix=f"symphony-bench-{name}-") as tmp:
         base = Path(tmp)
         # membership keeps its default intervals: a peer exchange every 500 ms repeats the same
         # request often enough for the peers' replay rule to ban each other within a minute
-        net = LocalTestnet(base, network_id=f"bench-{name}", config={"inference": {"threads": 1}})
+        net = LocalTestnet(base, network_id=f"bench-{name}", config={"inference": {"threads": 1}},
+                           link=link)
         ids = {s: _keyed(base, s) for s in servers}
         try:
             started: dict[str, NodeProcess] = {}

@@ -22,6 +22,10 @@ HTTP API, 1,000 in all (``--quick``: 100), each done or failed with a clear erro
 (``load_unclear`` counts the others, goal 0), ``/status`` latency meanwhile, and the asker's
 fd and memory growth over them (``load_*`` keys).
 
+``--link SPEC`` runs every daemon behind that link (node/p2p/link.py; ``link`` echoes it): the
+asker's beacons, bids, assignments and results all cross it, while the direct call, the
+baseline, stays in this process.
+
 ``overhead_ratio_k3`` is, per k = 3 ask, its time over the compute time of the slowest of its
 executors (the least any k = 3 ask could take), p50 over the asks.
 
@@ -75,7 +79,7 @@ def _ask(client: Any, question: str, k: int, max_tokens: int) -> tuple[float, di
     return (time.perf_counter() - t0) * 1000, snap
 
 
-def run(quick: bool) -> dict[str, Any]:
+def run(quick: bool, link: str = "") -> dict[str, Any]:
     from models.config import ModelConfig
     from models.loader import load_backend
     from node.api.token import read_token
@@ -87,15 +91,15 @@ def run(quick: bool) -> dict[str, Any]:
     asks = QUICK_ASKS if quick else FULL_ASKS
     max_tokens = QUICK_MAX_TOKENS if quick else FULL_MAX_TOKENS
     questions = _questions(asks)
-    figures: dict[str, Any] = {"asks_per_k": asks, "max_tokens": max_tokens,
+    figures: dict[str, Any] = {"link": link, "asks_per_k": asks, "max_tokens": max_tokens,
                                "threads_per_executor": THREADS,
                                "bid_window_ms": TasksSection().bid_window_ms}
     backend = load_backend(ModelConfig(n_threads=THREADS))
     figures["model"] = backend.info.name
     baseline = _Baseline(backend, max_tokens)
     with tempfile.TemporaryDirectory(prefix="symphony-bench-tasks-") as tmp:
-        net = LocalTestnet(Path(tmp), network_id="bench-tasks",
-                           config=FAST_MEMBERSHIP)
+        net = LocalTestnet(Path(tmp), network_id="bench-tasks", config=FAST_MEMBERSHIP,
+                           link=link)
         try:
             t0 = time.perf_counter()
             asker = _start_network(net)

@@ -161,7 +161,7 @@ def _advertise(node: VirtualNode, epoch: int, spec: CapabilitySpec) -> None:
 
 
 def ledger_of(node: VirtualNode) -> LedgerMachine:
-    from simulations.adversary import unwrap
+    from simulations.machines.adversary import unwrap
 
     machine = unwrap(node.machine(NAME))  # an adversary wrapper holds the honest machine
     if not isinstance(machine, LedgerMachine):

@@ -64,7 +64,7 @@ from protocol.relay.manifest import (
     RelayProgress,
 )
 from protocol.relay.striping import DEFAULT_STRIPES
-from simulations.adversary import Behaviour, Wrapped
+from simulations.machines.adversary import Behaviour, Wrapped
 from simulations.node import MachineSpec, VirtualNode
 
 NAME = "relay"

@@ -12,12 +12,12 @@ from pathlib import Path
 
 from simulations.engine import fewer_gc_passes
 from simulations.memo import shared_pure_functions
-from simulations.report import Report, write
+from simulations.runner.report import Report, write
 from simulations.scenario import Scenario, ScenarioError
 from simulations.workloads import WORKLOADS
 from simulations.workloads.common import Progress, no_progress
 
-#: the workloads that can run the real model (simulations/models_compute.py); routing scores
+#: the workloads that can run the real model (simulations/compute/models_backend.py); routing scores
 #: its choices by the profiles' skill, which a real model does not have
 REAL_COMPUTE_KINDS = frozenset({"voting"})
 

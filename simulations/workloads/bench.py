@@ -20,7 +20,7 @@ from protocol.ledger.machine import LedgerConfig
 from protocol.market.events import AuctionConfig, SubmitTask
 from protocol.market.executor import ExecutorConfig, ServedModel
 from protocol.market.selection import ScoreSelector
-from simulations.compute import (
+from simulations.compute.cost import (
     ANSWER_TYPE,
     DEVICES,
     CostModel,

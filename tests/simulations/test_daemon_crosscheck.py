@@ -2,7 +2,7 @@
 
 One requester and three executors answer "What is 6 * 7?" with k = 3, once as real daemons on
 loopback (separate processes, libp2p) and once as virtual nodes running the same machines on
-the same solvers (simulations.compute.SolverBackend). One executor runs the honest test
+the same solvers (simulations.compute.cost.SolverBackend). One executor runs the honest test
 solver (tests/node/arith_solver.py, "42" with confidence 0.9); two run the dissenting one
 (tests/node/dissenting_solver.py, "43" with confidence 0.05). Counted by heads "43" would
 win; weighted by confidence the honest "42" does. Both runs must end done, not partial, with
@@ -23,7 +23,7 @@ import pytest
 from protocol.market.events import AuctionConfig, SubmitTask
 from protocol.market.executor import MATCH_ANY, ExecutorConfig
 from protocol.market.selection import ScoreSelector
-from simulations.compute import SolverBackend
+from simulations.compute.cost import SolverBackend
 from simulations.machines.market import AUCTION, SNAPSHOTS, auction_spec, executor_spec
 from simulations.memo import shared_pure_functions
 from simulations.network import LatencyModel

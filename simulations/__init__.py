@@ -17,8 +17,9 @@ Layers, bottom up (the core is the flat modules; the rest are subpackages):
 * compute/: the compute cost model, the real models/ backend, the cost of verification;
 * workloads/: one module per research question, returning a runner.report.Report;
   rl/: the RL runs its workload sweeps;
-* scenario.py loads TOML; runner/: the world a scenario builds, the run, the report;
-  memo.py shares pure-function results.
+* memo.py: the results of pure functions (envelope checks, hashes, plans) shared by a
+  swarm's machines, which call them through the memo they are built with;
+* scenario.py loads TOML; runner/: the world a scenario builds, the run, the report.
 
 Determinism: a scenario and a seed give a byte-identical report.json.
 """

@@ -25,7 +25,7 @@ Contract (the simulator's side of node/transport.py, at the level of machine eff
 
 from __future__ import annotations
 
-from protocol.codec import Message
+from protocol.codec import Message, encode
 from protocol.machine import DialFailed, SendFailed
 from simulations.network import SMALL_MESSAGE_BYTES
 from simulations.node import MachineSlot, NodeHost, VirtualNode
@@ -56,7 +56,7 @@ class SimTransport:
         self.dial_timeout_us = dial_timeout_ms * 1000
         self.send_timeout_us = send_timeout_ms * 1000
         self.crash_detect_us = crash_detect_ms * 1000
-        self.frames = Frames(wire_bytes, swarm.metrics)
+        self.frames = Frames(wire_bytes, swarm.metrics, swarm.memo(encode))
         #: small gossip goes by planned floods (simulations/wire/flood.py), the rest hop by hop
         self.floods = PlannedFloods(swarm, self.frames, flood_seed, degree_high)
         self.hops = HopByHop(swarm, self.frames)

@@ -51,7 +51,7 @@ def ledger_spec(
     agents_of: Callable[[VirtualNode], tuple[AgentCard, ...] | None] | None = None,
 ) -> MachineSpec:
     def build(node: VirtualNode) -> LedgerMachine:
-        machine = LedgerMachine(node.identity, network_id, node.rng, config)
+        machine = LedgerMachine(node.identity, network_id, node.rng, config, memo=node.swarm.memo)
         _restore(node, machine)
         return machine
 

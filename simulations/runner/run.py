@@ -1,4 +1,4 @@
-"""Run a scenario: pick its workload, share pure functions across nodes, time it, report.
+"""Run a scenario: pick its workload, time it, report.
 
 ``run_scenario(scenario, progress) -> (Report, wall_s)``; ``write`` puts report.json and
 report.html in a directory. The CLI (node/cli/simulate.py) and the tests call these.
@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 from simulations.engine import fewer_gc_passes
-from simulations.memo import shared_pure_functions
 from simulations.runner.report import Report, write
 from simulations.scenario import Scenario, ScenarioError
 from simulations.workloads import WORKLOADS
@@ -35,7 +34,7 @@ def run_scenario(scenario: Scenario, progress: Progress = no_progress) -> tuple[
         )
     module = importlib.import_module(module_name)
     started = time.perf_counter()
-    with shared_pure_functions(), fewer_gc_passes():
+    with fewer_gc_passes():
         report: Report = module.run(scenario, progress)
     return report, time.perf_counter() - started
 

@@ -25,7 +25,6 @@ from protocol.market.executor import MATCH_ANY, ExecutorConfig
 from protocol.market.selection import ScoreSelector
 from simulations.compute.cost import SolverBackend
 from simulations.machines.market import AUCTION, SNAPSHOTS, auction_spec, executor_spec
-from simulations.memo import shared_pure_functions
 from simulations.network import LatencyModel
 from simulations.swarm import Swarm
 from tests.node.arith_solver import DELAY_ENV, ArithmeticSolver
@@ -87,22 +86,21 @@ def simulated_run(seed: int) -> tuple[dict[str, Any], list[tuple[int, str, str]]
                            SolverBackend(VirtualTimeSolver(solver, COMPUTE_MS)))
              for solver in (honest, dissenter, dissenter)]
     emitted: list[tuple[int, str, str]] = []
-    with shared_pure_functions():
-        swarm = Swarm(seed, latency=LatencyModel("uniform", 1.0, 5.0))
-        asker = swarm.add_node((auc,))
-        execs = [swarm.add_node((spec,)) for spec in specs]
-        for node in (asker, *execs):
-            swarm.start(node)
-        rng = random.Random(seed)
-        for node in execs:
-            swarm.connect(asker, node)
-            swarm.connect_random(node, 2, rng)
-        for event in ("task.done", "task.failed", "task.assigned"):
-            swarm.on_emit(event, lambda node, f, now, event=event: emitted.append(
-                (now, node.identity.peer_id, event)))
-        swarm.at_ms(100, asker.submit, AUCTION,
-                    SubmitTask(question=QUESTION, answer_type="number", deadline_ms=40_000, k=3))
-        swarm.run(60_000)
+    swarm = Swarm(seed, latency=LatencyModel("uniform", 1.0, 5.0))
+    asker = swarm.add_node((auc,))
+    execs = [swarm.add_node((spec,)) for spec in specs]
+    for node in (asker, *execs):
+        swarm.start(node)
+    rng = random.Random(seed)
+    for node in execs:
+        swarm.connect(asker, node)
+        swarm.connect_random(node, 2, rng)
+    for event in ("task.done", "task.failed", "task.assigned"):
+        swarm.on_emit(event, lambda node, f, now, event=event: emitted.append(
+            (now, node.identity.peer_id, event)))
+    swarm.at_ms(100, asker.submit, AUCTION,
+                SubmitTask(question=QUESTION, answer_type="number", deadline_ms=40_000, k=3))
+    swarm.run(60_000)
     (snapshot,) = asker.store[SNAPSHOTS].values()
     return snapshot.to_dict(), emitted
 

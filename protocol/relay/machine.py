@@ -123,7 +123,7 @@ class RelayMachine:
         trusted: Set[str] | None = None,
         max_manifests_per_signer: int = MAX_MANIFESTS_PER_SIGNER,
         max_manifests: int = MAX_MANIFESTS,
-        memo: Memo = no_memo,  # for the plan and chunk index (see protocol/machine.py)
+        memo: Memo = no_memo,  # for the manifest check, plan, chunk index (protocol/machine.py)
     ) -> None:
         if window < 1 or keep_versions < 1 or max_queued_per_peer < 1:
             raise LocalProtocolError("window, keep_versions and max_queued_per_peer must be >= 1")
@@ -142,8 +142,8 @@ class RelayMachine:
         self.book = ManifestBook(
             self_id, max_per_signer=max_manifests_per_signer, max_total=max_manifests
         )
+        self._verify_manifest, self._chunk_indices = memo(verify_manifest), memo(chunk_indices)
         self._build_striped_plan = memo(build_striped_plan)
-        self._chunk_indices = memo(chunk_indices)
         #: requests, sources, stalls and progress of the transfers being fetched
         self.fetcher = ChunkFetcher(
             self_id, window=window, stall_timeout_ms=stall_timeout_ms, retry_ms=retry_ms
@@ -239,7 +239,7 @@ class RelayMachine:
 
     def _on_manifest(self, peer: str, msg: RelayManifest, now: int, out: list[Effect]) -> None:
         try:
-            manifest = verify_manifest(msg)
+            manifest = self._verify_manifest(msg)
         except ManifestError as exc:
             out.append(Penalize(peer, f"invalid relay manifest: {exc}", BAD_MANIFEST_PENALTY))
             out.append(Emit("manifest_invalid", {"peer": peer, "error": str(exc)}))

@@ -69,7 +69,7 @@ def test_a_forgery_is_refused_by_every_node_that_shares_the_memo() -> None:
         assert list(m.state.attestations) == [real.content_hash]
 
 
-def test_relays_given_one_memo_share_the_plan_and_chunk_index_of_a_version() -> None:
+def test_relays_given_one_memo_share_the_checked_manifest_plan_and_chunk_index() -> None:
     publisher = relay_identity(1)
     ids = [relay_identity(n).peer_id for n in range(2, 5)]
     m = manifest_for(publisher, ids)
@@ -82,5 +82,6 @@ def test_relays_given_one_memo_share_the_plan_and_chunk_index_of_a_version() -> 
     one, two = (r.transfers[m.id] for r in shared)
     three, four = (r.transfers[m.id] for r in alone)
     assert one.plan == three.plan and one.by_hash == three.by_hash
+    assert one.manifest is two.manifest and three.manifest is not four.manifest
     assert one.plan is two.plan and one.by_hash is two.by_hash
     assert three.plan is not four.plan and three.by_hash is not four.by_hash

@@ -12,13 +12,19 @@ constructor. Messages between machines are one-way: ``Send`` delivers one messag
 back as ``SendFailed``). Replies are ordinary ``Send`` effects of the receiving machine.
 
 Events and effects common to all machines live here; a machine adds its own in its module.
+
+A driver that hosts many machines in one process (the simulator: thousands of virtual nodes
+checking the very same gossiped bytes) may share the results of the pure functions they call
+on what they receive: a machine that calls such a function takes a :class:`Memo` at
+construction, binds ``memo(fn)`` once and calls that wherever it would call ``fn``. The daemon
+passes none and gets :func:`no_memo`, the function itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 from protocol.codec import Message
 
@@ -123,3 +129,20 @@ class Machine(Protocol):
     def handle(self, event: Event, now: int) -> list[Effect]: ...
 
     def next_deadline(self) -> int | None: ...
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Memo(Protocol):
+    """``memo(fn)``: a function that returns what ``fn`` returns for the same arguments and
+    raises what it raises, possibly a result shared with other callers. Only a function whose
+    docstring says it is pure goes through a memo: its result depends on its arguments alone
+    and nobody mutates it."""
+
+    def __call__(self, fn: F, /) -> F: ...
+
+
+def no_memo(fn: F, /) -> F:
+    """The memo of a driver that has nothing to share: ``fn`` itself."""
+    return fn

@@ -1,61 +1,75 @@
-"""Sharing the results of pure functions across virtual nodes, for the length of a run.
+"""Sharing the results of pure functions across virtual nodes: the simulator's ``Memo``.
 
 In one process the simulator has every virtual node check the very same bytes: ten thousand
 signature verifications, peer-id derivations and payload decodings of one gossiped record.
-Each of these is a pure function of its arguments whose result is immutable (a bool, a str, a
-frozen message), so within :func:`shared_pure_functions` the names that the crypto/ and
-protocol/ modules call are bound to memoized wrappers. Every node still runs the whole code
-path of its machine (domain, signer, field, time and replay checks) and gets exactly the
-answer the real function gives, forgeries and malformed payloads included (an exception is
-never cached: it is raised again each time); only the repeated work is shared.
-Outside the context nothing is changed.
+The machines that do so call those pure functions through the ``protocol.machine.Memo`` they
+are built with (``LedgerMachine`` and its ``LedgerState``, ``RelayMachine``: their docstrings
+name the functions), and the daemon passes none. Each swarm holds one :class:`SharedResults`
+(``swarm.memo``); the adapters of simulations/machines/ hand it to the machines they build
+and the transport frames messages with its encoder. So every node still runs the whole code
+path of its machine (the network, signer, time, replay and quota checks that depend on the
+node) and gets exactly the answer the function gives, forgeries and malformed payloads
+included (an exception is never remembered: it is raised again each time); only the repeated
+work is shared, and only among the machines of one swarm.
 
-What is shared: ``crypto.keys.verify_signature`` (as bound in crypto.envelope),
-``crypto.peer_id.peer_id_from_public_key`` (as bound in crypto.envelope and crypto.keys),
-``protocol.codec.decode`` as bound in every loaded ``protocol.*`` module (keyed by the frame's
-bytes), ``protocol.codec.encode`` likewise, keyed by the identity of the (immutable)
-message object: a machine that counts the bytes of what it sends and the transport that sends
-it encode one object once; and the ledger's envelope checks that depend on the envelope's
-bytes alone (``protocol.ledger.records.envelope_hash`` and ``_open``: signature, domain,
-version, decoding), keyed by the envelope object, then by its value. Checks that depend on the node (network,
-signer, clock, replay, quota) still run on every node.
+How each function is remembered:
 
-Also shared: ``protocol.relay.striping.build_striped_plan`` (every node of a relay computes
-the same plan from the same manifest; the plan is frozen and only read) and
-``protocol.relay.transfer.chunk_indices`` (each node's map from chunk hash to indices, only
-read: at 10,000 nodes and 512 chunks, one copy instead of 10,000).
-
-Also shared: the immutable tuples a ledger state keeps per item (``held_attestation``,
-``attestation_expiry``, ``record_expiry`` in protocol.ledger.state: made of their arguments,
-so one tuple serves every node that holds the item) and ``bucket_digest`` (a hash of bytes).
-Ten thousand nodes holding the same items then hold one copy of these, not ten thousand:
-less memory, and fewer cold cache lines touched per delivery.
+* ``protocol.codec.encode``: by the identity of the (immutable) message object, so a machine
+  that counts the bytes it sends and the transport that sends them encode one object once;
+  ledger digests also by value (converged nodes build equal ones);
+* ``envelope_hash``, ``signed_capability``, ``signed_attestation`` (protocol/ledger/
+  records.py): by the identity of the envelope (the simulator hands every node the very same
+  object), then by its value (each node's own copy, decoded from bytes);
+* ``held_attestation``, ``attestation_expiry``, ``record_expiry`` (protocol/ledger/state.py):
+  tuples of their arguments, made once per item and held by every node that holds it: ten
+  thousand nodes holding the same items hold one copy of these, not ten thousand;
+* anything else (peer ids, bucket digests, relay manifests, plans and chunk indices): by the
+  value of its arguments (``functools.lru_cache``).
 """
 
 from __future__ import annotations
 
 import functools
 import operator
-import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
-import crypto.envelope
-import crypto.keys
-from crypto.keys import verify_signature
-from crypto.peer_id import peer_id_from_public_key
 from protocol import codec
 from protocol.ledger import records as ledger_records
 from protocol.ledger import state as ledger_state
 from protocol.ledger.messages import LedgerDigest
-from protocol.relay import striping as relay_striping
-from protocol.relay import transfer as relay_transfer
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 #: distinct argument tuples remembered per function; the oldest are forgotten first
 CACHE_ENTRIES = 1 << 17
 #: messages whose encoding is remembered by identity
 ENCODE_ENTRIES = 1 << 12
+
+
+class SharedResults:
+    """A ``protocol.machine.Memo`` whose results are shared by every caller: ``memo(fn)`` is
+    one remembering wrapper per function, made on first use."""
+
+    def __init__(self, entries: int = CACHE_ENTRIES) -> None:
+        self.entries = entries
+        self._shared: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+    def __call__(self, fn: F, /) -> F:
+        shared = self._shared.get(fn)
+        if shared is None:
+            shared = self._shared[fn] = self._remembering(fn)
+        return cast(F, shared)
+
+    def _remembering(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        if fn is codec.encode:
+            return _EncodeByIdentity(ENCODE_ENTRIES)
+        if fn in _BY_IDENTITY:
+            return _by_identity(fn, self.entries)
+        by_identity = _TUPLES.get(fn)
+        if by_identity is not None:
+            return _shared_tuple(fn, self.entries, by_identity=by_identity)
+        return functools.lru_cache(maxsize=self.entries)(fn)
 
 
 class _EncodeByIdentity:
@@ -84,24 +98,6 @@ class _EncodeByIdentity:
 #: equally: their fields are str, int, bytes and bool only (no floats: 1 == 1.0 == True would
 #: conflate encodings), made by LedgerState, which never puts a bool in an int field.
 _ENCODE_BY_VALUE = (LedgerDigest,)
-
-#: the transport's encoder; shared with protocol modules inside ``shared_pure_functions``
-encode = _EncodeByIdentity(ENCODE_ENTRIES)
-
-
-def _targets() -> list[tuple[object, str, Callable[..., Any]]]:
-    found: list[tuple[object, str, Callable[..., Any]]] = [
-        (crypto.envelope, "verify_signature", verify_signature),
-        (crypto.envelope, "peer_id_from_public_key", peer_id_from_public_key),
-        (crypto.keys, "peer_id_from_public_key", peer_id_from_public_key),
-    ]
-    for name in sorted(sys.modules):
-        module = sys.modules[name]
-        if (name == "protocol" or name.startswith("protocol.")) and name != "protocol.codec":
-            for attr, original in _PROTOCOL_FUNCTIONS:
-                if getattr(module, attr, None) is original:
-                    found.append((module, attr, original))
-    return found
 
 
 def _by_identity(fn: Callable[..., Any], entries: int) -> Callable[..., Any]:
@@ -153,49 +149,17 @@ def _shared_tuple(
     return shared
 
 
-#: pure functions shared wherever a ``protocol.*`` module binds them (by these names)
-_PROTOCOL_FUNCTIONS: tuple[tuple[str, Callable[..., Any]], ...] = (
-    ("decode", codec.decode),
-    ("encode", codec.encode),
-    ("envelope_hash", ledger_records.envelope_hash),
-    ("_open", ledger_records._open),
-    ("held_attestation", ledger_state.held_attestation),
-    ("attestation_expiry", ledger_state.attestation_expiry),
-    ("record_expiry", ledger_state.record_expiry),
-    ("bucket_digest", ledger_state.bucket_digest),
-    ("build_striped_plan", relay_striping.build_striped_plan),
-    ("chunk_indices", relay_transfer.chunk_indices),
+#: the functions whose first argument is an immutable object handed around as is
+_BY_IDENTITY = frozenset(
+    {
+        ledger_records.envelope_hash,
+        ledger_records.signed_capability,
+        ledger_records.signed_attestation,
+    }
 )
-#: of those, the ones whose first argument is an immutable object handed around as is
-_BY_IDENTITY = (ledger_records.envelope_hash, ledger_records._open)
-#: of those, the ones that return the tuple of their arguments (-> compared by identity)
-_TUPLES = {
+#: the functions that return the tuple of their arguments -> compared by identity or not
+_TUPLES: dict[Callable[..., Any], bool] = {
     ledger_state.held_attestation: True,
     ledger_state.attestation_expiry: False,
     ledger_state.record_expiry: False,
 }
-
-
-@contextmanager
-def shared_pure_functions(entries: int = CACHE_ENTRIES) -> Iterator[None]:
-    """Memoize the pure functions above while the context is open (re-entrant)."""
-    patched: list[tuple[object, str, Callable[..., Any]]] = []
-    for module, attr, original in _targets():
-        if getattr(module, attr) is not original:
-            continue  # already shared by an enclosing context
-        shared: Callable[..., Any]
-        if original is codec.encode:
-            shared = encode
-        elif original in _BY_IDENTITY:
-            shared = _by_identity(original, entries)
-        elif original in _TUPLES:
-            shared = _shared_tuple(original, entries, by_identity=_TUPLES[original])
-        else:
-            shared = functools.lru_cache(maxsize=entries)(original)
-        setattr(module, attr, shared)
-        patched.append((module, attr, original))
-    try:
-        yield
-    finally:
-        for module, attr, original in patched:
-            setattr(module, attr, original)

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from crypto.keys import Identity
 from protocol.codec import Message
 from protocol.errors import RemoteProtocolError
-from protocol.machine import Machine, PeerConnected, PeerDisconnected, Received, Tick
+from protocol.machine import Machine, Memo, PeerConnected, PeerDisconnected, Received, Tick
 from simulations.engine import EventLoop
 from simulations.metrics import Metrics, Traffic
 from simulations.network import NetworkModel
@@ -79,6 +79,8 @@ class NodeHost(Protocol):
     metrics: Metrics
     #: per-node traffic counters, indexed by ``VirtualNode.index``
     traffic: Traffic
+    #: what the swarm's machines share of their pure functions' results (simulations/memo.py)
+    memo: Memo
 
     @property
     def transport(self) -> PeerDisconnector: ...

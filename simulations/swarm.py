@@ -27,6 +27,7 @@ from crypto.keys import Identity
 from protocol.errors import LocalProtocolError
 from protocol.machine import Dial, Disconnect, Emit, Penalize, Publish, Send
 from simulations.engine import US_PER_MS, EventLoop
+from simulations.memo import SharedResults
 from simulations.metrics import Metrics, Traffic
 from simulations.network import LatencyModel, LinkFaults, NetworkModel
 from simulations.node import MachineSlot, MachineSpec, VirtualNode
@@ -72,6 +73,8 @@ class Swarm:
         )
         self.metrics = Metrics()
         self.traffic = Traffic()
+        #: pure-function results shared by this swarm's machines (simulations/memo.py)
+        self.memo = SharedResults()
         self.transport = SimTransport(
             self,
             wire_bytes=wire_bytes,

@@ -17,20 +17,20 @@ Contract (the simulator's side of node/transport.py, at the level of machine eff
   subscribed neighbours per topic (symmetric, as GRAFT makes it; never above
   ``degree_high``), grafted as connections open and refilled as they close. The publisher
   sends to its mesh or, not subscribed itself, to up to ``degree`` connected subscribers
-  (the fanout); simulations/gossip.py carries the message on from there.
+  (the fanout); simulations/wire/gossip.py carries the message on from there.
 * **Fidelity.** Messages cross as objects or, with ``wire_bytes``, as encoded frames each
-  receiver decodes (simulations/frames.py). Bytes are counted per node in both modes, on
+  receiver decodes (simulations/wire/frames.py). Bytes are counted per node in both modes, on
   the sender's up and the receiver's down side, duplicates included.
 """
 
 from __future__ import annotations
 
-from protocol.codec import Message
+from protocol.codec import Message, encode
 from protocol.machine import DialFailed, SendFailed
-from simulations.frames import Frames
-from simulations.gossip import HopByHop, PlannedFloods
 from simulations.network import SMALL_MESSAGE_BYTES
 from simulations.node import MachineSlot, NodeHost, VirtualNode
+from simulations.wire.frames import Frames
+from simulations.wire.gossip import HopByHop, PlannedFloods
 
 #: a connect (TCP + Noise + yamux + identify) costs this many round trips
 CONNECT_RTTS = 3
@@ -56,8 +56,8 @@ class SimTransport:
         self.dial_timeout_us = dial_timeout_ms * 1000
         self.send_timeout_us = send_timeout_ms * 1000
         self.crash_detect_us = crash_detect_ms * 1000
-        self.frames = Frames(wire_bytes, swarm.metrics)
-        #: small gossip goes by planned floods (simulations/flood.py), the rest hop by hop
+        self.frames = Frames(wire_bytes, swarm.metrics, swarm.memo(encode))
+        #: small gossip goes by planned floods (simulations/wire/flood.py), the rest hop by hop
         self.floods = PlannedFloods(swarm, self.frames, flood_seed, degree_high)
         self.hops = HopByHop(swarm, self.frames)
 

@@ -1,7 +1,7 @@
 """`symphony simulate SCENARIO [--nodes N] [--seed S] [--out DIR] [--json]`.
 
 Parses, loads the scenario (a shipped name like ``ledger`` or a path to a TOML file), applies
-the overrides and hands it to simulations/runner.py, with a rich progress bar on stderr.
+the overrides and hands it to simulations/runner/run.py, with a rich progress bar on stderr.
 Writes DIR/report.json and DIR/report.html and prints the headline figures.
 """
 
@@ -46,7 +46,7 @@ def simulate(
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from simulations.runner import run_and_write
+    from simulations.runner.run import run_and_write
     from simulations.scenario import ScenarioError, load
 
     try:

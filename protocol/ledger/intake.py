@@ -22,6 +22,7 @@ Contract
   ``on_own_cards``); a forged, oversized or malformed one is refused and costs the sender
   points like any bad record. ``refuse_cards`` refuses a held version after intake (its
   vector is not its description's) and penalizes its author.
+* ``memo``: content hashes, envelope checks and peer ids go through it (protocol/machine.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crypto.envelope import Envelope
+from crypto.peer_id import peer_id_from_public_key
 from protocol.agents.cards import AgentCards, open_agent_cards
 from protocol.codec import Message
 from protocol.errors import LocalProtocolError
@@ -51,10 +53,12 @@ from protocol.ledger.records import (
     envelope_hash,
     open_attestation,
     open_capability,
+    signed_attestation,
+    signed_capability,
 )
 from protocol.ledger.state import LedgerState
 from protocol.ledger.sync import SyncSessions, build_reply
-from protocol.machine import Effect, Emit, Penalize, Send
+from protocol.machine import Effect, Emit, Memo, Penalize, Send, no_memo
 
 #: a message's penalty points per reason are capped at this (one bad batch is one offence)
 MAX_PENALTY_PER_MESSAGE = 100
@@ -111,6 +115,7 @@ class LedgerIntake:
         stats: Counter[str],
         on_own_record: Callable[[int], None],
         on_own_cards: Callable[[int], None],
+        memo: Memo = no_memo,
     ) -> None:
         self.state = state
         self.sync = sync
@@ -134,6 +139,10 @@ class LedgerIntake:
             "request": RateLimiter(config.request_rate_per_minute),
         }
         self._attestation_limiter = self._limits["attestation"]
+        self._envelope_hash = memo(envelope_hash)
+        self._signed_capability = memo(signed_capability)
+        self._signed_attestation = memo(signed_attestation)
+        self._peer_id_of = memo(peer_id_from_public_key)
 
     def on_gossip(self, peer: str, msg: Message, now: int) -> list[Effect]:
         """A message on the ledger topic: an unsolicited push, merged item by item.
@@ -192,7 +201,7 @@ class LedgerIntake:
         if signer is None:
             if len(self._signers) >= self.config.max_records:
                 self._signers.clear()
-            signer = self._signers[envelope.public_key] = envelope.signer
+            signer = self._signers[envelope.public_key] = self._peer_id_of(envelope.public_key)
         return signer
 
     def open_record(self, env: Envelope, now: int) -> CapabilityRecord:
@@ -204,6 +213,7 @@ class LedgerIntake:
             signer=self.signer(env),
             max_ttl_ms=self.config.max_record_ttl_ms,
             skew_ms=self.config.clock_skew_ms,
+            signed=self._signed_capability,
         )
 
     def open_cards(self, env: Envelope, now: int) -> AgentCards:
@@ -229,6 +239,7 @@ class LedgerIntake:
             signer=self.signer(env),
             max_ttl_ms=self.config.max_attestation_ttl_ms,
             skew_ms=self.config.clock_skew_ms,
+            signed=self._signed_attestation,
         )
 
     def _apply(
@@ -262,6 +273,7 @@ class LedgerIntake:
         """Check and merge pushed capability records: how many were new."""
         new = 0
         state = self.state
+        envelope_hash, signed = self._envelope_hash, self._signed_capability
         for env in envelopes:
             h = envelope_hash(env)
             signer = self._signers.get(env.public_key) or self.signer(env)
@@ -276,6 +288,7 @@ class LedgerIntake:
                     signer,
                     self.config.max_record_ttl_ms,
                     self.config.clock_skew_ms,
+                    signed,
                 )
                 if state.merge_record(env, rec, h, now):
                     new += 1
@@ -297,7 +310,7 @@ class LedgerIntake:
         new = 0
         cards = self.state.cards
         for env in envelopes:
-            h = envelope_hash(env)
+            h = self._envelope_hash(env)
             held = cards.held.get(self.signer(env))
             if held is not None and held.hash == h:
                 continue
@@ -329,6 +342,7 @@ class LedgerIntake:
         held_atts = state.attestations
         limiter = self._attestation_limiter
         signers = self._signers
+        envelope_hash, signed = self._envelope_hash, self._signed_attestation
         for env in envelopes:
             h = envelope_hash(env)
             if h in held_atts:
@@ -339,7 +353,8 @@ class LedgerIntake:
             try:
                 signer = signers.get(env.public_key) or self.signer(env)
                 att = open_attestation(
-                    env, self.network_id, now, signer, self._attestation_ttl_ms, self._skew_ms
+                    env, self.network_id, now, signer, self._attestation_ttl_ms, self._skew_ms,
+                    signed,
                 )
                 added, evicted = state.merge_attestation(env, att, signer, h)
             except Rejected as exc:

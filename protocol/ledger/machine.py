@@ -31,6 +31,8 @@ Contract
   ``attestations``, ``capability``, ``agents``, ``digest_hash``) and ``status(now)``.
 * ``restore`` re-verifies stored envelopes at start-up and names those that no longer pass
   (protocol/ledger/restore.py).
+* ``memo`` (protocol/machine.py): what every item goes through (envelope checks, hashes,
+  peer ids, encodings, the state's per-item tuples); the simulator shares it across nodes.
 
 Time: records carry Unix epoch milliseconds (they cross machines). Every ``now`` given to the
 machine and its view is the driver's clock; ``clock_offset_ms`` maps it to the epoch (the daemon
@@ -83,6 +85,7 @@ from protocol.machine import (
     Effect,
     Emit,
     Event,
+    Memo,
     PeerConnected,
     PeerDisconnected,
     Publish,
@@ -90,6 +93,7 @@ from protocol.machine import (
     Send,
     SendFailed,
     Tick,
+    no_memo,
 )
 
 __all__ = [
@@ -120,6 +124,7 @@ class LedgerMachine:
         config: LedgerConfig | None = None,
         *,
         clock_offset_ms: int = 0,
+        memo: Memo = no_memo,
     ) -> None:
         config = config if config is not None else LedgerConfig()
         self.identity = identity
@@ -132,6 +137,7 @@ class LedgerMachine:
             max_records=config.max_records,
             max_attestations=config.max_attestations,
             tombstone_ms=config.max_record_ttl_ms,
+            memo=memo,
         )
         self.sync = SyncSessions(self.state, config)
         self.clock_offset_ms = clock_offset_ms
@@ -155,7 +161,9 @@ class LedgerMachine:
             stats=self._stats,
             on_own_record=self._saw_own_record,
             on_own_cards=self.own_cards.saw_own,
+            memo=memo,
         )
+        self._encode = memo(encode)
 
     @property
     def stats(self) -> Counter[str]:
@@ -183,7 +191,7 @@ class LedgerMachine:
             effects = self._dispatch(event, now)
         for effect in effects:
             if isinstance(effect, (Send, Publish)):
-                self._stats["bytes_sent"] += len(encode(effect.message))
+                self._stats["bytes_sent"] += len(self._encode(effect.message))
                 self._stats["messages_sent"] += 1
         return effects
 

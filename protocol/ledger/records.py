@@ -25,6 +25,7 @@ Tags 20-39 belong to the ledger. All times are Unix epoch milliseconds.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgpack
@@ -288,13 +289,14 @@ def _peek_tag_version(payload: bytes) -> tuple[int, int] | None:
 
 
 def envelope_hash(envelope: Envelope) -> bytes:
-    """The envelope's content hash: a pure function of its bytes (the simulator shares it)."""
+    """The envelope's content hash. Pure: a function of its bytes (a driver may share it
+    through a ``protocol.machine.Memo``)."""
     return envelope.content_hash
 
 
 def _open(envelope: Envelope, domain: str, family: str, max_bytes: int, expect: type[M]) -> M:
-    """Domain, signature, version and decoding checks: a pure function of the envelope's bytes
-    (the simulator shares its results across virtual nodes); time and network checks follow."""
+    """Size, domain, signature, version and decoding checks: a pure function of the envelope's
+    bytes; time and network checks follow."""
     if len(envelope.payload) > max_bytes:
         raise Rejected(Rejection.OVERSIZED, f"{len(envelope.payload)} bytes > {max_bytes}")
     if envelope.domain != domain:
@@ -325,6 +327,24 @@ def _check_times(
         raise Rejected(Rejection.EXPIRED, f"expired at {expires_at_ms}, now {now_ms}")
 
 
+def signed_capability(envelope: Envelope) -> CapabilityRecord:
+    """The record in ``envelope`` after the size, domain, signature, version and decoding
+    checks, or ``Rejected``. Pure: a function of the envelope's bytes alone, whose result is
+    never mutated (a driver may share it through a ``protocol.machine.Memo``); the checks of
+    network, signer and times follow in :func:`open_capability`."""
+    return _open(
+        envelope, CAPABILITY_DOMAIN, _CAPABILITY_FAMILY, MAX_RECORD_BYTES, CapabilityRecord
+    )
+
+
+def signed_attestation(envelope: Envelope) -> Attestation:
+    """The attestation in ``envelope`` after the checks of :func:`signed_capability` (pure
+    likewise); :func:`open_attestation` adds those of network, observer and times."""
+    return _open(
+        envelope, ATTESTATION_DOMAIN, _ATTESTATION_FAMILY, MAX_ATTESTATION_BYTES, Attestation
+    )
+
+
 def open_capability(
     envelope: Envelope,
     network_id: str,
@@ -332,13 +352,13 @@ def open_capability(
     signer: str | None = None,
     max_ttl_ms: int = MAX_RECORD_TTL_MS,
     skew_ms: int = MAX_CLOCK_SKEW_MS,
+    signed: Callable[[Envelope], CapabilityRecord] = signed_capability,
 ) -> CapabilityRecord:
     """The checked record in ``envelope``, or ``Rejected``. ``signer`` is the envelope's peer
-    id where the caller has it cached (the ledger's hot path passes every argument by position).
+    id where the caller has it cached (the ledger's hot path passes every argument by position);
+    ``signed`` is :func:`signed_capability` or the caller's memo of it.
     """
-    record = _open(
-        envelope, CAPABILITY_DOMAIN, _CAPABILITY_FAMILY, MAX_RECORD_BYTES, CapabilityRecord
-    )
+    record = signed(envelope)
     if record.network_id != network_id:
         raise Rejected(Rejection.WRONG_NETWORK, f"network {record.network_id!r}")
     if record.peer_id != (signer if signer is not None else envelope.signer):
@@ -354,11 +374,11 @@ def open_attestation(
     signer: str | None = None,
     max_ttl_ms: int = MAX_ATTESTATION_TTL_MS,
     skew_ms: int = MAX_CLOCK_SKEW_MS,
+    signed: Callable[[Envelope], Attestation] = signed_attestation,
 ) -> Attestation:
-    """The checked attestation in ``envelope``, or ``Rejected`` (``signer`` as above)."""
-    att = _open(
-        envelope, ATTESTATION_DOMAIN, _ATTESTATION_FAMILY, MAX_ATTESTATION_BYTES, Attestation
-    )
+    """The checked attestation in ``envelope``, or ``Rejected`` (``signer`` and ``signed`` as
+    above)."""
+    att = signed(envelope)
     if att.network_id != network_id:
         raise Rejected(Rejection.WRONG_NETWORK, f"network {att.network_id!r}")
     if att.subject == (signer if signer is not None else envelope.signer):

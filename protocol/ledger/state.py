@@ -46,6 +46,7 @@ from protocol.ledger.records import (
     Rejected,
     Rejection,
 )
+from protocol.machine import Memo, no_memo
 
 MINUTE_MS = 60 * 1000
 _EMPTY_BUCKET = bytes(PREFIX_LEN)
@@ -81,8 +82,8 @@ class HeldAttestation(NamedTuple):
 
 
 # Pure constructors of what a state holds: values of their arguments alone, never mutated,
-# so the simulator shares one result among its thousands of virtual nodes
-# (simulations/memo.py), as it shares the envelope checks.
+# so a driver may share one result among the many states it holds (a ``Memo`` handed to
+# LedgerState: the simulator's thousands of virtual nodes), as it shares the envelope checks.
 
 
 def held_attestation(
@@ -116,6 +117,7 @@ class LedgerState:
         max_records: int = 10_000,
         max_attestations: int = 200_000,
         tombstone_ms: int = MAX_RECORD_TTL_MS,
+        memo: Memo = no_memo,
     ) -> None:
         self.observer_quota = observer_quota
         self.max_records = max_records
@@ -149,6 +151,11 @@ class LedgerState:
         self._quota: dict[tuple[str, int], list[bytes]] = {}  # sorted hashes
         self._expiry: list[tuple[int, bytes]] = []  # heap of (expires_at, hash), lazy
         self._record_expiry: list[tuple[int, str, bytes]] = []  # heap, lazy
+        # the pure constructors above, through the driver's memo
+        self._held_attestation = memo(held_attestation)
+        self._attestation_expiry = memo(attestation_expiry)
+        self._record_expiry_entry = memo(record_expiry)
+        self._bucket_digest = memo(bucket_digest)
 
     # ------------------------------------------------------------ merge
 
@@ -171,7 +178,7 @@ class LedgerState:
         self._digest = self._versions = None
         heapq.heappush(
             self._record_expiry,
-            record_expiry(record.expires_at_ms + self.tombstone_ms, record.peer_id, h),
+            self._record_expiry_entry(record.expires_at_ms + self.tombstone_ms, record.peer_id, h),
         )
         return True
 
@@ -194,12 +201,12 @@ class LedgerState:
             self._remove_attestation(slot[-1])
         elif len(attestations) >= self.max_attestations:
             raise Rejected(Rejection.LEDGER_FULL, f"{len(attestations)} attestations held")
-        held = attestations[h] = held_attestation(envelope, att, observer, h)
+        held = attestations[h] = self._held_attestation(envelope, att, observer, h)
         bisect.insort(slot, h)
         self._unbucketed.append(h)
         self._unindexed.append(held)
         self._digest = None
-        heapq.heappush(self._expiry, attestation_expiry(att.expires_at_ms, h))
+        heapq.heappush(self._expiry, self._attestation_expiry(att.expires_at_ms, h))
         return True, evicted
 
     # ------------------------------------------------------------ by subject
@@ -334,7 +341,7 @@ class LedgerState:
             for b in self._stale_buckets:
                 lo, hi = self._bucket_range(b)
                 buf[b * PREFIX_LEN : (b + 1) * PREFIX_LEN] = (
-                    bucket_digest(b"".join(hashes[lo:hi])) if hi > lo else _EMPTY_BUCKET
+                    self._bucket_digest(b"".join(hashes[lo:hi])) if hi > lo else _EMPTY_BUCKET
                 )
             self._stale_buckets.clear()
             summary = bytes(buf) if self.attestations else b""

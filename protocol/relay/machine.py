@@ -55,12 +55,14 @@ from protocol.machine import (
     Effect,
     Emit,
     Event,
+    Memo,
     PeerConnected,
     PeerDisconnected,
     Penalize,
     Received,
     Send,
     Tick,
+    no_memo,
 )
 from protocol.relay.admission import (
     MAX_MANIFESTS,
@@ -121,6 +123,7 @@ class RelayMachine:
         trusted: Set[str] | None = None,
         max_manifests_per_signer: int = MAX_MANIFESTS_PER_SIGNER,
         max_manifests: int = MAX_MANIFESTS,
+        memo: Memo = no_memo,  # for the manifest check, plan, chunk index (protocol/machine.py)
     ) -> None:
         if window < 1 or keep_versions < 1 or max_queued_per_peer < 1:
             raise LocalProtocolError("window, keep_versions and max_queued_per_peer must be >= 1")
@@ -139,6 +142,8 @@ class RelayMachine:
         self.book = ManifestBook(
             self_id, max_per_signer=max_manifests_per_signer, max_total=max_manifests
         )
+        self._verify_manifest, self._chunk_indices = memo(verify_manifest), memo(chunk_indices)
+        self._build_striped_plan = memo(build_striped_plan)
         #: requests, sources, stalls and progress of the transfers being fetched
         self.fetcher = ChunkFetcher(
             self_id, window=window, stall_timeout_ms=stall_timeout_ms, retry_ms=retry_ms
@@ -234,7 +239,7 @@ class RelayMachine:
 
     def _on_manifest(self, peer: str, msg: RelayManifest, now: int, out: list[Effect]) -> None:
         try:
-            manifest = verify_manifest(msg)
+            manifest = self._verify_manifest(msg)
         except ManifestError as exc:
             out.append(Penalize(peer, f"invalid relay manifest: {exc}", BAD_MANIFEST_PENALTY))
             out.append(Emit("manifest_invalid", {"peer": peer, "error": str(exc)}))
@@ -301,7 +306,7 @@ class RelayMachine:
 
     def _register(self, manifest: Manifest, state: TransferState, out: list[Effect]) -> Transfer:
         body = manifest.body
-        plan = build_striped_plan(
+        plan = self._build_striped_plan(
             manifest.signer,
             body.publisher_upload_bps,
             tuple((r.peer_id, r.upload_bps) for r in body.recipients),
@@ -313,7 +318,7 @@ class RelayMachine:
         )
         t = Transfer(manifest=manifest, plan=plan, state=state, have=bytearray(manifest.chunks))
         t.stripe_have = [0] * plan.stripes
-        t.by_hash = chunk_indices(manifest.chunk_hashes)
+        t.by_hash = self._chunk_indices(manifest.chunk_hashes)
         # ascending: each stripe's list is already a heap
         t.pending = [list(range(k, manifest.chunks, plan.stripes)) for k in range(plan.stripes)]
         self._supersede(manifest, out)

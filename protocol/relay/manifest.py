@@ -218,7 +218,9 @@ def chunk_hash(data: bytes) -> bytes:
 
 
 def verify_manifest(msg: RelayManifest) -> Manifest:
-    """Check the signature over the bytes received, then decode and check the body."""
+    """Check the signature over the bytes received, then decode and check the body. Pure: a
+    function of ``msg`` alone, whose result is never mutated (a driver may share it through a
+    ``protocol.machine.Memo``)."""
     try:
         payload = msg.envelope.verify(MANIFEST_DOMAIN)
         body = decode(payload, ManifestBody)

@@ -279,7 +279,9 @@ def build_striped_plan(
     stripes: int = DEFAULT_STRIPES,
     max_fanout: int = MAX_FANOUT,
 ) -> StripedPlan:
-    """The striped relay plan for one version; see the module docstring."""
+    """The striped relay plan for one version; see the module docstring. Pure: a function of
+    its arguments, whose result is only read (a driver may share it through a
+    ``protocol.machine.Memo``)."""
     if not 1 <= stripes <= MAX_STRIPES:
         raise ValueError(f"stripes must be within 1..{MAX_STRIPES}, got {stripes}")
     if max_fanout < 1 or total_size < 1 or chunk_size < 1:

@@ -130,8 +130,8 @@ class Transfer:
 
 def chunk_indices(hashes: tuple[bytes, ...]) -> dict[bytes, tuple[int, ...]]:
     """Each distinct chunk hash -> the indices that carry it, ascending (equal chunks are
-    fetched once). A pure function of the manifest, read only once made: the simulator shares
-    one copy among all its nodes (simulations/memo.py)."""
+    fetched once). Pure: a function of the manifest, read only once made (a driver may share
+    one copy among its machines through a ``protocol.machine.Memo``)."""
     out: dict[bytes, list[int]] = {}
     for i, h in enumerate(hashes):
         out.setdefault(h, []).append(i)

@@ -51,7 +51,7 @@ def ledger_spec(
     agents_of: Callable[[VirtualNode], tuple[AgentCard, ...] | None] | None = None,
 ) -> MachineSpec:
     def build(node: VirtualNode) -> LedgerMachine:
-        machine = LedgerMachine(node.identity, network_id, node.rng, config)
+        machine = LedgerMachine(node.identity, network_id, node.rng, config, memo=node.swarm.memo)
         _restore(node, machine)
         return machine
 
@@ -161,7 +161,7 @@ def _advertise(node: VirtualNode, epoch: int, spec: CapabilitySpec) -> None:
 
 
 def ledger_of(node: VirtualNode) -> LedgerMachine:
-    from simulations.adversary import unwrap
+    from simulations.machines.adversary import unwrap
 
     machine = unwrap(node.machine(NAME))  # an adversary wrapper holds the honest machine
     if not isinstance(machine, LedgerMachine):

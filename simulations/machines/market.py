@@ -12,7 +12,7 @@ As node/market/requester.py and node/market/executor.py do for the daemon:
   as ``ComputeDone``/``ComputeFailed`` after the compute time; ``CancelCompute`` drops a
   computation that has not finished.
 
-Behaviours (simulations/adversary.py) wrap either machine when ``behaviour_of`` names one.
+Behaviours (simulations/machines/adversary.py) wrap either machine when ``behaviour_of`` names one.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from protocol.market.messages import BEACON_TOPIC, Assign, Beacon, Bid, Cancel, 
 from protocol.market.selection import Selector
 from protocol.market.state import OpenTask
 from protocol.market.voting import VoteRule
-from simulations.adversary import Behaviour, Wrapped, unwrap
+from simulations.machines.adversary import Behaviour, Wrapped, unwrap
 from simulations.node import MachineSpec, VirtualNode
 
 AUCTION = "auction"

@@ -64,7 +64,7 @@ from protocol.relay.manifest import (
     RelayProgress,
 )
 from protocol.relay.striping import DEFAULT_STRIPES
-from simulations.adversary import Behaviour, Wrapped
+from simulations.machines.adversary import Behaviour, Wrapped
 from simulations.node import MachineSpec, VirtualNode
 
 NAME = "relay"
@@ -112,6 +112,7 @@ def relay_spec(
             max_fanout=max_fanout,
             stall_timeout_ms=stall_timeout_ms,
             stripes=stripes,
+            memo=node.swarm.memo,
         )
         behaviour = behaviour_of(node) if behaviour_of is not None else None
         return machine if behaviour is None else Wrapped(machine, node, behaviour)

@@ -7,7 +7,7 @@ bidders included, as simulations/machines/market.py gives them), executors run
 ``VerifiedExecutor`` with the protocol's Terms grace and the ``Verifier`` role; every
 ``protocol.ledger.events.Attest`` goes to the node's ledger machine.
 
-Compute is simulations/verification_cost.py: executors commit layer states (captured during
+Compute is simulations/compute/verification.py: executors commit layer states (captured during
 generation, then hashed), and a ``StartCheck`` first fetches the leaves it needs from the
 executor over the network model (an executor that is down or cut off makes it
 ``CheckFailed``, as in the daemon), then re-runs the drawn layers; its verdict follows what
@@ -44,7 +44,8 @@ from protocol.verification.verifier import (
     Verifier,
     VerifierConfig,
 )
-from simulations.adversary import unwrap
+from simulations.compute.verification import CheckCost, CheckWork, CommittingCost, fingerprints
+from simulations.machines.adversary import unwrap
 from simulations.machines.market import (
     AUCTION,
     EXECUTOR,
@@ -54,7 +55,6 @@ from simulations.machines.market import (
     ledger_bidders,
 )
 from simulations.node import MachineSpec, VirtualNode
-from simulations.verification_cost import CheckCost, CheckWork, CommittingCost, fingerprints
 
 VERIFIER = "verifier"
 _CHECKS = "verify.running"

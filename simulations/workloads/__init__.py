@@ -1,7 +1,7 @@
 """Workloads: one module per scenario kind, each answering one research question.
 
 A workload module exposes ``QUESTION`` (one sentence) and
-``run(scenario, progress) -> simulations.report.Report``, where ``progress(fraction, label)``
+``run(scenario, progress) -> simulations.runner.report.Report``, where ``progress(fraction, label)``
 is called as virtual time advances. It builds swarms of real protocol machines
 (simulations/machines/), drives them, observes them only through their effects and queries,
 and returns figures, tables and plots as data.

@@ -20,7 +20,7 @@ from protocol.ledger.machine import LedgerConfig
 from protocol.market.events import AuctionConfig, SubmitTask
 from protocol.market.executor import ExecutorConfig, ServedModel
 from protocol.market.selection import ScoreSelector
-from simulations.compute import (
+from simulations.compute.cost import (
     ANSWER_TYPE,
     DEVICES,
     CostModel,
@@ -32,7 +32,6 @@ from simulations.compute import (
 from simulations.engine import fewer_gc_passes
 from simulations.machines.ledger import ledger_spec
 from simulations.machines.market import AUCTION, auction_spec, executor_spec
-from simulations.memo import shared_pure_functions
 from simulations.network import LatencyModel
 from simulations.swarm import Swarm, derive_rng
 from simulations.workloads.common import MODEL_FAMILY, MODEL_NAME, capability
@@ -81,7 +80,7 @@ def bench_swarm(
     n_req = min(requesters, nodes - n_exec)
     done: list[int] = []
     end_ms = int(minutes * 60_000)
-    with shared_pure_functions(), fewer_gc_passes():
+    with fewer_gc_passes():
         swarm = _bench_world(seed, nodes, n_exec, n_req, CostModel(bank))
         swarm.on_emit("task.done", lambda node, f, now: done.append(now))
         swarm.on_emit("task.failed", lambda node, f, now: done.append(now))

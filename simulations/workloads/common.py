@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from protocol.ledger.machine import CapabilitySpec
 from protocol.ledger.records import HardwareSummary, ModelOffer, Role
-from simulations.compute import DeviceProfile, model_hash
+from simulations.compute.cost import DeviceProfile, model_hash
 from simulations.node import VirtualNode
 from simulations.swarm import Swarm
 

@@ -53,7 +53,7 @@ from protocol.inference.speculative import (
     expected_tokens,
 )
 from simulations.engine import US_PER_MS, EventLoop
-from simulations.report import Plot, Report, Series
+from simulations.runner.report import Plot, Report, Series
 from simulations.scenario import Scenario, ScenarioError, workload_value
 from simulations.workloads.common import Progress
 

@@ -24,15 +24,15 @@ from dataclasses import replace
 from typing import Any
 
 from protocol.ledger.machine import LedgerConfig, SetLoad, StoreCapability
-from simulations.compute import DEVICES
+from simulations.compute.cost import DEVICES
 from simulations.machines.ledger import NAME, ledger_of, ledger_spec
 from simulations.metrics import percentile, summary
 from simulations.node import VirtualNode
-from simulations.report import Plot, Report, Series
+from simulations.runner.report import Plot, Report, Series
+from simulations.runner.world import Churn, build_swarm
 from simulations.scenario import ChurnSpec, Scenario, workload_value
 from simulations.swarm import Swarm, derive_rng
 from simulations.workloads.common import Progress, Stages, capability, window_bytes
-from simulations.world import Churn, build_swarm
 
 QUESTION = (
     "How fast does a ledger update reach every node, and how many bytes does each node "

@@ -17,7 +17,7 @@ gives them the former rule instead, for comparison: raw ledger reputation, confi
 as claimed (``today_weight``), no independence.
 
 With ``[compute] backend = "models"`` executors answer with the real model
-(simulations/models_compute.py) and the bank is the shipped evaluation set (real questions of
+(simulations/compute/models_backend.py) and the bank is the shipped evaluation set (real questions of
 number or choice type, ``truth`` normalized as the daemon's vote does).
 
 Tasks arrive as a Poisson stream (``tasks_per_min``) at random requesters, each a random
@@ -37,15 +37,15 @@ from protocol.answers import AnswerType
 from protocol.market.auction import Auction
 from protocol.market.events import AuctionConfig, SubmitTask
 from protocol.market.voting import Ballot, vote
-from simulations.adversary import unwrap
-from simulations.compute import CostModel, Question, question_bank
+from simulations.compute.cost import CostModel, Question, question_bank
+from simulations.machines.adversary import unwrap
 from simulations.machines.market import AUCTION, EXECUTOR
 from simulations.node import VirtualNode
+from simulations.runner.world import build_swarm
 from simulations.scenario import Scenario, ScenarioError, workload_value
 from simulations.swarm import Swarm, derive_rng
 from simulations.workloads.common import MODEL_NAME
 from simulations.workloads.market_nodes import MarketSpecs, deal_executors, former_rule_auction
-from simulations.world import build_swarm
 
 _NEUTRAL = 1.0
 RULES = ("earned", "today")
@@ -78,7 +78,7 @@ class MarketWorld:
     submitted: int = 0
     #: each task's generation budget (SubmitTask.max_tokens)
     max_tokens: int = 512
-    #: what answers StartCompute: ``cost`` or a simulations.models_compute.ModelsCompute
+    #: what answers StartCompute: ``cost`` or a simulations.compute.models_backend.ModelsCompute
     compute: Any = None
 
     @property
@@ -128,7 +128,7 @@ def build_market(
 def _questions(scenario: Scenario, rng: Any) -> tuple[list[Question], Any]:
     """The question bank, and the real model answering it (None: the cost model answers)."""
     if scenario.compute.real:
-        from simulations.models_compute import ModelsCompute, evalset_questions
+        from simulations.compute.models_backend import ModelsCompute, evalset_questions
 
         return evalset_questions(), ModelsCompute(scenario.compute)
     categories = tuple(scenario.workload.get("categories", ["math", "code", "facts"]))

@@ -3,7 +3,7 @@ to nodes, the machines each node hosts, and the former voting rule kept for comp
 
 ``MarketSpecs`` gives requesters an ``Auction`` (score or LinUCB selector; the score selector
 prefers independent executors by the node's praise groups, ``protocol.ledger.trust``) and
-executors an ``Executor`` wrapped in their behaviour (simulations/adversary.py), both over a
+executors an ``Executor`` wrapped in their behaviour (simulations/machines/adversary.py), both over a
 ledger machine when ``ledger`` is on (sybils' ledgers wrapped in ``SybilPraise``).
 ``former_rule_auction`` builds a requester under the rule the protocol had before earned
 reputation: raw ledger reputation, confidence counted as claimed (``today_weight``), an
@@ -20,7 +20,8 @@ from protocol.market.executor import ExecutorConfig, ServedModel
 from protocol.market.linucb import LinUCBSelector
 from protocol.market.selection import ScoreSelector, Selector
 from protocol.market.voting import WEIGHT_FLOOR, Ballot, VoteRule
-from simulations.adversary import (
+from simulations.compute.cost import DEVICES, CostModel, ExecutorProfile, model_hash
+from simulations.machines.adversary import (
     Behaviour,
     BidSpammer,
     ColludingVoter,
@@ -30,7 +31,6 @@ from simulations.adversary import (
     WrongExecutor,
     unwrap,
 )
-from simulations.compute import DEVICES, CostModel, ExecutorProfile, model_hash
 from simulations.machines.ledger import ledger_spec
 from simulations.machines.market import auction_spec, executor_spec, trust_view
 from simulations.node import MachineSpec, VirtualNode
@@ -196,7 +196,7 @@ def former_rule_auction(selector_of: Any, config: AuctionConfig) -> MachineSpec:
 def _with_wrapper(spec: MachineSpec, behaviour_of: Any) -> MachineSpec:
     from dataclasses import replace
 
-    from simulations.adversary import Wrapped
+    from simulations.machines.adversary import Wrapped
 
     def build(node: VirtualNode) -> Any:
         machine = spec.build(node)

@@ -35,11 +35,11 @@ from protocol.membership.peers import ConnState
 from simulations.machines.membership import bootstrap, membership_of, membership_spec
 from simulations.metrics import percentile
 from simulations.node import VirtualNode
-from simulations.report import Plot, Report, Series
+from simulations.runner.report import Plot, Report, Series
+from simulations.runner.world import Churn, build_swarm
 from simulations.scenario import Scenario, ScenarioError, workload_value
 from simulations.swarm import Swarm, derive_rng
 from simulations.workloads.common import Progress, Stages
-from simulations.world import Churn, build_swarm
 
 QUESTION = (
     "How long does a joining node take to reach its target peer count, does the overlay stay "

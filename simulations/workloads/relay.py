@@ -42,10 +42,10 @@ from __future__ import annotations
 from typing import Any
 
 from protocol.relay.manifest import Manifest
-from simulations.relay_plan_stats import plan_shape
-from simulations.report import Plot, Report, Series
+from simulations.runner.report import Plot, Report, Series
 from simulations.scenario import Scenario, workload_value
 from simulations.workloads.common import Progress, Stages
+from simulations.workloads.relay_plan_stats import plan_shape
 from simulations.workloads.relay_world import (
     MIB,
     RelayRun,

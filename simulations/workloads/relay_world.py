@@ -23,14 +23,14 @@ from protocol.ledger.records import AttestationKind
 from protocol.relay.manifest import Manifest, make_body, sign_manifest
 from protocol.relay.recipients import plan_recipients, withholders
 from protocol.relay.striping import DEFAULT_STRIPES
-from simulations.adversary import FreeRider
+from simulations.machines.adversary import FreeRider
 from simulations.machines.relay import Published, publish, relay_spec
 from simulations.network import MBIT
 from simulations.node import VirtualNode
+from simulations.runner.world import build_swarm
 from simulations.scenario import BandwidthClass, Scenario, workload_value
 from simulations.swarm import Swarm, derive_rng
 from simulations.workloads.common import Stages
-from simulations.world import build_swarm
 
 MIB = 1 << 20
 STAR_ADVERTISED_BPS = 1

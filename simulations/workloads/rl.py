@@ -1,6 +1,6 @@
 """RL rollouts: how busy is a learner fed by N workers, and what does a staleness bound S buy?
 
-Each run is simulations/rl_swarm.py: one learner driving the protocol's job book
+Each run is simulations/rl/run.py: one learner driving the protocol's job book
 (protocol/rl/jobs.py: validation, the staleness rule, reissues, exclusion), N workers with
 heterogeneous speeds and churn, new policy versions reaching each worker after its time in the
 relay plan. The sweep crosses S (default 0..8) with N (default 4..1,000); every run is set
@@ -27,9 +27,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from simulations.report import Plot, Report, Series
-from simulations.rl_setup import RlFigures, RlSetup
-from simulations.rl_swarm import run_rl
+from simulations.rl.run import run_rl
+from simulations.rl.setup import RlFigures, RlSetup
+from simulations.runner.report import Plot, Report, Series
 from simulations.scenario import Scenario, ScenarioError, workload_value
 from simulations.workloads.common import Progress
 

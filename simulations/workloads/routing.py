@@ -26,9 +26,9 @@ from __future__ import annotations
 from typing import Any
 
 from protocol.market.events import AuctionConfig, Reward
-from simulations.compute import p_correct
+from simulations.compute.cost import p_correct
 from simulations.machines.market import AUCTION
-from simulations.report import Plot, Report, Series
+from simulations.runner.report import Plot, Report, Series
 from simulations.scenario import Scenario, workload_value
 from simulations.workloads.common import Progress, Stages
 from simulations.workloads.market import MarketWorld, build_market, conservation, schedule_tasks
@@ -178,7 +178,7 @@ def _summary(
 
 def _answer_of(world: MarketWorld, node: Any, task_id: str, peer: str) -> str | None:
     from protocol.answers import AnswerType, normalize_answer
-    from simulations.adversary import unwrap
+    from simulations.machines.adversary import unwrap
 
     task = unwrap(node.machine(AUCTION)).tasks.get(bytes.fromhex(task_id))
     if task is None or peer not in task.results:

@@ -33,8 +33,9 @@ from protocol.market.events import AuctionConfig
 from protocol.market.executor import ExecutorConfig, ServedModel
 from protocol.market.selection import ScoreSelector
 from protocol.verification.state import VerifyConfig
-from simulations.adversary import unwrap
-from simulations.compute import DEVICES, CostModel, ExecutorProfile, model_hash, question_bank
+from simulations.compute.cost import DEVICES, CostModel, ExecutorProfile, model_hash, question_bank
+from simulations.compute.verification import CheckCost, CommittingCost
+from simulations.machines.adversary import unwrap
 from simulations.machines.ledger import ledger_spec
 from simulations.machines.market import AUCTION
 from simulations.machines.verification import (
@@ -43,13 +44,12 @@ from simulations.machines.verification import (
     verifier_spec,
 )
 from simulations.node import VirtualNode
-from simulations.report import Plot, Report, Series
+from simulations.runner.report import Plot, Report, Series
+from simulations.runner.world import build_swarm
 from simulations.scenario import Scenario, workload_value
 from simulations.swarm import Swarm, derive_rng
-from simulations.verification_cost import CheckCost, CommittingCost
 from simulations.workloads.common import MODEL_FAMILY, MODEL_NAME, Progress, Stages, capability
 from simulations.workloads.market import MarketWorld, _ended, conservation, schedule_tasks
-from simulations.world import build_swarm
 
 DEVICE = DEVICES["rtx3090"]
 #: tasks start once the ledger has spread every executor's capability record
@@ -331,7 +331,7 @@ NOTES = [
     "conviction, or while the ledger shows it convicted by others "
     "(protocol.verification.candidates, as in the daemon).",
     "Cost: verify_cost_ratio is the verifiers' layer-state checks (layer 1 and the drawn "
-    "layers at the checked positions, simulations/verification_cost.py) over the executors' "
+    "layers at the checked positions, simulations/compute/verification.py) over the executors' "
     "generation; commit_cost_ratio is what every committing executor pays for every result, "
     "checked or not: the state capture during generation and hashing the states, as "
     "`symphony bench verify` measures them (an extra prefill without layer states).",

@@ -18,7 +18,7 @@ protocol's rule; ``*_today`` the same under the former rule.
 ``slots`` (2), ``questions`` (2000), ``mixes`` (name -> list of executor classes, see
 market.py). ``[sweep]``: ``k`` ([1, 3, 5, 7]), ``today_k`` ([3, 7]).
 
-With ``[compute] backend = "models"`` (simulations/models_compute.py) the executors are one real
+With ``[compute] backend = "models"`` (simulations/compute/models_backend.py) the executors are one real
 model sampled at ``[compute] temperature`` with a seed per executor and task, the questions
 are the shipped evaluation set, and answers are scored after the daemon's normalization
 (``protocol.answers.normalize_answer``); skill and calibration of the mixes are then unused.
@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from simulations.report import Plot, Report, Series
+from simulations.runner.report import Plot, Report, Series
 from simulations.scenario import Scenario, ScenarioError, workload_value
 from simulations.workloads.common import Progress, Stages
 from simulations.workloads.market import (
@@ -241,7 +241,7 @@ def _results(scenario: Scenario, sweep: VotingSweep) -> tuple[dict[str, Any], li
 
 def _label_reputation(world: MarketWorld) -> dict[str, float]:
     """Mean ledger reputation of each executor class, as the first requester sees it."""
-    from simulations.adversary import unwrap
+    from simulations.machines.adversary import unwrap
 
     labels = executor_labels(world)
     requester = world.swarm.nodes[world.requesters[0]]

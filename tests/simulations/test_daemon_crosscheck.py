@@ -2,7 +2,7 @@
 
 One requester and three executors answer "What is 6 * 7?" with k = 3, once as real daemons on
 loopback (separate processes, libp2p) and once as virtual nodes running the same machines on
-the same solvers (simulations.compute.SolverBackend). One executor runs the honest test
+the same solvers (simulations.compute.cost.SolverBackend). One executor runs the honest test
 solver (tests/node/arith_solver.py, "42" with confidence 0.9); two run the dissenting one
 (tests/node/dissenting_solver.py, "43" with confidence 0.05). Counted by heads "43" would
 win; weighted by confidence the honest "42" does. Both runs must end done, not partial, with
@@ -23,9 +23,8 @@ import pytest
 from protocol.market.events import AuctionConfig, SubmitTask
 from protocol.market.executor import MATCH_ANY, ExecutorConfig
 from protocol.market.selection import ScoreSelector
-from simulations.compute import SolverBackend
+from simulations.compute.cost import SolverBackend
 from simulations.machines.market import AUCTION, SNAPSHOTS, auction_spec, executor_spec
-from simulations.memo import shared_pure_functions
 from simulations.network import LatencyModel
 from simulations.swarm import Swarm
 from tests.node.arith_solver import DELAY_ENV, ArithmeticSolver
@@ -87,22 +86,21 @@ def simulated_run(seed: int) -> tuple[dict[str, Any], list[tuple[int, str, str]]
                            SolverBackend(VirtualTimeSolver(solver, COMPUTE_MS)))
              for solver in (honest, dissenter, dissenter)]
     emitted: list[tuple[int, str, str]] = []
-    with shared_pure_functions():
-        swarm = Swarm(seed, latency=LatencyModel("uniform", 1.0, 5.0))
-        asker = swarm.add_node((auc,))
-        execs = [swarm.add_node((spec,)) for spec in specs]
-        for node in (asker, *execs):
-            swarm.start(node)
-        rng = random.Random(seed)
-        for node in execs:
-            swarm.connect(asker, node)
-            swarm.connect_random(node, 2, rng)
-        for event in ("task.done", "task.failed", "task.assigned"):
-            swarm.on_emit(event, lambda node, f, now, event=event: emitted.append(
-                (now, node.identity.peer_id, event)))
-        swarm.at_ms(100, asker.submit, AUCTION,
-                    SubmitTask(question=QUESTION, answer_type="number", deadline_ms=40_000, k=3))
-        swarm.run(60_000)
+    swarm = Swarm(seed, latency=LatencyModel("uniform", 1.0, 5.0))
+    asker = swarm.add_node((auc,))
+    execs = [swarm.add_node((spec,)) for spec in specs]
+    for node in (asker, *execs):
+        swarm.start(node)
+    rng = random.Random(seed)
+    for node in execs:
+        swarm.connect(asker, node)
+        swarm.connect_random(node, 2, rng)
+    for event in ("task.done", "task.failed", "task.assigned"):
+        swarm.on_emit(event, lambda node, f, now, event=event: emitted.append(
+            (now, node.identity.peer_id, event)))
+    swarm.at_ms(100, asker.submit, AUCTION,
+                SubmitTask(question=QUESTION, answer_type="number", deadline_ms=40_000, k=3))
+    swarm.run(60_000)
     (snapshot,) = asker.store[SNAPSHOTS].values()
     return snapshot.to_dict(), emitted
 

@@ -10,8 +10,8 @@ from protocol.membership.discovery import DiscoveryConfig
 from protocol.membership.machine import ConnState, MembershipConfig
 from simulations.machines.discovery import discovery_of, discovery_spec
 from simulations.machines.membership import bootstrap, membership_of, membership_spec
+from simulations.runner.world import build_swarm
 from simulations.scenario import parse
-from simulations.world import build_swarm
 
 NODES = 40
 TARGET = 6

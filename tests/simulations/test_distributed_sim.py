@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from simulations.runner import run_scenario
+from simulations.runner.run import run_scenario
 from simulations.scenario import ScenarioError, parse
 
 

@@ -8,9 +8,9 @@ import random
 import numpy as np
 import pytest
 
-from simulations.flood import NEVER, _parents, _relax
 from simulations.network import LatencyModel, LinkFaults
 from simulations.swarm import Swarm
+from simulations.wire.flood import NEVER, _parents, _relax
 from tests.simulations.tiny import SPEC, Shout
 
 HOP_MS = 10

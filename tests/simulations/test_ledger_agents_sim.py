@@ -8,7 +8,6 @@ import random
 from protocol.agents.cards import AgentCard
 from protocol.ledger.machine import LedgerConfig, SetAgents
 from simulations.machines.ledger import AGENTS, NAME, ledger_of, ledger_spec
-from simulations.memo import shared_pure_functions
 from simulations.network import LatencyModel
 from simulations.node import VirtualNode
 from simulations.swarm import Swarm
@@ -43,21 +42,20 @@ def hosts(node: VirtualNode, now: int) -> dict[str, tuple[str, ...]]:
 
 
 def test_cards_reach_every_node_restore_after_a_crash_and_replace_by_seq() -> None:
-    with shared_pure_functions():
-        swarm = make(7, 16)
-        swarm.run(20_000)
-        now = swarm.machine_now_ms
-        expected = {n.peer_id: (f"n{n.index}",) for n in swarm.nodes if n.index % 2 == 0}
-        assert all(hosts(n, now) == expected for n in swarm.nodes)
-        victim = swarm.nodes[3]
-        assert len(victim.store[AGENTS]) == 8
-        swarm.crash(victim)
-        swarm.start(victim)
-        assert hosts(victim, swarm.machine_now_ms) == expected  # from its store, no peers yet
-        publisher = swarm.nodes[0]
-        publisher.submit(NAME, SetAgents((agent("n0", "math"), agent("n0b", "poetry"))))
-        swarm.connect_random(victim, 3, random.Random(0))
-        swarm.run(40_000)
-        now = swarm.machine_now_ms
-        expected[publisher.peer_id] = ("n0", "n0b")
-        assert all(hosts(n, now) == expected for n in swarm.nodes)
+    swarm = make(7, 16)
+    swarm.run(20_000)
+    now = swarm.machine_now_ms
+    expected = {n.peer_id: (f"n{n.index}",) for n in swarm.nodes if n.index % 2 == 0}
+    assert all(hosts(n, now) == expected for n in swarm.nodes)
+    victim = swarm.nodes[3]
+    assert len(victim.store[AGENTS]) == 8
+    swarm.crash(victim)
+    swarm.start(victim)
+    assert hosts(victim, swarm.machine_now_ms) == expected  # from its store, no peers yet
+    publisher = swarm.nodes[0]
+    publisher.submit(NAME, SetAgents((agent("n0", "math"), agent("n0b", "poetry"))))
+    swarm.connect_random(victim, 3, random.Random(0))
+    swarm.run(40_000)
+    now = swarm.machine_now_ms
+    expected[publisher.peer_id] = ("n0", "n0b")
+    assert all(hosts(n, now) == expected for n in swarm.nodes)

@@ -7,7 +7,6 @@ import random
 from protocol.ledger.machine import CapabilitySpec, LedgerConfig, SetLoad, StoreCapability
 from protocol.ledger.records import HardwareSummary, ModelOffer, Role
 from simulations.machines.ledger import NAME, ledger_of, ledger_spec
-from simulations.memo import shared_pure_functions
 from simulations.network import LatencyModel
 from simulations.node import VirtualNode
 from simulations.swarm import Swarm
@@ -60,45 +59,51 @@ def digests(swarm: Swarm) -> set[bytes]:
 
 
 def test_every_node_converges_to_the_same_ledger() -> None:
-    with shared_pure_functions():
-        swarm = make(1, 24)
-        swarm.run(20_000)
-        assert len(digests(swarm)) == 1
-        assert all(len(ledger_of(n).state.records) == 8 for n in swarm.nodes)
+    swarm = make(1, 24)
+    swarm.run(20_000)
+    assert len(digests(swarm)) == 1
+    assert all(len(ledger_of(n).state.records) == 8 for n in swarm.nodes)
 
 
 def test_an_update_reaches_everyone_by_gossip() -> None:
     stored: list[tuple[int, str, int]] = []
-    with shared_pure_functions():
-        swarm = make(2, 24, stored)
-        swarm.run(20_000)
-        publisher = swarm.nodes[0]
-        stored.clear()
-        publisher.submit(NAME, SetLoad(free_slots=0, load=1.0))
-        swarm.run(21_000)  # well before the next anti-entropy round could carry it
+    swarm = make(2, 24, stored)
+    swarm.run(20_000)
+    publisher = swarm.nodes[0]
+    stored.clear()
+    publisher.submit(NAME, SetLoad(free_slots=0, load=1.0))
+    swarm.run(21_000)  # well before the next anti-entropy round could carry it
     receivers = {i for i, peer, _ in stored if peer == publisher.peer_id and i != 0}
     assert receivers == set(range(1, 24))
 
 
 def test_a_restarted_node_restores_its_ledger_and_a_late_one_syncs() -> None:
-    with shared_pure_functions():
-        swarm = make(3, 15)
-        swarm.run(20_000)
-        victim = swarm.nodes[4]
-        swarm.crash(victim)
-        swarm.start(victim)
-        assert len(ledger_of(victim).state.records) == 5  # restored from the store, no peers
-        swarm.connect_random(victim, 3, random.Random(0))
-        swarm.run(40_000)
-        assert len(digests(swarm)) == 1
+    swarm = make(3, 15)
+    swarm.run(20_000)
+    victim = swarm.nodes[4]
+    swarm.crash(victim)
+    swarm.start(victim)
+    assert len(ledger_of(victim).state.records) == 5  # restored from the store, no peers
+    swarm.connect_random(victim, 3, random.Random(0))
+    swarm.run(40_000)
+    assert len(digests(swarm)) == 1
 
 
 def test_same_seed_same_ledger_traffic() -> None:
     def run(seed: int) -> tuple[int, ...]:
-        with shared_pure_functions():
-            swarm = make(seed, 12)
-            swarm.run(15_000)
+        swarm = make(seed, 12)
+        swarm.run(15_000)
         return tuple(swarm.bytes_per_node())
 
     assert run(5) == run(5)
     assert run(5) != run(6)
+
+
+def test_the_ledgers_of_a_swarm_hold_one_copy_of_what_they_share() -> None:
+    # each node decodes its own copy of every record (wire_bytes), yet the swarm's memo hands
+    # every ledger the same expiry entry per record: the adapter builds them with swarm.memo
+    swarm = make(1, 12)
+    swarm.run(20_000)
+    heaps = [sorted(ledger_of(n).state._record_expiry) for n in swarm.nodes]
+    assert len(heaps[0]) == 4
+    assert all(x is y for heap in heaps[1:] for x, y in zip(heaps[0], heap, strict=True))

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from simulations.report import report_hash
-from simulations.runner import run_scenario
+from simulations.runner.report import report_hash
+from simulations.runner.run import run_scenario
 from simulations.scenario import ScenarioError, load, parse
 
 TARGET = 6

@@ -47,7 +47,7 @@ from protocol.relay.manifest import chunk_hash, make_body, sign_manifest
 from protocol.verification.executor import DEFAULT_TERMS_GRACE_MS
 from protocol.verification.requester import VerifiedAuction
 from protocol.verification.state import VerifyConfig
-from simulations.compute import DEVICES, model_hash
+from simulations.compute.cost import DEVICES, model_hash
 from simulations.machines.ledger import ledger_spec
 from simulations.machines.market import AUCTION, auction_spec
 from simulations.machines.relay import Published, relay_spec

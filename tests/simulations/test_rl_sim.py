@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from simulations.rl_setup import RlSetup
-from simulations.rl_swarm import run_rl
-from simulations.runner import run_scenario
+from simulations.rl.run import run_rl
+from simulations.rl.setup import RlSetup
+from simulations.runner.run import run_scenario
 from simulations.scenario import load
 
 #: a small, quick swarm: 64 rollouts per 5 s step
@@ -76,7 +76,7 @@ def test_the_daemons_exploration_share_gives_untried_workers_picks(seed: int) ->
     # 200 workers, most of them never needed: picking the fastest idle one alone leaves the
     # rest untried (and cheaters among them unexposed); the selector's exploration share
     # (ExploringSelector, as in the daemon's rollout auction) tries more without costing steps
-    from simulations.rl_swarm import RlWorld
+    from simulations.rl.run import RlWorld
 
     setup = replace(BASE, workers=200, staleness=4, cheater_share=0.2)
     greedy, exploring = RlWorld(replace(setup, explore_share=0.0), seed), RlWorld(setup, seed)

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from simulations.report import report_hash, write
-from simulations.runner import run_scenario
+from simulations.runner.report import report_hash, write
+from simulations.runner.run import run_scenario
 from simulations.scenario import SCENARIO_DIR, ScenarioError, load, parse
 
 SHIPPED = ("ledger", "voting", "routing", "verification", "relay", "membership", "distributed",

@@ -16,8 +16,8 @@ from models.layer_states import BLOCK_TOKENS, needed_leaves, plan_check
 from protocol.market.events import ComputeDone, StartCompute
 from protocol.market.messages import Requirement, TaskSpec
 from protocol.verification.verifier import StartCheck
-from simulations.compute import DEVICES, CostModel, ExecutorProfile, model_hash, question_bank
-from simulations.verification_cost import (
+from simulations.compute.cost import DEVICES, CostModel, ExecutorProfile, model_hash, question_bank
+from simulations.compute.verification import (
     HIDDEN_SIZE,
     LEAF_HEADER_BYTES,
     MODEL_LAYERS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from simulations.runner import run_scenario
+from simulations.runner.run import run_scenario
 from simulations.scenario import parse
 
 HONEST = {"share": 0.7, "skill": 0.7, "calibration": 0.7}

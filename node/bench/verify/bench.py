@@ -28,7 +28,7 @@ questions of the shipped evaluation set:
   (models.state_store), so its time, ``state_write_ms_mean``, is not on the result's path.
   ``capture_cost_ratio_cpu`` is the capture's part of ``commit_cost_ratio_cpu``, and
   ``commit_bytes_per_ms`` the layer-state bytes the commitment takes per ms of its CPU time
-  (its wall time on an idle machine; simulations/verification_cost.py charges executors
+  (its wall time on an idle machine; simulations/compute/verification.py charges executors
   with both). ``commit_cost_ratio_prefill``
   (``_cpu``) is the former way, measured in the same run: one fp32 prefill on a transformers
   copy of the weights (what a backend without state capture still pays). On a machine other

@@ -13,9 +13,10 @@ Contract
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from protocol.codec import Message, decode
 from protocol.errors import InvalidMessage
-from simulations.memo import encode
 from simulations.metrics import Metrics
 from simulations.node import INVALID_MESSAGE_PENALTY, VirtualNode
 
@@ -24,17 +25,21 @@ FRAME_OVERHEAD = 16
 
 
 class Frames:
-    """Framing and opening of messages for one swarm (``wire_bytes`` or objects)."""
+    """Framing and opening of messages for one swarm (``wire_bytes`` or objects); ``encode`` is
+    ``protocol.codec.encode`` as the swarm's memo shares it (simulations/memo.py)."""
 
-    __slots__ = ("wire_bytes", "metrics")
+    __slots__ = ("wire_bytes", "metrics", "encode")
 
-    def __init__(self, wire_bytes: bool, metrics: Metrics) -> None:
+    def __init__(
+        self, wire_bytes: bool, metrics: Metrics, encode: Callable[[Message], bytes]
+    ) -> None:
         self.wire_bytes = wire_bytes
         self.metrics = metrics
+        self.encode = encode
 
     def frame(self, message: Message) -> tuple[object, int]:
         """What crosses the wire for ``message`` and its size in bytes."""
-        data = encode(message)
+        data = self.encode(message)
         if self.wire_bytes:
             return data, len(data) + FRAME_OVERHEAD
         return message, len(data) + FRAME_OVERHEAD

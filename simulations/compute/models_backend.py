@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from protocol.answers import AnswerType, normalize_answer
 from protocol.market.events import ComputeFailed, StartCompute
-from simulations.compute import (
+from simulations.compute.cost import (
     DISTRACTORS,
     PREFILL_FACTOR,
     TIME_JITTER,
@@ -99,7 +99,7 @@ def evalset_questions() -> list[Question]:
 
 
 def _distractors(kind: AnswerType, truth: str, n_choices: int) -> tuple[str, ...]:
-    """Wrong answers for the adversaries that rewrite answers (simulations/adversary.py)."""
+    """Wrong answers for the adversaries that rewrite answers (simulations/machines/adversary.py)."""
     if kind is AnswerType.CHOICE:
         letters = [chr(ord("A") + i) for i in range(n_choices)]
         return tuple(x for x in letters if x != truth)[:DISTRACTORS]

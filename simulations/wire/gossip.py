@@ -9,7 +9,7 @@ Contract (the simulator's side of gossipsub, at the level of ``Publish`` effects
   its mesh minus the sender; later copies are counted in bytes and dropped (the seen-cache).
   Lost gossip is silent; nodes that joined after a message was published never see it.
 * **Planned floods** (:class:`PlannedFloods`). A frame of up to ``SMALL_MESSAGE_BYTES`` (nearly
-  all of them) is not forwarded copy by copy: simulations/flood.py computes every node's
+  all of them) is not forwarded copy by copy: simulations/wire/flood.py computes every node's
   first arrival at once, over the same mesh and network model, and each node is handed the
   message at that time, in arrival order (one queued step delivers every arrival that comes
   before anything else queued: ``EventLoop.horizon_us``). A change of mesh, liveness or
@@ -30,9 +30,9 @@ import numpy as np
 
 from protocol.codec import Message
 from protocol.machine import Received
-from simulations.flood import NEVER, Flood, FloodPlanner, account
-from simulations.frames import Frames
 from simulations.node import NodeHost, VirtualNode
+from simulations.wire.flood import NEVER, Flood, FloodPlanner, account
+from simulations.wire.frames import Frames
 
 #: gossip ids are forgotten this long after publishing (the seen-cache TTL)
 SEEN_TTL_US = 120 * 1_000_000

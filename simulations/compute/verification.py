@@ -13,7 +13,7 @@ chunks' positions (every other position up to the last checked one gives its key
 ``models.layer_states.needed_leaves`` lists, each ``BLOCK_TOKENS * HIDDEN_SIZE * 4`` bytes (plus
 its header), sent by the executor to the verifier over the network model.
 
-Time: a whole prefill costs ``PREFILL_FACTOR`` decode steps per token (simulations/compute.py),
+Time: a whole prefill costs ``PREFILL_FACTOR`` decode steps per token (simulations/compute/cost.py),
 so one layer at one position costs ``PREFILL_FACTOR / MODEL_LAYERS`` of a decode step.
 
 Honesty: what an executor computed is kept per (task, attempt) as the set of layers it faked.
@@ -39,7 +39,7 @@ from models.layer_states import BLOCK_TOKENS, needed_leaves, plan_check
 from protocol.market.events import ComputeDone, StartCompute
 from protocol.verification.executor import DEFAULT_CHUNK_TOKENS
 from protocol.verification.verifier import CheckDone, CheckFailed, StartCheck
-from simulations.compute import PREFILL_FACTOR, CostModel
+from simulations.compute.cost import PREFILL_FACTOR, CostModel
 
 #: decoder layers and hidden size of the daemon's default model (SmolLM2-135M)
 MODEL_LAYERS = 30

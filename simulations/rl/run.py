@@ -4,7 +4,7 @@ The learner's side is the protocol's own job book (protocol/rl/jobs.py): every j
 assigned, judged (model-free validation, then the staleness rule of protocol/rl/staleness.py)
 and reissued by it, exactly as the daemon's learner does; what the simulator adds is time:
 
-* workers have heterogeneous speeds (a device mix of simulations/compute.py ``DEVICES``): a
+* workers have heterogeneous speeds (a device mix of simulations/compute/cost.py ``DEVICES``): a
   job of G completions of L tokens takes ``G L / tokens_per_s`` (+-10% jitter); each worker
   keeps one job at a time; a job goes to the pick of the daemon's selector
   (protocol/market/selection.py: ``ExploringSelector`` over the score selector, as in
@@ -41,9 +41,9 @@ from protocol.rl.messages import Completion, RolloutJob, RolloutResultBody, Roll
 from protocol.rl.prompts import job_prompts
 from protocol.rl.staleness import accepts
 from protocol.rl.validation import rollout_commitment
-from simulations.compute import DEVICES
+from simulations.compute.cost import DEVICES
 from simulations.engine import US_PER_MS, US_PER_S, EventLoop
-from simulations.rl_setup import RlFigures, RlSetup, SimWorker, dissemination_delays, pick
+from simulations.rl.setup import RlFigures, RlSetup, SimWorker, dissemination_delays, pick
 
 #: a completion as the simulator carries it: its timing uses ``tokens``, its content is short
 _SIM_COMPLETION = Completion(token_ids=(1, 2, 3), logprobs=(-0.7, -1.2, -0.3), finished=True)

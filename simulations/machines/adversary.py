@@ -31,7 +31,7 @@ from protocol.machine import Send, Tick
 from protocol.market.events import ComputeDone, StartCompute
 
 if TYPE_CHECKING:
-    from simulations.compute import CostModel
+    from simulations.compute.cost import CostModel
     from simulations.node import VirtualNode
 
 _TICK = Tick()
@@ -198,7 +198,7 @@ class ModelSwapper(AnswerRewriter):
         self.other_model = other_model
 
     def rewrite(self, node: VirtualNode, done: ComputeDone, question: str) -> ComputeDone:
-        from simulations.compute import ExecutorProfile
+        from simulations.compute.cost import ExecutorProfile
 
         q = self.cost.question(question)
         profile = ExecutorProfile(device=node.profile.device, skill={"*": self.skill})

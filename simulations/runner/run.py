@@ -1,4 +1,4 @@
-"""Run a scenario: pick its workload, share pure functions across nodes, time it, report.
+"""Run a scenario: pick its workload, time it, report.
 
 ``run_scenario(scenario, progress) -> (Report, wall_s)``; ``write`` puts report.json and
 report.html in a directory. The CLI (node/cli/simulate.py) and the tests call these.
@@ -11,13 +11,12 @@ import time
 from pathlib import Path
 
 from simulations.engine import fewer_gc_passes
-from simulations.memo import shared_pure_functions
-from simulations.report import Report, write
+from simulations.runner.report import Report, write
 from simulations.scenario import Scenario, ScenarioError
 from simulations.workloads import WORKLOADS
 from simulations.workloads.common import Progress, no_progress
 
-#: the workloads that can run the real model (simulations/models_compute.py); routing scores
+#: the workloads that can run the real model (simulations/compute/models_backend.py); routing scores
 #: its choices by the profiles' skill, which a real model does not have
 REAL_COMPUTE_KINDS = frozenset({"voting"})
 
@@ -35,7 +34,7 @@ def run_scenario(scenario: Scenario, progress: Progress = no_progress) -> tuple[
         )
     module = importlib.import_module(module_name)
     started = time.perf_counter()
-    with shared_pure_functions(), fewer_gc_passes():
+    with fewer_gc_passes():
         report: Report = module.run(scenario, progress)
     return report, time.perf_counter() - started
 

@@ -16,7 +16,7 @@ Contract
   equally confident either way); a CoT whose length follows the token count. Every draw comes
   from the rng handed in (the node's), so answers are reproducible from the seed.
 * Alternatively :class:`SolverBackend` runs a real solver (node/market/executor.py's
-  ``Solver`` protocol) synchronously, and simulations/models_compute.py the models/ backend on
+  ``Solver`` protocol) synchronously, and simulations/compute/models_backend.py the models/ backend on
   the shipped evaluation set (``[compute] backend = "models"``): for small runs only.
 
 The figures in ``DEVICES`` are illustrative orders of magnitude for a 1-8B model, not

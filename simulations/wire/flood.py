@@ -5,7 +5,7 @@ spread is a shortest-arrival-time problem: node b first gets it at ``min over me
 (arrival(a) + w(a, b))``, where a copy's time ``w`` is the link's latency, a jitter draw and
 the sender's serialization of its copies in mesh order (the copy to the j-th peer leaves
 after j + 1 serialization times). :class:`FloodPlanner` solves it at once in numpy over the
-topic's mesh (:class:`MeshTable`), instead of one Python event per copy: simulations/gossip.py
+topic's mesh (:class:`MeshTable`), instead of one Python event per copy: simulations/wire/gossip.py
 then hands the message to each node's machines at its first arrival, in arrival order.
 
 Contract

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ import click
 
 #: a generation may take long on CPUs and slow links; the client waits this long
 GENERATE_TIMEOUT_S = 600.0
+#: while blocks are missing, the daemon is asked what is still missing this often (seconds)
+WAIT_POLL_S = 0.5
 
 
 @click.command()
@@ -30,10 +33,15 @@ GENERATE_TIMEOUT_S = 600.0
 @click.option("--top-p", type=click.FloatRange(0.0, 1.0, min_open=True), default=1.0,
               show_default=True, help="Nucleus sampling mass (1: off).")
 @click.option("--seed", type=click.IntRange(0, (1 << 63) - 1), default=0, show_default=True)
+@click.option("--wait-s", type=click.FloatRange(0.0, 3600.0), default=60.0, show_default=True,
+              help="While some of the model's blocks are offered by no one yet (a server "
+                   "still loading, an offer not yet in the ledger), wait up to this long, "
+                   "saying which are missing; then fail naming them.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None)
 @click.option("--json", "as_json", is_flag=True, help="Print the daemon's JSON answer.")
 def generate(prompt: str, max_tokens: int, speculative: int, rule: str, temperature: float,
-             top_p: float, seed: int, data_dir: str | None, as_json: bool) -> None:
+             top_p: float, seed: int, wait_s: float, data_dir: str | None,
+             as_json: bool) -> None:
     """Generate from PROMPT through a chain of peers serving the model's blocks.
 
     The local daemon plans the chain from the ledger, decodes through it (greedily, or
@@ -48,9 +56,11 @@ def generate(prompt: str, max_tokens: int, speculative: int, rule: str, temperat
     client = ApiClient(Path(data_dir).expanduser() if data_dir else default_data_dir(),
                        timeout_s=GENERATE_TIMEOUT_S)
     try:
+        left_s = wait_for_blocks(client.get, wait_s)
         result = client.post("/inference/generate", json={
             "prompt": prompt, "max_tokens": max_tokens, "speculative": speculative,
-            "rule": rule, "temperature": temperature, "top_p": top_p, "seed": seed})
+            "rule": rule, "temperature": temperature, "top_p": top_p, "seed": seed,
+            "wait_s": left_s})
     except DaemonNotRunning as exc:
         raise click.ClickException(str(exc)) from None
     except httpx.HTTPStatusError as exc:
@@ -59,6 +69,27 @@ def generate(prompt: str, max_tokens: int, speculative: int, rule: str, temperat
         click.echo(json.dumps(result, indent=2, sort_keys=True))
         return
     print_result(result)
+
+
+def wait_for_blocks(get: Any, wait_s: float) -> float:
+    """Wait while the daemon's ``GET /inference/`` lists blocks no one offers, at most
+    ``wait_s``, with a line on stderr whenever what is missing changes; the seconds left (the
+    daemon waits those too, and its error names what is still missing when they run out)."""
+    from protocol.inference.routing import blocks_text
+
+    started = time.monotonic()
+    shown: list[Any] = []
+    while True:
+        info = get("/inference/")
+        missing = [tuple(r) for r in info.get("missing", [])]
+        left = max(0.0, wait_s - (time.monotonic() - started))
+        if not missing or left <= 0:
+            return left
+        if missing != shown:
+            click.echo(f"waiting up to {left:.0f} s for {blocks_text(missing)} of "
+                       f"{info.get('model', '?')}: offered by no peer yet", err=True)
+            shown = missing
+        time.sleep(min(WAIT_POLL_S, left))
 
 
 def _message(response: Any) -> str:

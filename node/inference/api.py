@@ -9,9 +9,11 @@
   ``temperature`` (0..2, default 0 = greedy; above 0 drafts are verified by speculative
   rejection sampling, so the output is distributed as plain sampling's), ``top_p`` (nucleus
   mass, default 1), ``seed`` (default 0), ``stop`` (a string or a list of them).
+  ``wait_s`` (0..3600, default ``DEFAULT_WAIT_S``): how long to wait while some of the model's
+  blocks are offered by no one yet (a server loading, an offer not yet in the ledger).
   Answers the generated ``text`` and ``tokens``, ``tokens_per_s``, ``acceptance_rate``,
   the ``chain`` used (peer and block range per hop), ``recoveries``; 400 with a message that
-  names the problem (bad input, no chain covering the model).
+  names the problem (bad input, the blocks no one serves when the wait ended, no chain).
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from node.api.app import token_route
+
+#: how long a generation waits for missing blocks unless the request says
+DEFAULT_WAIT_S = 60.0
+#: the longest wait a request may ask for
+MAX_WAIT_S = 3600.0
 
 
 def _error(message: str, status: int = 400) -> Response:
@@ -71,11 +78,16 @@ def inference_routes(service: Any) -> list[BaseRoute]:
         for key, value in (("max_tokens", max_tokens), ("speculative", speculative)):
             if type(value) is not int:
                 return _error(f"{key!r} must be an integer, got {value!r}")
+        wait_s = body.get("wait_s", DEFAULT_WAIT_S)
+        if type(wait_s) not in (int, float) or not 0 <= wait_s <= MAX_WAIT_S:
+            return _error(f"'wait_s' must be a number of seconds in [0, {MAX_WAIT_S:g}], "
+                          f"got {wait_s!r}")
         sampling, problem = _sampling(body)
         if problem:
             return _error(problem)
         try:
-            result = await service.generate(prompt, max_tokens, speculative, rule, **sampling)
+            result = await service.generate(prompt, max_tokens, speculative, rule,
+                                            wait_s=float(wait_s), **sampling)
         except ValueError as exc:
             return _error(str(exc))
         return JSONResponse(result)

@@ -109,8 +109,10 @@ class Requester:
 
     def chain(self, max_length: int) -> Chain:
         s = self.service
-        directory = Directory(servers=s.servers, open_stream=s.open_stream, report=s.report,
-                              rtt_ms=lambda: {**s.rtt_ms(), **self.rtt_ms},
+        me = s.ctx.identity.peer_id  # our own stage: no link crossed, no round trip
+        directory = Directory(servers=s.chain_servers, open_stream=s.open_stream,
+                              report=s.report,
+                              rtt_ms=lambda: {**s.rtt_ms(), **self.rtt_ms, me: 0.0},
                               observe_rtt=self.observe_rtt, on_failure=self._log_failure,
                               spawn=s.start_soon)
         return Chain(directory, model=s.model_name, n_blocks=s.n_blocks,

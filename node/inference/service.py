@@ -9,26 +9,38 @@ protocol (node/inference/server.py, rules in protocol/inference/session.py) and 
 choose_blocks, window size from free memory and speed), re-checks every ``auto_check_s`` and
 moves only while no session is open, with hysteresis.
 
-Requesting: :meth:`InferenceService.generate` plans a chain over the ledger's block offers,
-decodes through it (greedy, or speculative with a local drafter when ``speculative`` > 0) and
+Requesting: :meth:`InferenceService.generate` plans a chain over the ledger's block offers
+and this node's own (:meth:`chain_servers`: its own stage is a hop with no round trip, reached
+over an in-process stream, node/inference/local.py), waits up to ``wait_s`` while some blocks
+are offered by no one yet (a server still loading, an offer not yet gossiped; the wait ends in
+an error naming the missing blocks), decodes through it (greedy, or speculative with a local drafter when ``speculative`` > 0) and
 reports tokens/s, the chain and the recoveries. HTTP (mounted under ``/inference``):
 ``GET /inference/`` (what this node serves) and, with the API token,
-``POST /inference/generate`` (JSON ``prompt``, ``max_tokens``, ``speculative``).
+``POST /inference/generate`` (JSON ``prompt``, ``max_tokens``, ``speculative``, ``wait_s``).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import trio
 
 from node.inference.cache_budget import cache_budget
+from node.inference.local import local_pair
+from node.inference.machine_probe import device_of, free_memory_bytes, measure_ms_per_block
 from node.inference.wire import SessionStream
 from node.service import NurseryService
+from node.transport import TransportError
 from protocol.inference.messages import MAX_LINK_DELAY_MS, Precision
-from protocol.inference.routing import Server, choose_blocks, parse_serve_blocks, span_for
+from protocol.inference.routing import (
+    Server,
+    blocks_text,
+    choose_blocks,
+    missing_blocks,
+    parse_serve_blocks,
+    span_for,
+)
 from protocol.inference.session import (
     FreeCache,
     Misbehaved,
@@ -44,6 +56,8 @@ INFERENCE_PROTOCOL_NAME = "inference"
 AUTO_BUDGET_MS_PER_TOKEN = 200.0
 #: a server that failed a chain of ours is left out of new plans for this long
 EXCLUDE_MS = 5 * 60_000
+#: while a generation waits for blocks nobody offers yet, the offers are looked at this often
+WAIT_POLL_S = 0.5
 
 
 def inference_protocol(network_id: str) -> str:
@@ -163,11 +177,11 @@ class InferenceService(NurseryService):
         from node.inference.server import StageHost
 
         stage = await trio.to_thread.run_sync(load_stage, self.model_path, *blocks)
-        self.ms_per_block = await trio.to_thread.run_sync(_measure, stage)
+        self.ms_per_block = await trio.to_thread.run_sync(measure_ms_per_block, stage)
         served = ServedBlocks(self.model_name, blocks[0], blocks[1], stage.hidden_size,
                               stage.bytes_per_position // max(1, blocks[1] - blocks[0]))
         if not self.section.max_cache_mb:  # sized from the free memory, the stage loaded
-            budget = await trio.to_thread.run_sync(cache_budget, _device_of(stage))
+            budget = await trio.to_thread.run_sync(cache_budget, device_of(stage))
             self.limits = replace(self.limits, max_cache_bytes=budget.bytes)
             self.ctx.log.info("inference.cache_budget", device=budget.device,
                               free_mib=budget.free_bytes >> 20, cache_mib=budget.bytes >> 20)
@@ -221,7 +235,7 @@ class InferenceService(NurseryService):
     def _auto_window(self, current: tuple[int, int] | None) -> tuple[int, int]:
         from models.blocks import bytes_per_block
 
-        free = _free_memory_bytes()
+        free = free_memory_bytes()
         span = span_for(self.n_blocks, bytes_per_block(self.model_path), free)
         if self.ms_per_block > 0:  # a slow node holds fewer blocks
             span = max(1, min(span, int(AUTO_BUDGET_MS_PER_TOKEN / self.ms_per_block)))
@@ -254,6 +268,45 @@ class InferenceService(NurseryService):
                                   free_cache_bytes=b.free_cache_bytes))
         return out
 
+    def chain_servers(self) -> list[Server]:
+        """The servers a chain of ours may use: the ledger's offers of other peers and, while
+        this node serves blocks, its own offer as it stands now (not a ledger record that may
+        lag behind)."""
+        out = self.servers()
+        me = self.ctx.identity.peer_id
+        if self.failed_until.get(me, 0) > self.ctx.clock():
+            return out
+        for b in self.block_offers():
+            out.append(Server(peer=me, model=b.model, start=b.start, end=b.end,
+                              ms_per_block=b.ms_per_block, free_sessions=b.free_sessions,
+                              max_sessions=b.max_sessions, free_cache_bytes=b.free_cache_bytes))
+        return out
+
+    def missing(self) -> list[tuple[int, int]]:
+        """The ranges of the model's blocks no one (this node included) offers now."""
+        if not self.n_blocks:
+            return []
+        return missing_blocks(self.chain_servers(), self.model_name, self.n_blocks)
+
+    async def wait_for_blocks(self, wait_s: float) -> None:
+        """Return once every block of the model is offered; wait at most ``wait_s`` (a server
+        still loading, an offer not yet in the ledger), logging what is missing whenever that
+        changes; ValueError naming the missing blocks when the wait ends without them."""
+        missing = self.missing()
+        shown: list[tuple[int, int]] = []
+        with trio.move_on_after(wait_s):
+            while missing and wait_s > 0:
+                if missing != shown:
+                    self.ctx.log.info("inference.waiting_for_blocks", model=self.model_name,
+                                      missing=blocks_text(missing), wait_s=wait_s)
+                    shown = missing
+                await trio.sleep(WAIT_POLL_S)  # offers arrive by gossip: no event to wait on
+                missing = self.missing()
+        if missing:
+            raise ValueError(f"{blocks_text(missing)} of {self.model_name} (of "
+                             f"{self.n_blocks}) are served by no peer"
+                             + (f" (waited {wait_s:g} s)" if wait_s > 0 else ""))
+
     def rtt_ms(self) -> dict[str, float]:
         """Ping round trips the membership service measured, per connected peer."""
         membership = self.ctx.services.get("membership")
@@ -270,6 +323,15 @@ class InferenceService(NurseryService):
         return ()
 
     async def open_stream(self, peer: str) -> SessionStream:
+        """A session stream to ``peer``'s stage: over libp2p, or to this node's own stage over
+        an in-process stream (no link crossed: no emulated delay either)."""
+        if peer == self.ctx.identity.peer_id:
+            host = self.host
+            if host is None:
+                raise TransportError("this node serves no blocks")
+            mine, theirs = local_pair(peer)
+            self.start_soon(host.serve, peer, theirs)
+            return SessionStream(mine)
         transport = self.ctx.transport
         if peer not in transport.connected_peers():
             for addr in self.addresses(peer):
@@ -292,8 +354,10 @@ class InferenceService(NurseryService):
         return self._requester
 
     async def generate(self, prompt: str, max_tokens: int, speculative: int = 0,
-                       rule: str = "greedy", **sampling: Any) -> dict[str, Any]:
+                       rule: str = "greedy", wait_s: float = 0.0,
+                       **sampling: Any) -> dict[str, Any]:
         requester = await self.requester()
+        await self.wait_for_blocks(wait_s)
         return await requester.generate(prompt, max_tokens, speculative, rule, **sampling)
 
     def status(self) -> dict[str, Any]:
@@ -305,44 +369,11 @@ class InferenceService(NurseryService):
                 "free_cache_bytes": self._machine.free_cache_bytes,
                 "forwards": self.host.forwards if self.host is not None else 0,
                 "moves": self.moves, "problem": self.problem,
-                "offers": [[o.peer, o.start, o.end] for o in self.servers()]}
+                "offers": [[o.peer, o.start, o.end] for o in self.servers()],
+                "missing": [list(r) for r in self.missing()]}
 
     def routes(self) -> list[Any]:
         from node.inference.api import inference_routes
 
         return inference_routes(self)
 
-
-def _measure(stage: Any, repeats: int = 5) -> float:
-    """Milliseconds per block per token: one new position through the stage, warm cache."""
-    import numpy as np
-
-    from models.blocks import StageCache
-
-    cache = StageCache()
-    x = np.zeros((1, stage.hidden_size), np.float32)
-    stage.forward(np.zeros((8, stage.hidden_size), np.float32), 0, cache)  # warm-up
-    started = time.perf_counter()
-    for i in range(repeats):
-        stage.forward(x, 8 + i, cache)
-    per_token = (time.perf_counter() - started) * 1000 / repeats
-    return per_token / max(1, stage.end - stage.start)
-
-
-def _device_of(stage: Any) -> str:
-    """Where a stage's layers are: torch's device name ("cpu", "cuda:0")."""
-    for layer in stage.layers:
-        for param in layer.parameters():
-            return str(param.device)
-    return "cpu"
-
-
-def _free_memory_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 4 << 30

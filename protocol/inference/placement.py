@@ -7,8 +7,8 @@ Contract
   - :attr:`Route.MARKET` when some executor serves the model whole (a live ledger record's
     ``models``, or this node's own executor): the auction picks executors as ever. A request
     for any model, or for a family, goes to the market too unless only a chain can serve it.
-  - :attr:`Route.CHAIN` when no one serves it whole but the live block offers of other peers
-    cover every one of its blocks, and this node can drive a chain of it (it holds the
+  - :attr:`Route.CHAIN` when no one serves it whole but the live block offers (this node's
+    own included) cover every one of its blocks, and this node can drive a chain of it (it holds the
     model's embedding and output head: ``chain_models``). A request for any model goes to a
     chain only when no model at all is served whole.
   - :attr:`Route.NOT_FOUND` otherwise, with a reason naming what is missing: nobody serves
@@ -16,8 +16,8 @@ Contract
     node holds no head to drive a chain with.
 
 * :func:`chain_coverage` is what the decision reads of the block offers: per model, the
-  first block no live offer covers (``n_blocks`` when all are). Our own offers are left out:
-  a chain is made of other peers (a node does not open sessions to itself), as
+  first block no live offer covers (``n_blocks`` when all are). Our own offers count: a node
+  that serves blocks is a hop of its own chains (node/inference/local.py), as
   protocol.inference.routing.plan_chain is given them.
 * :func:`servable` lists the models :func:`place` would not refuse, with when the oldest live
   record offering each (whole or in parts) was issued: what ``GET /v1/models`` shows.
@@ -58,9 +58,10 @@ def whole_models(view: LedgerView, now: int, own_models: Collection[str] = ()) -
 
 
 def chain_coverage(view: LedgerView, now: int) -> dict[str, tuple[int, int]]:
-    """Per model offered in blocks by other live peers: (first uncovered block, n_blocks)."""
+    """Per model offered in blocks by live peers (this node included): (first uncovered
+    block, n_blocks)."""
     spans: dict[str, tuple[int, list[tuple[int, int]]]] = {}
-    for match in view.find_peers(now, include_self=False):
+    for match in view.find_peers(now, include_self=True):
         for b in match.record.blocks:
             n, ranges = spans.setdefault(b.model, (b.n_blocks, []))
             if b.n_blocks == n:  # an offer that disagrees on the block count is ignored
@@ -120,8 +121,7 @@ def servable(view: LedgerView, now: int, *, own_models: Mapping[str, int] | None
     for match in view.find_peers(now):
         rec = match.record
         names = {o.name for o in rec.models}
-        if rec.peer_id != view.own_peer_id:
-            names.update(b.model for b in rec.blocks if b.model in chains)
+        names.update(b.model for b in rec.blocks if b.model in chains)
         for name in names:
             out[name] = min(out.get(name, rec.issued_at_ms), rec.issued_at_ms)
     return out

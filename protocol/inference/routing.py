@@ -6,10 +6,12 @@ Contract
   each a server and the contiguous sub-range it computes. It is a shortest path over block
   boundaries: an edge from boundary ``i`` to ``j`` through server ``s`` exists when ``s``
   serves every block in [i, j); its cost per generated token is ``s``'s measured round trip
-  plus ``(j - i) * ms_per_block`` plus a load penalty (:func:`hop_cost`). Servers in
+  plus ``(j - i) * ms_per_block`` plus a load penalty plus ``HOP_MS`` (:func:`hop_cost`). Servers in
   ``excluded`` (failed recently), without a free session slot, or without cache room for the
   session are not used. Ties go to fewer hops, then to the smaller peer id, so the plan is a
   pure function of its inputs. :class:`NoRoute` names the first block nobody covers.
+* :func:`missing_blocks` lists the ranges of a model's blocks that no offer covers (what a
+  requester waits for, and names when it gives up); :func:`blocks_text` says them in words.
 * :func:`choose_blocks` is ``--serve-blocks auto``: among the windows of ``span`` contiguous
   blocks, the one whose current coverage (the sum of the covering servers' speed,
   1 / ms_per_block, this node's own offer left out) is weakest; the current window is kept
@@ -34,6 +36,10 @@ FULL_PENALTY_MS = 1000.0
 LOAD_PENALTY_MS = 20.0
 #: round trip assumed for a server never measured
 DEFAULT_RTT_MS = 50.0
+#: cost (ms per token) of a hop itself, whatever its round trip: a session step's framing and
+#: codecs. It also keeps a server with a round trip of 0 (the requester's own stage) one hop:
+#: cut in pieces its cost would tie, and float rounding could favour the pieces
+HOP_MS = 1.0
 #: ``choose_blocks`` moves only when the best window is this much weaker than the current one
 HYSTERESIS = 0.25
 
@@ -72,7 +78,7 @@ def hop_cost(server: Server, blocks: int, rtt_ms: float) -> float:
     """Expected milliseconds per token of computing ``blocks`` blocks on ``server``."""
     used = 1.0 - server.free_sessions / server.max_sessions if server.max_sessions else 1.0
     penalty = LOAD_PENALTY_MS * used + (FULL_PENALTY_MS if server.free_sessions <= 1 else 0.0)
-    return rtt_ms + blocks * server.ms_per_block + penalty
+    return HOP_MS + rtt_ms + blocks * server.ms_per_block + penalty
 
 
 def _usable(servers: Sequence[Server], model: str, excluded: Collection[str],
@@ -140,6 +146,29 @@ def coverage(servers: Sequence[Server], model: str, n_blocks: int,
         for b in range(max(0, s.start), min(n_blocks, s.end)):
             cover[b] += speed
     return cover
+
+
+def missing_blocks(servers: Sequence[Server], model: str, n_blocks: int) -> list[tuple[int, int]]:
+    """The maximal ranges [a, b) of blocks 0..n_blocks of ``model`` that no server offers."""
+    cover = coverage(servers, model, n_blocks)
+    out: list[tuple[int, int]] = []
+    for b, speed in enumerate(cover):
+        if speed > 0.0:
+            continue
+        if out and out[-1][1] == b:
+            out[-1] = (out[-1][0], b + 1)
+        else:
+            out.append((b, b + 1))
+    return out
+
+
+def blocks_text(ranges: Sequence[tuple[int, int]]) -> str:
+    """``[(15, 30), (40, 41)]`` -> ``"blocks 15-30 and 40-41"`` (ends exclusive, as offers)."""
+    parts = [f"{a}-{b}" for a, b in ranges]
+    if not parts:
+        return "no blocks"
+    joined = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    return f"blocks {joined}"
 
 
 def span_for(n_blocks: int, bytes_per_block: int, free_memory_bytes: int,

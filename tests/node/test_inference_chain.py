@@ -26,8 +26,10 @@ import torch  # noqa: E402
 from crypto.keys import Identity  # noqa: E402
 from models.blocks import LocalTarget, greedy, load_head, load_stage  # noqa: E402
 from node.inference.chain import Chain, ChainError, ChainTarget, Directory  # noqa: E402
+from node.inference.local import local_pair  # noqa: E402
 from node.inference.server import StageHost  # noqa: E402
 from node.inference.wire import SessionStream, pack_hidden  # noqa: E402
+from node.transport import StreamGone  # noqa: E402
 from protocol.inference.forwarding import SendRelay  # noqa: E402
 from protocol.inference.messages import (  # noqa: E402
     Forward,
@@ -190,6 +192,55 @@ def test_two_stage_chain_is_token_identical(gguf: Path, precision: Precision,
         return out
 
     assert run_chain(gguf, body) == reference(gguf)
+
+
+@pytest.mark.parametrize("me", ["a", "b"])
+def test_a_requester_that_serves_blocks_is_a_hop_of_its_own_chain(gguf: Path, me: str) -> None:
+    """The requester ``me`` serves a stage too: its own hop is reached over an in-process stream
+    (node.inference.local) and the other stage relays to it, or it relays on, as between
+    remote stages; the output is the single-process model's."""
+
+    async def body(net: Net) -> list[int]:
+        net.serve("a", 0, 1)
+        net.serve("b", 1, 2)
+        own = peer_of(me)
+
+        async def open_stream(peer: str) -> SessionStream:
+            if peer != own:
+                return await net.open_stream(peer, sender=own)
+            mine, theirs = local_pair(own)
+            net.nursery.start_soon(net.hosts[own].serve, own, theirs)
+            return SessionStream(mine)
+
+        chain = net.chain()
+        chain.directory = dataclasses.replace(chain.directory, open_stream=open_stream,
+                                              rtt_ms=lambda: {own: 0.0})
+        out, route = await generate(net, chain)
+        assert route == ["a", "b"] and chain.recoveries == 0 and not net.reports
+        # the other stage was reached over the "network", the own one never
+        assert (own, peer_of("b" if me == "a" else "a")) in net.opened
+        assert all(peer != own for sender, peer in net.opened if sender == own)
+        assert net.hosts[own].forwards > 0 and not net.hosts[own].machine.sessions
+        return out
+
+    assert run_chain(gguf, body) == reference(gguf)
+
+
+def test_a_local_stream_ends_and_resets_like_a_network_one() -> None:
+    async def main() -> None:
+        mine, theirs = local_pair("me")
+        await mine.write(b"hello")
+        assert await theirs.read(3) == b"hel" and await theirs.read(10) == b"lo"
+        await mine.close()
+        assert await theirs.read(10) == b""  # our sending side ended
+        await theirs.write(b"still")  # theirs is open until it closes
+        assert await mine.read(10) == b"still"
+        await theirs.reset()
+        with pytest.raises(StreamGone):
+            await mine.write(b"x")  # nobody reads any more
+        assert mine.peer_id == theirs.peer_id == "me"
+
+    trio.run(main)
 
 
 class GarbageRelayHost(StageHost):

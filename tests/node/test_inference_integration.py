@@ -5,7 +5,9 @@ states travel as fp16), and a middle server killed with SIGKILL mid-generation i
 replaying its inputs, with the output unchanged. The OpenAI endpoint and ``symphony ask`` of a
 daemon that holds no whole model run the model on the same chain: a greedy chat completion is
 the single-process model's greedy output for the executor's templated prompt, streamed token by
-token in several chunks, and a vote over a chain is refused."""
+token in several chunks, and a vote over a chain is refused. A daemon that itself serves part
+of the model uses its own blocks as the chain's first hop; asked right after the other server
+starts, it waits for that server's offer, and a wait that ends names the missing blocks."""
 
 from __future__ import annotations
 
@@ -183,3 +185,22 @@ def _openai_over_the_chain(asker: Any, reference: Any) -> None:
     snap = json.loads(asked.stdout)
     assert snap["phase"] == "done" and snap["results"][0]["executor"] == "chain"
     assert 0 < snap["results"][0]["tokens"] <= 12 and snap["chain"]["final_route"]
+
+
+def test_a_server_uses_its_own_blocks_and_waits_for_the_rest(testnet: Testnet,
+                                                              reference: Any) -> None:
+    head = testnet.start("head", config={"inference": INFERENCE},
+                         extra_args=["--serve-blocks", "0:15"])
+    # nobody serves blocks 15-30: a short wait says so, then fails naming them
+    missing = run_cli("generate", PROMPT, "--max-tokens", "4", "--wait-s", "1",
+                      data_dir=head.data_dir, timeout_s=GENERATE_TIMEOUT_S)
+    assert missing.returncode != 0
+    assert "waiting up to" in missing.stderr, missing.stderr
+    assert "blocks 15-30 of" in missing.stderr.splitlines()[-1], missing.stderr
+    # asked while the other server still loads: the generation waits for its offer
+    tail = _server(testnet, "tail", "15:30", head)
+    out = _generate(head, "--wait-s", "180")
+    tail.wait_ready(120)
+    assert [(h["peer"], h["start"], h["end"]) for h in out["chain"]] == [
+        (head.peer_id, 0, 15), (tail.peer_id, 15, 30)]
+    assert out["tokens"] == reference(out["prompt_ids"])

@@ -58,9 +58,11 @@ SPLIT = view((1, (), (blocks(0, 20),)), (2, (), (blocks(20, 30),)))
     # ... and to a chain only when nothing is
     (SPLIT, "", (BIG,), Route.CHAIN, "no model is served whole"),
     (SPLIT, "", (), Route.MARKET, "market"),
-    # a chain is made of other peers: our own offer of blocks 20-30 does not complete it
+    # our own offer of blocks 20-30 is a hop of our chains: it completes the coverage ...
     (view((1, (), (blocks(0, 20),)), (99, (), (blocks(20, 30),))), BIG, (BIG,),
-     Route.NOT_FOUND, "its block 20"),
+     Route.CHAIN, "cover all 30"),
+    # ... and alone it leaves a hole like anyone's
+    (view((99, (), (blocks(0, 15),))), BIG, (BIG,), Route.NOT_FOUND, "its block 15"),
 ])
 def test_place_chooses_market_chain_or_not_found(ledger: LedgerView, model: str,
                                                  chains: tuple[str, ...], route: Route,
@@ -90,3 +92,9 @@ def test_servable_lists_chain_models_with_their_oldest_offer() -> None:
     assert got == {"mine": 5, WHOLE: T0 + 1, BIG: T0 + 2}
     # without a head for it, a chain model is not listed
     assert BIG not in servable(ledger, 0, chain_models=())
+
+
+def test_servable_lists_a_model_our_own_blocks_complete() -> None:
+    ledger = view((1, (), (blocks(0, 15),)), (99, (), (blocks(15, 30),)))
+    assert BIG in servable(ledger, 0, chain_models=(BIG,))
+    assert BIG not in servable(view((99, (), (blocks(15, 30),))), 0, chain_models=(BIG,))

@@ -8,9 +8,11 @@ from protocol.codec import decode, encode, to_array
 from protocol.inference.routing import (
     NoRoute,
     Server,
+    blocks_text,
     choose_blocks,
     coverage,
     hop_cost,
+    missing_blocks,
     parse_serve_blocks,
     plan_chain,
     span_for,
@@ -33,6 +35,35 @@ def spans(chain: list) -> list[tuple[str, int, int]]:  # type: ignore[type-arg]
 def test_two_servers_split_the_model() -> None:
     chain = plan_chain([srv("b", 15, 30), srv("a", 0, 15)], M, 0, 30)
     assert spans(chain) == [("a", 0, 15), ("b", 15, 30)]
+
+
+def test_an_own_stage_at_no_round_trip_is_preferred_over_a_remote_copy() -> None:
+    """The requester's own offer (round trip 0) beside another peer's of the same blocks."""
+    servers = [srv("me", 0, 15), srv("a", 0, 15), srv("b", 15, 30)]
+    rtts = {"me": 0.0, "a": 5.0, "b": 5.0}
+    assert spans(plan_chain(servers, M, 0, 30, rtt_ms=rtts)) == [("me", 0, 15), ("b", 15, 30)]
+    # without its round trip of 0 it would be the default's, and lose to "a"
+    assert spans(plan_chain(servers, M, 0, 30, rtt_ms={"a": 5.0, "b": 5.0}))[0][0] == "a"
+    # at no round trip, its range is still one hop, whatever float rounding of the pieces
+    for ms in (4.012, 0.1, 3.988, 10.25):
+        alone = [srv("me", 0, 15, ms=ms), srv("b", 15, 30, ms=ms)]
+        assert spans(plan_chain(alone, M, 0, 30, rtt_ms={"me": 0.0})) == [("me", 0, 15),
+                                                                           ("b", 15, 30)]
+
+
+@pytest.mark.parametrize(("servers", "want", "text"), [
+    ([srv("a", 0, 15)], [(15, 30)], "blocks 15-30"),
+    ([srv("a", 0, 15), srv("b", 15, 30)], [], "no blocks"),
+    ([srv("a", 5, 10), srv("b", 20, 29)], [(0, 5), (10, 20), (29, 30)],
+     "blocks 0-5, 10-20 and 29-30"),
+    ([srv("a", 0, 30, model="other")], [(0, 30)], "blocks 0-30"),
+    ([], [(0, 30)], "blocks 0-30"),
+])
+def test_missing_blocks_are_the_ranges_no_offer_covers(servers: list[Server],
+                                                       want: list[tuple[int, int]],
+                                                       text: str) -> None:
+    assert missing_blocks(servers, M, 30) == want
+    assert blocks_text(want) == text
 
 
 def test_fewer_hops_win_when_round_trips_cost() -> None:

@@ -214,10 +214,17 @@ async def read_exactly(stream: BulkStream, n: int) -> bytes:
 async def read_frame(stream: BulkStream, *, max_bytes: int) -> bytes:
     """Read one length-prefixed frame, refusing one longer than ``max_bytes`` before its body.
 
-    Raises FrameTooLarge for an oversized length and TransportError for a truncated frame.
+    Raises FrameTooLarge for an oversized length, TransportError for a truncated frame, and
+    StreamGone (no one's fault) for a stream that ends before a frame begins: its opener went
+    away or gave up before it wrote (a request cancelled by its caller's deadline, a peer
+    killed), which is no framing fault of the peer.
     """
     check_limit(max_bytes)
-    (size,) = FRAME_HEADER.unpack(await read_exactly(stream, FRAME_HEADER.size))
+    first = await stream.read(FRAME_HEADER.size)
+    if not first:
+        raise StreamGone("the stream ended before a frame began")
+    header = first + await read_exactly(stream, FRAME_HEADER.size - len(first))
+    (size,) = FRAME_HEADER.unpack(header)
     if size > max_bytes:
         raise FrameTooLarge(size, max_bytes, "incoming frame")
     return await read_exactly(stream, size)

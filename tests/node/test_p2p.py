@@ -33,6 +33,7 @@ from node.transport import (
     FRAME_HEADER,
     FrameTooLarge,
     PeerEvent,
+    StreamGone,
     TransportError,
     check_limit,
     read_exactly,
@@ -131,9 +132,12 @@ async def test_frames_round_trip_and_limits() -> None:
     assert (info.value.size, info.value.limit) == (1000, 999)
     assert oversized.consumed == FRAME_HEADER.size  # refused before reading the body
 
-    for truncated in (b"", b"\x00\x00", FRAME_HEADER.pack(10) + b"short"):
-        with pytest.raises(TransportError):
+    for truncated in (b"\x00\x00", FRAME_HEADER.pack(10) + b"short"):
+        with pytest.raises(TransportError) as cut:
             await read_frame(BytesStream(truncated), max_bytes=100)
+        assert not isinstance(cut.value, StreamGone)  # the peer's framing fault
+    with pytest.raises(StreamGone):  # ended before a frame began: its opener went away
+        await read_frame(BytesStream(b""), max_bytes=100)
     with pytest.raises(FrameTooLarge):
         await write_frame(BytesStream(b""), b"x" * 11, max_bytes=10)
     for bad_limit in (-1, 2**32):
@@ -164,6 +168,31 @@ async def test_connect_events_and_disconnect() -> None:
         assert await next_event(a_events, b.peer_id) == PeerEvent(b.peer_id, False)
         assert await next_event(b_events, a.peer_id) == PeerEvent(a.peer_id, False)
         assert a.connected_peers() == [] and b.connected_peers() == []
+
+
+@trio_test
+async def test_peers_gone_for_long_are_pruned_from_the_libp2p_peer_store() -> None:
+    async with open_p2p(seed(1)) as a, open_p2p(seed(2)) as b, open_p2p(seed(3)) as c:
+        store = a._host.get_peerstore()
+
+        def known() -> set[str]:
+            return {p.to_base58() for p in store.peer_ids()}
+
+        events = a.peer_events()
+        await a.connect(b.listen_addrs()[0])
+        await a.connect(c.listen_addrs()[0])
+        assert {b.peer_id, c.peer_id, a.peer_id} <= known()
+        await a.disconnect(b.peer_id)
+        assert await next_event(events, b.peer_id) == PeerEvent(b.peer_id, True)
+        assert await next_event(events, b.peer_id) == PeerEvent(b.peer_id, False)
+        limit = a.pruner.forget_after_s
+        assert a.prune_peerstore(1000.0) == []  # b is marked absent now, not yet gone long
+        assert a.prune_peerstore(1000.0 + limit - 1) == []
+        assert a.prune_peerstore(1000.0 + limit) == [b.peer_id]
+        assert b.peer_id not in known() and {a.peer_id, c.peer_id} <= known()
+        # a peer dialled again is not gone: its fresh addresses stay and it reconnects
+        await a.connect(b.listen_addrs()[0])
+        assert a.prune_peerstore(1000.0 + 3 * limit) == [] and b.peer_id in known()
 
 
 @trio_test
@@ -278,6 +307,7 @@ async def test_garbage_on_a_request_protocol_is_penalized_logged_once_and_surviv
             FRAME_HEADER.pack(1001) + b"x" * 1001,  # one byte over the limit
             FRAME_HEADER.pack(500) + b"truncated",  # then EOF
             b"\x00\x01",  # half a length prefix, then EOF
+            b"",  # nothing: a requester that gave up before it wrote (no one's fault)
         ]
         with structlog.testing.capture_logs() as logs:
             for junk in garbage:

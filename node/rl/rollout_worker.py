@@ -11,7 +11,10 @@
   ``generate_group(job, *, worker, attempt) -> RolloutResultBody`` (blocking). The
   ``generator`` setting names a factory ``"module:callable"`` taking ``(section, data_dir)``
   (tests load their own this way); ``"models"`` is the real one: models/rl/rollout.py's
-  llama.cpp worker on the ``environment`` named (:func:`models_generator`).
+  llama.cpp worker on the ``environment`` named (:func:`models_generator`). A generator may
+  say how many jobs it runs at once (``parallel``; the builtin one runs one): the other
+  assigned jobs wait in the machine's queue, and each one's deadline starts when it leaves it
+  (protocol/rl/worker.py), not while it waits behind another.
   ``generator = ""`` (the default) means this node takes no rollout jobs, and says so in its
   status.
 * A generator that also has ``add_adapter(version, path, sha256)`` follows the learner's
@@ -107,6 +110,9 @@ class ModelsGenerator:
     one lock keeps them and the jobs apart, and the versions held are a snapshot the event
     loop reads without waiting for a job to finish."""
 
+    #: jobs generated at once: one lock serializes them (and adapter loads)
+    parallel = 1
+
     def __init__(self, section: RlWorkerSection) -> None:
         from models.rl.env import load_environment
         from models.rl.rollout import RolloutWorker
@@ -193,7 +199,7 @@ class RolloutWorkerService(NurseryService):
         self._machine.config = WorkerConfig(
             model=generator.model, model_hash=generator.model_hash[:32], slots=s.slots,
             tokens_per_s=max(generator.tokens_per_s, 1e-3), price_per_1k=s.price_per_1k,
-            hold_ms=s.hold_ms)
+            hold_ms=s.hold_ms, parallel=min(s.slots, max(0, int(getattr(generator, "parallel", 0)))))
         self._machine.versions = generator.versions
         relay = self.ctx.services.get("relay")
         if hasattr(generator, "add_adapter") and relay is not None:

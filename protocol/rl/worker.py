@@ -10,7 +10,11 @@ Contract
 * A ``RolloutAssign`` must be signed and sent by the job's learner and name this worker; the
   worker refuses it with a ``RolloutReject`` when it never bid (``NOT_BID``), its reservation
   lapsed (``EXPIRED``), or it no longer holds the job's version (``OTHER_VERSION``, e.g. the
-  adapter was evicted since the bid). Otherwise it returns ``StartRollout``.
+  adapter was evicted since the bid). Otherwise the job joins the worker's queue: it starts
+  (``StartRollout``) once fewer than ``parallel`` jobs run, in the order assigned, and its
+  deadline (``deadline_ms`` of the assignment) counts from then, not from the assignment: a
+  job that waited behind another is not cut short by the other's run. A queued job waits at
+  most as long as the running jobs' deadlines, so the queue holds no job forever.
 * ``learners``: the learners whose signed beacons for this worker's model it has seen (the
   last :data:`MAX_LEARNERS`). The first beacon of a learner returns ``LearnerSeen``: a
   worker that was given no learner takes relayed adapters only from these
@@ -19,7 +23,8 @@ Contract
   learner, its ``worker`` and ``attempt`` set here; ``RolloutFailed`` becomes a ``RolloutReject``
   (``COMPUTE_FAILED``). A job still running at its deadline is cancelled (``CancelRollout``)
   and its slot freed: the learner has reissued it by then. A ``RolloutCancel`` from the job's
-  learner releases the slot of a losing bid (attempt -1) or stops the running attempt.
+  learner releases the slot of a losing bid (attempt -1), takes a queued attempt out of the
+  queue, or stops the running attempt.
 """
 
 from __future__ import annotations
@@ -62,8 +67,10 @@ MAX_LEARNERS = 64
 class WorkerConfig:
     model: str
     model_hash: bytes = b""
-    #: jobs run at once
+    #: jobs held at once (reserved by a bid, queued or running)
     slots: int = 1
+    #: jobs generated at once (0 = ``slots``); the other assigned jobs wait in the queue
+    parallel: int = 0
     #: measured generation speed, for the latency in bids
     tokens_per_s: float = 30.0
     price_per_1k: float = 0.0
@@ -72,8 +79,9 @@ class WorkerConfig:
     max_frame: int = MAX_FRAME_BYTES
 
     def __post_init__(self) -> None:
-        if self.slots < 1 or self.tokens_per_s <= 0 or self.hold_ms < 1:
-            raise ValueError("slots, tokens_per_s and hold_ms must be positive")
+        if self.slots < 1 or self.tokens_per_s <= 0 or self.hold_ms < 1 or self.parallel < 0:
+            raise ValueError("slots, tokens_per_s and hold_ms must be positive, parallel not "
+                             "negative")
         if len(self.model_hash) > HASH_LEN:
             raise ValueError(f"model_hash is longer than {HASH_LEN} bytes")
 
@@ -116,6 +124,7 @@ class RolloutFailed:
 
 class Slot(enum.Enum):
     RESERVED = "reserved"
+    QUEUED = "queued"
     RUNNING = "running"
     ENDED = "ended"
 
@@ -124,10 +133,12 @@ class Slot(enum.Enum):
 class WorkerJob:
     job: RolloutJob
     state: Slot
-    #: reservation expiry, result deadline, or forget-at once ENDED
+    #: reservation expiry, result deadline, or forget-at once ENDED (unused while QUEUED)
     until_ms: int
     round: int
     attempt: int = -1
+    #: the assignment's time for the job, counted from when it leaves the queue
+    deadline_ms: int = 0
 
 
 class RolloutWorkerMachine:
@@ -138,6 +149,8 @@ class RolloutWorkerMachine:
         self.config = config
         self.versions = versions
         self.jobs: dict[bytes, WorkerJob] = {}
+        #: assigned jobs waiting to start, in the order assigned (ended ones are skipped)
+        self.queue: list[bytes] = []
         self.counters: dict[str, int] = {}
         #: learners whose beacons for this model were seen, oldest first
         self.learners: dict[str, None] = {}
@@ -149,6 +162,10 @@ class RolloutWorkerMachine:
         return sum(j.state is not Slot.ENDED for j in self.jobs.values())
 
     def handle(self, event: object, now: int) -> list[Effect]:
+        effects = self._dispatch(event, now)
+        return effects + self._start_queued(now) if self.queue else effects
+
+    def _dispatch(self, event: object, now: int) -> list[Effect]:
         if isinstance(event, Received):
             if isinstance(event.message, RolloutBeacon):
                 return self._on_beacon(event.peer, event.message, now)
@@ -166,7 +183,25 @@ class RolloutWorkerMachine:
         return []
 
     def next_deadline(self) -> int | None:
-        return min((j.until_ms for j in self.jobs.values()), default=None)
+        return min((j.until_ms for j in self.jobs.values() if j.state is not Slot.QUEUED),
+                   default=None)
+
+    def _start_queued(self, now: int) -> list[Effect]:
+        """Start queued jobs, oldest first, while fewer than ``parallel`` run."""
+        effects: list[Effect] = []
+        parallel = self.config.parallel or self.config.slots
+        running = sum(j.state is Slot.RUNNING for j in self.jobs.values())
+        while self.queue and running < parallel:
+            mine = self.jobs.get(self.queue.pop(0))
+            if mine is None or mine.state is not Slot.QUEUED:
+                continue  # cancelled while it waited
+            mine.state, mine.until_ms = Slot.RUNNING, now + mine.deadline_ms
+            running += 1
+            self._count("jobs_started")
+            effects += [StartRollout(mine.job, mine.attempt, mine.until_ms),
+                        Emit("rl.job_started", {"job_id": mine.job.job_id.hex(),
+                                                "version": mine.job.policy_version})]
+        return effects
 
     # ------------------------------------------------------------ beacons -> bids
     def _on_beacon(self, origin: str, msg: RolloutBeacon, now: int) -> list[Effect]:
@@ -259,8 +294,8 @@ class RolloutWorkerMachine:
         if mine is None or mine.state is Slot.ENDED or mine.job.learner != job.learner:
             return self._reject(peer, job.job_id, body.attempt, RolloutRejectReason.NOT_BID,
                                 "no bid for this job")
-        if mine.state is Slot.RUNNING:
-            return []  # a retransmission of what we already run
+        if mine.state in (Slot.RUNNING, Slot.QUEUED):
+            return []  # a retransmission of what we already run or queued
         if now >= mine.until_ms:
             self._end(mine, now)
             return self._reject(peer, job.job_id, body.attempt, RolloutRejectReason.EXPIRED,
@@ -274,12 +309,9 @@ class RolloutWorkerMachine:
             return self._reject(peer, job.job_id, body.attempt,
                                 RolloutRejectReason.OTHER_VERSION,
                                 f"version {job.policy_version} is not held here")
-        mine.state, mine.attempt = Slot.RUNNING, body.attempt
-        mine.until_ms = now + body.deadline_ms
-        self._count("jobs_started")
-        return [StartRollout(job, body.attempt, mine.until_ms),
-                Emit("rl.job_started", {"job_id": job.job_id.hex(),
-                                        "version": job.policy_version})]
+        mine.state, mine.attempt, mine.deadline_ms = Slot.QUEUED, body.attempt, body.deadline_ms
+        self.queue.append(job.job_id)
+        return []  # handle() starts it once a runner is free
 
     def _on_cancel(self, peer: str, msg: RolloutCancel, now: int) -> list[Effect]:
         mine = self.jobs.get(msg.job_id)
@@ -288,6 +320,10 @@ class RolloutWorkerMachine:
         if mine.state is Slot.RESERVED and msg.attempt == -1:
             self._end(mine, now)
             self._count("released")
+            return []
+        if mine.state is Slot.QUEUED and msg.attempt in (-1, mine.attempt):
+            self._end(mine, now)  # never started: nothing to stop
+            self._count("cancelled")
             return []
         if mine.state is Slot.RUNNING and msg.attempt in (-1, mine.attempt):
             self._end(mine, now)
@@ -331,7 +367,7 @@ class RolloutWorkerMachine:
     def _on_tick(self, now: int) -> list[Effect]:
         effects: list[Effect] = []
         for job_id, mine in list(self.jobs.items()):
-            if now < mine.until_ms:
+            if now < mine.until_ms or mine.state is Slot.QUEUED:
                 continue
             if mine.state is Slot.ENDED:
                 del self.jobs[job_id]

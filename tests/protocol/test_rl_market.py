@@ -255,3 +255,49 @@ def test_an_exploring_selector_lets_a_newcomer_win_a_bounded_share_of_jobs() -> 
             net.tick(1_000 * (i + 1))
         workers = [net.names[g.worker] for g in net.accepted()]
         assert len(workers) == 8 and workers.count("slow") == newcomer_jobs
+
+
+def test_a_queued_jobs_deadline_starts_when_it_reaches_the_head_of_the_queue() -> None:
+    """Two jobs assigned at once to a worker that generates one at a time: the second waits,
+    and its time counts from its start, so the first's run does not use it up."""
+    from protocol.envelopes import seal
+    from protocol.rl.messages import (
+        RL_ASSIGN_DOMAIN,
+        RL_BEACON_DOMAIN,
+        RolloutAssignBody,
+        RolloutBeacon,
+        RolloutBeaconBody,
+        RolloutCancel,
+    )
+    from protocol.rl.worker import CancelRollout
+    from tests.protocol.rl_fixtures import make_job
+
+    learner = Identity.generate()
+    worker = RolloutWorkerMachine(Identity.generate(), WorkerConfig(
+        model=MODEL, slots=3, parallel=1, tokens_per_s=1000.0), lambda: {3})
+    jobs = [make_job(job_id=bytes([i]) * 32, learner=learner.peer_id) for i in range(3)]
+
+    def starts(effects: list[object]) -> list[tuple[bytes, int]]:
+        return [(e.job.job_id, e.deadline_at_ms) for e in effects if isinstance(e, StartRollout)]
+
+    assigned = []
+    for job in jobs:
+        beacon = RolloutBeaconBody(job=job, round=0, max_price=1.0, bid_window_ms=500,
+                                   deadline_ms=60_000)
+        worker.handle(Received(learner.peer_id, RolloutBeacon(
+            envelope=seal(learner, RL_BEACON_DOMAIN, beacon))), 0)
+        body = RolloutAssignBody(job=job, worker=worker.peer, attempt=0, round=0,
+                                 deadline_ms=1_000)
+        assigned.append(worker.handle(Received(learner.peer_id, RolloutAssign(
+            envelope=seal(learner, RL_ASSIGN_DOMAIN, body))), 0))
+    assert [starts(a) for a in assigned] == [[(jobs[0].job_id, 1_000)], [], []]
+    assert worker.busy() == 3 and worker.next_deadline() == 1_000
+    # the learner withdraws the third while it waits: it never starts
+    assert worker.handle(Received(learner.peer_id, RolloutCancel(
+        job_id=jobs[2].job_id, attempt=0)), 100) == []
+    # the first finishes at 800: the second starts then, due 1 000 ms later
+    done = worker.handle(RolloutDone(jobs[0].job_id, 0, honest_result(jobs[0])), 800)
+    assert starts(done) == [(jobs[1].job_id, 1_800)]
+    assert not [e for e in worker.handle(Tick(), 1_500) if isinstance(e, CancelRollout)]
+    assert worker.handle(Tick(), 1_800) == [CancelRollout(jobs[1].job_id, 0)]
+    assert "jobs_overrun" in worker.counters and worker.counters["jobs_started"] == 2

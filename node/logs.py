@@ -8,7 +8,9 @@ is routed to the same stream at the same level, so nothing prints in another for
 
 Logs a peer can provoke cannot be used to fill the disk: :class:`RepeatLog` logs the first
 occurrence of a (peer, fault kind) and then at most one summary line per interval with the
-count, and :class:`RepeatFilter` does the same for third-party loggers (py-libp2p logs a line
+count; first occurrences, across all keys, pass at most ``MAX_FIRST_LINES`` times per interval
+(an attacker that makes up keys, fresh peer ids say, gets no more: the rest are counted, and
+the next line that passes says how many were left out); and :class:`RepeatFilter` does the same for third-party loggers (py-libp2p logs a line
 per bad frame), keyed by the line of code that logs, with their tracebacks dropped: a peer's
 bytes never produce a traceback, only our own bugs do. (py-libp2p detaches its own logger
 from the root at import; node/p2p reattaches it, see ``route_library_logs``.)
@@ -35,25 +37,41 @@ _PEER_FED = ("libp2p", "multiaddr", "async_service")
 REPEAT_INTERVAL_MS = 60_000
 #: distinct keys remembered; the least recently seen is forgotten beyond it
 MAX_REPEAT_KEYS = 4096
+#: first occurrences (of all keys together) that pass per interval; the rest are counted
+MAX_FIRST_LINES = 128
 
 
 class RepeatRule:
     """The repeat rule of :class:`RepeatLog` and :class:`RepeatFilter`: the first occurrence of
     a key passes; later ones are counted, and the first one at least ``interval`` after the
     last that passed passes again as the summary of those counted. At most ``max_keys`` keys
-    are remembered; beyond it the least recently seen is forgotten (it passes again)."""
+    are remembered; beyond it the least recently seen is forgotten (it passes again). At most
+    ``max_first`` first occurrences pass per interval (all keys together, the interval
+    starting at the first of them); one beyond is suppressed, its key not remembered, and
+    counted until :meth:`take_dropped`."""
 
-    def __init__(self, interval: float, max_keys: int = MAX_REPEAT_KEYS) -> None:
+    def __init__(self, interval: float, max_keys: int = MAX_REPEAT_KEYS,
+                 max_first: int = MAX_FIRST_LINES) -> None:
         self._interval = interval
         self._max_keys = max_keys
+        self._max_first = max_first
         #: key -> [last passed at, occurrences not passed since]
         self._seen: OrderedDict[Hashable, list[float]] = OrderedDict()
+        #: when the current interval of first occurrences began, how many passed in it
+        self._window: tuple[float, int] | None = None
+        self._dropped = 0
 
     def check(self, key: Hashable, now: float) -> tuple[int, float] | None:
         """None: suppress this occurrence; ``(0, 0)``: the first, pass it; else
         ``(repeats, since)``: pass it as a summary of ``repeats`` suppressed over ``since``."""
         entry = self._seen.get(key)
         if entry is None:
+            if self._window is None or now - self._window[0] >= self._interval:
+                self._window = (now, 0)
+            if self._window[1] >= self._max_first:
+                self._dropped += 1
+                return None
+            self._window = (self._window[0], self._window[1] + 1)
             if len(self._seen) >= self._max_keys:
                 self._seen.popitem(last=False)
             self._seen[key] = [now, 0]
@@ -67,6 +85,11 @@ class RepeatRule:
         entry[0], entry[1] = now, 0
         return repeats, since
 
+    def take_dropped(self) -> int:
+        """First occurrences suppressed by the cap since the last call."""
+        dropped, self._dropped = self._dropped, 0
+        return dropped
+
 
 class RepeatLog:
     """First occurrence of each key logged, later ones counted and summarized once per interval.
@@ -78,9 +101,9 @@ class RepeatLog:
     """
 
     def __init__(self, log: Any, *, interval_ms: int = REPEAT_INTERVAL_MS,
-                 max_keys: int = MAX_REPEAT_KEYS) -> None:
+                 max_keys: int = MAX_REPEAT_KEYS, max_first: int = MAX_FIRST_LINES) -> None:
         self._log = log
-        self._rule = RepeatRule(interval_ms, max_keys)
+        self._rule = RepeatRule(interval_ms, max_keys, max_first)
         #: lines not written because they repeated (all keys)
         self.suppressed = 0
 
@@ -94,6 +117,9 @@ class RepeatLog:
             fields.pop("exc_info", None)  # a summary carries no traceback
             event, fields = f"{event}.repeated", {**fields, "repeats": repeats,
                                                   "over_s": round(since_ms / 1000, 1)}
+        dropped = self._rule.take_dropped()
+        if dropped:  # first lines of other keys the cap left out
+            fields = {**fields, "new_keys_suppressed": dropped}
         method = self._log.error if "exc_info" in fields else self._log.warning
         method(event, **fields)
 
@@ -102,9 +128,10 @@ class RepeatFilter(logging.Filter):
     """RepeatLog's rule for stdlib records: first of each (logger, template) passes, then one
     summary per interval; tracebacks dropped (third-party code logs them for peers' bytes)."""
 
-    def __init__(self, interval_s: float = REPEAT_INTERVAL_MS / 1000) -> None:
+    def __init__(self, interval_s: float = REPEAT_INTERVAL_MS / 1000,
+                 max_first: int = MAX_FIRST_LINES) -> None:
         super().__init__()
-        self._rule = RepeatRule(interval_s)
+        self._rule = RepeatRule(interval_s, max_first=max_first)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.name.startswith(_PEER_FED):
@@ -118,6 +145,9 @@ class RepeatFilter(logging.Filter):
         repeats, since_s = passed
         if repeats:
             record.msg = f"{record.msg} [repeated {repeats} times in {since_s:.0f} s]"
+        dropped = self._rule.take_dropped()
+        if dropped:
+            record.msg = f"{record.msg} [{dropped} other lines suppressed]"
         return True
 
 

@@ -42,6 +42,24 @@ def test_a_repeated_fault_is_logged_once_then_summarized_per_interval() -> None:
     assert log.suppressed == 250 - 3
 
 
+def test_first_lines_of_made_up_keys_are_capped_per_interval_and_counted() -> None:
+    """An attacker that makes up a key per fault (a fresh peer id each) gets at most
+    ``max_first`` lines per interval, whatever the number of keys; the next line says how
+    many were left out, and a key left out is new again later."""
+    out = Lines()
+    log = RepeatLog(out, interval_ms=1000, max_first=3)
+    for i in range(50):
+        log.note((f"sybil{i}", "undecodable"), i, "driver.penalized", peer=f"sybil{i}")
+    assert [f["peer"] for _, _, f in out.lines] == ["sybil0", "sybil1", "sybil2"]
+    assert log.suppressed == 47
+    log.note(("sybil7", "undecodable"), 1000, "driver.penalized", peer="sybil7")
+    assert out.lines[-1][1:] == ("driver.penalized", {"peer": "sybil7",
+                                                      "new_keys_suppressed": 47})
+    for i in range(50, 60):  # the next interval: its cap again, no more
+        log.note((f"sybil{i}", "undecodable"), 1500, "driver.penalized", peer=f"sybil{i}")
+    assert len(out.lines) == 4 + 2
+
+
 def test_the_repeat_log_forgets_the_oldest_key_and_keeps_tracebacks_out_of_summaries() -> None:
     out = Lines()
     log = RepeatLog(out, interval_ms=10, max_keys=2)
@@ -78,6 +96,10 @@ def test_third_party_lines_a_peer_provokes_are_summarized_without_tracebacks() -
     again = record("libp2p.pubsub", "bad record from peer B", 10)
     assert summarize.filter(again) and again.exc_info is None
     assert re.fullmatch(r"bad record from peer B \[repeated 1 times in \d+ s\]", again.msg)
+    # lines from ever new call sites: the global cap on first lines applies to them too
+    capped = RepeatFilter(interval_s=3600, max_first=2)
+    passed = [capped.filter(record("libp2p.x", "bad", line)) for line in range(100, 110)]
+    assert passed == [True, True] + [False] * 8
 
 
 def test_a_flood_is_refused_beyond_the_rate_and_the_bucket_refills() -> None:

@@ -49,6 +49,7 @@ from node.p2p.link import LinkSpec
 from node.p2p.multiaddrs import AddrError
 from node.p2p.nat import NatService
 from node.p2p.natconfig import NatConfig
+from node.p2p.peer_pruning import PRUNE_INTERVAL_S, PeerStorePruner
 from node.p2p.shaping import ShapedTCP
 from node.p2p.streams import NetBulkStream, bulk_handler
 from node.p2p.swarm import DIAL_TIMEOUT_S, PeerTracker, build_host, identify_handler
@@ -113,6 +114,7 @@ class P2PTransport:
         self._swarm: Any = host.get_network()
         self._peers = PeerTracker(self._log)
         self._swarm.register_notifee(self._peers)
+        self.pruner = PeerStorePruner(self._peer_id)
         agent = agent_version() if agent is None else agent
         host.set_stream_handler(IDENTIFY_ID, identify_handler(host, agent, limits))
         self._gossip = Gossip(self._guarded, self._log, limits)
@@ -160,6 +162,7 @@ class P2PTransport:
                 self._nursery = nursery
                 if self.nat is not None:
                     await nursery.start(self.nat.run)
+                nursery.start_soon(self._prune_peerstore)
                 self._log.info("transport.started", addrs=self.listen_addrs(),
                                link=None if self._shaper is None else str(self._shaper.spec))
                 task_status.started()
@@ -171,6 +174,29 @@ class P2PTransport:
                         await self._quiesce()
                     nursery.cancel_scope.cancel()
         self._log.info("transport.stopped")
+
+    async def _prune_peerstore(self) -> None:
+        """Drop peers gone for long from py-libp2p's peer store (node/p2p/peer_pruning.py)."""
+        while True:
+            await trio.sleep(PRUNE_INTERVAL_S)  # a periodic sweep: absence sends no event
+            self.prune_peerstore(trio.current_time())
+
+    def prune_peerstore(self, now: float) -> list[str]:
+        """One sweep of the peer store at ``now`` (trio's clock); the peers dropped."""
+        store = self._host.get_peerstore()
+
+        def forget(peer: str) -> None:
+            try:
+                store.clear_peerdata(ID.from_base58(peer))
+            except Exception as exc:  # gone meanwhile: nothing to drop
+                self._log.debug("transport.peerstore_prune_failed", peer=peer, error=repr(exc))
+
+        gone = self.pruner.sweep([p.to_base58() for p in store.peer_ids()],
+                                 set(self._peers.connected_peers()), now, forget)
+        if gone:
+            self._log.info("transport.peerstore_pruned", peers=len(gone),
+                           left=len(store.peer_ids()))
+        return gone
 
     def stop(self) -> None:
         """Ask ``run`` to shut down gracefully; it returns once everything is closed."""
@@ -212,6 +238,7 @@ class P2PTransport:
             raise TransportError(f"not a dialable multiaddr with /p2p/: {address!r}") from exc
         if info.peer_id == self._id:
             raise TransportError("refusing to dial ourselves")
+        self.pruner.touch(info.peer_id.to_base58())
         peerstore = self._host.get_peerstore()
         peerstore.clear_addrs(info.peer_id)
         peerstore.add_addrs(info.peer_id, info.addrs, 3600)

@@ -244,6 +244,11 @@ class Daemon:
             "peer_id": transport.peer_id,
             "network_id": self.config.network_id,
             "addresses": transport.listen_addrs(),
+            # what it was started with (flags, environment, node.toml): `symphony doctor`
+            # judges the running daemon by these, not by its own reading of the config
+            "started_with": {"listen": list(self.config.listen),
+                             "bootstrap": list(self.config.bootstrap),
+                             "network_id": self.config.network_id},
             "pid": os.getpid(),
             "uptime_s": round((driver.now_ms() - self._started_ms) / 1000, 3),
             "started_at": self._started_at,

@@ -31,8 +31,9 @@ from node.doctor.report import Check
 def doctor(config_file: str | None, as_json: bool, skip_model: bool, **flags: Any) -> None:
     """Check this node: key, data dir, ports, bootstrap peers, model, disk, GPU, NAT, clock.
 
-    Takes the flags `symphony node run` was given (they override node.toml as they do there).
-    Exits with status 1 when any check fails.
+    Takes the flags `symphony node run` was given (they override node.toml as they do there);
+    a running daemon is judged by the settings it was started with, flags included, unless
+    given here. Exits with status 1 when any check fails.
     """
     from node.config import load_config
     from node.daemon import config_sections, load_service_classes
@@ -46,7 +47,8 @@ def doctor(config_file: str | None, as_json: bool, skip_model: bool, **flags: An
     except ConfigError as exc:
         raise click.ClickException(f"the config does not load: {exc}") from None
     configure_logging("warning")  # the probes' transport logs go to stderr, and only trouble
-    checks = run_doctor(config, check_model=not skip_model)
+    given = [key for key, value in flags.items() if value not in (None, ())]
+    checks = run_doctor(config, check_model=not skip_model, given=given)
     if as_json:
         click.echo(json.dumps({"checks": [c.as_json() for c in checks],
                                "summary": summary(checks)}, sort_keys=True))

@@ -4,10 +4,17 @@
 address, model, disk and memory, GPU, then reachability, NAT status (AutoNAT's verdict and
 any relay reservation) and clock offset from the running
 daemon (skipped, saying so, when it is stopped: ``symphony node run`` starts it).
+
+A running daemon is judged by what it was started with (its ``/status`` ``started_with``: the
+listen addresses, bootstrap peers and network id its flags, environment and node.toml gave
+it), not by doctor's own reading of the config, which lacks the daemon's flags; a setting
+given to doctor itself (``given``: the flags on its command line) still wins.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from dataclasses import replace
 from typing import Any
 
 import trio
@@ -28,9 +35,16 @@ from node.doctor.report import SKIP, Check
 DAEMON_CHECKS = ("reachability", "nat", "clock")
 
 
-def run_doctor(config: Config, *, check_model: bool = True) -> list[Check]:
+#: the settings a running daemon reports it was started with, as Config fields
+STARTED_WITH = ("listen", "bootstrap", "network_id")
+
+
+def run_doctor(config: Config, *, check_model: bool = True,
+               given: Collection[str] = ()) -> list[Check]:
     client, why_not = _client(config)
     status = client.status() if client is not None else None
+    if status is not None:
+        config = as_started(config, status, given)
     checks = [key_check(config.key_path), data_dir_check(config.data_dir)]
     checks += listen_checks(config.listen, status["addresses"] if status else None)
     checks += bootstrap_checks(config)
@@ -49,6 +63,24 @@ def run_doctor(config: Config, *, check_model: bool = True) -> list[Check]:
     else:
         checks += daemon_checks(client, status)
     return checks
+
+
+def as_started(config: Config, status: dict[str, Any], given: Collection[str]) -> Config:
+    """``config`` with the settings the running daemon was started with, except those in
+    ``given``; a malformed report changes nothing."""
+    started = status.get("started_with")
+    if not isinstance(started, dict):
+        return config
+    changes: dict[str, Any] = {}
+    for key in STARTED_WITH:
+        value = started.get(key)
+        if key in given or value is None:
+            continue
+        if key == "network_id" and isinstance(value, str):
+            changes[key] = value
+        elif isinstance(value, list) and all(isinstance(v, str) for v in value):
+            changes[key] = tuple(value)
+    return replace(config, **changes)
 
 
 def _client(config: Config) -> tuple[ApiClient | None, str]:

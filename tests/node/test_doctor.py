@@ -16,7 +16,7 @@ from node.daemon import config_sections, load_service_classes
 from node.doctor.local import key_check, listen_checks, model_check
 from node.doctor.network import clock_check, nat_check, reachability_check
 from node.doctor.report import FAIL, PASS, SKIP, WARN
-from node.doctor.run import run_doctor
+from node.doctor.run import as_started, run_doctor
 from node.market.executor import ExecutorSection
 from node.p2p.multiaddrs import AddrError, tcp_endpoint
 from tests.node.conftest import ARITH_SOLVER, TEST_NETWORK_ID, Testnet, run_cli
@@ -76,6 +76,19 @@ def test_a_listen_port_in_use_fails_and_port_zero_passes() -> None:
     assert ours.status == PASS and "running daemon" in ours.detail
     with pytest.raises(AddrError, match=r"'/ip4/1.2.3.4/tcp/99999' is not a multiaddr: integer"):
         tcp_endpoint("/ip4/1.2.3.4/tcp/99999")
+
+
+def test_a_running_daemon_is_judged_by_the_settings_it_was_started_with(tmp_path: Path) -> None:
+    config = load_config({"data_dir": tmp_path}, sections=config_sections(load_service_classes()))
+    started = {"listen": ["/ip4/127.0.0.1/tcp/0"], "bootstrap": [], "network_id": "itest"}
+    got = as_started(config, {"started_with": started}, given=())
+    assert (got.listen, got.bootstrap, got.network_id) == (("/ip4/127.0.0.1/tcp/0",), (),
+                                                           "itest")
+    # doctor's own flags win; a malformed report changes nothing
+    assert as_started(config, {"started_with": started}, given=("listen",)).listen == \
+        config.listen
+    for bad in ({"listen": "/ip4/1.2.3.4/tcp/1"}, {"listen": [4001]}, {"network_id": 7}, []):
+        assert as_started(config, {"started_with": bad}, given=()) == config
 
 
 def test_a_missing_model_fails_the_model_check(tmp_path: Path) -> None:
@@ -149,6 +162,12 @@ def test_doctor_passes_a_healthy_node_and_fails_each_broken_setting(
         return any(p["peer_id"] == a.peer_id for p in peers)
 
     testnet.wait_until(holds_a_record, "b to hold a's capability record", CONVERGE_S)
+    # a was started with --listen /ip4/127.0.0.1/tcp/0 (flags only): doctor judges the
+    # running daemon by that, not by the configured default /ip4/0.0.0.0/tcp/4001
+    code, on_a_cli = _doctor(a.data_dir, "--skip-model")
+    assert code == 0, _failures(on_a_cli)
+    assert on_a_cli["listen /ip4/127.0.0.1/tcp/0"]["status"] == PASS
+    assert "listen /ip4/0.0.0.0/tcp/4001" not in on_a_cli
     code, checks = _doctor(b.data_dir)
     assert code == 0, checks
     assert not [c for c in checks.values() if c["status"] == FAIL]

@@ -444,7 +444,8 @@ async def test_stopping_while_gossip_flows_raises_nothing() -> None:
 
             nursery.start_soon(flood, a)
             await in_flight.wait()
-            with trio.fail_after(10):
+            # a bound on a hang, not a timing claim: a loaded machine delays the mesh heartbeat
+            with trio.fail_after(30):
                 assert (await sub_c.receive())[0] == a.peer_id  # flowing through b to c
             b.stop()
             with trio.fail_after(STOP_GRACE_S + 3):

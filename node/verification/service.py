@@ -33,6 +33,7 @@ import trio
 
 from node.config import fed_config, tuning
 from node.service import NodeContext, NurseryService
+from protocol.agents.wire import AgentMatch
 from protocol.ledger.events import Attest as LedgerAttest
 from protocol.ledger.view import LedgerView
 from protocol.machine import Effect, Received
@@ -105,15 +106,16 @@ def ledger_view(ctx: NodeContext) -> LedgerView | None:
 def requester_machine(ctx: NodeContext, selector: Selector, config: AuctionConfig,
                       reputation: Callable[[str], float],
                       possible_bidders: Callable[[OpenTask], int | None],
-                      ) -> Auction | VerifiedAuction:
+                      agent_match: AgentMatch) -> Auction | VerifiedAuction:
     """The tasks service's machine: a VerifiedAuction when verification is enabled; every
     auction option goes to its constructor, as in simulations/machines/."""
     section = _section(ctx)
     if section is None or not section.enabled:
-        return Auction(ctx.identity, selector, ctx.rng, config, reputation, possible_bidders)
+        return Auction(ctx.identity, selector, ctx.rng, config, reputation, possible_bidders,
+                       agent_match=agent_match)
     return verified_auction(ctx.identity, selector, ctx.rng, config, reputation,
                             possible_bidders, section.verify_config(),
-                            functools.partial(ledger_view, ctx))
+                            functools.partial(ledger_view, ctx), agent_match)
 
 
 def executor_machine(ctx: NodeContext, config: ExecutorConfig) -> Executor:

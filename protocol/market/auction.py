@@ -42,6 +42,7 @@ from collections.abc import Callable
 from random import Random
 
 from crypto.keys import Identity
+from protocol.agents.wire import AgentMatch, no_cards
 from protocol.machine import (
     Effect,
     Emit,
@@ -102,8 +103,11 @@ class Auction:
         *,
         excluded: Callable[[str, int], bool] = lambda peer, now: False,
         voting: VoteRule | None = None,
+        agent_match: AgentMatch = no_cards,
     ) -> None:
-        """``possible_bidders``: how many peers could bid on a task (the ledger's live peers
+        """``agent_match(peer, agent, requirement)``: the match of ``peer``'s card for
+        ``agent`` to a task's need, from our ledger (protocol.agents.wire.agent_matcher; None:
+        no such card, the bid is refused); ``possible_bidders``: how many peers could bid on a task (the ledger's live peers
         serving a matching model, the requester itself only when the task allows it; None: not
         known); ``excluded(peer, now)``: never pick this peer's bids; ``voting``: the vote's
         rule (protocol.market.voting.VoteRule, the protocol's by default)."""
@@ -116,7 +120,7 @@ class Auction:
         self.tasks: dict[bytes, OpenTask] = {}
         self.counters: dict[str, int] = {}
         self.bidding = Bidding(identity, self.config, selector, reputation, possible_bidders,
-                               excluded, self.counters)
+                               excluded, self.counters, agent_match)
         self.intake = ResultIntake(self.config, selector, reputation,
                                    voting if voting is not None else VoteRule(), self.counters)
 

@@ -4,7 +4,10 @@
 promises and owns the task table; bidding keeps only each peer's recent bid times). A round's
 beacon opens a bid window of at most ``bid_window_ms`` (and a third of the time left); a bid
 is accepted only if it opens as signed and sent by its bidder, is for a task in that round's
-open window, within budget, above ``min_match``, from a peer not yet tried (nor ourselves,
+open window, within budget, above ``min_match`` (the match the requester computes itself,
+``match_of``: from the bidder's agent card in our ledger for a task that names a need, the
+bid refused when there is no such card or the task names another agent; the bid's model
+match for a task that names none), from a peer not yet tried (nor ourselves,
 unless the task allows it), within ``max_bids_per_task`` and not over ``bid_rate`` per
 ``rate_window_ms``; a valid bid we will not use is answered with a ``Cancel`` that releases the
 bidder's slot. A valid bid that missed its window (an earlier round's, or one closed already)
@@ -34,6 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crypto.keys import Identity
+from protocol.agents.wire import AgentMatch, has_need
 from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored, seal
 from protocol.machine import Effect, Emit, Publish, Send
 from protocol.market.events import AuctionConfig, TaskUpdated
@@ -92,7 +96,8 @@ class Bidding:
     def __init__(self, identity: Identity, config: AuctionConfig, selector: Selector,
                  reputation: Callable[[str], float],
                  possible_bidders: Callable[[OpenTask], int | None],
-                 excluded: Callable[[str, int], bool], counters: dict[str, int]) -> None:
+                 excluded: Callable[[str, int], bool], counters: dict[str, int],
+                 agent_match: AgentMatch) -> None:
         self.identity = identity
         self.peer = identity.peer_id
         self.config = config
@@ -101,6 +106,7 @@ class Bidding:
         self.possible_bidders = possible_bidders
         self.excluded = excluded
         self.counters = counters
+        self.agent_match = agent_match
         self.rates: dict[str, RateWindow] = {}
 
     def beacon(self, task: OpenTask, now: int) -> list[Effect]:
@@ -163,17 +169,23 @@ class Bidding:
             return refuse("self")
         if body.price > task.spec.max_price:
             return refuse("over_budget")
-        if body.match_score < self.config.min_match:
+        req = task.spec.requirement
+        if req.agent and body.agent != req.agent:
+            return refuse("other_agent")
+        match = self.match_of(peer, body, task)
+        if match is None:
+            return refuse("no_card")
+        if match < self.config.min_match:
             return refuse("poor_match")
         if task.phase is not TaskPhase.BIDDING or body.round != task.round \
                 or now >= task.window_closes_at_ms:
-            return self._late(task, body, now, refuse)
+            return self._late(task, BidInfo(body, now, now + body.hold_ms, match), refuse)
         if len(task.bids) >= self.config.max_bids_per_task:
             return refuse("too_many")
-        task.bids[peer] = BidInfo(body, now, now + body.hold_ms)
+        task.bids[peer] = BidInfo(body, now, now + body.hold_ms, match)
         count(self.counters, "bids_accepted")
         effects: list[Effect] = [Emit("task.bid", {"task_id": body.task_id.hex(), "peer": peer,
-                                                    "match": body.match_score,
+                                                    "agent": body.agent, "match": match,
                                                     "price": body.price})]
         if len(task.bids) >= task.needed + self.config.spare_bids or self._all_bid(task):
             return TakenBid(task, BidNext.CLOSE, effects)
@@ -182,13 +194,24 @@ class Bidding:
                                            now + self.config.close_grace_ms)
         return TakenBid(task, BidNext.WAIT, effects)
 
-    def _late(self, task: OpenTask, body: BidBody, now: int,
+    def match_of(self, peer: str, body: BidBody, task: OpenTask) -> float | None:
+        """The bid's match as this requester computes it: from ``peer``'s card for the bid's
+        agent when the task names a need (None: no such card), else the model match the bid
+        states (the model rule, protocol/market/offers.py, is the same on both sides)."""
+        req = task.spec.requirement
+        if has_need(req):
+            match = self.agent_match(peer, body.agent, req)
+            return None if match is None else min(1.0, max(0.0, match))
+        return body.match_score
+
+    def _late(self, task: OpenTask, info: BidInfo,
               refuse: Callable[[str], list[Effect]]) -> TakenBid | list[Effect]:
         """A valid bid that missed its round's window: kept as a spare while the task still
         lacks executors; refused (its place released) when it no longer does."""
+        body = info.body
         if task.finished or task.needed == 0 or body.round > task.round:
             return refuse("late")
-        task.spares[body.bidder] = BidInfo(body, now, now + body.hold_ms)
+        task.spares[body.bidder] = info
         count(self.counters, "late_bids_used")
         return TakenBid(task, BidNext.SPARE, [Emit("task.late_bid_used", {
             "task_id": body.task_id.hex(), "peer": body.bidder, "round": body.round})])
@@ -200,7 +223,7 @@ class Bidding:
     def _candidate(self, task: OpenTask, info: BidInfo, now: int) -> Candidate:
         b = info.body
         return Candidate(
-            peer=b.bidder, match_score=b.match_score, reputation=self.reputation(b.bidder),
+            peer=b.bidder, match_score=info.match, reputation=self.reputation(b.bidder),
             price=b.price, max_price=task.spec.max_price, est_latency_ms=b.est_latency_ms,
             deadline_ms=max(0, task.deadline_at_ms - now), load=b.load, free_slots=b.free_slots,
         )
@@ -237,7 +260,8 @@ class Bidding:
         if task.first_assigned_at_ms is None:
             task.first_assigned_at_ms = now
         body = AssignBody(task=task.spec, executor=b.bidder, attempt=attempt.attempt,
-                          round=task.round, model=b.model, deadline_ms=max(1, due - now))
+                          round=task.round, model=b.model, deadline_ms=max(1, due - now),
+                          agent=b.agent)
         count(self.counters, "assigned")
         return [
             Send(b.bidder, Assign(envelope=seal(self.identity, ASSIGN_DOMAIN, body))),

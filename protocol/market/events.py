@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol.agents.wire import ToolCallRecord
 from protocol.codec import MAX_FRAME_BYTES
 from protocol.market.messages import MAX_COT_CHARS, TaskSpec, Turn
 from protocol.market.state import TaskSnapshot
@@ -75,6 +76,14 @@ class SubmitTask:
     top_p: float = 1.0
     seed: int = 0
     stop: tuple[str, ...] = ()
+    #: what the task needs (protocol/agents/wire.py): text and its embedding by the
+    #: requester's embedder (int8 and scale, and the embedder's hash), skill tags, an agent
+    needs: str = ""
+    skills: tuple[str, ...] = ()
+    agent: str = ""
+    need_embedding: bytes = b""
+    need_scale: float = 0.0
+    embedder_hash: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +103,7 @@ class RestoredAttempt:
     due_in_ms: int
     match_score: float
     model: str
+    agent: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +155,8 @@ class StartCompute:
     attempt: int
     model: str
     deadline_at_ms: int
+    #: the agent the assignment names ("" = none: today's solver)
+    agent: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +190,9 @@ class ComputeDone:
     #: tokens of the prompt the model read, and why generation ended ("stop" or "length")
     prompt_tokens: int = 0
     finish_reason: str = "stop"
+    #: the agent's tool calls and its system prompt as used (protocol.agents.wire)
+    tool_calls: tuple[ToolCallRecord, ...] = ()
+    system_prompt: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,8 @@
 
 Promises:
 * bids only on beacons it can verify (signed by the requester they name), once per
-  (task, round), only with a model that matches the requirement and a price within the
+  (task, round), only with a model that matches the requirement (and, hosting ``agents``,
+  with its agent that fits the task best, protocol/market/offers.py) and a price within the
   requester's budget, and never beyond its ``slots`` plus ``queue`` places: a bid holds a
   place (RESERVED) for ``hold_ms``, after which it is released; an accepted assignment runs
   at once when one of the ``slots`` is free, else waits its turn (QUEUED, earliest deadline
@@ -27,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from crypto.keys import Identity
+from protocol.agents.cards import AgentCard
 from protocol.codec import MAX_FRAME_BYTES
 from protocol.envelopes import PENALTY_FORGED, open_envelope, seal
 from protocol.errors import InvalidMessage, LocalProtocolError
@@ -59,7 +61,7 @@ from protocol.market.offers import (
     MATCH_EXACT,
     MATCH_FAMILY,
     ServedModel,
-    best_model,
+    best_offer,
     match_score,
 )
 
@@ -96,6 +98,8 @@ class ExecutorConfig:
     max_task_ms: int = DEFAULT_MAX_TASK_MS
     max_cot_chars: int = MAX_COT_CHARS
     max_frame: int = MAX_FRAME_BYTES
+    #: the node's own agent cards, in the operator's order (empty: bid as a bare model)
+    agents: tuple[AgentCard, ...] = ()
 
 
 class Executor:
@@ -199,10 +203,10 @@ class Executor:
             return skip("no_slot")
         if body.max_tokens > self.config.max_tokens or body.deadline_ms > self.config.max_task_ms:
             return skip("over_limits")
-        best = best_model(body.requirement, self.config.models)
-        if best is None:
+        offer = best_offer(body.requirement, self.config.models, self.config.agents)
+        if offer is None:
             return skip("no_model")
-        model, score = best
+        model, score = offer.model, offer.score
         price = model.price_per_1k * body.max_tokens / 1000.0
         if price > body.max_price:
             return skip("too_cheap")
@@ -213,19 +217,18 @@ class Executor:
         hold = min(self.config.hold_ms, body.deadline_ms)
         self.jobs[body.task_id] = Job(
             task_id=body.task_id, requester=body.requester, round=body.round,
-            model=model.name, state=JobState.RESERVED, until_ms=now + hold,
-        )
+            model=model.name, state=JobState.RESERVED, until_ms=now + hold, agent=offer.agent)
         bid = BidBody(
             task_id=body.task_id, round=body.round, bidder=self.peer, model=model.name,
             model_hash=model.model_hash, match_score=score, price=price,
             est_latency_ms=min(est_latency, 2**31), load=min(1.0, self.busy() / self.config.slots),
-            free_slots=self.free_slots(), hold_ms=hold,
-        )
+            free_slots=self.free_slots(), hold_ms=hold, agent=offer.agent)
         self._count("bids_sent")
         return [
             Send(body.requester, Bid(envelope=seal(self.identity, BID_DOMAIN, bid))),
             Emit("task.bid_sent", {"task_id": body.task_id.hex(), "requester": body.requester,
-                                   "model": model.name, "match": score, "price": price}),
+                                   "model": model.name, "agent": offer.agent, "match": score,
+                                   "price": price}),
         ]
 
     # ------------------------------------------------------------------ assignments
@@ -258,7 +261,7 @@ class Executor:
             # network is seconds slow to deliver, so it is taken up again while a place is free
             job = self.jobs[task.task_id] = Job(
                 task_id=task.task_id, requester=job.requester, round=job.round,
-                model=job.model, state=JobState.RESERVED, until_ms=now + 1)
+                model=job.model, state=JobState.RESERVED, until_ms=now + 1, agent=job.agent)
         if job.state is not JobState.RESERVED:
             reason = RejectReason.EXPIRED if job.state is JobState.RELEASED else \
                 RejectReason.DUPLICATE
@@ -274,10 +277,10 @@ class Executor:
             self._move(job, JobState.RELEASED, now + REMEMBER_MS)
             return self._reject(peer, task.task_id, body.attempt, RejectReason.OVER_LIMITS,
                                 "question, tokens or deadline over this executor's limits")
-        if body.model not in {m.name for m in self.config.models}:
+        if body.model not in {m.name for m in self.config.models} or body.agent != job.agent:
             self._move(job, JobState.RELEASED, now + REMEMBER_MS)
             return self._reject(peer, task.task_id, body.attempt, RejectReason.BAD_ASSIGN,
-                                f"model {body.model!r} is not served here")
+                                f"model {body.model!r} or agent {body.agent!r} not the bid's")
         job.attempt, job.task, job.model = body.attempt, task, body.model
         job.deadline_at_ms = now + body.deadline_ms
         self._move(job, JobState.QUEUED, job.deadline_at_ms)
@@ -295,7 +298,8 @@ class Executor:
             self._move(job, JobState.RUNNING, job.deadline_at_ms + OVERRUN_GRACE_MS)
             if job.task is not None:  # always set once assigned
                 effects.append(StartCompute(task=job.task, attempt=job.attempt,
-                                            model=job.model, deadline_at_ms=job.deadline_at_ms))
+                                            model=job.model, deadline_at_ms=job.deadline_at_ms,
+                                            agent=job.agent))
         return effects
 
     def _on_cancel(self, peer: str, msg: Cancel) -> list[Effect]:
@@ -343,7 +347,7 @@ class Executor:
             fingerprints=ev.fingerprints, fingerprint_root=ev.fingerprint_root,
             prompt_tokens=min(MAX_CONTEXT, max(0, ev.prompt_tokens)),
             finish_reason="length" if ev.finish_reason == "length" else "stop",
-        )
+            agent=job.agent, tool_calls=ev.tool_calls, system_prompt=ev.system_prompt)
         self._move(job, JobState.DONE, now + REMEMBER_MS)
         self._count("results_sent")
         return self.deliver(job, body) + self._start_queued()

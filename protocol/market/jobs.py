@@ -54,6 +54,8 @@ class Job:
     #: the assignment's result deadline (while RUNNING, until_ms adds OVERRUN_GRACE_MS)
     deadline_at_ms: int = 0
     task: TaskSpec | None = None
+    #: the agent the bid named ("" = none)
+    agent: str = ""
     history: list[JobState] = field(default_factory=list)
 
 

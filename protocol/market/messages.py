@@ -13,15 +13,17 @@ share a clock. Each receiver turns them into instants on its own clock at receip
 ==========  ======  =======================  =================================================
 message     tag     signed by / domain       meaning
 ==========  ======  =======================  =================================================
-Requirement 40      (nested)                 model name and/or family, minimum context
+Requirement 40      (nested)                 model, minimum context; the need (text, skills,
+                                             agent) and the requester's vector of it
 TaskSpec    41      (nested in AssignBody)   the task: question, answer type, k, budget
 BeaconBody  42      requester / BEACON       "who can do this task?" (round, bid window)
 Beacon      43      gossip                   envelope of a BeaconBody
-BidBody     44      bidder / BID             match score, price, latency, load, hold time
+BidBody     44      bidder / BID             agent, match score, price, latency, load, hold
 Bid         45      unicast to requester     envelope of a BidBody
 AssignBody  46      requester / ASSIGN       the task, to one executor, with a deadline
 Assign      47      unicast to executor      envelope of an AssignBody
-ResultBody  48      executor / RESULT        answer, CoT, confidence, tokens, model, prints
+ResultBody  48      executor / RESULT        answer, CoT, confidence, tokens, model, prints,
+                                             agent, its tool calls and system prompt
 Result      49      unicast to requester     envelope of a ResultBody
 Reject      50      executor -> requester    refuses an assignment or reports a failure
 Cancel      51      requester -> executor    drop the assignment / release the reservation
@@ -35,6 +37,12 @@ with no chat template (a completion). The requester also fixes the sampling (tem
 top-p, a seed base and stop strings); each executor derives its own seed from the seed base
 and its attempt (protocol.market.sampling), so the k executors of a task sample k different
 chains and anyone holding the task can recompute any executor's seed.
+
+Agents (protocol/agents/wire.py): a requirement may say what the task needs (text, skill
+tags, or an agent by name); a bid and an assignment name the agent of the bidder's node that
+answers, and the result names it with the tool calls it made and the system prompt it used,
+which is the text its model read besides the task. Every agent field is defaulted: a task
+that names no need is matched by model, as before agents.
 """
 
 from __future__ import annotations
@@ -43,6 +51,17 @@ import enum
 from dataclasses import dataclass
 
 from crypto.envelope import Envelope
+from protocol.agents.wire import (
+    MAX_AGENT_NAME_LEN,
+    MAX_EMBEDDING_DIM,
+    MAX_NEED_SKILLS,
+    MAX_NEEDS_CHARS,
+    MAX_SKILL_LEN,
+    MAX_SYSTEM_PROMPT_CHARS,
+    MAX_TOOL_CALLS,
+    ToolCallRecord,
+    check_need,
+)
 from protocol.codec import Message, limits, message
 
 BEACON_DOMAIN = "symphony/task-beacon/v1"
@@ -92,11 +111,26 @@ MAX_FINISH_REASON = 16
 @message(40)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Requirement(Message):
-    """What model a task needs. Empty ``model`` and ``family`` mean "any model"."""
+    """What a task needs. Empty ``model`` and ``family`` mean "any model"; empty ``needs``,
+    ``skills`` and ``agent`` mean "any agent" (matched by model, as before agents)."""
 
     model: str = limits(max_len=MAX_MODEL_NAME)
     family: str = limits(max_len=MAX_MODEL_NAME)
     min_context: int = limits(lo=0, hi=MAX_CONTEXT)
+    #: what the task needs, as text, and as normalized skill tags
+    needs: str = limits(max_len=MAX_NEEDS_CHARS, default="")
+    skills: tuple[str, ...] = limits(max_items=MAX_NEED_SKILLS, max_len=MAX_SKILL_LEN,
+                                     default=())
+    #: only this agent (by name) may answer; "" = any
+    agent: str = limits(max_len=MAX_AGENT_NAME_LEN, default="")
+    #: the requester's embedding of ``needs`` (int8 and scale, protocol.agents.matching) and
+    #: its embedder's hash, so bidders pick their best agent without embedding
+    need_embedding: bytes = limits(max_len=MAX_EMBEDDING_DIM, default=b"")
+    need_scale: float = limits(lo=0.0, hi=1.0, default=0.0)
+    embedder_hash: bytes = limits(max_len=HASH_LEN, default=b"")
+
+    def check(self) -> None:
+        check_need(self)
 
 
 @message(52)
@@ -196,6 +230,8 @@ class BidBody(Message):
     free_slots: int = limits(lo=0, hi=MAX_SLOTS)
     #: how long the bidder holds a slot for this bid
     hold_ms: int = limits(lo=1, hi=MAX_WINDOW_MS)
+    #: the bidder's agent that would answer ("" for a node that names none)
+    agent: str = limits(max_len=MAX_AGENT_NAME_LEN, default="")
 
 
 @message(45)
@@ -215,6 +251,8 @@ class AssignBody(Message):
     model: str = limits(max_len=MAX_MODEL_NAME)
     #: time the executor has to return its result, from sending
     deadline_ms: int = limits(lo=1, hi=MAX_TASK_MS)
+    #: the agent the bid named
+    agent: str = limits(max_len=MAX_AGENT_NAME_LEN, default="")
 
 
 @message(47)
@@ -245,6 +283,11 @@ class ResultBody(Message):
     prompt_tokens: int = limits(lo=0, hi=MAX_CONTEXT, default=0)
     #: "stop" (the model ended, or a stop string), or "length" (max_tokens cut it)
     finish_reason: str = limits(max_len=MAX_FINISH_REASON, default="stop")
+    #: the agent that answered (the assignment's), the tool calls it made in order, and its
+    #: system prompt as used ("" = the default prompt): with the task, the text its model read
+    agent: str = limits(max_len=MAX_AGENT_NAME_LEN, default="")
+    tool_calls: tuple[ToolCallRecord, ...] = limits(max_items=MAX_TOOL_CALLS, default=())
+    system_prompt: str = limits(max_len=MAX_SYSTEM_PROMPT_CHARS, default="")
 
 
 @message(49)

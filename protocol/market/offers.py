@@ -1,13 +1,21 @@
 """What an executor serves and how well it fits a task's requirement.
 
-``match_score`` is the one matching rule: an executor bids with it, and a requester counts
-who could bid with it (protocol/market/bidders.py).
+``match_score`` is the one model-matching rule: an executor bids with it, and a requester
+counts who could bid with it (protocol/market/bidders.py). ``best_offer`` is the bidder's
+choice of agent: with agents, the one whose card fits the task's need best by
+protocol.agents.wire.card_match (the requester's own rule, which it applies to the card its
+ledger holds: a bidder gains nothing by claiming more), on a served model that fits the
+requirement; for a task that names no need, the first of its agents, in the operator's order.
+A node hosting several agents thus bids once per task, with one agent: the requester's
+selectors key their arms by peer, and the peer's one bid per task keeps that key valid.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol.agents.cards import AgentCard
+from protocol.agents.wire import card_match, has_need
 from protocol.market.messages import Requirement
 
 MATCH_EXACT = 1.0
@@ -55,3 +63,33 @@ def best_model(req: Requirement,
                                                                best[0].name):
             best = (m, score)
     return best
+
+
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """What a bid offers: the model, the agent ("" for a node that hosts none) and the match."""
+
+    model: ServedModel
+    agent: str
+    score: float
+
+
+def best_offer(req: Requirement, models: tuple[ServedModel, ...],
+               agents: tuple[AgentCard, ...]) -> Offer | None:
+    """The bid for ``req`` (see the module docstring); None when nothing fits. Without agents,
+    today's rule: the best model, and no task that names a need."""
+    if not agents:
+        if has_need(req):
+            return None
+        best = best_model(req, models)
+        return None if best is None else Offer(best[0], "", best[1])
+    chosen: Offer | None = None
+    for card in agents:
+        fits = models if card.model is None else tuple(m for m in models if m.name == card.model)
+        best = best_model(req, fits)
+        if best is None:
+            continue
+        score = card_match(card, req) if has_need(req) else best[1]
+        if score is not None and (chosen is None or score > chosen.score):
+            chosen = Offer(best[0], card.name, score)
+    return chosen

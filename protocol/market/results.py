@@ -2,7 +2,7 @@
 
 ``ResultIntake`` is a component the ``protocol.market.auction.Auction`` holds (which documents
 the promises and owns the task table). ``check`` holds the result checks (forged, unassigned,
-replayed, late, oversized CoT, wrong model; unparseable answers are kept as abstentions) and
+replayed, late, oversized CoT, wrong model, another agent than the bid's; unparseable answers are kept as abstentions) and
 returns either the checked result, for the auction to ``admit`` (the verification seam:
 protocol/verification/requester.py checks a revealed result the same way and then decides
 itself), or the refusal with the attempt to fail for it. ``finish`` votes (by the ``VoteRule``
@@ -103,13 +103,16 @@ class ResultIntake:
         if bid_hash and body.model_hash != bid_hash:
             return Refused(reject("model_mismatch"), AttemptFailure(
                 task, attempt, "malformed:model_mismatch", FAILED, cancel=False))
+        if body.agent != attempt.bid.body.agent:
+            return Refused(reject("agent_mismatch", PENALTY_FORGED), AttemptFailure(
+                task, attempt, "malformed:agent_mismatch", FAILED, cancel=False))
         if normalize_answer(AnswerType(task.spec.answer_type), body.answer,
                             task.spec.choices) is None:
             # Honest work can end without a usable answer (a small model rambles): the result
             # stays as an abstaining ballot (weight 0) and is attested "wrong" when the vote
             # ends, not as a protocol failure that would exclude and replace the executor.
             count(self.counters, "unparseable_answers")
-        return ResultInfo(body, msg.envelope, attempt.attempt, attempt.bid.body.match_score, now)
+        return ResultInfo(body, msg.envelope, attempt.attempt, attempt.bid.match, now)
 
     def finish(self, task: OpenTask, now: int, why: str) -> list[Effect]:
         """End ``task``: release everyone still held, then vote (or fail without results)."""

@@ -59,6 +59,9 @@ class BidInfo:
     received_at_ms: int
     #: the bidder holds its slot until then
     hold_until_ms: int
+    #: the match as the requester computed it (from the bidder's agent card for a task that
+    #: names a need; the bid's model match otherwise), never the bidder's claim alone
+    match: float
 
 
 @dataclass(slots=True)
@@ -171,6 +174,9 @@ def _result_rows(task: OpenTask) -> list[dict[str, object]]:
             "weight": weights.get(peer),
             "confidence": r.body.confidence,
             "match_score": r.match_score,
+            "agent": r.body.agent,
+            "tool_calls": [{"name": c.name, "arguments": c.arguments, "output": c.output}
+                           for c in r.body.tool_calls],
             "tokens": r.body.tokens,
             "prompt_tokens": r.body.prompt_tokens,
             "finish_reason": r.body.finish_reason,
@@ -200,7 +206,7 @@ def _attempt_rows(task: OpenTask) -> list[dict[str, object]]:
     return [
         {"attempt": a.attempt, "peer": a.peer, "state": a.state.value, "reason": a.reason,
          "assigned_at_ms": a.assigned_at_ms, "due_at_ms": a.due_at_ms,
-         "model": a.bid.body.model, "match_score": a.bid.body.match_score,
+         "model": a.bid.body.model, "agent": a.bid.body.agent, "match_score": a.bid.match,
          "price": a.bid.body.price, "est_latency_ms": a.bid.body.est_latency_ms}
         for a in sorted(task.attempts.values(), key=lambda a: a.attempt)
     ]
@@ -218,6 +224,12 @@ def snapshot(task: OpenTask) -> TaskSnapshot:
         "model": spec.requirement.model,
         "family": spec.requirement.family,
         "min_context": spec.requirement.min_context,
+        "needs": spec.requirement.needs,
+        "skills": list(spec.requirement.skills),
+        "agent": spec.requirement.agent,
+        "need_embedding": spec.requirement.need_embedding.hex(),
+        "need_scale": spec.requirement.need_scale,
+        "embedder_hash": spec.requirement.embedder_hash.hex(),
         "k": spec.k,
         "max_price": spec.max_price,
         "max_tokens": spec.max_tokens,

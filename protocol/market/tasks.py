@@ -53,13 +53,17 @@ def submitted_task(ev: SubmitTask, requester: str, known: dict[bytes, OpenTask],
     spec = TaskSpec(
         task_id=task_id, requester=requester, question=ev.question,
         answer_type=ev.answer_type, choices=ev.choices,
-        requirement=Requirement(model=ev.model, family=ev.family, min_context=ev.min_context),
+        requirement=Requirement(
+            model=ev.model, family=ev.family, min_context=ev.min_context, needs=ev.needs,
+            skills=ev.skills, agent=ev.agent, need_embedding=ev.need_embedding,
+            need_scale=ev.need_scale, embedder_hash=ev.embedder_hash),
         k=ev.k, max_price=ev.max_price, max_tokens=ev.max_tokens, style=ev.style,
         history=ev.history, top_p=ev.top_p, seed=ev.seed, stop=ev.stop,
         temperature=default_temperature(ev.k) if ev.temperature is None else ev.temperature,
     )
     try:
         spec.check()
+        spec.requirement.check()
     except ValueError as exc:
         raise LocalProtocolError(f"task: {exc}") from None
     return OpenTask(spec=spec, allow_self=ev.allow_self, phase=TaskPhase.BIDDING,
@@ -91,9 +95,9 @@ def restored_task(ev: RestoreTask, requester: str, known: dict[bytes, OpenTask],
             continue
         bid = BidBody(task_id=spec.task_id, round=task.round, bidder=ra.peer, model=ra.model,
                       model_hash=b"", match_score=ra.match_score, price=0.0,
-                      est_latency_ms=0, load=0.0, free_slots=0, hold_ms=1)
+                      est_latency_ms=0, load=0.0, free_slots=0, hold_ms=1, agent=ra.agent)
         due = min(task.deadline_at_ms, now + max(0, ra.due_in_ms))
-        task.attempts[ra.attempt] = Attempt(ra.attempt, ra.peer, BidInfo(bid, now, now),
+        task.attempts[ra.attempt] = Attempt(ra.attempt, ra.peer, BidInfo(bid, now, now, ra.match_score),
                                             AttemptState.ASSIGNED, now, due)
         task.tried.add(ra.peer)
     task.next_attempt = max([task.next_attempt, *(a + 1 for a in task.attempts)])

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from random import Random
 
 from crypto.keys import Identity
+from protocol.agents.wire import AgentMatch, no_cards
 from protocol.ledger.records import Role
 from protocol.ledger.view import LedgerView
 from protocol.market.events import AuctionConfig
@@ -59,10 +60,11 @@ class LedgerCandidates:
 def verified_auction(identity: Identity, selector: Selector, rng: Random,
                      config: AuctionConfig, reputation: Callable[[str], float],
                      possible_bidders: Callable[[OpenTask], int | None],
-                     verify: VerifyConfig, view_of: ViewOf) -> VerifiedAuction:
+                     verify: VerifyConfig, view_of: ViewOf,
+                     agent_match: AgentMatch = no_cards) -> VerifiedAuction:
     """A requester that verifies, its candidates and exclusions read from ``view_of()``; the
     auction's options as ``protocol.market.auction.Auction`` takes them."""
     ledger = LedgerCandidates(view_of, verify.exclusion_ms)
     return VerifiedAuction(identity, selector, rng, config, reputation, possible_bidders,
                            verify=verify, verifier_candidates=ledger.verifiers,
-                           excluded=ledger.excluded)
+                           excluded=ledger.excluded, agent_match=agent_match)

@@ -56,6 +56,7 @@ from collections.abc import Callable, Sequence
 from random import Random
 
 from crypto.keys import Identity
+from protocol.agents.wire import AgentMatch, no_cards
 from protocol.codec import decode
 from protocol.envelopes import seal
 from protocol.machine import Effect, Emit, Received, Send, Tick
@@ -103,6 +104,7 @@ class VerifiedAuction:
         verify: VerifyConfig | None = None,
         verifier_candidates: Callable[[bytes, int], Sequence[str]] = lambda h, now: (),
         excluded: Callable[[str, int], bool] = lambda peer, now: False,
+        agent_match: AgentMatch = no_cards,
     ) -> None:
         """The auction's options as ``Auction`` takes them; ``verify`` the verification's;
         ``verifier_candidates(model_hash, now)``: ledger peers that may verify such a result;
@@ -110,7 +112,8 @@ class VerifiedAuction:
         self.verify = verify if verify is not None else VerifyConfig()
         self._exclusions = Exclusions(excluded, self.verify.exclusion_ms)
         self.auction = Auction(identity, selector, rng, config, reputation, possible_bidders,
-                               excluded=self._exclusions.is_excluded, voting=voting)
+                               excluded=self._exclusions.is_excluded, voting=voting,
+                               agent_match=agent_match)
         self.vtasks: dict[bytes, VerifyTask] = {}
         self.checks: dict[tuple[bytes, int], Check] = {}
         self.verdicts = VerdictChecks(self.auction, self.verify, verifier_candidates,

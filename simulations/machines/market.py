@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from protocol.agents.cards import AgentCards
+from protocol.agents.wire import AgentMatch, agent_matcher
 from protocol.ledger.trust import TrustView
 from protocol.market.attestations import ledger_attestation
 from protocol.market.auction import Auction
@@ -81,6 +83,21 @@ def ledger_bidders(node: VirtualNode) -> Callable[[OpenTask], int | None]:
     return count
 
 
+def ledger_cards(node: VirtualNode) -> Callable[[str], AgentCards | None]:
+    """A peer's agent cards as the node's ledger holds them (None: none held)."""
+
+    def cards_of(peer: str) -> AgentCards | None:
+        return None  # the simulator's ledger holds no agent cards yet
+
+    return cards_of
+
+
+def ledger_agent_match(node: VirtualNode) -> AgentMatch:
+    """The auction's ``agent_match``: protocol.agents.wire.agent_matcher over the node's
+    ledger's cards, as the daemon's requester."""
+    return agent_matcher(ledger_cards(node))
+
+
 def _wrap(machine: Any, node: VirtualNode, behaviour_of: BehaviourOf | None) -> Any:
     behaviour = behaviour_of(node) if behaviour_of is not None else None
     return machine if behaviour is None else Wrapped(machine, node, behaviour)
@@ -92,14 +109,17 @@ def auction_spec(
     behaviour_of: BehaviourOf | None = None,
     reputation_of: Callable[[VirtualNode], Callable[[str], float]] = earned_reputation,
     voting: VoteRule | None = None,
+    agent_match_of: Callable[[VirtualNode], AgentMatch] = ledger_agent_match,
 ) -> MachineSpec:
     """The requester's ``Auction``, every option passed to its constructor as the daemon's:
     ``reputation_of(node)`` the reputation callback (the earned one unless a scenario measures
-    another rule, with its ``voting``), the ledger's possible bidders."""
+    another rule, with its ``voting``), the ledger's possible bidders, ``agent_match_of(node)``
+    the match of a bidder's agent card to a task's need (from the node's ledger)."""
 
     def build(node: VirtualNode) -> Any:
         machine = Auction(node.identity, selector_of(node), node.rng, config,
-                          reputation_of(node), ledger_bidders(node), voting=voting)
+                          reputation_of(node), ledger_bidders(node), voting=voting,
+                          agent_match=agent_match_of(node))
         return _wrap(machine, node, behaviour_of)
 
     def attest(node: VirtualNode, name: str, effect: Attest) -> None:

@@ -52,6 +52,7 @@ from simulations.machines.market import (
     auction_spec,
     earned_reputation,
     executor_spec,
+    ledger_agent_match,
     ledger_bidders,
 )
 from simulations.node import MachineSpec, VirtualNode
@@ -83,7 +84,7 @@ def verified_auction_spec(
 
         return verified_auction(
             node.identity, selector_of(node), node.rng, config, earned_reputation(node),
-            ledger_bidders(node), verify, view,
+            ledger_bidders(node), verify, view, ledger_agent_match(node),
         )
 
     def attest(node: VirtualNode, name: str, effect: LedgerAttest) -> None:

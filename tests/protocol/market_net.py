@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crypto.keys import Identity
+from protocol.agents.cards import AgentCard
+from protocol.agents.wire import AgentMatch, no_cards
 from protocol.codec import Message, decode, encode
 from protocol.machine import Emit, PeerDisconnected, Penalize, Publish, Received, Send, Tick
 from protocol.market.auction import Attest, Auction, AuctionConfig, TaskUpdated
@@ -51,17 +53,21 @@ class MarketNet:
     def __init__(self, n_exec: int = 3, *, config: AuctionConfig | None = None,
                  selector: Selector | None = None, slots: int = 1,
                  reputation: Callable[[str], float] = lambda p: 0.5,
-                 model: ServedModel = MODEL) -> None:
+                 model: ServedModel = MODEL, agent_match: AgentMatch = no_cards,
+                 agents: tuple[tuple[AgentCard, ...], ...] = ()) -> None:
+        """``agents[i]``: the cards executor ``i`` hosts (none when absent)."""
         self.now = 0
         self.seq = 0
         self.queue: list[tuple[int, int, str, object]] = []
         self.requester = ident(1)
         self.auction = Auction(self.requester, selector or ScoreSelector(),
-                               random.Random(5), config or AuctionConfig(), reputation)
+                               random.Random(5), config or AuctionConfig(), reputation,
+                               agent_match=agent_match)
         self.workers: dict[str, Worker] = {}
         for i in range(n_exec):
             who = ident(10 + i)
-            cfg = ExecutorConfig(models=(model,), slots=slots)
+            cfg = ExecutorConfig(models=(model,), slots=slots,
+                                 agents=agents[i] if i < len(agents) else ())
             self.workers[who.peer_id] = Worker(Executor(who, cfg))
         self.updates: list[TaskUpdated] = []
         self.attests: list[Attest] = []

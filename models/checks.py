@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from protocol.agents.wire import ToolCallRecord
 from protocol.market.messages import MAX_ANSWER_CHARS, TaskSpec
 from protocol.verification.verifier import CheckDone, StartCheck
 
@@ -47,11 +48,14 @@ def cot_matches(claimed: str, text: str) -> bool:
     return False
 
 
-def task_prompt_ids(backend: Any, task: TaskSpec) -> list[int]:
-    """The prompt ``models.cot.solve`` sends for ``task`` (its style, chain of thought on)."""
+def task_prompt_ids(backend: Any, task: TaskSpec, system_prompt: str = "",
+                    tool_calls: tuple[ToolCallRecord, ...] = ()) -> list[int]:
+    """The prompt ``models.cot.solve`` sends for ``task`` (its style, chain of thought on),
+    for an agent with ``system_prompt`` that made ``tool_calls``."""
     from models.cot import build_prompt, problem_of
 
-    return list(backend.prompt_ids(build_prompt(problem_of(task), cot=True)))
+    problem = problem_of(task, system_prompt, tool_calls)
+    return list(backend.prompt_ids(build_prompt(problem, cot=True)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +121,10 @@ class CheckRunner:
         text = self.backend.detokenize(e.output_ids)
         if not cot_matches(e.cot, text):
             return CheckDone(e.check_id, False, "CoT is not the detokenized output tokens")
-        if answer_of(problem_of(e.task), text)[:MAX_ANSWER_CHARS] != e.answer:
+        problem = problem_of(e.task, e.system_prompt, e.tool_calls)
+        if answer_of(problem, text)[:MAX_ANSWER_CHARS] != e.answer:
             return CheckDone(e.check_id, False, "answer is not the one the output states")
-        return task_prompt_ids(self.backend, e.task)
+        return task_prompt_ids(self.backend, e.task, e.system_prompt, e.tool_calls)
 
     def prepare(self, e: StartCheck) -> CheckDone | LayerJob:
         """For a check of committed layer states: the binding checks and what to fetch."""

@@ -12,6 +12,13 @@ template, ``plain`` the question as raw text. For ``chat`` and ``plain`` the who
 the answer (:func:`answer_of`) and the confidence is exp(mean logprob) of every token. The
 executor (models/solver.py) and the verifier (models/checks.py) both build the prompt and
 the answer with these functions, so an honest result always checks out.
+
+An agent's answer (protocol/agents/wire.py) is built the same way from two more parts that
+its signed result carries: the agent's system prompt (instead of :data:`SYSTEM_PROMPT`) and
+the tool calls it made, shown to the model after the question
+(``protocol.agents.wire.tool_transcript``); its answer is then
+``protocol.agents.wire.restated_answer`` of what the model stated. ``plain`` tasks are raw
+completions: no system prompt and no tools.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from dataclasses import dataclass, field
 
 from models.backend import Backend, Message, SamplingParams
 from models.extract import answer_confidence, extract_answer, token_char_offsets
+from protocol.agents.wire import ToolCallRecord, restated_answer, tool_transcript
 from protocol.answers import AnswerType, normalize_answer
 from protocol.market.messages import MAX_ANSWER_CHARS, TaskSpec
 
@@ -44,6 +52,8 @@ class Problem:
     choices: tuple[str, ...] = ()  # options of a CHOICE question, labelled A, B, C...
     style: str = "cot"  # "cot", "chat" or "plain": how the prompt is built (build_prompt)
     history: tuple[Message, ...] = ()  # conversation turns before the question, oldest first
+    system_prompt: str = ""  # an agent's system prompt ("" = SYSTEM_PROMPT)
+    tool_calls: tuple[ToolCallRecord, ...] = ()  # an agent's tool calls, shown after the question
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +77,19 @@ def format_question(problem: Problem) -> str:
     return text
 
 
-def problem_of(task: TaskSpec) -> Problem:
-    """The problem a market task poses."""
+def problem_of(task: TaskSpec, system_prompt: str = "",
+               tool_calls: tuple[ToolCallRecord, ...] = ()) -> Problem:
+    """The problem a market task poses (to an agent with ``system_prompt`` that called
+    ``tool_calls``)."""
     return Problem(question=task.question, answer_type=AnswerType(task.answer_type),
                    choices=task.choices, style=task.style,
-                   history=tuple({"role": t.role, "content": t.content} for t in task.history))
+                   history=tuple({"role": t.role, "content": t.content} for t in task.history),
+                   system_prompt=system_prompt, tool_calls=tool_calls)
+
+
+def _with_tools(problem: Problem, text: str) -> str:
+    """``text`` (the user's turn) followed by the agent's tool calls, when it made any."""
+    return f"{text}\n\n{tool_transcript(problem.tool_calls)}" if problem.tool_calls else text
 
 
 def build_messages(problem: Problem, cot: bool = True) -> list[Message]:
@@ -82,8 +100,9 @@ def build_messages(problem: Problem, cot: bool = True) -> list[Message]:
                        f"'Final answer: <answer>'. {hint}")
     else:
         instruction = f"Reply with 'Final answer: <answer>' and nothing else. {hint}"
-    return [{"role": "system", "content": SYSTEM_PROMPT}, *problem.history,
-            {"role": "user", "content": f"{format_question(problem)}\n\n{instruction}"}]
+    question = _with_tools(problem, format_question(problem))
+    return [{"role": "system", "content": problem.system_prompt or SYSTEM_PROMPT},
+            *problem.history, {"role": "user", "content": f"{question}\n\n{instruction}"}]
 
 
 def build_prompt(problem: Problem, cot: bool = True) -> str | list[Message]:
@@ -91,16 +110,21 @@ def build_prompt(problem: Problem, cot: bool = True) -> str | list[Message]:
     if problem.style == "plain":
         return problem.question
     if problem.style == "chat":
-        return [*problem.history, {"role": "user", "content": problem.question}]
+        system: list[Message] = ([{"role": "system", "content": problem.system_prompt}]
+                                 if problem.system_prompt else [])
+        return [*system, *problem.history,
+                {"role": "user", "content": _with_tools(problem, problem.question)}]
     return build_messages(problem, cot)
 
 
 def answer_of(problem: Problem, text: str) -> str:
     """The raw answer a generated ``text`` gives ("" when a CoT states none)."""
     if problem.style in ("chat", "plain"):
-        return text.strip()[:MAX_ANSWER_CHARS]
-    found = extract_answer(text, problem.answer_type, problem.choices)
-    return found.answer if found is not None else ""
+        reply = text.strip()
+    else:
+        found = extract_answer(text, problem.answer_type, problem.choices)
+        reply = found.answer if found is not None else ""
+    return restated_answer(reply, problem.tool_calls)[:MAX_ANSWER_CHARS]
 
 
 def solve(backend: Backend, problem: Problem, *, cot: bool = True, seed: int = 0,
@@ -115,12 +139,18 @@ def solve(backend: Backend, problem: Problem, *, cot: bool = True, seed: int = 0
     common = dict(cot_text=gen.text, token_ids=gen.token_ids,
                   prompt_token_ids=gen.prompt_token_ids, logprobs=gen.logprobs, timing=timing,
                   finish_reason=gen.finish_reason)
+    mean = sum(gen.logprobs) / len(gen.logprobs) if gen.logprobs else 0.0
     if problem.style in ("chat", "plain"):
         reply = answer_of(problem, gen.text)
-        mean = sum(gen.logprobs) / len(gen.logprobs) if gen.logprobs else 0.0
         return Solution(answer=reply, normalized=normalize_answer(AnswerType.TEXT, reply),
                         confidence=min(1.0, math.exp(mean)), **common)  # type: ignore[arg-type]
     found = extract_answer(gen.text, problem.answer_type, problem.choices)
+    if problem.tool_calls and answer_of(problem, gen.text) != (found.answer if found else ""):
+        # the answer is a tool's output the model did not state: the generation's confidence
+        raw = answer_of(problem, gen.text)
+        return Solution(answer=raw, normalized=normalize_answer(problem.answer_type, raw,
+                                                                problem.choices),
+                        confidence=min(1.0, math.exp(mean)), **common)  # type: ignore[arg-type]
     offsets = token_char_offsets(gen.token_ids, backend.detokenize) if found else []
     raw = found.answer if found else ""
     return Solution(

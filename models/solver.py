@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from crypto.hashing import digest
+from protocol.agents.wire import ToolCallRecord
 from protocol.market.events import ComputeDone
 from protocol.market.executor import ServedModel
 from protocol.market.messages import TaskSpec
@@ -118,11 +119,14 @@ class ModelsSolver:
         layer_states(fb, ids)
         return time.perf_counter() - started
 
-    def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int = 0) -> ComputeDone:
-        """Answer ``task`` as the executor of ``attempt`` (which picks the sampling seed)."""
+    def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int = 0, *,
+              system_prompt: str = "", tool_calls: tuple[ToolCallRecord, ...] = ()
+              ) -> ComputeDone:
+        """Answer ``task`` as the executor of ``attempt`` (which picks the sampling seed), as
+        an agent with ``system_prompt`` that made ``tool_calls`` (models.cot.problem_of)."""
         from models.cot import problem_of, solve
 
-        problem = problem_of(task)
+        problem = problem_of(task, system_prompt, tool_calls)
         from models.commitments import Commitments, commitments_for, fingerprints_for
 
         with self._lock:
@@ -148,7 +152,8 @@ class ModelsSolver:
                            fingerprints=made.fingerprints, output_ids=tuple(sol.token_ids),
                            states_root=made.states_root, state_layers=made.state_layers,
                            prompt_tokens=len(sol.prompt_token_ids),
-                           finish_reason=sol.finish_reason)
+                           finish_reason=sol.finish_reason, tool_calls=tool_calls,
+                           system_prompt=system_prompt)
 
 
 def load_models_solver(model: str = "", *, threads: int = 0, temperature: float | None = None,

@@ -29,6 +29,7 @@ from protocol.verification.messages import (
     RevealRequest,
 )
 from protocol.verification.rules import (
+    agent_context,
     nonce_hash,
     result_commitment,
     reveal_evidence,
@@ -175,7 +176,8 @@ class CommitReveal:
         if (body.task_id, body.attempt) != (c.task_id, c.attempt):
             return "result is for another task or attempt"
         if result_commitment(c.task_id, c.attempt, c.executor, body.answer, body.cot,
-                             msg.output_ids, msg.salt) != c.commitment:
+                             msg.output_ids, msg.salt,
+                             agent_context(body.system_prompt, body.tool_calls)) != c.commitment:
             return "answer, CoT, tokens or salt differ from the commitment"
         if body.model_hash != c.model_hash:
             return "model hash differs from the commitment"

@@ -48,7 +48,13 @@ from protocol.verification.messages import (
     Terms,
     TermsBody,
 )
-from protocol.verification.rules import nonce_hash, pack_ids, result_commitment, spec_hash
+from protocol.verification.rules import (
+    agent_context,
+    nonce_hash,
+    pack_ids,
+    result_commitment,
+    spec_hash,
+)
 
 #: tokens per fingerprint chunk (models/ fingerprints 32-token chunks)
 DEFAULT_CHUNK_TOKENS = 32
@@ -193,7 +199,8 @@ class VerifiedExecutor(Executor):
             task_id=body.task_id, attempt=body.attempt, executor=self.peer,
             spec_hash=sealed.spec_hash, nonce_hash=terms.nonce_hash,
             commitment=result_commitment(body.task_id, body.attempt, self.peer, body.answer,
-                                         body.cot, sealed.output_ids, sealed.salt),
+                                         body.cot, sealed.output_ids, sealed.salt,
+                                         agent_context(body.system_prompt, body.tool_calls)),
             fingerprint_root=body.fingerprint_root, chunks=len(body.fingerprints),
             chunk_tokens=self.chunk_tokens, tokens=n_ids, model_hash=body.model_hash,
             states_root=sealed.states_root, state_layers=sealed.state_layers,

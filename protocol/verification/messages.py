@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from crypto.envelope import Envelope
+from protocol.agents.wire import MAX_SYSTEM_PROMPT_CHARS, MAX_TOOL_CALLS, ToolCallRecord
 from protocol.codec import Message, limits, message
 from protocol.market.messages import (
     HASH_LEN,
@@ -200,6 +201,10 @@ class CheckBody(Message):
     round: int = limits(lo=0, hi=MAX_ESCALATION_ROUND)
     #: the requester stops waiting for the verdict after this long
     timeout_ms: int = limits(lo=1, hi=MAX_CHECK_MS)
+    #: the result's agent context (ResultBody.system_prompt, .tool_calls): with the task, the
+    #: text the executor's model read; bound to the commitment (rules.agent_context)
+    system_prompt: str = limits(max_len=MAX_SYSTEM_PROMPT_CHARS, default="")
+    tool_calls: tuple[ToolCallRecord, ...] = limits(max_items=MAX_TOOL_CALLS, default=())
 
     def check(self) -> None:
         n = len(self.chunk_indices)

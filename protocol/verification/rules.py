@@ -41,6 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from crypto.hashing import digest, digest_parts
 from crypto.merkle import ProofStep
+from protocol.agents.wire import ToolCallRecord
 from protocol.codec import encode
 from protocol.ledger.records import AttestationKind
 from protocol.ledger.reputation import NEUTRAL
@@ -85,12 +86,21 @@ def nonce_hash(nonce: bytes) -> bytes:
 
 
 def result_commitment(task_id: bytes, attempt: int, executor: str, answer: str, cot: str,
-                      output_ids: bytes, salt: bytes) -> bytes:
-    """What an executor commits to: its answer, CoT and output tokens, salted."""
-    return digest_parts(
-        [task_id, attempt.to_bytes(8, "big"), executor.encode(), answer.encode(), cot.encode(),
-         output_ids, salt],
-        person=b"symphony-vcommit")
+                      output_ids: bytes, salt: bytes, context: bytes = b"") -> bytes:
+    """What an executor commits to: its answer, CoT and output tokens, salted, and for an
+    agent's result the ``context`` (:func:`agent_context`) its model read besides the task."""
+    parts = [task_id, attempt.to_bytes(8, "big"), executor.encode(), answer.encode(),
+             cot.encode(), output_ids, salt]
+    return digest_parts([*parts, context] if context else parts, person=b"symphony-vcommit")
+
+
+def agent_context(system_prompt: str, tool_calls: Sequence[ToolCallRecord]) -> bytes:
+    """The hash of an agent's system prompt and tool calls as its result carries them (b""
+    when it has neither: a result as before agents commits as it did)."""
+    if not system_prompt and not tool_calls:
+        return b""
+    return digest_parts([system_prompt.encode(), *(encode(c) for c in tool_calls)],
+                        person=b"symphony-vagent")
 
 
 def selection_seed(task_id: bytes, nonce: bytes, commit_hashes: Iterable[bytes]) -> bytes:

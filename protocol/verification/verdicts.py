@@ -152,6 +152,8 @@ class VerdictChecks:
                 fingerprints=tuple(fingerprints[i] for i in check.chunks),
                 proofs=tuple(encode_proof(merkle_proof(fingerprints, i)) for i in check.chunks),
                 round=round_, timeout_ms=self.verify.check_timeout_ms,
+                system_prompt=check.result.body.system_prompt,
+                tool_calls=check.result.body.tool_calls,
             )
             check.outstanding[verifier] = (cid, now + self.verify.check_timeout_ms)
             n -= 1

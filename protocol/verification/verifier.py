@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from crypto.keys import Identity
 from crypto.merkle import verify_proof
+from protocol.agents.wire import ToolCallRecord
 from protocol.codec import MAX_FRAME_BYTES
 from protocol.envelopes import PENALTY_FORGED, open_envelope, seal
 from protocol.errors import InvalidMessage
@@ -50,6 +51,7 @@ from protocol.verification.messages import (
     VerdictStatus,
 )
 from protocol.verification.rules import (
+    agent_context,
     choose_chunks,
     choose_layers,
     decode_proof,
@@ -100,6 +102,9 @@ class StartCheck:
     states_root: bytes = b""
     state_layers: int = 0
     layers: tuple[int, ...] = ()
+    #: an agent's system prompt and tool calls: with the task, the text its model read
+    system_prompt: str = ""
+    tool_calls: tuple[ToolCallRecord, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +153,8 @@ def check_request_problem(body: CheckBody, commit: CommitBody, commit_hash: byte
     if len(body.output_ids) // 4 != commit.tokens:
         return "token count differs from the commitment"
     if result_commitment(commit.task_id, commit.attempt, commit.executor, body.answer, body.cot,
-                         body.output_ids, body.salt) != commit.commitment:
+                         body.output_ids, body.salt,
+                         agent_context(body.system_prompt, body.tool_calls)) != commit.commitment:
         return "output does not open the commitment"
     for index, fp, proof in zip(body.chunk_indices, body.fingerprints, body.proofs, strict=True):
         try:
@@ -261,7 +267,7 @@ class Verifier:
                 fingerprints=body.fingerprints, deadline_at_ms=job.deadline_at_ms,
                 executor=commit.executor, attempt=commit.attempt,
                 states_root=commit.states_root, state_layers=commit.state_layers,
-                layers=layers))
+                layers=layers, system_prompt=body.system_prompt, tool_calls=body.tool_calls))
         return effects
 
     def _verdict(self, body: CheckBody, commit: CommitBody | None, status: VerdictStatus,

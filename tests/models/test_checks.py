@@ -105,6 +105,35 @@ def test_a_sampled_chat_answer_verified_honestly_passes(ggufs: dict[str, Path],
     assert not verifier.run(other).passed
 
 
+def test_an_agents_answer_with_tool_calls_verified_honestly_passes(
+        ggufs: dict[str, Path], verifier: CheckRunner) -> None:
+    """An agent's answer: its system prompt and tool calls are part of the prompt; the
+    verifier given them (from the signed result) rebuilds it and the check passes, and the
+    answer is the calculator's output the tiny model never states; shown another tool output
+    or another system prompt it rebuilds another prompt, and it fails."""
+    from models.cot import problem_of, solve
+    from protocol.agents.wire import ToolCallRecord
+
+    task = dataclasses.replace(TASK, answer_type="number")
+    calls = (ToolCallRecord(name="calculator", arguments='{"expression":"6*7"}', output="42"),)
+    served = backend(ggufs["f32"], "llama.cpp")
+    sol = solve(served, problem_of(task, "You compute.", calls), max_tokens=80, seed=3)
+    assert sol.answer == "42"
+    ids = list(sol.token_ids)
+    prints = fingerprints_for(served, sol.prompt_token_ids, ids)
+    chunks = choose_chunks(b"\7" * 32, "e", len(prints), 2)
+    check = StartCheck(check_id=b"\2" * 32, task=task, model_hash=verifier.model_hash,
+                       output_ids=tuple(ids), answer=sol.answer, cot=sol.cot_text,
+                       chunk_tokens=CHUNK_TOKENS, chunk_indices=chunks,
+                       fingerprints=tuple(prints[i] for i in chunks), deadline_at_ms=0,
+                       system_prompt="You compute.", tool_calls=calls)
+    done = verifier.run(check)
+    assert done.passed, done.detail
+    other_call = (dataclasses.replace(calls[0], output="43"),)
+    assert not verifier.run(dataclasses.replace(check, tool_calls=other_call)).passed
+    assert not verifier.run(dataclasses.replace(check, system_prompt="")).passed
+
+
 @pytest.mark.parametrize("which", ["other", "q8"])
 def test_other_model_or_quantization_fails(ggufs: dict[str, Path], verifier: CheckRunner,
                                            which: str) -> None:

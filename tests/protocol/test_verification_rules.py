@@ -8,6 +8,7 @@ from crypto.envelope import Envelope
 from crypto.hashing import digest
 from crypto.keys import Identity
 from crypto.merkle import merkle_proof, merkle_root, verify_proof
+from protocol.agents.wire import ToolCallRecord
 from protocol.codec import decode, encode, registered
 from protocol.errors import InvalidMessage
 from protocol.ledger.records import AttestationKind
@@ -19,6 +20,7 @@ from protocol.verification.messages import (
 )
 from protocol.verification.rules import (
     Decision,
+    agent_context,
     choose_chunks,
     choose_layers,
     decide,
@@ -58,10 +60,22 @@ BASE = dict(task_id=TID, attempt=0, executor="a", answer="42", cot="cot",
 @pytest.mark.parametrize("field,other", [
     ("task_id", b"\x08" * 32), ("attempt", 1), ("executor", "b"), ("answer", "43"),
     ("cot", "cot."), ("output_ids", pack_ids([1, 3])), ("salt", b"\x02" * 32),
+    ("context", agent_context("You add.", ())),
 ])
 def test_commitment_binds_every_part(field: str, other: object) -> None:
     changed = {**BASE, field: other}
     assert result_commitment(**changed) != result_commitment(**BASE)  # type: ignore[arg-type]
+
+
+def test_an_agents_context_binds_its_prompt_and_every_tool_call() -> None:
+    call = ToolCallRecord(name="calculator", arguments='{"expression":"2*3"}', output="6")
+    assert agent_context("", ()) == b""  # a result as before agents commits as it did
+    assert result_commitment(**BASE, context=b"") == result_commitment(**BASE)  # type: ignore[arg-type]
+    contexts = {agent_context(p, c) for p, c in [
+        ("", (call,)), ("You add.", (call,)), ("You add.", ()),
+        ("", (ToolCallRecord(name="calculator", arguments='{"expression":"2*3"}', output="7"),)),
+        ("", (call, call))]}
+    assert len(contexts) == 5
 
 
 def test_seed_ignores_commit_order_but_not_nonce_or_commits() -> None:

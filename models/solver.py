@@ -69,6 +69,11 @@ class ModelsSolver:
         self._salt = salt
         self._lock = threading.Lock()
 
+    @property
+    def lock(self) -> threading.Lock:
+        """Held while the backend runs: whoever else uses the backend holds it too."""
+        return self._lock
+
     def temperature_for(self, task: TaskSpec) -> float:
         return task.temperature if self.temperature is None else self.temperature
 

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from node.agents.loop import GenerateFn
 
 
-def llama_generate(llm: Any, *, temperature: float = 0.0, seed: int = 0) -> GenerateFn:
-    """A ``generate(prompt, json_schema, max_tokens) -> text`` running on ``llm``."""
+def llama_generate(llm: Any, *, temperature: float = 0.0, seed: int = 0,
+                   lock: AbstractContextManager[Any] | None = None) -> GenerateFn:
+    """A ``generate(prompt, json_schema, max_tokens) -> text`` running on ``llm``, holding
+    ``lock`` (the owner's, when ``llm`` serves other generations too) while it runs."""
     from llama_cpp import LlamaGrammar
 
     grammars: dict[str, Any] = {}
@@ -29,9 +32,10 @@ def llama_generate(llm: Any, *, temperature: float = 0.0, seed: int = 0) -> Gene
             if key not in grammars:
                 grammars[key] = LlamaGrammar.from_json_schema(key, verbose=False)
             grammar = grammars[key]
-        reply = llm.create_chat_completion(
-            messages=[{"role": "user", "content": prompt}], grammar=grammar,
-            max_tokens=max_tokens, temperature=temperature, seed=seed)
+        with lock if lock is not None else nullcontext():
+            reply = llm.create_chat_completion(
+                messages=[{"role": "user", "content": prompt}], grammar=grammar,
+                max_tokens=max_tokens, temperature=temperature, seed=seed)
         return str(reply["choices"][0]["message"]["content"] or "")
 
     return generate

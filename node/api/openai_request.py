@@ -19,7 +19,8 @@ The extension object ``symphony`` carries the network's own options: ``k`` (exec
 vote; a model served only in parts runs on one chain, so there k > 1 is a 400),
 ``answer_type``, ``choices``, ``deadline_ms``, ``family``, ``speculative`` (on a chain: at most that many
 tokens drafted locally a step and verified by the chain in one pass; 0, the default, decodes
-token by token; executors that hold the whole model ignore it). With k = 1 and no answer
+token by token; executors that hold the whole model ignore it), and what the task needs
+(``needs``, ``skills``, ``agent``: node/market/ask_request.py). With k = 1 and no answer
 type a chat is sent to the model as it is (style "chat"); with a vote (k > 1) or an answer
 type the executors reason step by step to a final answer that the vote compares (style
 "cot").
@@ -46,7 +47,8 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
     "echo": (False,), "suffix": ("",), "best_of": (1,),
 }
 SAMPLING = ("temperature", "top_p", "stop", "seed")
-EXTENSION_KEYS = ("k", "answer_type", "choices", "deadline_ms", "family", "speculative")
+EXTENSION_KEYS = ("k", "answer_type", "choices", "deadline_ms", "family", "speculative", "needs",
+                  "skills", "agent")
 #: OpenAI seeds are any int64; ours are 63-bit
 SEED_MASK = (1 << 63) - 1
 #: where a request for a model runs (protocol.inference.placement.place over the ledger)

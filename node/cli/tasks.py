@@ -58,6 +58,13 @@ def print_task(snap: dict[str, Any], show_cot: bool) -> None:
                   f"task {snap['task_id'][:16]}  {status}")
     if snap.get("failure"):
         console.print(f"failure: {snap['failure']}")
+    if snap.get("agent"):
+        console.print(f"answered by agent {snap['agent']} on {_short(snap['executor'])}")
+    need = [f"{k} {snap[k]}" for k in ("needs", "requested_agent") if snap.get(k)]
+    if snap.get("skills"):
+        need.append("skills " + ",".join(snap["skills"]))
+    if need:
+        console.print("needs: " + "; ".join(need))
     if snap.get("votes"):
         votes = Table(title="votes")
         for col in ("answer", "weight", "share", "count", "voters"):
@@ -68,13 +75,14 @@ def print_task(snap: dict[str, Any], show_cot: bool) -> None:
         console.print(votes)
     if snap.get("results"):
         results = Table(title="who computed what")
-        for col in ("executor", "answer", "confidence", "weight", "tokens", "ms", "verified"):
+        for col in ("executor", "agent", "answer", "confidence", "weight", "tokens", "ms",
+                    "verified"):
             results.add_column(col)
         for r in snap["results"]:
             weight = "-" if r.get("weight") is None else f"{r['weight']:.3f}"
             # a chain's result (node/market/chain_task.py) states no confidence
             confidence = "-" if r.get("confidence") is None else f"{r['confidence']:.2f}"
-            results.add_row(_short(r["executor"]), r["answer"], confidence,
+            results.add_row(_short(r["executor"]), r.get("agent") or "-", r["answer"], confidence,
                             weight, str(r["tokens"]), str(r["compute_ms"]),
                             str(r.get("verification") or "-"))
         console.print(results)
@@ -87,6 +95,11 @@ def print_task(snap: dict[str, Any], show_cot: bool) -> None:
         if v.get("status") not in ("passed", "not_sampled"):
             console.print(f"verification of {_short(peer)}: {v.get('status')} "
                           f"{v.get('detail', '')}".rstrip())
+    for r in snap.get("results", []):
+        for n, call in enumerate(r.get("tool_calls") or [], 1):
+            console.print(f"tool call {n} of {_short(r['executor'])}: {call['name']} "
+                          f"{json.dumps(call['arguments'], sort_keys=True)} -> "
+                          f"{call['output']}", markup=False, highlight=False)
     failed = [a for a in snap.get("attempts", []) if a["state"] == "failed"]
     for a in failed:
         console.print(f"replaced {_short(a['peer'])}: {a['reason']}")
@@ -116,14 +129,22 @@ def print_task(snap: dict[str, Any], show_cot: bool) -> None:
               help="Nucleus sampling mass (default 1: off).")
 @click.option("--seed", type=click.IntRange(0, (1 << 63) - 1), default=None,
               help="Seed base; each executor's seed derives from it, the task and its attempt.")
+@click.option("--needs", default="", help="What the task needs, as text: the agent whose "
+              "description fits it best answers.")
+@click.option("--skills", default="", help="Skill tags the task needs, comma-separated.")
+@click.option("--agent", default="", help="Only this agent (by name) may answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print the task snapshot as JSON.")
 @click.option("--show-cot", is_flag=True, help="Print every executor's chain of thought.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None)
 def ask(question: str, k: int | None, model: str, family: str, answer_type: str,
         choices: tuple[str, ...], deadline_ms: int, max_tokens: int | None,
-        temperature: float | None, top_p: float | None, seed: int | None, as_json: bool,
-        show_cot: bool, data_dir: str | None) -> None:
+        temperature: float | None, top_p: float | None, seed: int | None, needs: str,
+        skills: str, agent: str, as_json: bool, show_cot: bool, data_dir: str | None) -> None:
     """Ask the network QUESTION; print the voted answer, the votes and who computed what.
+
+    With --needs, --skills or --agent the task goes to the agent that fits it (matched from
+    the agents' cards in the ledger); ``--json`` names the ``agent`` and ``executor`` that gave
+    the answer and its ``tool_calls``.
 
     On a terminal the bids, the chosen executors and the votes are shown live meanwhile.
     """
@@ -131,6 +152,9 @@ def ask(question: str, k: int | None, model: str, family: str, answer_type: str,
     body: dict[str, Any] = {"question": question, "answer_type": answer_type,
                             "model": model, "family": family, "choices": list(choices),
                             "deadline_ms": deadline_ms}
+    for key, text in (("needs", needs), ("skills", skills), ("agent", agent)):
+        if text:
+            body[key] = text
     if k is not None:
         body["k"] = k
     if max_tokens is not None:

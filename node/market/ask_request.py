@@ -7,13 +7,21 @@ Fields: ``question`` (the last user turn, or the raw prompt with ``style`` "plai
 ``style`` ("cot" default, "chat", "plain"), ``history`` (earlier turns, ``[{"role",
 "content"}]``), ``temperature`` (unset: protocol.market.sampling.default_temperature(k):
 greedy for one executor, 0.5 for a vote), ``top_p``, ``seed`` (the seed base each
-executor's seed derives from) and ``stop`` (a string or up to 4).
+executor's seed derives from) and ``stop`` (a string or up to 4). What the task needs
+(protocol/agents/wire.py): ``needs`` (text; the requester embeds it at submit), ``skills``
+(tags: a list, or one comma-separated string) and ``agent`` (only that agent answers).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol
 
+import trio
+
+from protocol.agents.cards import NAME_PATTERN, SKILL_PATTERN
+from protocol.agents.matching import normalize_tag, quantize
+from protocol.agents.wire import MAX_AGENT_NAME_LEN, MAX_NEED_SKILLS, MAX_NEEDS_CHARS
 from protocol.answers import AnswerType
 from protocol.market.events import SubmitTask
 from protocol.market.messages import (
@@ -103,6 +111,29 @@ def _question(request: dict[str, Any], history: tuple[Turn, ...]) -> str:
     return question
 
 
+def _need(request: dict[str, Any]) -> tuple[str, tuple[str, ...], str]:
+    """``(needs, skills, agent)`` of a request (each may be absent)."""
+    needs = request.get("needs") or ""
+    if not isinstance(needs, str) or len(needs) > MAX_NEEDS_CHARS:
+        raise AskError(f"needs must be a string of at most {MAX_NEEDS_CHARS} characters",
+                       "needs")
+    skills = request.get("skills") or []
+    if isinstance(skills, str):
+        skills = [s for s in skills.split(",") if s.strip()]
+    if not isinstance(skills, list) or not all(isinstance(s, str) for s in skills):
+        raise AskError("skills must be a list of tags or a comma-separated string", "skills")
+    tags = tuple(dict.fromkeys(normalize_tag(s) for s in skills))
+    if len(tags) > MAX_NEED_SKILLS or any(SKILL_PATTERN.fullmatch(t) is None or len(t) > 32
+                                          for t in tags):
+        raise AskError(f"skills: at most {MAX_NEED_SKILLS} tags of letters, digits and "
+                       "+#._- (32 characters each)", "skills")
+    agent = request.get("agent") or ""
+    if not isinstance(agent, str) or len(agent) > MAX_AGENT_NAME_LEN or (
+            agent and NAME_PATTERN.fullmatch(agent) is None):
+        raise AskError("agent must be an agent's name ([A-Za-z0-9._-])", "agent")
+    return needs.strip(), tags, agent
+
+
 def parse_ask(request: dict[str, Any], defaults: AskDefaults, task_id: bytes) -> SubmitTask:
     """Validate an ask request into a ``SubmitTask`` for ``task_id``; raises AskError."""
     history = _history(request.get("history"))
@@ -124,7 +155,9 @@ def parse_ask(request: dict[str, Any], defaults: AskDefaults, task_id: bytes) ->
     top_p = _number(request, "top_p", 0.0, 1.0)
     if top_p == 0.0:
         raise AskError("top_p must be above 0", "top_p")
+    needs, skills, agent = _need(request)
     return SubmitTask(
+        needs=needs, skills=skills, agent=agent,
         question=question, answer_type=answer_type, choices=tuple(choices), model=model,
         family=family, k=_integer(request, "k", defaults.default_k, 1, MAX_K),
         deadline_ms=_integer(request, "deadline_ms", defaults.default_deadline_ms, 1_000,
@@ -135,3 +168,32 @@ def parse_ask(request: dict[str, Any], defaults: AskDefaults, task_id: bytes) ->
         top_p=1.0 if top_p is None else top_p,
         seed=_integer(request, "seed", 0, 0, MAX_SEED), stop=_stop(request.get("stop")),
     )
+
+
+class NeedEmbedder:
+    """The requester's embedding of a task's ``needs`` (models/embedder.py, loaded at the
+    first ask that names one; embedding runs in a worker thread, off the event loop)."""
+
+    def __init__(self) -> None:
+        self._embedder: Any = None
+
+    def embed(self, text: str) -> tuple[bytes, float, bytes]:
+        """The text's vector, quantized, and the embedder's hash (blocking)."""
+        if self._embedder is None:
+            from models.embedder import default_embedder
+
+            self._embedder = default_embedder()
+        data, scale = quantize(self._embedder.embed([text])[0])
+        return data, scale, self._embedder.hash
+
+    async def with_vector(self, event: SubmitTask) -> SubmitTask:
+        """``event`` with its need's vector (unchanged when it names no need text)."""
+        if not event.needs:
+            return event
+        try:
+            data, scale, embedder_hash = await trio.to_thread.run_sync(self.embed, event.needs)
+        except Exception as exc:  # e.g. models.embedder.EmbedderUnavailable
+            raise AskError(f"needs: the text embedder is not available ({exc})",
+                           "needs") from None
+        return dataclasses.replace(event, need_embedding=data, need_scale=scale,
+                                   embedder_hash=embedder_hash)

@@ -19,6 +19,13 @@
   installed), without stopping the node. The ``ComputeDone`` a solver returns goes to the
   machine as it is; one for another task or attempt, or no ``ComputeDone`` at all, is a
   ``ComputeFailed``.
+* Agents (node/agents/hosted.py): the executor bids with the best-fitting of the node's
+  agents by their cards (protocol/market/offers.py). An assignment for an agent with tools
+  or its own system prompt first runs its tool calls (``AgentRunner.context``: the operator's
+  tool policy, the requester's peer id), then the solver answers with that context
+  (``solve(..., system_prompt=, tool_calls=)``), which the result carries and verifiers
+  rebuild; the default generalist answers with the solver's plain ``solve``, as before
+  agents. The agents come from :func:`executor_agents` (the generalist by default).
 * Sampling is the requester's choice, carried by the task (temperature, top-p, seed base,
   stop strings); the executor has no temperature of its own.
 """
@@ -33,6 +40,8 @@ from typing import Any, ClassVar, Protocol
 
 import trio
 
+from node.agents.hosted import GENERALIST, AgentRunner, HostedAgent
+from node.agents.settings import ToolSettings
 from node.config import fed_config, tuning
 from node.service import NodeContext, NurseryService
 from protocol.market.executor import (
@@ -113,6 +122,12 @@ def load_solver(spec: str, section: ExecutorSection, data_dir: Path) -> Solver:
     return solver
 
 
+def executor_agents(ctx: NodeContext) -> tuple[HostedAgent, ...]:
+    """The agents this node hosts: the default generalist (node.toml's ``[[agents]]`` come
+    with the ledger's agent cards)."""
+    return (GENERALIST,)
+
+
 class ExecutorService(NurseryService):
     name: ClassVar[str] = "executor"
     message_types = (Beacon, Assign, Cancel)
@@ -136,6 +151,7 @@ class ExecutorService(NurseryService):
         self._threads = trio.CapacityLimiter(s.slots)
         self.computed = 0
         self.failed = 0
+        self.agents = AgentRunner(executor_agents(ctx), ToolSettings())
 
     @property
     def machine(self) -> Executor:
@@ -155,12 +171,22 @@ class ExecutorService(NurseryService):
             self.problem = f"solver {self.section.solver} failed to start: {exc}"
             self.ctx.log.exception("executor.solver_failed", solver=self.section.solver)
             return
+        try:
+            cards = await trio.to_thread.run_sync(self.agents.start, solver)
+        except Exception as exc:  # a bad agent or tool setting disables executing, not the node
+            self.problem = f"agents failed to start: {exc}"
+            self.ctx.log.exception("executor.agents_failed")
+            return
+        if self.agents.problem:
+            self.ctx.log.warning("executor.agents_limited", problem=self.agents.problem)
         price = self.section.price_per_1k
         models = [dataclasses.replace(m, price_per_1k=price) for m in models]
         self.solver = solver
-        self._machine.config = dataclasses.replace(self._machine.config, models=tuple(models))
+        self._machine.config = dataclasses.replace(self._machine.config, models=tuple(models),
+                                                   agents=cards)
         self.ctx.log.info("executor.ready", models=[m.name for m in models],
-                          tokens_per_s=[round(m.tokens_per_s, 1) for m in models])
+                          tokens_per_s=[round(m.tokens_per_s, 1) for m in models],
+                          agents=[c.name for c in cards])
 
     async def perform(self, effect: object) -> None:
         if isinstance(effect, StartCompute):
@@ -185,12 +211,16 @@ class ExecutorService(NurseryService):
         event: object | None = None
         with scope:
             try:
+                solve = functools.partial(solver.solve, job.task, job.model,
+                                          job.task.max_tokens, job.attempt)
+                context = await self.agents.context(job.agent, job.task)
+                if context is not None:  # an agent's own prompt and tool calls
+                    solve = functools.partial(solve, system_prompt=context[0],
+                                              tool_calls=context[1])
                 # abandon_on_cancel: a cancelled job stops being waited for; the thread
                 # finishes on its own and its result is dropped
-                sol = await trio.to_thread.run_sync(
-                    functools.partial(solver.solve, job.task, job.model, job.task.max_tokens,
-                                      job.attempt),
-                    abandon_on_cancel=True, limiter=self._threads)
+                sol = await trio.to_thread.run_sync(solve, abandon_on_cancel=True,
+                                                    limiter=self._threads)
             except Exception as exc:
                 self.failed += 1
                 self.ctx.log.exception("executor.solve_failed", task_id=job.task.task_id.hex())
@@ -220,13 +250,15 @@ class ExecutorService(NurseryService):
     def status(self) -> dict[str, Any]:
         m = self._machine
         running = [{"task_id": j.task_id.hex(), "attempt": j.attempt, "requester": j.requester,
-                    "model": j.model} for j in m.jobs.values() if j.state is JobState.RUNNING]
+                    "model": j.model, "agent": j.agent} for j in m.jobs.values() if j.state is JobState.RUNNING]
         return {
             "enabled": self.solver is not None, "problem": self.problem,
             "models": [{"name": x.name, "family": x.family, "quantization": x.quantization,
                         "context": x.context, "tokens_per_s": x.tokens_per_s,
                         "model_hash": x.model_hash.hex()}
                        for x in m.config.models],
+            "agents": [{"name": c.name, "skills": list(c.skills),
+                        "tools": [t.name for t in c.tools]} for c in m.config.agents],
             "slots": m.config.slots, "free_slots": m.free_slots(), "running": running,
             "computed": self.computed, "failed": self.failed,
             "counters": dict(sorted(m.counters.items())),

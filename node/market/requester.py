@@ -12,6 +12,10 @@
 * Reputation comes from the ledger service (``services["ledger"].machine.view``) when one is
   running, else every peer is neutral (0.5). ``Attest`` effects become ledger attestations
   (``protocol.ledger.machine.Attest``) the same way, and are only logged without a ledger.
+* Agents: a task that names a need (node/market/ask_request.py: ``needs``, ``skills``,
+  ``agent``) has its ``needs`` embedded at submit (models/embedder.py, in a worker thread;
+  the embedder loads at the first such ask), and each bid on it is matched by the auction
+  from the bidder's agent card in our ledger (``cards_of``, protocol.agents.wire.agent_matcher).
 * ``ask(...)`` submits a task and waits (bounded by its deadline) for its final snapshot; the
   HTTP routes in node/market/api.py call it.
 """
@@ -29,9 +33,11 @@ from node.agents.api import agent_created
 from node.api.openai_routes import openai_routes
 from node.config import fed_config, tuning
 from node.market.api import task_routes
-from node.market.ask_request import AskError, parse_ask
+from node.market.ask_request import AskError, NeedEmbedder, parse_ask
 from node.market.chain_asks import ChainAsks, interrupted
 from node.service import NodeContext, Service
+from protocol.agents.cards import AgentCards
+from protocol.agents.wire import agent_matcher
 from protocol.inference.placement import Placement, Route
 from protocol.ledger.trust import TrustView
 from protocol.market.attestations import ledger_attestation
@@ -132,7 +138,8 @@ class TasksService(Service):
         # possible_bidders: the bid window closes once every executor the ledger knows for the
         # task has bid
         self._machine = requester_machine(ctx, selector, fed_config(s), self.reputation,
-                                          self.possible_bidders)
+                                          self.possible_bidders, agent_matcher(self.cards_of))
+        self.needs = NeedEmbedder()
         self._waiters: dict[str, trio.Event] = {}
         self._latest: dict[str, dict[str, Any]] = {}
         self._restored = 0
@@ -168,6 +175,10 @@ class TasksService(Service):
         """Live executors in the ledger that could bid on ``task`` (None without a ledger)."""
         trust = self._trust()
         return None if trust is None else possible_bidders(trust.view, task, self.ctx.clock())
+
+    def cards_of(self, peer: str) -> AgentCards | None:
+        """``peer``'s agent cards as our ledger holds them (None: none held)."""
+        return None  # the ledger holds no agent cards yet: every need-bid is refused
 
     async def _attest(self, effect: Attest) -> None:
         self.ctx.log.info("tasks.attest", subject=effect.subject, task_id=effect.task_id.hex(),
@@ -269,7 +280,7 @@ class TasksService(Service):
         return parse_ask(request, self.section, self.ctx.rng.randbytes(32))
 
     async def ask(self, request: dict[str, Any], *, wait: bool = True) -> dict[str, Any]:
-        event = self.submit_event(request)
+        event = await self.needs.with_vector(self.submit_event(request))
         placement = self.chains.place(event.model, event.family)
         if placement.route is Route.CHAIN:
             return await self.chains.ask(event, request, placement, wait=wait)
@@ -337,8 +348,13 @@ def restore_event(snap: dict[str, Any], own_peer: str, remaining_ms: int) -> Res
     spec = TaskSpec(
         task_id=bytes.fromhex(snap["task_id"]), requester=own_peer, question=snap["question"],
         answer_type=snap["answer_type"], choices=tuple(snap["choices"]),
-        requirement=Requirement(model=snap["model"], family=snap["family"],
-                                min_context=int(snap["min_context"])),
+        requirement=Requirement(
+            model=snap["model"], family=snap["family"], min_context=int(snap["min_context"]),
+            needs=snap.get("needs", ""), skills=tuple(snap.get("skills", ())),
+            agent=snap.get("requested_agent", ""),
+            need_embedding=bytes.fromhex(snap.get("need_embedding", "")),
+            need_scale=float(snap.get("need_scale", 0.0)),
+            embedder_hash=bytes.fromhex(snap.get("embedder_hash", ""))),
         k=int(snap["k"]), max_price=float(snap["max_price"]), max_tokens=int(snap["max_tokens"]),
         style=snap.get("style", "cot"),
         history=tuple(Turn(role=t["role"], content=t["content"]) for t in snap.get("history", ())),
@@ -352,7 +368,8 @@ def restore_event(snap: dict[str, Any], own_peer: str, remaining_ms: int) -> Res
         RestoredAttempt(peer=a["peer"], attempt=int(a["attempt"]),
                         due_in_ms=remaining_ms - (int(snap["deadline_at_ms"])
                                                   - int(a["due_at_ms"])),
-                        match_score=float(a["match_score"]), model=a["model"])
+                        match_score=float(a["match_score"]), model=a["model"],
+                        agent=a.get("agent", ""))
         for a in snap["attempts"] if a["state"] == "assigned")
     return RestoreTask(spec=spec, allow_self=bool(snap["allow_self"]),
                        remaining_ms=max(0, remaining_ms), round=int(snap["round"]),

@@ -14,6 +14,7 @@ import enum
 from dataclasses import dataclass, field
 
 from crypto.envelope import Envelope
+from protocol.agents.wire import arguments_object
 from protocol.errors import LocalProtocolError
 from protocol.market.messages import BidBody, ResultBody, TaskSpec
 from protocol.market.voting import VoteOutcome
@@ -156,6 +157,27 @@ class TaskSnapshot:
         return dict(self.data)
 
 
+def _tool_calls(body: ResultBody) -> list[dict[str, object]]:
+    """A result's tool calls as plain data (arguments as the JSON object they encode)."""
+    return [{"name": c.name, "arguments": arguments_object(c), "output": c.output}
+            for c in body.tool_calls]
+
+
+def _answered_by(task: OpenTask) -> dict[str, object]:
+    """Who gave the voted answer: the executor of the heaviest ballot for the winner (ties by
+    peer id), its agent and its tool calls (all None before the vote, or with no winner)."""
+    outcome = task.outcome
+    best = None
+    if outcome is not None and outcome.winner is not None:
+        best = min((s for s in outcome.ballots if s.normalized == outcome.winner),
+                   key=lambda s: (-s.weight, s.ballot.executor), default=None)
+    result = task.results.get(best.ballot.executor) if best is not None else None
+    if result is None:
+        return {"executor": None, "agent": None, "tool_calls": None}
+    return {"executor": result.body.executor, "agent": result.body.agent,
+            "tool_calls": _tool_calls(result.body)}
+
+
 def _result_rows(task: OpenTask) -> list[dict[str, object]]:
     """One row per result received, by executor, with its vote weight once the task is decided."""
     outcome = task.outcome
@@ -175,8 +197,7 @@ def _result_rows(task: OpenTask) -> list[dict[str, object]]:
             "confidence": r.body.confidence,
             "match_score": r.match_score,
             "agent": r.body.agent,
-            "tool_calls": [{"name": c.name, "arguments": c.arguments, "output": c.output}
-                           for c in r.body.tool_calls],
+            "tool_calls": _tool_calls(r.body),
             "tokens": r.body.tokens,
             "prompt_tokens": r.body.prompt_tokens,
             "finish_reason": r.body.finish_reason,
@@ -226,7 +247,7 @@ def snapshot(task: OpenTask) -> TaskSnapshot:
         "min_context": spec.requirement.min_context,
         "needs": spec.requirement.needs,
         "skills": list(spec.requirement.skills),
-        "agent": spec.requirement.agent,
+        "requested_agent": spec.requirement.agent,
         "need_embedding": spec.requirement.need_embedding.hex(),
         "need_scale": spec.requirement.need_scale,
         "embedder_hash": spec.requirement.embedder_hash.hex(),
@@ -248,6 +269,7 @@ def snapshot(task: OpenTask) -> TaskSnapshot:
         "first_assigned_at_ms": task.first_assigned_at_ms,
         "finished_at_ms": task.finished_at_ms,
         "answer": outcome.winner if outcome is not None else None,
+        **_answered_by(task),
         "partial": task.partial,
         "failure": task.failure,
         "votes": _vote_rows(task),

@@ -32,6 +32,7 @@ from node.config import fed_config
 from node.market.requester import TasksSection, TasksService
 from node.relay.service import RelaySection, RelayService
 from node.verification.service import VerifySection, executor_machine, requester_machine
+from protocol.agents.wire import no_cards
 from protocol.envelopes import seal
 from protocol.ledger.events import Attest as LedgerAttest
 from protocol.ledger.machine import LedgerConfig
@@ -190,7 +191,7 @@ def test_verifier_choice_exclusion_and_grace_are_the_same_in_daemon_and_simulato
                          services={"ledger": SimpleNamespace(machine=SimpleNamespace(view=view))},
                          config=SimpleNamespace(section=lambda name: verify))
     daemon = requester_machine(ctx, ScoreSelector(), AuctionConfig(), lambda peer: 0.5,  # type: ignore[arg-type]
-                               lambda task: None)
+                               lambda task: None, no_cards)
     spec = verified_auction_spec(lambda node: ScoreSelector(), AuctionConfig(),
                                  verify.verify_config())
     simulated = spec.build(asker)
@@ -263,6 +264,32 @@ def test_the_bid_window_closes_early_the_same_way_in_daemon_and_simulator() -> N
     # an auction that is not told who could bid waits past the fifth bid (close_grace_ms)
     blind = Auction(asker.identity, ScoreSelector(), random.Random(1), config)
     assert assigned_after_each_bid(blind, bidders, now) == [[], [], [], [], []]
+
+
+def test_a_bid_on_a_need_is_matched_from_the_ledgers_cards_the_same_way() -> None:
+    """A task that names a need (a skill): each side matches a bid from the bidder's agent
+    card in its ledger, through the ``agent_match`` each gives the one constructor, never
+    from the bid's claimed match; a bid whose agent the ledger holds no card for is refused
+    (and its slot released) on both sides alike."""
+    swarm, asker, peers = ledger_swarm()
+    now = swarm.machine_now_ms
+    view = asker.slots["ledger"].machine.view
+    sections = {"tasks": TasksSection(), "verify": VerifySection(enabled=True)}
+    ctx = daemon_context([], identity=asker.identity, clock=lambda: now,
+                         services={"ledger": SimpleNamespace(machine=SimpleNamespace(view=view))},
+                         config=SimpleNamespace(section=sections.__getitem__))
+    daemon = TasksService(ctx).machine  # type: ignore[arg-type]
+    simulated = verified_auction_spec(lambda node: ScoreSelector(), fed_config(TasksSection()),
+                                      VerifySection(enabled=True).verify_config()).build(asker)
+    bidder = next(n for n in swarm.nodes if n.index == 1)
+    outcomes = []
+    for machine in (daemon, simulated):
+        machine.handle(SubmitTask(question="2+2?", answer_type="number", deadline_ms=60_000,
+                                  k=1, skills=("arithmetic",), task_id=TASK_ID), now)
+        effects = machine.handle(Received(bidder.peer_id, bid_from(bidder)), now + 1)
+        outcomes.append((machine.counters.get("bids_rejected.no_card"),
+                         [type(e.message).__name__ for e in effects if isinstance(e, Send)]))
+    assert outcomes[0] == outcomes[1] == (1, ["Cancel"])
 
 
 # ------------------------------------------------------------------ relay

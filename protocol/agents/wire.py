@@ -53,7 +53,7 @@ MAX_TOOL_CALLS = 8
 MAX_TOOL_ARGUMENTS_CHARS = 1024
 MAX_TOOL_OUTPUT_CHARS = 2048
 #: characters of the agent's system prompt as used, carried by a result
-MAX_SYSTEM_PROMPT_CHARS = 4096
+MAX_SYSTEM_PROMPT_CHARS = 16_000
 #: the agent a node without ``[[agents]]`` hosts: its model, today's prompt, no tools
 DEFAULT_AGENT = "generalist"
 #: a tool output this short, on one line, is restated as the answer (restated_answer)

@@ -18,6 +18,16 @@ For each task submitted with ``SubmitTask`` the auction promises:
   ``bid_rate`` bids per ``rate_window_ms`` is rate-limited; results for unknown tasks are
   dropped.
 
+A task that names a need (protocol/agents/wire.py: text, skill tags, an agent) is matched
+from agent cards: ``agent_match(peer, agent, requirement)`` gives the match of the card the
+requester's ledger holds for the bid's (peer, agent), never the bid's claim; a bid for which
+it knows no card is refused (counted as ``bids_rejected.no_card``), and a task naming an agent
+takes only that agent's bids. A task that names none keeps the model rule (the bid's model
+match: 1 by name, 0.75 by family, 0.5 for any). That match is what the selector ranks (score,
+LinUCB features) and what weighs the executor's ballot. Selectors key their arms by peer: a
+node hosting several agents bids once per task, with its best-fitting one
+(protocol/market/offers.py), so a peer stands for one agent per task.
+
 The machine never reads the ledger: reputations come from the ``reputation`` callback, and
 how many peers could bid on a task from ``possible_bidders`` (the bid window closes early once
 all of them have; protocol/market/bidding.py); ``excluded`` names peers never to pick (the

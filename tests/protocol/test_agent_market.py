@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from protocol.agents.cards import AgentCard, AgentCards
 from protocol.agents.matching import LEGACY_MATCH, quantize
 from protocol.agents.wire import (
+    MAX_SYSTEM_PROMPT_CHARS,
     MAX_TOOL_ARGUMENTS_CHARS,
     MAX_TOOL_CALLS,
     MAX_TOOL_OUTPUT_CHARS,
@@ -258,7 +259,7 @@ def test_a_result_with_too_many_tool_calls_is_refused() -> None:
     with pytest.raises(InvalidMessage, match="tool_calls"):
         decode(encode(_result(tool_calls=(call,) * (MAX_TOOL_CALLS + 1))), ResultBody)
     with pytest.raises(InvalidMessage, match="system_prompt"):
-        decode(encode(_result(system_prompt="s" * 5_000)), ResultBody)
+        decode(encode(_result(system_prompt="s" * (MAX_SYSTEM_PROMPT_CHARS + 1))), ResultBody)
 
 
 @pytest.mark.parametrize("kw, why", [
@@ -277,12 +278,12 @@ def test_bad_needs_are_refused(kw, why) -> None:  # type: ignore[no-untyped-def]
 
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(st.lists(st.tuples(st.text(max_size=40), st.text(max_size=40)), max_size=12),
-       st.text(max_size=6_000))
+       st.text(max_size=17_000))
 def test_result_decoding_with_tool_calls_is_total(calls, prompt) -> None:  # type: ignore[no-untyped-def]
     records = tuple(ToolCallRecord(name="t", arguments=canonical_arguments({"a": a}), output=o)
                     for a, o in calls)
     frame = encode(_result(tool_calls=records, system_prompt=prompt))
-    fits = len(records) <= MAX_TOOL_CALLS and len(prompt) <= 4096
+    fits = len(records) <= MAX_TOOL_CALLS and len(prompt) <= MAX_SYSTEM_PROMPT_CHARS
     try:
         decoded = decode(frame, ResultBody)
     except InvalidMessage:

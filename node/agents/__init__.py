@@ -10,5 +10,7 @@
 * ``mcp_transport``, ``mcp_tools``: tools of MCP servers the operator configures.
 * ``settings``: the ``[tools]`` and ``[[mcp_servers]]`` tables of node.toml.
 * ``loop``: the bounded tool-calling loop that answers a task with tools.
+* ``hosted``: the agents this node hosts in the task market, their cards, and an agent's
+  tool calls for an assigned task.
 * ``mcp_server``: ``symphony mcp``, the network served to an MCP client over stdio.
 """

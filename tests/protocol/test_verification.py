@@ -4,11 +4,12 @@ no verifier at all), plus the detection and exclusion rates."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
-from protocol.envelopes import open_envelope
+from protocol.envelopes import open_envelope, seal
 from protocol.verification.messages import CHECK_DOMAIN, CheckBody, CheckRequest, VerdictStatus
 from protocol.verification.requester import VerifyConfig
 from protocol.verification.rules import (
@@ -17,7 +18,7 @@ from protocol.verification.rules import (
     sampled,
     selection_seed,
 )
-from tests.protocol.verify_net import VerifyNet
+from tests.protocol.verify_net import AGENT_CALLS, AGENT_PROMPT, VerifyNet
 
 HONEST3 = ["honest", "honest", "honest"]
 CHEATS = ["other_model", "tamper", "fabricated_cot"]
@@ -209,3 +210,34 @@ def decode_attempt(body: CheckBody) -> int:
 
 def test_verdict_statuses_cover_the_enum() -> None:
     assert {s.value for s in VerdictStatus} == {"pass", "fail", "declined"}
+
+
+def test_an_agents_result_is_checked_with_the_prompt_and_tool_calls_it_read() -> None:
+    """An agent's result carries its system prompt and tool calls; the check request hands
+    them to the verifier, which re-computes over them (and passes), and a requester that
+    alters them in the check is refused: they are bound to the executor's commitment."""
+    net = VerifyNet(["agent", "ok"], ["honest", "honest"])
+    snap = net.run_task()
+    assert snap["phase"] == "done" and set(statuses(snap).values()) == {"passed"}, snap
+    agent = net.peer_of("agent")
+    (row,) = [r for r in snap["results"] if r["executor"] == agent]
+    assert row["tool_calls"] == [{"name": "calculator", "arguments": {"expression": "6*7"},
+                                  "output": "42"}]
+    checks = [c for checker in net.checkers.values() for c in checker.checks
+              if c.executor == agent]
+    assert checks and all(c.tool_calls == AGENT_CALLS and c.system_prompt == AGENT_PROMPT
+                          for c in checks)
+
+    def alter(src: str, dest: str, msg: object) -> object:
+        if isinstance(msg, CheckRequest):
+            body = open_envelope(msg.envelope, CHECK_DOMAIN, CheckBody, 1 << 20)
+            if body.tool_calls:
+                forged = dataclasses.replace(body, tool_calls=(dataclasses.replace(
+                    body.tool_calls[0], output="41"),))
+                return CheckRequest(envelope=seal(net.requester, CHECK_DOMAIN, forged))
+        return msg
+
+    net.tap = alter  # type: ignore[assignment]
+    snap = net.run_task()
+    assert statuses(snap)[agent] != "failed", snap  # never convicted of what it did not commit
+    assert any("does not open the commitment" in p.reason for _, p in net.penalties)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from crypto.hashing import digest
 from crypto.keys import Identity
+from protocol.agents.wire import ToolCallRecord, tool_transcript
 from protocol.codec import Message, decode, encode
 from protocol.ledger.events import Attest as LedgerAttest
 from protocol.machine import Emit, Penalize, Publish, Received, Send, Tick
@@ -74,6 +75,16 @@ def detok(ids: list[int] | tuple[int, ...]) -> str:
     return " ".join(f"t{i}" for i in ids) + "\nFinal answer: 42"
 
 
+#: what the "agent" executor's model read besides the task: its prompt and its tool call
+AGENT_PROMPT = "You compute exactly."
+AGENT_CALLS = (ToolCallRecord(name="calculator", arguments='{"expression":"6*7"}', output="42"),)
+
+
+def read_besides(calls: tuple[ToolCallRecord, ...], system_prompt: str) -> str:
+    """The text an agent's model reads besides the task ("" for a plain executor)."""
+    return f"|{system_prompt}|{tool_transcript(calls)}" if calls or system_prompt else ""
+
+
 @dataclass
 class Worker:
     machine: VerifiedExecutor
@@ -82,7 +93,8 @@ class Worker:
     started: list[StartCompute] = field(default_factory=list)
 
     def solve(self, e: StartCompute) -> ComputeDone:
-        q = e.task.question
+        calls, system = (AGENT_CALLS, AGENT_PROMPT) if self.behaviour == "agent" else ((), "")
+        q = e.task.question + read_besides(calls, system)
         key = OTHER_KEY if self.behaviour == "other_model" else TRUE_KEY
         ids = generate(key, q)
         fps = fingerprints(key, q, ids)
@@ -93,7 +105,8 @@ class Worker:
         cot = "Trust me, it is 42.\nFinal answer: 42" if self.behaviour == "fabricated_cot" \
             else detok(ids)
         return ComputeDone(e.task.task_id, e.attempt, "42", cot, 0.9, len(ids), self.compute_ms,
-                           MODEL_HASH, tuple(fps), b"", tuple(ids))
+                           MODEL_HASH, tuple(fps), b"", tuple(ids), tool_calls=calls,
+                           system_prompt=system)
 
 
 @dataclass
@@ -109,7 +122,8 @@ class Checker:
         if self.behaviour in ("lazy", "framer"):
             return CheckDone(e.check_id, self.behaviour == "lazy", self.behaviour)
         ids = list(e.output_ids)
-        mine = fingerprints(TRUE_KEY, e.task.question, ids, e.chunk_tokens)
+        read = e.task.question + read_besides(e.tool_calls, e.system_prompt)
+        mine = fingerprints(TRUE_KEY, read, ids, e.chunk_tokens)
         bad = [i for i, fp in zip(e.chunk_indices, e.fingerprints, strict=True)
                if i >= len(mine) or mine[i] != fp]
         if bad:

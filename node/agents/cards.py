@@ -21,6 +21,7 @@ side-effecting, the safe assumption about a tool nothing is known of.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ from node.agents.config import AgentConfigError, AgentSpec, hosted_agents
 from node.agents.docsearch import DocSearch
 from node.agents.tools import ToolSpec
 from node.config import ConfigError
-from protocol.agents.cards import MAX_TOOL_DESCRIPTION_LEN, AgentCard, AgentTool
+from protocol.agents.cards import MAX_TOOL_DESCRIPTION_LEN, AgentCard, AgentCards, AgentTool
 from protocol.agents.matching import quantize
 from protocol.ledger.cards import HeldCards, RefuseAgentCards, SetAgents
 
@@ -104,6 +105,9 @@ class AgentCardsHost:
         self.hosted: tuple[AgentSpec, ...] = ()
         self.cards: tuple[AgentCard, ...] = ()
         self.checker = CardChecker(embedder, self._refuse, ledger.ctx.log)
+        #: set once ``publish`` has run: ``hosted`` and ``cards`` are final (the executor bids
+        #: from them, node/agents/hosted.py)
+        self.published = trio.Event()
 
     def agent(self, name: str) -> AgentSpec | None:
         """The hosted agent ``name`` (None: not one of ours)."""
@@ -120,6 +124,7 @@ class AgentCardsHost:
     async def publish(self, price: float) -> None:
         """Embed, build and hand this node's cards to the ledger machine."""
         if not self.hosted:
+            self.published.set()
             return
         vectors = await self.embedder.embed_async([a.description for a in self.hosted])
         embedder_hash = await trio.to_thread.run_sync(self.embedder.known_hash)
@@ -131,6 +136,7 @@ class AgentCardsHost:
         await self.ledger.ctx.submit(self.ledger.name, SetAgents(self.cards))
         self.ledger.ctx.log.info("agents.published", agents=[c.name for c in self.cards],
                                  vectors=bool(vectors), problem=self.embedder.problem)
+        self.published.set()
 
     def stored(self, held: HeldCards) -> None:
         """A record was stored: check it when it is another node's."""
@@ -140,6 +146,22 @@ class AgentCardsHost:
     async def _refuse(self, peer: str, record_hash: bytes, detail: str) -> None:
         await self.ledger.ctx.submit(self.ledger.name,
                                      RefuseAgentCards(peer, record_hash, detail=detail))
+
+    def matchable(self, peer: str) -> AgentCards | None:
+        """``peer``'s live agent cards as a requester may match them: a card whose vector this
+        node has not verified (or cannot compare) loses it, so it matches by skill tags only
+        (None: the ledger holds no record of ``peer``)."""
+        now = self.ledger.ctx.clock()
+        record = self.ledger.machine.view.agents(peer, now)
+        if record is None or peer == self.ledger.ctx.identity.peer_id:
+            return record
+        held = self.ledger.machine.state.cards.held.get(peer)
+        verified = self.checker.verified_cards(peer, held.hash) if held is not None \
+            else frozenset()
+        return dataclasses.replace(record, cards=tuple(
+            c if c.name in verified else dataclasses.replace(
+                c, embedding=b"", embedding_scale=0.0, embedder_hash=b"")
+            for c in record.cards))
 
     def entries(self) -> list[AgentEntry]:
         """Every live agent card in the ledger, by node then card order."""

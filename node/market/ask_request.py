@@ -177,14 +177,19 @@ class NeedEmbedder:
     def __init__(self) -> None:
         self._embedder: Any = None
 
-    def embed(self, text: str) -> tuple[bytes, float, bytes]:
-        """The text's vector, quantized, and the embedder's hash (blocking)."""
+    def embedder(self) -> Any:
+        """models/embedder.py's process-wide embedder (blocking the first time: it loads)."""
         if self._embedder is None:
             from models.embedder import default_embedder
 
             self._embedder = default_embedder()
-        data, scale = quantize(self._embedder.embed([text])[0])
-        return data, scale, self._embedder.hash
+        return self._embedder
+
+    def embed(self, text: str) -> tuple[bytes, float, bytes]:
+        """The text's vector, quantized, and the embedder's hash (blocking)."""
+        embedder = self.embedder()
+        data, scale = quantize(embedder.embed([text])[0])
+        return data, scale, embedder.hash
 
     async def with_vector(self, event: SubmitTask) -> SubmitTask:
         """``event`` with its need's vector (unchanged when it names no need text)."""

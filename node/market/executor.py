@@ -19,13 +19,15 @@
   installed), without stopping the node. The ``ComputeDone`` a solver returns goes to the
   machine as it is; one for another task or attempt, or no ``ComputeDone`` at all, is a
   ``ComputeFailed``.
-* Agents (node/agents/hosted.py): the executor bids with the best-fitting of the node's
-  agents by their cards (protocol/market/offers.py). An assignment for an agent with tools
-  or its own system prompt first runs its tool calls (``AgentRunner.context``: the operator's
-  tool policy, the requester's peer id), then the solver answers with that context
-  (``solve(..., system_prompt=, tool_calls=)``), which the result carries and verifiers
-  rebuild; the default generalist answers with the solver's plain ``solve``, as before
-  agents. The agents come from :func:`executor_agents` (the generalist by default).
+* Agents (node/agents/hosted.py): once the ledger service has published this node's agent
+  cards (node.toml's ``[[agents]]``, or the default generalist), the executor bids with the
+  best-fitting of them for each task (protocol/market/offers.py); before that, or with no
+  ledger service (nobody could see its cards), it bids as the bare model. An assignment for
+  an agent with tools or its own system prompt first runs its tool calls
+  (``AgentRunner.context``: the operator's tool policy, the requester's peer id), then the
+  solver answers with that context (``solve(..., system_prompt=, tool_calls=)``), which the
+  result carries and verifiers rebuild; the default generalist answers with the solver's
+  plain ``solve``, as before agents.
 * Sampling is the requester's choice, carried by the task (temperature, top-p, seed base,
   stop strings); the executor has no temperature of its own.
 """
@@ -40,7 +42,7 @@ from typing import Any, ClassVar, Protocol
 
 import trio
 
-from node.agents.hosted import GENERALIST, AgentRunner, HostedAgent
+from node.agents.hosted import AgentRunner
 from node.agents.settings import ToolSettings
 from node.config import fed_config, tuning
 from node.service import NodeContext, NurseryService
@@ -122,12 +124,6 @@ def load_solver(spec: str, section: ExecutorSection, data_dir: Path) -> Solver:
     return solver
 
 
-def executor_agents(ctx: NodeContext) -> tuple[HostedAgent, ...]:
-    """The agents this node hosts: the default generalist (node.toml's ``[[agents]]`` come
-    with the ledger's agent cards)."""
-    return (GENERALIST,)
-
-
 class ExecutorService(NurseryService):
     name: ClassVar[str] = "executor"
     message_types = (Beacon, Assign, Cancel)
@@ -151,7 +147,7 @@ class ExecutorService(NurseryService):
         self._threads = trio.CapacityLimiter(s.slots)
         self.computed = 0
         self.failed = 0
-        self.agents = AgentRunner(executor_agents(ctx), ToolSettings())
+        self.agents = AgentRunner(ToolSettings())
 
     @property
     def machine(self) -> Executor:
@@ -171,22 +167,34 @@ class ExecutorService(NurseryService):
             self.problem = f"solver {self.section.solver} failed to start: {exc}"
             self.ctx.log.exception("executor.solver_failed", solver=self.section.solver)
             return
-        try:
-            cards = await trio.to_thread.run_sync(self.agents.start, solver)
-        except Exception as exc:  # a bad agent or tool setting disables executing, not the node
-            self.problem = f"agents failed to start: {exc}"
-            self.ctx.log.exception("executor.agents_failed")
-            return
-        if self.agents.problem:
-            self.ctx.log.warning("executor.agents_limited", problem=self.agents.problem)
+        await trio.to_thread.run_sync(self.agents.start, solver)
         price = self.section.price_per_1k
         models = [dataclasses.replace(m, price_per_1k=price) for m in models]
         self.solver = solver
-        self._machine.config = dataclasses.replace(self._machine.config, models=tuple(models),
-                                                   agents=cards)
+        self._machine.config = dataclasses.replace(self._machine.config, models=tuple(models))
         self.ctx.log.info("executor.ready", models=[m.name for m in models],
-                          tokens_per_s=[round(m.tokens_per_s, 1) for m in models],
-                          agents=[c.name for c in cards])
+                          tokens_per_s=[round(m.tokens_per_s, 1) for m in models])
+
+    async def on_running(self) -> None:
+        self.start_soon(self._take_agents)
+
+    async def _take_agents(self) -> None:
+        """Bid with this node's agents once the ledger service has published their cards."""
+        host = getattr(self.ctx.services.get("ledger"), "agents", None)
+        if host is None or self.solver is None:
+            return
+        await host.published.wait()
+        try:
+            cards = self.agents.use(host.hosted, host.cards)
+        except ValueError as exc:  # an agent names an unknown tool: executing stops, not the node
+            self.problem = f"agents: {exc}"
+            self.solver = None
+            self.ctx.log.error("executor.agents_failed", error=str(exc))
+            return
+        if self.agents.problem:
+            self.ctx.log.warning("executor.agents_limited", problem=self.agents.problem)
+        self._machine.config = dataclasses.replace(self._machine.config, agents=cards)
+        self.ctx.log.info("executor.agents", agents=[c.name for c in cards])
 
     async def perform(self, effect: object) -> None:
         if isinstance(effect, StartCompute):

@@ -177,8 +177,10 @@ class TasksService(Service):
         return None if trust is None else possible_bidders(trust.view, task, self.ctx.clock())
 
     def cards_of(self, peer: str) -> AgentCards | None:
-        """``peer``'s agent cards as our ledger holds them (None: none held)."""
-        return None  # the ledger holds no agent cards yet: every need-bid is refused
+        """``peer``'s agent cards as our ledger holds them, a vector we have not verified
+        dropped (node/agents/cards.py ``matchable``); None: none held, or no ledger."""
+        host = getattr(self.ctx.services.get("ledger"), "agents", None)
+        return None if host is None else host.matchable(peer)
 
     async def _attest(self, effect: Attest) -> None:
         self.ctx.log.info("tasks.attest", subject=effect.subject, task_id=effect.task_id.hex(),

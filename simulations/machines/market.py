@@ -84,10 +84,12 @@ def ledger_bidders(node: VirtualNode) -> Callable[[OpenTask], int | None]:
 
 
 def ledger_cards(node: VirtualNode) -> Callable[[str], AgentCards | None]:
-    """A peer's agent cards as the node's ledger holds them (None: none held)."""
+    """A peer's live agent cards as the node's ledger holds them (None: none held, or no
+    ledger). The simulator has no embedder, so it takes a card's vector as it comes."""
 
     def cards_of(peer: str) -> AgentCards | None:
-        return None  # the simulator's ledger holds no agent cards yet
+        trust = trust_view(node)
+        return None if trust is None else trust.view.agents(peer, node.swarm.machine_now_ms)
 
     return cards_of
 

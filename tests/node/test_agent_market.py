@@ -10,22 +10,27 @@ from typing import Any
 import pytest
 import trio
 
-from node.agents.calculator import Calculator
-from node.agents.hosted import GENERALIST, AgentRunner, HostedAgent, hosted_cards, tool_records
+from node.agents.cards import build_card, builtin_tool_info
+from node.agents.config import GENERALIST, AgentSpec
+from node.agents.hosted import AgentRunner, tool_records
 from node.agents.settings import ToolSettings
 from node.api.openai_request import EXTENSION_KEYS
 from node.market.ask_request import AskError, NeedEmbedder, parse_ask
 from node.market.requester import TasksSection, restore_event
-from protocol.agents.matching import cosine, dequantize
 from protocol.agents.wire import MAX_TOOL_CALLS, MAX_TOOL_OUTPUT_CHARS, card_match
 from protocol.market.messages import Requirement, TaskSpec
 from protocol.market.state import snapshot
+from tests.protocol.agent_fixtures import card
 from tests.protocol.market_net import MarketNet
 
-CALC = HostedAgent(
+CALC = AgentSpec(
     name="calc",
     description="Exact arithmetic: adds, subtracts, multiplies and divides numbers exactly.",
-    skills=("Arithmetic", "math"), tools=("calculator",))
+    skills=("arithmetic", "math"), tools=("calculator",))
+TASK = TaskSpec(task_id=b"\7" * 32, requester="12D3KooWRequester",
+                question="What is 1234 * 5678?", answer_type="number", choices=(),
+                requirement=Requirement(model="", family="", min_context=0), k=1,
+                max_price=1.0, max_tokens=128)
 
 
 def ask(**request: Any) -> Any:
@@ -73,29 +78,31 @@ def test_tool_records_are_bounded_to_the_wire() -> None:
 
 
 def test_the_requester_embeds_the_need_and_the_calc_card_fits_it_best() -> None:
-    pytest.importorskip("torch")
     if importlib.util.find_spec("all_minilm_l6_v2") is None:
         pytest.skip("the embedder package is not installed")
-    from models.embedder import default_embedder
-
     needs = NeedEmbedder()
     event = trio.run(needs.with_vector, ask(needs="exact arithmetic"))
     assert len(event.embedder_hash) == 32 and event.need_scale > 0
     assert trio.run(needs.with_vector, ask()) == ask()  # no text, no vector
-    runner = AgentRunner((CALC, GENERALIST), ToolSettings())
-    (alone,) = runner.start(solver=None)  # no llama.cpp model: the agent with tools is left out
-    assert runner.problem and alone.name == "generalist"
-    embedder = default_embedder()
-    words = HostedAgent(name="words", description="Translates text between languages.")
-    calc, words_card = hosted_cards((CALC, words), embedder.embed, embedder.hash,
-                                    {"calculator": Calculator()})
-    assert calc.skills == ("arithmetic", "math") and not calc.tools[0].side_effects
-    (described,) = embedder.embed([CALC.description])
-    assert cosine(dequantize(calc.embedding, calc.embedding_scale), described) > 0.98
+    embedder = needs.embedder()
+    vectors = embedder.embed([CALC.description, GENERALIST.description])
+    calc, generalist = (build_card(a, v, embedder.hash, None, 0.0, builtin_tool_info)
+                        for a, v in zip((CALC, GENERALIST), vectors, strict=True))
     req = Requirement(model="", family="", min_context=0, needs=event.needs,
                       need_embedding=event.need_embedding, need_scale=event.need_scale,
                       embedder_hash=event.embedder_hash)
-    assert card_match(calc, req) > card_match(words_card, req)  # type: ignore[operator]
+    assert card_match(calc, req) > card_match(generalist, req) + 0.3  # type: ignore[operator]
+
+
+def test_agents_with_tools_do_not_bid_without_a_llama_cpp_solver() -> None:
+    runner = AgentRunner(ToolSettings())
+    runner.start(solver=None)
+    cards = (card("calc"), card("generalist", tools=()))
+    assert [c.name for c in runner.use((CALC, GENERALIST), cards)] == ["generalist"]
+    assert "calc" in runner.problem
+    assert trio.run(runner.context, "generalist", TASK) is None  # plain: answers as today
+    with pytest.raises(ValueError, match="nope"):
+        runner.use((AgentSpec(name="x", description="x", tools=("nope",)),), ())
 
 
 @pytest.mark.integration
@@ -105,17 +112,14 @@ def test_the_calc_agent_calls_the_calculator_and_answers_verifiably() -> None:
     from models.solver import load_models_solver
 
     solver = load_models_solver(threads=1)
-    runner = AgentRunner((CALC,), ToolSettings())
-    (card,) = runner.start(solver)
-    assert card.name == "calc" and not runner.problem
-    task = TaskSpec(task_id=b"\7" * 32, requester="12D3KooWRequester",
-                    question="What is 1234 * 5678?", answer_type="number", choices=(),
-                    requirement=Requirement(model="", family="", min_context=0), k=1,
-                    max_price=1.0, max_tokens=128)
-    context = trio.run(runner.context, "calc", task)
+    runner = AgentRunner(ToolSettings())
+    runner.start(solver)
+    (calc,) = runner.use((CALC,), (card("calc"),))
+    assert calc.name == "calc" and not runner.problem
+    context = trio.run(runner.context, "calc", TASK)
     assert context is not None
     system_prompt, calls = context
     assert calls and calls[0].name == "calculator" and calls[0].output == "7006652"
-    done = solver.solve(task, "", 128, 0, system_prompt=system_prompt, tool_calls=calls)
+    done = solver.solve(TASK, "", 128, 0, system_prompt=system_prompt, tool_calls=calls)
     assert done.answer.replace(",", "") == "7006652" and done.tool_calls == calls
-    assert trio.run(runner.context, "generalist", task) is None  # not hosted: as today
+    assert trio.run(runner.context, "generalist", TASK) is None  # not hosted: as today

@@ -196,7 +196,9 @@ class NeedEmbedder:
         if not event.needs:
             return event
         try:
-            data, scale, embedder_hash = await trio.to_thread.run_sync(self.embed, event.needs)
+            # abandon_on_cancel: a daemon shutting down does not wait for the embedder to load
+            data, scale, embedder_hash = await trio.to_thread.run_sync(
+                self.embed, event.needs, abandon_on_cancel=True)
         except Exception as exc:  # e.g. models.embedder.EmbedderUnavailable
             raise AskError(f"needs: the text embedder is not available ({exc})",
                            "needs") from None

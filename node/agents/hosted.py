@@ -5,10 +5,13 @@
   there are none) and publishes their cards. The executor bids from exactly those cards, by
   the requester's own match rule (protocol/market/offers.py), so it bids with the agent the
   requester will rank best; :meth:`AgentRunner.use` takes them once published.
-* :func:`tool_calls_for` runs an agent's tools for one task: a :class:`ToolSession` with the
-  operator's ``ToolPolicy`` and the task's requester (a side-effecting tool runs only for
-  requesters the operator allows), the bounded loop ``answer_with_tools`` on the solver's
-  llama.cpp model under the JSON-schema grammar. Its calls become the result's
+* :func:`tool_calls_for` runs an agent's tools for one task: the node's tools as they are
+  now, with the operator's ``ToolPolicy`` and ``ToolLimits`` (``NodeTools.kit``,
+  node/agents/toolbox.py, run by the ledger service), a :class:`ToolSession` naming the
+  task's requester (a side-effecting tool runs only for requesters the operator allows), the
+  bounded loop ``answer_with_tools`` on the solver's llama.cpp model under the JSON-schema
+  grammar. A tool the agent declares that is missing now (its MCP server failed) is left out
+  of this task's session. Its calls become the result's
   ``ToolCallRecord`` s (bounded to the wire's limits), which the final, verifiable answer
   reads (models/cot.py).
 * An agent with no tools and no system prompt (the default generalist) answers exactly as a
@@ -17,14 +20,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from node.agents.config import AgentSpec
 from node.agents.generation import llama_generate
 from node.agents.loop import GenerateFn, answer_with_tools
 from node.agents.settings import ToolSettings, builtin_tools
-from node.agents.tools import Tool, ToolSession, build_registry
+from node.agents.tools import (
+    Tool,
+    ToolLimits,
+    ToolPolicy,
+    ToolRegistry,
+    ToolSession,
+    build_registry,
+)
 from protocol.agents.cards import AgentCard
 from protocol.agents.wire import (
     MAX_TOOL_ARGUMENTS_CHARS,
@@ -50,12 +60,28 @@ def tool_records(calls: Sequence[Mapping[str, Any]]) -> tuple[ToolCallRecord, ..
     return tuple(records)
 
 
+#: () -> (the tools the node has now, the operator's policy, the bounds on every call)
+ToolKit = Callable[[], tuple[Mapping[str, Tool], ToolPolicy, ToolLimits]]
+
+
+def builtin_kit() -> tuple[Mapping[str, Tool], ToolPolicy, ToolLimits]:
+    """The kit of a node without a ledger service: the built-in tools, default-deny, the
+    default bounds."""
+    settings = ToolSettings()
+    return builtin_tools(settings), settings.policy, settings.limits
+
+
+def _registry(declared: Sequence[str], tools: Mapping[str, Tool]) -> ToolRegistry:
+    present = [name for name in declared
+               if name in tools or any(k.startswith(name + ".") for k in tools)]
+    return build_registry(present, tools)
+
+
 async def tool_calls_for(agent: AgentSpec, task: TaskSpec, generate: GenerateFn,
-                         settings: ToolSettings, tools: Mapping[str, Tool]
-                         ) -> tuple[ToolCallRecord, ...]:
+                         kit: ToolKit) -> tuple[ToolCallRecord, ...]:
     """The tool calls ``agent`` makes for ``task`` (none when it has no usable tool)."""
-    session = ToolSession(build_registry(agent.tools, tools), settings.policy, settings.limits,
-                          task.requester)
+    tools, policy, limits = kit()
+    session = ToolSession(_registry(agent.tools, tools), policy, limits, task.requester)
     if not session.usable_specs():
         return ()
     _, calls = await answer_with_tools(generate, system_prompt=agent.system_prompt,
@@ -82,24 +108,23 @@ class AgentRunner:
     """The executor service's agents: the cards it bids with, and each job's agent context
     (the system prompt and tool calls the final answer reads; None: answer as today)."""
 
-    def __init__(self, settings: ToolSettings) -> None:
-        self.settings = settings
+    def __init__(self) -> None:
         self.agents: tuple[AgentSpec, ...] = ()
         self.cards: tuple[AgentCard, ...] = ()
-        self.tools: dict[str, Tool] = {}
+        self.kit: ToolKit = builtin_kit
         self.generate: GenerateFn | None = None
         self.problem = ""
 
     def start(self, solver: Any) -> None:
-        """Ready the tools (blocking: call in a thread)."""
-        self.tools = builtin_tools(self.settings)
+        """Tool steps run on ``solver``'s model (None: its agents with tools cannot run)."""
         self.generate = tool_generator(solver)
 
-    def use(self, agents: Sequence[AgentSpec], cards: Sequence[AgentCard]) -> tuple[AgentCard, ...]:
-        """Host ``agents`` with their published ``cards``; the cards to bid with. An agent
-        with tools needs the llama.cpp solver: without one it does not bid (``problem``)."""
-        for agent in agents:
-            build_registry(agent.tools, self.tools)  # ToolConfigError names an unknown tool
+    def use(self, agents: Sequence[AgentSpec], cards: Sequence[AgentCard],
+            kit: ToolKit) -> tuple[AgentCard, ...]:
+        """Host ``agents`` with their published ``cards``, running their tools from ``kit``;
+        the cards to bid with. An agent with tools needs the llama.cpp solver: without one it
+        does not bid (``problem``)."""
+        self.kit = kit
         unable = {a.name for a in agents if a.tools and self.generate is None}
         self.problem = (f"agents {sorted(unable)} have tools, which need the llama.cpp solver: "
                         "they do not bid") if unable else ""
@@ -116,5 +141,5 @@ class AgentRunner:
             return None
         calls: tuple[ToolCallRecord, ...] = ()
         if agent.tools and self.generate is not None:
-            calls = await tool_calls_for(agent, task, self.generate, self.settings, self.tools)
+            calls = await tool_calls_for(agent, task, self.generate, self.kit)
         return agent.system_prompt, calls

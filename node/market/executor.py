@@ -43,7 +43,6 @@ from typing import Any, ClassVar, Protocol
 import trio
 
 from node.agents.hosted import AgentRunner
-from node.agents.settings import ToolSettings
 from node.config import fed_config, tuning
 from node.service import NodeContext, NurseryService
 from protocol.market.executor import (
@@ -147,7 +146,7 @@ class ExecutorService(NurseryService):
         self._threads = trio.CapacityLimiter(s.slots)
         self.computed = 0
         self.failed = 0
-        self.agents = AgentRunner(ToolSettings())
+        self.agents = AgentRunner()
 
     @property
     def machine(self) -> Executor:
@@ -180,17 +179,12 @@ class ExecutorService(NurseryService):
 
     async def _take_agents(self) -> None:
         """Bid with this node's agents once the ledger service has published their cards."""
-        host = getattr(self.ctx.services.get("ledger"), "agents", None)
+        ledger = self.ctx.services.get("ledger")
+        host = getattr(ledger, "agents", None)
         if host is None or self.solver is None:
             return
         await host.published.wait()
-        try:
-            cards = self.agents.use(host.hosted, host.cards)
-        except ValueError as exc:  # an agent names an unknown tool: executing stops, not the node
-            self.problem = f"agents: {exc}"
-            self.solver = None
-            self.ctx.log.error("executor.agents_failed", error=str(exc))
-            return
+        cards = self.agents.use(host.hosted, host.cards, ledger.tools.kit)  # type: ignore[union-attr]
         if self.agents.problem:
             self.ctx.log.warning("executor.agents_limited", problem=self.agents.problem)
         self._machine.config = dataclasses.replace(self._machine.config, agents=cards)

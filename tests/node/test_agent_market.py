@@ -4,7 +4,10 @@ SmolLM2) an agent with the calculator answering through its tool call."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,16 +15,17 @@ import trio
 
 from node.agents.cards import build_card, builtin_tool_info
 from node.agents.config import GENERALIST, AgentSpec
-from node.agents.hosted import AgentRunner, tool_records
-from node.agents.settings import ToolSettings
+from node.agents.hosted import AgentRunner, builtin_kit, tool_records
+from node.agents.tools import ToolSpec
 from node.api.openai_request import EXTENSION_KEYS
+from node.config import load_config
 from node.market.ask_request import AskError, NeedEmbedder, parse_ask
 from node.market.requester import TasksSection, restore_event
 from protocol.agents.wire import MAX_TOOL_CALLS, MAX_TOOL_OUTPUT_CHARS, card_match
 from protocol.market.messages import Requirement, TaskSpec
 from protocol.market.state import snapshot
 from tests.protocol.agent_fixtures import card
-from tests.protocol.market_net import MarketNet
+from tests.protocol.market_net import MarketNet, ident
 
 CALC = AgentSpec(
     name="calc",
@@ -95,14 +99,65 @@ def test_the_requester_embeds_the_need_and_the_calc_card_fits_it_best() -> None:
 
 
 def test_agents_with_tools_do_not_bid_without_a_llama_cpp_solver() -> None:
-    runner = AgentRunner(ToolSettings())
+    runner = AgentRunner()
     runner.start(solver=None)
     cards = (card("calc"), card("generalist", tools=()))
-    assert [c.name for c in runner.use((CALC, GENERALIST), cards)] == ["generalist"]
+    assert [c.name for c in runner.use((CALC, GENERALIST), cards, builtin_kit)] == \
+        ["generalist"]
     assert "calc" in runner.problem
     assert trio.run(runner.context, "generalist", TASK) is None  # plain: answers as today
-    with pytest.raises(ValueError, match="nope"):
-        runner.use((AgentSpec(name="x", description="x", tools=("nope",)),), ())
+
+
+class NoteWriter:
+    """A side-effecting tool that records every run."""
+
+    spec = ToolSpec(name="notes.write", description="Write a note.", side_effects=True,
+                    parameters={"properties": {"text": {"type": "string"}},
+                                "required": ["text"]})
+
+    def __init__(self) -> None:
+        self.runs: list[dict[str, Any]] = []
+
+    async def prepare(self) -> None:
+        return None
+
+    async def run(self, arguments: dict[str, Any]) -> str:
+        self.runs.append(arguments)
+        return "written"
+
+
+class Script:
+    """A model double for the tool steps: the scripted replies, in order."""
+
+    def __init__(self, *replies: object) -> None:
+        self.replies = [json.dumps(r) for r in replies]
+
+    def __call__(self, prompt: str, schema: Any, max_tokens: int) -> str:
+        return self.replies.pop(0)
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_a_side_effecting_tool_runs_only_for_requesters_the_operator_allows(
+        tmp_path: Path, allowed: bool) -> None:
+    """The operator's [tools] table (node.toml, through the config) decides; the executor's
+    session names the task's requester."""
+    allow = f'allow = ["{ident(1).peer_id}"]' if allowed else "allow = []"
+    (tmp_path / "node.toml").write_text(f'[tools."notes.write"]\n{allow}\n')
+    settings = load_config({"data_dir": tmp_path}, env={}).tools
+    writer = NoteWriter()
+    runner = AgentRunner()
+    runner.generate = Script({"tool": "notes.write", "arguments": {"text": "hi"}},
+                             {"answer": "done"})
+    notes = AgentSpec(name="notes", description="Keeps notes.", tools=("notes.write",))
+    kit = lambda: ({"notes.write": writer}, settings.policy, settings.limits)  # noqa: E731
+    assert runner.use((notes,), (card("notes", tools=()),), kit)
+    task = dataclasses.replace(TASK, requester=ident(1).peer_id, question="Note: hi")
+    context = trio.run(runner.context, "notes", task)
+    assert context is not None
+    if allowed:
+        assert [c.output for c in context[1]] == ["written"] and writer.runs == [{"text": "hi"}]
+    else:  # never offered to the model, never run
+        assert context[1] == () and writer.runs == []
 
 
 @pytest.mark.integration
@@ -112,9 +167,9 @@ def test_the_calc_agent_calls_the_calculator_and_answers_verifiably() -> None:
     from models.solver import load_models_solver
 
     solver = load_models_solver(threads=1)
-    runner = AgentRunner(ToolSettings())
+    runner = AgentRunner()
     runner.start(solver)
-    (calc,) = runner.use((CALC,), (card("calc"),))
+    (calc,) = runner.use((CALC,), (card("calc"),), builtin_kit)
     assert calc.name == "calc" and not runner.problem
     context = trio.run(runner.context, "calc", TASK)
     assert context is not None

@@ -112,8 +112,10 @@ class CardEmbedder:
             return out
 
     async def embed_async(self, texts: Sequence[str]) -> list[list[float]] | None:
-        """``embed`` in a worker thread (the event loop never waits on the model)."""
-        return await trio.to_thread.run_sync(self.embed, list(texts))
+        """``embed`` in a worker thread (the event loop never waits on the model). A cancelled
+        caller abandons the thread (it finishes under the lock and only fills the cache), so a
+        daemon stopped while the embedder loads shuts down within its grace."""
+        return await trio.to_thread.run_sync(self.embed, list(texts), abandon_on_cancel=True)
 
     def _loaded(self) -> TextEmbedder | None:
         if self._embedder is None and self.enabled and not self._tried:
@@ -169,7 +171,7 @@ class CardChecker:
 
     async def check(self, held: HeldCards) -> None:
         peer, record = held.record.peer_id, held.record
-        ours = await trio.to_thread.run_sync(self.embedder.known_hash)
+        ours = await trio.to_thread.run_sync(self.embedder.known_hash, abandon_on_cancel=True)
         cards = [c for c in record.cards if ours is not None and c.embedder_hash == ours]
         vectors = await self.embedder.embed_async([c.description for c in cards]) if cards else None
         self.checked += 1

@@ -6,17 +6,17 @@ ledger's block offers) and opens one session per hop on a stream of its own. A s
 one of two ways:
 
 * **forwarded** (``forwarding``, the default, for chains of two hops or more): the requester
-  sends its hidden states to the first hop only; each stage relays its output to the next
+  sends its hidden states to the first hop only; each stage hands its output off to the next
   (sessions are opened with their upstream and next hop) and the last one answers: N + 1 links
   a step. Every hop's stream is read at once (node.inference.hops.Inbox): a stage may report
-  a failure (its compute, its relay) or a bad relay it got, with the signed frame as evidence
+  a failure (its compute, its handoff) or a bad handoff it got, with the signed frame as evidence
   (protocol.inference.forwarding judges who is to blame). A step that gets no answer within
   ``STEP_TIMEOUT_S`` is run again the direct way, which shows which hop stalls.
 * **direct**: the requester sends to each hop in turn and gets its output back (2 N links).
 
 The chain keeps the first hop's inputs (exactly the values the server saw, decoded), and any
 other hop's while it sees them (direct steps, replays). When a hop fails (its stream breaks,
-it refuses, it answers or relays malformed hidden states, it times out) the chain excludes
+it refuses, it answers or hands off malformed hidden states, it times out) the chain excludes
 that server (reported to the penalty book when it sent bad data), plans the failed span again
 among the others, rebuilds the replacement's inputs (the hops before it replay the kept
 history the direct way, from the last hop whose inputs are known), replays them through the
@@ -48,9 +48,9 @@ from protocol.inference.forwarding import judge_rejection
 from protocol.inference.messages import (
     Forward,
     ForwardResult,
+    HandoffRejected,
     Precision,
     Refusal,
-    RelayRejected,
     Relink,
     SessionAccepted,
     SessionAck,
@@ -195,7 +195,7 @@ class Chain:
                 if isinstance(item, Exception):
                     raise HopFailed(s.peer, f"stream: {item!r}"[:300],
                                     bad_data=isinstance(item, InvalidMessage))
-                if isinstance(item, RelayRejected):
+                if isinstance(item, HandoffRejected):
                     raise self._judge(s, item)
                 if isinstance(item, SessionError):
                     if item.reason is Refusal.NEXT_HOP_FAILED and s.next[0]:
@@ -212,10 +212,10 @@ class Chain:
         assert waited.cancelled_caught
         raise Stalled(want.peer, f"no answer in {timeout_s:g} s")
 
-    def _judge(self, reporter: HopSession, rejected: RelayRejected) -> HopFailed:
-        relay = rejected.relay
+    def _judge(self, reporter: HopSession, rejected: HandoffRejected) -> HopFailed:
+        handoff = rejected.handoff
         try:
-            unpack_hidden(relay.data, relay.n, self.hidden_size, self.precision)
+            unpack_hidden(handoff.data, handoff.n, self.hidden_size, self.precision)
             finite = True
         except InvalidMessage:
             finite = False
@@ -261,7 +261,7 @@ class Chain:
         return x
 
     async def _forwarded(self, x: np.ndarray, start: int) -> np.ndarray:
-        """``x`` into the first hop, relayed stage to stage, the output from the last."""
+        """``x`` into the first hop, handed off stage to stage, the output from the last."""
         per_frame = max_positions_per_frame(self.hidden_size, self.precision)
         first, last = self.hops[0], self.hops[-1]
         outs = []

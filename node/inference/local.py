@@ -4,7 +4,7 @@ A node that serves blocks [A, B) and asks for a chain plans its own offer like a
 (with a round trip of 0 ms: no link is crossed). libp2p does not open streams to oneself, so
 :func:`local_pair` gives the two ends of an in-process ``BulkStream``: the requester's end
 speaks the session protocol as it would to a remote server, the other end goes to the node's
-own ``StageHost.serve`` as the opener's stream. Admission, limits, relays to the next stage
+own ``StageHost.serve`` as the opener's stream. Admission, limits, handoffs to the next stage
 (over libp2p, signed with this node's key) and expiry are the same as for a remote requester.
 
 Flow control as a network stream's: a write waits once ``WINDOW_WRITES`` writes are unread.
@@ -18,7 +18,7 @@ import trio
 from node.transport import StreamGone
 
 #: unread writes one direction holds before a writer waits (a flow-control window: the session
-#: protocol has one request and one reply in flight per session, a relay at most one more)
+#: protocol has one request and one reply in flight per session, a handoff at most one more)
 WINDOW_WRITES = 16
 
 

@@ -13,15 +13,15 @@ longer than a step that short takes. Longer work (a prefill) goes to a worker
 thread, so the event loop is never held long. A penalty is reported through
 ``report`` (the service feeds it to the driver), and a stream whose bytes are no message is
 the peer's fault too. A stream that stays silent for the idle timeout is closed and its
-sessions freed (unless one of them is still open: relays feed it, the machine expires it when
+sessions freed (unless one of them is still open: handoffs feed it, the machine expires it when
 idle); so is every session of a stream that ends.
 
 Forwarding: replies always go to the session's opener, on the stream the session was opened
-on, whichever stream brought the request (a ``Relay`` comes on the upstream stage's own
-stream). ``SendRelay`` is signed with this node's key and written on a stream of this node's
-own to the next stage: one per session and next peer, opened at its first relay (again once
+on, whichever stream brought the request (a ``Handoff`` comes on the upstream stage's own
+stream). ``SendHandoff`` is signed with this node's key and written on a stream of this node's
+own to the next stage: one per session and next peer, opened at its first handoff (again once
 if it broke) and closed with the session, so a link never outlives the receiver's idle
-timeout unnoticed. A relay that cannot be sent is reported to the machine as ``RelayFailed``.
+timeout unnoticed. A handoff that cannot be sent is reported to the machine as ``HandoffFailed``.
 """
 
 from __future__ import annotations
@@ -36,8 +36,13 @@ from models.blocks import BlockStage, StageCache
 from node.inference.wire import SessionStream, pack_hidden, unpack_hidden
 from node.transport import BulkStream, FrameTooLarge, TransportError
 from protocol.errors import InvalidMessage
-from protocol.inference.forwarding import RelayFailed, SendRelay
-from protocol.inference.messages import Relay, SessionAccepted, SessionOpen, relay_signing_bytes
+from protocol.inference.forwarding import HandoffFailed, SendHandoff
+from protocol.inference.messages import (
+    Handoff,
+    SessionAccepted,
+    SessionOpen,
+    handoff_signing_bytes,
+)
 from protocol.inference.session import (
     CropCache,
     ForwardDone,
@@ -127,7 +132,7 @@ class StageHost:
     async def _watch(self, opened: list[bytes], heard: list[float],
                      scope: trio.CancelScope) -> None:
         """End a stream silent for the idle timeout, unless a session opened on it is still
-        open (relays feed it; the machine expires it when it idles)."""
+        open (handoffs feed it; the machine expires it when it idles)."""
         idle_s = max(1.0, self.machine.limits.idle_timeout_ms / 1000)
         while True:
             await trio.sleep_until(heard[0] + idle_s)
@@ -159,8 +164,8 @@ class StageHost:
                     keep = keep and target is not stream
             elif isinstance(effect, RunForward):
                 queue.extend(await self._run(effect))
-            elif isinstance(effect, SendRelay):
-                queue.extend(await self._relay(effect))
+            elif isinstance(effect, SendHandoff):
+                queue.extend(await self._hand_off(effect))
             elif isinstance(effect, CropCache):
                 cache = self.caches.get(effect.session_id)
                 if cache is not None:
@@ -206,28 +211,28 @@ class StageHost:
         return (run.n <= INLINE_MAX_POSITIONS
                 and self.ms_per_block * (run.end - run.start) <= INLINE_MAX_MS)
 
-    async def _relay(self, out: SendRelay) -> list[Effect]:
+    async def _hand_off(self, out: SendHandoff) -> list[Effect]:
         """Sign ``out`` and send it to the next stage (a broken stream is opened again once)."""
-        signature = b"" if self._sign is None else self._sign(relay_signing_bytes(
+        signature = b"" if self._sign is None else self._sign(handoff_signing_bytes(
             out.session_id, out.step, out.start_pos, out.n, out.data))
-        relay = Relay(session_id=out.session_id, step=out.step, start_pos=out.start_pos,
-                      n=out.n, data=out.data, signature=signature)
+        handoff = Handoff(session_id=out.session_id, step=out.step, start_pos=out.start_pos,
+                          n=out.n, data=out.data, signature=signature)
         detail = "no way to open streams to next stages"
         key = (out.from_session, out.peer)
         for _ in range(2):
             try:
                 link = await self._link(key)
-                await link.send(relay, self.machine.link_delay_ms(out.from_session))
+                await link.send(handoff, self.machine.link_delay_ms(out.from_session))
                 return []
             except (TransportError, OSError, trio.TooSlowError) as exc:
-                detail = f"relay to {out.peer} failed: {exc!r}"
+                detail = f"handoff to {out.peer} failed: {exc!r}"
                 dead = self.links.pop(key, None)
                 if dead is not None:
                     await dead.reset()
             except LookupError as exc:
                 detail = str(exc)
                 break
-        return self.machine.handle(RelayFailed(out.from_session, detail[:256]), self._clock())
+        return self.machine.handle(HandoffFailed(out.from_session, detail[:256]), self._clock())
 
     async def _link(self, key: tuple[bytes, str]) -> SessionStream:
         if self._open_stream is None:

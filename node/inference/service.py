@@ -82,7 +82,7 @@ class InferenceSection:
     #: hold every outgoing session frame this long (emulated link latency; 0 = off); the
     #: chains this node asks for hold every link that long (their servers are asked to)
     link_delay_ms: float = 0.0
-    #: this node's chains relay hidden states stage to stage (N + 1 links a step), rather than
+    #: this node's chains hand hidden states off stage to stage (N + 1 links a step), rather than
     #: the requester sending to each stage in turn (2 N)
     forwarding: bool = True
     #: peer ids this node never uses in its chains

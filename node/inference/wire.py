@@ -58,7 +58,7 @@ class SessionStream:
     def __init__(self, stream: BulkStream, delay_ms: float = 0.0) -> None:
         self.stream = stream
         self.delay_ms = delay_ms
-        self._sending = trio.Lock()  # a stage's relays and replies may share one stream
+        self._sending = trio.Lock()  # a stage's handoffs and replies may share one stream
         self._buffer = bytearray()  # read, not yet cut into frames
 
     @property

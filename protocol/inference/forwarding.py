@@ -1,12 +1,12 @@
-"""Stage-to-stage forwarding: who is to blame for a bad relay.
+"""Stage-to-stage forwarding: who is to blame for a bad handoff.
 
 Contract
 --------
 In a forwarded step the requester sends its hidden states to the first stage only; each stage
-relays its output to the next (``Relay``, signed by the sender over
-``messages.relay_signing_bytes``) and the last one answers the requester. The requester never
+hands its output off to the next (``Handoff``, signed by the sender over
+``messages.handoff_signing_bytes``) and the last one answers the requester. The requester never
 sees the frames between stages, so a stage that receives a bad one reports it with the frame
-as evidence (``RelayRejected``), and the requester judges with :func:`judge_rejection`:
+as evidence (``HandoffRejected``), and the requester judges with :func:`judge_rejection`:
 
 * a frame the sender signed that is malformed (a wrong byte count, non-finite values) or, at
   the step the requester is running, carries other positions than the step's, is the
@@ -17,9 +17,9 @@ as evidence (``RelayRejected``), and the requester judges with :func:`judge_reje
 * a frame whose signature does not verify, or a well-formed frame of another step, proves
   nothing either way: both peers leave the chain, neither is penalized.
 
-:func:`relay_problem` is the receiving stage's check of a relay before it computes (the byte
+:func:`handoff_problem` is the receiving stage's check of a handoff before it computes (the byte
 count, the positions it holds); the values themselves are checked by the driver when it
-decodes them. The receiving stage does not verify the signature: the relay came on a stream
+decodes them. The receiving stage does not verify the signature: the handoff came on a stream
 that libp2p's secure channel (Noise) authenticates as its upstream's, so the stage already
 knows who sent it. The signature is evidence for a third party, the requester, and
 :func:`judge_rejection` verifies it there. Refusing an otherwise good frame for its signature
@@ -37,16 +37,16 @@ from crypto.keys import verify_signature
 from crypto.peer_id import InvalidPeerId, public_key_from_peer_id
 from protocol.errors import InvalidMessage
 from protocol.inference.messages import (
+    Handoff,
+    HandoffRejected,
     Precision,
-    Relay,
-    RelayRejected,
     check_hidden_size,
-    relay_signing_bytes,
+    handoff_signing_bytes,
 )
 
 
 @dataclass(frozen=True, slots=True)
-class SendRelay:
+class SendHandoff:
     """Sign and send this output to ``peer`` (the next hop of session ``from_session``)."""
 
     peer: str
@@ -59,8 +59,8 @@ class SendRelay:
 
 
 @dataclass(frozen=True, slots=True)
-class RelayFailed:
-    """The driver could not send a session's relay to its next hop."""
+class HandoffFailed:
+    """The driver could not send a session's handoff to its next hop."""
 
     session_id: bytes
     detail: str
@@ -75,50 +75,52 @@ class Blame:
     detail: str
 
 
-def signature_ok(sender: str, relay: Relay) -> bool:
-    """True when ``relay`` carries ``sender``'s valid signature."""
+def signature_ok(sender: str, handoff: Handoff) -> bool:
+    """True when ``handoff`` carries ``sender``'s valid signature."""
     try:
         key = public_key_from_peer_id(sender)
     except InvalidPeerId:
         return False
-    return verify_signature(key, relay_signing_bytes(relay.session_id, relay.step,
-                                                     relay.start_pos, relay.n, relay.data),
-                            relay.signature)
+    signed = handoff_signing_bytes(handoff.session_id, handoff.step, handoff.start_pos,
+                                   handoff.n, handoff.data)
+    return verify_signature(key, signed, handoff.signature)
 
 
-def relay_problem(relay: Relay, *, hidden_size: int, precision: Precision, cached: int) -> str:
-    """Why the receiving stage refuses ``relay`` ("" when it computes it); its signature is
+def handoff_problem(handoff: Handoff, *, hidden_size: int, precision: Precision,
+                    cached: int) -> str:
+    """Why the receiving stage refuses ``handoff`` ("" when it computes it); its signature is
     the judge's to check (see the module contract)."""
     try:
-        check_hidden_size(relay.data, relay.n, hidden_size, precision)
+        check_hidden_size(handoff.data, handoff.n, hidden_size, precision)
     except InvalidMessage as exc:
         return str(exc)
-    if relay.start_pos > cached:
-        return f"positions from {relay.start_pos}, {cached} held"
+    if handoff.start_pos > cached:
+        return f"positions from {handoff.start_pos}, {cached} held"
     return ""
 
 
-def judge_rejection(rejected: RelayRejected, reporter: str, *, upstream: str, step: int,
+def judge_rejection(rejected: HandoffRejected, reporter: str, *, upstream: str, step: int,
                     start_pos: int, n: int, hidden_size: int, precision: Precision,
                     finite: bool) -> Blame:
     """Whose fault ``rejected`` is (see the module contract). ``upstream`` is the peer the
     requester linked to the reporter, ``step``, ``start_pos`` and ``n`` the step it is
     running, ``finite`` whether the evidence's values are all finite (the driver decodes)."""
-    relay = rejected.relay
-    if rejected.sender != upstream or relay.session_id != rejected.session_id:
-        return Blame((reporter,), True, "reported a relay from a peer not its upstream")
-    if not signature_ok(upstream, relay):
-        return Blame((upstream, reporter), False, "a reported relay without a valid signature")
+    handoff = rejected.handoff
+    if rejected.sender != upstream or handoff.session_id != rejected.session_id:
+        return Blame((reporter,), True, "reported a handoff from a peer not its upstream")
+    if not signature_ok(upstream, handoff):
+        return Blame((upstream, reporter), False, "a reported handoff without a valid signature")
     try:
-        check_hidden_size(relay.data, relay.n, hidden_size, precision)
+        check_hidden_size(handoff.data, handoff.n, hidden_size, precision)
     except InvalidMessage as exc:
-        return Blame((upstream,), True, f"relayed {exc}")
+        return Blame((upstream,), True, f"handed off {exc}")
     if not finite:
-        return Blame((upstream,), True, "relayed non-finite hidden states")
-    if relay.step != step:
-        return Blame((upstream, reporter), False, f"a reported relay of step {relay.step}, "
+        return Blame((upstream,), True, "handed off non-finite hidden states")
+    if handoff.step != step:
+        return Blame((upstream, reporter), False, f"a reported handoff of step {handoff.step}, "
                                                   f"not {step}")
-    if (relay.start_pos, relay.n) != (start_pos, n):
-        return Blame((upstream,), True, f"relayed positions {relay.start_pos}+{relay.n}, the "
+    if (handoff.start_pos, handoff.n) != (start_pos, n):
+        return Blame((upstream,), True, f"handed off positions {handoff.start_pos}+"
+                                        f"{handoff.n}, the "
                                         f"step sent {start_pos}+{n}")
-    return Blame((reporter,), True, f"refused a well-formed relay ({rejected.detail})"[:200])
+    return Blame((reporter,), True, f"refused a well-formed handoff ({rejected.detail})"[:200])

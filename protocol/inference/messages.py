@@ -13,20 +13,20 @@ Rollback           165  requester -> server: keep the first ``length`` positions
 SessionAck         166  server -> requester: a Rollback or SessionClose is done
 SessionClose       167  requester -> server: the session ends, its cache is freed
 SessionError       168  server -> requester: the session ended on an error (the reason); with
-                        NEXT_HOP_FAILED the session stays open (its relay could not be sent)
-Relay              169  stage -> next stage: a stage's output, the next stage's input (signed)
-RelayRejected      170  stage -> requester: the relay it got from upstream was bad (evidence)
+                        NEXT_HOP_FAILED the session stays open (its handoff could not be sent)
+Handoff            169  stage -> next stage: a stage's output, the next stage's input (signed)
+HandoffRejected    170  stage -> requester: the handoff it got from upstream was bad (evidence)
 Relink             171  requester -> server: a new upstream and next hop (after a replacement)
 =================  ===  =====================================================================
 
 Stage-to-stage forwarding: a session may be opened with a next hop (``next_peer``,
 ``next_session``) and an ``upstream`` peer. A ``Forward`` with ``reply`` false then makes the
-stage send its output on to the next hop as a ``Relay`` (over the stage's own stream to that
-peer) instead of answering; the next stage computes and relays again, and the last stage (no
+stage send its output on to the next hop as a ``Handoff`` (over the stage's own stream to that
+peer) instead of answering; the next stage computes and hands off again, and the last stage (no
 next hop) answers its opener with a ``ForwardResult``: N + 1 links a step instead of 2 N. A
-relay is signed by its sender over :func:`relay_signing_bytes` (the receiving session, the
+handoff is signed by its sender over :func:`handoff_signing_bytes` (the receiving session, the
 requester's step number, the positions and a digest of the data), so a stage that gets a bad
-relay can prove to the requester who sent it (``RelayRejected`` carries the signed frame;
+handoff can prove to the requester who sent it (``HandoffRejected`` carries the signed frame;
 protocol.inference.forwarding judges it).
 
 Hidden states travel as little-endian fp16 (or fp32, :class:`Precision`) in ``data``, row-major
@@ -56,8 +56,9 @@ MAX_PEER_ID = 128
 SIGNATURE_LEN = 64
 INT63 = (1 << 63) - 1
 MAX_LINK_DELAY_MS = 1000
-#: domain separation of a relay's signature
-RELAY_DOMAIN = b"symphony/inference-relay/v1\0"
+#: domain separation of a handoff's signature (the bytes still say "relay", the name these
+#: messages had before: changing them would change every handoff signature)
+HANDOFF_DOMAIN = b"symphony/inference-relay/v1\0"
 
 
 class Precision(enum.Enum):
@@ -83,7 +84,7 @@ class Refusal(enum.Enum):
     EXPIRED = "expired"
     MALFORMED = "malformed"
     COMPUTE_FAILED = "compute_failed"
-    #: the stage computed, but could not send its relay to the next hop
+    #: the stage computed, but could not send its handoff to the next hop
     NEXT_HOP_FAILED = "next_hop_failed"
 
 
@@ -98,12 +99,12 @@ class SessionOpen(Message):
     max_length: int = limits(lo=1, hi=MAX_POSITIONS)
     precision: Precision
     hidden_size: int = limits(lo=1, hi=MAX_HIDDEN_SIZE)
-    #: the peer whose Relay frames feed this session ("" = only the opener's Forwards)
+    #: the peer whose Handoff frames feed this session ("" = only the opener's Forwards)
     upstream: str = limits(max_len=MAX_PEER_ID, default="")
     #: where a Forward with ``reply`` false sends the output ("" = nowhere: answer the opener)
     next_peer: str = limits(max_len=MAX_PEER_ID, default="")
     next_session: bytes = limits(max_len=SESSION_ID_LEN, default=b"")
-    #: hold every frame this session sends (replies, relays) this long: an emulated link for
+    #: hold every frame this session sends (replies, handoffs) this long: an emulated link for
     #: experiments, asked by the requester for its own session only (0 = the server's own)
     link_delay_ms: int = limits(lo=0, hi=MAX_LINK_DELAY_MS, default=0)
 
@@ -136,9 +137,9 @@ class Forward(Message):
     start_pos: int = limits(lo=0, hi=MAX_POSITIONS)
     n: int = limits(lo=1, hi=MAX_POSITIONS)
     data: bytes = limits(max_len=MAX_HIDDEN_BYTES)
-    #: the requester's step number, carried by the relays it causes (and signed in them)
+    #: the requester's step number, carried by the handoffs it causes (and signed in them)
     step: int = limits(lo=0, hi=INT63, default=0)
-    #: answer the opener with the output (True), or relay it to the session's next hop
+    #: answer the opener with the output (True), or hand it off to the session's next hop
     reply: bool = True
 
 
@@ -183,7 +184,7 @@ class SessionError(Message):
 
 @message(169)
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Relay(Message):
+class Handoff(Message):
     """A stage's output for positions start_pos.., sent to the next stage's session."""
 
     session_id: bytes = limits(size=SESSION_ID_LEN)
@@ -191,18 +192,18 @@ class Relay(Message):
     start_pos: int = limits(lo=0, hi=MAX_POSITIONS)
     n: int = limits(lo=1, hi=MAX_POSITIONS)
     data: bytes = limits(max_len=MAX_HIDDEN_BYTES)
-    #: the sender's Ed25519 signature of relay_signing_bytes(...)
+    #: the sender's Ed25519 signature of handoff_signing_bytes(...)
     signature: bytes = limits(size=SIGNATURE_LEN)
 
 
 @message(170)
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RelayRejected(Message):
-    """The stage holding ``session_id`` got ``relay`` from ``sender`` and refused it."""
+class HandoffRejected(Message):
+    """The stage holding ``session_id`` got ``handoff`` from ``sender`` and refused it."""
 
     session_id: bytes = limits(size=SESSION_ID_LEN)
     sender: str = limits(max_len=MAX_PEER_ID)
-    relay: Relay
+    handoff: Handoff
     detail: str = limits(max_len=256)
 
 
@@ -224,7 +225,7 @@ class Relink(Message):
 REQUESTS = (SessionOpen, Forward, Rollback, SessionClose, Relink)
 #: what a server may answer
 REPLIES = (SessionAccepted, SessionRefused, ForwardResult, SessionAck, SessionError,
-           RelayRejected)
+           HandoffRejected)
 
 
 def _check_link(next_peer: str, next_session: bytes) -> None:
@@ -233,11 +234,11 @@ def _check_link(next_peer: str, next_session: bytes) -> None:
         raise ValueError("a next hop needs both a peer and a 16-byte session id")
 
 
-def relay_signing_bytes(session_id: bytes, step: int, start_pos: int, n: int,
-                        data: bytes) -> bytes:
-    """What a Relay's sender signs: the receiving session, the step, the positions and a
+def handoff_signing_bytes(session_id: bytes, step: int, start_pos: int, n: int,
+                          data: bytes) -> bytes:
+    """What a Handoff's sender signs: the receiving session, the step, the positions and a
     digest of the hidden states (so the frame can be shown to the requester as evidence)."""
-    return b"".join([RELAY_DOMAIN, session_id, step.to_bytes(8, "big"),
+    return b"".join([HANDOFF_DOMAIN, session_id, step.to_bytes(8, "big"),
                      start_pos.to_bytes(8, "big"), n.to_bytes(8, "big"), digest(data)])
 
 

@@ -25,20 +25,20 @@ of them (``SessionOpen``), then sends ``Forward`` frames of hidden states, ``Rol
 * Only the peer that opened a session may use it; any other peer is told UNKNOWN_SESSION.
 
 * Forwarding: a session opened with a next hop answers a ``Forward`` whose ``reply`` is
-  false by relaying its output to the next hop (``SendRelay``: the driver signs it and sends
+  false by handing its output off to the next hop (``SendHandoff``: the driver signs it and sends
   it on its own stream to that peer) instead of answering; a session without a next hop
-  answers its opener either way. A ``Relay`` is taken only from the session's ``upstream``
+  answers its opener either way. A ``Handoff`` is taken only from the session's ``upstream``
   (the requester sets it at open and by ``Relink``); one from anyone else, for no open
-  session, or while the session computes is ignored (a race with a replacement). A relay
+  session, or while the session computes is ignored (a race with a replacement). A handoff
   that fails protocol.inference.forwarding's check, or whose values the driver finds non-finite,
-  is reported to the opener as ``RelayRejected`` with the frame as evidence; the session
-  stays open and no one is penalized here (the requester judges). A relay the driver could
-  not send (``RelayFailed``) is reported as ``SessionError(NEXT_HOP_FAILED)``; the session
+  is reported to the opener as ``HandoffRejected`` with the frame as evidence; the session
+  stays open and no one is penalized here (the requester judges). A handoff the driver could
+  not send (``HandoffFailed``) is reported as ``SessionError(NEXT_HOP_FAILED)``; the session
   stays open, its cache holds the positions, and the requester relinks it.
 
-Effects: ``Send`` (every reply), ``RunForward`` (compute), ``SendRelay``, ``CropCache``,
-``FreeCache``, ``Penalize``, ``Emit``. Events: ``Received`` (a decoded request or relay),
-``ForwardDone``, ``ForwardFailed``, ``RelayFailed``, ``Tick``, and ``Misbehaved`` (a fault
+Effects: ``Send`` (every reply), ``RunForward`` (compute), ``SendHandoff``, ``CropCache``,
+``FreeCache``, ``Penalize``, ``Emit``. Events: ``Received`` (a decoded request or handoff),
+``ForwardDone``, ``ForwardFailed``, ``HandoffFailed``, ``Tick``, and ``Misbehaved`` (a fault
 the driver saw, on either side of a session: one penalty rule for both).
 """
 
@@ -48,14 +48,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from protocol.errors import InvalidMessage
-from protocol.inference.forwarding import RelayFailed, SendRelay, relay_problem
+from protocol.inference.forwarding import HandoffFailed, SendHandoff, handoff_problem
 from protocol.inference.messages import (
     Forward,
     ForwardResult,
+    Handoff,
+    HandoffRejected,
     Precision,
     Refusal,
-    Relay,
-    RelayRejected,
     Relink,
     Rollback,
     SessionAccepted,
@@ -162,8 +162,8 @@ class _Session:
     next_peer: str = ""
     next_session: bytes = b""
     link_delay_ms: int = 0
-    #: the computation running: (its step, whether it answers the opener, the relay it came in)
-    pending: tuple[int, bool, tuple[str, Relay] | None] = (0, True, None)
+    #: the computation running: (its step, whether it answers the opener, the handoff it came in)
+    pending: tuple[int, bool, tuple[str, Handoff] | None] = (0, True, None)
 
 
 class SessionServer:
@@ -207,7 +207,7 @@ class SessionServer:
             return self._done(event, now)
         if isinstance(event, ForwardFailed):
             return self._failed(event)
-        if isinstance(event, RelayFailed):
+        if isinstance(event, HandoffFailed):
             session = self.sessions.get(event.session_id)
             return [] if session is None else [Send(session.peer, SessionError(
                 session_id=event.session_id, reason=Refusal.NEXT_HOP_FAILED,
@@ -221,8 +221,8 @@ class SessionServer:
     def _request(self, peer: str, msg: object, now: int) -> list[Effect]:
         if isinstance(msg, SessionOpen):
             return self._open(peer, msg, now)
-        if isinstance(msg, Relay):
-            return self._relay_in(peer, msg, now)
+        if isinstance(msg, Handoff):
+            return self._handoff_in(peer, msg, now)
         if not isinstance(msg, Forward | Rollback | SessionClose | Relink):
             return [Penalize(peer, "inference: not a session request", MALFORMED_POINTS)]
         sid = msg.session_id
@@ -257,18 +257,18 @@ class SessionServer:
         return self._start(session, sid, msg.start_pos, msg.n, msg.data,
                            (msg.step, msg.reply, None))
 
-    def _relay_in(self, peer: str, msg: Relay, now: int) -> list[Effect]:
+    def _handoff_in(self, peer: str, msg: Handoff, now: int) -> list[Effect]:
         sid = msg.session_id
         session = self.sessions.get(sid)
         if session is None or not session.upstream or session.upstream != peer or session.busy:
             why = "no session" if session is None else "busy" if session.busy else "not upstream"
-            return [Emit("inference_relay_ignored", {"peer": peer, "why": why})]
+            return [Emit("inference_handoff_ignored", {"peer": peer, "why": why})]
         session.last_active_ms = now
-        problem = relay_problem(msg, hidden_size=self.served.hidden_size,
-                                precision=session.precision, cached=session.length)
+        problem = handoff_problem(msg, hidden_size=self.served.hidden_size,
+                                  precision=session.precision, cached=session.length)
         if problem:
-            return [Send(session.peer, RelayRejected(session_id=sid, sender=peer, relay=msg,
-                                                     detail=problem[:256]))]
+            return [Send(session.peer, HandoffRejected(session_id=sid, sender=peer,
+                                                       handoff=msg, detail=problem[:256]))]
         return self._start(session, sid, msg.start_pos, msg.n, msg.data,
                            (msg.step, False, (peer, msg)))
 
@@ -307,7 +307,7 @@ class SessionServer:
                                                   "end": msg.end})]
 
     def _start(self, session: _Session, sid: bytes, start_pos: int, n: int, data: bytes,
-               pending: tuple[int, bool, tuple[str, Relay] | None]) -> list[Effect]:
+               pending: tuple[int, bool, tuple[str, Handoff] | None]) -> list[Effect]:
         """Compute n positions from start_pos (rolled back to start_pos first)."""
         if start_pos + n > session.max_length:
             self._drop(sid)
@@ -332,9 +332,9 @@ class SessionServer:
         session.length = event.start_pos + event.n
         step, reply, _ = session.pending
         if not reply and session.next_peer:
-            return [SendRelay(peer=session.next_peer, from_session=event.session_id,
-                              session_id=session.next_session, step=step,
-                              start_pos=event.start_pos, n=event.n, data=event.data)]
+            return [SendHandoff(peer=session.next_peer, from_session=event.session_id,
+                                session_id=session.next_session, step=step,
+                                start_pos=event.start_pos, n=event.n, data=event.data)]
         return [Send(session.peer, ForwardResult(
             session_id=event.session_id, start_pos=event.start_pos, n=event.n, data=event.data,
             compute_ms=event.compute_ms))]
@@ -344,11 +344,11 @@ class SessionServer:
         if session is None:
             return []
         evidence = session.pending[2]
-        if event.bad_input and evidence is not None:  # the relay's values: the opener judges
+        if event.bad_input and evidence is not None:  # the handoff's values: the opener judges
             session.busy = False
-            return [Send(session.peer, RelayRejected(session_id=event.session_id,
-                                                     sender=evidence[0], relay=evidence[1],
-                                                     detail=event.detail[:256]))]
+            return [Send(session.peer, HandoffRejected(session_id=event.session_id,
+                                                       sender=evidence[0], handoff=evidence[1],
+                                                       detail=event.detail[:256]))]
         if event.bad_input:
             return self._malformed(event.session_id, event.detail)
         self._drop(event.session_id)

@@ -9,7 +9,7 @@ drafts k tokens (``draft_ms`` each) and sends the pending token and the drafts t
 chain; every link costs t1 plus up to ``jitter_ms``, and every server computes its blocks for
 the k + 1 positions (``ms_per_block * blocks * (1 + position_cost * k)``: a CPU runs extra
 positions for a fraction of the first one's cost). ``topology = "pipeline"`` (the default)
-is the daemon's chain with stage-to-stage forwarding: each server relays to the next and the
+is the daemon's chain with stage-to-stage forwarding: each server hands off to the next and the
 last answers the requester, N + 1 links a step; ``"client"`` is its direct way: the requester
 sends to each server in turn and gets its output back, 2 N links. Drafts match the target's choice with probability ``acceptance``
 each; the requester verifies them with protocol.inference.speculative's greedy rule, and the

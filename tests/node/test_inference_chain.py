@@ -30,13 +30,13 @@ from node.inference.local import local_pair  # noqa: E402
 from node.inference.server import StageHost  # noqa: E402
 from node.inference.wire import SessionStream, pack_hidden  # noqa: E402
 from node.transport import StreamGone  # noqa: E402
-from protocol.inference.forwarding import SendRelay  # noqa: E402
+from protocol.inference.forwarding import SendHandoff  # noqa: E402
 from protocol.inference.messages import (  # noqa: E402
     Forward,
     ForwardResult,
+    Handoff,
+    HandoffRejected,
     Precision,
-    Relay,
-    RelayRejected,
     SessionError,
 )
 from protocol.inference.routing import Server  # noqa: E402
@@ -87,7 +87,7 @@ def gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def peer_of(name: str) -> str:
-    """The peer id of the test server called ``name`` (a real key: relays are signed)."""
+    """The peer id of the test server called ``name`` (a real key: handoffs are signed)."""
     return identity_of(name).peer_id
 
 
@@ -186,7 +186,7 @@ def test_two_stage_chain_is_token_identical(gguf: Path, precision: Precision,
         chain = net.chain(precision, forwarding)
         out, route = await generate(net, chain)
         assert route == ["a", "b"] and chain.recoveries == 0
-        # forwarded: a relays to b over a's own stream; direct: the requester talks to both
+        # forwarded: a hands off to b over a's own stream; direct: the requester talks to both
         assert ((peer_of("a"), peer_of("b")) in net.opened) == forwarding
         assert not any(h.links for h in net.hosts.values())  # closed with the sessions
         return out
@@ -197,7 +197,7 @@ def test_two_stage_chain_is_token_identical(gguf: Path, precision: Precision,
 @pytest.mark.parametrize("me", ["a", "b"])
 def test_a_requester_that_serves_blocks_is_a_hop_of_its_own_chain(gguf: Path, me: str) -> None:
     """The requester ``me`` serves a stage too: its own hop is reached over an in-process stream
-    (node.inference.local) and the other stage relays to it, or it relays on, as between
+    (node.inference.local) and the other stage hands off to it, or it hands off on, as between
     remote stages; the output is the single-process model's."""
 
     async def body(net: Net) -> list[int]:
@@ -244,25 +244,26 @@ def test_a_local_stream_ends_and_resets_like_a_network_one() -> None:
 
 
 class GarbageRelayHost(StageHost):
-    """Relays NaN hidden states (signed: the frame is its own)."""
+    """Hands off NaN hidden states (signed: the frame is its own)."""
 
-    async def _relay(self, out: SendRelay) -> list[Any]:
+    async def _hand_off(self, out: SendHandoff) -> list[Any]:
         bad = np.full((out.n, tiny.HIDDEN), np.nan, np.float32).astype("<f2").tobytes()
-        return await super()._relay(dataclasses.replace(out, data=bad))
+        return await super()._hand_off(dataclasses.replace(out, data=bad))
 
 
 class FalseReporterHost(StageHost):
-    """Reports every relay it gets as bad, with the (good) frame as evidence."""
+    """Reports every handoff it gets as bad, with the (good) frame as evidence."""
 
     async def serve(self, peer: str, raw: Any) -> None:
         handle = self.machine.handle
 
         def lying(event: Any, now: int) -> list[Any]:
             msg = getattr(event, "message", None)
-            if isinstance(msg, Relay):
+            if isinstance(msg, Handoff):
                 opener = self.machine.sessions[msg.session_id].peer
-                return [Send(opener, RelayRejected(session_id=msg.session_id, sender=event.peer,
-                                                   relay=msg, detail="says it is bad"))]
+                return [Send(opener, HandoffRejected(session_id=msg.session_id,
+                                                     sender=event.peer, handoff=msg,
+                                                     detail="says it is bad"))]
             return handle(event, now)
 
         self.machine.handle = lying  # type: ignore[method-assign]
@@ -271,9 +272,9 @@ class FalseReporterHost(StageHost):
 
 @pytest.mark.parametrize(("host", "culprit"), [(GarbageRelayHost, "a"),
                                                (FalseReporterHost, "b")])
-def test_a_bad_relay_is_blamed_on_the_stage_at_fault(gguf: Path, host: type,
+def test_a_bad_handoff_is_blamed_on_the_stage_at_fault(gguf: Path, host: type,
                                                       culprit: str) -> None:
-    """The stage that relays garbage, or the one that falsely reports a good relay, is the
+    """The stage that hands off garbage, or the one that falsely reports a good handoff, is the
     one penalized and replaced; the output is unchanged."""
 
     async def body(net: Net) -> tuple[list[int], Net, Chain]:
@@ -446,7 +447,7 @@ def test_a_bad_frame_from_a_requester_is_reported(gguf: Path, frame: bytes, faul
 def test_a_silent_stream_ends_after_the_idle_timeout_unless_its_session_is_open(
         gguf: Path) -> None:
     """A stream with no open session ends once silent for the idle timeout; the opener's
-    stream of a forwarded session (fed by relays, silent itself) stays while it is open."""
+    stream of a forwarded session (fed by handoffs, silent itself) stays while it is open."""
 
     async def body(net: Net) -> None:
         net.serve("a", 0, 2, SessionLimits(idle_timeout_ms=1000))

@@ -1,26 +1,28 @@
 """protocol.inference: stage-to-stage forwarding in the session machine, and who is blamed for
-a bad relay (protocol.inference.forwarding.judge_rejection)."""
+a bad handoff (protocol.inference.forwarding.judge_rejection)."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
 import pytest
 
+from crypto.hashing import digest
 from crypto.keys import Identity
-from protocol.inference.forwarding import RelayFailed, SendRelay, judge_rejection
+from protocol.inference.forwarding import HandoffFailed, SendHandoff, judge_rejection
 from protocol.inference.messages import (
     Forward,
     ForwardResult,
+    Handoff,
+    HandoffRejected,
     Precision,
     Refusal,
-    Relay,
-    RelayRejected,
     Relink,
     SessionAck,
     SessionError,
     SessionOpen,
-    relay_signing_bytes,
+    handoff_signing_bytes,
 )
 from protocol.inference.session import (
     ForwardDone,
@@ -46,51 +48,60 @@ def machine() -> SessionServer:
     return server
 
 
-def relay(sender: Identity = UP, start: int = 0, n: int = 2, step: int = 7,
-          data: bytes | None = None) -> Relay:
+def handoff(sender: Identity = UP, start: int = 0, n: int = 2, step: int = 7,
+            data: bytes | None = None) -> Handoff:
     data = b"\0" * (n * C * 2) if data is None else data
-    return Relay(session_id=SID, step=step, start_pos=start, n=n, data=data,
-                 signature=sender.sign(relay_signing_bytes(SID, step, start, n, data)))
+    return Handoff(session_id=SID, step=step, start_pos=start, n=n, data=data,
+                   signature=sender.sign(handoff_signing_bytes(SID, step, start, n, data)))
 
 
-def test_a_relay_from_upstream_is_computed_and_relayed_on() -> None:
+def test_handoff_signing_bytes_are_pinned() -> None:
+    """The signed bytes (their domain still says "relay", the messages' former name) do not
+    change with a rename: a change here changes every handoff signature on the network."""
+    signed = handoff_signing_bytes(SID, 7, 3, 2, b"xy")
+    assert signed == (b"symphony/inference-relay/v1\0" + SID + (7).to_bytes(8, "big")
+                      + (3).to_bytes(8, "big") + (2).to_bytes(8, "big") + digest(b"xy"))
+    assert hashlib.sha256(signed).hexdigest()[:16] == "ac621e102baf204b"
+
+
+def test_a_handoff_from_upstream_is_computed_and_handed_on() -> None:
     server = machine()
-    effects = server.handle(Received(UP.peer_id, relay()), 1)
+    effects = server.handle(Received(UP.peer_id, handoff()), 1)
     assert [type(e) for e in effects] == [RunForward]
     done = server.handle(ForwardDone(SID, 0, 2, b"out", 3), 2)
-    assert done == [SendRelay(peer=NEXT.peer_id, from_session=SID, session_id=NEXT_SID,
-                              step=7, start_pos=0, n=2, data=b"out")]
+    assert done == [SendHandoff(peer=NEXT.peer_id, from_session=SID, session_id=NEXT_SID,
+                                step=7, start_pos=0, n=2, data=b"out")]
     # a Forward that asks for the answer (a replay) answers the opener instead
     server.handle(Received("req", Forward(session_id=SID, start_pos=0, n=1, data=b"\0" * 16)), 3)
     answer = server.handle(ForwardDone(SID, 0, 1, b"o", 1), 4)
     assert [type(e.message) for e in answer if isinstance(e, Send)] == [ForwardResult]
-    # the relay could not be sent: the opener hears it, the session stays
-    failed = server.handle(RelayFailed(SID, "gone"), 5)
+    # the handoff could not be sent: the opener hears it, the session stays
+    failed = server.handle(HandoffFailed(SID, "gone"), 5)
     assert isinstance(failed[0], Send) and isinstance(failed[0].message, SessionError)
     assert failed[0].message.reason is Refusal.NEXT_HOP_FAILED and SID in server.sessions
 
 
-def test_relays_from_others_are_ignored_and_bad_ones_reported_with_evidence() -> None:
+def test_handoffs_from_others_are_ignored_and_bad_ones_reported_with_evidence() -> None:
     server = machine()
-    stranger = server.handle(Received(NEXT.peer_id, relay(NEXT)), 1)
+    stranger = server.handle(Received(NEXT.peer_id, handoff(NEXT)), 1)
     assert all(isinstance(e, Emit) for e in stranger)
-    short = server.handle(Received(UP.peer_id, relay(data=b"\0" * 3)), 1)
-    ahead = server.handle(Received(UP.peer_id, relay(start=5)), 1)
+    short = server.handle(Received(UP.peer_id, handoff(data=b"\0" * 3)), 1)
+    ahead = server.handle(Received(UP.peer_id, handoff(start=5)), 1)
     for effects, why in ((short, "bytes"), (ahead, "positions")):
         assert len(effects) == 1 and isinstance(effects[0], Send), effects
         msg = effects[0].message
-        assert effects[0].peer == "req" and isinstance(msg, RelayRejected) and why in msg.detail
+        assert effects[0].peer == "req" and isinstance(msg, HandoffRejected) and why in msg.detail
         assert msg.sender == UP.peer_id
     assert not any(isinstance(e, Penalize) for e in short + ahead)
     # the stream authenticates the upstream: a well-formed frame is computed whatever its
     # signature (that is evidence for the judge, who checks it: see the judge's tests)
-    unsigned = server.handle(Received(UP.peer_id, relay(NEXT)), 1)
+    unsigned = server.handle(Received(UP.peer_id, handoff(NEXT)), 1)
     assert [type(e) for e in unsigned] == [RunForward]
     server.handle(ForwardDone(SID, 0, 2, b"out", 3), 2)
-    server.handle(Received(UP.peer_id, relay()), 2)
+    server.handle(Received(UP.peer_id, handoff()), 2)
     nan = server.handle(ForwardFailed(SID, True, "non-finite"), 3)
-    assert isinstance(nan[0], Send) and isinstance(nan[0].message, RelayRejected)
-    assert not server.sessions[SID].busy  # the session stays for the replacement's relay
+    assert isinstance(nan[0], Send) and isinstance(nan[0].message, HandoffRejected)
+    assert not server.sessions[SID].busy  # the session stays for the replacement's handoff
 
 
 def test_relink_moves_the_links() -> None:
@@ -98,15 +109,15 @@ def test_relink_moves_the_links() -> None:
     acked = server.handle(Received("req", Relink(session_id=SID, upstream=NEXT.peer_id,
                                                  next_peer="", next_session=b"")), 1)
     assert [type(e.message) for e in acked if isinstance(e, Send)] == [SessionAck]
-    assert all(isinstance(e, Emit) for e in server.handle(Received(UP.peer_id, relay()), 2))
-    server.handle(Received(NEXT.peer_id, relay(NEXT)), 2)
+    assert all(isinstance(e, Emit) for e in server.handle(Received(UP.peer_id, handoff()), 2))
+    server.handle(Received(NEXT.peer_id, handoff(NEXT)), 2)
     out = server.handle(ForwardDone(SID, 0, 2, b"o", 1), 3)  # no next hop: the opener
     assert [type(e.message) for e in out if isinstance(e, Send)] == [ForwardResult]
     with pytest.raises(ValueError, match="both a peer"):
         Relink(session_id=SID, upstream="", next_peer="x", next_session=b"").check()
 
 
-def judge(rejected: RelayRejected, **kw: object) -> tuple[tuple[str, ...], bool]:
+def judge(rejected: HandoffRejected, **kw: object) -> tuple[tuple[str, ...], bool]:
     args: dict[str, object] = dict(upstream=UP.peer_id, step=7, start_pos=0, n=2,
                                    hidden_size=C, precision=Precision.FP16, finite=True)
     args.update(kw)
@@ -115,24 +126,25 @@ def judge(rejected: RelayRejected, **kw: object) -> tuple[tuple[str, ...], bool]
 
 
 @pytest.mark.parametrize(("frame", "kw", "blamed", "penalized"), [
-    (relay(), {}, "reporter", True),  # a good frame of this step: the reporter lied
-    (relay(), {"finite": False}, "sender", True),  # signed NaNs
-    (relay(data=b"\0" * 5), {}, "sender", True),  # signed, wrong byte count
-    (relay(start=3), {}, "sender", True),  # this step, other positions
-    (relay(step=6, start=3), {}, "both", False),  # another step: proves nothing
-    (relay(NEXT), {}, "both", False),  # not the sender's signature
+    (handoff(), {}, "reporter", True),  # a good frame of this step: the reporter lied
+    (handoff(), {"finite": False}, "sender", True),  # signed NaNs
+    (handoff(data=b"\0" * 5), {}, "sender", True),  # signed, wrong byte count
+    (handoff(start=3), {}, "sender", True),  # this step, other positions
+    (handoff(step=6, start=3), {}, "both", False),  # another step: proves nothing
+    (handoff(NEXT), {}, "both", False),  # not the sender's signature
 ])
-def test_the_judge_blames_the_stage_at_fault(frame: Relay, kw: dict[str, object], blamed: str,
+def test_the_judge_blames_the_stage_at_fault(frame: Handoff, kw: dict[str, object], blamed: str,
                                              penalized: bool) -> None:
-    rejected = RelayRejected(session_id=SID, sender=UP.peer_id, relay=frame, detail="bad")
+    rejected = HandoffRejected(session_id=SID, sender=UP.peer_id, handoff=frame, detail="bad")
     want = {"reporter": (ME.peer_id,), "sender": (UP.peer_id,),
             "both": (UP.peer_id, ME.peer_id)}[blamed]
     assert judge(rejected, **kw) == (want, penalized)
 
 
 def test_evidence_from_a_peer_not_upstream_is_the_reporters_fault() -> None:
-    rejected = RelayRejected(session_id=SID, sender=NEXT.peer_id, relay=relay(NEXT), detail="")
+    rejected = HandoffRejected(session_id=SID, sender=NEXT.peer_id, handoff=handoff(NEXT),
+                               detail="")
     assert judge(rejected) == ((ME.peer_id,), True)
-    other = dataclasses.replace(relay(), session_id=b"o" * 16)
-    assert judge(RelayRejected(session_id=SID, sender=UP.peer_id, relay=other,
-                               detail="")) == ((ME.peer_id,), True)
+    other = dataclasses.replace(handoff(), session_id=b"o" * 16)
+    assert judge(HandoffRejected(session_id=SID, sender=UP.peer_id, handoff=other,
+                                 detail="")) == ((ME.peer_id,), True)

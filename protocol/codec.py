@@ -346,3 +346,19 @@ def decode(
 def registered() -> dict[int, type[Message]]:
     """Tag -> message class, for tests and docs."""
     return dict(_REGISTRY)
+
+
+def peek_tag_version(payload: bytes) -> tuple[int, int] | None:
+    """The (tag, version) heading a payload, or None when it does not start like a message
+    (read without decoding the rest: a receiver tells an unknown version from garbage)."""
+    unpacker = msgpack.Unpacker(max_buffer_size=len(payload) + 1)
+    unpacker.feed(payload)
+    try:
+        if unpacker.read_array_header() < 2:
+            return None
+        tag, version = unpacker.unpack(), unpacker.unpack()
+    except Exception:  # msgpack raises many types on garbage
+        return None
+    if type(tag) is not int or type(version) is not int:
+        return None
+    return tag, version

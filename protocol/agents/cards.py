@@ -39,10 +39,8 @@ from protocol.ledger.records import (
     MAX_CLOCK_SKEW_MS,
     MAX_PEER_ID_LEN,
     MAX_RECORD_TTL_MS,
-    Rejected,
-    Rejection,
-    _check_times,
-    _open,
+    check_own_record,
+    open_signed,
 )
 
 AGENTS_DOMAIN = "symphony/ledger/agents/v1"
@@ -199,11 +197,8 @@ def open_agent_cards(
 ) -> AgentCards:
     """The checked record in ``envelope``, or ``Rejected`` (``signer``: the envelope's peer id
     where the caller has it cached, as for protocol.ledger.records.open_capability)."""
-    record = _open(envelope, AGENTS_DOMAIN, _AGENTS_FAMILY, MAX_AGENT_CARDS_BYTES, AgentCards)
-    if record.network_id != network_id:
-        raise Rejected(Rejection.WRONG_NETWORK, f"network {record.network_id!r}")
-    if record.peer_id != (signer if signer is not None else envelope.signer):
-        raise Rejected(Rejection.SIGNER_NOT_SUBJECT, f"agent cards for {record.peer_id}")
-    _check_times(record.issued_at_ms, record.expires_at_ms, now_ms, max_ttl_ms, skew_ms)
+    record = open_signed(envelope, AGENTS_DOMAIN, _AGENTS_FAMILY, MAX_AGENT_CARDS_BYTES,
+                         AgentCards)
+    check_own_record(record, envelope, network_id, now_ms, signer, max_ttl_ms, skew_ms)
     return record
 

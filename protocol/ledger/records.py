@@ -27,11 +27,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import msgpack
+from typing import Protocol
 
 from crypto.envelope import Envelope, EnvelopeError
-from protocol.codec import M, Message, decode, limits, message
+from protocol.codec import M, Message, decode, limits, message, peek_tag_version
 from protocol.errors import InvalidMessage
 
 CAPABILITY_DOMAIN = "symphony/ledger/capability/v1"
@@ -81,13 +80,8 @@ class AttestationKind(enum.Enum):
     RELAY_WITHHELD = "relay_withheld"
 
 
-_NEEDS_EVIDENCE = frozenset(
-    {
-        AttestationKind.VERIFICATION_FAILED,
-        AttestationKind.VERDICT_CONTRADICTED,
-        AttestationKind.RELAY_BAD_CHUNK,
-    }
-)
+_NEEDS_EVIDENCE = frozenset({AttestationKind.VERIFICATION_FAILED,
+                             AttestationKind.VERDICT_CONTRADICTED, AttestationKind.RELAY_BAD_CHUNK})
 
 
 class Rejection(enum.Enum):
@@ -273,30 +267,19 @@ class Attestation(Message):
 # ---------------------------------------------------------------- checks
 
 
-def _peek_tag_version(payload: bytes) -> tuple[int, int] | None:
-    """The (tag, version) heading a payload, or None when it does not start like a message."""
-    unpacker = msgpack.Unpacker(max_buffer_size=len(payload) + 1)
-    unpacker.feed(payload)
-    try:
-        if unpacker.read_array_header() < 2:
-            return None
-        tag, version = unpacker.unpack(), unpacker.unpack()
-    except Exception:  # msgpack raises many types on garbage
-        return None
-    if type(tag) is not int or type(version) is not int:
-        return None
-    return tag, version
-
-
 def envelope_hash(envelope: Envelope) -> bytes:
     """The envelope's content hash. Pure: a function of its bytes (a driver may share it
     through a ``protocol.machine.Memo``)."""
     return envelope.content_hash
 
 
-def _open(envelope: Envelope, domain: str, family: str, max_bytes: int, expect: type[M]) -> M:
-    """Size, domain, signature, version and decoding checks: a pure function of the envelope's
-    bytes; time and network checks follow."""
+def open_signed(envelope: Envelope, domain: str, family: str, max_bytes: int,
+                expect: type[M]) -> M:
+    """The ``expect`` in ``envelope`` after the size, domain, signature, version and decoding
+    checks, or ``Rejected``: a pure function of the envelope's bytes. ``family`` is the
+    domain without its version (a domain of the family, other version, is UNKNOWN_VERSION).
+    Every signed ledger record opens through it (capabilities, attestations, agent cards);
+    :func:`check_own_record` follows for the network, signer and time checks."""
     if len(envelope.payload) > max_bytes:
         raise Rejected(Rejection.OVERSIZED, f"{len(envelope.payload)} bytes > {max_bytes}")
     if envelope.domain != domain:
@@ -307,7 +290,7 @@ def _open(envelope: Envelope, domain: str, family: str, max_bytes: int, expect: 
         payload = envelope.verify(domain)
     except EnvelopeError as exc:
         raise Rejected(Rejection.BAD_SIGNATURE, str(exc)) from None
-    head = _peek_tag_version(payload)
+    head = peek_tag_version(payload)
     if head is not None and head[0] == expect.TAG and head[1] != expect.VERSION:
         raise Rejected(Rejection.UNKNOWN_VERSION, f"{expect.__name__} v{head[1]}")
     try:
@@ -316,9 +299,11 @@ def _open(envelope: Envelope, domain: str, family: str, max_bytes: int, expect: 
         raise Rejected(Rejection.MALFORMED, str(exc)) from None
 
 
-def _check_times(
+def check_times(
     start_ms: int, expires_at_ms: int, now_ms: int, max_ttl_ms: int, skew_ms: int
 ) -> None:
+    """``Rejected`` unless a record issued at ``start_ms`` and expiring at ``expires_at_ms``
+    lives at most ``max_ttl_ms``, is not from more than ``skew_ms`` ahead and not expired."""
     if start_ms > now_ms + skew_ms:
         raise Rejected(Rejection.FROM_FUTURE, f"issued at {start_ms}, now {now_ms}")
     if expires_at_ms - start_ms > max_ttl_ms or expires_at_ms > now_ms + max_ttl_ms + skew_ms:
@@ -327,12 +312,37 @@ def _check_times(
         raise Rejected(Rejection.EXPIRED, f"expired at {expires_at_ms}, now {now_ms}")
 
 
+class OwnRecord(Protocol):
+    """A record a node signs about itself (a capability record, its agent cards)."""
+
+    @property
+    def network_id(self) -> str: ...
+    @property
+    def peer_id(self) -> str: ...
+    @property
+    def issued_at_ms(self) -> int: ...
+    @property
+    def expires_at_ms(self) -> int: ...
+
+
+def check_own_record(record: OwnRecord, envelope: Envelope, network_id: str, now_ms: int,
+                     signer: str | None, max_ttl_ms: int, skew_ms: int) -> None:
+    """``Rejected`` unless ``record`` is of our network, signed by the peer it is about
+    (``signer``: the envelope's peer id where the caller has it cached) and within its times."""
+    if record.network_id != network_id:
+        raise Rejected(Rejection.WRONG_NETWORK, f"network {record.network_id!r}")
+    if record.peer_id != (signer if signer is not None else envelope.signer):
+        raise Rejected(Rejection.SIGNER_NOT_SUBJECT,
+                       f"{type(record).__name__} for {record.peer_id}")
+    check_times(record.issued_at_ms, record.expires_at_ms, now_ms, max_ttl_ms, skew_ms)
+
+
 def signed_capability(envelope: Envelope) -> CapabilityRecord:
     """The record in ``envelope`` after the size, domain, signature, version and decoding
     checks, or ``Rejected``. Pure: a function of the envelope's bytes alone, whose result is
     never mutated (a driver may share it through a ``protocol.machine.Memo``); the checks of
     network, signer and times follow in :func:`open_capability`."""
-    return _open(
+    return open_signed(
         envelope, CAPABILITY_DOMAIN, _CAPABILITY_FAMILY, MAX_RECORD_BYTES, CapabilityRecord
     )
 
@@ -340,7 +350,7 @@ def signed_capability(envelope: Envelope) -> CapabilityRecord:
 def signed_attestation(envelope: Envelope) -> Attestation:
     """The attestation in ``envelope`` after the checks of :func:`signed_capability` (pure
     likewise); :func:`open_attestation` adds those of network, observer and times."""
-    return _open(
+    return open_signed(
         envelope, ATTESTATION_DOMAIN, _ATTESTATION_FAMILY, MAX_ATTESTATION_BYTES, Attestation
     )
 
@@ -359,11 +369,7 @@ def open_capability(
     ``signed`` is :func:`signed_capability` or the caller's memo of it.
     """
     record = signed(envelope)
-    if record.network_id != network_id:
-        raise Rejected(Rejection.WRONG_NETWORK, f"network {record.network_id!r}")
-    if record.peer_id != (signer if signer is not None else envelope.signer):
-        raise Rejected(Rejection.SIGNER_NOT_SUBJECT, f"record for {record.peer_id}")
-    _check_times(record.issued_at_ms, record.expires_at_ms, now_ms, max_ttl_ms, skew_ms)
+    check_own_record(record, envelope, network_id, now_ms, signer, max_ttl_ms, skew_ms)
     return record
 
 
@@ -383,5 +389,5 @@ def open_attestation(
         raise Rejected(Rejection.WRONG_NETWORK, f"network {att.network_id!r}")
     if att.subject == (signer if signer is not None else envelope.signer):
         raise Rejected(Rejection.SELF_ATTESTATION, "an observer may not attest itself")
-    _check_times(att.observed_at_ms, att.expires_at_ms, now_ms, max_ttl_ms, skew_ms)
+    check_times(att.observed_at_ms, att.expires_at_ms, now_ms, max_ttl_ms, skew_ms)
     return att

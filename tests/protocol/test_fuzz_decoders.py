@@ -17,10 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from crypto.envelope import Envelope, EnvelopeError
-from protocol.codec import Message, decode, encode
+from protocol.codec import Message, decode, encode, peek_tag_version
 from protocol.envelopes import open_envelope
 from protocol.errors import InvalidMessage
-from protocol.ledger.records import _peek_tag_version
 from protocol.verification.rules import decode_proof, unpack_ids
 from tests.protocol.fuzzing import SIGNERS, Unbuilt, all_message_classes, frame_of, mutate
 
@@ -121,5 +120,5 @@ def test_proofs_and_token_ids_raise_value_error_only(data: bytes) -> None:
             parse(data)
         except ValueError:
             pass
-    peeked = _peek_tag_version(data)
+    peeked = peek_tag_version(data)
     assert peeked is None or all(type(x) is int for x in peeked)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import click
+
+from node.cli.daemon_api import api_client, call, data_dir_option, echo_json
 
 #: a generation may take long on CPUs and slow links; the client waits this long
 GENERATE_TIMEOUT_S = 600.0
@@ -37,7 +37,7 @@ WAIT_POLL_S = 0.5
               help="While some of the model's blocks are offered by no one yet (a server "
                    "still loading, an offer not yet in the ledger), wait up to this long, "
                    "saying which are missing; then fail naming them.")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+@data_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the daemon's JSON answer.")
 def generate(prompt: str, max_tokens: int, speculative: int, rule: str, temperature: float,
              top_p: float, seed: int, wait_s: float, data_dir: str | None,
@@ -48,25 +48,14 @@ def generate(prompt: str, max_tokens: int, speculative: int, rule: str, temperat
     sampling with --temperature), and reports tokens/s, the acceptance rate (with
     --speculative) and the chain used.
     """
-    import httpx
-
-    from node.config import default_data_dir
-    from node.control import ApiClient, DaemonNotRunning
-
-    client = ApiClient(Path(data_dir).expanduser() if data_dir else default_data_dir(),
-                       timeout_s=GENERATE_TIMEOUT_S)
-    try:
-        left_s = wait_for_blocks(client.get, wait_s)
-        result = client.post("/inference/generate", json={
-            "prompt": prompt, "max_tokens": max_tokens, "speculative": speculative,
-            "rule": rule, "temperature": temperature, "top_p": top_p, "seed": seed,
-            "wait_s": left_s})
-    except DaemonNotRunning as exc:
-        raise click.ClickException(str(exc)) from None
-    except httpx.HTTPStatusError as exc:
-        raise click.ClickException(_message(exc.response)) from None
+    client = api_client(data_dir, timeout_s=GENERATE_TIMEOUT_S)
+    left_s = call(wait_for_blocks, client.get, wait_s)
+    result = call(client.post, "/inference/generate", json={
+        "prompt": prompt, "max_tokens": max_tokens, "speculative": speculative,
+        "rule": rule, "temperature": temperature, "top_p": top_p, "seed": seed,
+        "wait_s": left_s})
     if as_json:
-        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        echo_json(result)
         return
     print_result(result)
 
@@ -90,13 +79,6 @@ def wait_for_blocks(get: Any, wait_s: float) -> float:
                        f"{info.get('model', '?')}: offered by no peer yet", err=True)
             shown = missing
         time.sleep(min(WAIT_POLL_S, left))
-
-
-def _message(response: Any) -> str:
-    try:
-        return str(response.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return f"HTTP {response.status_code}: {response.text[:200]}"
 
 
 def print_result(r: dict[str, Any]) -> None:

@@ -16,15 +16,13 @@ from typing import Any
 
 import click
 
-from node.cli.node import _data_dir
+from node.cli.daemon_api import data_dir_option, resolve_data_dir
 from node.cli.node import run as node_run
 from node.config import CONFIG_FILE_NAME
 
 
 @click.command()
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-              help="Data directory of the running node (default: $SYMPHONY_DATA_DIR or "
-                   "~/.symphony).")
+@data_dir_option
 @click.option("--address", "extra", multiple=True,
               help="Also invite to this multiaddr (a forwarded port, a public IP), e.g. "
                    "/ip4/203.0.113.7/tcp/4001; /p2p/<peer id> is added (repeatable).")
@@ -34,7 +32,7 @@ def invite(data_dir: str | None, extra: tuple[str, ...]) -> None:
     from node.control import ApiClient, DaemonNotRunning
     from node.p2p.invite import InviteError, node_invite
 
-    directory = _data_dir(data_dir)
+    directory = resolve_data_dir(data_dir)
     try:
         status = ApiClient(directory).status()
         identity = load_identity(directory / "node.key")
@@ -63,7 +61,7 @@ def _join(invite_text: str, **flags: Any) -> None:
         raise click.BadParameter(
             f"--network-id {flags['network_id']!r} contradicts the invite's network id "
             f"{invitation.network_id!r}", param_hint="--network-id")
-    directory = _data_dir(flags.get("data_dir"))
+    directory = resolve_data_dir(flags.get("data_dir"))
     write_join_config(directory / CONFIG_FILE_NAME, invitation.network_id, invitation.addrs)
     click.echo(f"joining network {invitation.network_id!r} through {invitation.peer_id} "
                f"({len(invitation.addrs)} address(es)); config written to "

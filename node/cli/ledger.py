@@ -6,36 +6,13 @@ HTTP API (``GET /ledger/...``, node/ledger/api.py). Tables for humans, ``--json`
 
 from __future__ import annotations
 
-import json
-import sys
 import time
-from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 import click
 
-_DATA_DIR_HELP = "Data directory (default: $SYMPHONY_DATA_DIR or ~/.symphony)."
-
-
-def _get(data_dir: str | None, path: str, params: dict[str, Any] | None = None) -> Any:
-    import httpx
-
-    from node.config import default_data_dir
-    from node.control import ApiClient, DaemonNotRunning
-
-    directory = Path(data_dir).expanduser() if data_dir else default_data_dir()
-    query = urlencode({k: v for k, v in (params or {}).items() if v not in (None, "")})
-    try:
-        return ApiClient(directory).get(path + (f"?{query}" if query else ""))
-    except DaemonNotRunning as exc:
-        raise click.ClickException(str(exc)) from None
-    except httpx.HTTPStatusError as exc:
-        try:
-            message = exc.response.json().get("error", exc.response.text)
-        except ValueError:
-            message = exc.response.text
-        raise click.ClickException(f"{exc.response.status_code}: {message}") from None
+from node.cli.daemon_api import console, data_dir_option, echo_json, get, short_peer
 
 
 def _ago(now_ms: int, at_ms: int | None) -> str:
@@ -44,27 +21,13 @@ def _ago(now_ms: int, at_ms: int | None) -> str:
     return f"{max(0, now_ms - at_ms) / 1000:.0f} s ago"
 
 
-def _short(peer: str) -> str:
-    return peer if len(peer) <= 16 else f"{peer[:8]}…{peer[-6:]}"
-
-
-def _echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, sort_keys=True))
-
-
-def _console() -> Any:
-    from rich.console import Console
-
-    return Console(file=sys.stdout)
-
-
 @click.group("ledger")
 def ledger() -> None:
     """Who is out there, what they serve, how far to trust them."""
 
 
 @ledger.command()
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help=_DATA_DIR_HELP)
+@data_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
 @click.option("--model", default=None, help="Only peers serving this model.")
 @click.option("--role", default=None, help="Only peers offering this role.")
@@ -75,9 +38,9 @@ def peers(
     data_dir: str | None, as_json: bool, model: str | None, role: str | None, sort: str
 ) -> None:
     """Every live node in the ledger, this one included."""
-    result = _get(data_dir, "/ledger/peers", {"model": model, "role": role, "sort": sort})
+    result = get(data_dir, "/ledger/peers", {"model": model, "role": role, "sort": sort})
     if as_json:
-        _echo_json(result)
+        echo_json(result)
         return
     from rich.table import Table
 
@@ -88,7 +51,7 @@ def peers(
     for p in result["peers"]:
         models = p["models"]
         table.add_row(
-            _short(p["peer_id"]) + (" (self)" if p["self"] else ""),
+            short_peer(p["peer_id"]) + (" (self)" if p["self"] else ""),
             ", ".join(m["name"] for m in models) or "-",
             ", ".join(f"{m['tokens_per_s']:.1f}" for m in models) or "-",
             f"{p['price_per_1k_tokens']:g}",
@@ -97,48 +60,48 @@ def peers(
             ",".join(p["roles"]),
             _ago(now, p["last_seen_ms"]),
         )
-    _console().print(table)
+    console().print(table)
 
 
 @ledger.command()
 @click.argument("peer")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help=_DATA_DIR_HELP)
+@data_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
 def show(peer: str, data_dir: str | None, as_json: bool) -> None:
     """One peer's capability record, reputation and the attestations about it."""
-    result = _get(data_dir, f"/ledger/peers/{quote(peer, safe='')}")
+    result = get(data_dir, f"/ledger/peers/{quote(peer, safe='')}")
     if as_json:
-        _echo_json(result)
+        echo_json(result)
         return
-    console = _console()
+    out = console()
     rec, rep = result["record"], result["reputation"]
-    console.print(f"peer        {result['peer_id']}  ({'live' if result['live'] else 'not live'})")
-    console.print(
+    out.print(f"peer        {result['peer_id']}  ({'live' if result['live'] else 'not live'})")
+    out.print(
         f"reputation  {rep['score']:.3f}  (successes {rep['successes']:.2f}, failures "
         f"{rep['failures']:.2f}, {rep['observers']} observers, {rep['evidence']} attestations)"
     )
     if rec is not None:
-        console.print(
+        out.print(
             f"seq         {rec['seq']}  expires in "
             f"{(rec['expires_at_ms'] - result['now_ms']) / 1000:.0f} s"
         )
-        console.print(
+        out.print(
             f"price/1k    {rec['price_per_1k_tokens']:g}   slots "
             f"{rec['free_slots']}/{rec['max_slots']} free   load {rec['load']:.2f}"
         )
-        console.print(f"roles       {', '.join(rec['roles'])}   tags {', '.join(rec['tags'])}")
+        out.print(f"roles       {', '.join(rec['roles'])}   tags {', '.join(rec['tags'])}")
         hw = rec["hardware"]
-        console.print(
+        out.print(
             f"hardware    {hw['device_kind']} {hw['device_name']}, "
             f"{hw['memory_bytes'] / 2**30:.1f} GiB, {hw['cpu_cores']} cores"
         )
         for m in rec["models"]:
-            console.print(
+            out.print(
                 f"model       {m['name']} ({m['family']}, {m['quantization'] or '-'}, "
                 f"ctx {m['context_length']}) {m['tokens_per_s']:.1f} tok/s"
             )
         for addr in rec["listen_addrs"]:
-            console.print(f"address     {addr}")
+            out.print(f"address     {addr}")
     _print_attestations(result["attestations"][:20], result["now_ms"])
 
 
@@ -146,15 +109,15 @@ def show(peer: str, data_dir: str | None, as_json: bool) -> None:
 @click.option("--peer", default=None, help="Only attestations about this peer.")
 @click.option("--kind", default=None, help="Only this kind (e.g. verification_failed).")
 @click.option("--limit", type=int, default=50)
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None, help=_DATA_DIR_HELP)
+@data_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
 def attestations(
     peer: str | None, kind: str | None, limit: int, data_dir: str | None, as_json: bool
 ) -> None:
     """Signed attestations held by the node, newest first."""
-    result = _get(data_dir, "/ledger/attestations", {"peer": peer, "kind": kind, "limit": limit})
+    result = get(data_dir, "/ledger/attestations", {"peer": peer, "kind": kind, "limit": limit})
     if as_json:
-        _echo_json(result)
+        echo_json(result)
         return
     _print_attestations(result["attestations"], int(time.time() * 1000), total=result["count"])
 
@@ -169,10 +132,10 @@ def _print_attestations(atts: list[dict[str, Any]], now_ms: int, total: int | No
     for a in atts:
         table.add_row(
             _ago(now_ms, a["observed_at_ms"]),
-            _short(a["observer"]),
-            _short(a["subject"]),
+            short_peer(a["observer"]),
+            short_peer(a["subject"]),
             a["kind"],
             a["object_id"][:16],
             a["outcome"],
         )
-    _console().print(table)
+    console().print(table)

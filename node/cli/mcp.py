@@ -6,18 +6,15 @@ the tools ``ask`` and ``list_agents`` go to the local daemon of ``--data-dir``.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
-from node.config import default_data_dir
+from node.cli.daemon_api import data_dir_option, resolve_data_dir
 
 
 @click.command()
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-              help="The data dir of the daemon to talk to (default: ~/.symphony).")
+@data_dir_option
 def mcp(data_dir: str | None) -> None:
     """Serve the network to an MCP client over stdio (tools: ask, list_agents)."""
     from node.agents.mcp_server import serve
 
-    serve(Path(data_dir).expanduser() if data_dir else default_data_dir())
+    serve(resolve_data_dir(data_dir))

@@ -7,7 +7,6 @@ daemon through the data dir (node/control.py).
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import time
@@ -16,23 +15,19 @@ from typing import Any
 
 import click
 
+from node.cli.daemon_api import api_client, call, data_dir_option, echo_json, resolve_data_dir
 from node.cli.options import LINK_SPEC
-from node.config import ConfigError, default_data_dir
-
-
-def _data_dir(value: str | None) -> Path:
-    return Path(value).expanduser() if value else default_data_dir()
+from node.config import ConfigError
 
 
 @click.command()
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
-              help="Data directory (default: $SYMPHONY_DATA_DIR or ~/.symphony).")
+@data_dir_option
 @click.option("--force", is_flag=True, help="Replace an existing key (a new peer id!).")
 def keygen(data_dir: str | None, force: bool) -> None:
     """Create this node's Ed25519 key (its identity and peer id)."""
     from crypto.keys import Identity, load_identity, save_identity
 
-    directory = _data_dir(data_dir)
+    directory = resolve_data_dir(data_dir)
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = directory / "node.key"
     if path.exists() and not force:
@@ -52,7 +47,7 @@ def node_group() -> None:
 @node_group.command("run")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), default=None,
               help="TOML config file (default: <data-dir>/node.toml if present).")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+@data_dir_option
 @click.option("--listen", multiple=True, help="Multiaddr to listen on (repeatable).")
 @click.option("--bootstrap", multiple=True, help="Peer multiaddr ending in /p2p/<id> (repeatable).")
 @click.option("--network-id", default=None)
@@ -102,31 +97,26 @@ def _leaf(error: BaseException | None) -> BaseException | None:
 
 
 @node_group.command("status")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+@data_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the raw status JSON.")
 def status(data_dir: str | None, as_json: bool) -> None:
     """Show the running daemon's peer id, addresses and peers."""
-    from node.control import ApiClient, DaemonNotRunning
-
-    try:
-        result = ApiClient(_data_dir(data_dir)).status()
-    except DaemonNotRunning as exc:
-        raise click.ClickException(str(exc)) from None
+    result = call(api_client(data_dir).status)
     if as_json:
-        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        echo_json(result)
     else:
         print_status(result)
 
 
 @node_group.command("dashboard")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+@data_dir_option
 def dashboard(data_dir: str | None) -> None:
     """Print the running daemon's web dashboard URL (it carries the API token once)."""
     from node.api.dashboard import dashboard_url
     from node.api.token import read_token
     from node.control import DaemonNotRunning, read_daemon_info
 
-    directory = _data_dir(data_dir)
+    directory = resolve_data_dir(data_dir)
     try:
         info = read_daemon_info(directory)
     except DaemonNotRunning as exc:

@@ -6,57 +6,21 @@ through node/control.py; progress bars poll ``GET /relay/status``.
 
 from __future__ import annotations
 
-import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import click
 
-from node.config import default_data_dir
+from node.cli.daemon_api import api_client, call, console, data_dir_option, echo_json
 
 #: how often a progress bar polls the daemon
 POLL_S = 0.25
 FORMATS = ("raw", "safetensors", "gguf", "lora-delta")
 
 
-def _client(data_dir: str | None) -> Any:
-    from node.control import ApiClient, DaemonNotRunning
-
-    try:
-        return ApiClient(Path(data_dir).expanduser() if data_dir else default_data_dir())
-    except DaemonNotRunning as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    import httpx
-
-    from node.control import DaemonNotRunning
-
-    try:
-        return fn(*args, **kwargs)
-    except DaemonNotRunning as exc:
-        raise click.ClickException(str(exc)) from None
-    except httpx.HTTPStatusError as exc:
-        try:
-            detail = exc.response.json().get("error", exc.response.text)
-        except ValueError:
-            detail = exc.response.text
-        raise click.ClickException(detail) from None
-
-
 def _version(status: dict[str, Any], version_id: str) -> dict[str, Any] | None:
     return next((v for v in status["versions"] if v["id"] == version_id), None)
-
-
-data_dir_option = click.option(
-    "--data-dir",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="The daemon's data directory.",
-)
 
 
 @click.group("relay")
@@ -89,7 +53,7 @@ def publish(
     data_dir: str | None,
 ) -> None:
     """Publish FILE as the next version of NAME and relay it to the connected peers."""
-    client = _client(data_dir)
+    client = api_client(data_dir)
     body = {
         "path": str(Path(file).resolve()),
         "name": name,
@@ -97,7 +61,7 @@ def publish(
         "format": fmt,
         "chunk_size": chunk_size,
     }
-    result = _call(client.post, "/relay/publish", json=body)
+    result = call(client.post, "/relay/publish", json=body)
     click.echo(
         f"published {result['name']} v{result['version']}: {result['chunks']} chunks, "
         f"{result['total_size']} bytes, id {result['id'][:16]}, "
@@ -128,14 +92,13 @@ def publish(
 @data_dir_option
 def status(as_json: bool, data_dir: str | None) -> None:
     """Versions held or in transfer, and each peer's progress."""
-    result = _call(_client(data_dir).get, "/relay/status")
+    result = call(api_client(data_dir).get, "/relay/status")
     if as_json:
-        click.echo(json.dumps(result, indent=2, sort_keys=True))
+        echo_json(result)
         return
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(file=sys.stdout)
+    out = console()
     table = Table(title="relay versions")
     for col in ("name", "version", "state", "held", "size", "source", "children", "peers done"):
         table.add_column(col)
@@ -151,8 +114,8 @@ def status(as_json: bool, data_dir: str | None) -> None:
             str(len(v["children"])),
             f"{done}/{len(v['peers'])}",
         )
-    console.print(table)
-    console.print(
+    out.print(table)
+    out.print(
         f"in {result['bytes_in'] / 1e6:.1f} MB, out {result['bytes_out'] / 1e6:.1f} MB,"
         f" bad chunks {result['bad_chunks']}"
     )
@@ -166,7 +129,7 @@ def status(as_json: bool, data_dir: str | None) -> None:
 @data_dir_option
 def get(name: str, version: int | None, out: str, timeout_s: float, data_dir: str | None) -> None:
     """Write artifact NAME to --out, fetching it from peers first if needed."""
-    client = _client(data_dir)
+    client = api_client(data_dir)
 
     def held(status: dict[str, Any]) -> dict[str, Any] | None:
         done = [
@@ -178,8 +141,8 @@ def get(name: str, version: int | None, out: str, timeout_s: float, data_dir: st
         ]
         return max(done, key=lambda v: v["version"], default=None)
 
-    if held(_call(client.get, "/relay/status")) is None:
-        _call(client.post, "/relay/fetch", json={"name": name})
+    if held(call(client.get, "/relay/status")) is None:
+        call(client.post, "/relay/fetch", json={"name": name})
 
         def progress(status: dict[str, Any]) -> tuple[int, int]:
             active = [v for v in status["versions"] if v["name"] == name]
@@ -194,9 +157,9 @@ def get(name: str, version: int | None, out: str, timeout_s: float, data_dir: st
             None,
             progress,
             timeout_s,
-            lambda _: held(_call(client.get, "/relay/status")) is not None,
+            lambda _: held(call(client.get, "/relay/status")) is not None,
         )
-    result = _call(
+    result = call(
         client.post,
         "/relay/export",
         json={"name": name, "version": version, "out": str(Path(out).resolve())},
@@ -220,7 +183,7 @@ def _progress_bar(
     ) as bar:
         task = bar.add_task(title, total=total)
         while True:
-            done = progress(_call(client.get, "/relay/status"))
+            done = progress(call(client.get, "/relay/status"))
             if total is None and done[1]:
                 bar.update(task, total=done[1])
             bar.update(task, completed=done[0])

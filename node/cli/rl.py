@@ -143,13 +143,11 @@ def train(config_path: str | None, steps: int | None, staleness: int | None,
 
 
 def _train_network(config: Any, data_dir: str | None, progress: Any) -> dict[str, Any]:
-    from pathlib import Path
-
-    from node.config import default_data_dir
+    from node.cli.daemon_api import resolve_data_dir
     from node.control import DaemonNotRunning
     from node.rl.network_learner import run_network
 
-    path = Path(data_dir).expanduser() if data_dir else default_data_dir()
+    path = resolve_data_dir(data_dir)
     try:
         return run_network(config, path, on_step=progress)
     except (DaemonNotRunning, RuntimeError, ValueError, TimeoutError) as exc:

@@ -259,7 +259,9 @@ def message(tag: int, *, version: int = 1) -> Callable[[type[M]], type[M]]:
     return register
 
 
-def _to_wire(value: object) -> object:
+def to_wire(value: object) -> object:
+    """One field's value as msgpack packs it (a message as its array, an envelope as its
+    four fields, an enum as its value, a tuple item by item)."""
     if isinstance(value, Message):
         return to_array(value)
     if isinstance(value, Envelope):
@@ -267,12 +269,13 @@ def _to_wire(value: object) -> object:
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, tuple):
-        return [_to_wire(v) for v in value]
+        return [to_wire(v) for v in value]
     return value
 
 
 def to_array(msg: Message) -> list[object]:
-    return [msg.TAG, msg.VERSION, *(_to_wire(getattr(msg, name)) for name, _ in _FIELDS[type(msg)])]
+    """``[tag, version, *fields]``: what :func:`encode` packs."""
+    return [msg.TAG, msg.VERSION, *(to_wire(getattr(msg, name)) for name, _ in _FIELDS[type(msg)])]
 
 
 def encode(msg: Message) -> bytes:

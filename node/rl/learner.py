@@ -77,7 +77,11 @@ def _now_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
-class _Loop:
+class TrainingLoop:
+    """One local training run: the job book hands rollout jobs to ``pool``'s workers, their
+    groups train ``trainer`` step by step, ``on_step`` hears each step's stats. Its pool and
+    trainer are arguments, so a test drives the loop's scheduling with its own."""
+
     def __init__(self, config: LearnerConfig, trainer: Trainer, pool: WorkerPool,
                  on_step: Callable[[StepStats], None] | None) -> None:
         self.config, self.trainer, self.pool, self.on_step = config, trainer, pool, on_step
@@ -248,7 +252,7 @@ def run_training(config: LearnerConfig,
     pool = WorkerPool.start(config.workers, config.model, config.environment,
                             config.worker_threads, config.cheaters)
     try:
-        return _Loop(config, trainer, pool, on_step).run()
+        return TrainingLoop(config, trainer, pool, on_step).run()
     finally:
         pool.stop()
 

@@ -122,7 +122,8 @@ def _tiebreak(seed: bytes, peer: str) -> bytes:
     return digest(seed + peer.encode("utf-8"), person=_TIE_PERSON)
 
 
-def _place(uploads: Sequence[int], num: int, den: int, max_fanout: int) -> list[int] | None:
+def place_at_rate(uploads: Sequence[int], num: int, den: int,
+                  max_fanout: int) -> list[int] | None:
     """Parent index of each node 1.. (0 is the root) at rate num/den, or None if infeasible.
 
     ``uploads`` are in placement order (root first). Node ``j`` goes under the earliest node
@@ -178,7 +179,7 @@ def _placements(
     def depth_at(i: int) -> int:
         if i not in evaluated:
             rate = rates[i]
-            parents = _place(uploads, rate.numerator, rate.denominator, max_fanout)
+            parents = place_at_rate(uploads, rate.numerator, rate.denominator, max_fanout)
             if parents is None:
                 evaluated[i] = None
             else:

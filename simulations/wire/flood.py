@@ -303,11 +303,17 @@ class FloodPlanner:
 
 
 def _shortest(flood: Flood, front: NDArray[Any]) -> None:
-    """Fill ``flood.arrival`` (earliest arrivals, from the nodes in ``front`` at their given
-    times) and ``flood.parent`` (whose copy arrived first; of several at the same time, the
-    lowest-numbered sender's), leaving the arrivals of ``front`` as they are."""
-    _relax(flood.arrival, flood.rows, flood.weights, front)
-    _parents(flood.arrival, flood.parent, flood.rows, flood.weights)
+    shortest_arrivals(flood.arrival, flood.parent, flood.rows, flood.weights, front)
+
+
+def shortest_arrivals(arrival: NDArray[np.int64], parent: NDArray[np.int32],
+                      rows: NDArray[np.int32], weights: NDArray[np.int64], front: Any) -> None:
+    """Fill ``arrival`` (earliest arrivals, from the nodes in ``front`` at their given times)
+    and ``parent`` (whose copy arrived first; of several at the same time, the lowest-numbered
+    sender's), leaving the arrivals of ``front`` as they are. Node ``a`` sends to
+    ``rows[a, j]`` (-1: no one) in ``weights[a, j]`` (``NEVER``: not at all)."""
+    _relax(arrival, rows, weights, front)
+    _parents(arrival, parent, rows, weights)
 
 
 def _relax(

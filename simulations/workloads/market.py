@@ -120,9 +120,16 @@ def build_market(
     world = MarketWorld(swarm, cost, bank, requesters, executors, compute=compute or cost)
     if scenario.compute.real:
         world.max_tokens = scenario.compute.max_tokens
+    watch_task_ends(swarm, world)
+    return world
+
+
+def watch_task_ends(swarm: Swarm, world: MarketWorld) -> None:
+    """Record in ``world`` every task's end as its requester emits it (``task.done`` with the
+    votes and executors, or ``task.failed``); a task that ends twice, or that was never
+    submitted, is a violation."""
     swarm.on_emit("task.done", lambda node, f, now: _ended(world, node, f, now, "done"))
     swarm.on_emit("task.failed", lambda node, f, now: _ended(world, node, f, now, "failed"))
-    return world
 
 
 def _questions(scenario: Scenario, rng: Any) -> tuple[list[Question], Any]:

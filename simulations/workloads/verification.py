@@ -49,7 +49,12 @@ from simulations.runner.world import build_swarm
 from simulations.scenario import Scenario, workload_value
 from simulations.swarm import Swarm, derive_rng
 from simulations.workloads.common import MODEL_FAMILY, MODEL_NAME, Progress, Stages, capability
-from simulations.workloads.market import MarketWorld, _ended, conservation, schedule_tasks
+from simulations.workloads.market import (
+    MarketWorld,
+    conservation,
+    schedule_tasks,
+    watch_task_ends,
+)
 
 DEVICE = DEVICES["rtx3090"]
 #: tasks start once the ledger has spread every executor's capability record
@@ -112,8 +117,7 @@ class Observer:
                 self.false_convictions.append(effect.subject)
 
     def install(self, swarm: Swarm, world: MarketWorld) -> None:
-        swarm.on_emit("task.done", lambda node, f, now: _ended(world, node, f, now, "done"))
-        swarm.on_emit("task.failed", lambda node, f, now: _ended(world, node, f, now, "failed"))
+        watch_task_ends(swarm, world)
         swarm.on_emit("task.assigned", lambda node, f, now: self.assigned.add(str(f.get("peer"))))
         swarm.on_emit(
             "task.result",

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from node.rl.learner import _Loop
+from node.rl.learner import TrainingLoop
 from node.rl.learner_config import LearnerConfig
 from node.rl.learner_trainer import Group, StepStats
 from protocol.codec import decode, encode
@@ -98,7 +98,7 @@ def _run(tmp_path: Path, order: list[int], instant: bool = False,
     config = replace(LearnerConfig(group_size=2, jobs_per_step=1, workers=2, steps=3,
                                    out_dir=str(tmp_path)), **kw)
     trainer, pool = Trainer(), Pool(order, instant)
-    report = _Loop(config, trainer, pool, None).run()  # type: ignore[arg-type]
+    report = TrainingLoop(config, trainer, pool, None).run()  # type: ignore[arg-type]
     return trainer, pool, report
 
 

@@ -125,7 +125,7 @@ def _wire(value: object) -> object:
         return [value.TAG, value.VERSION, *(_wire(getattr(value, n)) for n in names)]
     if isinstance(value, tuple):
         return [_wire(v) for v in value]
-    return codec._to_wire(value)
+    return codec.to_wire(value)
 
 
 def frame_of(msg: Message) -> bytes:

@@ -7,7 +7,13 @@ from fractions import Fraction
 
 import pytest
 
-from protocol.relay.plan import DEFAULT_UPLOAD_BPS, MAX_FANOUT, RelayPlan, _place, build_plan
+from protocol.relay.plan import (
+    DEFAULT_UPLOAD_BPS,
+    MAX_FANOUT,
+    RelayPlan,
+    build_plan,
+    place_at_rate,
+)
 
 MB = 1 << 20
 SEEDS = range(40)
@@ -119,7 +125,7 @@ def brute_force_ms(
             rate = Fraction(u, k)
             if rate > ups[0]:
                 continue
-            parents = _place(ups, rate.numerator, rate.denominator, fanout)
+            parents = place_at_rate(ups, rate.numerator, rate.denominator, fanout)
             if parents is None:
                 continue
             depth = [0] * len(ups)

@@ -10,7 +10,7 @@ import pytest
 
 from simulations.network import LatencyModel, LinkFaults
 from simulations.swarm import Swarm
-from simulations.wire.flood import NEVER, _parents, _relax
+from simulations.wire.flood import NEVER, shortest_arrivals
 from tests.simulations.tiny import SPEC, Shout
 
 HOP_MS = 10
@@ -46,8 +46,7 @@ def test_planned_arrivals_are_the_shortest_paths(seed: int) -> None:
     arrival = np.full(n, NEVER, np.int64)
     parent = np.full(n, -1, np.int32)
     arrival[0] = 1000
-    _relax(arrival, rows, weights, np.array([0]))
-    _parents(arrival, parent, rows, weights)
+    shortest_arrivals(arrival, parent, rows, weights, np.array([0]))
     assert arrival.tolist() == _dijkstra(rows, weights, 0, 1000)
     for b in range(1, n):
         if arrival[b] < NEVER:  # the lowest-numbered sender whose copy arrived first

@@ -23,14 +23,12 @@ import pytest
 from node.api.dashboard import dashboard_url
 from node.api.token import read_token
 
-from .conftest import ARITH_SOLVER, ROOT, Testnet
+from .conftest import ARITH_SOLVER, CONVERGE_S, ROOT, TASKS, Testnet
 
 pytestmark = pytest.mark.integration
 
 CHROMIUM = os.environ.get("SYMPHONY_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 README_SCREENSHOT = ROOT / "docs" / "dashboard.png"
-CONVERGE_S = 60.0
-TASKS = {"bid_window_ms": 1500, "max_rounds": 8, "min_round_ms": 500}
 CALC = {"name": "calc", "description": "Exact arithmetic.", "skills": ["arithmetic", "math"],
         "tools": ["calculator"], "price": 0.25}
 #: page waits (ms): a shared 2-core machine runs three daemons and a browser at once

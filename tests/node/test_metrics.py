@@ -16,10 +16,7 @@ from protocol.machine import Emit, Received, Send
 from protocol.market.events import ComputeDone
 from protocol.membership.messages import Ping
 
-from .conftest import ARITH_SOLVER, Testnet
-
-CONVERGE_S = 60.0
-TASKS = {"bid_window_ms": 1500, "max_rounds": 8, "min_round_ms": 500}
+from .conftest import ARITH_SOLVER, CONVERGE_S, TASKS, Testnet
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

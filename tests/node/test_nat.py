@@ -39,14 +39,12 @@ import pytest
 from node.api.token import read_token
 from node.control import daemon_file
 from node.testnet import NodeProcess, wait_until
-from tests.node.conftest import ARITH_SOLVER, ROOT, TEST_NETWORK_ID, Testnet
+from tests.node.conftest import ARITH_SOLVER, CONVERGE_S, ROOT, TASKS, TEST_NETWORK_ID, Testnet
 from tests.node.netns import sh, why_not
 
 pytestmark = pytest.mark.integration
 
-CONVERGE_S = 60.0
 CLONE_NEWNET = 0x40000000
-TASKS = {"bid_window_ms": 1500, "max_rounds": 8, "min_round_ms": 500}
 
 
 class Nat:
@@ -141,18 +139,16 @@ def _doctor(wrapper: list[str], data_dir: Path, *flags: str) -> dict[str, Any]:
     return {c["name"]: c for c in json.loads(done.stdout)["checks"]}
 
 
-def _behind_nat(nat: Nat, testnet: Testnet, tmp_path: Path, name: str, bootstrap: str,
-                toml: str) -> NodeProcess:
+def _behind_nat(nat: Nat, testnet: Testnet, name: str, bootstrap: str,
+                config: dict[str, Any]) -> NodeProcess:
     """A daemon in the private namespace, dialling ``bootstrap`` and keeping only that peer
-    (it reaches everyone else through the relay, or by hole punching)."""
-    node = NodeProcess(name, tmp_path / name, [
+    (it reaches everyone else through the relay, or by hole punching); its node.toml is the
+    testnet's (fast membership, no verification) with the test solver and ``config``."""
+    data_dir = testnet.write_config(name, {"executor": {"solver": ARITH_SOLVER}, **config})
+    node = NodeProcess(name, data_dir, [
         "--listen", f"/ip4/{nat.private_ip}/tcp/0", "--network-id", TEST_NETWORK_ID,
         "--bootstrap", bootstrap, "--target-peers", "1", "--json-logs"],
         wrapper=("ip", "netns", "exec", nat.private))
-    node.data_dir.mkdir(parents=True)
-    (node.data_dir / "node.toml").write_text(
-        '[membership]\nmdns = false\nping_interval_ms = 1000\n[executor]\n'
-        f'solver = "{ARITH_SOLVER}"\n[verify]\nenabled = false\n{toml}')
     testnet.nodes[name] = node  # killed with the others at teardown
     node.spawn()
     return node
@@ -175,13 +171,13 @@ def _ask(b: NodeProcess, k: int) -> dict[str, Any]:
 
 
 def test_nodes_behind_a_nat_are_reached_through_a_relay_and_hole_punched(
-        nat: Nat, testnet: Testnet, tmp_path: Path) -> None:
+        nat: Nat, testnet: Testnet) -> None:
     public = ["--listen", f"/ip4/{nat.public_ip}/tcp/0"]
     c = testnet.start("c", extra_args=public)  # relays once AutoNAT says it is public
     c_public = next(a for a in c.addresses if nat.public_ip in a)
     b = testnet.start("b", bootstrap=[c_public], config={"tasks": TASKS}, extra_args=public)
-    a = _behind_nat(nat, testnet, tmp_path, "a", c_public, "[nat]\nhole_punch = false\n")
-    d = _behind_nat(nat, testnet, tmp_path, "d", c_public, "")
+    a = _behind_nat(nat, testnet, "a", c_public, {"nat": {"hole_punch": False}})
+    d = _behind_nat(nat, testnet, "d", c_public, {})
     _started(a)
     _started(d)
     inside = _in_namespace(nat.private)

@@ -18,7 +18,14 @@ import pytest
 from node.api.token import read_token
 from protocol.market.sampling import VOTING_TEMPERATURE
 
-from .conftest import FAST_MEMBERSHIP, TEST_NETWORK_ID, TESTNET_CONFIG, Testnet, run_cli
+from .conftest import (
+    FAST_MEMBERSHIP,
+    TASKS,
+    TEST_NETWORK_ID,
+    TESTNET_CONFIG,
+    Testnet,
+    run_cli,
+)
 
 pytestmark = pytest.mark.integration
 openai = pytest.importorskip("openai")
@@ -27,8 +34,7 @@ pytest.importorskip("llama_cpp")
 CONVERGE_S = 90.0
 MODEL = "smollm2-135m-instruct-q4_1"
 #: a real model on a shared machine: generous time per attempt, so load cannot fail a task
-TASKS = {"bid_window_ms": 1500, "max_rounds": 8, "min_round_ms": 500,
-         "assign_base_ms": 120_000}
+SLOW_TASKS = {**TASKS, "assign_base_ms": 120_000}
 EXECUTOR = {"executor": {"solver": "models", "threads": 1}}
 #: three executors generating at once saturate a small shared machine: looser liveness
 #: timeouts than the fixture's, so a slow handshake does not cut an executor off mid-task
@@ -49,7 +55,7 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     testnet = Testnet(tmp_path_factory.mktemp("openai") / "net", network_id=TEST_NETWORK_ID,
                       config={**TESTNET_CONFIG, **MEMBERSHIP})
     try:
-        asker = testnet.start("asker", config={"tasks": TASKS})
+        asker = testnet.start("asker", config={"tasks": SLOW_TASKS})
         execs = [testnet.start(n, bootstrap=[asker], wait=False, config=EXECUTOR)
                  for n in ("e1", "e2", "e3")]
         for node in execs:

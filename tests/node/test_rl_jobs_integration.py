@@ -13,12 +13,11 @@ import pytest
 
 from node.api.token import read_token
 
-from .conftest import Testnet
+from .conftest import CONVERGE_S, Testnet
 from .rl_generator import MODEL, VERSIONS_ENV
 
 pytestmark = pytest.mark.integration
 
-CONVERGE_S = 60.0
 RUN = {"model": MODEL, "dataset_size": 100, "vocab_size": 1000, "group_size": 4,
        "prompts_per_job": 2, "max_tokens": 8, "staleness": 1, "job_ms": 30_000}
 

@@ -11,13 +11,11 @@ import json
 
 import pytest
 
-from .conftest import Testnet, run_cli
+from .conftest import CONVERGE_S, TASKS, Testnet, run_cli
 
 pytestmark = pytest.mark.integration
 
-CONVERGE_S = 60.0
 SOLVER = "tests.node.arith_solver:factory"
-TASKS = {"bid_window_ms": 1500, "max_rounds": 8, "min_round_ms": 500}
 VERIFY = {"enabled": True, "require_fingerprints": False, "verifier": False,
           "commit_window_ms": 5000}
 

@@ -197,7 +197,7 @@ def test_two_stage_chain_is_token_identical(gguf: Path, precision: Precision,
 @pytest.mark.parametrize("me", ["a", "b"])
 def test_a_requester_that_serves_blocks_is_a_hop_of_its_own_chain(gguf: Path, me: str) -> None:
     """The requester ``me`` serves a stage too: its own hop is reached over an in-process stream
-    (node.inference.local) and the other stage hands off to it, or it hands off on, as between
+    (node.inference.local) and the other stage hands off to it, or it hands off to the other, as between
     remote stages; the output is the single-process model's."""
 
     async def body(net: Net) -> list[int]:

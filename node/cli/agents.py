@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from node.cli.daemon_api import console, data_dir_option, echo_json, get, short_peer
+from node.cli.daemon_api import data_dir_option, echo_json, get, short_peer, stdout_console
 
 
 @click.group("agents")
@@ -42,7 +42,7 @@ def list_agents(data_dir: str | None, as_json: bool, skill: str | None, peer: st
             f"{a['reputation']:.3f}",
             vector,
         )
-    out = console()
+    out = stdout_console()
     out.print(table)
     for a in result["agents"]:
         tools = ", ".join(t["name"] + (" (side effects)" if t["side_effects"] else "")

@@ -74,7 +74,7 @@ def echo_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, sort_keys=True))
 
 
-def console() -> Console:
+def stdout_console() -> Console:
     from rich.console import Console
 
     return Console(file=sys.stdout)

@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 import click
 
-from node.cli.daemon_api import console, data_dir_option, echo_json, get, short_peer
+from node.cli.daemon_api import data_dir_option, echo_json, get, short_peer, stdout_console
 
 
 def _ago(now_ms: int, at_ms: int | None) -> str:
@@ -60,7 +60,7 @@ def peers(
             ",".join(p["roles"]),
             _ago(now, p["last_seen_ms"]),
         )
-    console().print(table)
+    stdout_console().print(table)
 
 
 @ledger.command()
@@ -73,7 +73,7 @@ def show(peer: str, data_dir: str | None, as_json: bool) -> None:
     if as_json:
         echo_json(result)
         return
-    out = console()
+    out = stdout_console()
     rec, rep = result["record"], result["reputation"]
     out.print(f"peer        {result['peer_id']}  ({'live' if result['live'] else 'not live'})")
     out.print(
@@ -138,4 +138,4 @@ def _print_attestations(atts: list[dict[str, Any]], now_ms: int, total: int | No
             a["object_id"][:16],
             a["outcome"],
         )
-    console().print(table)
+    stdout_console().print(table)

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from node.cli.daemon_api import api_client, call, console, data_dir_option, echo_json
+from node.cli.daemon_api import api_client, call, data_dir_option, echo_json, stdout_console
 
 #: how often a progress bar polls the daemon
 POLL_S = 0.25
@@ -98,7 +98,7 @@ def status(as_json: bool, data_dir: str | None) -> None:
         return
     from rich.table import Table
 
-    out = console()
+    out = stdout_console()
     table = Table(title="relay versions")
     for col in ("name", "version", "state", "held", "size", "source", "children", "peers done"):
         table.add_column(col)

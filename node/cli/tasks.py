@@ -8,50 +8,28 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
 
-from node.config import default_data_dir
+from node.cli.daemon_api import (
+    api_client,
+    call,
+    data_dir_option,
+    echo_json,
+    short_peer,
+    stdout_console,
+)
 
 #: the CLI waits this much longer than the task's deadline for the daemon's answer
 ASK_CLIENT_GRACE_S = 15.0
 DEFAULT_DEADLINE_MS = 120_000
 
 
-def _client(data_dir: str | None, timeout_s: float = 10.0) -> Any:
-    from node.control import ApiClient, DaemonNotRunning
-
-    try:
-        return ApiClient(Path(data_dir).expanduser() if data_dir else default_data_dir(),
-                         timeout_s=timeout_s)
-    except DaemonNotRunning as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-def _call(fn: Any, *args: Any) -> Any:
-    import httpx
-
-    from node.control import DaemonNotRunning, refusal
-
-    try:
-        return fn(*args)
-    except DaemonNotRunning as exc:
-        raise click.ClickException(str(exc)) from None
-    except httpx.HTTPStatusError as exc:
-        raise click.ClickException(f"the daemon refused: {refusal(exc)}") from None
-
-
-def _short(peer: str) -> str:
-    return peer if len(peer) <= 16 else f"{peer[:8]}…{peer[-6:]}"
-
-
 def print_task(snap: dict[str, Any], show_cot: bool) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(file=sys.stdout)
+    console = stdout_console()
     answer = snap.get("answer")
     status = snap["phase"] + (" (partial)" if snap.get("partial") else "")
     console.print(f"[bold]answer:[/bold] {answer if answer is not None else '-'}   "
@@ -59,7 +37,7 @@ def print_task(snap: dict[str, Any], show_cot: bool) -> None:
     if snap.get("failure"):
         console.print(f"failure: {snap['failure']}")
     if snap.get("agent"):
-        console.print(f"answered by agent {snap['agent']} on {_short(snap['executor'])}")
+        console.print(f"answered by agent {snap['agent']} on {short_peer(snap['executor'])}")
     need = [f"{k} {snap[k]}" for k in ("needs", "requested_agent") if snap.get(k)]
     if snap.get("skills"):
         need.append("skills " + ",".join(snap["skills"]))
@@ -71,7 +49,7 @@ def print_task(snap: dict[str, Any], show_cot: bool) -> None:
             votes.add_column(col)
         for row in snap["votes"]:
             votes.add_row(row["answer"], f"{row['weight']:.3f}", f"{row['share']:.0%}",
-                          str(row["count"]), ", ".join(_short(v) for v in row["voters"]))
+                          str(row["count"]), ", ".join(short_peer(v) for v in row["voters"]))
         console.print(votes)
     if snap.get("results"):
         results = Table(title="who computed what")
@@ -82,30 +60,30 @@ def print_task(snap: dict[str, Any], show_cot: bool) -> None:
             weight = "-" if r.get("weight") is None else f"{r['weight']:.3f}"
             # a chain's result (node/market/chain_task.py) states no confidence
             confidence = "-" if r.get("confidence") is None else f"{r['confidence']:.2f}"
-            results.add_row(_short(r["executor"]), r.get("agent") or "-", r["answer"], confidence,
+            results.add_row(short_peer(r["executor"]), r.get("agent") or "-", r["answer"], confidence,
                             weight, str(r["tokens"]), str(r["compute_ms"]),
                             str(r.get("verification") or "-"))
         console.print(results)
     if snap.get("chain", {}).get("final_route"):
         chain = snap["chain"]
         console.print(f"on a chain ({chain['tokens_per_s']} tokens/s): " + ", ".join(
-            f"blocks {h['start']}-{h['end']} {_short(h['peer'])}" for h in chain["final_route"]))
+            f"blocks {h['start']}-{h['end']} {short_peer(h['peer'])}" for h in chain["final_route"]))
     # per executor, verification that did not pass: failed, still pending, or not checkable
     for peer, v in sorted(snap.get("verification", {}).items()):
         if v.get("status") not in ("passed", "not_sampled"):
-            console.print(f"verification of {_short(peer)}: {v.get('status')} "
+            console.print(f"verification of {short_peer(peer)}: {v.get('status')} "
                           f"{v.get('detail', '')}".rstrip())
     for r in snap.get("results", []):
-        for n, call in enumerate(r.get("tool_calls") or [], 1):
-            console.print(f"tool call {n} of {_short(r['executor'])}: {call['name']} "
-                          f"{json.dumps(call['arguments'], sort_keys=True)} -> "
-                          f"{call['output']}", markup=False, highlight=False)
+        for n, tool in enumerate(r.get("tool_calls") or [], 1):
+            console.print(f"tool call {n} of {short_peer(r['executor'])}: {tool['name']} "
+                          f"{json.dumps(tool['arguments'], sort_keys=True)} -> "
+                          f"{tool['output']}", markup=False, highlight=False)
     failed = [a for a in snap.get("attempts", []) if a["state"] == "failed"]
     for a in failed:
-        console.print(f"replaced {_short(a['peer'])}: {a['reason']}")
+        console.print(f"replaced {short_peer(a['peer'])}: {a['reason']}")
     if show_cot:
         for r in snap.get("results", []):
-            console.rule(f"CoT of {_short(r['executor'])}")
+            console.rule(f"CoT of {short_peer(r['executor'])}")
             console.print(r["cot"], markup=False, highlight=False)
 
 
@@ -135,7 +113,7 @@ def print_task(snap: dict[str, Any], show_cot: bool) -> None:
 @click.option("--agent", default="", help="Only this agent (by name) may answer.")
 @click.option("--json", "as_json", is_flag=True, help="Print the task snapshot as JSON.")
 @click.option("--show-cot", is_flag=True, help="Print every executor's chain of thought.")
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+@data_dir_option
 def ask(question: str, k: int | None, model: str, family: str, answer_type: str,
         choices: tuple[str, ...], deadline_ms: int, max_tokens: int | None,
         temperature: float | None, top_p: float | None, seed: int | None, needs: str,
@@ -148,7 +126,7 @@ def ask(question: str, k: int | None, model: str, family: str, answer_type: str,
 
     On a terminal the bids, the chosen executors and the votes are shown live meanwhile.
     """
-    client = _client(data_dir, timeout_s=deadline_ms / 1000 + ASK_CLIENT_GRACE_S)
+    client = api_client(data_dir, timeout_s=deadline_ms / 1000 + ASK_CLIENT_GRACE_S)
     body: dict[str, Any] = {"question": question, "answer_type": answer_type,
                             "model": model, "family": family, "choices": list(choices),
                             "deadline_ms": deadline_ms}
@@ -163,14 +141,14 @@ def ask(question: str, k: int | None, model: str, family: str, answer_type: str,
         if value is not None:
             body[key] = value
     if as_json:
-        snap = _call(client.post, "/tasks/", body)
-        click.echo(json.dumps(snap, indent=2, sort_keys=True))
+        snap = call(client.post, "/tasks/", body)
+        echo_json(snap)
     else:
         from node.cli.progress import follow_task
 
-        made = _call(client.post, "/tasks/", {**body, "wait": False})
+        made = call(client.post, "/tasks/", {**body, "wait": False})
         wait_s = deadline_ms / 1000 + ASK_CLIENT_GRACE_S
-        snap = _call(lambda: follow_task(client.get, made["task_id"], timeout_s=wait_s))
+        snap = call(lambda: follow_task(client.get, made["task_id"], timeout_s=wait_s))
         print_task(snap, show_cot)
     if snap["phase"] != "done":
         sys.exit(1)
@@ -184,14 +162,13 @@ def tasks() -> None:
 @tasks.command("list")
 @click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+@data_dir_option
 def list_tasks(limit: int, as_json: bool, data_dir: str | None) -> None:
     """Recent tasks, newest first."""
-    found = _call(_client(data_dir).get, f"/tasks/?limit={limit}")["tasks"]
+    found = call(api_client(data_dir).get, f"/tasks/?limit={limit}")["tasks"]
     if as_json:
-        click.echo(json.dumps(found, indent=2, sort_keys=True))
+        echo_json(found)
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title="tasks")
@@ -201,18 +178,18 @@ def list_tasks(limit: int, as_json: bool, data_dir: str | None) -> None:
         table.add_row(t["task_id"][:16], t["phase"] + ("*" if t.get("partial") else ""),
                       str(t.get("answer") if t.get("answer") is not None else "-"),
                       str(len(t.get("results", []))), str(t["k"]), t["question"][:50])
-    Console(file=sys.stdout).print(table)
+    stdout_console().print(table)
 
 
 @tasks.command("show")
 @click.argument("task_id")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--show-cot", is_flag=True)
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None)
+@data_dir_option
 def show_task(task_id: str, as_json: bool, show_cot: bool, data_dir: str | None) -> None:
     """One task: answer, votes, results, replaced executors."""
-    snap = _call(_client(data_dir).get, f"/tasks/{task_id}")
+    snap = call(api_client(data_dir).get, f"/tasks/{task_id}")
     if as_json:
-        click.echo(json.dumps(snap, indent=2, sort_keys=True))
+        echo_json(snap)
     else:
         print_task(snap, show_cot)

@@ -20,6 +20,7 @@ from node.transport import TransportError
 from protocol.names import protocol_id
 
 from .conftest import (
+    CONVERGE_S,
     FAILS_ON_SHUTDOWN,
     GOSSIP_PROBE,
     STUCK_ON_SHUTDOWN,
@@ -30,8 +31,6 @@ from .conftest import (
 
 pytestmark = pytest.mark.integration
 
-#: bound on any discovery/convergence wait below
-CONVERGE_S = 60.0
 #: the promise: graceful shutdown within 5 s of SIGTERM. The daemon keeps it itself: a stop
 #: still running SHUTDOWN_DEADLINE_S after the signal is forced (EXIT_FORCED), so the tests
 #: read the outcome from the exit status and the daemon's own log times, not from this

@@ -16,9 +16,8 @@ import pytest
 from node.rl.dissemination import adapter_name
 from node.rl.learner_config import LearnerConfig
 
-from .conftest import Testnet, run_cli
+from .conftest import CONVERGE_S, Testnet, run_cli
 
-CONVERGE_S = 60.0
 ENV = "tests.node.rl_tiny_env:make"
 
 

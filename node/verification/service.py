@@ -43,14 +43,7 @@ from protocol.market.selection import Selector
 from protocol.market.state import OpenTask
 from protocol.verification.candidates import verified_auction
 from protocol.verification.executor import VerifiedExecutor
-from protocol.verification.messages import (
-    CheckRequest,
-    Commit,
-    Reveal,
-    RevealRequest,
-    Terms,
-    Verdict,
-)
+from protocol.verification.messages import TO_EXECUTOR, TO_REQUESTER, TO_VERIFIER
 from protocol.verification.requester import VerifiedAuction
 from protocol.verification.state import VerifyConfig
 from protocol.verification.verifier import (
@@ -143,11 +136,11 @@ class VerifyRouter:
     def handle(self, event: object, now: int) -> list[Effect]:
         if isinstance(event, Received):
             msg = event.message
-            if isinstance(msg, (Terms, RevealRequest)):
+            if isinstance(msg, TO_EXECUTOR):
                 return [Forward("executor", event)]
-            if isinstance(msg, (Commit, Reveal, Verdict)):
+            if isinstance(msg, TO_REQUESTER):
                 return [Forward("tasks", event)]
-            if not isinstance(msg, CheckRequest) or self.verifier is None:
+            if not isinstance(msg, TO_VERIFIER) or self.verifier is None:
                 return []
         if self.verifier is None:
             return []
@@ -159,7 +152,7 @@ class VerifyRouter:
 
 class VerifyService(NurseryService):
     name: ClassVar[str] = "verify"
-    message_types = (Terms, Commit, RevealRequest, Reveal, CheckRequest, Verdict)
+    message_types = (*TO_EXECUTOR, *TO_REQUESTER, *TO_VERIFIER)
     config_section = VerifySection
 
     def __init__(self, ctx: NodeContext) -> None:

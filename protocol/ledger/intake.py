@@ -206,15 +206,9 @@ class LedgerIntake:
 
     def open_record(self, env: Envelope, now: int) -> CapabilityRecord:
         """Check a stored capability record as a pushed one is checked (raises Rejected)."""
-        return open_capability(
-            env,
-            network_id=self.network_id,
-            now_ms=now,
-            signer=self.signer(env),
-            max_ttl_ms=self.config.max_record_ttl_ms,
-            skew_ms=self.config.clock_skew_ms,
-            signed=self._signed_capability,
-        )
+        return open_capability(env, self.network_id, now, self.signer(env),
+                               self.config.max_record_ttl_ms, self.config.clock_skew_ms,
+                               self._signed_capability)
 
     def open_cards(self, env: Envelope, now: int) -> AgentCards:
         """Check a stored agent-card record as a pushed one is checked (raises Rejected)."""
@@ -232,15 +226,9 @@ class LedgerIntake:
 
     def open_attestation(self, env: Envelope, now: int) -> Attestation:
         """Check a stored attestation as a pushed one is checked (raises Rejected)."""
-        return open_attestation(
-            env,
-            network_id=self.network_id,
-            now_ms=now,
-            signer=self.signer(env),
-            max_ttl_ms=self.config.max_attestation_ttl_ms,
-            skew_ms=self.config.clock_skew_ms,
-            signed=self._signed_attestation,
-        )
+        return open_attestation(env, self.network_id, now, self.signer(env),
+                                self.config.max_attestation_ttl_ms, self.config.clock_skew_ms,
+                                self._signed_attestation)
 
     def _apply(
         self,

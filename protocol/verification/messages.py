@@ -300,3 +300,12 @@ class StateLeaf(Message):
     index: int = limits(lo=STATES_BUSY, hi=(1 << 31) - 1)
     leaf: bytes = limits(max_len=MAX_STATE_LEAF_BYTES)
     proof: bytes = limits(max_len=MAX_PROOF_BYTES)
+
+
+#: which role's machine takes each verification message a peer sends: the requester's
+#: verified auction, the executor's verified executor, the verifier (the daemon's verify
+#: service and the simulator route by these same tuples; the states stream is the executor's
+#: store's own protocol)
+TO_REQUESTER: tuple[type[Message], ...] = (Commit, Reveal, Verdict)
+TO_EXECUTOR: tuple[type[Message], ...] = (Terms, RevealRequest)
+TO_VERIFIER: tuple[type[Message], ...] = (CheckRequest,)

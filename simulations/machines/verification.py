@@ -27,14 +27,7 @@ from protocol.market.messages import Assign, Beacon, Bid, Cancel, Reject, Result
 from protocol.market.selection import Selector
 from protocol.verification.candidates import verified_auction
 from protocol.verification.executor import VerifiedExecutor
-from protocol.verification.messages import (
-    CheckRequest,
-    Commit,
-    Reveal,
-    RevealRequest,
-    Terms,
-    Verdict,
-)
+from protocol.verification.messages import TO_EXECUTOR, TO_REQUESTER, TO_VERIFIER
 from protocol.verification.state import VerifyConfig
 from protocol.verification.verifier import (
     CancelCheck,
@@ -95,7 +88,7 @@ def verified_auction_spec(
     return dataclasses.replace(
         base,
         build=build,
-        message_types=(Bid, Result, Reject, Commit, Reveal, Verdict),
+        message_types=(Bid, Result, Reject, *TO_REQUESTER),
         performers={**base.performers, LedgerAttest: attest},
     )
 
@@ -109,7 +102,7 @@ def verified_executor_spec(
         return VerifiedExecutor(node.identity, config_of(node), node.rng)
 
     return dataclasses.replace(
-        base, build=build, message_types=(Beacon, Assign, Cancel, Terms, RevealRequest)
+        base, build=build, message_types=(Beacon, Assign, Cancel, *TO_EXECUTOR)
     )
 
 
@@ -143,7 +136,7 @@ def verifier_spec(
     return MachineSpec(
         name=VERIFIER,
         build=build,
-        message_types=(CheckRequest,),
+        message_types=TO_VERIFIER,
         performers={StartCheck: start, CancelCheck: cancel, LedgerAttest: attest},
     )
 

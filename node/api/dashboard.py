@@ -14,7 +14,8 @@ the page answers 401 with how to get the URL.
 Routes (mounted at the API's root)
 ----------------------------------
 * ``GET /``: the page (``static/dashboard.html``); ``GET /dashboard/static/<file>``: its
-  script, style sheet and icon (public, no session needed);
+  scripts (JavaScript modules, no build step), style sheet and icon (public, no session
+  needed);
 * ``GET /dashboard/state``: the state document (node/api/dashboard_state.py) as JSON;
 * ``GET /dashboard/events``: the same document as server-sent events, one ``data:`` line
   every ``PUSH_INTERVAL_S``; at most ``MAX_STREAMS`` open at once (503 beyond);
@@ -56,7 +57,9 @@ from node.api.dashboard_state import DashboardSource, LiveFeed, dashboard_state
 from node.market.api import AskError, best_answer_text
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
-STATIC_FILES = {"dashboard.js": "text/javascript", "dashboard.css": "text/css",
+STATIC_FILES = {"dashboard.js": "text/javascript", "dom.js": "text/javascript",
+                "charts.js": "text/javascript", "activity.js": "text/javascript",
+                "jobs.js": "text/javascript", "dashboard.css": "text/css",
                 "icon.svg": "image/svg+xml"}
 COOKIE_PREFIX = "symphony_dashboard_"
 SESSION_CONTEXT = b"symphony-dashboard-session"

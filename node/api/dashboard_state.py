@@ -19,6 +19,12 @@ the feed:
 * ``jobs``: one entry per heavier job kind (``inference``: distributed-inference chains,
   ``rl``: rollout jobs and workers), the status of each service of that kind this node runs
   (service name -> its status), or ``None`` where it runs none;
+* ``inference`` and ``rl``: those kinds as the page draws them, with the figures derived from
+  them (node/api/dashboard_jobs.py: stages and chains with tokens/s, an RL run's history by
+  policy version), or ``None`` where the node runs no such service;
+* ``totals``: running totals (tasks ended and their answers' tokens, tasks computed and
+  tokens generated) with the node's clock ``at_ms`` (the driver's, monotonic: only differences
+  mean anything), which the page turns into rates over time;
 * ``events``: the latest events, newest first.
 """
 
@@ -31,6 +37,7 @@ from dataclasses import asdict
 from typing import Any, Protocol
 
 from node.agents.api import entry_json
+from node.api.dashboard_jobs import RunHistory, Throughput, inference_view, rl_view
 from protocol.machine import Emit
 
 MAX_TASKS = 200
@@ -60,14 +67,20 @@ class LiveFeed:
         self.bids: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
         self.checks: OrderedDict[str, list[dict[str, Any]]] = OrderedDict()
         self.events: deque[dict[str, Any]] = deque(maxlen=MAX_EVENTS)
+        self.runs = RunHistory()
+        self.throughput = Throughput()
         #: bumped on every remembered change, so the pusher knows when to send
         self.version = 0
 
     def observe(self, service: str, item: object) -> None:
         if not isinstance(item, Emit):
+            if self.throughput.observe(item):
+                self.version += 1
             return
         fields = item.fields
         name = item.event
+        if service == "rl_jobs":
+            self.runs.observe(item, self.clock())
         if name == "task.bid":
             self._task_list(self.bids, str(fields["task_id"])).append(
                 {"peer": fields.get("peer"), "match": fields.get("match"),
@@ -111,6 +124,9 @@ def dashboard_state(source: DashboardSource, feed: LiveFeed) -> dict[str, Any]:
         "relay": _relay(services),
         "jobs": {kind: ({n: services[n].status() for n in names if n in services} or None)
                  for kind, names in JOB_SERVICES.items()},
+        "inference": inference_view(services.get("inference"), str(status.get("peer_id", ""))),
+        "rl": rl_view(services, feed.runs),
+        "totals": {**feed.throughput.totals, "at_ms": feed.clock()},
         "events": list(feed.events),
     }
 

@@ -55,6 +55,10 @@ def test_sign_in_state_events_and_refusals(testnet: Testnet) -> None:
             present = {n for n in names if n in running}
             shown = state["jobs"][kind]
             assert (shown is None) if not present else set(shown) == present
+        # the views the page draws: of the same services, and the running totals
+        assert (state["rl"] is None) == (not {"rl_jobs", "rl_worker"} & running)
+        assert (state["inference"] is None) == ("inference" not in running)
+        assert state["totals"]["tasks_ended"] == 0 and state["totals"]["at_ms"] > 0
 
         with browser.stream("GET", "/dashboard/events") as events:
             assert events.headers["content-type"].startswith("text/event-stream")

@@ -1,56 +1,17 @@
 // The node dashboard: renders the state document pushed on /dashboard/events (server-sent
-// events) and sends the chat box's questions to /dashboard/ask. Everything a peer wrote
-// (questions, answers, model names, agent cards, tool calls) is inserted as text, never as
-// HTML.
+// events) and sends the chat box's questions to /dashboard/ask. A module: it imports the
+// charts (charts.js), the activity chart and peer graph (activity.js) and the job sections
+// (jobs.js) from the same static folder. Everything a peer wrote (questions, answers, model
+// names, agent cards, tool calls) is inserted as text, never as HTML.
 "use strict";
 
-const $ = (id) => document.getElementById(id);
+import { record, renderActivity, renderPeerGraph } from "./activity.js";
+import { $, cell, el, fill, listCell, short } from "./dom.js";
+import { renderInference, renderRl } from "./jobs.js";
+
 // event fields holding peer ids or hashes, shown shortened
 const ID_FIELDS = new Set(["task_id", "peer", "executor", "requester", "verifier", "source",
-  "id", "signer"]);
-
-function el(tag, text, cls) {
-  const node = document.createElement(tag);
-  if (text !== undefined && text !== null) node.textContent = String(text);
-  if (cls) node.className = cls;
-  return node;
-}
-
-function short(id) {
-  return id ? String(id).slice(0, 6) + "…" + String(id).slice(-6) : "";
-}
-
-function cell(row, value, cls) {
-  const td = el("td", value, cls);
-  row.appendChild(td);
-  return td;
-}
-
-function listCell(row, items) {
-  const td = el("td");
-  if (!items.length) {
-    td.textContent = "—";
-    td.className = "muted";
-  } else {
-    const ul = el("ul", null, "cell");
-    for (const item of items) ul.appendChild(el("li", item));
-    td.appendChild(ul);
-  }
-  row.appendChild(td);
-  return td;
-}
-
-function fill(tbody, rows, empty, columns) {
-  tbody.replaceChildren();
-  if (!rows.length) {
-    const tr = el("tr");
-    const td = el("td", empty, "muted");
-    td.colSpan = columns;
-    tr.appendChild(td);
-    tbody.appendChild(tr);
-  }
-  for (const row of rows) tbody.appendChild(row);
-}
+  "id", "signer", "worker", "learner", "job_id"]);
 
 function renderNode(node) {
   $("title-peer").textContent = short(node.peer_id);
@@ -154,25 +115,6 @@ function renderRelay(versions) {
   fill($("relay-rows"), rows, "no weight transfer", 7);
 }
 
-// a job kind's section: the status of each service of that kind this node runs
-function renderJob(sectionId, services, what) {
-  const body = document.querySelector(`#${sectionId} .job-body`);
-  body.replaceChildren();
-  if (services === null || services === undefined) {
-    body.appendChild(el("p", `This node runs no ${what} service.`, "muted"));
-    return;
-  }
-  for (const [name, status] of Object.entries(services)) {
-    body.appendChild(el("h3", name));
-    const dl = el("dl");
-    for (const [key, value] of Object.entries(status)) {
-      dl.appendChild(el("dt", key));
-      dl.appendChild(el("dd", typeof value === "object" ? JSON.stringify(value) : value));
-    }
-    body.appendChild(dl);
-  }
-}
-
 function renderEvents(events) {
   const list = $("event-list");
   list.replaceChildren();
@@ -192,9 +134,12 @@ function render(state) {
   renderTasks(state.tasks);
   renderAgents(state.agents || []);
   renderRelay(state.relay);
-  renderJob("job-inference", state.jobs.inference, "distributed-inference");
-  renderJob("job-rl", state.jobs.rl, "RL");
+  renderInference(state.inference);
+  renderRl(state.rl, state.totals.at_ms);
   renderEvents(state.events);
+  record(state.totals);
+  renderActivity();
+  renderPeerGraph(state.node, state.peers);
 }
 
 function connect() {
@@ -243,7 +188,6 @@ async function ask(event) {
   }
 }
 
-document.addEventListener("DOMContentLoaded", () => {
-  $("ask-form").addEventListener("submit", ask);
-  connect();
-});
+// a module runs after the document is parsed
+$("ask-form").addEventListener("submit", ask);
+connect();

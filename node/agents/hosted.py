@@ -10,7 +10,9 @@
   node/agents/toolbox.py, run by the ledger service), a :class:`ToolSession` naming the
   task's requester (a side-effecting tool runs only for requesters the operator allows), the
   bounded loop ``answer_with_tools`` on the solver's llama.cpp model under the JSON-schema
-  grammar. A tool the agent declares that is missing now (its MCP server failed) is left out
+  grammar. An agent whose tools this requester may not run makes no call, except that a
+  tool the loop must call first (an agent's only tool) is refused on the record (the result
+  shows why). A tool the agent declares that is missing now (its MCP server failed) is left out
   of this task's session. Its calls become the result's
   ``ToolCallRecord`` s (bounded to the wire's limits), which the final, verifiable answer
   reads (models/cot.py).
@@ -25,7 +27,7 @@ from typing import Any
 
 from node.agents.config import AgentSpec
 from node.agents.generation import llama_generate
-from node.agents.loop import GenerateFn, answer_with_tools
+from node.agents.loop import GenerateFn, answer_with_tools, forced_first_tool
 from node.agents.settings import ToolSettings, builtin_tools
 from node.agents.tools import (
     Tool,
@@ -82,7 +84,8 @@ async def tool_calls_for(agent: AgentSpec, task: TaskSpec, generate: GenerateFn,
     """The tool calls ``agent`` makes for ``task`` (none when it has no usable tool)."""
     tools, policy, limits = kit()
     session = ToolSession(_registry(agent.tools, tools), policy, limits, task.requester)
-    if not session.usable_specs():
+    if not session.usable_specs() and \
+            forced_first_tool(task.question, session.registry.specs) is None:
         return ()
     _, calls = await answer_with_tools(generate, system_prompt=agent.system_prompt,
                                        question=task.question, session=session)

@@ -306,3 +306,6 @@ def test_the_transcript_and_the_restated_answer() -> None:
     failed = ToolCallRecord(name="calculator", arguments="{}", output="error: bad expression")
     assert restated_answer("12", (failed,)) == "12"
     assert restated_answer("12", ()) == "12"
+    # an answer cut at its token budget gives way to the output even when it contains it
+    assert restated_answer("7006652 is 1234 times", (call,), cut=True) == "7006652"
+    assert restated_answer("7006652 is 1234 times", (call,)) == "7006652 is 1234 times"

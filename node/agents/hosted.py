@@ -27,7 +27,7 @@ from typing import Any
 
 from node.agents.config import AgentSpec
 from node.agents.generation import llama_generate
-from node.agents.loop import GenerateFn, answer_with_tools, forced_first_tool
+from node.agents.loop import STEP_MAX_TOKENS, GenerateFn, answer_with_tools, forced_first_tool
 from node.agents.settings import ToolSettings, builtin_tools
 from node.agents.tools import (
     Tool,
@@ -46,6 +46,7 @@ from protocol.agents.wire import (
     canonical_arguments,
 )
 from protocol.market.messages import TaskSpec
+from protocol.market.offers import ServedModel
 
 
 def tool_records(calls: Sequence[Mapping[str, Any]]) -> tuple[ToolCallRecord, ...]:
@@ -92,6 +93,14 @@ async def tool_calls_for(agent: AgentSpec, task: TaskSpec, generate: GenerateFn,
     return tool_records(calls)
 
 
+def tool_allowance_ms(limits: ToolLimits, tokens_per_s: float) -> int:
+    """Milliseconds an agent's tools may add to a task within the operator's bounds: every
+    call at its time limit, and every step of the loop (``max_calls`` calls, an unreadable
+    reply, the answer-only step) at ``STEP_MAX_TOKENS`` on a model of ``tokens_per_s``."""
+    steps_s = (limits.max_calls + 2) * STEP_MAX_TOKENS / max(tokens_per_s, 1e-3)
+    return int(1000 * (limits.max_calls * limits.call_timeout_s + steps_s))
+
+
 def tool_generator(solver: Any) -> GenerateFn | None:
     """Tool steps on the solver's own llama.cpp model, serialized with its generations by its
     lock (None when the solver has no llama.cpp model: its agents cannot call tools)."""
@@ -134,6 +143,16 @@ class AgentRunner:
         self.agents = tuple(agents)
         self.cards = tuple(c for c in cards if c.name not in unable)
         return self.cards
+
+    def tool_ms(self, models: Sequence[ServedModel]) -> tuple[tuple[str, int], ...]:
+        """``(agent, ms)`` its tools may add to a task (``tool_allowance_ms``), for each agent
+        with tools: the executor counts it in the agent's bids, so the requester's due time
+        for the attempt leaves room for a tool that runs to its limit."""
+        _, _, limits = self.kit()
+        speed = {m.name: m.tokens_per_s for m in models}
+        slowest = min(speed.values(), default=1.0)
+        return tuple((a.name, tool_allowance_ms(limits, speed.get(a.model or "", slowest)))
+                     for a in self.agents if a.tools)
 
     async def context(self, name: str, task: TaskSpec
                       ) -> tuple[str, tuple[ToolCallRecord, ...]] | None:

@@ -10,7 +10,9 @@
   node/agents/toolbox.py, run by the ledger service), a :class:`ToolSession` naming the
   task's requester (a side-effecting tool runs only for requesters the operator allows), the
   bounded loop ``answer_with_tools`` on the solver's llama.cpp model under the JSON-schema
-  grammar. A tool the agent declares that is missing now (its MCP server failed) is left out
+  grammar. An agent whose tools this requester may not run makes no call, except that a
+  tool the loop must call first (an agent's only tool) is refused on the record (the result
+  shows why). A tool the agent declares that is missing now (its MCP server failed) is left out
   of this task's session. Its calls become the result's
   ``ToolCallRecord`` s (bounded to the wire's limits), which the final, verifiable answer
   reads (models/cot.py).
@@ -25,7 +27,7 @@ from typing import Any
 
 from node.agents.config import AgentSpec
 from node.agents.generation import llama_generate
-from node.agents.loop import GenerateFn, answer_with_tools
+from node.agents.loop import STEP_MAX_TOKENS, GenerateFn, answer_with_tools, forced_first_tool
 from node.agents.settings import ToolSettings, builtin_tools
 from node.agents.tools import (
     Tool,
@@ -44,6 +46,7 @@ from protocol.agents.wire import (
     canonical_arguments,
 )
 from protocol.market.messages import TaskSpec
+from protocol.market.offers import ServedModel
 
 
 def tool_records(calls: Sequence[Mapping[str, Any]]) -> tuple[ToolCallRecord, ...]:
@@ -82,11 +85,20 @@ async def tool_calls_for(agent: AgentSpec, task: TaskSpec, generate: GenerateFn,
     """The tool calls ``agent`` makes for ``task`` (none when it has no usable tool)."""
     tools, policy, limits = kit()
     session = ToolSession(_registry(agent.tools, tools), policy, limits, task.requester)
-    if not session.usable_specs():
+    if not session.usable_specs() and \
+            forced_first_tool(task.question, session.registry.specs) is None:
         return ()
     _, calls = await answer_with_tools(generate, system_prompt=agent.system_prompt,
                                        question=task.question, session=session)
     return tool_records(calls)
+
+
+def tool_allowance_ms(limits: ToolLimits, tokens_per_s: float) -> int:
+    """Milliseconds an agent's tools may add to a task within the operator's bounds: every
+    call at its time limit, and every step of the loop (``max_calls`` calls, an unreadable
+    reply, the answer-only step) at ``STEP_MAX_TOKENS`` on a model of ``tokens_per_s``."""
+    steps_s = (limits.max_calls + 2) * STEP_MAX_TOKENS / max(tokens_per_s, 1e-3)
+    return int(1000 * (limits.max_calls * limits.call_timeout_s + steps_s))
 
 
 def tool_generator(solver: Any) -> GenerateFn | None:
@@ -131,6 +143,16 @@ class AgentRunner:
         self.agents = tuple(agents)
         self.cards = tuple(c for c in cards if c.name not in unable)
         return self.cards
+
+    def tool_ms(self, models: Sequence[ServedModel]) -> tuple[tuple[str, int], ...]:
+        """``(agent, ms)`` its tools may add to a task (``tool_allowance_ms``), for each agent
+        with tools: the executor counts it in the agent's bids, so the requester's due time
+        for the attempt leaves room for a tool that runs to its limit."""
+        _, _, limits = self.kit()
+        speed = {m.name: m.tokens_per_s for m in models}
+        slowest = min(speed.values(), default=1.0)
+        return tuple((a.name, tool_allowance_ms(limits, speed.get(a.model or "", slowest)))
+                     for a in self.agents if a.tools)
 
     async def context(self, name: str, task: TaskSpec
                       ) -> tuple[str, tuple[ToolCallRecord, ...]] | None:

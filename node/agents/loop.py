@@ -10,10 +10,19 @@ with an answer, after at most ``max_calls`` calls plus one answer-only step.
 
 Two deterministic rules help a weak model, and are facts of this loop, not of the model:
 
-* **Steering** (:func:`forced_first_tool`): when the calculator is usable and the question
-  contains an arithmetic expression, the first step's schema admits only a calculator call,
-  with an expression made of digits, operators and parentheses.
-* **Restating** (:func:`compose_answer`): when the model's final answer does not contain the
+* **Steering** (:func:`forced_first_tool`): the first step must call a tool when
+  (i) the agent has the calculator and the question contains an arithmetic expression: the
+  schema admits only a calculator call, with an expression made of digits, operators and
+  parentheses; or (ii) the agent has exactly one tool, not the calculator: an agent the
+  operator declared with a single tool is that tool's agent (a search agent, a note-taker), so
+  every task it takes starts with that tool, whose arguments the model writes under the
+  tool's own schema. The calculator is the exception because whether it applies can be read
+  off the question. A forced tool the requester may not run is not offered to the model: the
+  loop calls it with no arguments, the session refuses it (the permission comes before the
+  arguments) and that refusal is the task's first recorded call, so the result shows why the
+  agent did not use its tool.
+* **Restating** (``protocol.agents.wire.restated_answer``, the rule the executor's final
+  answer and every verifier apply too): when the model's final answer does not contain the
   output of the last successful call, or was not a finished JSON answer (cut at
   ``max_tokens``, or no JSON at all), and that output is one short line (a calculator's
   result), the answer is that output. So the answer to "What is 1234 * 5678?" is the
@@ -29,15 +38,14 @@ from typing import Any
 
 import trio
 
-from node.agents.tools import ToolCall, ToolError, ToolSession, ToolSpec
+from node.agents.tools import ToolError, ToolSession, ToolSpec
+from protocol.agents.wire import restated_answer
 
 #: generate(prompt, json_schema or None, max_tokens) -> text; blocking (run in a thread)
 GenerateFn = Callable[[str, Mapping[str, Any] | None, int], str]
 
 #: tokens of one step (a tool call or an answer)
 STEP_MAX_TOKENS = 96
-#: a tool output this short, on one line, is restated as the answer (see module docstring)
-MAX_RESTATED_CHARS = 100
 #: characters of a final answer taken from unparseable model text
 MAX_ANSWER_CHARS = 2000
 #: an arithmetic expression in a question: a number, an operator, a number
@@ -47,11 +55,17 @@ EXPRESSION_PATTERN = r"^[0-9+*/(). ^-]+$"
 #: the start of an answer step whose string was never closed
 CUT_ANSWER = re.compile(r'\s*\{\s*"answer"\s*:\s*"((?:[^"\\]|\\.)*)$', re.DOTALL)
 _SIMPLE_TYPES = ("string", "integer", "number", "boolean")
+#: the arguments schema of a tool that declares none: only the empty object
+NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {},
+                                "additionalProperties": False}
 
 
 def _argument_schema(spec: ToolSpec) -> dict[str, Any]:
     """The grammar's schema of a tool's arguments: its simple-typed properties and required
     keys (no length bounds: llama.cpp's converter unrolls them; ``max_tokens`` bounds a step)."""
+    declared = spec.parameters.get("properties", {})
+    if isinstance(declared, Mapping) and not declared:
+        return NO_ARGUMENTS  # a tool that takes no arguments gets exactly {}
     properties = {}
     for key, rule in spec.parameters.get("properties", {}).items():
         if isinstance(rule, Mapping) and rule.get("type") in _SIMPLE_TYPES:
@@ -75,8 +89,9 @@ ANSWER_SCHEMA: dict[str, Any] = {
 
 
 def step_schema(specs: list[ToolSpec], forced: str | None) -> dict[str, Any]:
-    """The schema of the next step: a call of one of ``specs`` or an answer; only a
-    calculator call when ``forced`` is "calculator"; only an answer when ``specs`` is empty."""
+    """The schema of the next step: a call of one of ``specs`` or an answer; only a call of
+    ``forced`` when it is set (a calculator's expression limited to arithmetic); only an
+    answer when ``specs`` is empty."""
     if forced is not None:
         spec = next(s for s in specs if s.name == forced)
         arguments = _argument_schema(spec)
@@ -93,9 +108,12 @@ def step_schema(specs: list[ToolSpec], forced: str | None) -> dict[str, Any]:
 
 
 def forced_first_tool(question: str, specs: list[ToolSpec]) -> str | None:
-    """The tool the first step must call: the calculator for an arithmetic question."""
+    """The tool the first step must call (see the module docstring), from all the agent's
+    tools ``specs``: the calculator for an arithmetic question, an agent's only tool."""
     if any(s.name == "calculator" for s in specs) and ARITHMETIC.search(question):
         return "calculator"
+    if len(specs) == 1 and specs[0].name != "calculator":
+        return specs[0].name
     return None
 
 
@@ -135,19 +153,6 @@ def parse_step(text: str) -> dict[str, Any] | None:
     return None
 
 
-def compose_answer(model_answer: str, calls: list[ToolCall], cut: bool = False) -> str:
-    """The model's answer, or the last successful call's short output when the answer does
-    not contain it or was cut at ``max_tokens`` (see module docstring)."""
-    last = next((c for c in reversed(calls) if c.ok), None)
-    if last is None:
-        return model_answer
-    output = last.output.strip()
-    if output and "\n" not in output and len(output) <= MAX_RESTATED_CHARS and \
-            (cut or output not in model_answer):
-        return output
-    return model_answer
-
-
 async def answer_with_tools(generate: GenerateFn, *, system_prompt: str, question: str,
                             session: ToolSession, max_tokens: int = STEP_MAX_TOKENS
                             ) -> tuple[str, list[dict[str, Any]]]:
@@ -158,7 +163,11 @@ async def answer_with_tools(generate: GenerateFn, *, system_prompt: str, questio
     """
     specs = session.usable_specs()
     transcript: list[str] = []
-    forced = forced_first_tool(question, specs)
+    forced = forced_first_tool(question, session.registry.specs)
+    if forced is not None and forced not in {s.name for s in specs}:
+        # the requester may not run it: the session refuses it, on the record
+        await _run_step(session, {"tool": forced, "arguments": {}}, transcript)
+        forced = None
     for _ in range(session.limits.max_calls + 1):
         if session.remaining <= 0 or not specs:
             break
@@ -170,7 +179,8 @@ async def answer_with_tools(generate: GenerateFn, *, system_prompt: str, questio
         if step is None:
             transcript.append("(that reply was not a JSON step)")
         elif "answer" in step:
-            return compose_answer(step["answer"], session.calls, "cut" in step), _calls(session)
+            answer = restated_answer(step["answer"], session.calls, cut="cut" in step)
+            return answer, _calls(session)
         else:
             await _run_step(session, step, transcript)
     prompt = build_prompt(system_prompt, question, specs, transcript, answer_only=True)
@@ -178,7 +188,7 @@ async def answer_with_tools(generate: GenerateFn, *, system_prompt: str, questio
     step = parse_step(text)
     if step is None or "answer" not in step:
         step = {"answer": text.strip()[:MAX_ANSWER_CHARS], "cut": True}
-    return compose_answer(step["answer"], session.calls, "cut" in step), _calls(session)
+    return restated_answer(step["answer"], session.calls, cut="cut" in step), _calls(session)
 
 
 async def _run_step(session: ToolSession, step: dict[str, Any], transcript: list[str]) -> None:

@@ -187,7 +187,9 @@ class ExecutorService(NurseryService):
         cards = self.agents.use(host.hosted, host.cards, ledger.tools.kit)  # type: ignore[union-attr]
         if self.agents.problem:
             self.ctx.log.warning("executor.agents_limited", problem=self.agents.problem)
-        self._machine.config = dataclasses.replace(self._machine.config, agents=cards)
+        config = self._machine.config
+        self._machine.config = dataclasses.replace(config, agents=cards,
+                                                   tool_ms=self.agents.tool_ms(config.models))
         self.ctx.log.info("executor.agents", agents=[c.name for c in cards])
 
     async def perform(self, effect: object) -> None:

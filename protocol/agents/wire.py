@@ -16,7 +16,8 @@ Contract
 * :func:`tool_transcript` is the text of an agent's tool calls as its model reads it before
   the final answer, and :func:`restated_answer` the rule that makes the answer the last
   call's short output when the model's own answer does not state it. The executor
-  (models/cot.py) and every verifier (models/checks.py) apply both, so the text the model
+  (models/cot.py, and its tool loop node/agents/loop.py) and every verifier
+  (models/checks.py) apply both, so the text the model
   read and the answer it gave are rebuilt exactly from the task and the signed result.
 
 The standard library, crypto/ and the codec only.
@@ -63,8 +64,8 @@ HASH_LEN = 32
 __all__ = [
     "DEFAULT_AGENT", "MAX_AGENT_NAME_LEN", "MAX_EMBEDDING_DIM", "MAX_NEEDS_CHARS",
     "MAX_NEED_SKILLS", "MAX_SKILL_LEN", "MAX_SYSTEM_PROMPT_CHARS", "MAX_TOOL_CALLS",
-    "AgentMatch", "Need", "ToolCallRecord", "canonical_arguments", "card_match", "check_need",
-    "need_vector", "restated_answer", "tool_transcript",
+    "AgentMatch", "Need", "ToolCallRecord", "ToolOutput", "canonical_arguments", "card_match",
+    "check_need", "need_vector", "restated_answer", "tool_transcript",
 ]
 
 
@@ -196,15 +197,27 @@ def tool_transcript(calls: Sequence[ToolCallRecord]) -> str:
     return "\n".join(lines)
 
 
-def restated_answer(model_answer: str, calls: Sequence[ToolCallRecord]) -> str:
+class ToolOutput(Protocol):
+    """A tool call as :func:`restated_answer` reads it (a ``ToolCallRecord``, or the executor's
+    own record of a call, node/agents/tools.py): its output, "error: ..." when it failed."""
+
+    @property
+    def output(self) -> str: ...
+
+
+def restated_answer(model_answer: str, calls: Sequence[ToolOutput], *, cut: bool = False
+                    ) -> str:
     """The answer: the model's, or the last successful call's output when that output is
     one short line the model's answer does not contain (a calculator's result a small model
-    fails to copy). Deterministic, so a verifier derives the same answer from the same text."""
+    fails to copy), or the model's answer was ``cut`` short (at its token budget).
+    Deterministic, so a verifier derives the same answer from the same text. The one copy of
+    this rule: the executor's tool loop (node/agents/loop.py), its final answer
+    (models/cot.py) and every verifier call it."""
     last = next((c for c in reversed(calls) if not c.output.startswith("error:")), None)
     if last is None:
         return model_answer
     output = last.output.strip()
-    if output and "\n" not in output and len(output) <= MAX_RESTATED_CHARS and \
-            _SPACES.sub("", output) not in _SPACES.sub("", model_answer):
+    if output and "\n" not in output and len(output) <= MAX_RESTATED_CHARS and (
+            cut or _SPACES.sub("", output) not in _SPACES.sub("", model_answer)):
         return output
     return model_answer

@@ -73,8 +73,7 @@ __all__ = [
 DEFAULT_HOLD_MS = 5_000
 DEFAULT_MAX_TOKENS = 1_024
 DEFAULT_MAX_TASK_MS = 10 * 60 * 1000
-#: assignments that may wait for a compute slot: a busy executor still bids (its estimated
-#: latency counts the wait), so concurrent asks queue instead of failing for lack of a slot
+#: assignments that may wait for a slot: a busy executor still bids, so concurrent asks queue
 DEFAULT_QUEUE = 4
 #: a job still running this long after its deadline is cancelled
 OVERRUN_GRACE_MS = 1_000
@@ -100,6 +99,8 @@ class ExecutorConfig:
     max_frame: int = MAX_FRAME_BYTES
     #: the node's own agent cards, in the operator's order (empty: bid as a bare model)
     agents: tuple[AgentCard, ...] = ()
+    #: (agent, ms) its tools may add to a task within the operator's bounds: in its bids' latency
+    tool_ms: tuple[tuple[str, int], ...] = ()
 
 
 class Executor:
@@ -210,8 +211,8 @@ class Executor:
         price = model.price_per_1k * body.max_tokens / 1000.0
         if price > body.max_price:
             return skip("too_cheap")
-        est_latency = self.latency.estimate_ms(body.max_tokens, model.tokens_per_s,
-                                               ahead_of(self.jobs.values(), self.config.slots), now)
+        est_latency = dict(self.config.tool_ms).get(offer.agent, 0) + self.latency.estimate_ms(
+            body.max_tokens, model.tokens_per_s, ahead_of(self.jobs.values(), self.config.slots), now)
         if est_latency > body.deadline_ms:
             return skip("too_slow")
         hold = min(self.config.hold_ms, body.deadline_ms)

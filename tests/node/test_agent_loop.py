@@ -13,6 +13,7 @@ import trio
 from node.agents.calculator import Calculator
 from node.agents.loop import (
     ANSWER_SCHEMA,
+    NO_ARGUMENTS,
     answer_with_tools,
     forced_first_tool,
     parse_step,
@@ -106,12 +107,53 @@ def test_a_tool_the_requester_may_not_run_is_not_offered() -> None:
         [{"const": "calculator"}, None]
 
 
+class Pinger:
+    """A read-only tool with no arguments."""
+
+    spec = ToolSpec(name="net.ping", description="Ping.", side_effects=False,
+                    parameters={"type": "object", "properties": {}})
+
+    async def prepare(self) -> None:
+        return None
+
+    async def run(self, arguments: dict[str, Any]) -> str:
+        assert arguments == {}
+        return "pong"
+
+
+def test_an_agents_only_tool_is_its_first_step() -> None:
+    model = Script({"tool": "net.ping", "arguments": {}}, {"answer": "it answered"})
+    answer, calls = _run(model, "Is the host up?", Pinger())
+    assert calls == [{"name": "net.ping", "arguments": {}, "output": "pong"}]
+    assert answer == "pong"  # restated: the answer does not contain the tool's short output
+    assert model.asked[0][1] == {"type": "object",
+                                 "properties": {"tool": {"const": "net.ping"},
+                                                "arguments": NO_ARGUMENTS},
+                                 "required": ["tool", "arguments"],
+                                 "additionalProperties": False}
+
+
+def test_an_only_tool_the_requester_may_not_run_is_refused_on_the_record() -> None:
+    model = Script({"answer": "I could not write it"})
+    answer, calls = _run(model, "Note that the build passed", Writer())
+    assert calls == [{"name": "notes.write", "arguments": {}, "output": (
+        "error: tool 'notes.write' has side effects and the operator has not allowed "
+        "requester '12D3KooWRequester' to run it")}]
+    # the model was asked once, for the answer only, and saw the refusal
+    assert len(model.asked) == 1 and model.asked[0][1] == ANSWER_SCHEMA
+    assert "Tool output 1: error: tool 'notes.write' has side effects" in model.asked[0][0]
+    assert answer == "I could not write it"
+
+
 def test_steering_and_parsing_rules() -> None:
     specs = [Calculator.spec]
     assert forced_first_tool("What is 1234 * 5678?", specs) == "calculator"
     assert forced_first_tool("what is 3x4", specs) == "calculator"
     assert forced_first_tool("Who wrote Hamlet?", specs) is None
     assert forced_first_tool("What is 2+2?", []) is None
+    assert forced_first_tool("Is it up?", [Pinger.spec]) == "net.ping"  # an only tool
+    assert forced_first_tool("Is it up?", [Pinger.spec, WRITE]) is None
+    assert forced_first_tool("What is 2+2?", [Pinger.spec, Calculator.spec]) == "calculator"
     assert parse_step('{"answer": "4"}') == {"answer": "4"}
     assert parse_step('{"tool": "calculator", "arguments": {}} ') is not None
     assert parse_step('{"tool": 3}') is None and parse_step("[1]") is None

@@ -15,8 +15,8 @@ import trio
 
 from node.agents.cards import build_card, builtin_tool_info
 from node.agents.config import GENERALIST, AgentSpec
-from node.agents.hosted import AgentRunner, builtin_kit, tool_records
-from node.agents.tools import ToolSpec
+from node.agents.hosted import AgentRunner, builtin_kit, tool_allowance_ms, tool_records
+from node.agents.tools import ToolLimits, ToolPolicy, ToolSpec
 from node.api.openai_request import EXTENSION_KEYS
 from node.config import load_config
 from node.market.ask_request import AskError, NeedEmbedder, parse_ask
@@ -25,7 +25,7 @@ from protocol.agents.wire import MAX_TOOL_CALLS, MAX_TOOL_OUTPUT_CHARS, card_mat
 from protocol.market.messages import Requirement, TaskSpec
 from protocol.market.state import snapshot
 from tests.protocol.agent_fixtures import card
-from tests.protocol.market_net import MarketNet, ident
+from tests.protocol.market_net import MODEL, MarketNet, ident
 
 CALC = AgentSpec(
     name="calc",
@@ -156,8 +156,23 @@ def test_a_side_effecting_tool_runs_only_for_requesters_the_operator_allows(
     assert context is not None
     if allowed:
         assert [c.output for c in context[1]] == ["written"] and writer.runs == [{"text": "hi"}]
-    else:  # never offered to the model, never run
-        assert context[1] == () and writer.runs == []
+    else:  # never offered to the model, never run: the agent's only tool, refused on the record
+        (refused,) = context[1]
+        assert refused.name == "notes.write" and refused.arguments == "{}"
+        assert refused.output == ("error: tool 'notes.write' has side effects and the operator "
+                                  f"has not allowed requester '{ident(1).peer_id}' to run it")
+        assert writer.runs == []
+
+
+def test_an_agents_bids_count_its_tools_at_their_limits() -> None:
+    runner = AgentRunner()
+    limits = ToolLimits(max_calls=2, call_timeout_s=5.0)
+    runner.use((CALC, GENERALIST), (card("calc"), card("generalist", tools=())),
+               lambda: ({}, ToolPolicy(), limits))
+    fast = dataclasses.replace(MODEL, tokens_per_s=96.0)
+    # two calls at 5 s, and four steps of STEP_MAX_TOKENS (96) at 96 tokens/s
+    assert runner.tool_ms((fast,)) == (("calc", 14_000),)
+    assert tool_allowance_ms(limits, 48.0) == 18_000
 
 
 @pytest.mark.integration

@@ -5,7 +5,8 @@
   and B's card on A says which are side-effecting, by the operator's word), the second is
   logged and absent, and the daemon runs on; stopping B stops its server process.
 * The official ``openai`` client on A lists B's agents with ``client.models.list()`` beside
-  the model, and ``model=<agent name>`` gets the answer.
+  the model, and ``model=<agent name>`` gets the answer from that agent on B, while C (the
+  same model, no ``[[agents]]``: the default generalist) is in the market and does not answer.
 * ``symphony mcp`` on A answers ``tools/list`` and a ``tools/call`` of ask (and of
   list_agents) from the `mcp` package's own client, against the real daemon.
 """
@@ -28,6 +29,7 @@ from node.api.token import read_token
 from node.testnet import NodeProcess
 
 from .conftest import ARITH_SOLVER, TASKS, TEST_NETWORK_ID, TESTNET_CONFIG, Testnet
+from .procs import child_pids, gone
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 openai = pytest.importorskip("openai")
@@ -52,16 +54,23 @@ B_CONFIG = {
 
 
 @pytest.fixture(scope="module")
-def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NodeProcess, NodeProcess]]:
+def net(tmp_path_factory: pytest.TempPathFactory
+        ) -> Iterator[tuple[NodeProcess, NodeProcess, NodeProcess]]:
     testnet = Testnet(tmp_path_factory.mktemp("agenttools") / "net",
                       network_id=TEST_NETWORK_ID, config=TESTNET_CONFIG)
     try:
         a = testnet.start("a", config={"tasks": TASKS})
-        b = testnet.start("b", bootstrap=[a], config=B_CONFIG)
+        b = testnet.start("b", bootstrap=[a], wait=False, config=B_CONFIG)
+        c = testnet.start("c", bootstrap=[a], wait=False,
+                          config={"executor": {"solver": ARITH_SOLVER}})
+        for node in (b, c):
+            node.wait_ready()
         testnet.wait_all_connected(CONVERGE_S)
-        testnet.wait_until(lambda: {"adder", "scribe"} <= {x["name"] for x in _agents(a)},
-                           "b's agents to reach a", CONVERGE_S)
-        yield a, b
+        testnet.wait_until(lambda: {(b.peer_id, "adder"), (b.peer_id, "scribe"),
+                                    (c.peer_id, "generalist")} <= {
+                               (x["peer_id"], x["name"]) for x in _agents(a)},
+                           "b's and c's agents to reach a", CONVERGE_S)
+        yield a, b, c
     except BaseException:
         print(testnet.log_tails(60))
         raise
@@ -77,7 +86,7 @@ def _agents(node: NodeProcess) -> list[dict[str, Any]]:
 
 
 def test_an_mcp_server_adds_its_tools_and_a_broken_one_is_absent(net: Any) -> None:
-    a, b = net
+    a, b, _ = net
     tools = b.status()["services"]["ledger"]["tools"]
     assert tools["listed"] and tools["builtin"] == ["calculator"]
     assert tools["mcp_tools"]["notes.shout"] == {"side_effects": False}
@@ -93,23 +102,33 @@ def test_an_mcp_server_adds_its_tools_and_a_broken_one_is_absent(net: Any) -> No
 
 
 def test_the_openai_client_lists_agents_and_asks_one_by_name(net: Any) -> None:
-    a, b = net
-    client = openai.OpenAI(base_url=f"{a.api_url}/v1", api_key=read_token(a.data_dir),
-                           max_retries=0, timeout=120)
+    a, b, c = net
+    token = read_token(a.data_dir)
+    client = openai.OpenAI(base_url=f"{a.api_url}/v1", api_key=token, max_retries=0,
+                           timeout=120)
     listed = {m.id: m.owned_by for m in client.models.list().data}
     assert listed == {"test-arith": "symphony", "adder": "symphony-agent",
-                      "scribe": "symphony-agent"}
+                      "scribe": "symphony-agent", "generalist": "symphony-agent"}
     reply = client.chat.completions.create(
         model="adder", messages=[{"role": "user", "content": "What is 5 + 4?"}])
     assert reply.choices[0].message.content.endswith("Final answer: 9")
-    assert reply.model_extra["symphony"]["results"][0]["executor"] == b.peer_id
+    # the task as A's API keeps it: answered by agent adder on B; C (a generalist on the same
+    # model, a candidate for any ask that names no agent) made no attempt
+    task_id = reply.model_extra["symphony"]["task_id"]
+    shown = httpx.get(f"{a.api_url}/tasks/{task_id}", timeout=5.0,
+                      headers={"Authorization": f"Bearer {token}"})
+    shown.raise_for_status()
+    snap = shown.json()
+    assert (snap["agent"], snap["executor"]) == ("adder", b.peer_id), snap
+    assert [(t["agent"], t["peer"]) for t in snap["attempts"]] == [("adder", b.peer_id)]
+    assert c.peer_id not in {r["executor"] for r in snap["results"]}
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="no-such-agent",
                                        messages=[{"role": "user", "content": "hi"}])
 
 
 def test_symphony_mcp_against_a_real_daemon(net: Any) -> None:
-    a, b = net
+    a, b, c = net
     params = StdioServerParameters(command=SYMPHONY, args=["mcp", "--data-dir", str(a.data_dir)],
                                    env={**os.environ})
 
@@ -126,40 +145,20 @@ def test_symphony_mcp_against_a_real_daemon(net: Any) -> None:
     got = trio.run(main)
     assert got["tools"] == ["ask", "list_agents"] and not got["error"]
     assert got["ask"]["phase"] == "done" and got["ask"]["answer"] == "9"
-    assert got["ask"]["results"][0]["executor"] == b.peer_id
-    assert {x["name"] for x in got["agents"]["agents"]} == {"adder", "scribe"}
+    assert got["ask"]["results"][0]["executor"] in {b.peer_id, c.peer_id}  # no agent named
+    assert {x["name"] for x in got["agents"]["agents"]} == {"adder", "scribe", "generalist"}
 
 
 def test_stopping_the_daemon_stops_its_mcp_server(net: Any) -> None:
-    a, b = net
+    _, b, _ = net
     # the daemon keeps answering with a server that failed to start
     assert httpx.get(b.api_url + "/status", timeout=5.0).status_code == 200
     (listed,) = b.log_events("tools.mcp_listed")[-1:]
     assert "notes.pid" in listed["tools"]
     assert b.proc is not None
-    children = _children(b.proc.pid)
+    children = child_pids(b.proc.pid, "mcp_tool_server")
     assert children, "the notes server runs as b's child"
     assert b.terminate() == 0
     for pid in children:
-        assert not Path(f"/proc/{pid}").exists() or _zombie(pid)
+        assert gone(pid)
 
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and "mcp_tool_server" in \
-                    (entry / "cmdline").read_bytes().decode(errors="replace"):
-                found.append(int(entry.name))
-    return found
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True

@@ -43,6 +43,7 @@ from protocol.market.messages import (
 from protocol.market.offers import best_offer
 from protocol.market.selection import ScoreSelector
 from tests.protocol.agent_fixtures import EMBEDDER, card, cards_record
+from tests.protocol.executor_net import beacon, executor, sends
 from tests.protocol.market_net import MODEL, MarketNet, ident
 
 ME = ident(1)
@@ -306,3 +307,18 @@ def test_the_transcript_and_the_restated_answer() -> None:
     failed = ToolCallRecord(name="calculator", arguments="{}", output="error: bad expression")
     assert restated_answer("12", (failed,)) == "12"
     assert restated_answer("12", ()) == "12"
+    # an answer cut at its token budget gives way to the output even when it contains it
+    assert restated_answer("7006652 is 1234 times", (call,), cut=True) == "7006652"
+    assert restated_answer("7006652 is 1234 times", (call,)) == "7006652 is 1234 times"
+
+
+def test_an_agents_tool_allowance_counts_in_its_bids_latency() -> None:
+    calc = card("calc", vector=CALC_VEC, model=MODEL.name)
+    plain = executor(agents=(calc,)).handle(beacon(model=""), 0)
+    tooled = executor(agents=(calc,), tool_ms=(("calc", 42_000),)).handle(beacon(model=""), 0)
+    (a,), (b,) = sends(plain, Bid), sends(tooled, Bid)
+    base, more = a.envelope.payload, b.envelope.payload
+    assert decode(base).est_latency_ms + 42_000 == decode(more).est_latency_ms
+    # past the task's deadline with its tools at their limits, it does not bid at all
+    late = executor(agents=(calc,), tool_ms=(("calc", 61_000),)).handle(beacon(model=""), 0)
+    assert not sends(late, Bid)

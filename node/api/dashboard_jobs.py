@@ -19,7 +19,8 @@ derived here, from the services and from what the driver shows its observers:
   staleness (trained version minus the group's version) and the groups refused as stale.
   A learner's reward and held-out accuracy per step are shown where the ``rl_jobs`` status
   carries them (``steps``: ``{"version", "mean_reward", "heldout_accuracy"}``); the daemon
-  does not compute rewards itself (the learner does).
+  does not compute rewards itself: the learner sends its step's figures with each version it
+  publishes (``POST /rl_jobs/version``, node/rl/rollout_jobs.py).
 * :class:`Throughput`: running totals the page turns into rates over time: tasks this node
   asked that ended and the tokens of the results they received, tasks its executor computed
   and the tokens it generated.

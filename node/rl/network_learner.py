@@ -7,7 +7,8 @@ flight (``/rl_jobs/issue``), takes the groups the daemon's job book accepted (``
 (node/rl/learner_trainer.py; a failure is ``POST /rl_jobs/convict``: the worker is attested,
 excluded for the run and the job reissued), trains with GRPO and publishes every new version:
 the adapter GGUF through the weight relay as ``rl-adapter/<model>`` (node/rl/dissemination.py)
-and the version to the job book (``POST /rl_jobs/version``), so workers bid once they hold it.
+and the version to the job book (``POST /rl_jobs/version``, with the step's mean reward for the
+daemon's dashboard), so workers bid once they hold it.
 
 Bounded staleness: a group of version ``v`` is trained on at version ``w`` only if
 ``0 <= w - v <= S`` (protocol/rl/staleness.py); groups that fall behind while they wait are
@@ -18,6 +19,7 @@ worth of groups ready or in flight.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ from models.rl.env import load_environment
 from node.rl.dissemination import adapter_name, run_model_name
 from node.rl.learner_config import LearnerConfig
 from node.rl.learner_trainer import Group, StepStats, Trainer
+from node.rl.step_figures import MAX_ABS_REWARD
 from protocol.rl.messages import Completion, RolloutResultBody
 from protocol.rl.staleness import accepts
 
@@ -111,6 +114,13 @@ def group_result(data: dict[str, Any]) -> RolloutResultBody:
                              model_hash=b"")
 
 
+def shown_reward(mean_reward: float | None) -> bool:
+    """Whether the daemon takes ``mean_reward`` for its dashboard: a user environment's reward
+    that is not finite or past ``MAX_ABS_REWARD`` is left out rather than stop the training."""
+    return mean_reward is not None and math.isfinite(mean_reward) \
+        and abs(mean_reward) <= MAX_ABS_REWARD
+
+
 class NetworkLearner:
     def __init__(self, config: LearnerConfig, api: DaemonApi, *, model: str = "",
                  job_ms: int | None = None, trainer: Trainer | None = None,
@@ -147,15 +157,17 @@ class NetworkLearner:
         return any(v["name"] == name and v["signer"] == me and v["version"] >= version
                    for v in versions)
 
-    def publish(self, version: int) -> Published:
-        """Relay ``version``'s adapter and make it the job book's version."""
+    def publish(self, version: int, mean_reward: float | None = None) -> Published:
+        """Relay ``version``'s adapter and make it the job book's version; ``mean_reward``: that
+        of the step that made it (None for a resumed version, whose step ran before)."""
         path, _ = self.trainer.adapter(version)
         start, at = time.perf_counter(), time.time()
         answer = self.api.call("POST", "/relay/publish", json={
             "path": path, "name": adapter_name(self.model), "version": version,
             "format": "gguf"})
         published = Published(version, str(answer["id"]), at, time.perf_counter() - start)
-        self.api.call("POST", "/rl_jobs/version", json={"version": version})
+        figures = {"mean_reward": mean_reward} if shown_reward(mean_reward) else {}
+        self.api.call("POST", "/rl_jobs/version", json={"version": version, **figures})
         self.report.published.append(published)
         return published
 
@@ -198,7 +210,7 @@ class NetworkLearner:
         batch = self.ready[:self.config.jobs_per_step]
         self.ready = self.ready[self.config.jobs_per_step:]
         stats = self.trainer.step(batch, self.trainer.next_version())
-        self.publish(stats.version)
+        self.publish(stats.version, stats.mean_reward)
         keep = [g for g in self.ready
                 if accepts(g.version, self.trainer.version, self.config.staleness)]
         self.report.stale += len(self.ready) - len(keep)

@@ -17,7 +17,9 @@ Routes under ``/rl_jobs`` (POST ones need the API token):
 * ``POST /run`` JSON: any of ``model``, ``dataset_size``, ``vocab_size``, ``group_size``,
   ``prompts_per_job``, ``max_tokens``, ``temperature``, ``top_p``, ``staleness``, ``job_ms``,
   ``version``: a new run (409 while workers run its jobs; 400 naming a bad field);
-* ``POST /issue`` ``{"count": n, "version": v?}``; ``POST /version`` ``{"version": w}``;
+* ``POST /issue`` ``{"count": n, "version": v?}``;
+* ``POST /version`` ``{"version": w, "mean_reward": r?, "heldout_accuracy": a?}``: the learner
+  published ``w``; the figures of its step are kept (node/rl/step_figures.py) as ``steps``;
 * ``POST /convict`` ``{"job_id": hex, "reason": text}``: a check the learner ran on an accepted
   group failed (log-prob recomputation): its worker is attested, excluded, the job reissued;
 * ``GET /groups?max=N&wait_s=S``: up to N accepted groups (waiting up to S s for the first),
@@ -39,6 +41,7 @@ from starlette.routing import BaseRoute
 
 from node.api.app import token_route
 from node.rl import rollout_state
+from node.rl.step_figures import StepFigures, version_figures
 from node.service import NodeContext, Service
 from protocol.errors import InvalidMessage, LocalProtocolError
 from protocol.ledger.trust import TrustView
@@ -155,6 +158,7 @@ class RolloutJobsService(Service):
         self._auction = run_auction(ctx, self.section, 0, self.reputation)
         self.groups: collections.deque[RolloutResultBody] = collections.deque()
         self.dropped = 0
+        self.steps = StepFigures()
         self._arrived = trio.Event()
         self._trust_view: TrustView | None = None
 
@@ -243,6 +247,7 @@ class RolloutJobsService(Service):
         except InvalidMessage as exc:
             raise ValueError(str(exc)) from None
         self.run_section, self.run_fields = section, fields
+        self.steps.forget_after(version)
         self.save()
 
     async def issue(self, count: int, version: int | None = None) -> None:
@@ -252,6 +257,16 @@ class RolloutJobsService(Service):
             raise ValueError(f"count must be in [1, {MAX_ISSUE}], got {count}")
         await self.ctx.submit(self.name, IssueJobs(count, version))
         self.save()
+
+    async def publish(self, data: dict[str, Any]) -> int:
+        """The version the learner published and its step's figures (``POST /version``'s
+        body); ``ValueError`` names a bad field."""
+        version, reward, accuracy = version_figures(data, self._auction.book.version)
+        await self.ctx.submit(self.name, PublishVersion(version))
+        if reward is not None:
+            self.steps.record(version, reward, accuracy)
+        self.save()
+        return version
 
     async def take_groups(self, most: int, wait_s: float) -> list[RolloutResultBody]:
         if not self.groups and wait_s > 0:
@@ -269,7 +284,8 @@ class RolloutJobsService(Service):
                 "excluded": sorted(book.excluded), "waiting_groups": len(self.groups),
                 "dropped_groups": self.dropped, "staleness": book.config.max_staleness,
                 "book": dict(sorted(book.counters.items())),
-                "counters": dict(sorted(self._auction.counters.items()))}
+                "counters": dict(sorted(self._auction.counters.items())),
+                "steps": self.steps.rows()}
 
     def routes(self) -> list[BaseRoute]:
         return rollout_routes(self)
@@ -313,11 +329,10 @@ def rollout_routes(service: RolloutJobsService) -> list[BaseRoute]:
         return JSONResponse({"issued": count})
 
     async def post_version(request: Request) -> Response:
-        version = (await body(request) or {}).get("version")
-        if type(version) is not int or version < service.machine.book.version:
-            return _error("expected {\"version\": int}, not older than the current one")
-        await service.ctx.submit(service.name, PublishVersion(version))
-        service.save()
+        try:
+            version = await service.publish(await body(request) or {})
+        except ValueError as exc:
+            return _error(str(exc))
         return JSONResponse({"version": version})
 
     async def post_convict(request: Request) -> Response:

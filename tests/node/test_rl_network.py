@@ -7,8 +7,10 @@ a worker forging log-probabilities is convicted and excluded."""
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -112,6 +114,10 @@ def test_learner_and_three_workers_on_a_testnet(testnet: Testnet, tmp_path: Path
     # two more steps in the loop: jobs for versions 2 and 3 go to workers holding them
     learner.run(2)
     assert [s.version for s in learner.report.steps] == [1, 2, 3, 4]
+    # each step's mean reward went to the daemon with its version: the dashboard's curve
+    assert learner.jobs_status()["steps"] == [
+        {"version": s.version, "mean_reward": s.mean_reward, "heldout_accuracy": None}
+        for s in learner.report.steps]
     published = learner.report.published[-1]
     swaps += _wait_swapped(testnet, honest, 4, published.published_at)
     for node in honest:
@@ -130,6 +136,7 @@ def test_learner_and_three_workers_on_a_testnet(testnet: Testnet, tmp_path: Path
     again.begin()
     again.run(1)
     assert [s.version for s in again.report.steps] == [5]
+    assert [s["version"] for s in again.jobs_status()["steps"]] == [1, 2, 3, 4, 5]
     swaps += _wait_swapped(testnet, honest, 5, again.report.published[-1].published_at)
     assert [p.version for p in again.report.published] == [5]
 
@@ -139,6 +146,36 @@ def test_learner_and_three_workers_on_a_testnet(testnet: Testnet, tmp_path: Path
           f"{max(s['export_s'] for s in parts):.4f} s, llama.cpp load and switch "
           f"{max(s['load_s'] for s in parts):.4f} s at most); testnet up in {up_s:.1f} s, "
           f"test {time.monotonic() - started:.1f} s")
+
+
+class _RecordingApi:
+    """The learner's daemon as far as publish() calls it: each call kept, fixed answers."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, Any]] = []
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        self.calls.append((method, path, kwargs.get("json")))
+        return {"id": "ab"} if path == "/relay/publish" else {}
+
+
+@pytest.mark.parametrize(("reward", "sent"), [
+    (0.375, {"version": 3, "mean_reward": 0.375}),
+    (None, {"version": 3}),  # a resumed version: its step ran before this learner
+    (math.nan, {"version": 3}),  # a user environment's bad reward does not stop the training
+    (1e9, {"version": 3}),
+])
+def test_a_published_version_carries_its_steps_mean_reward(
+        tmp_path: Path, reward: float | None, sent: dict[str, Any]) -> None:
+    pytest.importorskip("torch")
+    from node.rl.network_learner import NetworkLearner
+
+    api = _RecordingApi()
+    trainer = SimpleNamespace(adapter=lambda version: (f"/a/v{version}.gguf", "00"))
+    learner = NetworkLearner(LearnerConfig(out_dir=str(tmp_path)), api,  # type: ignore[arg-type]
+                             model="tiny", trainer=trainer)  # type: ignore[arg-type]
+    learner.publish(3, reward)
+    assert api.calls[-1] == ("POST", "/rl_jobs/version", sent)
 
 
 def test_network_training_without_a_daemon_says_so(tmp_path: Path) -> None:

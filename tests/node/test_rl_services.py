@@ -1,5 +1,6 @@
-"""The rollout services without a network: the learner's run, issue and group routes (bad
-input named), the bounded group queue, and the worker service running a generator."""
+"""The rollout services without a network: the learner's run, issue, version and group routes
+(bad input named), the learner's step figures (the dashboard's reward curve), the bounded group
+queue, and the worker service running a generator."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from starlette.routing import Mount
 from starlette.testclient import TestClient
 
 from crypto.keys import Identity
+from node.api.dashboard_jobs import RunHistory, rl_view
 from node.rl.rollout_jobs import RlJobsSection, RolloutJobsService
 from node.rl.rollout_worker import RlWorkerSection, RolloutWorkerService
-from protocol.rl.auction import GroupAccepted, IssueJobs
+from node.rl.step_figures import MAX_STEPS
+from protocol.rl.auction import GroupAccepted, IssueJobs, PublishVersion
 from protocol.rl.worker import RolloutDone, RolloutFailed, StartRollout
 from tests.node.rl_generator import MODEL
 from tests.protocol.rl_fixtures import honest_result, make_job
@@ -68,6 +71,62 @@ def test_run_issue_and_groups_routes() -> None:
     assert client.post("/rl_jobs/version", json={"version": 2}).status_code == 400  # older
     assert client.get("/rl_jobs/groups", params={"wait_s": 99}).status_code == 400
     assert TestClient(client.app).post("/rl_jobs/issue", json={"count": 1}).status_code == 401
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"version": 3, "mean_reward": "0.5"}, "mean_reward"),
+    ({"version": 3, "mean_reward": True}, "mean_reward"),  # a bool is not a number
+    ({"version": 3, "mean_reward": 2e6}, "mean_reward"),  # past MAX_ABS_REWARD
+    ({"version": 3, "mean_reward": 0.5, "heldout_accuracy": 1.5}, "heldout_accuracy"),
+    ({"version": 3, "mean_reward": 0.5, "heldout_accuracy": -0.1}, "heldout_accuracy"),
+    ({"version": 3, "mean_reward": 0.5, "heldout_accuracy": [1]}, "heldout_accuracy"),
+    ({"version": 3, "heldout_accuracy": 0.5}, "heldout_accuracy needs"),  # no reward beside it
+    ({"version": "3", "mean_reward": 0.5}, "version"),
+])
+def test_a_version_with_bad_step_figures_is_refused_naming_the_field(
+        body: dict[str, Any], field: str) -> None:
+    submitted: list[object] = []
+    svc = RolloutJobsService(_ctx(RlJobsSection(), submitted))
+    answer = _client(svc).post("/rl_jobs/version", json=body)
+    assert answer.status_code == 400 and field in answer.json()["error"], answer.text
+    assert submitted == [] and svc.status()["steps"] == []  # nothing published, nothing kept
+
+
+@pytest.mark.parametrize("raw", [b'{"version": 3, "mean_reward": NaN}',
+                                 b'{"version": 3, "mean_reward": 0.5, "heldout_accuracy": Infinity}'])
+def test_json_nan_and_infinity_are_not_step_figures(raw: bytes) -> None:
+    svc = RolloutJobsService(_ctx(RlJobsSection(), []))
+    answer = _client(svc).post("/rl_jobs/version", content=raw,
+                               headers={"Content-Type": "application/json"})
+    assert answer.status_code == 400 and "finite" in answer.json()["error"]
+
+
+def test_published_steps_are_the_status_steps_and_the_dashboard_curve() -> None:
+    submitted: list[object] = []
+    svc = RolloutJobsService(_ctx(RlJobsSection(), submitted))
+    client = _client(svc)
+    assert client.post("/rl_jobs/version", json={"version": 1, "mean_reward": 0}).status_code == 200
+    assert client.post("/rl_jobs/version", json={"version": 2, "mean_reward": 0.25,
+                                                 "heldout_accuracy": 0.4}).status_code == 200
+    # the same version again replaces its figures; a version without figures adds no step
+    assert client.post("/rl_jobs/version", json={"version": 2, "mean_reward": 0.5,
+                                                 "heldout_accuracy": 1}).status_code == 200
+    assert client.post("/rl_jobs/version", json={"version": 3}).status_code == 200
+    assert submitted == [PublishVersion(1), PublishVersion(2), PublishVersion(2),
+                         PublishVersion(3)]
+    steps = [{"version": 1, "mean_reward": 0.0, "heldout_accuracy": None},
+             {"version": 2, "mean_reward": 0.5, "heldout_accuracy": 1.0}]
+    assert svc.status()["steps"] == steps
+    view = rl_view({"rl_jobs": svc}, RunHistory())
+    assert view is not None and view["steps"] == steps
+    # a new run from version 1 forgets the steps of the run it abandons past that version
+    assert client.post("/rl_jobs/run", json={"dataset_size": 10, "version": 1}).status_code == 200
+    assert [s["version"] for s in svc.status()["steps"]] == [1]
+    for version in range(2, MAX_STEPS + 10):
+        svc.steps.record(version, -1.5)
+    kept = svc.status()["steps"]
+    assert len(kept) == MAX_STEPS and kept[-1] == {"version": MAX_STEPS + 9, "mean_reward": -1.5,
+                                                   "heldout_accuracy": None}
 
 
 def test_the_bandit_selector_is_a_setting() -> None:

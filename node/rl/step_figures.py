@@ -1,0 +1,71 @@
+"""The figures of a learner's steps that its daemon shows: the dashboard's reward curve.
+
+Rewards are computed by the learner, never by the daemon (models/rl/env.py). With each version
+it publishes (``POST /rl_jobs/version``, node/rl/rollout_jobs.py) the learner may send the mean
+reward of the step that made that version and, where it measured one, a held-out accuracy.
+They come over the API, so they are checked here (:func:`version_figures`: a bad value is a
+``ValueError`` naming the field), and :class:`StepFigures` keeps the newest ``MAX_STEPS`` of
+them, in memory only (a restarted daemon shows the steps published after it came back).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from typing import Any
+
+#: learner steps whose figures the daemon keeps (the newest; the dashboard draws them)
+MAX_STEPS = 200
+#: environments set their own reward scale (the shipped one's is [0, 1.2]); a mean reward
+#: larger in magnitude than this is refused as a learner's error rather than drawn
+MAX_ABS_REWARD = 1e6
+
+
+def figure(data: dict[str, Any], key: str, low: float, high: float) -> float | None:
+    """``data[key]`` as a finite number in [low, high], None where absent; ``ValueError``
+    names the field otherwise (a bool is not a number; JSON's NaN and Infinity are refused)."""
+    value = data.get(key)
+    if value is None:
+        return None
+    if type(value) not in (int, float) or not math.isfinite(value) or not low <= value <= high:
+        raise ValueError(f"{key} must be a finite number in [{low:g}, {high:g}], got {value!r}")
+    return float(value)
+
+
+def version_figures(data: dict[str, Any], current: int) -> tuple[int, float | None, float | None]:
+    """A ``POST /rl_jobs/version`` body's ``version`` (an int, not older than ``current``),
+    ``mean_reward`` (|r| <= MAX_ABS_REWARD) and ``heldout_accuracy`` (in [0, 1], only beside a
+    mean reward); ``ValueError`` names the bad field."""
+    version = data.get("version")
+    if type(version) is not int or version < current:
+        raise ValueError("expected {\"version\": int}, not older than the current one")
+    reward = figure(data, "mean_reward", -MAX_ABS_REWARD, MAX_ABS_REWARD)
+    accuracy = figure(data, "heldout_accuracy", 0.0, 1.0)
+    if accuracy is not None and reward is None:
+        raise ValueError("heldout_accuracy needs the step's mean_reward beside it")
+    return version, reward, accuracy
+
+
+class StepFigures:
+    """The newest ``most`` steps' figures, oldest first, one per version."""
+
+    def __init__(self, most: int = MAX_STEPS) -> None:
+        self._rows: collections.deque[dict[str, Any]] = collections.deque(maxlen=most)
+
+    def record(self, version: int, mean_reward: float,
+               heldout_accuracy: float | None = None) -> None:
+        """The figures of the step that made ``version``; a repeat of the last version
+        replaces its figures."""
+        if self._rows and self._rows[-1]["version"] == version:
+            self._rows.pop()
+        self._rows.append({"version": version, "mean_reward": mean_reward,
+                           "heldout_accuracy": heldout_accuracy})
+
+    def forget_after(self, version: int) -> None:
+        """Drop the steps newer than ``version`` (a new run from it abandons them)."""
+        while self._rows and self._rows[-1]["version"] > version:
+            self._rows.pop()
+
+    def rows(self) -> list[dict[str, Any]]:
+        """``{"version", "mean_reward", "heldout_accuracy"}`` per step, oldest first."""
+        return [dict(row) for row in self._rows]

@@ -37,7 +37,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 
-from node.api.app import token_route
+from node.api.app import json_object, token_route
 from node.rl import rollout_state
 from node.service import NodeContext, Service
 from protocol.errors import InvalidMessage, LocalProtocolError
@@ -279,18 +279,9 @@ def _error(message: str, status: int = 400) -> Response:
     return JSONResponse({"error": message}, status_code=status)
 
 
-async def body(request: Request) -> dict[str, Any] | None:
-    """The request's JSON object; None when the body is not one."""
-    try:
-        data = await request.json()
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def rollout_routes(service: RolloutJobsService) -> list[BaseRoute]:
     async def post_run(request: Request) -> Response:
-        data = await body(request)
+        data = await json_object(request)
         if data is None:
             return _error("expected a JSON object")
         try:
@@ -302,7 +293,7 @@ def rollout_routes(service: RolloutJobsService) -> list[BaseRoute]:
         return JSONResponse(service.status())
 
     async def post_issue(request: Request) -> Response:
-        data = await body(request)
+        data = await json_object(request)
         count, version = (data or {}).get("count"), (data or {}).get("version")
         if type(count) is not int or (version is not None and type(version) is not int):
             return _error("expected {\"count\": int, \"version\": int (optional)}")
@@ -313,7 +304,7 @@ def rollout_routes(service: RolloutJobsService) -> list[BaseRoute]:
         return JSONResponse({"issued": count})
 
     async def post_version(request: Request) -> Response:
-        version = (await body(request) or {}).get("version")
+        version = (await json_object(request) or {}).get("version")
         if type(version) is not int or version < service.machine.book.version:
             return _error("expected {\"version\": int}, not older than the current one")
         await service.ctx.submit(service.name, PublishVersion(version))
@@ -321,7 +312,7 @@ def rollout_routes(service: RolloutJobsService) -> list[BaseRoute]:
         return JSONResponse({"version": version})
 
     async def post_convict(request: Request) -> Response:
-        data = await body(request) or {}
+        data = await json_object(request) or {}
         job_id, reason = data.get("job_id"), data.get("reason")
         try:
             raw = bytes.fromhex(job_id) if isinstance(job_id, str) else b""

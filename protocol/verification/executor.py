@@ -30,7 +30,7 @@ from random import Random
 from crypto.envelope import Envelope
 from crypto.keys import Identity
 from crypto.merkle import merkle_root
-from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored, seal
+from protocol.envelopes import Unopened, open_authored, seal
 from protocol.machine import Effect, Emit, Penalize, Received, Send, Tick
 from protocol.market.events import ComputeDone
 from protocol.market.executor import REMEMBER_MS, Executor, ExecutorConfig
@@ -146,8 +146,7 @@ class VerifiedExecutor(Executor):
             body = open_authored(msg.envelope, TERMS_DOMAIN, TermsBody, self.config.max_frame,
                                  sender=peer, author=lambda b: b.requester)
         except Unopened as refused:
-            self._count(f"terms_rejected.{refused.why}")
-            return [Penalize(peer, f"terms refused: {refused}", PENALTY_FORGED)]
+            return refused.refusal(peer, "terms", self.counters)
         job = self.jobs.get(body.task_id)
         if body.executor != self.peer or job is None or job.requester != body.requester:
             self._count("terms_rejected.unmatched")

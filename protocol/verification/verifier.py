@@ -32,7 +32,7 @@ from crypto.keys import Identity
 from crypto.merkle import verify_proof
 from protocol.agents.wire import ToolCallRecord
 from protocol.codec import MAX_FRAME_BYTES
-from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored, open_envelope, seal
+from protocol.envelopes import Unopened, open_authored, open_envelope, seal
 from protocol.errors import InvalidMessage
 from protocol.ledger.events import Attest as LedgerAttest
 from protocol.ledger.records import AttestationKind
@@ -208,8 +208,7 @@ class Verifier:
             body = open_authored(msg.envelope, CHECK_DOMAIN, CheckBody, self.config.max_frame,
                                  sender=peer, author=lambda b: b.requester)
         except Unopened as refused:
-            self._count(f"checks_rejected.{refused.why}")
-            return [Penalize(peer, f"check request refused: {refused}", PENALTY_FORGED)]
+            return refused.refusal(peer, "checks", self.counters)
         if body.verifier != self.peer:
             self._count("checks_rejected.not_ours")
             return []

@@ -57,7 +57,7 @@ from node.config import fed_config, tuning
 from node.ledger.api import ledger_routes
 from node.ledger.store import SCHEMA, LedgerStore
 from node.service import NodeContext, Service
-from protocol.ledger.cards import HeldCards
+from protocol.ledger.cards import Held
 from protocol.ledger.machine import (
     CapabilitySpec,
     ForgetAgentCards,
@@ -194,7 +194,7 @@ class LedgerService(Service):
         elif isinstance(effect, StoreAgentCards):
             self.store.save_agents(effect.envelope, effect.record)
             env = effect.envelope
-            self.agents.stored(HeldCards(env, effect.record, env.content_hash, self.now_ms()))
+            self.agents.stored(Held(env, effect.record, env.content_hash, self.now_ms()))
         elif isinstance(effect, ForgetAgentCards):
             self.store.forget_agents(effect.peer_ids)
             for peer in effect.peer_ids:

@@ -137,3 +137,24 @@ class NurseryService(Service):
         if self._nursery is None:
             raise RuntimeError(f"the {self.name} service is not running")
         self._nursery.start_soon(fn, *args)
+
+
+class JobScopes:
+    """The cancel scopes of a service's running jobs (computations, checks), by job key:
+    ``open`` one as a job starts, ``cancel`` it when the machine says so, ``close`` it as the
+    job ends (a key no longer open is ignored: the job ended or was cancelled already)."""
+
+    def __init__(self) -> None:
+        self._scopes: dict[object, trio.CancelScope] = {}
+
+    def open(self, key: object) -> trio.CancelScope:
+        scope = self._scopes[key] = trio.CancelScope()
+        return scope
+
+    def cancel(self, key: object) -> None:
+        scope = self._scopes.pop(key, None)
+        if scope is not None:
+            scope.cancel()
+
+    def close(self, key: object) -> None:
+        self._scopes.pop(key, None)

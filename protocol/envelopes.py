@@ -10,7 +10,7 @@ Contract
   and then the body's author (the field that names who speaks, e.g. a bid's bidder) must be
   both the envelope's signer and the peer that sent it. A refusal raises ``Unopened`` with
   ``why`` "invalid" (does not open) or "forged" (opens, but someone else signed or sent it);
-  the caller counts it and penalizes the sender ``PENALTY_FORGED``.
+  the caller counts it and penalizes the sender ``PENALTY_FORGED`` (``Unopened.refusal``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from crypto.envelope import Envelope, EnvelopeError
 from crypto.keys import Identity
 from protocol.codec import Message, decode, encode
 from protocol.errors import InvalidMessage
+from protocol.machine import Effect, Penalize
 
 B = TypeVar("B", bound=Message)
 
@@ -55,6 +56,13 @@ class Unopened(Exception):
         super().__init__(f"{why}: {detail}")
         self.why = why
         self.detail = detail
+
+    def refusal(self, peer: str, noun: str, counters: dict[str, int]) -> list[Effect]:
+        """A machine's answer to this refusal of the ``noun`` (e.g. "terms") ``peer`` sent:
+        counted in ``counters`` as ``<noun>_rejected.<why>``, the sender penalized."""
+        key = f"{noun}_rejected.{self.why}"
+        counters[key] = counters.get(key, 0) + 1
+        return [Penalize(peer, f"{noun} refused: {self}", PENALTY_FORGED)]
 
 
 def open_authored(

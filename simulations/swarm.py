@@ -130,18 +130,17 @@ class Swarm:
         self.metrics.count("node_started")
 
     def crash(self, node: VirtualNode) -> None:
-        if not node.up:
-            return
-        self.transport.node_down(node, graceful=False)
-        node.halt()
-        self.metrics.count("node_crashed")
+        self._stop(node, graceful=False, counter="node_crashed")
 
     def leave(self, node: VirtualNode) -> None:
+        self._stop(node, graceful=True, counter="node_left")
+
+    def _stop(self, node: VirtualNode, *, graceful: bool, counter: str) -> None:
         if not node.up:
             return
-        self.transport.node_down(node, graceful=True)
+        self.transport.node_down(node, graceful=graceful)
         node.halt()
-        self.metrics.count("node_left")
+        self.metrics.count(counter)
 
     def restart(self, node: VirtualNode) -> None:
         self.crash(node)

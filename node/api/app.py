@@ -58,6 +58,15 @@ def token_route(path: str, endpoint: Endpoint, *, methods: Sequence[str] = ("POS
     return Route(path, require_token(endpoint), methods=list(methods))
 
 
+async def json_object(request: Request) -> dict[str, Any] | None:
+    """The request body as a JSON object; None when it is not JSON or not an object."""
+    try:
+        body = await request.json()
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
 def build_app(
     status: Callable[[], dict[str, Any]],
     service_routes: dict[str, list[BaseRoute]],

@@ -53,6 +53,7 @@ from starlette.responses import (
 )
 from starlette.routing import BaseRoute, Route
 
+from node.api.app import json_object
 from node.api.dashboard_state import DashboardSource, LiveFeed, dashboard_state
 from node.market.api import AskError, best_answer_text
 
@@ -196,11 +197,7 @@ class Dashboard:
         tasks = self.source.services.get("tasks")
         if tasks is None:
             return _plain_error("this node has no tasks service", 503)
-        try:
-            body = await request.json()
-        except ValueError:
-            body = None
-        question, k = _ask_fields(body)
+        question, k = _ask_fields(await json_object(request))
         if isinstance(question, Response):
             return question
         try:

@@ -50,6 +50,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
+from node.api.app import json_object
 from node.api.openai_request import (
     OpenAIError,
     Parsed,
@@ -226,11 +227,8 @@ def _guarded(endpoint: Callable[[Request], Any]) -> Callable[[Request], Any]:
 
 
 async def _body(request: Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except ValueError:
-        body = None
-    if not isinstance(body, dict):
+    body = await json_object(request)
+    if body is None:
         raise OpenAIError("the body must be a JSON object")
     return body
 

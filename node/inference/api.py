@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from node.api.app import token_route
+from node.api.app import json_object, token_route
 
 #: how long a generation waits for missing blocks unless the request says
 DEFAULT_WAIT_S = 60.0
@@ -62,11 +62,8 @@ def inference_routes(service: Any) -> list[BaseRoute]:
         return JSONResponse(service.status())
 
     async def generate(request: Request) -> Response:
-        try:
-            body = await request.json()
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
+        body = await json_object(request)
+        if body is None:
             return _error("the body must be a JSON object")
         prompt, max_tokens = body.get("prompt"), body.get("max_tokens", 64)
         speculative = body.get("speculative", 0)

@@ -34,8 +34,8 @@ class CacheBudget:
     free_bytes: int  # that device's free memory when it was measured
 
 
-def ram_free_bytes() -> int:
-    """The host's available memory (``MemAvailable``), or UNKNOWN_FREE_BYTES."""
+def ram_free_bytes(unknown: int = UNKNOWN_FREE_BYTES) -> int:
+    """The host's available memory (``MemAvailable``), or ``unknown`` when nothing tells."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -43,7 +43,7 @@ def ram_free_bytes() -> int:
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return UNKNOWN_FREE_BYTES
+    return unknown
 
 
 def gpu_free_bytes(index: int) -> int | None:

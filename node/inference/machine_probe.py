@@ -1,5 +1,5 @@
-"""What the inference service measures of its stage and its machine: the stage's speed per
-block, the device its layers live on, the free memory ``--serve-blocks auto`` sizes from."""
+"""What the inference service measures of its stage: its speed per block and the device its
+layers live on (the host's free memory comes from node/inference/cache_budget.py)."""
 
 from __future__ import annotations
 
@@ -29,14 +29,3 @@ def device_of(stage: Any) -> str:
         for param in layer.parameters():
             return str(param.device)
     return "cpu"
-
-
-def free_memory_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 4 << 30

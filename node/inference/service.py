@@ -26,9 +26,9 @@ from typing import Any, ClassVar
 
 import trio
 
-from node.inference.cache_budget import cache_budget
+from node.inference.cache_budget import cache_budget, ram_free_bytes
 from node.inference.local import local_pair
-from node.inference.machine_probe import device_of, free_memory_bytes, measure_ms_per_block
+from node.inference.machine_probe import device_of, measure_ms_per_block
 from node.inference.wire import SessionStream
 from node.service import NurseryService
 from node.transport import TransportError
@@ -54,6 +54,8 @@ from protocol.names import protocol_id
 INFERENCE_PROTOCOL_NAME = "inference"
 #: a window's serving time per token ``auto`` aims under (bounds the span by speed)
 AUTO_BUDGET_MS_PER_TOKEN = 200.0
+#: the host memory ``auto`` sizes its span from when /proc/meminfo cannot tell
+AUTO_UNKNOWN_FREE_BYTES = 4 << 30
 #: a server that failed a chain of ours is left out of new plans for this long
 EXCLUDE_MS = 5 * 60_000
 #: while a generation waits for blocks nobody offers yet, the offers are looked at this often
@@ -235,7 +237,7 @@ class InferenceService(NurseryService):
     def _auto_window(self, current: tuple[int, int] | None) -> tuple[int, int]:
         from models.blocks import bytes_per_block
 
-        free = free_memory_bytes()
+        free = ram_free_bytes(unknown=AUTO_UNKNOWN_FREE_BYTES)
         span = span_for(self.n_blocks, bytes_per_block(self.model_path), free)
         if self.ms_per_block > 0:  # a slow node holds fewer blocks
             span = max(1, min(span, int(AUTO_BUDGET_MS_PER_TOKEN / self.ms_per_block)))

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from node.api.app import token_route
+from node.api.app import json_object, token_route
 from node.service import NodeContext
 from protocol.ledger.machine import LedgerMachine
 from protocol.ledger.records import MAX_TAGS, AttestationKind, CapabilityRecord, Role
@@ -223,11 +223,7 @@ class LedgerEndpoints:
         )
 
     async def set_capability(self, request: Request) -> Response:
-        try:
-            body = await request.json()
-        except ValueError:
-            body = None
-        change, problem = _capability_change(body)
+        change, problem = _capability_change(await json_object(request))
         if problem:
             return _error(problem)
         self.service.overrides.update(change)

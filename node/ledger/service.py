@@ -18,7 +18,8 @@
   driver's monotonic clock, fixed at start) converts, so every ``now`` handed to the machine
   or its view is ``ctx.clock()``.
 * Query API for other services: ``reputation(peer)``, ``find_peers(model=, role=, ...)``,
-  ``await attest(...)``, and ``machine.view`` (protocol/ledger/view.py) with ``ctx.clock()``.
+  and ``machine.view`` (protocol/ledger/view.py) with ``ctx.clock()``; they attest by
+  submitting protocol/ledger/events.py's ``Attest`` to this machine.
 * Agent cards: node/agents/cards.py's ``AgentCardsHost`` (``self.agents``) resolves this
   node's ``[[agents]]`` against the models the executor serves (an unserved model fails the
   start), embeds and publishes their cards (``SetAgents``) once ``run`` starts, and checks each
@@ -56,9 +57,8 @@ from node.config import fed_config, tuning
 from node.ledger.api import ledger_routes
 from node.ledger.store import SCHEMA, LedgerStore
 from node.service import NodeContext, Service
-from protocol.ledger.cards import HeldCards
+from protocol.ledger.cards import Held
 from protocol.ledger.machine import (
-    Attest,
     CapabilitySpec,
     ForgetAgentCards,
     ForgetAttestations,
@@ -74,7 +74,6 @@ from protocol.ledger.messages import LEDGER_TOPIC, LedgerDigest, LedgerPush, Led
 from protocol.ledger.records import (
     HASH_LEN,
     MAX_ADDRS,
-    AttestationKind,
     HardwareSummary,
     ModelOffer,
     Role,
@@ -195,7 +194,7 @@ class LedgerService(Service):
         elif isinstance(effect, StoreAgentCards):
             self.store.save_agents(effect.envelope, effect.record)
             env = effect.envelope
-            self.agents.stored(HeldCards(env, effect.record, env.content_hash, self.now_ms()))
+            self.agents.stored(Held(env, effect.record, env.content_hash, self.now_ms()))
         elif isinstance(effect, ForgetAgentCards):
             self.store.forget_agents(effect.peer_ids)
             for peer in effect.peer_ids:
@@ -299,28 +298,6 @@ class LedgerService(Service):
     def find_peers(self, **query: Any) -> list[PeerMatch]:
         """``LedgerView.find_peers`` at the current time (model=, family=, role=, ...)."""
         return self._machine.view.find_peers(self.ctx.clock(), **query)
-
-    async def attest(
-        self,
-        subject: str,
-        object_id: bytes,
-        kind: AttestationKind,
-        *,
-        outcome: str = "",
-        evidence_hash: bytes = b"",
-        amount: int = 0,
-    ) -> None:
-        await self.ctx.submit(
-            self.name,
-            Attest(
-                subject=subject,
-                object_id=object_id,
-                kind=kind,
-                outcome=outcome,
-                evidence_hash=evidence_hash,
-                amount=amount,
-            ),
-        )
 
     def status(self) -> dict[str, Any]:
         st = self._machine.status(self.ctx.clock())

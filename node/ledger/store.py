@@ -70,12 +70,7 @@ class LedgerStore:
         return records, atts
 
     def save_capability(self, envelope: Envelope, record: CapabilityRecord) -> None:
-        self.db.execute(
-            "INSERT INTO ledger_records(peer_id, seq, expires_at_ms, envelope) VALUES(?, ?, ?, ?) "
-            "ON CONFLICT(peer_id) DO UPDATE SET seq = excluded.seq, "
-            "expires_at_ms = excluded.expires_at_ms, envelope = excluded.envelope",
-            (record.peer_id, record.seq, record.expires_at_ms, envelope.encode()),
-        )
+        self._replace("ledger_records", envelope, record)
 
     def load_agents(self) -> list[bytes]:
         """Stored agent-card record envelopes (bytes)."""
@@ -83,8 +78,15 @@ class LedgerStore:
         return [bytes(r[0]) for r in rows]
 
     def save_agents(self, envelope: Envelope, record: AgentCards) -> None:
+        self._replace("ledger_agents", envelope, record)
+
+    def _replace(
+        self, table: str, envelope: Envelope, record: CapabilityRecord | AgentCards
+    ) -> None:
+        """Store ``envelope`` as ``record.peer_id``'s one row of ``table`` (a constant name:
+        ``ledger_records`` or ``ledger_agents``), replacing an older one."""
         self.db.execute(
-            "INSERT INTO ledger_agents(peer_id, seq, expires_at_ms, envelope) VALUES(?, ?, ?, ?) "
+            f"INSERT INTO {table}(peer_id, seq, expires_at_ms, envelope) VALUES(?, ?, ?, ?) "
             "ON CONFLICT(peer_id) DO UPDATE SET seq = excluded.seq, "
             "expires_at_ms = excluded.expires_at_ms, envelope = excluded.envelope",
             (record.peer_id, record.seq, record.expires_at_ms, envelope.encode()),

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from node.api.app import token_route
+from node.api.app import json_object, token_route
 from node.market.ask_request import AskError
 
 __all__ = ["AskError", "TasksAccess", "best_answer_text", "task_routes"]
@@ -46,14 +46,6 @@ class TasksAccess(Protocol):
 def _error(message: str, status: int = 400) -> Response:
     return JSONResponse({"error": {"message": message, "type": "invalid_request_error"}},
                         status_code=status)
-
-
-async def _json(request: Request) -> dict[str, Any] | None:
-    try:
-        body = await request.json()
-    except ValueError:
-        return None
-    return body if isinstance(body, dict) else None
 
 
 def best_answer_text(snap: dict[str, Any]) -> str:
@@ -82,7 +74,7 @@ def task_routes(service: TasksAccess) -> list[BaseRoute]:
         return JSONResponse(snap)
 
     async def create_task(request: Request) -> Response:
-        body = await _json(request)
+        body = await json_object(request)
         if body is None:
             return _error("the body must be a JSON object")
         wait = body.pop("wait", True)

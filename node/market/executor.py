@@ -44,7 +44,7 @@ import trio
 
 from node.agents.hosted import AgentRunner
 from node.config import fed_config, tuning
-from node.service import NodeContext, NurseryService
+from node.service import JobScopes, NodeContext, NurseryService
 from protocol.market.executor import (
     CancelCompute,
     ComputeDone,
@@ -139,7 +139,7 @@ class ExecutorService(NurseryService):
         self._machine = executor_machine(ctx, fed_config(s, models=()))
         self.solver: Solver | None = None
         self.problem = "no solver configured ([executor] solver)" if not s.solver else ""
-        self._scopes: dict[tuple[bytes, int], trio.CancelScope] = {}
+        self._jobs = JobScopes()
         #: one solver thread per slot; trio holds a token until its thread has really ended,
         #: even one abandoned on cancel, so a job waits here (cancellable) rather than in a
         #: thread parked on the backend, which once free would run a job nobody wants
@@ -198,13 +198,10 @@ class ExecutorService(NurseryService):
                 await self.ctx.submit(self.name, ComputeFailed(
                     effect.task.task_id, effect.attempt, self.problem or "executor not running"))
                 return
-            scope = trio.CancelScope()
-            self._scopes[(effect.task.task_id, effect.attempt)] = scope
+            scope = self._jobs.open((effect.task.task_id, effect.attempt))
             self.start_soon(self._compute, effect, scope)
         elif isinstance(effect, CancelCompute):
-            running = self._scopes.pop((effect.task_id, effect.attempt), None)
-            if running is not None:
-                running.cancel()
+            self._jobs.cancel((effect.task_id, effect.attempt))
         else:
             await super().perform(effect)
 
@@ -232,7 +229,7 @@ class ExecutorService(NurseryService):
                                       f"{type(exc).__name__}: {exc}"[:MAX_FAILURE_TEXT])
             else:
                 event = self._checked(job, sol)
-        self._scopes.pop(key, None)
+        self._jobs.close(key)
         if event is not None and not scope.cancelled_caught:
             await self.ctx.submit(self.name, event)
 

@@ -39,7 +39,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 
-from node.api.app import token_route
+from node.api.app import json_object, token_route
 from node.rl import rollout_state
 from node.rl.step_figures import StepFigures, version_figures
 from node.service import NodeContext, Service
@@ -295,18 +295,9 @@ def _error(message: str, status: int = 400) -> Response:
     return JSONResponse({"error": message}, status_code=status)
 
 
-async def body(request: Request) -> dict[str, Any] | None:
-    """The request's JSON object; None when the body is not one."""
-    try:
-        data = await request.json()
-    except ValueError:
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def rollout_routes(service: RolloutJobsService) -> list[BaseRoute]:
     async def post_run(request: Request) -> Response:
-        data = await body(request)
+        data = await json_object(request)
         if data is None:
             return _error("expected a JSON object")
         try:
@@ -318,7 +309,7 @@ def rollout_routes(service: RolloutJobsService) -> list[BaseRoute]:
         return JSONResponse(service.status())
 
     async def post_issue(request: Request) -> Response:
-        data = await body(request)
+        data = await json_object(request)
         count, version = (data or {}).get("count"), (data or {}).get("version")
         if type(count) is not int or (version is not None and type(version) is not int):
             return _error("expected {\"count\": int, \"version\": int (optional)}")
@@ -330,13 +321,13 @@ def rollout_routes(service: RolloutJobsService) -> list[BaseRoute]:
 
     async def post_version(request: Request) -> Response:
         try:
-            version = await service.publish(await body(request) or {})
+            version = await service.publish(await json_object(request) or {})
         except ValueError as exc:
             return _error(str(exc))
         return JSONResponse({"version": version})
 
     async def post_convict(request: Request) -> Response:
-        data = await body(request) or {}
+        data = await json_object(request) or {}
         job_id, reason = data.get("job_id"), data.get("reason")
         try:
             raw = bytes.fromhex(job_id) if isinstance(job_id, str) else b""

@@ -36,7 +36,7 @@ from typing import Any, ClassVar, Protocol
 import trio
 
 from node.rl.dissemination import AdapterFollower, run_model_name
-from node.service import NodeContext, NurseryService
+from node.service import JobScopes, NodeContext, NurseryService
 from protocol.rl.messages import (
     RL_BEACON_TOPIC,
     RolloutAssign,
@@ -175,7 +175,7 @@ class RolloutWorkerService(NurseryService):
         self.problem = "no generator configured ([rl_worker] generator)"
         # a machine that never bids until a generator is up (its model name matches no job)
         self._machine = RolloutWorkerMachine(ctx.identity, WorkerConfig(model=""), lambda: ())
-        self._scopes: dict[tuple[bytes, int], trio.CancelScope] = {}
+        self._jobs = JobScopes()
         self.generated = 0
         self.failed = 0
         self.follower: AdapterFollower | None = None
@@ -223,13 +223,10 @@ class RolloutWorkerService(NurseryService):
                 await self.ctx.submit(self.name, RolloutFailed(
                     effect.job.job_id, effect.attempt, self.problem or "worker not running"))
                 return
-            scope = trio.CancelScope()
-            self._scopes[(effect.job.job_id, effect.attempt)] = scope
+            scope = self._jobs.open((effect.job.job_id, effect.attempt))
             self.start_soon(self._generate, effect, scope)
         elif isinstance(effect, CancelRollout):
-            running = self._scopes.pop((effect.job_id, effect.attempt), None)
-            if running is not None:
-                running.cancel()
+            self._jobs.cancel((effect.job_id, effect.attempt))
         elif isinstance(effect, LearnerSeen):
             if self.follower is not None:  # adapters it relayed before it was trusted
                 self.start_soon(self.follower.catch_up, effect.learner)
@@ -257,7 +254,7 @@ class RolloutWorkerService(NurseryService):
             else:
                 self.generated += 1
                 event = RolloutDone(job.job_id, start.attempt, body)
-        self._scopes.pop((job.job_id, start.attempt), None)
+        self._jobs.close((job.job_id, start.attempt))
         if event is not None and not scope.cancelled_caught:
             await self.ctx.submit(self.name, event)
 

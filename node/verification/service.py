@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import trio
 
 from node.config import fed_config, tuning
-from node.service import NodeContext, NurseryService
+from node.service import JobScopes, NodeContext, NurseryService
 from protocol.agents.wire import AgentMatch
 from protocol.ledger.events import Attest as LedgerAttest
 from protocol.ledger.view import LedgerView
@@ -161,7 +161,7 @@ class VerifyService(NurseryService):
         self._machine = VerifyRouter(None)
         self.runner: Any = None
         self.problem = ""
-        self._scopes: dict[bytes, trio.CancelScope] = {}
+        self._jobs = JobScopes()
         self.checked = 0
 
     @property
@@ -206,13 +206,10 @@ class VerifyService(NurseryService):
             if not self.running or self.runner is None:
                 await self.ctx.submit(self.name, CheckFailed(effect.check_id, "no checker"))
                 return
-            scope = trio.CancelScope()
-            self._scopes[effect.check_id] = scope
+            scope = self._jobs.open(effect.check_id)
             self.start_soon(self._check, effect, scope)
         elif isinstance(effect, CancelCheck):
-            scope = self._scopes.pop(effect.check_id, None)
-            if scope is not None:
-                scope.cancel()
+            self._jobs.cancel(effect.check_id)
         else:
             await super().perform(effect)
 
@@ -230,7 +227,7 @@ class VerifyService(NurseryService):
                 self.ctx.log.exception("verify.check_failed", check_id=job.check_id.hex())
                 event = CheckFailed(job.check_id, f"{type(exc).__name__}: {exc}"
                                     [:MAX_FAILURE_TEXT])
-        self._scopes.pop(job.check_id, None)
+        self._jobs.close(job.check_id)
         if not scope.cancelled_caught:
             await self.ctx.submit(self.name, event)
 

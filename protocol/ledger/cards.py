@@ -29,7 +29,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 from crypto.envelope import Envelope
 from crypto.keys import Identity
@@ -49,7 +49,7 @@ from protocol.ledger.messages import (
     LedgerPush,
     RecordVersion,
 )
-from protocol.ledger.records import MAX_RECORD_TTL_MS, Rejected, Rejection
+from protocol.ledger.records import MAX_RECORD_TTL_MS, CapabilityRecord, Rejected, Rejection
 from protocol.machine import Effect, Publish
 
 _NEVER = 1 << 62
@@ -91,15 +91,25 @@ class ForgetAgentCards:
 # ---------------------------------------------------------------- replicated state
 
 
-class HeldCards(NamedTuple):
+R = TypeVar("R", bound=CapabilityRecord | AgentCards)
+
+
+class Held(NamedTuple, Generic[R]):
+    """One held version of a node's signed record: its capability record (protocol/ledger/
+    state.py's ``HeldRecord``) or its agent cards (``HeldCards``). A named tuple: one is made
+    per delivered version."""
+
     envelope: Envelope
-    record: AgentCards
+    record: R
     hash: bytes
     #: our clock when this version first arrived (local display only, not replicated)
     received_at_ms: int
 
     def live(self, now_ms: int) -> bool:
         return self.record.expires_at_ms > now_ms
+
+
+HeldCards = Held[AgentCards]
 
 
 class CardRecords:
@@ -137,7 +147,7 @@ class CardRecords:
             raise Rejected(Rejection.SEQ_REPLAY, f"agent cards seq {record.seq} <= {best[0]}")
         if held is None and len(self.held) >= self.max_records:
             raise Rejected(Rejection.LEDGER_FULL, f"{len(self.held)} agent records held")
-        self.held[peer] = HeldCards(envelope, record, h, now_ms)
+        self.held[peer] = Held(envelope, record, h, now_ms)
         self.refused.pop(peer, None)
         heapq.heappush(self._expiry, (record.expires_at_ms + self.tombstone_ms, peer, h))
         self.version += 1

@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 from crypto.envelope import Envelope
 from crypto.hashing import digest
-from protocol.ledger.cards import CardRecords
+from protocol.ledger.cards import CardRecords, Held
 from protocol.ledger.messages import (
     BUCKETS,
     MAX_DIGEST_RECORDS,
@@ -59,17 +59,7 @@ _NEVER = 1 << 62
 _EMPTY_DIGEST = LedgerDigest(records=(), attestation_count=0, attestation_buckets=b"", reply=False)
 
 
-class HeldRecord(NamedTuple):
-    """One held record (a named tuple: made once per delivered record version)."""
-
-    envelope: Envelope
-    record: CapabilityRecord
-    hash: bytes
-    #: our clock when this version first arrived (local display only, not replicated)
-    received_at_ms: int
-
-    def live(self, now_ms: int) -> bool:
-        return self.record.expires_at_ms > now_ms
+HeldRecord = Held[CapabilityRecord]
 
 
 class HeldAttestation(NamedTuple):
@@ -173,8 +163,8 @@ class LedgerState:
                 )
         elif len(self.records) >= self.max_records:
             raise Rejected(Rejection.LEDGER_FULL, f"{len(self.records)} records held")
-        # HeldRecord(...) without the named tuple's Python-level __new__ (twice as slow)
-        self.records[record.peer_id] = tuple.__new__(HeldRecord, (envelope, record, h, now_ms))
+        # Held(...) without the named tuple's Python-level __new__ (twice as slow)
+        self.records[record.peer_id] = tuple.__new__(Held, (envelope, record, h, now_ms))
         self._digest = self._versions = None
         heapq.heappush(
             self._record_expiry,

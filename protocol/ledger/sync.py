@@ -307,30 +307,44 @@ class SyncSessions:
         )
 
 
+@dataclass(slots=True)
+class _Budget:
+    """The bytes a push may still carry."""
+
+    left: int
+
+    def take(self, into: list[Envelope], envelope: Envelope, limit: int) -> bool:
+        """Append ``envelope`` to ``into`` unless ``into`` holds ``limit`` already or the
+        envelope is larger than what is left; False: the push is full."""
+        size = envelope_size(envelope)
+        if len(into) >= limit or size > self.left:
+            return False
+        into.append(envelope)
+        self.left -= size
+        return True
+
+
 def build_reply(
     state: LedgerState, req: LedgerSyncRequest, config: LedgerConfig, now: int
 ) -> LedgerPush:
     """Our answer to a pull: the live records and agent cards asked for (cards while the byte
     budget lasts), and attestations the asker lacks."""
     records: list[Envelope] = []
-    budget = config.batch_bytes
+    budget = _Budget(config.batch_bytes)
     for peer in dict.fromkeys(req.records):
         held = state.records.get(peer)
         if held is not None and held.live(now) and len(records) < MAX_PUSH_RECORDS:
             records.append(held.envelope)
-            budget -= envelope_size(held.envelope)
+            budget.left -= envelope_size(held.envelope)  # records are sent even past the budget
     agents: list[Envelope] = []
     cards_left = False
     for peer in dict.fromkeys(req.agents):
         held_cards = state.cards.held.get(peer)
         if held_cards is None or not held_cards.live(now):
             continue
-        size = envelope_size(held_cards.envelope)
-        if len(agents) >= MAX_PUSH_AGENTS or size > budget:
+        if not budget.take(agents, held_cards.envelope, MAX_PUSH_AGENTS):
             cards_left = True
             break
-        agents.append(held_cards.envelope)
-        budget -= size
     attestations: list[Envelope] = []
     limit = min(req.max_attestations, config.batch_attestations, MAX_PUSH_ATTESTATIONS)
     more = False
@@ -346,12 +360,9 @@ def build_reply(
             att = state.attestations[h]
             if att.attestation.expires_at_ms <= now:
                 continue
-            size = envelope_size(att.envelope)
-            if len(attestations) >= limit or size > budget:
+            if not budget.take(attestations, att.envelope, limit):
                 more = True
                 break
-            attestations.append(att.envelope)
-            budget -= size
         if more:
             break
     return LedgerPush(

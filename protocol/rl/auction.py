@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 from crypto.keys import Identity
 from protocol.codec import MAX_FRAME_BYTES
-from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored, seal
-from protocol.machine import Effect, Emit, Penalize, Publish, Received, Send, Tick
+from protocol.envelopes import Unopened, open_authored, seal
+from protocol.machine import Effect, Emit, Publish, Received, Send, Tick
 from protocol.market.messages import MAX_TASK_MS, BidBody
 from protocol.market.selection import Candidate, Selector
 from protocol.rl.jobs import ACCEPTED, INVALID, STALE, JobBook, Verdict
@@ -181,8 +181,7 @@ class RolloutAuction:
             body = open_authored(msg.envelope, RL_BID_DOMAIN, BidBody, self.settings.max_frame,
                                  sender=peer, author=lambda b: b.bidder)
         except Unopened as refused:
-            self._count(f"bid_rejected.{refused.why}")
-            return [Penalize(peer, f"rollout bid {refused.why}", PENALTY_FORGED)]
+            return refused.refusal(peer, "bid", self.counters)
         open_job = self.bidding.get(body.task_id)
         if (open_job is None or body.round != open_job.round or now >= open_job.closes_at_ms
                 or peer in open_job.bids):
@@ -236,8 +235,7 @@ class RolloutAuction:
             body = open_authored(msg.envelope, RL_RESULT_DOMAIN, RolloutResultBody,
                                  self.settings.max_frame, sender=peer, author=lambda b: b.worker)
         except Unopened as refused:
-            self._count(f"result_rejected.{refused.why}")
-            return [Penalize(peer, f"rollout result {refused.why}", PENALTY_FORGED)]
+            return refused.refusal(peer, "result", self.counters)
         verdict = self.book.receive(body, peer, now)
         self._count(f"result.{verdict.outcome}")
         effects: list[Effect] = [Emit(f"rl.{verdict.outcome}", {

@@ -30,8 +30,7 @@ from random import Random
 from crypto.envelope import Envelope
 from crypto.keys import Identity
 from crypto.merkle import merkle_root
-from protocol.envelopes import PENALTY_FORGED, open_envelope, seal
-from protocol.errors import InvalidMessage
+from protocol.envelopes import Unopened, open_authored, seal
 from protocol.machine import Effect, Emit, Penalize, Received, Send, Tick
 from protocol.market.events import ComputeDone
 from protocol.market.executor import REMEMBER_MS, Executor, ExecutorConfig
@@ -144,14 +143,10 @@ class VerifiedExecutor(Executor):
 
     def _on_terms(self, peer: str, msg: Terms, now: int) -> list[Effect]:
         try:
-            body = open_envelope(msg.envelope, TERMS_DOMAIN, TermsBody, self.config.max_frame)
-        except InvalidMessage as exc:
-            self._count("terms_rejected.invalid")
-            return [Penalize(peer, f"invalid terms: {exc}", PENALTY_FORGED)]
-        if msg.envelope.signer != body.requester or peer != body.requester:
-            self._count("terms_rejected.forged")
-            return [Penalize(peer, "terms not signed and sent by their requester",
-                             PENALTY_FORGED)]
+            body = open_authored(msg.envelope, TERMS_DOMAIN, TermsBody, self.config.max_frame,
+                                 sender=peer, author=lambda b: b.requester)
+        except Unopened as refused:
+            return refused.refusal(peer, "terms", self.counters)
         job = self.jobs.get(body.task_id)
         if body.executor != self.peer or job is None or job.requester != body.requester:
             self._count("terms_rejected.unmatched")

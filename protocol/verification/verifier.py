@@ -32,7 +32,7 @@ from crypto.keys import Identity
 from crypto.merkle import verify_proof
 from protocol.agents.wire import ToolCallRecord
 from protocol.codec import MAX_FRAME_BYTES
-from protocol.envelopes import PENALTY_FORGED, open_envelope, seal
+from protocol.envelopes import Unopened, open_authored, open_envelope, seal
 from protocol.errors import InvalidMessage
 from protocol.ledger.events import Attest as LedgerAttest
 from protocol.ledger.records import AttestationKind
@@ -205,14 +205,10 @@ class Verifier:
 
     def _on_request(self, peer: str, msg: CheckRequest, now: int) -> list[Effect]:
         try:
-            body = open_envelope(msg.envelope, CHECK_DOMAIN, CheckBody, self.config.max_frame)
-        except InvalidMessage as exc:
-            self._count("checks_rejected.invalid")
-            return [Penalize(peer, f"invalid check request: {exc}", PENALTY_FORGED)]
-        if msg.envelope.signer != body.requester or peer != body.requester:
-            self._count("checks_rejected.forged")
-            return [Penalize(peer, "check request not signed and sent by its requester",
-                             PENALTY_FORGED)]
+            body = open_authored(msg.envelope, CHECK_DOMAIN, CheckBody, self.config.max_frame,
+                                 sender=peer, author=lambda b: b.requester)
+        except Unopened as refused:
+            return refused.refusal(peer, "checks", self.counters)
         if body.verifier != self.peer:
             self._count("checks_rejected.not_ours")
             return []

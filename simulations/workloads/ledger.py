@@ -251,39 +251,22 @@ def _headline(size_rows: list[dict[str, Any]], churn_rows: list[dict[str, Any]])
 
 def _size_plots(size_rows: list[dict[str, Any]]) -> list[Plot]:
     xs = [float(r["nodes"]) for r in size_rows]
+
+    def per_n(label: str, key: str) -> Series:
+        """Each row's ``key`` over 1000 (ms to s, bytes to kB) against the network size."""
+        return Series(label, xs, [r[key] / 1000 for r in size_rows])
+
     return [
-        Plot(
-            "convergence_vs_n",
-            "Time for a record update to reach the nodes",
-            "nodes (N)",
-            "seconds after the update",
-            logx=True,
-            series=[
-                Series("50% of nodes", xs, [r["t50_ms_median"] / 1000 for r in size_rows]),
-                Series("99% of nodes", xs, [r["t99_ms_median"] / 1000 for r in size_rows]),
-                Series(
-                    "all nodes (median update)", xs, [r["t100_ms_median"] / 1000 for r in size_rows]
-                ),
-                Series(
-                    "all nodes (slowest update)", xs, [r["t100_ms_max"] / 1000 for r in size_rows]
-                ),
-            ],
-        ),
-        Plot(
-            "bytes_vs_n",
-            "Ledger traffic per node (sent + received)",
-            "nodes (N)",
-            "kB per node per minute",
-            logx=True,
-            series=[
-                Series("total", xs, [r["bytes_per_node_per_min"] / 1000 for r in size_rows]),
-                Series(
-                    "anti-entropy",
-                    xs,
-                    [r["anti_entropy_bytes_per_node_per_min"] / 1000 for r in size_rows],
-                ),
-            ],
-        ),
+        Plot("convergence_vs_n", "Time for a record update to reach the nodes", "nodes (N)",
+             "seconds after the update", logx=True,
+             series=[per_n("50% of nodes", "t50_ms_median"),
+                     per_n("99% of nodes", "t99_ms_median"),
+                     per_n("all nodes (median update)", "t100_ms_median"),
+                     per_n("all nodes (slowest update)", "t100_ms_max")]),
+        Plot("bytes_vs_n", "Ledger traffic per node (sent + received)", "nodes (N)",
+             "kB per node per minute", logx=True,
+             series=[per_n("total", "bytes_per_node_per_min"),
+                     per_n("anti-entropy", "anti_entropy_bytes_per_node_per_min")]),
     ]
 
 

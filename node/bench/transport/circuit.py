@@ -22,17 +22,14 @@ from __future__ import annotations
 
 import os
 import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import trio
 
-from node.bench.transport.join import first_peer_ms
+from node.bench.transport.join import bench_testnet, first_peer_ms
 from node.p2p.host import open_p2p
 from node.p2p.natconfig import NatConfig
-from node.testnet import LocalTestnet
 
 CONFIG: dict[str, Any] = {"executor": {"solver": ""}}
 WAIT_S = 60.0
@@ -49,20 +46,16 @@ def relay_times(rounds: int, quick: bool) -> dict[str, float]:
 
 
 def _first_peer_relay_ms(rounds: int) -> float:
-    with tempfile.TemporaryDirectory(prefix="symphony-bench-relay-") as base:
-        net = LocalTestnet(Path(base), network_id="benchrelay", config=CONFIG)
-        try:
-            r = net.start("r", config={"nat": {"relay_service": "on"}})
-            a = net.start("a", bootstrap=[r], config={"nat": {"reserve_always": True}})
-            relayed = net.wait_until(lambda: a.status()["nat"]["relayed_addrs"],
-                                     "a to reserve a slot on r", WAIT_S)[0]
-            times = []
-            for i in range(rounds):
-                b = net.start(f"b{i}", bootstrap=[relayed])
-                times.append(first_peer_ms(net, b, a))
-                b.terminate()
-        finally:
-            net.stop_all()
+    with bench_testnet("relay", "benchrelay", CONFIG) as net:
+        r = net.start("r", config={"nat": {"relay_service": "on"}})
+        a = net.start("a", bootstrap=[r], config={"nat": {"reserve_always": True}})
+        relayed = net.wait_until(lambda: a.status()["nat"]["relayed_addrs"],
+                                 "a to reserve a slot on r", WAIT_S)[0]
+        times = []
+        for i in range(rounds):
+            b = net.start(f"b{i}", bootstrap=[relayed])
+            times.append(first_peer_ms(net, b, a))
+            b.terminate()
     return statistics.median(times)
 
 

@@ -18,13 +18,9 @@ the discovery is rendezvous, not a Kademlia DHT: see the protocol module for why
 from __future__ import annotations
 
 import statistics
-import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from node.bench.transport.join import first_peer_ms
-from node.testnet import LocalTestnet, TestnetError
+from node.bench.transport.join import bench_testnet, first_peer_ms
 
 #: the bench's daemons: default membership timings, no peer exchange, no model
 CONFIG: dict[str, Any] = {"executor": {"solver": ""}, "membership": {"peer_exchange": False}}
@@ -32,22 +28,14 @@ WAIT_S = 60.0
 
 
 def discovery_times(rounds: int) -> dict[str, float]:
-    with tempfile.TemporaryDirectory(prefix="symphony-bench-discovery-") as base:
-        net = LocalTestnet(Path(base), network_id="benchfind", config=CONFIG)
-        try:
-            hub = net.start("hub")
-            c = net.start("c", bootstrap=[hub])
-            net.wait_until(lambda: hub.status()["services"]["discovery"]["records"] >= 1,
-                           "the hub to keep c's record", WAIT_S)
-            found = []
-            for i in range(rounds):
-                b = net.start(f"b{i}", bootstrap=[hub])
-                found.append(first_peer_ms(net, b, c))
-                b.send_stop()  # stopped with the others at the end: a slow stop is no figure
-        finally:
-            try:
-                net.stop_all()
-            except TestnetError as exc:  # the figures stand; say so rather than lose them
-                print(f"bench transport: {exc}; killed", file=sys.stderr)
-                net.kill_all()
+    with bench_testnet("discovery", "benchfind", CONFIG) as net:
+        hub = net.start("hub")
+        c = net.start("c", bootstrap=[hub])
+        net.wait_until(lambda: hub.status()["services"]["discovery"]["records"] >= 1,
+                       "the hub to keep c's record", WAIT_S)
+        found = []
+        for i in range(rounds):
+            b = net.start(f"b{i}", bootstrap=[hub])
+            found.append(first_peer_ms(net, b, c))
+            b.send_stop()  # stopped with the others at the end: a slow stop is no figure
     return {"first_peer_dht_ms": statistics.median(found)}

@@ -15,12 +15,15 @@ through a relay (node/bench/transport/circuit.py, ``first_peer_relay_ms``).
 from __future__ import annotations
 
 import statistics
+import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from node.testnet import LocalTestnet, NodeProcess
+from node.testnet import LocalTestnet, NodeProcess, TestnetError
 
 #: membership timings of the bench's daemons: the defaults (what a user's node does)
 CONFIG: dict[str, Any] = {"executor": {"solver": ""}}
@@ -28,23 +31,35 @@ WAIT_S = 60.0
 
 
 def join_times(rounds: int) -> dict[str, float]:
-    with tempfile.TemporaryDirectory(prefix="symphony-bench-join-") as base:
-        net = LocalTestnet(Path(base), network_id="benchjoin", config=CONFIG)
-        try:
-            a = net.start("a")
-            boot, stored = [], []
-            for i in range(rounds):
-                b = net.start(f"b{i}", bootstrap=[a])
-                boot.append(first_peer_ms(net, b, a))
-                b.terminate()
-                b.args = [x for x in b.args if x != a.addresses[0] and x != "--bootstrap"]
-                b.spawn().wait_ready()
-                stored.append(first_peer_ms(net, b, a))
-                b.terminate()
-        finally:
-            net.stop_all()
+    with bench_testnet("join", "benchjoin", CONFIG) as net:
+        a = net.start("a")
+        boot, stored = [], []
+        for i in range(rounds):
+            b = net.start(f"b{i}", bootstrap=[a])
+            boot.append(first_peer_ms(net, b, a))
+            b.terminate()
+            b.args = [x for x in b.args if x != a.addresses[0] and x != "--bootstrap"]
+            b.spawn().wait_ready()
+            stored.append(first_peer_ms(net, b, a))
+            b.terminate()
     return {"first_peer_bootstrap_ms": statistics.median(boot),
             "first_peer_peer_store_ms": statistics.median(stored)}
+
+
+@contextmanager
+def bench_testnet(name: str, network_id: str, config: dict[str, Any]) -> Iterator[LocalTestnet]:
+    """A testnet of the transport benches' daemons in a fresh temporary folder, stopped at the
+    end (killed when a stop fails: the figures stand, so say so rather than lose them)."""
+    with tempfile.TemporaryDirectory(prefix=f"symphony-bench-{name}-") as base:
+        net = LocalTestnet(Path(base), network_id=network_id, config=config)
+        try:
+            yield net
+        finally:
+            try:
+                net.stop_all()
+            except TestnetError as exc:
+                print(f"bench transport: {exc}; killed", file=sys.stderr)
+                net.kill_all()
 
 
 def first_peer_ms(net: LocalTestnet, b: NodeProcess, a: NodeProcess) -> float:

@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from node.api.app import token_route
+from node.api.app import json_object, token_route
 from node.relay.chunk_store import ChunkStoreError
 from protocol.relay.manifest import ArtifactFormat, Manifest, ManifestError
 
@@ -94,7 +94,9 @@ class RelayEndpoints:
         return JSONResponse(self.service.status())
 
     async def publish(self, request: Request) -> Response:
-        body: dict[str, Any] = await request.json()
+        body = await json_object(request)
+        if body is None:
+            return _error("the body must be a JSON object")
         try:
             path = Path(str(body["path"])).expanduser()
             if not path.is_file():
@@ -114,14 +116,18 @@ class RelayEndpoints:
         return JSONResponse(_manifest_json(manifest))
 
     async def fetch(self, request: Request) -> Response:
-        body: dict[str, Any] = await request.json()
+        body = await json_object(request)
+        if body is None:
+            return _error("the body must be a JSON object")
         if not isinstance(body.get("name"), str):
             return _error("fetch needs a name")
         await self.service.fetch(body["name"], body.get("signer"))
         return JSONResponse({"fetching": body["name"]})
 
     async def export(self, request: Request) -> Response:
-        body: dict[str, Any] = await request.json()
+        body = await json_object(request)
+        if body is None:
+            return _error("the body must be a JSON object")
         try:
             name, out = str(body["name"]), Path(str(body["out"])).expanduser()
             version = _optional_int(body, "version")
@@ -151,7 +157,9 @@ class RelayEndpoints:
         )
 
     async def limits(self, request: Request) -> Response:
-        body: dict[str, Any] = await request.json()
+        body = await json_object(request)
+        if body is None:
+            return _error("the body must be a JSON object")
         try:
             self.service.set_upload(
                 limit_bps=int(body["upload_limit_bps"]),

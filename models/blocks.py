@@ -1,7 +1,9 @@
 """Layer-sharded inference: a model cut into stages of contiguous decoder blocks.
 
-One implementation of a block: transformers' ``LlamaDecoderLayer``, the very layers
-``models.gguf_torch`` builds for the executor's reference path and the layer-state verifier.
+One implementation of a block: the decoder layers of the model class transformers builds for
+the GGUF's architecture (models.gguf_torch), run as that model's forward runs them
+(models.hf_layers): the very layers of the executor's reference path and the layer-state
+verifier.
 
 * :class:`BlockStage` holds decoder layers [start, end) and nothing else (its parameter memory
   is proportional to end - start). ``forward(hidden (n, C), start_pos, cache)`` runs the new
@@ -81,29 +83,18 @@ def bytes_per_position(config: Any, layers: int) -> int:
 
 
 class BlockStage:
-    """Decoder layers [start, end) of a llama model, fp32, eval mode."""
+    """Decoder layers [start, end) of a transformers causal LM, fp32, eval mode; ``model`` need
+    hold weights for those layers only (models.gguf_torch.load_gguf_model)."""
 
-    def __init__(self, config: Any, start: int, end: int, state: dict[str, torch.Tensor]) -> None:
-        from transformers.models.llama.modeling_llama import (
-            LlamaDecoderLayer,
-            LlamaRotaryEmbedding,
-        )
+    def __init__(self, model: Any, start: int, end: int) -> None:
+        from models.hf_layers import decoder_of
 
-        if getattr(config, "_attn_implementation", None) is None:
-            config._attn_implementation = "sdpa"  # a standalone layer gets no dispatch otherwise
-        self.config, self.start, self.end = config, start, end
-        self.hidden_size = int(config.hidden_size)
-        layers = []
-        for i in range(start, end):
-            with torch.device("meta"):
-                layer = LlamaDecoderLayer(config, layer_idx=i)
-            prefix = f"model.layers.{i}."
-            own = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
-            layer.load_state_dict(own, strict=True, assign=True)
-            layers.append(layer.eval())
-        self.layers = layers
-        self.rotary = LlamaRotaryEmbedding(config)
-        self.bytes_per_position = bytes_per_position(config, end - start)
+        base = decoder_of(model)
+        self.config, self.start, self.end = model.config, start, end
+        self.hidden_size = int(self.config.hidden_size)
+        self.layers = list(base.layers[start:end])
+        self.rotary = base.rotary_emb
+        self.bytes_per_position = bytes_per_position(self.config, end - start)
 
     @property
     def param_bytes(self) -> int:
@@ -113,6 +104,8 @@ class BlockStage:
                 blocks: tuple[int, int] | None = None) -> np.ndarray:
         """hidden (n, C) float32 at positions start_pos..start_pos+n-1 -> (n, C) float32,
         through every layer held, or only ``blocks`` [a, b) of them (a sub-range)."""
+        from models.hf_layers import run_layers
+
         a, b = blocks or (self.start, self.end)
         if not self.start <= a < b <= self.end:
             raise ValueError(f"blocks [{a}, {b}) outside this stage's [{self.start}, {self.end})")
@@ -123,43 +116,38 @@ class BlockStage:
         if start_pos != cache.length:
             raise ValueError(f"positions start at {start_pos}, the cache holds {cache.length}")
         x = torch.from_numpy(np.ascontiguousarray(hidden, dtype=np.float32))[None]  # (1, n, C)
-        positions = torch.arange(start_pos, start_pos + n)[None]  # (1, n)
-        keys = torch.arange(start_pos + n)
-        allowed = positions[0][:, None] >= keys[None, :]  # (n, T): causal
-        # additive float mask: what both the eager and the sdpa attention paths accept
-        mask = torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
-        mask = mask[None, None]  # (1, 1, n, T)
-        with torch.no_grad():
-            rope = self.rotary(x, position_ids=positions)
-            for layer in self.layers[a - self.start:b - self.start]:
-                x = layer(x, attention_mask=mask, position_ids=positions,
-                          past_key_values=cache, use_cache=True, position_embeddings=rope)
-        return x[0].float().numpy()
+        layers = [(i, self.layers[i - self.start]) for i in range(a, b)]
+        out = run_layers(self.rotary, self.config, layers, x, start_pos, cache)[-1]
+        return out[0].float().numpy()
 
 
 class Head:
-    """The requester's part: embedding (tokens -> hidden) and final norm + output head."""
+    """The requester's part: the model's own embedding (tokens -> hidden; Gemma scales it),
+    final norm and output head (with the final soft-capping where the config has one)."""
 
-    def __init__(self, config: Any, state: dict[str, torch.Tensor]) -> None:
-        from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    def __init__(self, model: Any) -> None:
+        from models.hf_layers import decoder_of
 
-        self.config = config
-        self.embed = state["model.embed_tokens.weight"]  # (V, C)
-        self.lm_head = state.get("lm_head.weight", self.embed)  # (V, C); tied when absent
-        self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.norm.load_state_dict({"weight": state["model.norm.weight"]}, assign=True)
-        self.n_vocab = int(self.embed.shape[0])
+        base = decoder_of(model)
+        self.config = model.config
+        self.embed, self.norm, self.lm_head = base.embed_tokens, base.norm, model.lm_head
+        self.softcap = getattr(self.config, "final_logit_softcapping", None)
+        self.n_vocab = int(self.embed.num_embeddings)
 
     def embed_tokens(self, token_ids: Sequence[int]) -> np.ndarray:
         ids = list(token_ids)
         if any(not 0 <= t < self.n_vocab for t in ids):
             raise ValueError(f"token ids outside [0, {self.n_vocab})")
-        return self.embed[torch.tensor(ids, dtype=torch.long)].float().numpy()  # (n, C)
+        with torch.no_grad():
+            return self.embed(torch.tensor(ids, dtype=torch.long)).float().numpy()  # (n, C)
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         with torch.no_grad():
             x = self.norm(torch.from_numpy(np.ascontiguousarray(hidden, dtype=np.float32)))
-            return (x @ self.lm_head.T).float().numpy()  # (n, V)
+            out = self.lm_head(x)  # (n, V)
+            if self.softcap:  # as the model's forward: cap * tanh(logits / cap)
+                out = torch.tanh(out / self.softcap) * self.softcap
+            return out.float().numpy()
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +167,7 @@ def shape_of(config: Any) -> ModelShape:
 
 def bytes_per_block(path: str | Path) -> int:
     """fp32 parameter bytes one decoder block of the GGUF at ``path`` takes once loaded."""
-    from models.gguf_torch import read_gguf
+    from models.gguf_reader import read_gguf
 
     _, tensors = read_gguf(path)
     return 4 * sum(int(np.prod(t.shape)) for name, t in tensors.items()
@@ -187,17 +175,17 @@ def bytes_per_block(path: str | Path) -> int:
 
 
 def load_stage(path: str | Path, start: int, end: int) -> BlockStage:
-    from models.gguf_torch import load_gguf_part
+    from models.gguf_torch import load_gguf_model
 
-    config, state = load_gguf_part(path, start, end, head=False)
-    return BlockStage(config, start, end, state)
+    model, _ = load_gguf_model(path, (start, end), head=False)
+    return BlockStage(model, start, end)
 
 
 def load_head(path: str | Path) -> Head:
-    from models.gguf_torch import load_gguf_part
+    from models.gguf_torch import load_gguf_model
 
-    config, state = load_gguf_part(path, 0, 0, head=True)
-    return Head(config, state)
+    model, _ = load_gguf_model(path, (0, 0), head=True)
+    return Head(model)
 
 
 class LocalTarget:
@@ -210,11 +198,10 @@ class LocalTarget:
 
     @classmethod
     def from_gguf(cls, path: str | Path) -> LocalTarget:
-        from models.gguf_torch import llama_config, read_gguf
+        from models.gguf_torch import load_gguf_model
 
-        meta, tensors = read_gguf(path)
-        n = int(llama_config(path, meta, tensors).num_hidden_layers)
-        return cls(load_head(path), load_stage(path, 0, n))
+        model, _ = load_gguf_model(path)
+        return cls(Head(model), BlockStage(model, 0, int(model.config.num_hidden_layers)))
 
     @property
     def n_vocab(self) -> int:

@@ -13,7 +13,10 @@
   Free to run, deterministic, good on text that repeats its input (code edits, extraction,
   summaries); it proposes nothing when the suffix never occurred before.
 
-A drafter knows nothing of the target: both must share a tokenizer (the same model family).
+A drafter proposes token ids, so it must share the target's tokenizer: :func:`check_pairing`
+compares the two GGUFs' tokenizer hashes (models.gguf_reader.tokenizer_hash: vocabulary,
+merges, special ids) and refuses a drafter whose ids would mean other text, naming both models.
+A LlamaDrafter or DrafterPool given its ``target`` checks this before loading anything.
 
 :class:`DrafterPool` keeps idle LlamaDrafters of one model between generations: loading one
 costs more than a short generation's drafting, and one that stays keeps its cache of the last
@@ -89,11 +92,38 @@ class NgramDrafter:
         """Holds nothing."""
 
 
+class MismatchedDrafter(ValueError):
+    """A drafter whose tokenizer is not its target's; the message names both models."""
+
+
+def check_pairing(drafter: str | Path | None, target: str | Path | None) -> None:
+    """MismatchedDrafter unless the two models (registry names or .gguf paths; None = the
+    default model) have the same tokenizer hash; ValueError when either is not a GGUF."""
+    from models.gguf_reader import tokenizer_hash
+    from models.registry import resolve
+
+    d, t = resolve(str(drafter) if drafter else None), resolve(str(target) if target else None)
+    for info in (d, t):
+        if info.fmt != "gguf":
+            raise ValueError(f"model {info.name!r} is not a GGUF file: no tokenizer hash to "
+                             "pair a drafter by")
+    if d.path == t.path:
+        return
+    dh, th = tokenizer_hash(d.path), tokenizer_hash(t.path)
+    if dh != th:
+        raise MismatchedDrafter(
+            f"drafter {d.name!r} ({d.family}, tokenizer {dh[:12]}) does not share the "
+            f"tokenizer of target {t.name!r} ({t.family}, tokenizer {th[:12]}): its drafts "
+            "would be ids of other text; draft with a model of the target's family")
+
+
 class LlamaDrafter:
-    """Drafts with a GGUF model in llama.cpp (default: the default model's Q4_1 file)."""
+    """Drafts with a GGUF model in llama.cpp (default: the default model's Q4_1 file); given
+    its ``target``, only when the two share a tokenizer (:func:`check_pairing`)."""
 
     def __init__(self, model: str | Path | None = None, *, temperature: float = 0.0,
-                 n_threads: int = 0, n_ctx: int = 2048) -> None:
+                 n_threads: int = 0, n_ctx: int = 2048,
+                 target: str | Path | None = None) -> None:
         import llama_cpp
 
         from models.registry import resolve
@@ -103,6 +133,8 @@ class LlamaDrafter:
         info = resolve(str(model) if model else None)
         if info.fmt != "gguf":
             raise ValueError(f"model {info.name!r} is not a GGUF file: llama.cpp cannot draft with it")
+        if target is not None:
+            check_pairing(model, target)
         self._llama_cpp = llama_cpp
         self.temperature = temperature
         threads = n_threads or default_threads()
@@ -165,12 +197,16 @@ MAX_IDLE_DRAFTERS = 2
 
 
 class DrafterPool:
-    """Idle :class:`LlamaDrafter` s of one model, lent out one generation at a time."""
+    """Idle :class:`LlamaDrafter` s of one model, lent out one generation at a time; given
+    the ``target`` they draft for, the pool refuses a drafter model with another tokenizer
+    when it is made (:func:`check_pairing`)."""
 
     def __init__(self, model: str | Path | None = None, *, n_threads: int = 0,
-                 keep: int = MAX_IDLE_DRAFTERS) -> None:
+                 keep: int = MAX_IDLE_DRAFTERS, target: str | Path | None = None) -> None:
         if keep < 0:
             raise ValueError(f"keep must be >= 0, got {keep}")
+        if target is not None:
+            check_pairing(model, target)
         self.model, self.n_threads, self.keep = model, n_threads, keep
         self._idle: list[LlamaDrafter] = []
         self._lock = threading.Lock()

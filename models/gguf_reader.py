@@ -3,7 +3,8 @@
 ``read_gguf`` gives (metadata, tensors), the tensors zero-copy views of a memory map; models/
 gguf_torch.py builds a transformers model from them. A daemon that only needs a number from
 the metadata (how many blocks the model has) reads it here, instead of importing torch and
-transformers for it, which costs seconds of every daemon start.
+transformers for it, which costs seconds of every daemon start. ``tokenizer_hash`` names a
+model's tokenizer, so that a drafter is paired only with a target that shares it.
 """
 
 from __future__ import annotations
@@ -92,16 +93,65 @@ def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, GGUFTensor]]:
     return meta, tensors
 
 
-def require_llama(path: str | Path, meta: dict[str, Any]) -> None:
-    """ValueError unless the GGUF's metadata says it is a llama-architecture model."""
-    arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported by the torch "
-                         "loader (only 'llama'); use the llama.cpp backend or an HF directory")
-
-
-def llama_block_count(path: str | Path) -> int:
-    """The number of decoder blocks of a llama-architecture GGUF (from its metadata)."""
+def block_count(path: str | Path) -> int:
+    """The number of decoder blocks of a GGUF, of any architecture: ``{arch}.block_count``."""
     meta, _ = read_gguf(path)
-    require_llama(path, meta)
-    return int(meta["llama.block_count"])
+    arch = meta.get("general.architecture")
+    count = meta.get(f"{arch}.block_count")
+    if not isinstance(count, int) or count < 1:
+        raise ValueError(f"{path}: GGUF of architecture {arch!r} gives no block count")
+    return count
+
+
+#: what a tokenizer is made of: its vocabulary, merges and kinds of token, and its special ids
+TOKENIZER_KEYS = ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens",
+                  "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
+                  "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                  "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id",
+                  "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token")
+
+
+def _value_end(buf: memoryview, pos: int, vtype: int) -> int:
+    """Where the value of type ``vtype`` starting at ``pos`` ends, without decoding it."""
+    if vtype in _SCALARS:
+        return pos + struct.calcsize(_SCALARS[vtype])
+    if vtype == _STRING:
+        return pos + 8 + struct.unpack_from("<Q", buf, pos)[0]
+    if vtype == _ARRAY:
+        itype, count = struct.unpack_from("<IQ", buf, pos)
+        pos += 12
+        if itype in _SCALARS:
+            return pos + count * struct.calcsize(_SCALARS[itype])
+        for _ in range(count):
+            pos = _value_end(buf, pos, itype)
+        return pos
+    raise ValueError(f"unknown GGUF value type {vtype}")
+
+
+def tokenizer_hash(path: str | Path) -> str:
+    """BLAKE2b-256 (hex) of the GGUF's tokenizer: the serialized bytes of each of
+    :data:`TOKENIZER_KEYS` it has (type tag and value, as the file stores them). Two models
+    with the same hash turn text into the same ids and back: a drafter and its target."""
+    import hashlib
+
+    raw = np.memmap(str(path), dtype=np.uint8, mode="r")
+    buf = memoryview(raw)  # type: ignore[arg-type]
+    if bytes(buf[:4]) != b"GGUF":
+        raise ValueError(f"{path}: not a GGUF file (bad magic)")
+    _, _, n_kv = struct.unpack_from("<IQQ", buf, 4)
+    found: dict[str, bytes] = {}
+    pos = 24
+    for _ in range(n_kv):
+        key, pos = _read_value(buf, pos, _STRING)
+        (vtype,) = struct.unpack_from("<I", buf, pos)
+        end = _value_end(buf, pos + 4, vtype)
+        if key in TOKENIZER_KEYS:
+            found[key] = bytes(buf[pos:end])
+        pos = end
+    if "tokenizer.ggml.tokens" not in found:
+        raise ValueError(f"{path}: GGUF has no tokenizer (tokenizer.ggml.tokens)")
+    h = hashlib.blake2b(digest_size=32)
+    for key in TOKENIZER_KEYS:
+        blob = found.get(key, b"")
+        h.update(struct.pack("<Q", len(key)) + key.encode() + struct.pack("<Q", len(blob)) + blob)
+    return h.hexdigest()

@@ -86,9 +86,9 @@ class TransformersBackend(Backend):
     @classmethod
     def load(cls, info: ModelInfo, config: ModelConfig = ModelConfig(backend=TRANSFORMERS)) -> TransformersBackend:
         if info.fmt == "gguf":
-            from models.gguf_torch import load_gguf_llama
+            from models.gguf_torch import load_gguf_model
 
-            model, _ = load_gguf_llama(info.path)
+            model, _ = load_gguf_model(info.path)
             try:
                 tokenizer: Any = _LlamaCppTokenizer(str(info.path))
             except ImportError:

@@ -165,28 +165,20 @@ def needed_leaves(plan: CheckPlan) -> list[tuple[int, int]]:
 
 
 def _torch_parts(backend: Any) -> tuple[Any, Any]:
+    from models.hf_layers import decoder_of
+
     model = backend.model
-    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    return base, model.config
+    return decoder_of(model), model.config
 
 
 def _run_layers(backend: Any, x: Any, layers: Sequence[int]) -> list[Any]:
-    """Run decoder layers (1-based) in order on x (1, T, C); return each one's output."""
-    import torch
-    from transformers.masking_utils import create_causal_mask
+    """Run decoder layers (1-based) in order on x (1, T, C) at positions 0..T-1, as the
+    model's forward does (models.hf_layers); return each one's output."""
+    from models.hf_layers import run_layers
 
     base, config = _torch_parts(backend)
-    positions = torch.arange(x.shape[1]).unsqueeze(0)
-    mask = create_causal_mask(config=config, inputs_embeds=x, attention_mask=None,
-                              past_key_values=None, position_ids=positions)
-    rope = base.rotary_emb(x, position_ids=positions)
-    outs = []
-    with torch.no_grad():
-        for layer in layers:
-            x = base.layers[layer - 1](x, attention_mask=mask, position_embeddings=rope,
-                                       position_ids=positions)
-            outs.append(x)
-    return outs
+    return run_layers(base.rotary_emb, config, [(la - 1, base.layers[la - 1]) for la in layers],
+                      x, 0)
 
 
 def embeddings(backend: Any, ids: Sequence[int]) -> np.ndarray:
@@ -216,14 +208,25 @@ def layer_states(backend: Any, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarr
 def recompute_layer(backend: Any, layer: int, inputs: np.ndarray,
                     rows: Sequence[int] | None = None) -> np.ndarray:
     """Layer ``layer``'s output for ``inputs`` (E, C) at positions 0..E-1: every position, or
-    only ``rows`` (ascending). Only the rows' queries, attention and MLP are computed; every
-    position still gives its keys and values. The result equals the model's own layer up to
-    float reordering (tests/models/test_layer_states.py)."""
+    only ``rows`` (ascending). On a Llama layer only the rows' queries, attention and MLP are
+    computed and every position still gives its keys and values; any other architecture's
+    layer runs whole (its own module: Q/K norms, sliding windows, extra norms) and the rows
+    are taken from its output. The result equals the model's own layer up to float
+    reordering (tests/models/test_layer_states.py)."""
     import torch
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     x = torch.from_numpy(np.ascontiguousarray(inputs, dtype=np.float32))[None]
-    if rows is None:
-        return _run_layers(backend, x, [layer])[0][0].float().numpy()
+    base, _ = _torch_parts(backend)
+    if rows is None or type(base.layers[layer - 1]) is not LlamaDecoderLayer:
+        out = _run_layers(backend, x, [layer])[0][0].float().numpy()
+        return out if rows is None else out[list(rows)]
+    return _llama_rows(backend, layer, x, rows)
+
+
+def _llama_rows(backend: Any, layer: int, x: Any, rows: Sequence[int]) -> np.ndarray:
+    """A ``LlamaDecoderLayer``'s output at ``rows`` only (see :func:`recompute_layer`)."""
+    import torch
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
     base, config = _torch_parts(backend)

@@ -61,7 +61,8 @@ class Requester:
             if len(ids) == 1:
                 ends.add(int(ids[0]))
         self.end_ids = frozenset(ends)
-        self.drafters = DrafterPool(service.model_path)
+        self.drafters = DrafterPool(service.section.drafter or service.model_path,
+                                    target=service.model_path)
         self._adaptive: dict[tuple[str, int, tuple[str, ...]], Any] = {}
         self._lock = threading.Lock()
 

@@ -70,6 +70,9 @@ def inference_protocol(network_id: str) -> str:
 class InferenceSection:
     #: registry name, .gguf path ("" = the default model) whose blocks are served and asked for
     model: str = ""
+    #: the model a requester's speculative chains draft with ("" = ``model`` itself): a smaller
+    #: one of the same family; one with another tokenizer is refused at start
+    drafter: str = ""
     #: sessions open at once on this server
     max_sessions: int = 16
     #: positions one session may hold (prompt + output + drafts)
@@ -150,16 +153,20 @@ class InferenceService(NurseryService):
         try:
             # the metadata alone: importing torch and transformers for it took most of every
             # daemon's start (13-50 s on a loaded machine); a stage server loads them in _serve
-            from models.gguf_reader import llama_block_count
+            from models.gguf_reader import block_count
             from models.registry import resolve
 
             info = resolve(self.section.model or None)
-            self.n_blocks = llama_block_count(info.path)
+            self.n_blocks = block_count(info.path)
         except Exception as exc:  # no models extra, or no such model: serve and ask nothing
             self.problem = f"no model for inference: {exc}"
             self.ctx.log.warning("inference.no_model", error=str(exc))
             return
         self.model_name, self.model_path = info.name, info.path
+        if self.section.drafter:  # one with another tokenizer is refused, naming both models
+            from models.drafters import check_pairing
+
+            check_pairing(self.section.drafter, info.path)
         if self.section.threads:  # a requester's head runs on them too
             import torch
 

@@ -12,7 +12,7 @@ pytest.importorskip("torch", reason="needs torch (pip install -e .[models])")
 import torch  # noqa: E402
 
 from models.blocks import LocalTarget, StageCache, greedy, load_head, load_stage  # noqa: E402
-from models.gguf_torch import load_gguf_llama, load_gguf_part  # noqa: E402
+from models.gguf_torch import load_gguf_model, loaded_parameters  # noqa: E402
 from tests.models import tiny  # noqa: E402
 
 PROMPT = [5, 17, 33, 99, 100, 7]
@@ -25,7 +25,7 @@ def _one_thread() -> None:
 
 def test_local_target_greedy_matches_transformers_generate(tiny_ggufs: dict[str, Path]) -> None:
     target = LocalTarget.from_gguf(tiny_ggufs["f32"])
-    model, _ = load_gguf_llama(tiny_ggufs["f32"])
+    model, _ = load_gguf_model(tiny_ggufs["f32"])
     ref = model.generate(torch.tensor([PROMPT]), max_new_tokens=24, do_sample=False,
                          eos_token_id=None)[0, len(PROMPT):].tolist()
     assert greedy(target, PROMPT, 24) == ref
@@ -55,14 +55,16 @@ def test_rollback_recomputes_the_same_logits(tiny_ggufs: dict[str, Path]) -> Non
 
 
 def test_stage_holds_only_its_layers(tiny_ggufs: dict[str, Path]) -> None:
-    _, state = load_gguf_part(tiny_ggufs["f32"], 1, 2, head=False)
-    assert state and all(k.startswith("model.layers.1.") for k in state)
+    part, _ = load_gguf_model(tiny_ggufs["f32"], (1, 2), head=False)
+    held = loaded_parameters(part)
+    assert held and all(k.startswith("model.layers.1.") for k in held)
     one, both = load_stage(tiny_ggufs["f32"], 1, 2), load_stage(tiny_ggufs["f32"], 0, 2)
     assert both.param_bytes == 2 * one.param_bytes
-    _, head_state = load_gguf_part(tiny_ggufs["f32"], 0, 0, head=True)
-    assert set(head_state) == {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}
+    head, _ = load_gguf_model(tiny_ggufs["f32"], (0, 0), head=True)
+    assert set(loaded_parameters(head)) == {"model.embed_tokens.weight", "model.norm.weight",
+                                            "lm_head.weight"}
     with pytest.raises(ValueError, match="outside the model"):
-        load_gguf_part(tiny_ggufs["f32"], 1, tiny.LAYERS + 1, head=False)
+        load_gguf_model(tiny_ggufs["f32"], (1, tiny.LAYERS + 1), head=False)
 
 
 def test_stage_refuses_bad_shapes_and_positions(tiny_ggufs: dict[str, Path]) -> None:

@@ -128,12 +128,10 @@ class Reference:
 
 
 def _n_blocks() -> int:
-    from models.gguf_torch import llama_config, read_gguf
+    from models.gguf_reader import block_count
     from models.registry import resolve
 
-    path = resolve(None).path
-    meta, tensors = read_gguf(path)
-    return int(llama_config(path, meta, tensors).num_hidden_layers)
+    return block_count(resolve(None).path)
 
 
 def _slow(way: str, shaped: bool) -> str:

@@ -55,6 +55,8 @@ def attention_mask(config: Any, kind: str, start: int, n: int) -> torch.Tensor:
         fn = sliding_window_causal_mask_function(int(config.sliding_window))
     allowed = sdpa_mask(batch_size=1, q_length=n, kv_length=start + n, q_offset=start,
                         mask_function=fn, allow_is_causal_skip=False)
+    if allowed is None:  # None means "use is_causal instead", never so with the skip refused
+        raise RuntimeError("transformers' sdpa_mask gave no mask")
     return torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
 
 

@@ -70,7 +70,7 @@ def _package_file(entry: RegistryEntry, name: str) -> Path:
 
 
 def _gguf_info(path: Path) -> ModelInfo:
-    from models.gguf_torch import read_gguf
+    from models.gguf_reader import read_gguf
 
     meta, _ = read_gguf(path)
     arch = str(meta.get("general.architecture", "unknown"))

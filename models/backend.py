@@ -37,6 +37,9 @@ import numpy as np
 from models.registry import ModelInfo, identity_hash
 
 #: Used when a model ships no chat template: ChatML, as SmolLM2 and many small models use.
+#: special tokens chat models end a turn with, when they are not the GGUF's EOS (ChatML,
+#: Llama 3, Phi-3, Gemma); a tokenizer that makes one token of one treats it as an end
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

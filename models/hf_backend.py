@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.backend import Backend
+from models.backend import END_OF_TURN, Backend
 from models.config import TRANSFORMERS, ModelConfig
 from models.registry import ModelInfo
 
@@ -73,7 +73,7 @@ class TransformersBackend(Backend):
             torch.set_num_threads(config.n_threads)
         self.chat_template = self.tok.chat_template
         eos = {self.tok.eos_id} - {-1}
-        for special in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
+        for special in END_OF_TURN:
             ids = self.tok.encode(special)
             if len(ids) == 1 and ids[0] != self.tok.bos_id:
                 eos.add(ids[0])

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from models.backend import Backend
+from models.backend import END_OF_TURN, Backend
 from models.config import LLAMA_CPP, ModelConfig, default_threads
 from models.registry import ModelInfo
 
@@ -62,7 +62,7 @@ class LlamaCppBackend(Backend):
         self.chat_template = meta.get("tokenizer.chat_template")
         eos = {self.llm.token_eos()}
         # Chat models end a turn with a special token that is not always the GGUF's EOS.
-        for special in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
+        for special in END_OF_TURN:
             ids = self.llm.tokenize(special.encode(), add_bos=False, special=True)
             if len(ids) == 1:
                 eos.add(ids[0])

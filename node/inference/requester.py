@@ -30,7 +30,7 @@ from typing import Any
 
 import trio
 
-from models.backend import Message, render_chat
+from models.backend import END_OF_TURN, Message, render_chat
 from models.blocks import Head, load_head
 from models.drafters import DrafterPool
 from node.inference.chain import Chain, ChainError, ChainTarget, Directory
@@ -40,7 +40,6 @@ from node.inference.decoding import Decoding, OnText, stop_length
 RTT_ALPHA = 0.3
 #: special tokens that end a chat turn, besides the model's end-of-sequence token (as the
 #: executor's models.llama_backend stops at them)
-END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>")
 #: draft-length rules kept (one per rule, longest draft and route), the oldest dropped first
 MAX_ADAPTIVE = 16
 

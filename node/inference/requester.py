@@ -35,11 +35,10 @@ from models.blocks import Head, load_head
 from models.drafters import DrafterPool
 from node.inference.chain import Chain, ChainError, ChainTarget, Directory
 from node.inference.decoding import Decoding, OnText, stop_length
+from node.inference.wire import wire_precision
 
 #: exponential average weight of a new round-trip sample
 RTT_ALPHA = 0.3
-#: special tokens that end a chat turn, besides the model's end-of-sequence token (as the
-#: executor's models.llama_backend stops at them)
 #: draft-length rules kept (one per rule, longest draft and route), the oldest dropped first
 MAX_ADAPTIVE = 16
 
@@ -117,7 +116,9 @@ class Requester:
                               spawn=s.start_soon)
         return Chain(directory, model=s.model_name, n_blocks=s.n_blocks,
                      hidden_size=int(self.head.config.hidden_size), max_length=max_length,
-                     precision=s.precision, forwarding=s.section.forwarding,
+                     precision=wire_precision(s.section.precision,
+                                              str(getattr(self.head.config, "model_type", ""))),
+                     forwarding=s.section.forwarding,
                      link_delay_ms=round(s.section.link_delay_ms))
 
     async def generate(self, prompt: str, max_tokens: int, speculative: int = 0,

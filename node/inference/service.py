@@ -32,7 +32,7 @@ from node.inference.machine_probe import device_of, measure_ms_per_block
 from node.inference.wire import SessionStream
 from node.service import NurseryService
 from node.transport import TransportError
-from protocol.inference.messages import MAX_LINK_DELAY_MS, Precision
+from protocol.inference.messages import MAX_LINK_DELAY_MS
 from protocol.inference.routing import (
     Server,
     blocks_text,
@@ -82,8 +82,9 @@ class InferenceSection:
     max_cache_mb: int = 0
     #: a session with no request for this long is dropped
     idle_timeout_s: float = 60.0
-    #: hidden states on the wire: "f16" or "f32"
-    precision: str = "f16"
+    #: hidden states on the wire: "f16", "f32", or "auto": f16, except for model types whose
+    #: hidden states overflow f16's range (F16_UNSAFE_MODEL_TYPES: Gemma's), which take f32
+    precision: str = "auto"
     #: hold every outgoing session frame this long (emulated link latency; 0 = off); the
     #: chains this node asks for hold every link that long (their servers are asked to)
     link_delay_ms: float = 0.0
@@ -103,8 +104,9 @@ class InferenceSection:
     lookahead: bool = True
 
     def __post_init__(self) -> None:
-        if self.precision not in ("f16", "f32"):
-            raise ValueError(f"[inference] precision must be 'f16' or 'f32', got {self.precision!r}")
+        if self.precision not in ("auto", "f16", "f32"):
+            raise ValueError("[inference] precision must be 'auto', 'f16' or 'f32', "
+                             f"got {self.precision!r}")
         for key in ("max_sessions", "max_tokens_per_session"):
             if getattr(self, key) < 1:
                 raise ValueError(f"[inference] {key} must be >= 1")
@@ -124,7 +126,6 @@ class InferenceService(NurseryService):
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
         self.section: InferenceSection = ctx.config.section(self.name)
-        self.precision = Precision(self.section.precision)
         self.limits = SessionLimits(
             max_sessions=self.section.max_sessions,
             max_tokens_per_session=self.section.max_tokens_per_session,

@@ -35,6 +35,19 @@ _DTYPES = {Precision.FP16: np.dtype("<f2"), Precision.FP32: np.dtype("<f4")}
 READ_CHUNK = 1 << 16
 
 
+#: model types (transformers' ``config.model_type``) whose hidden states leave f16's range
+#: between stages (Gemma scales its embeddings by sqrt(hidden size) and its residual stream
+#: grows past 65504), so "auto" sends them as f32
+F16_UNSAFE_MODEL_TYPES = ("gemma",)
+
+
+def wire_precision(setting: str, model_type: str) -> Precision:
+    """The precision of hidden states on the wire for a model of ``model_type``."""
+    if setting != "auto":
+        return Precision(setting)
+    return Precision.FP32 if model_type.startswith(F16_UNSAFE_MODEL_TYPES) else Precision.FP16
+
+
 def pack_hidden(hidden: np.ndarray, precision: Precision) -> bytes:
     """(n, C) float array -> wire bytes; ValueError for values the precision cannot hold."""
     out = np.ascontiguousarray(hidden, dtype=_DTYPES[precision])

@@ -75,3 +75,15 @@ def test_auto_picks_the_window_the_ledger_covers_worst(tmp_path: Path) -> None:
     assert service._auto_window((0, 1)) == (0, 1)  # equal coverage: stay
     service.failed_until["other"] = 10  # a server that failed us is left out of plans
     assert [s.peer for s in service.servers()] == ["third"]
+
+
+def test_auto_precision_sends_f16_but_f32_for_models_whose_states_overflow_f16(
+        tmp_path: Path) -> None:
+    from node.inference.wire import wire_precision
+    from protocol.inference.messages import Precision
+
+    assert _load(tmp_path).section("inference").precision == "auto"
+    assert wire_precision("auto", "llama") is Precision.FP16
+    assert wire_precision("auto", "gemma3_text") is Precision.FP32
+    assert wire_precision("f16", "gemma3_text") is Precision.FP16, "a setting is obeyed"
+    assert wire_precision("f32", "llama") is Precision.FP32

@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,7 +163,11 @@ class Backend(ABC):
         return [int(t) for t in items]
 
     def generate(self, prompt: str | Sequence[Message] | Sequence[int],
-                 params: SamplingParams = SamplingParams()) -> Generation:
+                 params: SamplingParams = SamplingParams(),
+                 on_text: Callable[[str], None] | None = None) -> Generation:
+        """Sample up to ``params.max_tokens`` tokens after ``prompt``; ``on_text``, if given,
+        is called with the text generated so far after each token (streaming: the same
+        tokens and final text as without it)."""
         ids = self.prompt_ids(prompt)
         if not ids:
             raise ValueError("generate: empty prompt")
@@ -182,9 +186,12 @@ class Backend(ABC):
                 break
             out.append(tok)
             lps.append(float(lp[tok]))
-            if params.stop and _holds_stop(self.detokenize(out), params.stop):
+            text = self.detokenize(out) if params.stop or on_text is not None else ""
+            if params.stop and _holds_stop(text, params.stop):
                 finish = "stop"
                 break
+            if on_text is not None:
+                on_text(text)
             if i + 1 < params.max_tokens:
                 logits = self._step(tok)
         t2 = time.perf_counter()

@@ -24,6 +24,7 @@ completions: no system prompt and no tools.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from models.backend import Backend, Message, SamplingParams
@@ -129,11 +130,13 @@ def answer_of(problem: Problem, text: str) -> str:
 
 def solve(backend: Backend, problem: Problem, *, cot: bool = True, seed: int = 0,
           max_tokens: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-          stop: tuple[str, ...] = ()) -> Solution:
-    """Answer ``problem`` with ``backend``; for a fixed seed the same tokens on one machine."""
+          stop: tuple[str, ...] = (), on_text: Callable[[str], None] | None = None) -> Solution:
+    """Answer ``problem`` with ``backend``; for a fixed seed the same tokens on one machine.
+    ``on_text`` gets the text generated so far after each token (Backend.generate)."""
     budget = max_tokens or (COT_MAX_TOKENS if cot else DIRECT_MAX_TOKENS)
     gen = backend.generate(build_prompt(problem, cot), SamplingParams(
-        max_tokens=budget, temperature=temperature, top_p=top_p, seed=seed, stop=stop))
+        max_tokens=budget, temperature=temperature, top_p=top_p, seed=seed, stop=stop),
+        on_text=on_text)
     timing = {"prompt_ms": gen.prompt_ms, "generate_ms": gen.generate_ms,
               "tokens_per_s": gen.tokens_per_s}
     common = dict(cot_text=gen.text, token_ids=gen.token_ids,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -125,10 +126,11 @@ class ModelsSolver:
         return time.perf_counter() - started
 
     def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int = 0, *,
-              system_prompt: str = "", tool_calls: tuple[ToolCallRecord, ...] = ()
-              ) -> ComputeDone:
+              system_prompt: str = "", tool_calls: tuple[ToolCallRecord, ...] = (),
+              on_text: Callable[[str], None] | None = None) -> ComputeDone:
         """Answer ``task`` as the executor of ``attempt`` (which picks the sampling seed), as
-        an agent with ``system_prompt`` that made ``tool_calls`` (models.cot.problem_of)."""
+        an agent with ``system_prompt`` that made ``tool_calls`` (models.cot.problem_of);
+        ``on_text`` gets the text generated so far after each token (token streaming)."""
         from models.cot import problem_of, solve
 
         problem = problem_of(task, system_prompt, tool_calls)
@@ -141,7 +143,7 @@ class ModelsSolver:
             self._capture_states()
             sol = solve(self.backend, problem, max_tokens=max_tokens,
                         temperature=self.temperature_for(task), top_p=task.top_p,
-                        stop=task.stop, seed=self.seed_for(task, attempt))
+                        stop=task.stop, seed=self.seed_for(task, attempt), on_text=on_text)
             made = Commitments((), b"", 0)
             if self.fingerprints and self.states is not None:
                 made = commitments_for(self.backend, sol.prompt_token_ids, sol.token_ids,

@@ -18,9 +18,10 @@
 * ``stream: true`` answers server-sent events: a first chunk with the assistant role at once,
   then the content: on a chain token by token as the chain accepts them (text that may still
   become a stop string, or an incomplete UTF-8 character, is held back until it is decided);
-  from the market once the task is done (a vote streams the chosen answer after voting; a
-  single executor's tokens also arrive in one piece, because results cross the network
-  whole); then a chunk with ``finish_reason``, with ``stream_options.include_usage`` a last chunk holding
+  from the market, with one executor (k = 1), as that executor streams them across the
+  network (unsigned progress frames, protocol/market/progress.py), the rest of the signed
+  result's text once it is in; a vote streams the chosen answer once voting is done; then a
+  chunk with ``finish_reason``, with ``stream_options.include_usage`` a last chunk holding
   ``usage`` (and ``symphony``), then ``data: [DONE]``. A task that fails mid-stream sends
   OpenAI's error object as an event instead.
 * ``GET /v1/models``: the models this node or a live ledger peer serves, whole or in parts that
@@ -76,7 +77,8 @@ class ChatService(Protocol):
     def agent_created(self) -> dict[str, int]: ...
 
     def live_text(self, task_id: str) -> AsyncIterator[str] | None:
-        """A chain task's text as it grows (None for the market's tasks)."""
+        """A running task's text as it grows: a chain's, or a k=1 market task's as its
+        executor streams it (None: neither)."""
         ...
 
 

@@ -3,7 +3,8 @@
 * :func:`follow_task` polls ``GET /tasks/{id}`` (the task's snapshot) and
   ``GET /dashboard/live/{id}`` (the bids and verification verdicts the daemon saw) and keeps
   a rich ``Live`` panel up to date until the task is done or failed: phase, round, each bid,
-  each chosen executor with its state and answer, then the votes. The panel is transient:
+  each chosen executor with its state and answer, a k=1 task's text as its executor streams
+  it (``streamed``), then the votes. The panel is transient:
   the caller prints the final result once (node/cli/tasks.py ``print_task``).
 * :func:`working` shows a spinner with the elapsed time while a long step runs (a benchmark,
   starting daemons that load and measure a model), on stderr so stdout stays clean for
@@ -58,6 +59,8 @@ def task_view(snap: dict[str, Any], live: dict[str, Any], elapsed_s: float) -> A
         executors.add_row(_short(a["peer"]), a["state"], str(result.get("answer", "…")),
                           str(result.get("tokens", "")), checks.get(a["peer"], ""))
     parts: list[Any] = [head, bids, executors]
+    if snap.get("streamed"):  # a k=1 task's tokens as its executor generates them
+        parts.append(Text(snap["streamed"]))
     if snap.get("votes"):
         votes = Table(title="votes", title_justify="left")
         for col in ("answer", "count", "share"):

@@ -1,7 +1,8 @@
 """HTTP routes of the task market, mounted under ``/tasks`` by the daemon's API.
 
 * ``GET /tasks/`` (recent tasks, ``?limit=``) and ``GET /tasks/{id}``: open to local readers,
-  like ``/status``.
+  like ``/status``; an open k=1 task's also holds ``streamed``, the text its executor has
+  streamed so far (unsigned, protocol/market/progress.py).
 * ``POST /tasks/``: ask the network (JSON: ``question``, ``k``, ``model``, ``family``,
   ``answer_type``, ``choices``, ``deadline_ms``, ``max_tokens``, the prompt's ``style`` and
   ``history`` and the sampling ``temperature``, ``top_p``, ``seed``, ``stop``: see
@@ -23,10 +24,12 @@ from starlette.routing import BaseRoute, Route
 
 from node.api.app import json_object, token_route
 from node.market.ask_request import AskError
+from node.market.live_text import LiveTexts
 
 __all__ = ["AskError", "TasksAccess", "best_answer_text", "task_routes"]
 
 MAX_LIST = 1000
+OPEN_PHASES = ("bidding", "running")
 
 
 class TasksAccess(Protocol):
@@ -41,6 +44,9 @@ class TasksAccess(Protocol):
         ...
 
     def known_models(self) -> set[str]: ...
+
+    #: the text k=1 tasks' executors stream (node/market/live_text.py)
+    live: LiveTexts
 
 
 def _error(message: str, status: int = 400) -> Response:
@@ -68,9 +74,13 @@ def task_routes(service: TasksAccess) -> list[BaseRoute]:
         return JSONResponse({"tasks": service.recent(limit)})
 
     async def show_task(request: Request) -> Response:
-        snap = service.load(request.path_params["task_id"].lower())
+        task_id = request.path_params["task_id"].lower()
+        snap = service.load(task_id)
         if snap is None:
             return _error("no such task", 404)
+        streamed = service.live.text(task_id) if snap["phase"] in OPEN_PHASES else None
+        if streamed is not None:  # a k=1 task's text so far, as its executor streams it
+            snap = {**snap, "streamed": streamed}
         return JSONResponse(snap)
 
     async def create_task(request: Request) -> Response:

@@ -18,7 +18,10 @@
   says so in its status and log; so does a solver that fails to start (e.g. models/ not
   installed), without stopping the node. The ``ComputeDone`` a solver returns goes to the
   machine as it is; one for another task or attempt, or no ``ComputeDone`` at all, is a
-  ``ComputeFailed``.
+  ``ComputeFailed``. A solver whose ``solve`` also takes ``on_text`` (the builtin one) streams:
+  it calls it from its thread with the text generated so far, and for a k=1 task that text
+  goes to the machine as ``ComputeProgress``, which sends it to the requester as unsigned
+  progress frames (protocol/market/progress.py; node/market/text_pump.py paces them).
 * Agents (node/agents/hosted.py): once the ledger service has published this node's agent
   cards (node.toml's ``[[agents]]``, or the default generalist), the executor bids with the
   best-fitting of them for each task (protocol/market/offers.py); before that, or with no
@@ -37,6 +40,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -44,6 +49,7 @@ import trio
 
 from node.agents.hosted import AgentRunner
 from node.config import fed_config, tuning
+from node.market.text_pump import TextPump
 from node.service import JobScopes, NodeContext, NurseryService
 from protocol.market.executor import (
     CancelCompute,
@@ -62,6 +68,7 @@ from protocol.market.messages import (
     Cancel,
     TaskSpec,
 )
+from protocol.market.progress import ComputeProgress
 from protocol.verification.executor import VerifiedExecutor
 
 MAX_FAILURE_TEXT = 120
@@ -145,6 +152,7 @@ class ExecutorService(NurseryService):
         #: thread parked on the backend, which once free would run a job nobody wants
         self._threads = trio.CapacityLimiter(s.slots)
         self.computed = 0
+        self.streams = False
         self.failed = 0
         self.agents = AgentRunner()
 
@@ -167,6 +175,8 @@ class ExecutorService(NurseryService):
             self.ctx.log.exception("executor.solver_failed", solver=self.section.solver)
             return
         await trio.to_thread.run_sync(self.agents.start, solver)
+        # a solver whose solve takes on_text streams a k=1 task's tokens (models/solver.py)
+        self.streams = "on_text" in inspect.signature(solver.solve).parameters
         price = self.section.price_per_1k
         models = [dataclasses.replace(m, price_per_1k=price) for m in models]
         self.solver = solver
@@ -218,10 +228,7 @@ class ExecutorService(NurseryService):
                 if context is not None:  # an agent's own prompt and tool calls
                     solve = functools.partial(solve, system_prompt=context[0],
                                               tool_calls=context[1])
-                # abandon_on_cancel: a cancelled job stops being waited for; the thread
-                # finishes on its own and its result is dropped
-                sol = await trio.to_thread.run_sync(solve, abandon_on_cancel=True,
-                                                    limiter=self._threads)
+                sol = await self._solve(job, solve)
             except Exception as exc:
                 self.failed += 1
                 self.ctx.log.exception("executor.solve_failed", task_id=job.task.task_id.hex())
@@ -232,6 +239,33 @@ class ExecutorService(NurseryService):
         self._jobs.close(key)
         if event is not None and not scope.cancelled_caught:
             await self.ctx.submit(self.name, event)
+
+    async def _solve(self, job: StartCompute, solve: Callable[..., object]) -> object:
+        """Run ``solve`` in a solver thread; a k=1 task's text goes to the machine as it
+        grows (``ComputeProgress``: it sends the progress frames) when the solver streams."""
+        # abandon_on_cancel: a cancelled job stops being waited for; the thread finishes on
+        # its own and its result is dropped
+        if not self.streams or job.task.k != 1:
+            return await trio.to_thread.run_sync(solve, abandon_on_cancel=True,
+                                                 limiter=self._threads)
+        pump = TextPump()
+
+        async def progress(text: str) -> None:
+            await self.ctx.submit(self.name, ComputeProgress(job.task.task_id, job.attempt, text))
+
+        failure: Exception | None = None
+        sol: object = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump.follow, progress)
+            try:
+                sol = await trio.to_thread.run_sync(functools.partial(solve, on_text=pump.push),
+                                                    abandon_on_cancel=True, limiter=self._threads)
+            except Exception as exc:  # raised as itself below, not in an exception group
+                failure = exc
+            nursery.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+        return sol
 
     def _checked(self, job: StartCompute, sol: object) -> ComputeDone | ComputeFailed:
         """The solver's result for ``job``, or a failure naming what it returned instead."""

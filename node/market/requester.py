@@ -35,6 +35,7 @@ from node.config import fed_config, tuning
 from node.market.api import task_routes
 from node.market.ask_request import AskError, NeedEmbedder, parse_ask
 from node.market.chain_asks import ChainAsks, interrupted
+from node.market.live_text import LiveTexts
 from node.service import NodeContext, Service
 from protocol.agents.cards import AgentCards
 from protocol.agents.wire import agent_matcher
@@ -62,6 +63,7 @@ from protocol.market.messages import (
     TaskSpec,
     Turn,
 )
+from protocol.market.progress import Progress, Streamed
 from protocol.market.selection import ScoreSelector, Selector
 from protocol.market.state import OpenTask
 from protocol.verification.requester import VerifiedAuction
@@ -103,7 +105,7 @@ class TasksSection:
 
 class TasksService(Service):
     name: ClassVar[str] = "tasks"
-    message_types = (Bid, Result, Reject)
+    message_types = (Bid, Result, Reject, Progress)
     config_section = TasksSection
     schema = """
     CREATE TABLE IF NOT EXISTS tasks (
@@ -146,6 +148,8 @@ class TasksService(Service):
         self._started_at = time.time()
         # asks for a model served only in parts run on a chain of block servers
         self.chains = ChainAsks(ctx, self.record, int(self._started_at * 1000))
+        # k=1 market tasks: the text their executor streams, as it grows
+        self.live = LiveTexts(self._machine.progress.text, self._over)
 
     @property
     def machine(self) -> Auction | VerifiedAuction:
@@ -231,6 +235,10 @@ class TasksService(Service):
             "SELECT snapshot FROM tasks ORDER BY created_at DESC LIMIT ?", (limit,))
         return [json.loads(r["snapshot"]) for r in rows]
 
+    def _over(self, task_id: bytes) -> bool:
+        task = self._machine.tasks.get(task_id)
+        return task is None or task.finished
+
     def record(self, snap: dict[str, Any]) -> None:
         """Store a task's snapshot; a finished one is kept for waiters and wakes them."""
         self._store(snap)
@@ -242,12 +250,15 @@ class TasksService(Service):
             waiter = self._waiters.pop(task_id, None)
             if waiter is not None:
                 waiter.set()
+            self.live.poke(bytes.fromhex(task_id))
 
     async def perform(self, effect: object) -> None:
         if isinstance(effect, TaskUpdated):
             self.record(effect.snapshot.to_dict())
         elif isinstance(effect, Attest):
             await self._attest(effect)
+        elif isinstance(effect, Streamed):
+            self.live.poke(effect.task_id)
         else:
             from node.verification.service import (
                 perform_verification_effect,  # verdict attestations
@@ -330,8 +341,15 @@ class TasksService(Service):
         return self.chains.place(model)
 
     def live_text(self, task_id: str) -> AsyncIterator[str] | None:
-        """A chain task's text as it grows (None: not a running chain task)."""
-        return self.chains.live_text(task_id)
+        """A running task's text as it grows: a chain's, or the one a k=1 market task's
+        executor streams (None: neither)."""
+        chain = self.chains.live_text(task_id)
+        if chain is not None:
+            return chain
+        task = self._machine.tasks.get(bytes.fromhex(task_id))
+        if task is None or task.finished or task.spec.k != 1:
+            return None
+        return self.live.follow(task.spec.task_id)
 
     def status(self) -> dict[str, Any]:
         m = self._machine

@@ -78,6 +78,7 @@ from protocol.market.events import (
     TaskUpdated,
 )
 from protocol.market.messages import MAX_ROUND, Assign, Bid, Cancel, Reject, RejectReason, Result
+from protocol.market.progress import Progress, ProgressBook
 from protocol.market.refusals import count
 from protocol.market.results import ResultIntake
 from protocol.market.rounds import NextRound, RoundAction, RoundState, next_round
@@ -129,6 +130,7 @@ class Auction:
         self.possible_bidders = possible_bidders
         self.tasks: dict[bytes, OpenTask] = {}
         self.counters: dict[str, int] = {}
+        self.progress = ProgressBook(counters=self.counters)  # k=1 tasks' streamed text
         self.bidding = Bidding(identity, self.config, selector, reputation, possible_bidders,
                                excluded, self.counters, agent_match)
         self.intake = ResultIntake(self.config, selector, reputation,
@@ -145,6 +147,8 @@ class Auction:
                 return self._on_result(event.peer, msg, now)
             if isinstance(msg, Reject):
                 return self._on_reject(event.peer, msg, now)
+            if isinstance(msg, Progress):
+                return self.progress.accept(event.peer, msg, self.tasks)
             return []
         if isinstance(event, Tick):
             return self._on_tick(now)
@@ -265,9 +269,11 @@ class Auction:
         move_attempt(attempt, AttemptState.ANSWERED)
         task.results[attempt.peer] = result
         count(self.counters, "results_accepted")
-        effects: list[Effect] = [Emit("task.result", {
+        effects = self.progress.judge(task.spec.task_id, attempt.peer, result.attempt,
+                                      result.body.cot)
+        effects.append(Emit("task.result", {
             "task_id": task.spec.task_id.hex(), "peer": attempt.peer,
-            "answer": result.body.answer, "latency_ms": now - attempt.assigned_at_ms})]
+            "answer": result.body.answer, "latency_ms": now - attempt.assigned_at_ms}))
         if len(task.results) >= task.spec.k:
             return effects + self.finish(task, now, "")
         if not task.active and task.phase is TaskPhase.RUNNING:
@@ -363,6 +369,7 @@ class Auction:
             if task.finished:
                 if now >= task.forget_at_ms:
                     del self.tasks[task_id]
+                    self.progress.forget(task_id)
                 continue
             if now >= task.deadline_at_ms:
                 effects += self.finish(task, now, "")

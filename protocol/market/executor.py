@@ -12,15 +12,15 @@ Promises:
   addressed to this node, for a task it bid on and still holds a reservation for (or one
   whose hold lapsed unassigned, while a place is free again), within its limits (question
   length, tokens, deadline); it answers anything else with a ``Reject``;
-* runs at most one attempt per task; computation is the driver's job: ``StartCompute``
-  out, ``ComputeDone`` / ``ComputeFailed`` back (``CancelCompute`` when it is no longer wanted);
-* sends the signed ``Result`` only while the assignment's deadline has not passed.
+* runs at most one attempt per task; computation is the driver's job: ``StartCompute`` out,
+  ``ComputeDone`` / ``ComputeFailed`` / ``ComputeProgress`` back (``CancelCompute`` when it is
+  no longer wanted); sends a k=1 task's text as it grows (``Progress``, unsigned,
+  protocol/market/progress.py), the signed ``Result`` only while the deadline has not passed.
 
 Seam for verification (commit/reveal): a finished computation goes through
 ``Executor.deliver(job, body)``, which here sends the result at once; a commit/reveal step
-replaces that method (send a commitment, keep ``body`` until the reveal is asked for).
-
-Job states and their legal transitions are in protocol/market/jobs.py.
+replaces that method (send a commitment, keep ``body`` until the reveal is asked for). Job
+states and their legal transitions are in protocol/market/jobs.py.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from protocol.market.messages import (
     ASSIGN_DOMAIN,
     BEACON_DOMAIN,
     BID_DOMAIN,
+    COT_TRUNCATION_MARK,
     MAX_CONTEXT,
     MAX_COT_CHARS,
     MAX_QUESTION_CHARS,
@@ -64,23 +65,21 @@ from protocol.market.offers import (
     best_offer,
     match_score,
 )
+from protocol.market.progress import ComputeProgress, ProgressSender
 
-__all__ = [
-    "MATCH_ANY", "MATCH_EXACT", "MATCH_FAMILY", "CancelCompute", "ComputeDone", "ComputeFailed",
-    "Executor", "ExecutorConfig", "ServedModel", "StartCompute", "match_score",
-]
+__all__ = ["MATCH_ANY", "MATCH_EXACT", "MATCH_FAMILY", "CancelCompute", "ComputeDone",
+           "ComputeFailed", "Executor", "ExecutorConfig", "ServedModel", "StartCompute",
+           "match_score"]
 
 DEFAULT_HOLD_MS = 5_000
 DEFAULT_MAX_TOKENS = 1_024
 DEFAULT_MAX_TASK_MS = 10 * 60 * 1000
-#: assignments that may wait for a slot: a busy executor still bids, so concurrent asks queue
 DEFAULT_QUEUE = 4
 #: a job still running this long after its deadline is cancelled
 OVERRUN_GRACE_MS = 1_000
 #: how long finished jobs and seen beacons are remembered (replay protection)
 REMEMBER_MS = 10 * 60 * 1000
 MAX_REMEMBERED = 4_096
-COT_TRUNCATION_MARK = "\n[... truncated]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +114,7 @@ class Executor:
         self.seen: dict[tuple[bytes, int], int] = {}
         self.counters: dict[str, int] = {}
         self.latency = LatencyModel()  # the estimate a bid carries, learned from past tasks
+        self.progress = ProgressSender()
 
     # ------------------------------------------------------------------ machine contract
 
@@ -132,6 +132,8 @@ class Executor:
             return self._on_done(event, now)
         if isinstance(event, ComputeFailed):
             return self._on_failed(event, now)
+        if isinstance(event, ComputeProgress):
+            return self.progress.frame(self.jobs, event)
         if isinstance(event, Tick):
             return self._on_tick(now)
         return []
@@ -321,9 +323,8 @@ class Executor:
 
     def _running(self, task_id: bytes, attempt: int) -> Job | None:
         job = self.jobs.get(task_id)
-        if job is None or job.state is not JobState.RUNNING or job.attempt != attempt:
-            return None
-        return job
+        ok = job is not None and job.state is JobState.RUNNING and job.attempt == attempt
+        return job if ok else None
 
     def _on_done(self, ev: ComputeDone, now: int) -> list[Effect]:
         job = self._running(ev.task_id, ev.attempt)
@@ -393,7 +394,6 @@ class Executor:
                                         "the deadline passed while queued")
             else:
                 del self.jobs[task_id]
-        for key, until in list(self.seen.items()):
-            if now >= until:
-                del self.seen[key]
+        for key in [k for k, until in self.seen.items() if now >= until]:
+            del self.seen[key]
         return effects + self._start_queued()

@@ -82,6 +82,8 @@ MAX_CHOICE_LEN = 256
 MAX_ANSWER_CHARS = 1024
 #: a CoT longer than this is refused on the wire; executors truncate theirs below it
 MAX_COT_CHARS = 32_768
+#: what an executor appends to a CoT it truncates
+COT_TRUNCATION_MARK = "\n[... truncated]"
 MAX_REASON_LEN = 128
 MAX_K = 16
 MAX_TOKENS = 32_768

@@ -63,6 +63,7 @@ from protocol.machine import Effect, Emit, Received, Send, Tick
 from protocol.market.auction import Auction
 from protocol.market.events import AuctionConfig, TaskUpdated
 from protocol.market.messages import Assign, AssignBody, Result
+from protocol.market.progress import ProgressBook
 from protocol.market.refusals import count
 from protocol.market.selection import Selector
 from protocol.market.state import OpenTask, TaskSnapshot
@@ -129,6 +130,10 @@ class VerifiedAuction:
     @property
     def counters(self) -> dict[str, int]:
         return self.auction.counters
+
+    @property
+    def progress(self) -> ProgressBook:
+        return self.auction.progress
 
     def open_tasks(self) -> list[OpenTask]:
         return self.auction.open_tasks()

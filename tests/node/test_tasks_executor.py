@@ -76,3 +76,24 @@ def test_the_model_solver_advertises_quantization_and_seeds_each_executor(
     sampled = dataclasses.replace(task_a, temperature=0.7, max_tokens=48)
     chains = {one.solve(sampled, model.name, 48, attempt).cot for attempt in range(3)}
     assert len(chains) >= 2  # k executors of one task sample different chains
+
+
+@pytest.mark.integration  # loads the real default model
+def test_the_model_solver_streams_growing_prefixes_of_the_same_result(tmp_path: Path) -> None:
+    """``on_text`` sees the text after each token; streaming changes neither the tokens, the
+    text nor the commitments verification uses."""
+    pytest.importorskip("llama_cpp")
+    solver = load_solver("models", ExecutorSection(threads=1), tmp_path / "a")
+    solver.fingerprints = True
+    (model,) = solver.models()
+    task = dataclasses.replace(spec(question="Count from one to twenty in words."),
+                               style="chat", answer_type="text", temperature=0.7, max_tokens=20)
+    texts: list[str] = []
+    streamed = solver.solve(task, model.name, 20, 0, on_text=texts.append)
+    plain = solver.solve(task, model.name, 20, 0)
+    assert streamed.cot == plain.cot and streamed.output_ids == plain.output_ids
+    assert streamed.fingerprints == plain.fingerprints and streamed.fingerprints
+    assert streamed.states_root == plain.states_root
+    assert len(texts) == streamed.tokens == 20 and texts[-1] == streamed.cot
+    assert all(later.startswith(earlier.rstrip("\ufffd"))
+               for earlier, later in zip(texts, texts[1:], strict=False))

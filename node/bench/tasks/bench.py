@@ -17,6 +17,10 @@ alike. ``k1_compute_p50_ms`` is the executor's own time for a task (it also comp
 activation fingerprints verification binds: one extra prefill); ``k1_same_answer`` is the
 share of k = 1 answers equal to the direct call's (greedy on the same backend: expect 1).
 
+``ttft_ms_k1`` and ``total_ms_k1`` (node/bench/tasks/stream.py): the same questions as k = 1
+chats streamed through the OpenAI endpoint, p50 time to the first content chunk (the executor
+streams its tokens across the network) and to the end of the stream.
+
 Then the load (node/bench/tasks/load.py): 50 concurrent asks at a time against the asker's
 HTTP API, 1,000 in all (``--quick``: 100), each done or failed with a clear error
 (``load_unclear`` counts the others, goal 0), ``/status`` latency meanwhile, and the asker's
@@ -84,6 +88,7 @@ def run(quick: bool, link: str = "") -> dict[str, Any]:
     from models.loader import load_backend
     from node.api.token import read_token
     from node.bench.tasks.load import FULL_LOAD_ASKS, QUICK_LOAD_ASKS, run_load
+    from node.bench.tasks.stream import stream_figures
     from node.control import ApiClient
     from node.market.requester import TasksSection
     from node.testnet import FAST_MEMBERSHIP, LocalTestnet
@@ -109,6 +114,9 @@ def run(quick: bool, link: str = "") -> dict[str, Any]:
             for k in (1, 3):
                 figures.update(_asks_with_k(client, questions, k, max_tokens,
                                             baseline if k == 1 else None))
+            figures.update(stream_figures(asker.api_url, read_token(asker.data_dir),
+                                          backend.info.name, questions, max_tokens,
+                                          ASK_DEADLINE_MS / 1000 + 15))
             figures.update(run_load(asker, read_token(asker.data_dir),
                                     QUICK_LOAD_ASKS if quick else FULL_LOAD_ASKS))
         finally:

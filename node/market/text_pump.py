@@ -1,0 +1,46 @@
+"""Carries a solver thread's growing text to the executor service's trio loop.
+
+The solver (models/solver.py, ``on_text``) calls :meth:`TextPump.push` from its worker thread
+after each token; :meth:`TextPump.follow`, in the service's nursery, hands the newest text to
+a sender at most once per ``PROGRESS_INTERVAL_S``, so a fast model's tokens are coalesced
+into fewer frames (protocol/market/progress.py bounds how many a task may send) and a text
+pushed while a frame is on its way is not lost: the next frame carries it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import trio
+
+#: the shortest gap between two progress frames of one task: each frame is a round trip of
+#: its own on the executor's outbox to the requester, which the signed result queues behind
+PROGRESS_INTERVAL_S = 0.04
+
+
+class TextPump:
+    def __init__(self) -> None:
+        """Made in the trio thread that follows it."""
+        self.text = ""
+        self._changed = trio.Event()
+        self._loop = trio.lowlevel.current_trio_token()
+
+    def push(self, text: str) -> None:
+        """From the solver's thread: the text generated so far. Never waits for the event
+        loop, so streaming does not slow the generation down."""
+        self.text = text
+        try:
+            self._loop.run_sync_soon(self._wake)
+        except trio.RunFinishedError:  # the daemon is stopping: nobody to stream to
+            pass
+
+    def _wake(self) -> None:
+        self._changed.set()
+
+    async def follow(self, send: Callable[[str], Awaitable[None]]) -> None:
+        """Hand each new text to ``send`` until cancelled (when the solver is done)."""
+        while True:
+            await self._changed.wait()
+            self._changed = trio.Event()
+            await send(self.text)
+            await trio.sleep(PROGRESS_INTERVAL_S)

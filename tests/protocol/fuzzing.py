@@ -140,6 +140,7 @@ def all_message_classes() -> list[type[Message]]:
     import protocol.ledger.messages  # noqa: F401
     import protocol.ledger.records  # noqa: F401
     import protocol.market.messages  # noqa: F401
+    import protocol.market.progress  # noqa: F401
     import protocol.membership.discovery_messages  # noqa: F401
     import protocol.membership.messages  # noqa: F401
     import protocol.relay.manifest  # noqa: F401

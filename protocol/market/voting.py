@@ -36,10 +36,16 @@ wrong answer ended with the best records at k = 3).
 The winner is the normalized answer with the largest total weight; ties go to the answer with
 more ballots, then to the smallest answer string, so every node computes the same outcome
 from the same ballots in any order.
+
+Votes over plans (``plan_vote``): in plan mode each plan's final answer is one ballot, voted
+by the same rule, with the plan's match (the geometric mean of its steps' executors' match
+scores, ``plan_match``) in place of one executor's match: Symphony weights each chain of
+thought by how well its executors matched.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -169,3 +175,58 @@ def vote(
         ballots=tuple(scored),
         total_weight=total,
     )
+
+
+# ---------------------------------------------------------------- votes over plans
+
+
+@dataclass(frozen=True, slots=True)
+class PlanBallot:
+    """One plan's final answer as it enters the vote over plans (Symphony's third phase)."""
+
+    #: the plan's key in the vote (its planner: one plan per planner), unique per vote
+    plan: str
+    #: the executor of the plan's final step, whose answer this is
+    executor: str
+    answer: str
+    confidence: float
+    #: the final executor's earned reputation, as in a task's vote
+    reputation: float
+    #: the match score of each step's executor to its step's requirement, in step order
+    step_matches: tuple[float, ...]
+
+
+def plan_match(step_matches: Sequence[float]) -> float:
+    """A plan's match: the geometric mean of its steps' match scores, each clamped to [0, 1].
+
+    The geometric mean, not the arithmetic: a chain of steps is only as sound as its links,
+    so one badly matched step (an arithmetic step sent to an agent without the skill) pulls
+    the plan down more than a well matched step lifts it, and a step that matched nothing
+    makes the whole plan's match 0 (still weighed at the floor by ``ballot_weight``).
+    Independent of the number of steps, so a longer plan is neither favored nor penalized."""
+    if not step_matches:
+        raise ValueError("a plan has at least one step")
+    clamped = [min(1.0, max(0.0, m)) for m in step_matches]
+    if min(clamped) == 0.0:
+        return 0.0
+    return math.exp(math.fsum(math.log(m) for m in clamped) / len(clamped))
+
+
+def plan_ballot(p: PlanBallot) -> Ballot:
+    """The plan as a ballot of the task's vote: its final executor's reputation and
+    confidence, and the plan's match (:func:`plan_match`) in place of one executor's match,
+    so its weight is ``ballot_weight``: f(reputation) * f(confidence') * f(plan match).
+    The ballot's voter is the plan's key, so ``VoteOutcome.confirmed`` asks whether the
+    *other plans* confirm this plan's answer."""
+    return Ballot(executor=p.plan, answer=p.answer, confidence=p.confidence,
+                  reputation=p.reputation, match_score=plan_match(p.step_matches))
+
+
+def plan_vote(plans: Sequence[PlanBallot], answer_type: AnswerType,
+              choices: Sequence[str] = ()) -> VoteOutcome:
+    """The vote over plans: every plan's final answer, weighed by :func:`plan_ballot`, counted
+    by :func:`vote` (normalization, ties and order as for a task's executors)."""
+    keys = [p.plan for p in plans]
+    if len(set(keys)) != len(keys):
+        raise ValueError("plan keys repeat")
+    return vote([plan_ballot(p) for p in plans], answer_type, choices)

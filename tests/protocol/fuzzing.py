@@ -136,6 +136,7 @@ def frame_of(msg: Message) -> bytes:
 def all_message_classes() -> list[type[Message]]:
     """Every registered wire message (importing every message module first)."""
     import protocol.agents.cards  # noqa: F401
+    import protocol.agents.plans  # noqa: F401
     import protocol.inference.messages  # noqa: F401
     import protocol.ledger.messages  # noqa: F401
     import protocol.ledger.records  # noqa: F401

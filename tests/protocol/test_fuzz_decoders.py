@@ -31,7 +31,7 @@ FUZZ = settings(max_examples=15, deadline=None, derandomize=True,
 def test_every_message_module_is_fuzzed() -> None:
     modules = {cls.__module__ for cls in CLASSES}
     assert modules == {
-        "protocol.agents.cards", "protocol.agents.wire", "protocol.inference.messages", "protocol.ledger.messages", "protocol.ledger.records",
+        "protocol.agents.cards", "protocol.agents.plans", "protocol.agents.wire", "protocol.inference.messages", "protocol.ledger.messages", "protocol.ledger.records",
         "protocol.market.messages", "protocol.market.progress",
         "protocol.membership.discovery_messages", "protocol.membership.messages",
         "protocol.relay.manifest", "protocol.rl.messages",

@@ -75,8 +75,8 @@ BATCH_BYTES = 64 << 10
 ANSWER_TIMEOUT_S = 15.0
 #: how long a writer waits for the daemon to end a long-lived stream it has closed
 END_TIMEOUT_S = 1.0
-#: a target that refuses this many fresh identities in a row is given up (the daemon is down:
-#: its refusals come at once; a daemon merely slow under load refuses few in a row)
+#: a target that refuses this many fresh identities in a row is given up: a daemon that is
+#: down refuses every one, a slow one only now and then
 MAX_REFUSED = 20
 #: a protocol the daemon refuses this many times (multistream "na"), none written, is not served
 UNSUPPORTED_AFTER = 3

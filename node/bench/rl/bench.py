@@ -41,7 +41,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ASYNC_STALENESS = 2
 QUICK_STEPS, FULL_STEPS = 8, 50
 QUICK_TOKENS, FULL_TOKENS = 24, 24
-#: worker processes beside the learner: two keep the run within a 2-core machine's CPU
+#: worker processes beside the learner, at most: each is a llama.cpp process of its own, and
+#: more than the cores the learner leaves free would slow every one of them down
 MAX_WORKERS = 2
 #: the synchronous run measures a worker generating while the learner waits; beside a
 #: training learner on the same cores it generates slower, so the asynchronous run gets

@@ -6,7 +6,9 @@ the GGUF's architecture (models.gguf_torch), run as that model's forward runs th
 verifier.
 
 * :class:`BlockStage` holds decoder layers [start, end) and nothing else (its parameter memory
-  is proportional to end - start). ``forward(hidden (n, C), start_pos, cache)`` runs the new
+  is proportional to end - start). On the CPU they run in fp32; :meth:`BlockStage.to_device`
+  moves them to a CUDA device in half precision (:func:`half_dtype`: fp16, bf16 for model
+  types whose hidden states overflow fp16); the hidden states in and out stay fp32 numpy. ``forward(hidden (n, C), start_pos, cache)`` runs the new
   positions through its layers, appending their keys and values to ``cache``.
 * :class:`StageCache` is one session's attention cache on one stage; ``crop(length)`` keeps
   the first ``length`` positions (rollback after a rejected speculative draft).
@@ -82,6 +84,32 @@ def bytes_per_position(config: Any, layers: int) -> int:
     return 2 * 4 * layers * int(config.num_key_value_heads) * int(head_dim)
 
 
+#: model types whose hidden states overflow fp16's range (Gemma's): bf16 on a GPU
+BF16_MODEL_TYPES = ("gemma",)
+
+
+def half_dtype(config: Any) -> torch.dtype:
+    """The half precision a stage of this model runs in on a GPU."""
+    model_type = str(getattr(config, "model_type", ""))
+    return torch.bfloat16 if model_type.startswith(BF16_MODEL_TYPES) else torch.float16
+
+
+def resolve_device(name: str) -> str:
+    """``"auto"`` -> ``"cuda:0"`` when torch sees a CUDA device, else ``"cpu"``; ``"cpu"``,
+    ``"cuda"`` and ``"cuda:N"`` are checked against what torch sees (ValueError if absent)."""
+    from models.device import parse_device
+
+    kind, index = parse_device(name)
+    if kind == "auto":
+        return "cuda:0" if torch.cuda.is_available() else "cpu"
+    if index is None:
+        return kind
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if index >= n:
+        raise ValueError(f"device {name!r}: torch sees {n} CUDA device(s)")
+    return f"cuda:{index}"
+
+
 class BlockStage:
     """Decoder layers [start, end) of a transformers causal LM, fp32, eval mode; ``model`` need
     hold weights for those layers only (models.gguf_torch.load_gguf_model)."""
@@ -95,6 +123,16 @@ class BlockStage:
         self.layers = list(base.layers[start:end])
         self.rotary = base.rotary_emb
         self.bytes_per_position = bytes_per_position(self.config, end - start)
+        self.device, self.dtype = torch.device("cpu"), torch.float32
+
+    def to_device(self, device: str) -> BlockStage:
+        """Move the layers to ``device`` ("cpu": fp32; "cuda:N": :func:`half_dtype`)."""
+        self.device = torch.device(device)
+        self.dtype = torch.float32 if self.device.type == "cpu" else half_dtype(self.config)
+        for layer in self.layers:
+            layer.to(self.device, self.dtype)
+        self.rotary.to(self.device)  # its inverse frequencies stay fp32; cos/sin follow x
+        return self
 
     @property
     def param_bytes(self) -> int:
@@ -116,9 +154,10 @@ class BlockStage:
         if start_pos != cache.length:
             raise ValueError(f"positions start at {start_pos}, the cache holds {cache.length}")
         x = torch.from_numpy(np.ascontiguousarray(hidden, dtype=np.float32))[None]  # (1, n, C)
+        x = x.to(self.device, self.dtype)
         layers = [(i, self.layers[i - self.start]) for i in range(a, b)]
         out = run_layers(self.rotary, self.config, layers, x, start_pos, cache)[-1]
-        return out[0].float().numpy()
+        return out[0].float().cpu().numpy()
 
 
 class Head:
@@ -174,11 +213,13 @@ def bytes_per_block(path: str | Path) -> int:
                    if name.startswith("blk.0."))
 
 
-def load_stage(path: str | Path, start: int, end: int) -> BlockStage:
+def load_stage(path: str | Path, start: int, end: int, device: str = "cpu") -> BlockStage:
+    """Blocks [start, end) of the GGUF at ``path`` on ``device`` (see :func:`resolve_device`)."""
     from models.gguf_torch import load_gguf_model
 
+    where = resolve_device(device)
     model, _ = load_gguf_model(path, (start, end), head=False)
-    return BlockStage(model, start, end)
+    return BlockStage(model, start, end).to_device(where)
 
 
 def load_head(path: str | Path) -> Head:
@@ -197,11 +238,14 @@ class LocalTarget:
         self.head, self.stage, self.cache = head, stage, StageCache()
 
     @classmethod
-    def from_gguf(cls, path: str | Path) -> LocalTarget:
+    def from_gguf(cls, path: str | Path, device: str = "cpu") -> LocalTarget:
+        """The whole model; its blocks on ``device``, the embedding and head on the CPU."""
         from models.gguf_torch import load_gguf_model
 
+        where = resolve_device(device)
         model, _ = load_gguf_model(path)
-        return cls(Head(model), BlockStage(model, 0, int(model.config.num_hidden_layers)))
+        stage = BlockStage(model, 0, int(model.config.num_hidden_layers)).to_device(where)
+        return cls(Head(model), stage)
 
     @property
     def n_vocab(self) -> int:

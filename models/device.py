@@ -113,6 +113,19 @@ def parse_nvidia_smi(out: str) -> tuple[str, int] | None:
     return name.strip(), int(mib.strip()) << 20
 
 
+def parse_device(name: str) -> tuple[str, int | None]:
+    """A device name as the config and ``--serve-blocks`` take it: ``"auto"``, ``"cpu"``,
+    ``"cuda"`` (device 0) or ``"cuda:N"`` -> (kind, CUDA index or None); ValueError else."""
+    kind, colon, index = name.partition(":")
+    if name in ("auto", "cpu"):
+        return name, None
+    if kind == "cuda" and not colon:
+        return kind, 0
+    if kind == "cuda" and index.isdigit():
+        return kind, int(index)
+    raise ValueError(f"device {name!r}: expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
+
+
 @dataclass(frozen=True, slots=True)
 class GpuReport:
     """Whether a CUDA GPU is usable here, and through what; ``why`` says why not."""

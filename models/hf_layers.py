@@ -40,10 +40,12 @@ def layer_kind(config: Any, index: int) -> str:
     return str(kinds[index]) if kinds else FULL
 
 
-def attention_mask(config: Any, kind: str, start: int, n: int) -> torch.Tensor:
+def attention_mask(config: Any, kind: str, start: int, n: int,
+                   like: torch.Tensor | None = None) -> torch.Tensor:
     """Additive float mask (1, 1, n, start + n) of queries at positions start..start+n-1 over
     keys at 0..start+n-1, for layers of ``kind``; additive, as both the eager and the sdpa
-    attention accept it."""
+    attention accept it. With ``like`` it has that tensor's dtype and device (sdpa wants the
+    mask in the queries' dtype: fp16/bf16 stages on a GPU), else fp32 on the CPU."""
     from transformers.masking_utils import (
         causal_mask_function,
         sdpa_mask,
@@ -57,7 +59,10 @@ def attention_mask(config: Any, kind: str, start: int, n: int) -> torch.Tensor:
                         mask_function=fn, allow_is_causal_skip=False)
     if allowed is None:  # None means "use is_causal instead", never so with the skip refused
         raise RuntimeError("transformers' sdpa_mask gave no mask")
-    return torch.zeros(allowed.shape).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    dtype = like.dtype if like is not None else torch.float32
+    device = like.device if like is not None else None
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill(
+        ~allowed.to(device), torch.finfo(dtype).min)
 
 
 def rotary_by_kind(rotary: Any, config: Any, kinds: set[str], x: torch.Tensor,
@@ -76,9 +81,9 @@ def run_layers(rotary: Any, config: Any, layers: Sequence[tuple[int, Any]], x: t
     keys and values are appended to it and attention sees the cached positions too.
     Returns each layer's output (1, n, C)."""
     n = int(x.shape[1])
-    positions = torch.arange(start, start + n)[None]  # (1, n)
+    positions = torch.arange(start, start + n, device=x.device)[None]  # (1, n)
     kinds = {layer_kind(config, i) for i, _ in layers}
-    masks = {kind: attention_mask(config, kind, start, n) for kind in kinds}
+    masks = {kind: attention_mask(config, kind, start, n, like=x) for kind in kinds}
     outs = []
     with torch.no_grad():
         rope = rotary_by_kind(rotary, config, kinds, x, positions)

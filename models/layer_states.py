@@ -13,7 +13,7 @@ little-endian float32) and committed with one Merkle root; leaf (l, b) sits at i
 Where the states come from: a llama.cpp executor takes them from its own generation
 (models.llama_capture: quantized kernels, no extra computation); any other backend runs one
 fp32 prefill here (:func:`layer_states`). The verifier always recomputes in fp32 torch on the
-dequantized weights of the same file.
+dequantized weights of the same file, on the device those weights are on (CPU or CUDA).
 
 Verifier, for a check of sampled output chunks with sampled layers (:func:`needed_leaves`
 lists what it must fetch, each with a Merkle proof):
@@ -171,6 +171,11 @@ def _torch_parts(backend: Any) -> tuple[Any, Any]:
     return decoder_of(model), model.config
 
 
+def _device(backend: Any) -> Any:
+    """Where the backend's weights are (the verifier runs there: CPU, or a CUDA device)."""
+    return next(backend.model.parameters()).device
+
+
 def _run_layers(backend: Any, x: Any, layers: Sequence[int]) -> list[Any]:
     """Run decoder layers (1-based) in order on x (1, T, C) at positions 0..T-1, as the
     model's forward does (models.hf_layers); return each one's output."""
@@ -186,7 +191,8 @@ def embeddings(backend: Any, ids: Sequence[int]) -> np.ndarray:
 
     base, _ = _torch_parts(backend)
     with torch.no_grad():
-        return base.embed_tokens(torch.tensor([list(ids)], dtype=torch.long))[0].float().numpy()
+        ids_t = torch.tensor([list(ids)], dtype=torch.long, device=_device(backend))
+        return base.embed_tokens(ids_t)[0].float().cpu().numpy()
 
 
 def num_layers(backend: Any) -> int:
@@ -198,11 +204,11 @@ def layer_states(backend: Any, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarr
     import torch
 
     base, _ = _torch_parts(backend)
-    x = torch.from_numpy(embeddings(backend, ids))[None]
+    x = torch.from_numpy(embeddings(backend, ids))[None].to(_device(backend))
     outs = _run_layers(backend, x, range(1, num_layers(backend) + 1))
     with torch.no_grad():
-        final = base.norm(outs[-1])[0].float().numpy()
-    return torch.cat(outs, 0).float().numpy(), final
+        final = base.norm(outs[-1])[0].float().cpu().numpy()
+    return torch.cat(outs, 0).float().cpu().numpy(), final
 
 
 def recompute_layer(backend: Any, layer: int, inputs: np.ndarray,
@@ -217,9 +223,10 @@ def recompute_layer(backend: Any, layer: int, inputs: np.ndarray,
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     x = torch.from_numpy(np.ascontiguousarray(inputs, dtype=np.float32))[None]
+    x = x.to(_device(backend))
     base, _ = _torch_parts(backend)
     if rows is None or type(base.layers[layer - 1]) is not LlamaDecoderLayer:
-        out = _run_layers(backend, x, [layer])[0][0].float().numpy()
+        out = _run_layers(backend, x, [layer])[0][0].float().cpu().numpy()
         return out if rows is None else out[list(rows)]
     return _llama_rows(backend, layer, x, rows)
 
@@ -233,8 +240,8 @@ def _llama_rows(backend: Any, layer: int, x: Any, rows: Sequence[int]) -> np.nda
     block = base.layers[layer - 1]
     attn = block.self_attn
     E, R = x.shape[1], len(rows)
-    idx = torch.tensor(list(rows), dtype=torch.long)
-    positions = torch.arange(E)
+    idx = torch.tensor(list(rows), dtype=torch.long, device=x.device)
+    positions = torch.arange(E, device=x.device)
     heads, kv_heads, hd = config.num_attention_heads, config.num_key_value_heads, attn.head_dim
     with torch.no_grad():
         cos, sin = base.rotary_emb(x, position_ids=positions[None])
@@ -250,7 +257,7 @@ def _llama_rows(backend: Any, layer: int, x: Any, rows: Sequence[int]) -> np.nda
                                                                scale=attn.scaling)
         h = x[:, idx] + attn.o_proj(out.transpose(1, 2).reshape(1, R, heads * hd))
         y = h + block.mlp(block.post_attention_layernorm(h))
-    return y[0].float().numpy()
+    return y[0].float().cpu().numpy()
 
 
 def update_error(recomputed: np.ndarray, claimed: np.ndarray, inputs: np.ndarray) -> np.ndarray:

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import trio
 
+from models.device import parse_device
 from node.inference.cache_budget import cache_budget, ram_free_bytes
 from node.inference.local import local_pair
 from node.inference.machine_probe import device_of, measure_ms_per_block
@@ -99,6 +100,9 @@ class InferenceSection:
     auto_max_blocks: int = 0
     #: torch threads for the stage and a requester's head (0 = torch's default)
     threads: int = 0
+    #: where served blocks run: "cpu" (fp32), "cuda" / "cuda:N" (fp16, bf16 for Gemma), or
+    #: "auto" (the first CUDA device torch sees, else the CPU); models.blocks.resolve_device
+    device: str = "cpu"
     #: a requester's speculative chains draft ahead while the chain verifies (a second drafter
     #: on a thread of its own, models.lookahead), with greedy and MARS verification
     lookahead: bool = True
@@ -115,6 +119,11 @@ class InferenceSection:
         if not 0 <= self.link_delay_ms <= MAX_LINK_DELAY_MS or self.idle_timeout_s <= 0:
             raise ValueError(f"[inference] link_delay_ms must lie in [0, {MAX_LINK_DELAY_MS}] "
                              "and idle_timeout_s be > 0")
+        try:
+            parse_device(self.device)
+        except ValueError:
+            raise ValueError("[inference] device must be 'auto', 'cpu', 'cuda' or 'cuda:N', "
+                             f"got {self.device!r}") from None
         if not all(isinstance(p, str) and p for p in self.avoid_peers):
             raise ValueError("[inference] avoid_peers must be a list of peer ids")
 
@@ -186,7 +195,8 @@ class InferenceService(NurseryService):
         from models.blocks import load_stage
         from node.inference.server import StageHost
 
-        stage = await trio.to_thread.run_sync(load_stage, self.model_path, *blocks)
+        stage = await trio.to_thread.run_sync(load_stage, self.model_path, *blocks,
+                                              self.section.device)
         self.ms_per_block = await trio.to_thread.run_sync(measure_ms_per_block, stage)
         served = ServedBlocks(self.model_name, blocks[0], blocks[1], stage.hidden_size,
                               stage.bytes_per_position // max(1, blocks[1] - blocks[0]))

@@ -38,6 +38,19 @@ def test_bad_serve_blocks_and_inference_values_are_named(tmp_path: Path) -> None
     assert (section.link_delay_ms, section.precision) == (20.0, "f32")
 
 
+@pytest.mark.parametrize("device", ["cpu", "auto", "cuda", "cuda:0", "cuda:3"])
+def test_inference_device_names_are_accepted(tmp_path: Path, device: str) -> None:
+    toml = f'[inference]\ndevice = "{device}"\n'
+    assert _load(tmp_path, toml=toml).section("inference").device == device
+    assert InferenceSection().device == "cpu"
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", "CUDA", "cuda:", "cuda:-1"])
+def test_a_bad_inference_device_is_named(tmp_path: Path, device: str) -> None:
+    with pytest.raises((ConfigError, ValueError), match=f"device must be .*{device!r}"):
+        _load(tmp_path, toml=f'[inference]\ndevice = "{device}"\n')
+
+
 def test_auto_picks_the_window_the_ledger_covers_worst(tmp_path: Path) -> None:
     """The daemon's side of ``--serve-blocks auto``: block offers read from the ledger's live
     records (our own left out), the window sized by [inference] auto_max_blocks."""

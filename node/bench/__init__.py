@@ -26,6 +26,7 @@ BENCHMARKS: dict[str, str] = {
     "simulate": "node.bench.simulate",
     "rl": "node.bench.rl.bench",
     "distributed": "node.bench.distributed.bench",
+    "gpu": "node.bench.gpu.bench",
 }
 
 
@@ -39,6 +40,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "distributed": ("link",),
     "relay": ("link",),
     "ledger": ("link",),
+    "gpu": ("model", "only"),
 }
 
 

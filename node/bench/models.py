@@ -69,7 +69,7 @@ def _verification_costs(llama: Any, hf: Any) -> dict[str, Any]:
         checks.append(time.perf_counter() - t)
         if not result.ok:
             raise RuntimeError(f"honest fingerprint check failed: {result}")
-    figures["layer_states_s"], layer_checks = _layer_check_times(hf, gen, len(blobs))
+    figures["layer_states_s"], layer_checks = layer_check_times(hf, gen, len(blobs))
     figures["generate_s"] = generate_s
     figures["generated_tokens"] = len(gen.token_ids)
     figures["check_chunk_s"] = sum(layer_checks) / len(layer_checks)
@@ -81,7 +81,7 @@ def _verification_costs(llama: Any, hf: Any) -> dict[str, Any]:
     return figures
 
 
-def _layer_check_times(hf: Any, gen: Any, n_chunks: int) -> tuple[float, list[float]]:
+def layer_check_times(hf: Any, gen: Any, n_chunks: int) -> tuple[float, list[float]]:
     """The executor's layer-state pass, then the check of each chunk for three layer draws:
     (layer states time, one time per check)."""
     from models import fingerprint as fp

@@ -68,6 +68,10 @@ def main() -> None:
 @click.option("--link", type=LINK_SPEC, default=None,
               help="tasks, distributed, relay, ledger: run every daemon behind this link, "
                    "e.g. rtt=60ms,up=20mbit (node/p2p/link.py).")
+@click.option("--model", default=None, metavar="NAME|PATH",
+              help="gpu: time this model instead of the default one.")
+@click.option("--only", default=None, metavar="PART,...",
+              help="gpu: run only these parts (llama, torch, verify, chain).")
 def bench(name: str, as_json: bool, quick: bool, **options: Any) -> None:
     """Run benchmark NAME and print its figures."""
     from node.bench import load

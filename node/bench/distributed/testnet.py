@@ -116,13 +116,18 @@ def _keyed(base: Path, name: str) -> str:
 @contextmanager
 def chain_testnet(servers: Mapping[str, tuple[int, int]],
                   requesters: Mapping[str, RequesterSpec], *,
-                  name: str = "distributed", link: str = "") -> Iterator[ChainTestnet]:
-    """Start every daemon (not waiting: call :meth:`ChainTestnet.wait`), stop them all after."""
+                  name: str = "distributed", link: str = "",
+                  inference: Mapping[str, Any] | None = None,
+                  server_inference: Mapping[str, Any] | None = None) -> Iterator[ChainTestnet]:
+    """Start every daemon (not waiting: call :meth:`ChainTestnet.wait`), stop them all after.
+    ``inference`` is added to every daemon's ``[inference]`` section (e.g. the model),
+    ``server_inference`` to the block servers' only (e.g. ``device = "cuda:0"``)."""
     with tempfile.TemporaryDirectory(prefix=f"symphony-bench-{name}-") as tmp:
         base = Path(tmp)
         # membership keeps its default intervals: a peer exchange every 500 ms repeats the same
         # request often enough for the peers' replay rule to ban each other within a minute
-        net = LocalTestnet(base, network_id=f"bench-{name}", config={"inference": {"threads": 1}},
+        common = {"threads": 1, **(inference or {})}
+        net = LocalTestnet(base, network_id=f"bench-{name}", config={"inference": common},
                            link=link)
         ids = {s: _keyed(base, s) for s in servers}
         try:
@@ -130,12 +135,14 @@ def chain_testnet(servers: Mapping[str, tuple[int, int]],
             hub: Sequence[NodeProcess] = ()
             for r, spec in requesters.items():
                 avoid = [ids[s] for s in servers if s not in spec.uses]
-                config = {"inference": {"avoid_peers": avoid, "forwarding": spec.forwarding,
-                                        "link_delay_ms": spec.link_delay_ms, "threads": 1}}
+                config = {"inference": {**common, "avoid_peers": avoid,
+                                        "forwarding": spec.forwarding,
+                                        "link_delay_ms": spec.link_delay_ms}}
                 started[r] = net.start(r, bootstrap=hub, config=config, wait=not hub,
                                        timeout_s=START_TIMEOUT_S)
                 hub = hub or [started[r]]
-            placed = {s: (net.start(s, bootstrap=hub, wait=False,
+            served = {"inference": {**common, **(server_inference or {})}}
+            placed = {s: (net.start(s, bootstrap=hub, wait=False, config=served,
                                     extra_args=["--serve-blocks", f"{a}:{b}"]), (a, b))
                       for s, (a, b) in servers.items()}
             yield ChainTestnet(net, placed, started, dict(requesters))

@@ -36,14 +36,27 @@ import numpy as np
 
 from models.registry import ModelInfo, identity_hash
 
-#: Used when a model ships no chat template: ChatML, as SmolLM2 and many small models use.
 #: special tokens chat models end a turn with, when they are not the GGUF's EOS (ChatML,
 #: Llama 3, Phi-3, Gemma); a tokenizer that makes one token of one treats it as an end
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+#: Used when a model ships no chat template: ChatML, as SmolLM2 and many small models use.
 CHATML_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
     "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+#: Gemma's turn format (its vocabulary's ``<start_of_turn>``/``<end_of_turn>``; the reply's
+#: role is "model"; no system role: a system message opens the first user turn), for Gemma
+#: GGUFs that ship no template (the base models). BOS comes from the tokenizer, not from here.
+GEMMA_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] != 'system' %}<start_of_turn>"
+    "{{ 'model' if message['role'] == 'assistant' else 'user' }}\n"
+    "{% if loop.index0 == 1 and messages[0]['role'] == 'system' %}"
+    "{{ messages[0]['content'] }}\n\n{% endif %}{{ message['content'] }}<end_of_turn>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
+#: the chat format of a GGUF architecture when its file ships no template (else ChatML)
+ARCHITECTURE_TEMPLATES = {"gemma": GEMMA_TEMPLATE, "gemma2": GEMMA_TEMPLATE,
+                          "gemma3": GEMMA_TEMPLATE}
 
 Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": "..."}
 
@@ -105,6 +118,13 @@ def _compiled_template(template: str) -> Any:
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     return env.from_string(template)
+
+
+def chat_template_of(meta: dict[str, Any]) -> str | None:
+    """A GGUF's chat template from its metadata: its own, else its architecture's turn format
+    (ARCHITECTURE_TEMPLATES), else None (ChatML, by render_chat)."""
+    own = meta.get("tokenizer.chat_template")
+    return own or ARCHITECTURE_TEMPLATES.get(str(meta.get("general.architecture", "")))
 
 
 def render_chat(template: str | None, messages: Sequence[Message], bos: str = "", eos: str = "") -> str:

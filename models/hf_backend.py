@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.backend import END_OF_TURN, Backend
+from models.backend import END_OF_TURN, Backend, chat_template_of
 from models.config import TRANSFORMERS, ModelConfig
 from models.registry import ModelInfo
 
@@ -33,7 +33,7 @@ class _LlamaCppTokenizer:
 
         atexit.register(self.llm.close)  # its finalizer can fail at interpreter exit
         meta = self.llm.metadata
-        self.chat_template = meta.get("tokenizer.chat_template")
+        self.chat_template = chat_template_of(meta)
         self.add_bos = meta.get("tokenizer.ggml.add_bos_token", "false") in ("true", True)
         self.bos_id, self.eos_id = self.llm.token_bos(), self.llm.token_eos()
 
@@ -75,7 +75,9 @@ class TransformersBackend(Backend):
         eos = {self.tok.eos_id} - {-1}
         for special in END_OF_TURN:
             ids = self.tok.encode(special)
-            if len(ids) == 1 and ids[0] != self.tok.bos_id:
+            if ids[:1] == [self.tok.bos_id]:  # a GGUF tokenizer that adds BOS (Gemma's)
+                ids = ids[1:]
+            if len(ids) == 1:
                 eos.add(ids[0])
         self.eos_ids = frozenset(eos)
         self.bos_text = self.tok.decode([self.tok.bos_id], special=True) if self.tok.bos_id >= 0 else ""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from models.backend import END_OF_TURN, Backend
+from models.backend import END_OF_TURN, Backend, chat_template_of
 from models.config import LLAMA_CPP, ModelConfig, default_threads
 from models.registry import ModelInfo
 
@@ -59,7 +59,7 @@ class LlamaCppBackend(Backend):
         self._capture_error = ""
         self.n_vocab = self.llm.n_vocab()
         meta = self.llm.metadata
-        self.chat_template = meta.get("tokenizer.chat_template")
+        self.chat_template = chat_template_of(meta)
         eos = {self.llm.token_eos()}
         # Chat models end a turn with a special token that is not always the GGUF's EOS.
         for special in END_OF_TURN:

@@ -30,7 +30,7 @@ from typing import Any
 
 import trio
 
-from models.backend import END_OF_TURN, Message, render_chat
+from models.backend import END_OF_TURN, Message, chat_template_of, render_chat
 from models.blocks import Head, load_head
 from models.drafters import DrafterPool
 from node.inference.chain import Chain, ChainError, ChainTarget, Directory
@@ -50,7 +50,7 @@ class Requester:
         self.tokenizer = tokenizer
         self.rtt_ms: dict[str, float] = {}
         meta = tokenizer.metadata
-        self.chat_template: str | None = meta.get("tokenizer.chat_template")
+        self.chat_template: str | None = chat_template_of(meta)
         self.bos_text = self._piece(int(tokenizer.token_bos()))
         self.eos_text = self._piece(int(tokenizer.token_eos()))
         ends = {int(tokenizer.token_eos())}

@@ -113,21 +113,33 @@ def test_gemma_sliding_window_layers_are_masked_as_transformers_masks_them(gemma
 
 
 @pytest.fixture(scope="module")
-def gemma_states(gemma_path: Path, gemma: Any) -> tuple[list[int], int, np.ndarray, Any]:
-    """(ids, prompt length, llama.cpp's captured layer states, an fp32 verifier backend)."""
-    from models.backend import SamplingParams
-    from models.hf_backend import TransformersBackend, _LlamaCppTokenizer
+def served(gemma_path: Path) -> Any:
+    """The executor's model: llama.cpp on the GGUF, keeping its generations' layer states."""
     from models.loader import load_backend
+
+    backend = load_backend(str(gemma_path))
+    backend.enable_state_capture()
+    return backend
+
+
+@pytest.fixture(scope="module")
+def verifier(gemma_path: Path, gemma: Any) -> Any:
+    """The verifier's fp32 transformers backend, on the module's model."""
+    from models.hf_backend import TransformersBackend, _LlamaCppTokenizer
     from models.registry import resolve
 
-    served = load_backend(str(gemma_path))
-    served.enable_state_capture()
+    return TransformersBackend(gemma, _LlamaCppTokenizer(str(gemma_path)), resolve(str(gemma_path)))
+
+
+@pytest.fixture(scope="module")
+def gemma_states(served: Any, verifier: Any) -> tuple[list[int], int, np.ndarray, Any]:
+    """(ids, prompt length, llama.cpp's captured layer states, an fp32 verifier backend)."""
+    from models.backend import SamplingParams
+
     g = served.generate("Tell me a story about a dog.", SamplingParams(
         max_tokens=40, temperature=1.0, seed=1, ignore_eos=True))
     ids = list(g.prompt_token_ids) + list(g.token_ids)
     states, _ = served.captured_states(ids)
-    verifier = TransformersBackend(gemma, _LlamaCppTokenizer(str(gemma_path)),
-                                   resolve(str(gemma_path)))
     return ids, len(g.prompt_token_ids), states, verifier
 
 
@@ -149,6 +161,64 @@ def test_gemma_executor_that_skips_a_layer_is_convicted(gemma_states: Any) -> No
     assert not checks[6].ok and "layer 6" in checks[6].reason
 
 
+def committed_check(served: Any, runner: Any, store: Any) -> Any:
+    """A Gemma executor's committed answer (layer states captured while llama.cpp generated,
+    in ``store``) as the StartCheck a verifier gets, one chunk sampled, layer 6 drawn."""
+    from models.commitments import CHUNK_TOKENS, commitments_for
+    from models.cot import problem_of, solve
+    from protocol.market.messages import Requirement, TaskSpec
+    from protocol.verification.rules import choose_chunks
+    from protocol.verification.verifier import StartCheck
+
+    task = TaskSpec(task_id=b"\x05" * 32, requester="rq", question="What is 6 * 7?",
+                    answer_type="number", choices=(), k=1, max_price=1.0, max_tokens=40,
+                    requirement=Requirement(model="", family="", min_context=0))
+    sol = solve(served, problem_of(task), max_tokens=40, seed=0, temperature=0.0)
+    ids = list(sol.token_ids)
+    made = commitments_for(served, sol.prompt_token_ids, ids, store, task.task_id)
+    chunks = choose_chunks(b"\x06" * 32, "e", len(made.fingerprints), 1)
+    return StartCheck(check_id=b"\x07" * 32, task=task, model_hash=runner.model_hash,
+                      output_ids=tuple(ids), answer=sol.answer, cot=sol.cot_text,
+                      chunk_tokens=CHUNK_TOKENS, chunk_indices=chunks,
+                      fingerprints=tuple(made.fingerprints[i] for i in chunks),
+                      deadline_at_ms=0, executor="e", states_root=made.states_root,
+                      state_layers=made.state_layers, layers=(6,))
+
+
+def test_gemma_verifier_passes_an_honest_executor_and_convicts_a_tampering_one(
+        served: Any, verifier: Any, tmp_path: Path) -> None:
+    """The verifier's whole layer-state check (models.checks: binding, the leaves it asks
+    for out of the executor's Merkle-committed states, layer 1 everywhere and a drawn layer):
+    the honest result passes; the same result with its first token changed after the
+    commitment (CoT and answer kept consistent) fails at layer 1."""
+    import dataclasses
+
+    from models.checks import CheckRunner, LayerJob
+    from models.cot import problem_of
+    from models.layer_states import decode_leaf, leaf_index, n_blocks
+    from models.state_store import StateStore
+    from tests.node.tampering_solver import tampered
+
+    store = StateStore(tmp_path)
+    runner = CheckRunner(verifier)
+    honest = committed_check(served, runner, store)
+    assert honest.state_layers == 18 and len(honest.output_ids) > 8, honest
+
+    def check(e: Any) -> Any:
+        job = runner.prepare(e)
+        assert isinstance(job, LayerJob), job
+        index = sorted(leaf_index(la, b, n_blocks(job.plan.total_tokens)) for la, b in job.wanted)
+        leaves = {decode_leaf(leaf)[:2]: decode_leaf(leaf)[2]
+                  for _, leaf, _ in store.leaves(e.task.task_id, e.states_root, index)}
+        return runner.run_layers(e, job, leaves)
+
+    done = check(honest)
+    assert done.passed, done.detail
+    ids, cot, answer = tampered(served, problem_of(honest.task), honest.output_ids)
+    done = check(dataclasses.replace(honest, output_ids=ids, cot=cot, answer=answer))
+    assert not done.passed and done.detail.startswith("layer 1:"), done.detail
+
+
 def test_a_smollm2_drafter_for_gemma_is_refused_naming_both(gemma_path: Path) -> None:
     from models.drafters import DrafterPool, LlamaDrafter, MismatchedDrafter
 
@@ -159,3 +229,22 @@ def test_a_smollm2_drafter_for_gemma_is_refused_naming_both(gemma_path: Path) ->
     with pytest.raises(MismatchedDrafter, match="gemma-3-270m-q4_k_m"):
         DrafterPool(None, target=gemma_path)
     DrafterPool(gemma_path, target=gemma_path)  # itself: the same tokenizer
+
+
+def test_gemma_gguf_without_a_chat_template_is_prompted_in_gemma_turns(served: Any,
+                                                                       verifier: Any) -> None:
+    """The Gemma 3 270M GGUF (a base model) ships no chat template: both backends prompt it
+    in Gemma's own turns, not in ChatML (tokens it never saw), and both end at <end_of_turn>."""
+    from models.backend import GEMMA_TEMPLATE, chat_template_of, render_chat
+
+    assert served.chat_template == verifier.chat_template == GEMMA_TEMPLATE
+    msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"},
+            {"role": "assistant", "content": "A"}, {"role": "user", "content": "Q2"}]
+    assert render_chat(GEMMA_TEMPLATE, msgs) == (
+        "<start_of_turn>user\nS\n\nQ<end_of_turn>\n<start_of_turn>model\nA<end_of_turn>\n"
+        "<start_of_turn>user\nQ2<end_of_turn>\n<start_of_turn>model\n")
+    assert chat_template_of({"general.architecture": "llama"}) is None  # ChatML
+    assert chat_template_of({"general.architecture": "gemma3",
+                             "tokenizer.chat_template": "own"}) == "own"
+    end_of_turn = served.tokenize("<end_of_turn>")[-1]
+    assert served.eos_ids == verifier.eos_ids == {1, end_of_turn} and end_of_turn != 1

@@ -81,6 +81,7 @@ from protocol.relay.events import (
     PrepareVersion,
     PublishVersion,
     RefuseChunk,
+    RejectVersion,
     Restore,
     ServeChunk,
     StreamClosed,
@@ -91,6 +92,7 @@ from protocol.relay.manifest import (
     ChunkStatus,
     Manifest,
     ManifestError,
+    ManifestQuery,
     RelayManifest,
     RelayProgress,
     verify_manifest,
@@ -98,6 +100,7 @@ from protocol.relay.manifest import (
 from protocol.relay.plan import MAX_FANOUT
 from protocol.relay.striping import DEFAULT_STRIPES, MAX_STRIPES, build_striped_plan
 from protocol.relay.transfer import Transfer, TransferState, chunk_indices, manifest_event
+from protocol.relay.twins import add_holder, find_twin, merge_only, widen
 
 DEFAULT_WINDOW = 8
 KEEP_VERSIONS = 2
@@ -106,6 +109,8 @@ RETRY_MS = 1_000
 MAX_QUEUED_PER_PEER = 64
 BAD_MANIFEST_PENALTY = 20
 BAD_REQUEST_PENALTY = 5
+#: for signing (or vouching for, as a twin's signer) a model whose bytes fail its weights hash
+BAD_CONTENT_PENALTY = 100
 
 
 class RelayMachine:
@@ -137,7 +142,8 @@ class RelayMachine:
         self.trusted = None if trusted is None else frozenset(trusted)
         self.transfers: dict[bytes, Transfer] = {}
         self._latest: dict[tuple[str, str], int] = {}
-        self._wanted: set[tuple[str | None, str]] = set()
+        #: (signer or None, name) asked for -> the chunk indices wanted (None: all)
+        self._wanted: dict[tuple[str | None, str], frozenset[int] | None] = {}
         #: valid manifests this node takes no part in (unplanned), and the caps on all kept
         self.book = ManifestBook(
             self_id, max_per_signer=max_manifests_per_signer, max_total=max_manifests
@@ -214,21 +220,78 @@ class RelayMachine:
         elif isinstance(event, VersionPrepared):
             t = self.transfers.get(event.manifest_id)
             if t is not None and t.state is TransferState.PREPARING:
-                t.mark_present(event.present)
+                t.mark_present(event.present, out)  # serve who asked while we scanned
                 t.move_to(TransferState.FETCHING)
                 if self.fetcher.after_progress(t, now, out):
                     self._gc(t.manifest.key, out)
         elif isinstance(event, PublishVersion):
             self._on_publish(event.manifest, now, out)
         elif isinstance(event, FetchVersion):
-            self._wanted.add((event.signer, event.name))
-            for m in [m for m in self.book.known.values() if self._is_wanted(m)]:
-                del self.book.known[m.id]  # the newest of its artifact: older ones are gone
-                self._register(m, TransferState.PREPARING, out)
-                out.append(PrepareVersion(m))
+            self._on_fetch(event, now, out)
+        elif isinstance(event, Received) and isinstance(event.message, ManifestQuery):
+            held = self.latest_complete(event.message.name)
+            if held is not None:
+                out.append(Send(event.peer, held.message))
+        elif isinstance(event, RejectVersion):
+            self._on_reject(event, out)
         elif isinstance(event, Restore):
             self._on_restore(event, now, out)
         return out
+
+    def _on_fetch(self, event: FetchVersion, now: int, out: list[Effect]) -> None:
+        key = (event.signer, event.name)
+        self._wanted[key] = (
+            merge_only(self._wanted[key], event.only) if key in self._wanted else event.only
+        )
+        for peer in event.ask:
+            if peer != self.self_id:
+                out.append(Send(peer, ManifestQuery(name=event.name)))
+        for t in list(self.transfers.values()):
+            if not self._is_wanted(t.manifest) or t.manifest.signer == self.self_id:
+                continue
+            if t.state is TransferState.KNOWN:  # restored, nobody asked for it: resume it
+                widen(t, event.only, fresh=True)
+                t.move_to(TransferState.PREPARING)
+                out.append(PrepareVersion(t.manifest))
+            elif t.state in (TransferState.PREPARING, TransferState.FETCHING):
+                widen(t, event.only)
+                self.fetcher.pump(t, now, out)
+        for m in [m for m in self.book.known.values() if self._is_wanted(m)]:
+            del self.book.known[m.id]  # the newest of its artifact: older ones are gone
+            if not self._join_twin(m, m.signer, now, out):
+                self._register(m, TransferState.PREPARING, out)
+                out.append(PrepareVersion(m))
+
+    def _join_twin(self, manifest: Manifest, peer: str, now: int, out: list[Effect]) -> bool:
+        """A manifest with the same content as a version held or being fetched: plan it too
+        if we hold that version (we serve it), else count its signer as another source
+        (protocol/relay/twins.py). Whether it had a twin."""
+        twin = find_twin(self.transfers.values(), manifest)
+        if twin is None:
+            return False
+        if twin.state is TransferState.COMPLETE:
+            self._register(manifest, TransferState.PREPARING, out)
+            out.append(PrepareVersion(manifest))
+        else:
+            self.book.known[manifest.id] = manifest  # remembered: a replay stays a replay
+            if add_holder(twin, manifest.signer, self.self_id):
+                out.append(manifest_event("holder", twin.manifest, holder=manifest.signer))
+                self.fetcher.pump(twin, now, out)
+        return True
+
+    def _on_reject(self, event: RejectVersion, out: list[Effect]) -> None:
+        t = self.transfers.get(event.manifest_id)
+        if t is None:
+            return
+        for peer in (t.manifest.signer, *t.holders):
+            if peer != self.self_id:
+                out.append(Penalize(peer, f"relay content rejected: {event.reason}",
+                                    BAD_CONTENT_PENALTY))
+        for m in [m for m in self.book.known.values() if m.key[1] == t.manifest.name]:
+            if m.signer in t.holders:
+                del self.book.known[m.id]  # its twins lied alike; _latest keeps them stale
+        out.append(manifest_event("rejected", t.manifest, reason=event.reason))
+        self._abandon(t, "rejected", out)
 
     def _on_chunk(self, ev: ChunkReceived, now: int, out: list[Effect]) -> None:
         t = self.transfers.get(ev.manifest_id)
@@ -261,9 +324,12 @@ class RelayMachine:
             if not any(t.manifest.key == m.key for t in self.transfers.values()):
                 self._latest.pop(m.key, None)
         out.append(manifest_event("manifest_accepted", manifest, peer=peer))
-        if manifest.signer == self.self_id or not (
-            names_recipient(manifest, self.self_id) or self._is_wanted(manifest)
+        recipient = names_recipient(manifest, self.self_id)
+        if manifest.signer != self.self_id and not recipient and self._join_twin(
+            manifest, peer, now, out
         ):
+            return
+        if manifest.signer == self.self_id or not (recipient or self._is_wanted(manifest)):
             self._supersede(manifest, out)
             self.book.known[manifest.id] = manifest  # no part in it: remembered, not planned
             return
@@ -320,7 +386,7 @@ class RelayMachine:
         t.stripe_have = [0] * plan.stripes
         t.by_hash = self._chunk_indices(manifest.chunk_hashes)
         # ascending: each stripe's list is already a heap
-        t.pending = [list(range(k, manifest.chunks, plan.stripes)) for k in range(plan.stripes)]
+        widen(t, self._only(manifest), fresh=True)
         self._supersede(manifest, out)
         self.transfers[manifest.id] = t
         return t
@@ -360,7 +426,9 @@ class RelayMachine:
         elif t.have[ev.index]:
             t.served[ev.peer] += 1
             out.append(ServeChunk(ev.peer, ev.manifest_id, ev.index))
-        elif t.state not in (TransferState.PREPARING, TransferState.FETCHING):
+        elif t.state not in (TransferState.PREPARING, TransferState.FETCHING) or not t.wants(
+            ev.index
+        ):
             out.append(RefuseChunk(ev.peer, ev.manifest_id, ev.index, ChunkStatus.NOT_HELD))
         elif t.queued[ev.peer] >= self.max_queued_per_peer:
             out.append(RefuseChunk(ev.peer, ev.manifest_id, ev.index, ChunkStatus.BUSY))
@@ -373,6 +441,14 @@ class RelayMachine:
     def _is_wanted(self, manifest: Manifest) -> bool:
         wanted = self._wanted
         return (manifest.signer, manifest.name) in wanted or (None, manifest.name) in wanted
+
+    def _only(self, manifest: Manifest) -> frozenset[int] | None:
+        """The chunks asked for of ``manifest``'s artifact (None: all, or not asked for)."""
+        keys = [(manifest.signer, manifest.name), (None, manifest.name)]
+        asked = [self._wanted[k] for k in keys if k in self._wanted]
+        if not asked:
+            return None
+        return asked[0] if len(asked) == 1 else merge_only(asked[0], asked[1])
 
     def _abandon(self, t: Transfer, reason: str, out: list[Effect]) -> None:
         t.move_to(TransferState.ABANDONED)

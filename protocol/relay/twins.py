@@ -1,0 +1,71 @@
+"""Twins and partial fetches: the same bytes under several signers' manifests, and a fetch of
+only some chunks. Pure helpers of protocol/relay/machine.py.
+
+Contract
+--------
+* Two manifests of one name by different signers are twins when they describe the same bytes
+  chunk for chunk (``same_content``: the Merkle root over the chunk hashes, the chunk size and
+  the total size agree). Versions of one artifact ``(signer, name)`` are never twins: a newer
+  one supersedes (protocol/relay/machine.py). Every holder of a model file signs a manifest of its own for it (the artifact
+  named by the weights hash, cut in ``MODEL_CHUNK_SIZE`` chunks), so a fetcher meets twins.
+* A fetcher plans one of them (the first it accepts) and counts every other twin's signer as
+  a holder of that transfer (``Transfer.holders``): it requests chunks from all of them at
+  once (protocol/relay/fetching.py). A signer vouches for the content it signs: when a model's
+  bytes fail their weights hash, the planned signer and every holder are penalized.
+* A node that holds a version complete and meets a twin plans the twin too: its store already
+  holds every chunk (content-addressed), so it completes at once and serves chunk requests
+  made under the twin's id, which is how a fetcher pulls one manifest from several holders.
+* ``wanted`` (``FetchVersion.only``) narrows a transfer to some chunk indices; asking again
+  widens it (``widen``), and the requests still pending are rebuilt from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from protocol.relay.manifest import Manifest, same_content
+from protocol.relay.transfer import Transfer, TransferState
+
+#: states in which a transfer's content is held or being fetched (a twin joins it)
+_LIVE = (TransferState.PREPARING, TransferState.FETCHING, TransferState.COMPLETE)
+
+
+def find_twin(transfers: Iterable[Transfer], manifest: Manifest) -> Transfer | None:
+    """A live transfer of another manifest with the same content, complete ones first."""
+    twins = [
+        t for t in transfers
+        if t.manifest.name == manifest.name and t.manifest.signer != manifest.signer
+        and t.state in _LIVE
+        and same_content(t.manifest, manifest)
+    ]
+    twins.sort(key=lambda t: t.state is not TransferState.COMPLETE)
+    return twins[0] if twins else None
+
+
+def add_holder(t: Transfer, peer: str, self_id: str) -> bool:
+    """Count ``peer`` as holding ``t``'s content; whether it is new."""
+    if peer == self_id or peer in t.holders or peer == t.manifest.signer:
+        return False
+    t.holders.append(peer)
+    return True
+
+
+def merge_only(a: frozenset[int] | None, b: frozenset[int] | None) -> frozenset[int] | None:
+    """The union of two wanted sets (None: every chunk)."""
+    if a is None or b is None:
+        return None
+    return a | b
+
+
+def widen(t: Transfer, only: frozenset[int] | None, *, fresh: bool = False) -> None:
+    """Want ``only`` as well (None: everything; ``fresh``: instead of what was wanted, for a
+    transfer nobody asked for yet), and rebuild the requests still pending."""
+    t.wanted = only if fresh else merge_only(t.wanted, only)
+    stripes = t.plan.stripes
+    t.pending = [
+        [
+            i for i in range(k, t.manifest.chunks, stripes)
+            if t.wants(i) and not t.have[i] and i not in t.in_flight
+        ]
+        for k in range(stripes)
+    ]

@@ -34,6 +34,7 @@ Contract
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 
 from protocol.machine import Effect, Penalize, Send
 from protocol.relay.announce import announce, count_completion
@@ -193,6 +194,26 @@ class ChunkFetcher:
                     t.check_at_ms = now + self.stall_timeout_ms
                 room[peer] -= 1
                 out.append(RequestChunk(peer, t.manifest.id, index))
+
+    def on_disconnected(
+        self, transfers: list[Transfer], peer: str, now: int, out: list[Effect]
+    ) -> None:
+        """``peer`` went away: forget what it waits for, and drop it as a source."""
+        for t in transfers:
+            t.forget_waiter(peer)
+            if t.state is TransferState.FETCHING and (
+                peer in t.sources.values() or peer in t.in_flight.values()
+            ):
+                self.fail_source(t, peer, "disconnected", False, now, out)
+            elif peer in t.plan:
+                t.failed.setdefault(peer, False)
+
+    @staticmethod
+    def on_connected(transfers: Iterable[Transfer], peer: str) -> None:
+        """``peer`` is back: a source it failed as for a passing reason may be tried again."""
+        for t in transfers:
+            if t.failed.get(peer) is False:
+                del t.failed[peer]
 
     def fail_source(
         self, t: Transfer, peer: str, reason: str, permanent: bool, now: int, out: list[Effect]

@@ -23,8 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from protocol.relay.manifest import Manifest, same_content
-from protocol.relay.transfer import Transfer, TransferState
+from protocol.machine import Effect, Penalize, Send
+from protocol.relay.events import FetchVersion
+from protocol.relay.manifest import Manifest, ManifestQuery, same_content
+from protocol.relay.transfer import Transfer, TransferState, manifest_event
+
+#: for signing (or vouching for, as a twin's signer) a model whose bytes fail its weights hash
+BAD_CONTENT_PENALTY = 100
 
 #: states in which a transfer's content is held or being fetched (a twin joins it)
 _LIVE = (TransferState.PREPARING, TransferState.FETCHING, TransferState.COMPLETE)
@@ -69,3 +74,47 @@ def widen(t: Transfer, only: frozenset[int] | None, *, fresh: bool = False) -> N
         ]
         for k in range(stripes)
     ]
+
+
+def reject_content(
+    t: Transfer, known: dict[bytes, Manifest], reason: str, self_id: str, out: list[Effect]
+) -> None:
+    """``t``'s bytes failed a check of the whole (``RejectVersion``): penalize its signer and
+    every holder that signed a twin, and forget those twins (the machine's newest-version
+    record keeps a replay of any of them stale). The machine then abandons ``t``."""
+    for peer in (t.manifest.signer, *t.holders):
+        if peer != self_id:
+            out.append(Penalize(peer, f"relay content rejected: {reason}", BAD_CONTENT_PENALTY))
+    for m in [m for m in known.values() if m.name == t.manifest.name and m.signer in t.holders]:
+        del known[m.id]
+    out.append(manifest_event("rejected", t.manifest, reason=reason))
+
+
+class Wants:
+    """The artifacts a node asked for (``FetchVersion``), by (signer or None, name), and the
+    chunk indices wanted of each (None: all)."""
+
+    def __init__(self) -> None:
+        self._wanted: dict[tuple[str | None, str], frozenset[int] | None] = {}
+
+    def add(self, event: FetchVersion, self_id: str, out: list[Effect]) -> None:
+        """Record the ask (widening an earlier one) and query the peers it names."""
+        key = (event.signer, event.name)
+        self._wanted[key] = (
+            merge_only(self._wanted[key], event.only) if key in self._wanted else event.only
+        )
+        for peer in event.ask:
+            if peer != self_id:
+                out.append(Send(peer, ManifestQuery(name=event.name)))
+
+    def asked(self, manifest: Manifest) -> bool:
+        wanted = self._wanted
+        return (manifest.signer, manifest.name) in wanted or (None, manifest.name) in wanted
+
+    def only(self, manifest: Manifest) -> frozenset[int] | None:
+        """The chunks asked for of ``manifest``'s artifact (None: all, or not asked for)."""
+        keys = [(manifest.signer, manifest.name), (None, manifest.name)]
+        asked = [self._wanted[k] for k in keys if k in self._wanted]
+        if not asked:
+            return None
+        return asked[0] if len(asked) == 1 else merge_only(asked[0], asked[1])

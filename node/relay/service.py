@@ -31,6 +31,7 @@ import trio
 
 from node.relay.api import relay_routes
 from node.relay.chunk_store import ChunkStore, ChunkStoreError, ChunkWriter
+from node.relay.models import ModelPulls
 from node.relay.plan_inputs import ledger_uploads, withheld_reports
 from node.relay.section import RelaySection
 from node.relay.streams import RelayStreams
@@ -61,6 +62,7 @@ from protocol.relay.manifest import (
     RELAY_TOPIC,
     ArtifactFormat,
     Manifest,
+    ManifestQuery,
     RelayManifest,
     RelayProgress,
     make_body,
@@ -74,7 +76,7 @@ VersionCallback = Callable[[Manifest], Awaitable[None] | None]
 
 class RelayService(NurseryService):
     name: ClassVar[str] = "relay"
-    message_types = (RelayManifest, RelayProgress)
+    message_types = (RelayManifest, RelayProgress, ManifestQuery)
     topics = (RELAY_TOPIC,)
     config_section: ClassVar[type | None] = RelaySection
 
@@ -103,6 +105,8 @@ class RelayService(NurseryService):
         self._restored: list[tuple[Manifest, frozenset[int]]] = []
         #: chunks each source served us, attested when a version completes
         self.attestations = RelayAttestations(ctx.identity.peer_id)
+        #: models seeded, pulled and checked against their weights hash (node/relay/models.py)
+        self.models = ModelPulls(self)
         self.counters = {
             "bad_chunks": 0,
             "chunks_in": 0,
@@ -131,6 +135,8 @@ class RelayService(NurseryService):
         for manifest, present in self._restored:
             await self.ctx.submit(self.name, Restore(manifest, present))
         self._restored.clear()
+        for spec in self.section.seed_models:
+            self.spawn(self.models.seed, spec)
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run ``fn(*args)`` in the service's nursery; a failure is logged, never fatal."""
@@ -217,6 +223,7 @@ class RelayService(NurseryService):
 
     async def _completed_version(self, manifest: Manifest) -> None:
         await self._attest(self.attestations.completed(manifest.id))
+        await self.models.check(manifest)
         self._completed.set()
         self._completed = trio.Event()
         for callback in list(self._callbacks):
@@ -313,6 +320,9 @@ class RelayService(NurseryService):
     async def fetch(self, name: str, signer: str | None = None) -> None:
         await self.submit(FetchVersion(name, signer))
 
+    async def pull_model(self, model: str) -> dict[str, Any]:
+        return await self.models.pull(model)
+
     async def export(self, manifest: Manifest, out: Path) -> None:
         await trio.to_thread.run_sync(self.store.export, manifest, Path(out))
 
@@ -344,6 +354,9 @@ class RelayService(NurseryService):
                     "served": dict(t.served),
                     "peers": dict(t.progress),
                     "failed_sources": sorted(t.failed),
+                    "holders": list(t.holders),
+                    "wanted": None if t.wanted is None else len(t.wanted),
+                    "verified": self.models.is_verified(m),
                 }
             )
         versions.sort(key=lambda v: (v["name"], v["version"]))
@@ -352,6 +365,7 @@ class RelayService(NurseryService):
             **self.counters,
             **self.streams.status(),
             "upload_limit_bps": self.section.upload_limit_bps,
+            "rejected": dict(self.models.rejected),
         }
 
     def routes(self) -> list[Any]:

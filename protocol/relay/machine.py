@@ -94,7 +94,7 @@ from protocol.relay.plan import MAX_FANOUT
 from protocol.relay.serving import answer_request
 from protocol.relay.striping import DEFAULT_STRIPES, MAX_STRIPES, build_striped_plan
 from protocol.relay.transfer import Transfer, TransferState, chunk_indices, manifest_event
-from protocol.relay.twins import Wants, add_holder, find_twin, reject_content, widen
+from protocol.relay.twins import Wants, add_holder, find_twin, reject_content, take_held_twin, widen
 
 DEFAULT_WINDOW = 8
 KEEP_VERSIONS = 2
@@ -171,9 +171,8 @@ class RelayMachine:
         elif isinstance(event, ChunkReceived):
             self._on_chunk(event, now, out)
         elif isinstance(event, ChunkRequested):
-            known = event.manifest_id in self.book.known
-            answer_request(self.transfers.get(event.manifest_id), event, known,
-                           self.max_queued_per_peer, out)
+            answer_request(self.transfers.get(event.manifest_id), event,
+                           event.manifest_id in self.book.known, self.max_queued_per_peer, out)
         elif isinstance(event, Received) and isinstance(event.message, RelayProgress):
             t = self.transfers.get(event.message.manifest_id)
             if t is not None:
@@ -272,6 +271,10 @@ class RelayMachine:
             out.append(Penalize(peer, f"invalid relay manifest: {exc}", BAD_MANIFEST_PENALTY))
             out.append(Emit("manifest_invalid", {"peer": peer, "error": str(exc)}))
             return
+        if manifest.id in self.book.known and take_held_twin(self.book.known,
+                                                            self.transfers.values(), manifest):
+            self._register(manifest, TransferState.PREPARING, out)  # we hold its bytes now
+            out.append(PrepareVersion(manifest))
         if manifest.id in self.transfers or manifest.id in self.book.known:
             return  # a replay of a manifest we hold: nothing new
         if self.trusted is not None and manifest.signer not in self.trusted:

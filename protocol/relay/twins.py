@@ -12,7 +12,8 @@ Contract
   a holder of that transfer (``Transfer.holders``): it requests chunks from all of them at
   once (protocol/relay/fetching.py). A signer vouches for the content it signs: when a model's
   bytes fail their weights hash, the planned signer and every holder are penalized.
-* A node that holds a version complete and meets a twin plans the twin too: its store already
+* A node that holds a version complete and meets a twin (new, or remembered from before it
+  held the bytes) plans the twin too: its store already
   holds every chunk (content-addressed), so it completes at once and serves chunk requests
   made under the twin's id, which is how a fetcher pulls one manifest from several holders.
 * ``wanted`` (``FetchVersion.only``) narrows a transfer to some chunk indices; asking again
@@ -45,6 +46,18 @@ def find_twin(transfers: Iterable[Transfer], manifest: Manifest) -> Transfer | N
     ]
     twins.sort(key=lambda t: t.state is not TransferState.COMPLETE)
     return twins[0] if twins else None
+
+
+def take_held_twin(
+    known: dict[bytes, Manifest], transfers: Iterable[Transfer], manifest: Manifest
+) -> bool:
+    """``manifest`` was remembered unplanned (heard before we held its bytes) and is now a
+    twin of a version we hold complete: take it out of ``known`` (the machine plans it)."""
+    twin = find_twin(transfers, manifest)
+    if twin is None or twin.state is not TransferState.COMPLETE:
+        return False
+    del known[manifest.id]
+    return True
 
 
 def add_holder(t: Transfer, peer: str, self_id: str) -> bool:

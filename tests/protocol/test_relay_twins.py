@@ -129,3 +129,17 @@ def test_rejected_content_penalizes_its_signer_and_every_holder() -> None:
 def test_a_query_for_nothing_held_gets_no_answer() -> None:
     me = RelayMachine(PULLER)
     assert me.handle(Received(HOLDERS[0].peer_id, ManifestQuery(name=NAME)), 0) == []
+
+
+def test_a_holder_that_heard_a_twin_before_it_held_the_bytes_still_serves_it() -> None:
+    n = Net.of([*(h.peer_id for h in HOLDERS), PULLER], window=2)
+    ms = [manifest_for(h, [], chunks=CHUNKS, name=NAME, format=ArtifactFormat.GGUF)
+          for h in HOLDERS]
+    for h, m in zip(HOLDERS, ms, strict=True):
+        n.publish(h.peer_id, m)  # gossiped at once: the later holders heard the earlier ones
+    assert ms[0].id in n.machines[HOLDERS[1].peer_id].book.known
+    pull(n)
+    stored = n.effects(StoreChunk, PULLER)
+    assert sorted(s.index for s in stored) == list(range(CHUNKS))
+    assert {s.peer for s in stored} == {h.peer_id for h in HOLDERS}
+    assert not n.effects(RefuseChunk)

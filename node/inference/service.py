@@ -152,6 +152,8 @@ class InferenceService(NurseryService):
         self.failed_until: dict[str, int] = {}
         self.exclude_ms = EXCLUDE_MS
         self.moves = 0
+        #: with a model from peers: bytes_fetched (from peers), model_bytes (the whole file)
+        self.fetched: dict[str, int] = {}
 
     @property
     def machine(self) -> SessionServer:
@@ -160,6 +162,8 @@ class InferenceService(NurseryService):
     # ------------------------------------------------------------ serving
 
     async def start(self) -> None:
+        if self._from_peers():
+            return  # no file here: on_running fetches the stage's tensors from peers
         try:
             # the metadata alone: importing torch and transformers for it took most of every
             # daemon's start (13-50 s on a loaded machine); a stage server loads them in _serve
@@ -239,6 +243,31 @@ class InferenceService(NurseryService):
     async def on_running(self) -> None:
         if self.want == "auto" and self.host is not None:
             self.start_soon(self._auto_loop)
+        if self._from_peers():
+            self.start_soon(self._serve_from_peers)
+
+    def _from_peers(self) -> bool:
+        """``model`` is a weights hash and ``serve_blocks`` a range: the stage's weights come
+        from the peers that offer that model (node/inference/weights.py)."""
+        model = self.section.model.lower()
+        return (isinstance(self.want, tuple) and len(model) == 64
+                and all(c in "0123456789abcdef" for c in model))
+
+    async def _serve_from_peers(self) -> None:
+        from node.inference.weights import fetch_stage
+
+        try:
+            got = await fetch_stage(self.ctx.services["relay"], self.section.model, *self.want,
+                                    self.ctx.data_dir / "models", self.ctx.log)
+        except (KeyError, ValueError) as exc:
+            self.problem = f"no model for inference: {exc}"
+            self.ctx.log.warning("inference.no_model", error=str(exc))
+            return
+        self.model_name, self.model_path, self.n_blocks = got.model_name, got.path, got.n_blocks
+        self.fetched = {"bytes_fetched": got.bytes_fetched, "model_bytes": got.total_size}
+        await self._serve(self.want)  # type: ignore[arg-type]
+        self.ctx.transport.set_stream_handler(inference_protocol(self.ctx.network_id),
+                                              self._serve_stream)
 
     async def _auto_loop(self) -> None:
         while True:
@@ -390,7 +419,7 @@ class InferenceService(NurseryService):
                 "forwards": self.host.forwards if self.host is not None else 0,
                 "moves": self.moves, "problem": self.problem,
                 "offers": [[o.peer, o.start, o.end] for o in self.servers()],
-                "missing": [list(r) for r in self.missing()]}
+                "missing": [list(r) for r in self.missing()], **self.fetched}
 
     def routes(self) -> list[Any]:
         from node.inference.api import inference_routes

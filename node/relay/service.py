@@ -22,6 +22,7 @@ Contract
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -102,6 +103,10 @@ class RelayService(NurseryService):
         self.pending: dict[tuple[str, bytes, int], ChunkWriter] = {}
         self._callbacks: list[VersionCallback] = []
         self._completed = trio.Event()
+        #: set (and replaced) each time a chunk is stored: what a partial fetch waits on
+        self.chunk_stored = trio.Event()
+        #: bytes received from peers per version (manifest id), since the daemon started
+        self.fetched_bytes: Counter[bytes] = Counter()
         self._restored: list[tuple[Manifest, frozenset[int]]] = []
         #: chunks each source served us, attested when a version completes
         self.attestations = RelayAttestations(ctx.identity.peer_id)
@@ -207,6 +212,9 @@ class RelayService(NurseryService):
             return
         self.counters["chunks_in"] += 1
         self.counters["bytes_in"] += writer.size
+        self.fetched_bytes[effect.manifest_id] += writer.size
+        self.chunk_stored.set()
+        self.chunk_stored = trio.Event()
         self.attestations.stored(effect.manifest_id, effect.peer)
 
     async def _prepare(self, manifest: Manifest) -> None:

@@ -160,3 +160,38 @@ def test_model_pull_refetches_a_bad_chunk_from_another_peer_and_penalizes_the_li
     assert penalties[liar.peer_id]["total"] > 0
     assert any("bad relay chunk" in r for r in penalties[liar.peer_id]["reasons"])
     assert all(h.peer_id not in penalties for h in holders if h is not liar)
+
+
+def test_model_pull_serve_blocks_10_20_fetches_only_that_range(
+    testnet: Testnet, tmp_path: Path
+) -> None:
+    holders, _, weights = start_holders(testnet)
+    size = seeded(holders[0])["total_size"]  # type: ignore[index]
+    server = testnet.start("stage", bootstrap=[holders[0]], config={"inference": {
+        "model": weights, "threads": 1}}, extra_args=["--serve-blocks", "10:20"])
+
+    def serving() -> dict[str, Any] | None:
+        shown: dict[str, Any] = httpx.get(server.api_url + "/inference/", timeout=10).json()
+        assert not shown["problem"], shown["problem"]
+        return shown if shown["serving"] else None
+
+    shown = testnet.wait_until(serving, "the stage server to fetch and load blocks 10:20",
+                               PULL_S)
+    assert shown["blocks"] == [10, 20] and shown["model"] == DEFAULT_MODEL_NAME
+    assert shown["model_bytes"] == size
+    # the header and ten of thirty blocks: no embedding, no other block (a third of the
+    # blocks' bytes, well under half the file)
+    assert 0 < shown["bytes_fetched"] < size // 2, shown
+    held = [v for v in relay_status(server)["versions"] if v["name"] == weights]
+    assert held and all(v["state"] == "fetching" and v["held"] < v["chunks"] for v in held)
+    # the sparse copy computes blocks 10:20 exactly as the whole file does
+    import numpy as np
+
+    from models.blocks import StageCache, load_stage
+    from models.registry import resolve
+
+    partial = server.data_dir / "models" / f"{weights}.partial.gguf"
+    mine, whole = load_stage(partial, 10, 20), load_stage(resolve(DEFAULT_MODEL_NAME).path, 10, 20)
+    hidden = np.random.default_rng(7).standard_normal((3, mine.hidden_size)).astype(np.float32)
+    np.testing.assert_array_equal(mine.forward(hidden, 0, StageCache()),
+                                  whole.forward(hidden, 0, StageCache()))

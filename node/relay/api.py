@@ -133,7 +133,9 @@ class RelayEndpoints:
 
     async def pull(self, request: Request) -> Response:
         body = await json_object(request)
-        if body is None or not isinstance(body.get("model"), str) or not body["model"]:
+        if body is None:
+            return _error("the body must be a JSON object")
+        if not isinstance(body.get("model"), str) or not body["model"]:
             return _error("pull needs a model (a name or a weights hash)")
         try:
             return JSONResponse(await self.service.pull_model(body["model"]))

@@ -70,23 +70,26 @@ def held_chunks(node: NodeProcess, name: str) -> int:
                default=0)
 
 
-def start_holders(testnet: Testnet) -> tuple[list[NodeProcess], NodeProcess, str]:
-    """Three holders and a puller without the model, the puller's ledger offering the model
-    of all three, each holder seeded; returns them and the weights hash."""
+def start_holders(testnet: Testnet, count: int = 3,
+                  puller: bool = True) -> tuple[list[NodeProcess], NodeProcess | None, str]:
+    """``count`` holders, each seeded, and (with ``puller``) a node without the model whose
+    ledger offers the model of every holder; returns them and the weights hash."""
     first = testnet.start("h1", config=HOLDER)
-    others = [testnet.start(n, bootstrap=[first], wait=False, config=HOLDER) for n in ("h2", "h3")]
-    puller = testnet.start("puller", bootstrap=[first], wait=False)
+    others = [testnet.start(f"h{i}", bootstrap=[first], wait=False, config=HOLDER)
+              for i in range(2, count + 1)]
+    plain = testnet.start("puller", bootstrap=[first], wait=False) if puller else None
     holders = [first, *others]
-    for node in (*others, puller):
+    for node in (*others, *([plain] if plain else [])):
         node.wait_ready()
     testnet.wait_all_connected(CONVERGE_S)
     testnet.wait_until(lambda: all(seeded(h) for h in holders),
                        "every holder to seed the model", PULL_S)
     weights = seeded(first)["name"]  # type: ignore[index]
     assert {seeded(h)["name"] for h in holders} == {weights}  # type: ignore[index]
-    testnet.wait_until(lambda: offers(puller, weights) >= {h.peer_id for h in holders},
-                       "the puller's ledger to offer the model of every holder", PULL_S)
-    return holders, puller, weights
+    if plain is not None:
+        testnet.wait_until(lambda: offers(plain, weights) >= {h.peer_id for h in holders},
+                           "the puller's ledger to offer the model of every holder", PULL_S)
+    return holders, plain, weights
 
 
 def file_hash(path: Path) -> str:
@@ -97,6 +100,7 @@ def test_model_pull_from_three_peers_survives_a_kill_and_resumes(
     testnet: Testnet, tmp_path: Path
 ) -> None:
     holders, puller, weights = start_holders(testnet)
+    assert puller is not None
     total_chunks = seeded(holders[0])["chunks"]  # type: ignore[index]
     for h in holders:
         set_upload_limit(h, THROTTLE_BPS)
@@ -139,6 +143,7 @@ def test_model_pull_refetches_a_bad_chunk_from_another_peer_and_penalizes_the_li
     testnet: Testnet, tmp_path: Path
 ) -> None:
     holders, puller, weights = start_holders(testnet)
+    assert puller is not None
     liar = holders[1]
     # damage every chunk the liar stores: whatever it is asked for, it sends wrong bytes
     objects = [p for p in (liar.data_dir / "chunks" / "objects").rglob("*") if p.is_file()]
@@ -165,7 +170,7 @@ def test_model_pull_refetches_a_bad_chunk_from_another_peer_and_penalizes_the_li
 def test_model_pull_serve_blocks_10_20_fetches_only_that_range(
     testnet: Testnet, tmp_path: Path
 ) -> None:
-    holders, _, weights = start_holders(testnet)
+    holders, _, weights = start_holders(testnet, count=2, puller=False)
     size = seeded(holders[0])["total_size"]  # type: ignore[index]
     server = testnet.start("stage", bootstrap=[holders[0]], config={"inference": {
         "model": weights, "threads": 1}}, extra_args=["--serve-blocks", "10:20"])

@@ -21,6 +21,8 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _STRING, _ARRAY = 8, 9
 #: Arrays longer than this are skipped (tokenizer vocab and merges), not decoded.
 MAX_DECODED_ARRAY = 4096
+#: a GGUF tensor has at most this many dimensions (ggml's GGML_MAX_DIMS)
+MAX_DIMS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,8 @@ def parse_header(buf: memoryview, what: object = "GGUF") -> tuple[
         for _ in range(n_tensors):
             name, pos = _read_value(buf, pos, _STRING)
             (n_dims,) = struct.unpack_from("<I", buf, pos)
+            if n_dims > MAX_DIMS:
+                raise ValueError(f"{what}: tensor {name!r} has {n_dims} dimensions")
             dims = struct.unpack_from(f"<{n_dims}Q", buf, pos + 4)
             ggml_type, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
             pos += 4 + 8 * n_dims + 12

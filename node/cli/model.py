@@ -43,9 +43,9 @@ def pull(model_ref: str, out: str | None, timeout_s: float, data_dir: str | None
 
     def poll() -> tuple[int, int, bool]:
         status = call(client.get, "/relay/status")
-        if name in status.get("rejected", {}):
-            raise click.ClickException(f"{model_ref} rejected: {status['rejected'][name]}")
         versions = _versions(status, name)
+        if name in status.get("rejected", {}) and not versions:  # no other content left
+            raise click.ClickException(f"{model_ref} rejected: {status['rejected'][name]}")
         done = [v for v in versions if v["state"] == "complete" and v["verified"]]
         if done:
             state["version"] = done[0]

@@ -199,18 +199,3 @@ class ModelPulls:
         if model_weights_hash(manifest) is None:
             return None
         return manifest.body.merkle_root in self.verified
-
-    def status(self) -> dict[str, Any]:
-        machine = self.service.machine
-        models = []
-        for t in machine.transfers.values():
-            m = t.manifest
-            if model_weights_hash(m) is None:
-                continue
-            models.append({"weights_hash": m.name, "signer": m.signer, "state": t.state.value,
-                           "held": t.have_count, "chunks": m.chunks,
-                           "wanted": None if t.wanted is None else len(t.wanted),
-                           "holders": list(t.holders),
-                           "verified": t.state is TransferState.COMPLETE
-                           and m.body.merkle_root in self.verified})
-        return {"models": models, "rejected": dict(self.rejected)}

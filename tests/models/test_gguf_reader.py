@@ -105,3 +105,11 @@ def test_tensor_spans_from_the_file_start_and_a_header_cut_short() -> None:
     # one block's tensors sit in a few 1 MiB chunks, far from the file's ~94
     assert 1 <= len(chunks_of(spans, 1 << 20)) <= 3
     assert chunks_of([(0, 1), ((1 << 20) - 1, 2)], 1 << 20) == {0, 1}
+
+
+def test_a_header_claiming_absurd_dimensions_is_refused_before_it_is_unpacked() -> None:
+    from models.gguf_reader import parse_header
+
+    head = b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + _text("blk.0.w") + struct.pack("<I", 1 << 30)
+    with pytest.raises(ValueError, match="dimensions"):
+        parse_header(memoryview(head + bytes(64)))

@@ -229,11 +229,11 @@ class RelayMachine:
                 self.fetcher.pump(t, now, out)
         for m in [m for m in self.book.known.values() if self.wants.asked(m)]:
             del self.book.known[m.id]  # the newest of its artifact: older ones are gone
-            if not self._join_twin(m, m.signer, now, out):
+            if not self._join_twin(m, now, out):
                 self._register(m, TransferState.PREPARING, out)
                 out.append(PrepareVersion(m))
 
-    def _join_twin(self, manifest: Manifest, peer: str, now: int, out: list[Effect]) -> bool:
+    def _join_twin(self, manifest: Manifest, now: int, out: list[Effect]) -> bool:
         """A manifest with the same content as a version held or being fetched: plan it too
         if we hold that version (we serve it), else count its signer as another source
         (protocol/relay/twins.py). Whether it had a twin."""
@@ -271,6 +271,8 @@ class RelayMachine:
             out.append(Penalize(peer, f"invalid relay manifest: {exc}", BAD_MANIFEST_PENALTY))
             out.append(Emit("manifest_invalid", {"peer": peer, "error": str(exc)}))
             return
+        for t in self.wants.answered(self.transfers.values(), manifest, peer, self.self_id):
+            self.fetcher.pump(t, now, out)  # a peer we asked holds it too
         if manifest.id in self.book.known and take_held_twin(self.book.known,
                                                             self.transfers.values(), manifest):
             self._register(manifest, TransferState.PREPARING, out)  # we hold its bytes now
@@ -293,9 +295,7 @@ class RelayMachine:
                 self._latest.pop(m.key, None)
         out.append(manifest_event("manifest_accepted", manifest, peer=peer))
         recipient = names_recipient(manifest, self.self_id)
-        if manifest.signer != self.self_id and not recipient and self._join_twin(
-            manifest, peer, now, out
-        ):
+        if manifest.signer != self.self_id and not recipient and self._join_twin(manifest, now, out):
             return
         if manifest.signer == self.self_id or not (recipient or self.wants.asked(manifest)):
             self._supersede(manifest, out)

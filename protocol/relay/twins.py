@@ -8,8 +8,9 @@ Contract
   the total size agree). Versions of one artifact ``(signer, name)`` are never twins: a newer
   one supersedes (protocol/relay/machine.py). Every holder of a model file signs a manifest of its own for it (the artifact
   named by the weights hash, cut in ``MODEL_CHUNK_SIZE`` chunks), so a fetcher meets twins.
-* A fetcher plans one of them (the first it accepts) and counts every other twin's signer as
-  a holder of that transfer (``Transfer.holders``): it requests chunks from all of them at
+* A fetcher plans one of them (the first it accepts) and counts every other twin's signer, and
+  every peer it asked (``ManifestQuery``) that answers with the same content, as a holder of
+  that transfer (``Transfer.holders``): it requests chunks from all of them at
   once (protocol/relay/fetching.py). A signer vouches for the content it signs: when a model's
   bytes fail their weights hash, the planned signer and every holder are penalized.
 * A node that holds a version complete and meets a twin (new, or remembered from before it
@@ -109,6 +110,8 @@ class Wants:
 
     def __init__(self) -> None:
         self._wanted: dict[tuple[str | None, str], frozenset[int] | None] = {}
+        #: name -> the peers sent a ManifestQuery for it
+        self._queried: dict[str, set[str]] = {}
 
     def add(self, event: FetchVersion, self_id: str, out: list[Effect]) -> None:
         """Record the ask (widening an earlier one) and query the peers it names."""
@@ -118,7 +121,20 @@ class Wants:
         )
         for peer in event.ask:
             if peer != self_id:
+                self._queried.setdefault(event.name, set()).add(peer)
                 out.append(Send(peer, ManifestQuery(name=event.name)))
+
+    def answered(self, transfers: Iterable[Transfer], manifest: Manifest, peer: str,
+                 self_id: str) -> list[Transfer]:
+        """``peer``, asked for ``manifest``'s artifact, sent it (its own or one it holds as a
+        twin): count it as a holder of every transfer of that content being fetched; those
+        that gained it."""
+        if peer not in self._queried.get(manifest.name, ()):
+            return []
+        return [t for t in transfers
+                if t.manifest.name == manifest.name and same_content(t.manifest, manifest)
+                and t.state in (TransferState.PREPARING, TransferState.FETCHING)
+                and add_holder(t, peer, self_id)]
 
     def asked(self, manifest: Manifest) -> bool:
         wanted = self._wanted

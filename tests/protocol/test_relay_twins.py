@@ -143,3 +143,23 @@ def test_a_holder_that_heard_a_twin_before_it_held_the_bytes_still_serves_it() -
     assert sorted(s.index for s in stored) == list(range(CHUNKS))
     assert {s.peer for s in stored} == {h.peer_id for h in HOLDERS}
     assert not n.effects(RefuseChunk)
+
+
+def test_a_peer_that_pulled_earlier_answers_with_a_twin_and_becomes_a_source() -> None:
+    first, late = identity(20).peer_id, identity(21).peer_id
+    n = Net.of([HOLDERS[0].peer_id, first, late], window=2)
+    n.drop_gossip = True
+    m = manifest_for(HOLDERS[0], [], chunks=CHUNKS, name=NAME, format=ArtifactFormat.GGUF)
+    n.publish(HOLDERS[0].peer_id, m)
+    n.deliver(first, FetchVersion(NAME, ask=(HOLDERS[0].peer_id,)))
+    assert n.machines[first].latest_complete(NAME) == m  # holds the bytes, signed nothing
+    n.deliver(late, FetchVersion(NAME, ask=(HOLDERS[0].peer_id, first)))
+    t = n.machines[late].transfers[m.id]
+    assert t.state is TransferState.COMPLETE and t.holders == [first]
+    assert {s.peer for s in n.effects(StoreChunk, late)} == {HOLDERS[0].peer_id, first}
+    # an answer from a peer nobody asked adds no source
+    me = RelayMachine(identity(22).peer_id)
+    me.handle(FetchVersion(NAME, ask=(HOLDERS[0].peer_id,)), 0)
+    me.handle(Received(HOLDERS[0].peer_id, m.message), 0)
+    me.handle(Received(first, m.message), 0)
+    assert me.transfers[m.id].holders == []

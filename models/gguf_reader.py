@@ -21,6 +21,8 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _STRING, _ARRAY = 8, 9
 #: Arrays longer than this are skipped (tokenizer vocab and merges), not decoded.
 MAX_DECODED_ARRAY = 4096
+#: a GGUF tensor has at most this many dimensions (ggml's GGML_MAX_DIMS)
+MAX_DIMS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,46 +53,78 @@ def _read_value(buf: memoryview, pos: int, vtype: int) -> tuple[Any, int]:
     raise ValueError(f"unknown GGUF value type {vtype}")
 
 
+class HeaderIncomplete(ValueError):
+    """The bytes given end inside the GGUF header: more of the file's start is needed."""
+
+
+def parse_header(buf: memoryview, what: object = "GGUF") -> tuple[
+        dict[str, Any], list[tuple[str, tuple[int, ...], int, int]], int]:
+    """(metadata, [(name, shape, ggml type, offset from the data start)], data start) of the
+    GGUF whose first bytes are ``buf``; HeaderIncomplete when ``buf`` ends inside the header."""
+    try:
+        if bytes(buf[:4]) != b"GGUF":
+            raise ValueError(f"{what}: not a GGUF file (bad magic)")
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+        if version < 2:
+            raise ValueError(f"{what}: GGUF version {version} is not supported")
+        pos = 24
+        meta: dict[str, Any] = {}
+        for _ in range(n_kv):
+            key, pos = _read_value(buf, pos, _STRING)
+            (vtype,) = struct.unpack_from("<I", buf, pos)
+            value, pos = _read_value(buf, pos + 4, vtype)
+            if value is not None:
+                meta[key] = value
+        infos = []
+        for _ in range(n_tensors):
+            name, pos = _read_value(buf, pos, _STRING)
+            (n_dims,) = struct.unpack_from("<I", buf, pos)
+            if n_dims > MAX_DIMS:
+                raise ValueError(f"{what}: tensor {name!r} has {n_dims} dimensions")
+            dims = struct.unpack_from(f"<{n_dims}Q", buf, pos + 4)
+            ggml_type, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
+            pos += 4 + 8 * n_dims + 12
+            infos.append((name, tuple(int(d) for d in reversed(dims)), ggml_type, offset))
+    except struct.error:
+        raise HeaderIncomplete(f"{what}: {len(buf)} bytes end inside the GGUF header") from None
+    if pos > len(buf):  # a string ran past the end: positions are right, its bytes are not
+        raise HeaderIncomplete(f"{what}: {len(buf)} bytes end inside the GGUF header")
+    align = int(meta.get("general.alignment", 32))
+    return meta, infos, (pos + align - 1) // align * align
+
+
+def tensor_nbytes(shape: tuple[int, ...], ggml_type: int) -> int:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
+    return int(np.prod(shape)) // block * type_size
+
+
 def read_gguf(path: str | Path) -> tuple[dict[str, Any], dict[str, GGUFTensor]]:
     """(metadata, tensors) of a GGUF v2/v3 file; tensors are zero-copy views of a memmap.
 
     A small reader of our own: ``gguf.GGUFReader`` decodes every vocabulary string into numpy
     views and takes ~4-9 s on SmolLM2's 49k-token vocab; this one skips long arrays (~0.1 s).
+    Only the tensors used are ever read: a file whose other bytes are holes (a block server's
+    partial copy, node/inference/weights.py) loads its stage all the same.
     """
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
     raw = np.memmap(str(path), dtype=np.uint8, mode="r")
-    buf = memoryview(raw)  # type: ignore[arg-type]
-    if bytes(buf[:4]) != b"GGUF":
-        raise ValueError(f"{path}: not a GGUF file (bad magic)")
-    version, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-    if version < 2:
-        raise ValueError(f"{path}: GGUF version {version} is not supported")
-    pos = 24
-    meta: dict[str, Any] = {}
-    for _ in range(n_kv):
-        key, pos = _read_value(buf, pos, _STRING)
-        (vtype,) = struct.unpack_from("<I", buf, pos)
-        value, pos = _read_value(buf, pos + 4, vtype)
-        if value is not None:
-            meta[key] = value
-    infos = []
-    for _ in range(n_tensors):
-        name, pos = _read_value(buf, pos, _STRING)
-        (n_dims,) = struct.unpack_from("<I", buf, pos)
-        dims = struct.unpack_from(f"<{n_dims}Q", buf, pos + 4)
-        ggml_type, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
-        pos += 4 + 8 * n_dims + 12
-        infos.append((name, tuple(int(d) for d in reversed(dims)), ggml_type, offset))
-    align = int(meta.get("general.alignment", 32))
-    data_start = (pos + align - 1) // align * align
+    meta, infos, data_start = parse_header(memoryview(raw), path)  # type: ignore[arg-type]
     tensors = {}
     for name, shape, ggml_type, offset in infos:
-        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
-        nbytes = int(np.prod(shape)) // block * type_size
         start = data_start + offset
+        nbytes = tensor_nbytes(shape, ggml_type)
         tensors[name] = GGUFTensor(name, shape, ggml_type, raw[start:start + nbytes])
     return meta, tensors
+
+
+def tensor_spans(buf: memoryview, wanted: Any) -> tuple[dict[str, Any], int, list[tuple[int, int]]]:
+    """(metadata, header length, [(file offset, length)] of every tensor ``wanted(name)``
+    accepts), from the file's first bytes ``buf``; HeaderIncomplete if they are too few."""
+    meta, infos, data_start = parse_header(buf)
+    spans = [(data_start + offset, tensor_nbytes(shape, ggml_type))
+             for name, shape, ggml_type, offset in infos if wanted(name)]
+    return meta, data_start, spans
 
 
 def block_count(path: str | Path) -> int:

@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, str] = {
     "ledger": "node.cli.ledger:ledger",
     "agents": "node.cli.agents:agents",
     "relay": "node.cli.relay:relay",
+    "model": "node.cli.model:model",
     "simulate": "node.cli.simulate:simulate",
     "doctor": "node.cli.doctor:doctor",
     "invite": "node.cli.invite:invite",

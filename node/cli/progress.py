@@ -103,3 +103,34 @@ def working(description: str) -> Iterator[None]:
                   disable=not console.is_terminal) as progress:
         progress.add_task(description, total=None)
         yield
+
+
+def byte_bar(title: str, poll: Callable[[], tuple[int, int, bool]], *, timeout_s: float,
+             what: str) -> None:
+    """A bar of bytes (done of total, rate, time left) that polls ``poll() -> (done, total,
+    finished)`` every ``POLL_S`` until it says finished; a ClickException naming ``what``
+    after ``timeout_s``. On stderr, and only on a terminal (stdout stays the result's)."""
+    import click
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    console = Console(file=sys.stderr)
+    deadline = time.monotonic() + timeout_s
+    with Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
+                  TransferSpeedColumn(), TimeRemainingColumn(), console=console,
+                  disable=not console.is_terminal) as bar:
+        task = bar.add_task(title, total=None)
+        while True:
+            done, total, finished = poll()
+            bar.update(task, completed=done, total=total or None)
+            if finished:
+                return
+            if time.monotonic() > deadline:
+                raise click.ClickException(f"timed out after {timeout_s:g} s waiting for {what}")
+            time.sleep(POLL_S)

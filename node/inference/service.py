@@ -21,19 +21,18 @@ reports tokens/s, the chain and the recoveries. HTTP (mounted under ``/inference
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import trio
 
-from models.device import parse_device
 from node.inference.cache_budget import cache_budget, ram_free_bytes
 from node.inference.local import local_pair
 from node.inference.machine_probe import device_of, measure_ms_per_block
+from node.inference.section import InferenceSection
 from node.inference.wire import SessionStream
 from node.service import NurseryService
 from node.transport import TransportError
-from protocol.inference.messages import MAX_LINK_DELAY_MS
 from protocol.inference.routing import (
     Server,
     blocks_text,
@@ -67,67 +66,6 @@ def inference_protocol(network_id: str) -> str:
     return protocol_id(network_id, INFERENCE_PROTOCOL_NAME)
 
 
-@dataclass(frozen=True)
-class InferenceSection:
-    #: registry name, .gguf path ("" = the default model) whose blocks are served and asked for
-    model: str = ""
-    #: the model a requester's speculative chains draft with ("" = ``model`` itself): a smaller
-    #: one of the same family; one with another tokenizer is refused at start
-    drafter: str = ""
-    #: sessions open at once on this server
-    max_sessions: int = 16
-    #: positions one session may hold (prompt + output + drafts)
-    max_tokens_per_session: int = 2048
-    #: attention-cache memory for all sessions together, MiB (reserved when a session opens);
-    #: 0 = half the free memory of the device the caches live on (node/inference/cache_budget)
-    max_cache_mb: int = 0
-    #: a session with no request for this long is dropped
-    idle_timeout_s: float = 60.0
-    #: hidden states on the wire: "f16", "f32", or "auto": f16, except for model types whose
-    #: hidden states overflow f16's range (F16_UNSAFE_MODEL_TYPES: Gemma's), which take f32
-    precision: str = "auto"
-    #: hold every outgoing session frame this long (emulated link latency; 0 = off); the
-    #: chains this node asks for hold every link that long (their servers are asked to)
-    link_delay_ms: float = 0.0
-    #: this node's chains hand hidden states off stage to stage (N + 1 links a step), rather than
-    #: the requester sending to each stage in turn (2 N)
-    forwarding: bool = True
-    #: peer ids this node never uses in its chains
-    avoid_peers: tuple[str, ...] = ()
-    #: with serve_blocks = "auto": how often coverage is re-checked
-    auto_check_s: float = 30.0
-    #: with serve_blocks = "auto": the most blocks to hold (0 = as many as memory and speed allow)
-    auto_max_blocks: int = 0
-    #: torch threads for the stage and a requester's head (0 = torch's default)
-    threads: int = 0
-    #: where served blocks run: "cpu" (fp32), "cuda" / "cuda:N" (fp16, bf16 for Gemma), or
-    #: "auto" (the first CUDA device torch sees, else the CPU); models.blocks.resolve_device
-    device: str = "cpu"
-    #: a requester's speculative chains draft ahead while the chain verifies (a second drafter
-    #: on a thread of its own, models.lookahead), with greedy and MARS verification
-    lookahead: bool = True
-
-    def __post_init__(self) -> None:
-        if self.precision not in ("auto", "f16", "f32"):
-            raise ValueError("[inference] precision must be 'auto', 'f16' or 'f32', "
-                             f"got {self.precision!r}")
-        for key in ("max_sessions", "max_tokens_per_session"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"[inference] {key} must be >= 1")
-        if self.max_cache_mb < 0:
-            raise ValueError("[inference] max_cache_mb must be >= 0 (0: from free memory)")
-        if not 0 <= self.link_delay_ms <= MAX_LINK_DELAY_MS or self.idle_timeout_s <= 0:
-            raise ValueError(f"[inference] link_delay_ms must lie in [0, {MAX_LINK_DELAY_MS}] "
-                             "and idle_timeout_s be > 0")
-        try:
-            parse_device(self.device)
-        except ValueError:
-            raise ValueError("[inference] device must be 'auto', 'cpu', 'cuda' or 'cuda:N', "
-                             f"got {self.device!r}") from None
-        if not all(isinstance(p, str) and p for p in self.avoid_peers):
-            raise ValueError("[inference] avoid_peers must be a list of peer ids")
-
-
 class InferenceService(NurseryService):
     name = "inference"
     config_section: ClassVar[type | None] = InferenceSection
@@ -152,6 +90,8 @@ class InferenceService(NurseryService):
         self.failed_until: dict[str, int] = {}
         self.exclude_ms = EXCLUDE_MS
         self.moves = 0
+        #: with a model from peers: bytes_fetched (from peers), model_bytes (the whole file)
+        self.fetched: dict[str, int] = {}
 
     @property
     def machine(self) -> SessionServer:
@@ -160,6 +100,8 @@ class InferenceService(NurseryService):
     # ------------------------------------------------------------ serving
 
     async def start(self) -> None:
+        if self._from_peers():
+            return  # no file here: on_running fetches the stage's tensors from peers
         try:
             # the metadata alone: importing torch and transformers for it took most of every
             # daemon's start (13-50 s on a loaded machine); a stage server loads them in _serve
@@ -239,6 +181,31 @@ class InferenceService(NurseryService):
     async def on_running(self) -> None:
         if self.want == "auto" and self.host is not None:
             self.start_soon(self._auto_loop)
+        if self._from_peers():
+            self.start_soon(self._serve_from_peers)
+
+    def _from_peers(self) -> bool:
+        """``model`` is a weights hash and ``serve_blocks`` a range: the stage's weights come
+        from the peers that offer that model (node/inference/weights.py)."""
+        model = self.section.model.lower()
+        return (isinstance(self.want, tuple) and len(model) == 64
+                and all(c in "0123456789abcdef" for c in model))
+
+    async def _serve_from_peers(self) -> None:
+        from node.inference.weights import fetch_stage
+
+        try:
+            got = await fetch_stage(self.ctx.services["relay"], self.section.model, *self.want,
+                                    self.ctx.data_dir / "models", self.ctx.log)
+        except (KeyError, ValueError) as exc:
+            self.problem = f"no model for inference: {exc}"
+            self.ctx.log.warning("inference.no_model", error=str(exc))
+            return
+        self.model_name, self.model_path, self.n_blocks = got.model_name, got.path, got.n_blocks
+        self.fetched = {"bytes_fetched": got.bytes_fetched, "model_bytes": got.total_size}
+        await self._serve(self.want)  # type: ignore[arg-type]
+        self.ctx.transport.set_stream_handler(inference_protocol(self.ctx.network_id),
+                                              self._serve_stream)
 
     async def _auto_loop(self) -> None:
         while True:
@@ -390,7 +357,7 @@ class InferenceService(NurseryService):
                 "forwards": self.host.forwards if self.host is not None else 0,
                 "moves": self.moves, "problem": self.problem,
                 "offers": [[o.peer, o.start, o.end] for o in self.servers()],
-                "missing": [list(r) for r in self.missing()]}
+                "missing": [list(r) for r in self.missing()], **self.fetched}
 
     def routes(self) -> list[Any]:
         from node.inference.api import inference_routes

@@ -2,7 +2,9 @@
 
 ``GET /status`` (open); ``POST /publish {path, name, version?, format?, chunk_size?,
 recipients?}``, ``POST /fetch {name, signer?}``, ``POST /export {name, version?, out}``,
-``POST /limits {upload_limit_bps, upload_bps?}`` (benchmarks) (all POSTs need the API token).
+``POST /limits {upload_limit_bps, upload_bps?}`` (benchmarks), ``POST /pull {model}`` (a model
+by name or weights hash from the peers that offer it, node/relay/models.py) (all POSTs need
+the API token).
 Bodies and answers are JSON; a bad request answers 400 with ``{"error": ...}``, an artifact
 not held 404. Paths name files on this machine (the CLI and the daemon share it).
 """
@@ -39,6 +41,10 @@ class RelayAccess(Protocol):
 
     async def fetch(self, name: str, signer: str | None = None) -> None: ...
 
+    async def pull_model(self, model: str) -> dict[str, Any]:
+        """Raises ValueError when no peer offers ``model``."""
+        ...
+
     def latest(self, name: str, signer: str | None = None) -> Manifest | None: ...
 
     def complete_version(self, name: str, version: int) -> Manifest | None: ...
@@ -65,6 +71,7 @@ def relay_routes(service: RelayAccess) -> list[BaseRoute]:
         token_route("/limits", endpoints.limits),
         token_route("/publish", endpoints.publish),
         token_route("/fetch", endpoints.fetch),
+        token_route("/pull", endpoints.pull),
         token_route("/export", endpoints.export),
     ]
 
@@ -123,6 +130,17 @@ class RelayEndpoints:
             return _error("fetch needs a name")
         await self.service.fetch(body["name"], body.get("signer"))
         return JSONResponse({"fetching": body["name"]})
+
+    async def pull(self, request: Request) -> Response:
+        body = await json_object(request)
+        if body is None:
+            return _error("the body must be a JSON object")
+        if not isinstance(body.get("model"), str) or not body["model"]:
+            return _error("pull needs a model (a name or a weights hash)")
+        try:
+            return JSONResponse(await self.service.pull_model(body["model"]))
+        except ValueError as exc:
+            return _error(str(exc), 404)
 
     async def export(self, request: Request) -> Response:
         body = await json_object(request)

@@ -38,6 +38,9 @@ class RelaySection:
     max_manifests: int = MAX_MANIFESTS
     #: re-hash stored chunks of saved versions at start (resume after a crash)
     verify_on_start: bool = True
+    #: models (registry names or .gguf paths) this node offers to peers over the relay: each
+    #: is cut into its chunk store (its size on disk again) and named by its weights hash
+    seed_models: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not MIN_CHUNK_SIZE <= self.chunk_size <= MAX_CHUNK_SIZE:

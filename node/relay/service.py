@@ -22,6 +22,7 @@ Contract
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +32,7 @@ import trio
 
 from node.relay.api import relay_routes
 from node.relay.chunk_store import ChunkStore, ChunkStoreError, ChunkWriter
+from node.relay.models import ModelPulls
 from node.relay.plan_inputs import ledger_uploads, withheld_reports
 from node.relay.section import RelaySection
 from node.relay.streams import RelayStreams
@@ -61,6 +63,7 @@ from protocol.relay.manifest import (
     RELAY_TOPIC,
     ArtifactFormat,
     Manifest,
+    ManifestQuery,
     RelayManifest,
     RelayProgress,
     make_body,
@@ -74,7 +77,7 @@ VersionCallback = Callable[[Manifest], Awaitable[None] | None]
 
 class RelayService(NurseryService):
     name: ClassVar[str] = "relay"
-    message_types = (RelayManifest, RelayProgress)
+    message_types = (RelayManifest, RelayProgress, ManifestQuery)
     topics = (RELAY_TOPIC,)
     config_section: ClassVar[type | None] = RelaySection
 
@@ -100,9 +103,15 @@ class RelayService(NurseryService):
         self.pending: dict[tuple[str, bytes, int], ChunkWriter] = {}
         self._callbacks: list[VersionCallback] = []
         self._completed = trio.Event()
+        #: set (and replaced) each time a chunk is stored: what a partial fetch waits on
+        self.chunk_stored = trio.Event()
+        #: bytes received from peers per version (manifest id), since the daemon started
+        self.fetched_bytes: Counter[bytes] = Counter()
         self._restored: list[tuple[Manifest, frozenset[int]]] = []
         #: chunks each source served us, attested when a version completes
         self.attestations = RelayAttestations(ctx.identity.peer_id)
+        #: models seeded, pulled and checked against their weights hash (node/relay/models.py)
+        self.models = ModelPulls(self)
         self.counters = {
             "bad_chunks": 0,
             "chunks_in": 0,
@@ -131,6 +140,8 @@ class RelayService(NurseryService):
         for manifest, present in self._restored:
             await self.ctx.submit(self.name, Restore(manifest, present))
         self._restored.clear()
+        for spec in self.section.seed_models:
+            self.spawn(self.models.seed, spec)
 
     def spawn(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run ``fn(*args)`` in the service's nursery; a failure is logged, never fatal."""
@@ -201,6 +212,9 @@ class RelayService(NurseryService):
             return
         self.counters["chunks_in"] += 1
         self.counters["bytes_in"] += writer.size
+        self.fetched_bytes[effect.manifest_id] += writer.size
+        self.chunk_stored.set()
+        self.chunk_stored = trio.Event()
         self.attestations.stored(effect.manifest_id, effect.peer)
 
     async def _prepare(self, manifest: Manifest) -> None:
@@ -217,6 +231,7 @@ class RelayService(NurseryService):
 
     async def _completed_version(self, manifest: Manifest) -> None:
         await self._attest(self.attestations.completed(manifest.id))
+        await self.models.check(manifest)
         self._completed.set()
         self._completed = trio.Event()
         for callback in list(self._callbacks):
@@ -313,6 +328,9 @@ class RelayService(NurseryService):
     async def fetch(self, name: str, signer: str | None = None) -> None:
         await self.submit(FetchVersion(name, signer))
 
+    async def pull_model(self, model: str) -> dict[str, Any]:
+        return await self.models.pull(model)
+
     async def export(self, manifest: Manifest, out: Path) -> None:
         await trio.to_thread.run_sync(self.store.export, manifest, Path(out))
 
@@ -344,6 +362,9 @@ class RelayService(NurseryService):
                     "served": dict(t.served),
                     "peers": dict(t.progress),
                     "failed_sources": sorted(t.failed),
+                    "holders": list(t.holders),
+                    "wanted": None if t.wanted is None else len(t.wanted),
+                    "verified": self.models.is_verified(m),
                 }
             )
         versions.sort(key=lambda v: (v["name"], v["version"]))
@@ -352,6 +373,7 @@ class RelayService(NurseryService):
             **self.counters,
             **self.streams.status(),
             "upload_limit_bps": self.section.upload_limit_bps,
+            "rejected": dict(self.models.rejected),
         }
 
     def routes(self) -> list[Any]:

@@ -22,10 +22,26 @@ class PublishVersion:
 
 @dataclass(frozen=True, slots=True)
 class FetchVersion:
-    """Local: fetch the newest version of ``name`` (from ``signer``, or any trusted signer)."""
+    """Local: fetch the newest version of ``name`` (from ``signer``, or any trusted signer).
+
+    ``ask``: peers sent a ``ManifestQuery`` for it (holders the ledger names, for a node that
+    missed the gossip). ``only``: the chunk indices wanted (None: all); asking again widens
+    the set (a block server fetches the header first, then its tensors' chunks)."""
 
     name: str
     signer: str | None = None
+    ask: tuple[str, ...] = ()
+    only: frozenset[int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RejectVersion:
+    """Local: the whole of a complete version failed a check the manifest cannot express (a
+    model's bytes do not hash to the weights hash it is named by): its signer and every
+    holder that vouched for the same content lied."""
+
+    manifest_id: bytes
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)

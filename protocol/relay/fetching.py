@@ -34,6 +34,7 @@ Contract
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 
 from protocol.machine import Effect, Penalize, Send
 from protocol.relay.announce import announce, count_completion
@@ -119,6 +120,9 @@ class ChunkFetcher:
         """Top up every stripe's in-flight window from its source, choosing one if needed."""
         if t.state is not TransferState.FETCHING:
             return
+        if self.self_id not in t.plan:
+            self._pump_spread(t, now, out)
+            return
         busy = [0] * t.plan.stripes
         for index in t.in_flight:
             busy[t.plan.stripe_of(index)] += 1
@@ -154,6 +158,62 @@ class ChunkFetcher:
                 t.check_at_ms = now + self.stall_timeout_ms
             room -= 1
             out.append(RequestChunk(source, t.manifest.id, index))
+
+    def _pump_spread(self, t: Transfer, now: int, out: list[Effect]) -> None:
+        """A node outside the plan (a late fetcher, a model pull) has no parent to pull a
+        stripe from: it asks every holder at once, the signers of twin manifests and the
+        plan's nodes (deepest first; the publisher only when nobody else is in the plan),
+        ``window`` requests in flight each, handing the lowest pending chunks out round-robin."""
+        candidates: list[str] = []
+        relays = t.plan.trees[0].sources_for(self.self_id, set(t.failed))
+        if len(relays) > 1 and t.plan.root in relays:  # it feeds its recipients: busiest
+            relays.remove(t.plan.root)
+        for peer in (*t.holders, *relays):
+            if peer not in t.failed and peer != self.self_id and peer not in candidates:
+                candidates.append(peer)
+        if not candidates:
+            if t.retry_at_ms is None and any(t.pending):
+                t.retry_at_ms = now + self.retry_ms
+                out.append(manifest_event("no_source", t.manifest, stripe=-1))
+            return
+        room = dict.fromkeys(candidates, self.window)
+        for peer in t.in_flight.values():
+            if peer in room:
+                room[peer] -= 1
+        while any(r > 0 for r in room.values()):
+            for peer in candidates:
+                if room[peer] <= 0:
+                    continue
+                index = _pop_lowest(t)
+                if index is None:
+                    return
+                if room[peer] == self.window:  # idle until now: its silence counts from here
+                    t.heard_at_ms[peer] = max(now, t.heard_at_ms.get(peer, now))
+                t.in_flight[index] = peer
+                if t.check_at_ms is None:
+                    t.check_at_ms = now + self.stall_timeout_ms
+                room[peer] -= 1
+                out.append(RequestChunk(peer, t.manifest.id, index))
+
+    def on_disconnected(
+        self, transfers: list[Transfer], peer: str, now: int, out: list[Effect]
+    ) -> None:
+        """``peer`` went away: forget what it waits for, and drop it as a source."""
+        for t in transfers:
+            t.forget_waiter(peer)
+            if t.state is TransferState.FETCHING and (
+                peer in t.sources.values() or peer in t.in_flight.values()
+            ):
+                self.fail_source(t, peer, "disconnected", False, now, out)
+            elif peer in t.plan:
+                t.failed.setdefault(peer, False)
+
+    @staticmethod
+    def on_connected(transfers: Iterable[Transfer], peer: str) -> None:
+        """``peer`` is back: a source it failed as for a passing reason may be tried again."""
+        for t in transfers:
+            if t.failed.get(peer) is False:
+                del t.failed[peer]
 
     def fail_source(
         self, t: Transfer, peer: str, reason: str, permanent: bool, now: int, out: list[Effect]
@@ -269,3 +329,15 @@ class ChunkFetcher:
             t.check_at_ms = max(now + 1, min(self.stall_deadlines(t).values()))
         else:
             t.check_at_ms = None
+
+
+def _pop_lowest(t: Transfer) -> int | None:
+    """The lowest pending chunk of any stripe that is neither held nor asked for, removed."""
+    while True:
+        heads = [(p[0], k) for k, p in enumerate(t.pending) if p]
+        if not heads:
+            return None
+        index, stripe = min(heads)
+        heapq.heappop(t.pending[stripe])
+        if not t.have[index] and index not in t.in_flight:
+            return index

@@ -18,18 +18,12 @@ bandwidth model.
   recipients learn of it, as the publisher gossips it only once they have the version
   (protocol/relay/announce.py).
 * Fetching: after ``PrepareVersion`` (the driver persists the manifest, scans its store and
-  answers ``VersionPrepared`` with the chunks it already holds) the machine requests missing
-  chunks in ascending order, at most ``window`` in flight, from one source: its parent in the
-  relay plan, or after a failure the next of ``plan.sources_for`` (re-attach rule).
-* A received chunk whose digest matches the manifest is stored (``StoreChunk``) and then served
-  to every peer waiting for it (``ServeChunk``); a mismatch is discarded, its sender penalized,
-  attested (``AttestBadChunk``) and dropped as a source for that version for good. A failed
-  request, a disconnect, or a source silent for ``stall_timeout_ms`` with requests in flight
-  drops the source until every source has failed, then all but the bad ones are retried after
-  ``retry_ms``.
-* Serving: a request for a held chunk is served at once; for a chunk of a version being fetched
-  it waits (at most ``max_queued_per_peer`` per peer) and is served when the chunk is stored;
-  otherwise it is refused with a ``ChunkStatus``.
+  answers ``VersionPrepared`` with the chunks it holds) the missing chunks (or those asked
+  for: ``FetchVersion.only``) are requested in ascending order from the plan parents, or by
+  a node outside the plan from every holder at once; a bad chunk costs its sender and is
+  fetched elsewhere (protocol/relay/fetching.py). Twins (one name, other signers, the same
+  bytes) add holders; ``ManifestQuery`` is answered with the newest complete version held
+  (protocol/relay/twins.py). Serving: protocol/relay/serving.py.
 * Progress: a receiver sends ``RelayProgress`` to its plan children and the publisher
   ``PROGRESS_REPORTS`` times per version and on completion (not by gossip: that costs every
   node a message per report of every other node); the machine keeps what others report
@@ -81,8 +75,8 @@ from protocol.relay.events import (
     PrepareVersion,
     PublishVersion,
     RefuseChunk,
+    RejectVersion,
     Restore,
-    ServeChunk,
     StreamClosed,
     VersionPrepared,
 )
@@ -91,13 +85,16 @@ from protocol.relay.manifest import (
     ChunkStatus,
     Manifest,
     ManifestError,
+    ManifestQuery,
     RelayManifest,
     RelayProgress,
     verify_manifest,
 )
 from protocol.relay.plan import MAX_FANOUT
+from protocol.relay.serving import answer_request
 from protocol.relay.striping import DEFAULT_STRIPES, MAX_STRIPES, build_striped_plan
 from protocol.relay.transfer import Transfer, TransferState, chunk_indices, manifest_event
+from protocol.relay.twins import Wants, add_holder, find_twin, reject_content, take_held_twin, widen
 
 DEFAULT_WINDOW = 8
 KEEP_VERSIONS = 2
@@ -105,7 +102,6 @@ STALL_TIMEOUT_MS = 30_000
 RETRY_MS = 1_000
 MAX_QUEUED_PER_PEER = 64
 BAD_MANIFEST_PENALTY = 20
-BAD_REQUEST_PENALTY = 5
 
 
 class RelayMachine:
@@ -137,7 +133,8 @@ class RelayMachine:
         self.trusted = None if trusted is None else frozenset(trusted)
         self.transfers: dict[bytes, Transfer] = {}
         self._latest: dict[tuple[str, str], int] = {}
-        self._wanted: set[tuple[str | None, str]] = set()
+        #: the artifacts this node asked for, and which of their chunks
+        self.wants = Wants()
         #: valid manifests this node takes no part in (unplanned), and the caps on all kept
         self.book = ManifestBook(
             self_id, max_per_signer=max_manifests_per_signer, max_total=max_manifests
@@ -145,20 +142,14 @@ class RelayMachine:
         self._verify_manifest, self._chunk_indices = memo(verify_manifest), memo(chunk_indices)
         self._build_striped_plan = memo(build_striped_plan)
         #: requests, sources, stalls and progress of the transfers being fetched
-        self.fetcher = ChunkFetcher(
-            self_id, window=window, stall_timeout_ms=stall_timeout_ms, retry_ms=retry_ms
-        )
+        self.fetcher = ChunkFetcher(self_id, window=window, stall_timeout_ms=stall_timeout_ms,
+                                    retry_ms=retry_ms)
 
     # ------------------------------------------------------------ queries
 
     def latest_complete(self, name: str, signer: str | None = None) -> Manifest | None:
-        done = [
-            t.manifest
-            for t in self.transfers.values()
-            if t.state is TransferState.COMPLETE
-            and t.manifest.name == name
-            and (signer is None or t.manifest.signer == signer)
-        ]
+        done = [t.manifest for t in self.transfers.values() if t.state is TransferState.COMPLETE
+                and t.manifest.name == name and signer in (None, t.manifest.signer)]
         return max(done, key=lambda m: m.version, default=None)
 
     def latest_version(self, key: tuple[str, str]) -> int:
@@ -180,7 +171,8 @@ class RelayMachine:
         elif isinstance(event, ChunkReceived):
             self._on_chunk(event, now, out)
         elif isinstance(event, ChunkRequested):
-            self._on_request(event, out)
+            answer_request(self.transfers.get(event.manifest_id), event,
+                           event.manifest_id in self.book.known, self.max_queued_per_peer, out)
         elif isinstance(event, Received) and isinstance(event.message, RelayProgress):
             t = self.transfers.get(event.message.manifest_id)
             if t is not None:
@@ -192,43 +184,78 @@ class RelayMachine:
             if t is not None and t.in_flight.get(event.index) == event.peer:
                 self.fetcher.fail_source(t, event.peer, event.reason, False, now, out)
         elif isinstance(event, PeerDisconnected):
-            for t in list(self.transfers.values()):
-                t.forget_waiter(event.peer)
-                if t.state is TransferState.FETCHING and (
-                    event.peer in t.sources.values() or event.peer in t.in_flight.values()
-                ):
-                    self.fetcher.fail_source(t, event.peer, "disconnected", False, now, out)
-                elif event.peer in t.plan:
-                    t.failed.setdefault(event.peer, False)
+            self.fetcher.on_disconnected(list(self.transfers.values()), event.peer, now, out)
         elif isinstance(event, StreamClosed):
             t = self.transfers.get(event.manifest_id)
             if t is not None:
                 t.forget_waiter(event.peer)
         elif isinstance(event, PeerConnected):
-            for t in self.transfers.values():
-                if t.failed.get(event.peer) is False:
-                    del t.failed[event.peer]
+            self.fetcher.on_connected(self.transfers.values(), event.peer)
         elif isinstance(event, Tick):
             for t in list(self.transfers.values()):
                 self.fetcher.on_tick(t, now, out)
         elif isinstance(event, VersionPrepared):
             t = self.transfers.get(event.manifest_id)
             if t is not None and t.state is TransferState.PREPARING:
-                t.mark_present(event.present)
+                t.mark_present(event.present, out)  # serve who asked while we scanned
                 t.move_to(TransferState.FETCHING)
                 if self.fetcher.after_progress(t, now, out):
                     self._gc(t.manifest.key, out)
         elif isinstance(event, PublishVersion):
             self._on_publish(event.manifest, now, out)
         elif isinstance(event, FetchVersion):
-            self._wanted.add((event.signer, event.name))
-            for m in [m for m in self.book.known.values() if self._is_wanted(m)]:
-                del self.book.known[m.id]  # the newest of its artifact: older ones are gone
-                self._register(m, TransferState.PREPARING, out)
-                out.append(PrepareVersion(m))
+            self._on_fetch(event, now, out)
+        elif isinstance(event, Received) and isinstance(event.message, ManifestQuery):
+            held = self.latest_complete(event.message.name)
+            if held is not None:
+                out.append(Send(event.peer, held.message))
+        elif isinstance(event, RejectVersion):
+            self._on_reject(event, out)
         elif isinstance(event, Restore):
             self._on_restore(event, now, out)
         return out
+
+    def _on_fetch(self, event: FetchVersion, now: int, out: list[Effect]) -> None:
+        self.wants.add(event, self.self_id, out)
+        for t in list(self.transfers.values()):
+            if not self.wants.asked(t.manifest) or t.manifest.signer == self.self_id:
+                continue
+            if t.state is TransferState.KNOWN:  # restored, nobody asked for it: resume it
+                widen(t, event.only, fresh=True)
+                t.move_to(TransferState.PREPARING)
+                out.append(PrepareVersion(t.manifest))
+            elif t.state in (TransferState.PREPARING, TransferState.FETCHING):
+                widen(t, event.only)
+                self.fetcher.pump(t, now, out)
+        for m in [m for m in self.book.known.values() if self.wants.asked(m)]:
+            del self.book.known[m.id]  # the newest of its artifact: older ones are gone
+            if not self._join_twin(m, now, out):
+                self._register(m, TransferState.PREPARING, out)
+                out.append(PrepareVersion(m))
+
+    def _join_twin(self, manifest: Manifest, now: int, out: list[Effect]) -> bool:
+        """A manifest with the same content as a version held or being fetched: plan it too
+        if we hold that version (we serve it), else count its signer as another source
+        (protocol/relay/twins.py). Whether it had a twin."""
+        twin = find_twin(self.transfers.values(), manifest)
+        if twin is None:
+            return False
+        if twin.state is TransferState.COMPLETE:
+            self._register(manifest, TransferState.PREPARING, out)
+            out.append(PrepareVersion(manifest))
+        else:
+            self.book.known[manifest.id] = manifest  # remembered: a replay stays a replay
+            if add_holder(twin, manifest.signer, self.self_id):
+                out.append(manifest_event("holder", twin.manifest, holder=manifest.signer))
+                self.fetcher.pump(twin, now, out)
+        return True
+
+    def _on_reject(self, event: RejectVersion, out: list[Effect]) -> None:
+        t = self.transfers.get(event.manifest_id)
+        if t is None:
+            return
+        reject_content(t, self.book.known, event.reason, self.self_id, out)
+        self._abandon(t, "rejected", out)
 
     def _on_chunk(self, ev: ChunkReceived, now: int, out: list[Effect]) -> None:
         t = self.transfers.get(ev.manifest_id)
@@ -244,6 +271,12 @@ class RelayMachine:
             out.append(Penalize(peer, f"invalid relay manifest: {exc}", BAD_MANIFEST_PENALTY))
             out.append(Emit("manifest_invalid", {"peer": peer, "error": str(exc)}))
             return
+        for t in self.wants.answered(self.transfers.values(), manifest, peer, self.self_id):
+            self.fetcher.pump(t, now, out)  # a peer we asked holds it too
+        if manifest.id in self.book.known and take_held_twin(self.book.known,
+                                                            self.transfers.values(), manifest):
+            self._register(manifest, TransferState.PREPARING, out)  # we hold its bytes now
+            out.append(PrepareVersion(manifest))
         if manifest.id in self.transfers or manifest.id in self.book.known:
             return  # a replay of a manifest we hold: nothing new
         if self.trusted is not None and manifest.signer not in self.trusted:
@@ -261,9 +294,10 @@ class RelayMachine:
             if not any(t.manifest.key == m.key for t in self.transfers.values()):
                 self._latest.pop(m.key, None)
         out.append(manifest_event("manifest_accepted", manifest, peer=peer))
-        if manifest.signer == self.self_id or not (
-            names_recipient(manifest, self.self_id) or self._is_wanted(manifest)
-        ):
+        recipient = names_recipient(manifest, self.self_id)
+        if manifest.signer != self.self_id and not recipient and self._join_twin(manifest, now, out):
+            return
+        if manifest.signer == self.self_id or not (recipient or self.wants.asked(manifest)):
             self._supersede(manifest, out)
             self.book.known[manifest.id] = manifest  # no part in it: remembered, not planned
             return
@@ -297,7 +331,7 @@ class RelayMachine:
         elif (
             manifest.version > latest
             and manifest.signer != self.self_id
-            and (self.self_id in t.plan or self._is_wanted(manifest))
+            and (self.self_id in t.plan or self.wants.asked(manifest))
         ):
             t.move_to(TransferState.PREPARING)
             t.move_to(TransferState.FETCHING)
@@ -320,7 +354,7 @@ class RelayMachine:
         t.stripe_have = [0] * plan.stripes
         t.by_hash = self._chunk_indices(manifest.chunk_hashes)
         # ascending: each stripe's list is already a heap
-        t.pending = [list(range(k, manifest.chunks, plan.stripes)) for k in range(plan.stripes)]
+        widen(t, self.wants.only(manifest), fresh=True)
         self._supersede(manifest, out)
         self.transfers[manifest.id] = t
         return t
@@ -341,38 +375,9 @@ class RelayMachine:
 
     def _push_down(self, t: Transfer, out: list[Effect]) -> None:
         """Send the manifest to our children in the plan: nobody waits on a lost gossip."""
-        for child in t.plan.children_of(self.self_id):
-            out.append(Send(child, t.manifest.message))
-
-    # ------------------------------------------------------------ serving
-
-    def _on_request(self, ev: ChunkRequested, out: list[Effect]) -> None:
-        t = self.transfers.get(ev.manifest_id)
-        if t is None and ev.manifest_id in self.book.known:
-            out.append(RefuseChunk(ev.peer, ev.manifest_id, ev.index, ChunkStatus.NOT_HELD))
-        elif t is None or t.state is TransferState.ABANDONED:
-            out.append(RefuseChunk(ev.peer, ev.manifest_id, ev.index, ChunkStatus.GONE))
-        elif ev.index >= t.manifest.chunks:
-            out.append(
-                Penalize(ev.peer, f"relay chunk {ev.index} out of range", BAD_REQUEST_PENALTY)
-            )
-            out.append(RefuseChunk(ev.peer, ev.manifest_id, ev.index, ChunkStatus.GONE))
-        elif t.have[ev.index]:
-            t.served[ev.peer] += 1
-            out.append(ServeChunk(ev.peer, ev.manifest_id, ev.index))
-        elif t.state not in (TransferState.PREPARING, TransferState.FETCHING):
-            out.append(RefuseChunk(ev.peer, ev.manifest_id, ev.index, ChunkStatus.NOT_HELD))
-        elif t.queued[ev.peer] >= self.max_queued_per_peer:
-            out.append(RefuseChunk(ev.peer, ev.manifest_id, ev.index, ChunkStatus.BUSY))
-        else:
-            t.queued[ev.peer] += 1
-            t.waiting.setdefault(ev.index, []).append(ev.peer)
+        out.extend(Send(child, t.manifest.message) for child in t.plan.children_of(self.self_id))
 
     # ------------------------------------------------------------ lifecycle
-
-    def _is_wanted(self, manifest: Manifest) -> bool:
-        wanted = self._wanted
-        return (manifest.signer, manifest.name) in wanted or (None, manifest.name) in wanted
 
     def _abandon(self, t: Transfer, reason: str, out: list[Effect]) -> None:
         t.move_to(TransferState.ABANDONED)
@@ -387,13 +392,8 @@ class RelayMachine:
         del self.transfers[t.manifest.id]
 
     def _gc(self, key: tuple[str, str], out: list[Effect]) -> None:
-        done = sorted(
-            (
-                t
-                for t in self.transfers.values()
-                if t.manifest.key == key and t.state is TransferState.COMPLETE
-            ),
-            key=lambda t: t.manifest.version,
-        )
+        done = [t for t in self.transfers.values()
+                if t.manifest.key == key and t.state is TransferState.COMPLETE]
+        done.sort(key=lambda t: t.manifest.version)
         for t in done[: max(0, len(done) - self.keep_versions)]:
             self._abandon(t, "garbage-collected", out)

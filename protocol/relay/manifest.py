@@ -22,6 +22,11 @@ A chunk's hash is ``crypto.merkle.leaf_hash(chunk_bytes)`` (BLAKE2b-256, leaf-pe
 the root alone. The artifact is namespaced by its signer: ``(signer, name)`` is the key that
 versions are monotonic in, so no other key can publish a version of it.
 
+A node that missed the gossip asks holders with :class:`ManifestQuery`. A model is the artifact
+named by its weights hash (:func:`model_artifact_name`): every holder of the same file, cut in
+``MODEL_CHUNK_SIZE`` chunks, signs a manifest with the same chunk hashes, so a fetcher pulls
+the content from all of them at once (protocol/relay/machine.py: twins).
+
 Chunk streams (node/relay/service.py): the requester opens a stream and writes the
 ``RelayManifest`` frame, then any number of :class:`ChunkRequest` frames; the server answers each
 with a :class:`ChunkHeader` frame followed, when its status is ``OK``, by exactly ``size`` raw
@@ -61,6 +66,9 @@ MAX_PEER_ID_LEN = 64
 #: advertised upload bandwidth, bytes per second (0 = unknown; the plan assumes a default)
 MAX_UPLOAD_BPS = 1 << 40
 MAX_REASON_LEN = 64
+#: chunk size of model artifacts: every holder of a model cuts it alike, so the chunk hashes
+#: (and the Merkle root) of its manifests agree and any holder can serve any of them
+MODEL_CHUNK_SIZE = 1 << 20
 #: stripes a progress report can describe (protocol/relay/striping.py allows up to 16)
 MAX_PROGRESS_STRIPES = 16
 
@@ -175,6 +183,17 @@ class RelayProgress(Message):
     )
 
 
+@message(96)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ManifestQuery(Message):
+    """Unicast: "send me the manifest of the newest version of ``name`` you hold complete".
+    The answer is a ``RelayManifest`` (nothing when none is held): how a node that missed
+    the gossip finds the holders of an artifact, such as a model named by its weights hash."""
+
+    repeatable: ClassVar[bool] = True
+    name: str = limits(max_len=MAX_NAME_LEN)
+
+
 class ManifestError(ValueError):
     """A RelayManifest is not validly signed, or its body is malformed."""
 
@@ -267,3 +286,27 @@ def make_body(
         publisher_upload_bps=publisher_upload_bps,
         recipients=tuple(Recipient(peer_id=p, upload_bps=b) for p, b in recipients),
     )
+
+
+def model_artifact_name(weights_hash: bytes) -> str:
+    """The relay name of a model: its weights hash (BLAKE2b-256 of the file) in hex."""
+    if len(weights_hash) != HASH_LEN:
+        raise ValueError(f"a weights hash is {HASH_LEN} bytes, got {len(weights_hash)}")
+    return weights_hash.hex()
+
+
+def model_weights_hash(manifest: Manifest) -> bytes | None:
+    """The weights hash a GGUF artifact named by one must hash to (None: not a model)."""
+    name = manifest.name
+    if manifest.body.format is not ArtifactFormat.GGUF or len(name) != 2 * HASH_LEN:
+        return None
+    try:
+        return bytes.fromhex(name)
+    except ValueError:
+        return None
+
+
+def same_content(a: Manifest, b: Manifest) -> bool:
+    """Whether two manifests (of any signers) describe the same bytes, chunk for chunk."""
+    return (a.body.merkle_root == b.body.merkle_root and a.body.chunk_size == b.body.chunk_size
+            and a.body.total_size == b.body.total_size)

@@ -86,6 +86,10 @@ class Transfer:
     completed_reports: int = 0
     #: chunks held at our last progress report (-1: none sent)
     last_report: int = -1
+    #: signers of twin manifests (the same content, protocol/relay/twins.py): they hold it too
+    holders: list[str] = field(default_factory=list)
+    #: the chunk indices this node fetches (None: all); a block server wants only its tensors
+    wanted: frozenset[int] | None = None
 
     @property
     def source(self) -> str | None:
@@ -95,6 +99,16 @@ class Transfer:
     @property
     def complete(self) -> bool:
         return self.have_count == self.manifest.chunks
+
+    def wants(self, index: int) -> bool:
+        return self.wanted is None or index in self.wanted
+
+    @property
+    def satisfied(self) -> bool:
+        """Every wanted chunk is held (the whole version unless ``wanted`` says otherwise)."""
+        if self.wanted is None:
+            return self.complete
+        return all(self.have[i] for i in self.wanted if 0 <= i < len(self.have))
 
     def move_to(self, new: TransferState) -> None:
         """Change state along ``TRANSITIONS``; any other move is our own bug."""

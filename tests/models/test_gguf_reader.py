@@ -80,3 +80,36 @@ def test_tokenizer_hash_sees_tokens_merges_and_special_ids_only(tmp_path: Path) 
         assert tokenizer_hash(_gguf(tmp_path / "c.gguf", {**TOKENIZER, **change})) != base
     with pytest.raises(ValueError, match="no tokenizer"):
         tokenizer_hash(_gguf(tmp_path / "d.gguf", {"general.architecture": "llama"}))
+
+
+def test_tensor_spans_from_the_file_start_and_a_header_cut_short() -> None:
+    from models.gguf_reader import HeaderIncomplete, tensor_spans
+    from models.registry import default_model
+    from node.inference.weights import block_of, chunks_of
+
+    path = default_model().path
+    with open(path, "rb") as f:
+        start = f.read(4 << 20)
+    meta, header, spans = tensor_spans(memoryview(start), lambda n: block_of(n) == 10)
+    _, tensors = read_gguf(path)
+    want = sorted(bytes(t.data) for n, t in tensors.items() if n.startswith("blk.10."))
+    with open(path, "rb") as f:
+        got = []
+        for offset, length in spans:
+            f.seek(offset)
+            got.append(f.read(length))
+    assert sorted(got) == want and meta["general.architecture"] == "llama"
+    assert header < min(offset for offset, _ in spans)
+    with pytest.raises(HeaderIncomplete):
+        tensor_spans(memoryview(start[: header // 2]), lambda n: True)
+    # one block's tensors sit in a few 1 MiB chunks, far from the file's ~94
+    assert 1 <= len(chunks_of(spans, 1 << 20)) <= 3
+    assert chunks_of([(0, 1), ((1 << 20) - 1, 2)], 1 << 20) == {0, 1}
+
+
+def test_a_header_claiming_absurd_dimensions_is_refused_before_it_is_unpacked() -> None:
+    from models.gguf_reader import parse_header
+
+    head = b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + _text("blk.0.w") + struct.pack("<I", 1 << 30)
+    with pytest.raises(ValueError, match="dimensions"):
+        parse_header(memoryview(head + bytes(64)))

@@ -31,7 +31,14 @@ from protocol.relay.events import (
     VersionPrepared,
 )
 from protocol.relay.machine import RelayMachine
-from protocol.relay.manifest import Manifest, chunk_hash, make_body, sign_manifest
+from protocol.relay.manifest import (
+    ArtifactFormat,
+    Manifest,
+    chunk_hash,
+    make_body,
+    same_content,
+    sign_manifest,
+)
 
 CHUNK = 4096
 
@@ -48,6 +55,7 @@ def manifest_for(
     version: int = 1,
     name: str = "model",
     repeat: bool = False,
+    format: ArtifactFormat = ArtifactFormat.RAW,
 ) -> Manifest:
     data = [bytes([i % 2 if repeat else i]) * CHUNK for i in range(chunks)]
     body = make_body(
@@ -58,6 +66,7 @@ def manifest_for(
         total_size=chunks * CHUNK,
         publisher_upload_bps=100,
         recipients=[(p, 100) for p in recipients],
+        format=format,
     )
     return sign_manifest(publisher, body)
 
@@ -129,7 +138,11 @@ class Net:
                     q.append((other, Received(peer, e.message, e.topic)))
         elif isinstance(e, PrepareVersion):
             self.manifests[e.manifest.id] = e.manifest
-            present = frozenset(self.store(peer).get(e.manifest.id, set()))
+            held = set(self.store(peer).get(e.manifest.id, set()))
+            for mid, indices in self.store(peer).items():  # the real store is content-addressed
+                if same_content(self.manifests[mid], e.manifest):
+                    held |= indices
+            present = frozenset(held)
             q.append((peer, VersionPrepared(e.manifest.id, present)))
         elif isinstance(e, RequestChunk):
             if e.peer in self.dead:

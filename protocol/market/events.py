@@ -84,6 +84,11 @@ class SubmitTask:
     need_embedding: bytes = b""
     need_scale: float = 0.0
     embedder_hash: bytes = b""
+    #: a part of a larger task (a plan's planners and steps, protocol/agents/pipeline.py):
+    #: its own vote neither attests nor rewards the selector, the larger task's vote does
+    deferred: bool = False
+    #: peers never to assign this task (a replanning asks a planner not asked before)
+    exclude: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

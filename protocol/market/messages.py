@@ -33,7 +33,8 @@ Turn        52      (nested in TaskSpec)     one earlier turn of a conversation
 A task names how its prompt is built (``TaskSpec.style``): ``cot`` asks for a chain of
 thought ending in a final-answer line (what voting compares), ``chat`` sends the
 conversation as it is (the reply is the answer), ``plain`` sends the question as raw text
-with no chat template (a completion). The requester also fixes the sampling (temperature,
+with no chat template (a completion), ``plan`` asks a planner for a plan, generated under
+the plan grammar (protocol/agents/plans.py; the reply is the plan's JSON). The requester also fixes the sampling (temperature,
 top-p, a seed base and stop strings); each executor derives its own seed from the seed base
 and its attempt (protocol.market.sampling), so the k executors of a task sample k different
 chains and anyone holding the task can recompute any executor's seed.
@@ -102,7 +103,7 @@ MAX_SLOTS = 1024
 #: earlier turns of a conversation a task carries, and the roles a turn may have
 MAX_TURNS = 64
 TURN_ROLES = ("system", "user", "assistant")
-TASK_STYLES = ("cot", "chat", "plain")
+TASK_STYLES = ("cot", "chat", "plain", "plan")
 MAX_STOP = 4
 MAX_STOP_CHARS = 64
 MAX_TEMPERATURE = 2.0

@@ -154,7 +154,7 @@ class ResultIntake:
         move_phase(task, TaskPhase.DONE)
         count(self.counters, "tasks_done")
         effects: list[Effect] = []
-        for p in task.results:
+        for p in task.results if not task.deferred else ():
             agreed = (task.outcome.confirmed(p) if self.voting.confirm_by_others
                       else task.outcome.agrees(p))
             effects.append(Attest(p, tid, TASK_ATTEST, COMPLETED if agreed else WRONG))

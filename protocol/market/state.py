@@ -112,6 +112,8 @@ class OpenTask:
     first_assigned_at_ms: int | None = None
     finished_at_ms: int | None = None
     forget_at_ms: int = 0
+    #: SubmitTask.deferred: the vote neither attests nor rewards (a larger task's vote does)
+    deferred: bool = False
 
     @property
     def active(self) -> list[Attempt]:

@@ -67,7 +67,8 @@ def submitted_task(ev: SubmitTask, requester: str, known: dict[bytes, OpenTask],
     except ValueError as exc:
         raise LocalProtocolError(f"task: {exc}") from None
     return OpenTask(spec=spec, allow_self=ev.allow_self, phase=TaskPhase.BIDDING,
-                    created_at_ms=now, deadline_at_ms=now + ev.deadline_ms)
+                    created_at_ms=now, deadline_at_ms=now + ev.deadline_ms,
+                    tried=set(ev.exclude), deferred=ev.deferred)
 
 
 def restored_task(ev: RestoreTask, requester: str, known: dict[bytes, OpenTask],

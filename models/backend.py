@@ -70,6 +70,7 @@ class SamplingParams:
     seed: int = 0  # seeds the sampler's PCG64 stream
     ignore_eos: bool = False  # keep going past end-of-sequence (benchmarks)
     stop: tuple[str, ...] = ()  # end once the generated text holds one of these
+    json_schema: str = ""  # a JSON schema every generated text must fit ("" = none); Backend.mask
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +183,12 @@ class Backend(ABC):
             return self.tokenize(render_chat(self.chat_template, items, self.bos_text, self.eos_text))
         return [int(t) for t in items]
 
+    def mask(self, json_schema: str) -> Any:
+        """A fresh per-generation token mask for ``json_schema`` (``mask(logits)``,
+        ``accept(token)``: models/grammar.py), or None where the backend has no grammar
+        sampler (then the text is sampled unconstrained, and may not fit the schema)."""
+        return None
+
     def generate(self, prompt: str | Sequence[Message] | Sequence[int],
                  params: SamplingParams = SamplingParams(),
                  on_text: Callable[[str], None] | None = None) -> Generation:
@@ -192,6 +199,7 @@ class Backend(ABC):
         if not ids:
             raise ValueError("generate: empty prompt")
         rng = np.random.Generator(np.random.PCG64(params.seed))
+        grammar = self.mask(params.json_schema) if params.json_schema else None
         t0 = time.perf_counter()
         logits = self._start(ids)
         t1 = time.perf_counter()
@@ -199,8 +207,10 @@ class Backend(ABC):
         lps: list[float] = []
         finish = "length"
         for i in range(params.max_tokens):
-            lp = log_softmax(logits)
+            lp = log_softmax(logits if grammar is None else grammar.mask(logits))
             tok = choose_token(lp, params, rng)
+            if grammar is not None:
+                grammar.accept(tok)
             if tok in self.eos_ids and not params.ignore_eos:
                 finish = "stop"
                 break

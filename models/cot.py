@@ -8,7 +8,9 @@ Without CoT (``cot=False``) the model is asked for the answer alone, in a few to
 A problem's ``style`` (``protocol.market.messages.TaskSpec.style``) says how the prompt is
 built (:func:`build_prompt`): ``cot`` as above (earlier conversation turns go between the
 system prompt and the question), ``chat`` the conversation as it is through the model's chat
-template, ``plain`` the question as raw text. For ``chat`` and ``plain`` the whole reply is
+template, ``plain`` the question as raw text, ``plan`` the planner's prompt (:data:`PLANNER_PROMPT`)
+and the task, its reply generated under the planner's JSON schema (models/grammar.py). For
+``chat``, ``plain`` and ``plan`` the whole reply is
 the answer (:func:`answer_of`) and the confidence is exp(mean logprob) of every token. The
 executor (models/solver.py) and the verifier (models/checks.py) both build the prompt and
 the answer with these functions, so an honest result always checks out.
@@ -23,12 +25,14 @@ completions: no system prompt and no tools.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from models.backend import Backend, Message, SamplingParams
 from models.extract import answer_confidence, extract_answer, token_char_offsets
+from protocol.agents.plans import PLANNER_SCHEMA
 from protocol.agents.wire import ToolCallRecord, restated_answer, tool_transcript
 from protocol.answers import AnswerType, normalize_answer
 from protocol.market.messages import MAX_ANSWER_CHARS, TaskSpec
@@ -38,6 +42,14 @@ COT_MAX_TOKENS = 256
 DIRECT_MAX_TOKENS = 24
 
 SYSTEM_PROMPT = "You are a careful assistant who solves problems correctly."
+#: what a planner (style ``plan``) reads besides the task; its reply is generated under
+#: protocol.agents.plans.PLANNER_SCHEMA
+PLANNER_PROMPT = (
+    "You are a planner. Split the task into 1 to 3 short steps that other agents will do in "
+    "order; each step sees the results of the steps before it. For each step write the "
+    "instruction, what the step needs (a few words) and skill tags (lower case, such as "
+    "arithmetic). Reply with JSON only.")
+REPLY_STYLES = ("chat", "plain", "plan")
 _FORMAT_HINTS = {
     AnswerType.NUMBER: "The final answer must be a single number.",
     AnswerType.CHOICE: "The final answer must be the letter of one option.",
@@ -110,6 +122,9 @@ def build_prompt(problem: Problem, cot: bool = True) -> str | list[Message]:
     """What the model reads for ``problem``: chat messages, or raw text (``plain``)."""
     if problem.style == "plain":
         return problem.question
+    if problem.style == "plan":
+        return [{"role": "system", "content": problem.system_prompt or PLANNER_PROMPT},
+                {"role": "user", "content": f"Task: {_with_tools(problem, problem.question)}"}]
     if problem.style == "chat":
         system: list[Message] = ([{"role": "system", "content": problem.system_prompt}]
                                  if problem.system_prompt else [])
@@ -120,7 +135,7 @@ def build_prompt(problem: Problem, cot: bool = True) -> str | list[Message]:
 
 def answer_of(problem: Problem, text: str) -> str:
     """The raw answer a generated ``text`` gives ("" when a CoT states none)."""
-    if problem.style in ("chat", "plain"):
+    if problem.style in REPLY_STYLES:
         reply = text.strip()
     else:
         found = extract_answer(text, problem.answer_type, problem.choices)
@@ -134,16 +149,17 @@ def solve(backend: Backend, problem: Problem, *, cot: bool = True, seed: int = 0
     """Answer ``problem`` with ``backend``; for a fixed seed the same tokens on one machine.
     ``on_text`` gets the text generated so far after each token (Backend.generate)."""
     budget = max_tokens or (COT_MAX_TOKENS if cot else DIRECT_MAX_TOKENS)
+    schema = json.dumps(PLANNER_SCHEMA) if problem.style == "plan" else ""
     gen = backend.generate(build_prompt(problem, cot), SamplingParams(
-        max_tokens=budget, temperature=temperature, top_p=top_p, seed=seed, stop=stop),
-        on_text=on_text)
+        max_tokens=budget, temperature=temperature, top_p=top_p, seed=seed, stop=stop,
+        json_schema=schema), on_text=on_text)
     timing = {"prompt_ms": gen.prompt_ms, "generate_ms": gen.generate_ms,
               "tokens_per_s": gen.tokens_per_s}
     common = dict(cot_text=gen.text, token_ids=gen.token_ids,
                   prompt_token_ids=gen.prompt_token_ids, logprobs=gen.logprobs, timing=timing,
                   finish_reason=gen.finish_reason)
     mean = sum(gen.logprobs) / len(gen.logprobs) if gen.logprobs else 0.0
-    if problem.style in ("chat", "plain"):
+    if problem.style in REPLY_STYLES:
         reply = answer_of(problem, gen.text)
         return Solution(answer=reply, normalized=normalize_answer(AnswerType.TEXT, reply),
                         confidence=min(1.0, math.exp(mean)), **common)  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -111,6 +111,12 @@ class LlamaCppBackend(Backend):
             self.capture.seek(self.llm.n_tokens)
         self.llm.eval([token])
         return self._last_logits()
+
+    def mask(self, json_schema: str) -> Any:
+        """llama.cpp's grammar sampler for ``json_schema`` (models/grammar.py)."""
+        from models.grammar import JsonSchemaMask
+
+        return JsonSchemaMask(self.llm, json_schema, self.n_vocab)
 
     def enable_state_capture(self) -> None:
         """Keep the layer states of every generation from now on (models.llama_capture).

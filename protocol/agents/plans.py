@@ -37,6 +37,7 @@ MAX_PLAN_TEXT_CHARS = 16_384
 
 __all__ = [
     "MAX_INSTRUCTION_CHARS", "MAX_PLAN_STEPS", "MAX_PLAN_TEXT_CHARS", "PLAN_SCHEMA",
+    "PLANNER_MAX_STEPS", "PLANNER_SCHEMA",
     "InvalidPlan", "Plan", "PlanStep", "parse_plan",
 ]
 
@@ -127,6 +128,21 @@ PLAN_SCHEMA: dict[str, Any] = {
     "required": ["steps"],
     "additionalProperties": False,
 }
+
+#: what a planner generates under: PLAN_SCHEMA narrowed (at most PLANNER_MAX_STEPS steps,
+#: shorter texts, one skill a step), so the longest plan it admits fits a planner's token
+#: budget and a result's answer (MAX_ANSWER_CHARS) whole; every text it admits PLAN_SCHEMA
+#: admits, so parse_plan reads it
+PLANNER_MAX_STEPS = 3
+PLANNER_SCHEMA: dict[str, Any] = json.loads(json.dumps(PLAN_SCHEMA))
+_planner_item = PLANNER_SCHEMA["properties"]["steps"]["items"]["properties"]
+PLANNER_SCHEMA["properties"]["steps"]["maxItems"] = PLANNER_MAX_STEPS
+_planner_item["instruction"]["maxLength"] = 100
+_planner_item["needs"]["maxLength"] = 32
+# one skill a step: a grammar cannot keep a list's items distinct (parse_plan refuses repeats)
+_planner_item["skills"]["maxItems"] = 1
+# a bounded pattern (a grammar takes a pattern over maxLength), within SKILL_PATTERN
+_planner_item["skills"]["items"] = {"type": "string", "pattern": "^[a-z][a-z0-9-]{0,19}$"}
 
 _STEP_KEYS = frozenset(("instruction", "needs", "skills"))
 

@@ -36,6 +36,10 @@ def print_task(snap: dict[str, Any], show_cot: bool) -> None:
                   f"task {snap['task_id'][:16]}  {status}")
     if snap.get("failure"):
         console.print(f"failure: {snap['failure']}")
+    if snap.get("mode") == "plan":
+        from node.cli.plan_tree import print_plan_tree
+
+        print_plan_tree(snap)
     if snap.get("agent"):
         console.print(f"answered by agent {snap['agent']} on {short_peer(snap['executor'])}")
     need = [f"{k} {snap[k]}" for k in ("needs", "requested_agent") if snap.get(k)]
@@ -111,18 +115,25 @@ def print_task(snap: dict[str, Any], show_cot: bool) -> None:
               "description fits it best answers.")
 @click.option("--skills", default="", help="Skill tags the task needs, comma-separated.")
 @click.option("--agent", default="", help="Only this agent (by name) may answer.")
+@click.option("--mode", type=click.Choice(["task", "plan"]), default="task", show_default=True,
+              help="plan: planners split the question into steps, each step goes to the agent "
+              "that fits it, the plans' answers are voted.")
+@click.option("--planners", type=click.IntRange(1, 16), default=None,
+              help="Planners asked in plan mode (default: the node's tasks.planners, 3).")
 @click.option("--json", "as_json", is_flag=True, help="Print the task snapshot as JSON.")
 @click.option("--show-cot", is_flag=True, help="Print every executor's chain of thought.")
 @data_dir_option
 def ask(question: str, k: int | None, model: str, family: str, answer_type: str,
         choices: tuple[str, ...], deadline_ms: int, max_tokens: int | None,
         temperature: float | None, top_p: float | None, seed: int | None, needs: str,
-        skills: str, agent: str, as_json: bool, show_cot: bool, data_dir: str | None) -> None:
+        skills: str, agent: str, mode: str, planners: int | None, as_json: bool, show_cot: bool,
+        data_dir: str | None) -> None:
     """Ask the network QUESTION; print the voted answer, the votes and who computed what.
 
     With --needs, --skills or --agent the task goes to the agent that fits it (matched from
     the agents' cards in the ledger); ``--json`` names the ``agent`` and ``executor`` that gave
-    the answer and its ``tool_calls``.
+    the answer and its ``tool_calls``. With ``--mode plan`` it names the ``plans``: each one's
+    ``planner``, ``answer`` and ``steps`` (instruction, requirement, agent, executor, output).
 
     On a terminal the bids, the chosen executors and the votes are shown live meanwhile.
     """
@@ -133,6 +144,10 @@ def ask(question: str, k: int | None, model: str, family: str, answer_type: str,
     for key, text in (("needs", needs), ("skills", skills), ("agent", agent)):
         if text:
             body[key] = text
+    if mode == "plan":
+        body["mode"] = "plan"
+        if planners is not None:
+            body["planners"] = planners
     if k is not None:
         body["k"] = k
     if max_tokens is not None:
@@ -143,6 +158,9 @@ def ask(question: str, k: int | None, model: str, family: str, answer_type: str,
     if as_json:
         snap = call(client.post, "/tasks/", body)
         echo_json(snap)
+    elif mode == "plan":
+        snap = call(client.post, "/tasks/", body)
+        print_task(snap, show_cot)
     else:
         from node.cli.progress import follow_task
 

@@ -36,8 +36,13 @@ from node.market.api import task_routes
 from node.market.ask_request import AskError, NeedEmbedder, parse_ask
 from node.market.chain_asks import ChainAsks, interrupted
 from node.market.live_text import LiveTexts
+from node.market.plan_asks import PlanChildren, interrupted_plan, parse_plan_ask, plan_mode
+from node.market.restore import restore_event
 from node.service import NodeContext, Service
 from protocol.agents.cards import AgentCards
+from protocol.agents.pipeline import PipelineConfig, PlanPipeline
+from protocol.agents.plan_runs import PlanUpdated, SubmitPlanTask
+from protocol.agents.planning import PlanningRequester
 from protocol.agents.wire import agent_matcher
 from protocol.inference.placement import Placement, Route
 from protocol.ledger.trust import TrustView
@@ -46,9 +51,6 @@ from protocol.market.auction import (
     Attest,
     Auction,
     AuctionConfig,
-    KeptResult,
-    RestoredAttempt,
-    RestoreTask,
     SubmitTask,
     TaskUpdated,
 )
@@ -58,10 +60,7 @@ from protocol.market.messages import (
     MAX_K,
     Bid,
     Reject,
-    Requirement,
     Result,
-    TaskSpec,
-    Turn,
 )
 from protocol.market.progress import Progress, Streamed
 from protocol.market.selection import ScoreSelector, Selector
@@ -89,6 +88,12 @@ class TasksSection:
     default_max_tokens: int = 256
     #: price ceiling per executor when a request names none
     default_max_price: float = 1e6
+    #: plan mode (protocol/agents/pipeline.py): planners asked, tries of a step before its
+    #: plan fails, fresh planners per plan, a planner's tokens
+    planners: int = 3
+    plan_step_tries: int = 2
+    plan_replans: int = 1
+    plan_tokens: int = 256
 
     def __post_init__(self) -> None:
         if self.selector not in ("score", "linucb"):
@@ -97,9 +102,15 @@ class TasksSection:
             raise ValueError(f"default_k must be in [1, {MAX_K}]")
         for name in ("bid_window_ms", "max_rounds", "backoff_base_ms", "backoff_max_ms",
                      "assign_base_ms", "default_deadline_ms",
-                     "default_max_tokens"):
+                     "default_max_tokens", "plan_step_tries", "plan_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        PipelineConfig(planners=self.planners, step_tries=self.plan_step_tries,
+                       replans=self.plan_replans, plan_tokens=self.plan_tokens)  # checks them
+
+    def pipeline_config(self) -> PipelineConfig:
+        return PipelineConfig(planners=self.planners, step_tries=self.plan_step_tries,
+                              replans=self.plan_replans, plan_tokens=self.plan_tokens)
 
 
 
@@ -142,6 +153,11 @@ class TasksService(Service):
         self._machine = requester_machine(ctx, selector, fed_config(s), self.reputation,
                                           self.possible_bidders, agent_matcher(self.cards_of))
         self.needs = NeedEmbedder()
+        # plan mode: the pipeline beside the auction, one machine (protocol/agents/planning.py)
+        self._requester = PlanningRequester(self._machine, PlanPipeline(
+            s.pipeline_config(), self.reputation, lambda: ctx.rng.randbytes(32)))
+        self._plan_children = PlanChildren(
+            self.needs, lambda event: ctx.submit(self.name, event), ctx.log)
         self._waiters: dict[str, trio.Event] = {}
         self._latest: dict[str, dict[str, Any]] = {}
         self._restored = 0
@@ -152,7 +168,11 @@ class TasksService(Service):
         self.live = LiveTexts(self._machine.progress.text, self._over)
 
     @property
-    def machine(self) -> Auction | VerifiedAuction:
+    def machine(self) -> PlanningRequester:
+        return self._requester
+
+    @property
+    def auction(self) -> Auction | VerifiedAuction:
         return self._machine
 
     # ---------------------------------------------------------------- ledger adapters
@@ -259,6 +279,10 @@ class TasksService(Service):
             await self._attest(effect)
         elif isinstance(effect, Streamed):
             self.live.poke(effect.task_id)
+        elif isinstance(effect, PlanUpdated):
+            self.record(effect.snapshot)
+        elif isinstance(effect, SubmitTask):  # a plan's planner or step
+            await self._plan_children(effect)
         else:
             from node.verification.service import (
                 perform_verification_effect,  # verdict attestations
@@ -273,7 +297,9 @@ class TasksService(Service):
             "SELECT snapshot, deadline_at FROM tasks WHERE phase IN ('bidding', 'running')")
         for row in rows:
             snap = json.loads(row["snapshot"])
-            failed = interrupted(snap, self.ctx.clock())  # a chain's sessions are gone
+            # a chain's sessions are gone; a plan's pipeline state too
+            failed = interrupted(snap, self.ctx.clock()) or interrupted_plan(snap,
+                                                                             self.ctx.clock())
             if failed is not None:
                 self.record(failed)
                 continue
@@ -293,10 +319,15 @@ class TasksService(Service):
         return parse_ask(request, self.section, self.ctx.rng.randbytes(32))
 
     async def ask(self, request: dict[str, Any], *, wait: bool = True) -> dict[str, Any]:
-        event = await self.needs.with_vector(self.submit_event(request))
-        placement = self.chains.place(event.model, event.family)
-        if placement.route is Route.CHAIN:
-            return await self.chains.ask(event, request, placement, wait=wait)
+        event: SubmitTask | SubmitPlanTask
+        if plan_mode(request):
+            event = parse_plan_ask(request, self.section, self.section.planners,
+                                   self.ctx.rng.randbytes(32))
+        else:
+            event = await self.needs.with_vector(self.submit_event(request))
+            placement = self.chains.place(event.model, event.family)
+            if placement.route is Route.CHAIN:
+                return await self.chains.ask(event, request, placement, wait=wait)
         assert event.task_id is not None  # submit_event always draws one
         task_id = event.task_id.hex()
         done = self._waiters[task_id] = trio.Event()
@@ -354,44 +385,11 @@ class TasksService(Service):
     def status(self) -> dict[str, Any]:
         m = self._machine
         return {"open": len(m.open_tasks()), "selector": self.section.selector,
-                "restored": self._restored, "counters": dict(sorted(m.counters.items()))}
+                "restored": self._restored, "counters": dict(sorted(m.counters.items())),
+                "plans": dict(sorted(self._requester.pipeline.counters.items()))}
 
     def routes(self) -> list[Any]:
         return task_routes(self)
 
     def root_routes(self) -> list[Any]:
         return openai_routes(self)
-
-
-def restore_event(snap: dict[str, Any], own_peer: str, remaining_ms: int) -> RestoreTask:
-    """Rebuild a ``RestoreTask`` from a stored snapshot (see protocol.market.state.snapshot)."""
-    spec = TaskSpec(
-        task_id=bytes.fromhex(snap["task_id"]), requester=own_peer, question=snap["question"],
-        answer_type=snap["answer_type"], choices=tuple(snap["choices"]),
-        requirement=Requirement(
-            model=snap["model"], family=snap["family"], min_context=int(snap["min_context"]),
-            needs=snap.get("needs", ""), skills=tuple(snap.get("skills", ())),
-            agent=snap.get("requested_agent", ""),
-            need_embedding=bytes.fromhex(snap.get("need_embedding", "")),
-            need_scale=float(snap.get("need_scale", 0.0)),
-            embedder_hash=bytes.fromhex(snap.get("embedder_hash", ""))),
-        k=int(snap["k"]), max_price=float(snap["max_price"]), max_tokens=int(snap["max_tokens"]),
-        style=snap.get("style", "cot"),
-        history=tuple(Turn(role=t["role"], content=t["content"]) for t in snap.get("history", ())),
-        temperature=float(snap.get("temperature", 0.0)), top_p=float(snap.get("top_p", 1.0)),
-        seed=int(snap.get("seed", 0)), stop=tuple(snap.get("stop", ())),
-    )
-    kept = tuple(KeptResult(bytes.fromhex(r["envelope"]), float(r["match_score"]))
-                 for r in snap["results"])
-    # an attempt's time left keeps its distance to the task's deadline
-    assigned = tuple(
-        RestoredAttempt(peer=a["peer"], attempt=int(a["attempt"]),
-                        due_in_ms=remaining_ms - (int(snap["deadline_at_ms"])
-                                                  - int(a["due_at_ms"])),
-                        match_score=float(a["match_score"]), model=a["model"],
-                        agent=a.get("agent", ""))
-        for a in snap["attempts"] if a["state"] == "assigned")
-    return RestoreTask(spec=spec, allow_self=bool(snap["allow_self"]),
-                       remaining_ms=max(0, remaining_ms), round=int(snap["round"]),
-                       next_attempt=int(snap["next_attempt"]), tried=tuple(snap["tried"]),
-                       kept=kept, assigned=assigned)

@@ -7,11 +7,13 @@ it on PYTHONPATH). It is not shipped and never what a user's node or a benchmark
 It answers questions containing ``a <op> b`` (op in + - *) with a short chain of thought and
 a final answer line, in ``SYMPHONY_ARITH_SOLVER_DELAY_MS`` milliseconds of simulated compute
 (default 50), and advertises the matching speed (``NOMINAL_TOKENS`` in that time), so bids
-estimate it. Daemon tests need answers that are fast, known and take a fixed time.
+estimate it. Daemon tests need answers that are fast, known and take a fixed time. As a
+planner (style ``plan``) it writes a one-step plan: compute the expression it found.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import time
@@ -44,7 +46,12 @@ class ArithmeticSolver:
         started = time.monotonic()
         time.sleep(self.delay_ms / 1000)  # stands in for generation time
         m = _EXPR.search(task.question)
-        if m is None:
+        if task.style == "plan":  # a planner: one step, the expression it found
+            expr = m.group(0) if m is not None else "the question"
+            cot = answer = json.dumps({"steps": [{
+                "instruction": f"Compute {expr}.", "needs": "exact arithmetic",
+                "skills": ["arithmetic"]}]})
+        elif m is None:
             cot, answer = "I cannot find an expression.\nFinal answer: unknown", "unknown"
         else:
             a, op, b = int(m.group(1)), m.group(2), int(m.group(3))

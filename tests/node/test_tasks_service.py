@@ -124,4 +124,4 @@ def test_linucb_state_is_saved_with_finished_tasks(tmp_path: Path) -> None:
     trio.run(again.start)
     assert isinstance(again.selector, LinUCBSelector)
     assert set(again.selector.model.arms) == set(net.peers())
-    assert again.machine.selector is again.selector
+    assert again.auction.selector is again.selector

@@ -46,7 +46,7 @@ def result(peer: str, answer: str, match: float = 1.0, confidence: float = 0.9) 
 
 
 class Harness:
-    def __init__(self, config: PipelineConfig = PipelineConfig(), deadline_ms: int = 60_000,
+    def __init__(self, config: PipelineConfig | None = None, deadline_ms: int = 60_000,
                  answer_type: str = "number") -> None:
         rng = random.Random(7)
         self.rewards: list[Reward] = []
@@ -54,7 +54,7 @@ class Harness:
         self.cancels: list[CancelTask] = []
         self.open: list[SubmitTask] = []
         self.snapshots: list[dict[str, object]] = []
-        self.p = PlanPipeline(config, lambda peer: 0.5, lambda: rng.randbytes(32))
+        self.p = PlanPipeline(config or PipelineConfig(), lambda peer: 0.5, lambda: rng.randbytes(32))
         self.take(self.p.handle(SubmitPlanTask(task_id=TASK, question="What is (2+3)*4?",
                                                answer_type=answer_type,
                                                deadline_ms=deadline_ms), 0))

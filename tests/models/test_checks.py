@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,32 @@ def test_an_agents_answer_with_tool_calls_verified_honestly_passes(
     other_call = (dataclasses.replace(calls[0], output="43"),)
     assert not verifier.run(dataclasses.replace(check, tool_calls=other_call)).passed
     assert not verifier.run(dataclasses.replace(check, system_prompt="")).passed
+
+
+def test_a_planners_plan_under_the_grammar_verified_honestly_passes(
+        ggufs: dict[str, Path], verifier: CheckRunner) -> None:
+    """A planner's result (style ``plan``): generated under the plan grammar, its text keeps
+    the grammar's shape even on a random-weight model; the verifier rebuilds the planner's
+    prompt and re-runs the claimed tokens (no grammar needed to check), and it passes; the
+    same tokens claimed for a ``chat`` task (another prompt) fail."""
+    from models.cot import problem_of, solve
+
+    task = dataclasses.replace(TASK, style="plan", temperature=0.7, seed=5)
+    served = backend(ggufs["f32"], "llama.cpp")
+    sol = solve(served, problem_of(task), max_tokens=60, temperature=0.7, seed=5)
+    assert re.match(r'\{\s*"steps"\s*:\s*\[\s*\{\s*"instruction"', sol.cot_text), sol.cot_text
+    assert sol.answer == sol.cot_text.strip()
+    ids = list(sol.token_ids)
+    prints = fingerprints_for(served, sol.prompt_token_ids, ids)
+    chunks = choose_chunks(b"\7" * 32, "e", len(prints), 2)
+    check = StartCheck(check_id=b"\2" * 32, task=task, model_hash=verifier.model_hash,
+                       output_ids=tuple(ids), answer=sol.answer, cot=sol.cot_text,
+                       chunk_tokens=CHUNK_TOKENS, chunk_indices=chunks,
+                       fingerprints=tuple(prints[i] for i in chunks), deadline_at_ms=0)
+    done = verifier.run(check)
+    assert done.passed, done.detail
+    assert not verifier.run(dataclasses.replace(
+        check, task=dataclasses.replace(task, style="chat"))).passed
 
 
 @pytest.mark.parametrize("which", ["other", "q8"])

@@ -13,8 +13,12 @@ SHOWN_OUTPUT = 120
 
 
 def _short(text: str, n: int = SHOWN_OUTPUT) -> str:
+    """``text`` on one line, cut to ``n`` characters, its rich markup escaped (a planner's
+    or executor's words are printed as written, never as markup)."""
+    from rich.markup import escape
+
     text = " ".join(str(text).split())
-    return text if len(text) <= n else text[:n - 1] + "…"
+    return escape(text if len(text) <= n else text[:n - 1] + "…")
 
 
 def print_plan_tree(snap: dict[str, Any]) -> None:
@@ -34,13 +38,13 @@ def print_plan_tree(snap: dict[str, Any]) -> None:
                        f": {_short(old['why'], 80)}")
         for i, step in enumerate(plan.get("steps") or [], 1):
             req = step.get("requirement") or {}
-            need = ", ".join(x for x in (req.get("needs", ""),
-                                         " ".join(req.get("skills") or [])) if x)
+            need = _short(", ".join(x for x in (req.get("needs", ""),
+                                                " ".join(req.get("skills") or [])) if x))
             ran = (f"{step['agent'] or '-'} on {short_peer(step['executor'])}"
                    if step.get("executor") else "not run")
             tries = f", {step['peers_tried']} executors" if step.get("peers_tried", 0) > 1 else ""
-            node = branch.add(f"step {i}: {_short(step['instruction'], 80)} [{need or 'any'}] "
-                              f"-> {ran}{tries}")
+            node = branch.add(f"step {i}: {_short(step['instruction'], 80)} "
+                              f"\\[{need or 'any'}] -> {ran}{tries}")
             if step.get("output"):
                 node.add(_short(step["output"]))
     stdout_console().print(root)

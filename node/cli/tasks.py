@@ -72,6 +72,12 @@ def print_task(snap: dict[str, Any], show_cot: bool) -> None:
         chain = snap["chain"]
         console.print(f"on a chain ({chain['tokens_per_s']} tokens/s): " + ", ".join(
             f"blocks {h['start']}-{h['end']} {short_peer(h['peer'])}" for h in chain["final_route"]))
+    _print_details(snap, show_cot)
+
+
+def _print_details(snap: dict[str, Any], show_cot: bool) -> None:
+    """Checks that did not pass, tool calls, replaced executors and (asked) the CoTs."""
+    console = stdout_console()
     # per executor, verification that did not pass: failed, still pending, or not checkable
     for peer, v in sorted(snap.get("verification", {}).items()):
         if v.get("status") not in ("passed", "not_sampled"):

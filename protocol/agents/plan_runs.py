@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from protocol.agents.plans import Plan, PlanStep
+from protocol.market.messages import MAX_QUESTION_CHARS
 
 #: characters of an earlier step's output shown to the next step's executor
 MAX_CONTEXT_OUTPUT_CHARS = 600
@@ -196,7 +197,14 @@ def step_question(question: str, plan: Plan, runs: list[StepRun], index: int) ->
             lines.append(f"{n + 1}. {plan.steps[n].instruction.strip()} -> {out}")
     lines.append(f"Your step ({index + 1} of {len(plan.steps)}): "
                  f"{plan.steps[index].instruction.strip()}")
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    if len(text) <= MAX_QUESTION_CHARS:
+        return text
+    # too long for a task's question: the executor's own step is kept whole, the task and
+    # the earlier steps are cut at the end
+    context, own = "\n".join(lines[:-1]), lines[-1]
+    keep = MAX_QUESTION_CHARS - len(own) - 2
+    return f"{context[:keep]}…\n{own}"
 
 
 def _step_row(run: StepRun) -> dict[str, object]:

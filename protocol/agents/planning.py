@@ -10,16 +10,18 @@ Contract
   like any task). The pipeline's ``Reward`` and ``CancelTask`` go straight to the auction.
 * The pipeline's ``SubmitTask`` goes *out*, for the driver to hand back through ``handle``
   once it has done what a submit needs done outside the protocol (the daemon embeds the
-  step's need text, as it does for an ask). So one machine, one copy of the rules, for the
-  daemon (node/market/requester.py) and the simulator.
+  step's need text, as it does for an ask). A child the auction refuses (our own misuse, a
+  ``LocalProtocolError``) ends there as a failed child, so its plan goes on. So one machine,
+  one copy of the rules, for the daemon (node/market/requester.py) and the simulator.
 """
 
 from __future__ import annotations
 
 from protocol.agents.pipeline import PlanPipeline
 from protocol.agents.plan_runs import ChildFinished, SubmitPlanTask, child_finished
+from protocol.errors import LocalProtocolError
 from protocol.machine import Effect, Tick
-from protocol.market.auction import Auction, CancelTask, Reward, TaskUpdated
+from protocol.market.auction import Auction, CancelTask, Reward, SubmitTask, TaskUpdated
 from protocol.market.progress import ProgressBook
 from protocol.market.state import OpenTask
 from protocol.verification.requester import VerifiedAuction
@@ -56,6 +58,13 @@ class PlanningRequester:
         if isinstance(event, Tick):
             return self._route(self.auction.handle(event, now)
                                + self.pipeline.handle(event, now), now)
+        if isinstance(event, SubmitTask) and event.task_id is not None \
+                and self.pipeline.is_child(event.task_id):
+            try:
+                return self._route(self.auction.handle(event, now), now)
+            except LocalProtocolError as exc:  # the child ends here; its plan goes on
+                return self._route(self.pipeline.handle(ChildFinished(
+                    event.task_id, (), f"refused by the auction: {exc}"), now), now)
         return self._route(self.auction.handle(event, now), now)
 
     def next_deadline(self) -> int | None:

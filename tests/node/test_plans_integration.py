@@ -96,3 +96,37 @@ def test_a_killed_step_executor_is_replaced_and_the_plan_task_completes(
     assert all(s["executor"] and s["executor"] != victim.peer_id for s in steps)
     assert snap["steps_rerouted"] >= 1
     assert any(s["peers_tried"] >= 2 for s in steps)
+
+
+def test_every_step_of_a_plan_is_verified_like_a_task(testnet: Testnet) -> None:
+    """With ``[verify]`` on and every result sampled, the planner's and each step's results
+    go through commit/reveal and another node's layer-state check, as a task's do: each
+    child task shows its result verified."""
+    pytest.importorskip("llama_cpp")
+    verify = {"enabled": True, "sample_rate": 1.0, "verifiers": 1, "commit_window_ms": 20000}
+    asker = testnet.start("asker", config={"tasks": MODEL_TASKS,
+                                           "verify": {**verify, "verifier": False}})
+    execs = [testnet.start(n, bootstrap=[asker], wait=False, timeout_s=180,
+                           config={"executor": {"solver": "models"}, "verify": verify})
+             for n in ("e1", "e2")]
+    for node in execs:
+        node.wait_ready()
+    testnet.wait_all_connected(CONVERGE_S)
+    testnet.wait_until(lambda: all(e.status()["services"]["verify"]["verifier"] for e in execs),
+                       "verifiers loaded", timeout_s=120)
+    shown = run_cli("ask", "What is 6 * 7?", "--mode", "plan", "--planners", "1",
+                    "--answer-type", "number", "--max-tokens", "24", "--deadline-ms", "600000",
+                    "--json", data_dir=asker.data_dir, timeout_s=660)
+    snap = json.loads(shown.stdout)
+    assert snap["phase"] == "done", snap
+    (plan,) = [p for p in snap["plans"] if p["state"] == "answered"]
+    children = [plan["planner_task"], *(s["task_id"] for s in plan["steps"])]
+
+    def verified() -> Any:
+        rows = [httpx.get(f"{asker.api_url}/tasks/{c}", timeout=10).json()["results"]
+                for c in children]
+        states = [r["verification"] for rs in rows for r in rs]
+        return states if all(s == "passed" for s in states) else None
+
+    states = testnet.wait_until(verified, "every child's result verified", 120)
+    assert len(states) == len(children)

@@ -135,3 +135,19 @@ def test_linucb_learns_each_step_only_after_the_plan_vote() -> None:
         assert after[peer] - pulls_before_vote.get(peer, 0) >= 1
     assert sum(after.values()) - sum(pulls_before_vote.values()) == len(executors)
     assert not selector.model.pending  # nothing left waiting for a reward
+
+
+def test_a_child_the_auction_refuses_fails_its_step_not_the_machine() -> None:
+    net = PlanNet(3, agents=((generalist(),), (generalist(),), (generalist(),)))
+    net.perform(net.rq, net.auction.handle(SubmitPlanTask(
+        task_id=b"P" * 32, question="What is (2+3)*4?", answer_type="number",
+        deadline_ms=60_000, planners=1), 0))
+    while not (step_ids := [s["task_id"] for s in net.plans[-1]["plans"][0]["steps"]  # type: ignore[index]
+                            if s["task_id"]] if net.plans[-1]["plans"] else []):
+        net.step_to(net.now + 100)  # until the planner answered and its first step is out
+    step_ids = [bytes.fromhex(t) for t in step_ids]
+    # the same child id submitted again: the auction refuses it (a LocalProtocolError)
+    effects = net.auction.handle(SubmitTask(question="x", answer_type="text", deadline_ms=5_000,
+                                            task_id=step_ids[0]), net.now)
+    net.perform(net.rq, effects)
+    assert net.pipeline.counters.get("steps_failed") == 1

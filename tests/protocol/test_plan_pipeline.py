@@ -263,3 +263,16 @@ def test_child_finished_reads_a_snapshot_and_refuses_garbage() -> None:
     assert child_finished({**data, "phase": "running"}) is None
     assert child_finished({**data, "task_id": "zz"}) is None
     assert child_finished({"phase": "done"}) is None
+
+
+def test_a_step_question_always_fits_a_task() -> None:
+    from protocol.agents.plan_runs import StepRun, step_question
+    from protocol.agents.plans import parse_plan
+    from protocol.market.messages import MAX_QUESTION_CHARS
+
+    plan = parse_plan(json.dumps({"steps": [
+        {"instruction": "x" * 500, "needs": "", "skills": []}] * 8}))
+    runs = [StepRun(step=s, output="y" * 5000) for s in plan.steps]
+    text = step_question("q" * MAX_QUESTION_CHARS, plan, runs, 7)
+    assert len(text) <= MAX_QUESTION_CHARS and text.endswith("x" * 500)
+    assert "Your step (8 of 8)" in text

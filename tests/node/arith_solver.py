@@ -49,8 +49,8 @@ class ArithmeticSolver:
         if task.style == "plan":  # a planner: one step, the expression it found
             expr = m.group(0) if m is not None else "the question"
             cot = answer = json.dumps({"steps": [{
-                "instruction": f"Compute {expr}.", "needs": "exact arithmetic",
-                "skills": ["arithmetic"]}]})
+                # skills only: a need text would have the requester load its text embedder
+                "instruction": f"Compute {expr}.", "needs": "", "skills": ["arithmetic"]}]})
         elif m is None:
             cot, answer = "I cannot find an expression.\nFinal answer: unknown", "unknown"
         else:

@@ -244,7 +244,7 @@ def test_the_bid_window_closes_early_the_same_way_in_daemon_and_simulator() -> N
     ctx = daemon_context([], identity=asker.identity, clock=lambda: now,
                          services={"ledger": SimpleNamespace(machine=SimpleNamespace(view=view))},
                          config=SimpleNamespace(section=sections.__getitem__))
-    daemon = TasksService(ctx).machine  # type: ignore[arg-type]
+    daemon = TasksService(ctx).auction  # type: ignore[arg-type]
     config = fed_config(TasksSection())
     simulated = verified_auction_spec(lambda node: ScoreSelector(), config,
                                       verify.verify_config()).build(asker)
@@ -278,7 +278,7 @@ def test_a_bid_on_a_need_is_matched_from_the_ledgers_cards_the_same_way() -> Non
     ctx = daemon_context([], identity=asker.identity, clock=lambda: now,
                          services={"ledger": SimpleNamespace(machine=SimpleNamespace(view=view))},
                          config=SimpleNamespace(section=sections.__getitem__))
-    daemon = TasksService(ctx).machine  # type: ignore[arg-type]
+    daemon = TasksService(ctx).auction  # type: ignore[arg-type]
     simulated = verified_auction_spec(lambda node: ScoreSelector(), fed_config(TasksSection()),
                                       VerifySection(enabled=True).verify_config()).build(asker)
     bidder = next(n for n in swarm.nodes if n.index == 1)

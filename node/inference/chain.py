@@ -39,12 +39,19 @@ import numpy as np
 import trio
 
 from models.blocks import Head
-from node.inference.hops import ChainError, Directory, HopFailed, HopSession, Inbox, Stalled
+from node.inference.hops import (
+    ChainError,
+    Directory,
+    HopFailed,
+    HopSession,
+    Inbox,
+    Stalled,
+    judge,
+)
 from node.inference.wire import pack_hidden, unpack_hidden
 from node.transport import TransportError
 from protocol.codec import Message
 from protocol.errors import InvalidMessage
-from protocol.inference.forwarding import judge_rejection
 from protocol.inference.messages import (
     Forward,
     ForwardResult,
@@ -61,6 +68,7 @@ from protocol.inference.messages import (
     max_positions_per_frame,
 )
 from protocol.inference.routing import Hop, NoRoute, plan_chain
+from protocol.inference.stage_checks import check_nonce_hash
 
 __all__ = ["Chain", "ChainError", "ChainTarget", "Directory", "HopFailed"]
 
@@ -95,6 +103,9 @@ class Chain:
     #: the forwarded step running: (its number, start position, positions)
     step: tuple[int, int, int] = (0, 0, 0)
     inbox: Inbox | None = None
+    #: steps numbered so far; the nonce whose hash seeds which are checked (stage_checks)
+    steps: int = 0
+    nonce: bytes = field(default_factory=lambda: os.urandom(32))
 
     @property
     def route(self) -> list[tuple[str, int, int]]:
@@ -156,7 +167,8 @@ class Chain:
                 session_id=sid, model=self.model, start=hop.start, end=hop.end,
                 max_length=self.max_length, precision=self.precision,
                 hidden_size=self.hidden_size, upstream=upstream, next_peer=nxt[0],
-                next_session=nxt[1], link_delay_ms=self.link_delay_ms))
+                next_session=nxt[1], link_delay_ms=self.link_delay_ms,
+                check_nonce_hash=check_nonce_hash(self.nonce)))
             reply = await self._expect(s, (SessionAccepted, SessionRefused))
         except HopFailed:
             await self._close_stream(s)
@@ -196,7 +208,7 @@ class Chain:
                     raise HopFailed(s.peer, f"stream: {item!r}"[:300],
                                     bad_data=isinstance(item, InvalidMessage))
                 if isinstance(item, HandoffRejected):
-                    raise self._judge(s, item)
+                    raise judge(s, item, self.step, self.hidden_size, self.precision)
                 if isinstance(item, SessionError):
                     if item.reason is Refusal.NEXT_HOP_FAILED and s.next[0]:
                         raise HopFailed(s.next[0], f"unreachable from {s.peer[-8:]}: "
@@ -211,21 +223,6 @@ class Chain:
                     raise HopFailed(s.peer, f"answered a {type(item).__name__}")
         assert waited.cancelled_caught
         raise Stalled(want.peer, f"no answer in {timeout_s:g} s")
-
-    def _judge(self, reporter: HopSession, rejected: HandoffRejected) -> HopFailed:
-        handoff = rejected.handoff
-        try:
-            unpack_hidden(handoff.data, handoff.n, self.hidden_size, self.precision)
-            finite = True
-        except InvalidMessage:
-            finite = False
-        number, start_pos, n = self.step
-        blame = judge_rejection(rejected, reporter.peer, upstream=reporter.upstream,
-                                step=number, start_pos=start_pos, n=n,
-                                hidden_size=self.hidden_size, precision=self.precision,
-                                finite=finite)
-        return HopFailed(blame.peers[0], blame.detail, bad_data=blame.penalize,
-                         also=blame.peers[1:])
 
     def _result(self, s: HopSession, reply: Message, n: int) -> np.ndarray:
         assert isinstance(reply, ForwardResult)
@@ -244,8 +241,9 @@ class Chain:
             piece = x[a:a + per_frame]
             data = pack_hidden(piece, self.precision)
             sent_at = time.perf_counter()
+            self.steps += 1
             await self._send(s, Forward(session_id=s.session_id, start_pos=start_pos + a,
-                                        n=len(piece), data=data))
+                                        n=len(piece), data=data, step=self.steps))
             reply = await self._expect(s, (ForwardResult,), start_pos + a, len(piece))
             assert isinstance(reply, ForwardResult)
             self.directory.observe_rtt(s.peer, (time.perf_counter() - sent_at) * 1000
@@ -268,7 +266,8 @@ class Chain:
         for a in range(0, len(x), per_frame):
             piece = x[a:a + per_frame]
             data = pack_hidden(piece, self.precision)
-            self.step = (self.step[0] + 1, start + a, len(piece))
+            self.steps += 1
+            self.step = (self.steps, start + a, len(piece))
             await self._send(first, Forward(session_id=first.session_id, start_pos=start + a,
                                             n=len(piece), data=data, step=self.step[0],
                                             reply=False))

@@ -5,26 +5,31 @@ Each hop's stream gets a reader task (spawned in the daemon's nursery) that puts
 it decodes, or the error that ended the stream, into the chain's :class:`Inbox`, in arrival
 order: with stage-to-stage forwarding the answer of a step comes from the last hop while any
 hop may report a failure at any time, so the requester waits on all of them at once. A hop
-marked ``closed`` is no longer heard.
+marked ``closed`` is no longer heard. A hop's ``StageCommit`` frames (stage checks) are kept on
+its session (``commits``, by step, at most ``MAX_COMMITS``) rather than delivered.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import trio
 
-from node.inference.wire import SessionStream
+from node.inference.wire import SessionStream, unpack_hidden
 from node.transport import TransportError
 from protocol.codec import Message
 from protocol.errors import InvalidMessage
+from protocol.inference.forwarding import judge_rejection
+from protocol.inference.messages import HandoffRejected, Precision, StageCommit
 from protocol.inference.routing import Hop, Server
 
 Spawn = Callable[..., Any]
+#: commitments kept per hop session (a server sending more than it computed steps gains nothing)
+MAX_COMMITS = 1 << 16
 
 
 class ChainError(Exception):
@@ -76,6 +81,8 @@ class HopSession:
     upstream: str = ""
     next: tuple[str, bytes] = ("", b"")
     closed: bool = False
+    #: the hop's signed commitments, by step (protocol.inference.stage_checks)
+    commits: dict[int, StageCommit] = field(default_factory=dict)
 
     @property
     def peer(self) -> str:
@@ -110,6 +117,10 @@ class Inbox:
                 msg = exc
             if hop.closed:
                 return
+            if isinstance(msg, StageCommit):
+                if msg.session_id == hop.session_id and len(hop.commits) < MAX_COMMITS:
+                    hop.commits[msg.step] = msg
+                continue
             self._send.send_nowait((hop, msg))
             if isinstance(msg, Exception):
                 return
@@ -120,3 +131,20 @@ class Inbox:
             hop, item = await self._receive.receive()
             if not hop.closed:
                 return hop, item
+
+
+def judge(reporter: HopSession, rejected: HandoffRejected, step: tuple[int, int, int],
+          hidden_size: int, precision: Precision) -> HopFailed:
+    """The hop failure a stage's report of a bad handoff amounts to, for the forwarded step
+    ``step`` (number, start position, positions): protocol.inference.forwarding judges."""
+    handoff = rejected.handoff
+    try:
+        unpack_hidden(handoff.data, handoff.n, hidden_size, precision)
+        finite = True
+    except InvalidMessage:
+        finite = False
+    number, start_pos, n = step
+    blame = judge_rejection(rejected, reporter.peer, upstream=reporter.upstream, step=number,
+                            start_pos=start_pos, n=n, hidden_size=hidden_size,
+                            precision=precision, finite=finite)
+    return HopFailed(blame.peers[0], blame.detail, bad_data=blame.penalize, also=blame.peers[1:])

@@ -41,6 +41,10 @@ from node.inference.wire import wire_precision
 RTT_ALPHA = 0.3
 #: draft-length rules kept (one per rule, longest draft and route), the oldest dropped first
 MAX_ADAPTIVE = 16
+#: generations run again after a stage check convicted a stage of the chain
+MAX_RERUNS = 2
+#: a stage a check convicted is left out of this node's chains this long
+CONVICTED_EXCLUDE_MS = 60 * 60_000
 
 
 class Requester:
@@ -133,9 +137,41 @@ class Requester:
 
     async def complete(self, ids: list[int], decoding: Decoding,
                        on_text: OnText | None = None) -> dict[str, Any]:
-        """Generate after prompt ``ids`` through a chain; ``on_text`` sees the text grow."""
+        """Generate after prompt ``ids`` through a chain, checked (node.inference.
+        stage_checks); a generation whose check convicts a stage runs again on a chain without
+        it (its text is streamed to ``on_text`` once, the first time)."""
         if not ids:
             raise ValueError("an empty prompt")
+        convicted: list[str] = []
+        for attempt in range(1 + MAX_RERUNS):
+            out = await self._complete(ids, decoding, on_text if not attempt else None)
+            checks = out["stage_checks"]
+            convicted += checks["convicted"]
+            if not checks["convicted"]:
+                break
+        return {**out, "convicted": convicted, "reruns": attempt}
+
+    async def _check(self, chain: Chain) -> dict[str, Any]:
+        """Stage checks of a finished generation's chain; convictions go to the ledger and
+        the convicted stages out of this node's chains for ``CONVICTED_EXCLUDE_MS``."""
+        from node.inference.stage_checks import check_chain
+        from node.verification.service import submit_attestation
+
+        s = self.service
+        report = await check_chain(chain, s.section.check_rate, s.ctx.identity.peer_id)
+        for attest in report.convicted:
+            s.failed_until[attest.subject] = s.ctx.clock() + CONVICTED_EXCLUDE_MS
+            chain.excluded.add(attest.subject)
+            s.ctx.log.warning("inference.stage_convicted", peer=attest.subject,
+                              outcome=attest.outcome)
+            await submit_attestation(s.ctx, attest)
+        return {"checked": report.checked, "steps_checked": report.steps_checked,
+                "unchecked": report.unchecked, "dropped": report.dropped,
+                "convicted": [a.subject for a in report.convicted],
+                "check_s": round(report.check_s, 3)}
+
+    async def _complete(self, ids: list[int], decoding: Decoding,
+                        on_text: OnText | None) -> dict[str, Any]:
         chain = self.chain(len(ids) + decoding.max_tokens + decoding.speculative + 1)
         started = time.perf_counter()
         try:
@@ -144,6 +180,8 @@ class Requester:
             route = chain.route
             target = ChainTarget(self.head, chain)
             out = await trio.to_thread.run_sync(self._decode, target, ids, decoding, on_text)
+            checks = await self._check(chain) if self.service.section.check_rate > 0 else {
+                "convicted": []}
         except ChainError as exc:
             raise ValueError(f"no chain: {exc}") from exc
         finally:
@@ -160,7 +198,8 @@ class Requester:
                 "tokens_per_s": round(len(tokens) / wall, 3) if wall > 0 else 0.0,
                 "chain": [{"peer": p, "start": a, "end": b} for p, a, b in route],
                 "final_chain": [{"peer": p, "start": a, "end": b} for p, a, b in final],
-                "recoveries": chain.recoveries, "precision": chain.precision.value}
+                "recoveries": chain.recoveries, "precision": chain.precision.value,
+                "stage_checks": checks}
 
     def _decode(self, target: ChainTarget, ids: list[int], decoding: Decoding,
                 on_text: OnText | None) -> dict[str, Any]:

@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 from models.device import parse_device
 from protocol.inference.messages import MAX_LINK_DELAY_MS
+from protocol.inference.stage_checks import DEFAULT_CHECK_RATE
+
+#: models.dishonest.KINDS (named here: models load torch, the config check must not)
+DISHONEST_KINDS = ("bf16", "coarser_quant", "skipped_layer", "noise", "replay")
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,12 @@ class InferenceSection:
     #: a requester's speculative chains draft ahead while the chain verifies (a second drafter
     #: on a thread of its own, models.lookahead), with greedy and MARS verification
     lookahead: bool = True
+    #: the fraction of each stage's steps this node's chains check (0 = no stage checks)
+    check_rate: float = DEFAULT_CHECK_RATE
+    #: for tests and benches only: serve the blocks dishonestly (models.dishonest.KINDS)
+    dishonest: str = ""
+    #: the ``noise`` kind's scale (its RMS over each row's)
+    dishonest_scale: float = 0.01
 
     def __post_init__(self) -> None:
         if self.precision not in ("auto", "f16", "f32"):
@@ -67,5 +77,9 @@ class InferenceSection:
         except ValueError:
             raise ValueError("[inference] device must be 'auto', 'cpu', 'cuda' or 'cuda:N', "
                              f"got {self.device!r}") from None
+        if not 0.0 <= self.check_rate <= 1.0:
+            raise ValueError("[inference] check_rate must lie in [0, 1]")
+        if self.dishonest not in ("", *DISHONEST_KINDS):
+            raise ValueError(f"[inference] dishonest must be one of {DISHONEST_KINDS}")
         if not all(isinstance(p, str) and p for p in self.avoid_peers):
             raise ValueError("[inference] avoid_peers must be a list of peer ids")

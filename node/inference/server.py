@@ -41,6 +41,7 @@ from protocol.inference.messages import (
     Handoff,
     SessionAccepted,
     SessionOpen,
+    StageCommit,
     handoff_signing_bytes,
 )
 from protocol.inference.session import (
@@ -51,6 +52,8 @@ from protocol.inference.session import (
     RunForward,
     SessionServer,
 )
+from protocol.inference.stage_checks import commit_signing_bytes
+from protocol.inference.stage_log import SendCommit
 from protocol.machine import Effect, Emit, Penalize, Received, Send
 
 #: opening a stream to the next stage (a dial included) within this
@@ -166,6 +169,8 @@ class StageHost:
                 queue.extend(await self._run(effect))
             elif isinstance(effect, SendHandoff):
                 queue.extend(await self._hand_off(effect))
+            elif isinstance(effect, SendCommit):
+                queue.insert(0, Send(effect.peer, self._commit(effect)))
             elif isinstance(effect, CropCache):
                 cache = self.caches.get(effect.session_id)
                 if cache is not None:
@@ -210,6 +215,14 @@ class StageHost:
         """Whether ``run`` is short enough to compute on the event loop (module docstring)."""
         return (run.n <= INLINE_MAX_POSITIONS
                 and self.ms_per_block * (run.end - run.start) <= INLINE_MAX_MS)
+
+    def _commit(self, c: SendCommit) -> StageCommit:
+        """The signed StageCommit of a step (stage checks: protocol.inference.stage_checks)."""
+        signature = b"" if self._sign is None else self._sign(commit_signing_bytes(
+            c.session_id, c.step, c.start_pos, c.n, c.input_digest, c.output_digest))
+        return StageCommit(session_id=c.session_id, step=c.step, start_pos=c.start_pos, n=c.n,
+                           input_digest=c.input_digest, output_digest=c.output_digest,
+                           signature=signature.ljust(64, b"\0")[:64])
 
     async def _hand_off(self, out: SendHandoff) -> list[Effect]:
         """Sign ``out`` and send it to the next stage (a broken stream is opened again once)."""

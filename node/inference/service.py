@@ -139,6 +139,12 @@ class InferenceService(NurseryService):
 
         stage = await trio.to_thread.run_sync(load_stage, self.model_path, *blocks,
                                               self.section.device)
+        if self.section.dishonest:  # tests and benches: a stage that lies
+            from models.dishonest import DishonestStage
+
+            stage = await trio.to_thread.run_sync(DishonestStage, stage, self.section.dishonest,
+                                                  self.section.dishonest_scale)
+            self.ctx.log.warning("inference.dishonest", kind=self.section.dishonest)
         self.ms_per_block = await trio.to_thread.run_sync(measure_ms_per_block, stage)
         served = ServedBlocks(self.model_name, blocks[0], blocks[1], stage.hidden_size,
                               stage.bytes_per_position // max(1, blocks[1] - blocks[0]))

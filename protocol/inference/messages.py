@@ -17,7 +17,16 @@ SessionError       168  server -> requester: the session ended on an error (the 
 Handoff            169  stage -> next stage: a stage's output, the next stage's input (signed)
 HandoffRejected    170  stage -> requester: the handoff it got from upstream was bad (evidence)
 Relink             171  requester -> server: a new upstream and next hop (after a replacement)
+StageCommit        172  server -> requester: the stage's signed digests of a step's in and out
+StatesAsk          173  requester -> server: the logged steps (inputs and outputs) up to a position
+StatesReply        174  server -> requester: a page of them (protocol.inference.stage_log)
 =================  ===  =====================================================================
+
+Stage checks (protocol/inference/stage_checks.py): after every forward a stage sends its
+opener a ``StageCommit``, signed, naming the digests of the step's input and output frames; the
+requester later asks for the logged frames (``StatesAsk``), checks them against those digests
+and has the stage's blocks recomputed on the committed inputs for the steps the unsteerable
+seed selects (the seed's nonce is fixed in ``SessionOpen.check_nonce_hash``).
 
 Stage-to-stage forwarding: a session may be opened with a next hop (``next_peer``,
 ``next_session``) and an ``upstream`` peer. A ``Forward`` with ``reply`` false then makes the
@@ -54,6 +63,9 @@ MAX_POSITIONS = 1 << 20
 MAX_HIDDEN_SIZE = 1 << 16
 MAX_PEER_ID = 128
 SIGNATURE_LEN = 64
+DIGEST_LEN = 32
+#: one StatesReply's step table, inputs and outputs together stay within a frame
+MAX_STATES_BYTES = (MAX_FRAME_BYTES - 4096) // 2
 INT63 = (1 << 63) - 1
 MAX_LINK_DELAY_MS = 1000
 #: domain separation of a handoff's signature (the bytes still say "relay", the name these
@@ -107,6 +119,8 @@ class SessionOpen(Message):
     #: hold every frame this session sends (replies, handoffs) this long: an emulated link for
     #: experiments, asked by the requester for its own session only (0 = the server's own)
     link_delay_ms: int = limits(lo=0, hi=MAX_LINK_DELAY_MS, default=0)
+    #: the hash of the requester's check nonce (stage_checks: the seed of the checked steps)
+    check_nonce_hash: bytes = limits(max_len=DIGEST_LEN, default=b"")
 
     def check(self) -> None:
         if self.end <= self.start:
@@ -221,11 +235,51 @@ class Relink(Message):
         _check_link(self.next_peer, self.next_session)
 
 
+@message(172)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageCommit(Message):
+    """A stage's commitment to one step: the digests of the input frame it computed on and of
+    the output frame it produced, signed over stage_checks.commit_signing_bytes."""
+
+    session_id: bytes = limits(size=SESSION_ID_LEN)
+    step: int = limits(lo=0, hi=INT63)
+    start_pos: int = limits(lo=0, hi=MAX_POSITIONS)
+    n: int = limits(lo=1, hi=MAX_POSITIONS)
+    input_digest: bytes = limits(size=DIGEST_LEN)
+    output_digest: bytes = limits(size=DIGEST_LEN)
+    signature: bytes = limits(size=SIGNATURE_LEN)
+
+
+@message(173)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatesAsk(Message):
+    """Send the logged steps of ``session_id`` covering positions below ``end_pos``, from the
+    ``first``-th on (a page at most; answered by a StatesReply)."""
+
+    session_id: bytes = limits(size=SESSION_ID_LEN)
+    end_pos: int = limits(lo=1, hi=MAX_POSITIONS)
+    first: int = limits(lo=0, hi=MAX_POSITIONS)
+
+
+@message(174)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StatesReply(Message):
+    """Logged steps [first, first + count) of ``total``: ``steps`` packs (step, start_pos, n)
+    as three big-endian u64s each; ``inputs`` and ``outputs`` are their frames' data, in order."""
+
+    session_id: bytes = limits(size=SESSION_ID_LEN)
+    first: int = limits(lo=0, hi=MAX_POSITIONS)
+    total: int = limits(lo=0, hi=MAX_POSITIONS)
+    steps: bytes = limits(max_len=MAX_STATES_BYTES)
+    inputs: bytes = limits(max_len=MAX_STATES_BYTES)
+    outputs: bytes = limits(max_len=MAX_STATES_BYTES)
+
+
 #: what a requester may send on a session stream
-REQUESTS = (SessionOpen, Forward, Rollback, SessionClose, Relink)
+REQUESTS = (SessionOpen, Forward, Rollback, SessionClose, Relink, StatesAsk)
 #: what a server may answer
 REPLIES = (SessionAccepted, SessionRefused, ForwardResult, SessionAck, SessionError,
-           HandoffRejected)
+           HandoffRejected, StageCommit, StatesReply)
 
 
 def _check_link(next_peer: str, next_session: bytes) -> None:

@@ -35,17 +35,19 @@ of them (``SessionOpen``), then sends ``Forward`` frames of hidden states, ``Rol
   stays open and no one is penalized here (the requester judges). A handoff the driver could
   not send (``HandoffFailed``) is reported as ``SessionError(NEXT_HOP_FAILED)``; the session
   stays open, its cache holds the positions, and the requester relinks it.
+* Stage checks: every step is logged and committed to (stage_log.SendCommit, before the
+  step's result or handoff); a ``StatesAsk`` is answered from the log.
 
-Effects: ``Send`` (every reply), ``RunForward`` (compute), ``SendHandoff``, ``CropCache``,
-``FreeCache``, ``Penalize``, ``Emit``. Events: ``Received`` (a decoded request or handoff),
-``ForwardDone``, ``ForwardFailed``, ``HandoffFailed``, ``Tick``, and ``Misbehaved`` (a fault
-the driver saw, on either side of a session: one penalty rule for both).
+Effects: ``Send``, ``RunForward``, ``SendHandoff``, ``SendCommit``, ``CropCache``, ``FreeCache``,
+``Penalize``, ``Emit``. Events: ``Received`` (a decoded request or handoff), ``ForwardDone``,
+``ForwardFailed``, ``HandoffFailed``, ``Tick``, and ``Misbehaved`` (a fault the driver saw,
+on either side of a session: one penalty rule for both).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from protocol.errors import InvalidMessage
 from protocol.inference.forwarding import HandoffFailed, SendHandoff, handoff_problem
@@ -64,8 +66,10 @@ from protocol.inference.messages import (
     SessionError,
     SessionOpen,
     SessionRefused,
+    StatesAsk,
     check_hidden_size,
 )
+from protocol.inference.stage_log import LoggedStep, StageLog
 from protocol.machine import Effect, Emit, Event, Penalize, Received, Send, Tick
 
 #: penalty points for a malformed session request
@@ -164,6 +168,8 @@ class _Session:
     link_delay_ms: int = 0
     #: the computation running: (its step, whether it answers the opener, the handoff it came in)
     pending: tuple[int, bool, tuple[str, Handoff] | None] = (0, True, None)
+    pending_input: bytes = b""
+    log: StageLog = field(default_factory=StageLog)
 
 
 class SessionServer:
@@ -223,7 +229,7 @@ class SessionServer:
             return self._open(peer, msg, now)
         if isinstance(msg, Handoff):
             return self._handoff_in(peer, msg, now)
-        if not isinstance(msg, Forward | Rollback | SessionClose | Relink):
+        if not isinstance(msg, Forward | Rollback | SessionClose | Relink | StatesAsk):
             return [Penalize(peer, "inference: not a session request", MALFORMED_POINTS)]
         sid = msg.session_id
         session = self.sessions.get(sid)
@@ -234,6 +240,8 @@ class SessionServer:
         if session.busy:
             return self._malformed(sid, "a request while the last one is computing")
         session.last_active_ms = now
+        if isinstance(msg, StatesAsk):
+            return [Send(peer, session.log.page(sid, msg.end_pos, msg.first))]
         if isinstance(msg, SessionClose):
             self._drop(sid)
             return [FreeCache(sid), Send(peer, SessionAck(session_id=sid, length=0)),
@@ -242,6 +250,7 @@ class SessionServer:
             if msg.length > session.length:
                 return self._malformed(sid, f"rollback to {msg.length} past {session.length}")
             session.length = msg.length
+            session.log.crop(msg.length)
             return [CropCache(sid, msg.length), Send(peer, SessionAck(session_id=sid,
                                                                       length=msg.length))]
         if isinstance(msg, Relink):
@@ -318,7 +327,7 @@ class SessionServer:
         if start_pos < session.length:
             effects.append(CropCache(sid, start_pos))
             session.length = start_pos
-        session.busy, session.pending = True, pending
+        session.busy, session.pending, session.pending_input = True, pending, data
         effects.append(RunForward(peer=session.peer, session_id=sid, start=session.start,
                                   end=session.end, start_pos=start_pos, n=n,
                                   data=data, precision=session.precision))
@@ -331,11 +340,13 @@ class SessionServer:
         session.busy, session.last_active_ms = False, now
         session.length = event.start_pos + event.n
         step, reply, _ = session.pending
+        commit = session.log.add(session.peer, event.session_id, LoggedStep(
+            step, event.start_pos, event.n, session.pending_input, event.data))
         if not reply and session.next_peer:
-            return [SendHandoff(peer=session.next_peer, from_session=event.session_id,
-                                session_id=session.next_session, step=step,
-                                start_pos=event.start_pos, n=event.n, data=event.data)]
-        return [Send(session.peer, ForwardResult(
+            return [commit, SendHandoff(peer=session.next_peer, from_session=event.session_id,
+                                        session_id=session.next_session, step=step,
+                                        start_pos=event.start_pos, n=event.n, data=event.data)]
+        return [commit, Send(session.peer, ForwardResult(
             session_id=event.session_id, start_pos=event.start_pos, n=event.n, data=event.data,
             compute_ms=event.compute_ms))]
 

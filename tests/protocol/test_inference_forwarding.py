@@ -32,6 +32,7 @@ from protocol.inference.session import (
     SessionLimits,
     SessionServer,
 )
+from protocol.inference.stage_log import SendCommit
 from protocol.machine import Emit, Penalize, Received, Send
 
 C = 8
@@ -69,7 +70,10 @@ def test_a_handoff_from_upstream_is_computed_and_handed_on() -> None:
     effects = server.handle(Received(UP.peer_id, handoff()), 1)
     assert [type(e) for e in effects] == [RunForward]
     done = server.handle(ForwardDone(SID, 0, 2, b"out", 3), 2)
-    assert done == [SendHandoff(peer=NEXT.peer_id, from_session=SID, session_id=NEXT_SID,
+    # committed to (the input and output frames' digests) before it is handed on
+    assert done == [SendCommit(peer="req", session_id=SID, step=7, start_pos=0, n=2,
+                               input_digest=digest(handoff().data), output_digest=digest(b"out")),
+                    SendHandoff(peer=NEXT.peer_id, from_session=SID, session_id=NEXT_SID,
                                 step=7, start_pos=0, n=2, data=b"out")]
     # a Forward that asks for the answer (a replay) answers the opener instead
     server.handle(Received("req", Forward(session_id=SID, start_pos=0, n=1, data=b"\0" * 16)), 3)

@@ -1,0 +1,114 @@
+"""node/inference/stage_checks.py over in-memory streams (tiny model): a chain's stages commit
+to every step, the requester checks the seed-selected ones by recomputing them on another
+server, convicts a lying stage and leaves an honest one alone. The daemons' path (the ledger,
+the rerun) is in tests/node/test_inference_integration.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("gguf")
+
+from models.dishonest import KINDS, DishonestStage  # noqa: E402
+from node.inference.stage_checks import check_chain  # noqa: E402
+from protocol.inference.stage_checks import commit_ok  # noqa: E402
+from protocol.ledger.records import AttestationKind  # noqa: E402
+from tests.node.test_inference_chain import (  # noqa: E402
+    Net,
+    generate,
+    gguf,  # noqa: F401  (the tiny model's fixture)
+    peer_of,
+    reference,
+    run_chain,
+)
+
+
+def _lying(net: Net, name: str, kind: str) -> None:
+    host = net.hosts[peer_of(name)]
+    host.stage = DishonestStage(host.stage, kind, scale=0.05)  # type: ignore[assignment]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_lying_stage_is_convicted_and_an_honest_chain_gives_the_reference(
+        gguf: Path, kind: str) -> None:  # noqa: F811
+    """b serves blocks [0, 2) dishonestly; c holds the same blocks and recomputes b's checked
+    steps; every step is checked (rate 1). The chain without b gives the reference output."""
+
+    async def body(net: Net) -> tuple[list[str], list[int], list[str]]:
+        net.serve("b", 0, 2)
+        net.serve("a", 0, 1)
+        net.serve("c", 0, 2)
+        _lying(net, "b", kind)
+        chain = net.chain()
+        chain.excluded.update({peer_of("a"), peer_of("c")})  # the plan takes b
+        await chain.open()
+        chain.excluded.clear()
+        target_out = await _decode(net, chain)
+        assert target_out and [net.name(p) for p, _, _ in chain.route] == ["b"]
+        assert all(commit_ok(peer_of("b"), c) for c in chain.hops[0].commits.values())
+        report = await check_chain(chain, 1.0)
+        await chain.close()
+        convicted = [net.name(a.subject) for a in report.convicted]
+        assert all(a.kind is AttestationKind.VERIFICATION_FAILED and a.evidence_hash
+                   for a in report.convicted)
+        again = net.chain()
+        again.excluded.add(peer_of("b"))
+        out, route = await generate(net, again, 24)
+        return convicted, out, route
+
+    convicted, out, route = run_chain(gguf, body)
+    assert convicted == ["b"], kind
+    assert out == reference(gguf, 24) and "b" not in route
+
+
+async def _decode(net: Net, chain: object) -> list[int]:
+    import trio
+
+    from models.blocks import greedy, load_head
+    from node.inference.chain import ChainTarget
+    from tests.node.test_inference_chain import PROMPT
+
+    target = ChainTarget(load_head(net.gguf), chain)  # type: ignore[arg-type]
+    return await trio.to_thread.run_sync(greedy, target, PROMPT, 24)
+
+
+def test_honest_chains_pass_their_checks_forwarded_and_direct(gguf: Path) -> None:  # noqa: F811
+    async def body(net: Net) -> list[tuple[list[str], int, list[str]]]:
+        net.serve("a", 0, 1)
+        net.serve("b", 1, 2)
+        net.serve("c", 0, 2)  # recomputes both
+        results = []
+        for forwarding in (True, False):
+            chain = net.chain(forwarding=forwarding)
+            chain.excluded.add(peer_of("c"))
+            await chain.open()
+            chain.excluded.clear()
+            await _decode(net, chain)
+            report = await check_chain(chain, 1.0)
+            await chain.close()
+            results.append(([net.name(p) for p in report.checked], report.steps_checked,
+                             [a.subject for a in report.convicted] + report.dropped))
+        return results
+
+    for checked, steps, blamed in run_chain(gguf, body):
+        assert checked == ["a", "b"] and steps >= 24 and not blamed
+
+
+def test_a_stage_no_one_can_recompute_is_unchecked_and_rate_zero_checks_nothing(
+        gguf: Path) -> None:  # noqa: F811
+    async def body(net: Net) -> tuple[list[str], list[str], list[str]]:
+        net.serve("a", 0, 1)
+        net.serve("b", 1, 2)
+        chain = net.chain()
+        await chain.open()
+        await _decode(net, chain)
+        none = await check_chain(chain, 0.0)
+        report = await check_chain(chain, 1.0)
+        await chain.close()
+        return none.checked + none.unchecked, [net.name(p) for p in report.unchecked], report.checked
+
+    nothing, unchecked, checked = run_chain(gguf, body)
+    assert nothing == [] and sorted(unchecked) == sorted(["a", "b"]) and checked == []

@@ -187,8 +187,9 @@ class Requester:
         finally:
             final = chain.route
             now = self.service.ctx.clock()
-            for peer in chain.excluded:
-                self.service.failed_until[peer] = now + self.service.exclude_ms
+            for peer in chain.excluded:  # a convicted stage's longer exclusion stays
+                self.service.failed_until[peer] = max(self.service.failed_until.get(peer, 0),
+                                                      now + self.service.exclude_ms)
             with trio.CancelScope(shield=True):
                 await chain.close()
         wall = time.perf_counter() - started

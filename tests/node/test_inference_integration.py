@@ -204,3 +204,41 @@ def test_a_server_uses_its_own_blocks_and_waits_for_the_rest(testnet: Testnet,
     assert [(h["peer"], h["start"], h["end"]) for h in out["chain"]] == [
         (head.peer_id, 0, 15), (tail.peer_id, 15, 30)]
     assert out["tokens"] == reference(out["prompt_ids"])
+
+
+#: the tokens a checked generation makes, and the stage-check rate of its requester (high: a
+#: short generation must select some steps of every hop)
+CHECKED_TOKENS = 16
+
+
+def test_a_lying_stage_is_convicted_and_the_generation_is_the_honest_chains(
+        testnet: Testnet, reference: Any) -> None:
+    """A chain head [0, 15) -> liar [15, 30): the liar adds noise to its hidden states. The
+    asker's stage checks recompute its selected steps on the spare (the only other server of
+    [15, 30), with a single session slot, so the first plan prefers the liar), convict it into
+    the ledger, and run the generation again without it: the output is the single-process
+    model's. The next generation's chain leaves the liar out."""
+    asker = testnet.start("asker", config={"inference": {**INFERENCE, "check_rate": 0.5}})
+    head = _server(testnet, "head", "0:15", asker)
+    liar = testnet.start("liar", bootstrap=[asker], extra_args=["--serve-blocks", "15:30"],
+                         config={"inference": {**INFERENCE, "dishonest": "noise"}})
+    spare = testnet.start("spare", bootstrap=[asker], extra_args=["--serve-blocks", "15:30"],
+                          config={"inference": {**INFERENCE, "max_sessions": 1}})
+    for node in (head, liar, spare):
+        node.wait_ready(120)
+    testnet.wait_until(lambda: len(_offers(asker)) == 3, "3 block offers", timeout_s=60)
+
+    first = _generate(asker, "--max-tokens", str(CHECKED_TOKENS))
+    assert [h["peer"] for h in first["chain"]] == [head.peer_id, liar.peer_id]
+    assert first["convicted"] == [liar.peer_id] and first["reruns"] == 1
+    assert first["tokens"] == reference(first["prompt_ids"], CHECKED_TOKENS)
+    assert [h["peer"] for h in first["final_chain"]] == [head.peer_id, spare.peer_id]
+    shown = run_cli("ledger", "attestations", "--peer", liar.peer_id, "--kind",
+                    "verification_failed", "--json", data_dir=asker.data_dir)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["count"] >= 1, shown.stdout
+
+    again = _generate(asker, "--max-tokens", str(CHECKED_TOKENS))
+    assert liar.peer_id not in [h["peer"] for h in again["chain"]]
+    assert again["tokens"] == first["tokens"] and again["convicted"] == []
+    # the convicted liar is no checker either: the spare's steps are left unchecked
+    assert spare.peer_id in again["stage_checks"]["unchecked"]

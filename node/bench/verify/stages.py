@@ -1,0 +1,183 @@
+"""Stage checks of a distributed inference chain: what they catch and what they cost.
+
+In one process, on the default model's own blocks (models.blocks, the code a stage server
+runs), without daemons: a chain of three stages ([0, 10), [10, 20), [20, 30) of SmolLM2's 30)
+greedily generates ``STEPS`` steps (the prompt's prefill, then one token a step), hidden states
+rounded to fp16 between stages as on the wire. The middle stage is then replaced by each
+dishonest kind of models.dishonest, computing on the same committed inputs (the honest
+chain's: which inputs a liar sees does not change what a check of it compares).
+
+* ``stage_detection``: per kind, the fraction of trials in which the liar is convicted within
+  ``STEPS`` steps at the default check rate: each trial draws its own nonce (so its own steps:
+  protocol.inference.stage_checks.step_checked over the stage's signed commitments), and each
+  selected step's rows are compared with the honest blocks' recompute of the committed inputs
+  under protocol.inference.stage_checks.disagrees. Attention is causal, so the recompute of a
+  prefix is the first rows of the recompute of the whole input history: one recompute serves
+  every trial. ``stage_false_convictions`` is the same over the honest stage's own outputs.
+* ``stage_check_cost_ratio``: what the checks of one generation add to the chain's compute:
+  for ``COST_TRIALS`` nonces, every hop of the chain recomputed (one prefill each, as
+  node.inference.stage_checks runs it) up to its last selected step, timed, over the compute
+  time of the three stages over the whole generation; the frames' transfer and hashing are
+  left out (no compute of blocks). Both are CPU time of the one thread computing (torch at one
+  thread for the measurement), which other jobs on a shared machine change least.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from crypto.hashing import digest
+from crypto.keys import Identity
+from protocol.inference.messages import StageCommit
+from protocol.inference.stage_checks import (
+    DEFAULT_CHECK_RATE,
+    MAX_STAGE_ERR,
+    commit_signing_bytes,
+    disagrees,
+    step_checked,
+)
+
+#: steps of one generation: the prompt's prefill and one token a step after it
+STEPS = 100
+SPLITS = ((0, 10), (10, 20), (20, 30))
+LIAR = 1
+PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
+COST_TRIALS = 3
+NOISE_SCALE = 0.01
+
+
+@dataclass
+class _Run:
+    """One stage's frames over a generation: inputs and outputs per step, fp16 as on the wire."""
+
+    inputs: list[np.ndarray]
+    outputs: list[np.ndarray]
+
+
+def _fp16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
+
+
+def _generate(head: Any, stages: list[Any], prompt: list[int]) -> tuple[list[_Run], float]:
+    """Greedy STEPS steps through ``stages``: every stage's frames and their compute time."""
+    from models.blocks import StageCache
+
+    runs = [_Run([], []) for _ in stages]
+    caches = [StageCache() for _ in stages]
+    compute_s, tokens, pos = 0.0, list(prompt), 0
+    for _ in range(STEPS):
+        x = _fp16(head.embed_tokens(tokens[pos:]))
+        for stage, cache, run in zip(stages, caches, runs, strict=True):
+            started = time.thread_time()
+            y = _fp16(stage.forward(x, pos, cache))
+            compute_s += time.thread_time() - started
+            run.inputs.append(x)
+            run.outputs.append(y)
+            x = y
+        pos = len(tokens)
+        tokens.append(int(np.argmax(head.logits(x)[-1])))
+    return runs, compute_s
+
+
+def _lie(stage: Any, run: _Run) -> list[np.ndarray]:
+    """``stage``'s outputs (a dishonest one's) on the honest run's inputs, step by step."""
+    from models.blocks import StageCache
+
+    cache, pos, out = StageCache(), 0, []
+    for x in run.inputs:
+        out.append(_fp16(stage.forward(x, pos, cache)))
+        pos += len(x)
+    return out
+
+
+def _commits(me: Identity, session: bytes, run: _Run, outputs: list[np.ndarray],
+             ) -> list[StageCommit]:
+    commits, pos = [], 0
+    for step, (x, y) in enumerate(zip(run.inputs, outputs, strict=True), 1):
+        i, o = digest(x.astype(np.float16).tobytes()), digest(y.astype(np.float16).tobytes())
+        signed = commit_signing_bytes(session, step, pos, len(x), i, o)
+        commits.append(StageCommit(session_id=session, step=step, start_pos=pos, n=len(x),
+                                   input_digest=i, output_digest=o, signature=me.sign(signed)))
+        pos += len(x)
+    return commits
+
+
+def _convicted(rng: random.Random, me: Identity, run: _Run, outputs: list[np.ndarray],
+               reference: np.ndarray) -> bool:
+    """One trial: a fresh nonce and session select steps; is a selected one off?"""
+    session, nonce = rng.randbytes(16), rng.randbytes(32)
+    for c, y in zip(_commits(me, session, run, outputs), outputs, strict=True):
+        if step_checked(nonce, me.peer_id, c, DEFAULT_CHECK_RATE):
+            ref = reference[c.start_pos:c.start_pos + c.n]
+            err = np.max(np.linalg.norm(y - ref, axis=1) / np.linalg.norm(ref, axis=1))
+            if disagrees(float(err)):
+                return True
+    return False
+
+
+def _check_cost(rng: random.Random, me: Identity, stages: list[Any], runs: list[_Run]) -> float:
+    """The compute of one generation's checks: each hop recomputed to its last selected step."""
+    from models.blocks import StageCache
+
+    session, nonce, spent = rng.randbytes(16), rng.randbytes(32), 0.0
+    for stage, run in zip(stages, runs, strict=True):
+        commits = _commits(me, session, run, run.outputs)
+        ends = [c.start_pos + c.n for c in commits
+                if step_checked(nonce, me.peer_id, c, DEFAULT_CHECK_RATE)]
+        if ends:
+            x = np.concatenate(run.inputs)[:max(ends)]
+            started = time.thread_time()
+            stage.forward(x, 0, StageCache())
+            spent += time.thread_time() - started
+    return spent
+
+
+def run(quick: bool) -> dict[str, Any]:
+    import torch
+
+    from models.gguf_torch import load_gguf_model
+    from models.registry import default_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _measure(quick, load_gguf_model(default_model().path)[0], default_model().path)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _measure(quick: bool, model: Any, path: Any) -> dict[str, Any]:
+    import llama_cpp
+
+    from models.blocks import BlockStage, Head, StageCache
+    from models.dishonest import KINDS, DishonestStage
+
+    head, stages = Head(model), [BlockStage(model, a, b) for a, b in SPLITS]
+    vocab = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    prompt = list(vocab.tokenize(PROMPT.encode(), add_bos=False))
+    vocab.close()
+    runs, chain_s = _generate(head, stages, prompt)
+    rng, me = random.Random(29), Identity.from_seed(b"bench-stage".ljust(32, b"."))
+    liar = runs[LIAR]
+    reference = _fp16(stages[LIAR].forward(np.concatenate(liar.inputs), 0, StageCache()))
+    trials = 20 if quick else 200
+    detection = {}
+    for kind in KINDS:
+        outputs = _lie(DishonestStage(stages[LIAR], kind, NOISE_SCALE, seed=29), liar)
+        detection[kind] = sum(_convicted(rng, me, liar, outputs, reference)
+                              for _ in range(trials)) / trials
+    honest = sum(_convicted(rng, me, liar, liar.outputs, reference) for _ in range(trials))
+    cost_s = [_check_cost(rng, me, stages, runs) for _ in range(COST_TRIALS)]
+    return {"stage_detection": detection, "stage_trials_per_kind": trials,
+            "stage_steps": STEPS, "stage_check_rate": DEFAULT_CHECK_RATE,
+            "stage_tolerance": MAX_STAGE_ERR, "stage_noise_scale": NOISE_SCALE,
+            "stage_false_convictions": honest,
+            "stage_chain_compute_s": round(chain_s, 3),
+            "stage_check_compute_s": round(statistics.mean(cost_s), 3),
+            "stage_check_cost_ratio": round(statistics.mean(cost_s) / chain_s, 4)}

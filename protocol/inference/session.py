@@ -35,8 +35,7 @@ of them (``SessionOpen``), then sends ``Forward`` frames of hidden states, ``Rol
   stays open and no one is penalized here (the requester judges). A handoff the driver could
   not send (``HandoffFailed``) is reported as ``SessionError(NEXT_HOP_FAILED)``; the session
   stays open, its cache holds the positions, and the requester relinks it.
-* Stage checks: every step is logged and committed to (stage_log.SendCommit, before the
-  step's result or handoff); a ``StatesAsk`` is answered from the log.
+* Stage checks: each step is logged and committed to (stage_log); StatesAsk reads the log.
 
 Effects: ``Send``, ``RunForward``, ``SendHandoff``, ``SendCommit``, ``CropCache``, ``FreeCache``,
 ``Penalize``, ``Emit``. Events: ``Received`` (a decoded request or handoff), ``ForwardDone``,

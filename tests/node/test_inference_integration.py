@@ -220,9 +220,11 @@ def test_a_lying_stage_is_convicted_and_the_generation_is_the_honest_chains(
     model's. The next generation's chain leaves the liar out."""
     asker = testnet.start("asker", config={"inference": {**INFERENCE, "check_rate": 0.5}})
     head = _server(testnet, "head", "0:15", asker)
-    liar = testnet.start("liar", bootstrap=[asker], extra_args=["--serve-blocks", "15:30"],
+    liar = testnet.start("liar", bootstrap=[asker], wait=False,
+                         extra_args=["--serve-blocks", "15:30"],
                          config={"inference": {**INFERENCE, "dishonest": "noise"}})
-    spare = testnet.start("spare", bootstrap=[asker], extra_args=["--serve-blocks", "15:30"],
+    spare = testnet.start("spare", bootstrap=[asker], wait=False,
+                          extra_args=["--serve-blocks", "15:30"],
                           config={"inference": {**INFERENCE, "max_sessions": 1}})
     for node in (head, liar, spare):
         node.wait_ready(120)

@@ -68,6 +68,7 @@ from typing import Any
 from models.checks import CheckRunner, LayerJob
 from models.commitments import CHUNK_TOKENS, Commitments, commitments_for, fingerprints_for
 from models.fingerprint import blob_positions
+from node.bench.verify.stages import run as stage_figures
 from node.bench.verify.verdict import fetch_states, result_to_verdict_ms
 from protocol.market.messages import Requirement, TaskSpec
 from protocol.verification.rules import choose_chunks, choose_layers
@@ -126,7 +127,7 @@ class _Tally:
     solved: list[tuple[TaskSpec, Any, Commitments]] = field(default_factory=list)
 
 
-def run(quick: bool) -> dict[str, float | int | str]:
+def run(quick: bool) -> dict[str, Any]:
     import tempfile
 
     from models.evalset import load_evalset
@@ -146,7 +147,9 @@ def run(quick: bool) -> dict[str, float | int | str]:
             for s in range(samples):
                 _check_sample(bench, tally, rng, honest, cheap, with_prefill=s == 0)
         verdict_ms = result_to_verdict_ms(bench.runner, store, tally.solved, 3 if quick else 6)
-    return _report(bench, tally, load_s, verdict_ms, questions=len(items), samples=samples)
+    figures: dict[str, Any] = _report(bench, tally, load_s, verdict_ms, questions=len(items),
+                                      samples=samples)
+    return figures | stage_figures(quick)  # distributed inference's stage checks
 
 
 def _requantized(serve: Any, folder: Path) -> Any:

@@ -143,13 +143,15 @@ class Requester:
         if not ids:
             raise ValueError("an empty prompt")
         convicted: list[str] = []
+        chains: list[Any] = []  # each attempt's chain, the last one's output is returned
         for attempt in range(1 + MAX_RERUNS):
             out = await self._complete(ids, decoding, on_text if not attempt else None)
             checks = out["stage_checks"]
             convicted += checks["convicted"]
+            chains.append(out["chain"])
             if not checks["convicted"]:
                 break
-        return {**out, "convicted": convicted, "reruns": attempt}
+        return {**out, "convicted": convicted, "reruns": attempt, "attempt_chains": chains}
 
     async def _check(self, chain: Chain) -> dict[str, Any]:
         """Stage checks of a finished generation's chain; convictions go to the ledger and

@@ -233,7 +233,8 @@ def test_a_lying_stage_is_convicted_and_the_generation_is_the_honest_chains(
     testnet.wait_until(lambda: len(_offers(asker)) == 2, "2 block offers", timeout_s=60)
 
     first = _generate(asker, "--max-tokens", str(CHECKED_TOKENS))
-    assert [h["peer"] for h in first["chain"]] == [head.peer_id, liar.peer_id]
+    tried = [[h["peer"] for h in chain] for chain in first["attempt_chains"]]
+    assert tried == [[head.peer_id, liar.peer_id], [head.peer_id, asker.peer_id]]
     assert first["convicted"] == [liar.peer_id] and first["reruns"] == 1
     assert first["tokens"] == reference(first["prompt_ids"], CHECKED_TOKENS)
     assert [h["peer"] for h in first["final_chain"]] == [head.peer_id, asker.peer_id]

@@ -100,3 +100,13 @@ def test_auto_precision_sends_f16_but_f32_for_models_whose_states_overflow_f16(
     assert wire_precision("auto", "gemma3_text") is Precision.FP32
     assert wire_precision("f16", "gemma3_text") is Precision.FP16, "a setting is obeyed"
     assert wire_precision("f32", "llama") is Precision.FP32
+
+
+def test_stage_check_settings(tmp_path: Path) -> None:
+    section = _load(tmp_path, toml="[inference]\ncheck_rate = 0.25\ndishonest = \"replay\"\n"
+                    ).section("inference")
+    assert section.check_rate == 0.25 and section.dishonest == "replay"
+    assert InferenceSection().check_rate == 0.1 and InferenceSection().dishonest == ""
+    for bad in ('check_rate = 1.5', 'dishonest = "lazy"'):
+        with pytest.raises(ConfigError, match=bad.split(" ")[0]):
+            _load(tmp_path, toml=f"[inference]\n{bad}\n")

@@ -31,6 +31,12 @@ def _lying(net: Net, name: str, kind: str) -> None:
     host.stage = DishonestStage(host.stage, kind, scale=0.05)  # type: ignore[assignment]
 
 
+def test_the_configs_kinds_are_the_models() -> None:
+    from node.inference.section import DISHONEST_KINDS
+
+    assert DISHONEST_KINDS == KINDS
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_lying_stage_is_convicted_and_an_honest_chain_gives_the_reference(
         gguf: Path, kind: str) -> None:  # noqa: F811

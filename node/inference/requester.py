@@ -149,8 +149,12 @@ class Requester:
             checks = out["stage_checks"]
             convicted += checks["convicted"]
             chains.append(out["chain"])
-            if not checks["convicted"]:
+            # a stage convicted, or one that would not show its states: not the honest output
+            if not checks["convicted"] and not checks.get("dropped"):
                 break
+        else:
+            raise ValueError(f"stage checks failed the chain in {1 + MAX_RERUNS} attempts "
+                             f"(convicted: {', '.join(p[-8:] for p in convicted) or 'none'})")
         return {**out, "convicted": convicted, "reruns": attempt, "attempt_chains": chains}
 
     async def _check(self, chain: Chain) -> dict[str, Any]:

@@ -50,7 +50,9 @@ DEFAULT_CHECK_RATE = 0.1
 #: travel as fp16, whose rounding moves a row by at most 2**-11 (4.9e-4) of its norm, and two
 #: fp32 runs of the same blocks on the same inputs differ by about 1e-6; a stage whose weights
 #: and activations pass through bfloat16 (2**-8 steps) moves its rows by several times this
-#: bound, a coarser quantization, a skipped layer or a replayed step by far more.
+#: bound, a coarser quantization, a skipped layer or a replayed step by far more. It holds
+#: for stages computing in fp32 (a CPU stage); a CUDA stage computes in fp16 or bf16 and needs
+#: a tolerance of its own, which needs its offer to say so (not yet).
 MAX_STAGE_ERR = 1.5e-3
 #: domain separation of a stage's commitment signature
 COMMIT_DOMAIN = b"symphony/stage-commit/v1\0"

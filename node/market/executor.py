@@ -239,15 +239,6 @@ class ExecutorService(NurseryService):
         self._jobs.close(key)
         if event is not None and not scope.cancelled_caught:
             await self.ctx.submit(self.name, event)
-            if isinstance(event, ComputeDone) and (event.fingerprints or event.states_root):
-                self._warm_checks()
-
-    def _warm_checks(self) -> None:
-        """A committed result: this node's checks are coming (the verify service's
-        ``warm_soon`` says why), so its verifier loads the check model now."""
-        warm = getattr(self.ctx.services.get("verify"), "warm_soon", None)
-        if warm is not None:
-            warm()
 
     async def _solve(self, job: StartCompute, solve: Callable[..., object]) -> object:
         """Run ``solve`` in a solver thread; a k=1 task's text goes to the machine as it

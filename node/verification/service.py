@@ -197,16 +197,21 @@ class VerifyService(NurseryService):
             model_hashes=frozenset({self.runner.model_hash}), slots=self.section.slots))
         self.ctx.log.info("verify.ready", model_hash=self.runner.model_hash.hex())
 
+    async def on_running(self) -> None:
+        executor = self.ctx.services.get("executor")
+        if getattr(executor, "solver", None) is not None:
+            self.warm_soon()
+
     def warm_soon(self) -> None:
         """Load the check model in the background now, once, instead of at the first check.
 
-        The executor service calls it when this node has delivered a committed result: it
-        executes in a verifying network, where each result is checked with probability
-        ``sample_rate`` by ``verifiers`` peers, so checks are coming its way, and a check
-        that must first load the model (importing torch and transformers, dequantizing the
-        GGUF) can outlast the requester's ``check_timeout_ms`` on a busy machine: every
-        verifier asked timed out, the result was undecided and its task waited for a
-        replacement. A node that never executes still loads nothing until asked."""
+        Done as the service runs on a node whose executor serves a model: it executes in a
+        verifying network, where each result is checked with probability ``sample_rate`` by
+        ``verifiers`` peers, so checks are coming its way, and a check that must first load
+        the model (importing torch and transformers, dequantizing the GGUF) outlasted the
+        requester's ``check_timeout_ms`` on a busy machine: every verifier asked timed out,
+        the result was undecided and its task waited for a replacement. A node that does not
+        execute (a light node) still loads nothing until it is asked."""
         if self._warming or self.runner is None or not self.running:
             return
         self._warming = True

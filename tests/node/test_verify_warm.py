@@ -1,6 +1,7 @@
-"""The verifier loads its check model once its node has delivered a committed result
+"""A verifier whose node executes loads its check model as the service starts
 (node/verification/service.py, ``VerifyService.warm_soon``), in the background and once, so
-its first check does not outlast the requester's check timeout loading torch and the model."""
+its first check does not outlast the requester's check timeout loading torch and the model; a
+node that does not execute loads nothing until asked."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import random
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import trio
 import trio.testing
 
@@ -32,12 +34,13 @@ class Runner:
             raise RuntimeError("no model file")
 
 
-def service(tmp_path: Path) -> VerifyService:
+def service(tmp_path: Path, executes: bool = False) -> VerifyService:
     config = SimpleNamespace(section=lambda name: VerifySection())
+    executor = SimpleNamespace(solver=object() if executes else None)
     ctx = NodeContext(identity=Identity.from_seed(b"\x01" * 32), network_id="warm",
                       data_dir=tmp_path, config=config, db=None, transport=None,
                       log=get_logger(), rng=random.Random(0), clock=lambda: 0,
-                      submit=None, services={})  # type: ignore[arg-type]
+                      submit=None, services={"executor": executor})  # type: ignore[arg-type]
     return VerifyService(ctx)
 
 
@@ -85,3 +88,20 @@ def test_a_node_without_a_check_runner_warms_nothing(tmp_path: Path) -> None:
 
     trio.run(main)
     assert svc.runner is None and not svc._warming
+
+
+@pytest.mark.parametrize("executes", [True, False])
+def test_an_executing_node_warms_as_the_service_starts(tmp_path: Path, executes: bool) -> None:
+    svc, runner = service(tmp_path, executes), Runner()
+    svc.runner = runner
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(svc.run)
+            if executes:
+                await runner.done.wait()
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert runner.loads == (1 if executes else 0)

@@ -95,6 +95,13 @@ class CheckRunner:
                     self._backend = self._loader()  # type: ignore[misc]
         return self._backend
 
+    def warm(self) -> None:
+        """Load what a check runs (the model, and the transformers copy that re-runs its
+        layers) now rather than at the first check (blocking: run it in a thread)."""
+        from models.fingerprint import fingerprint_backend
+
+        fingerprint_backend(self.backend)
+
     @classmethod
     def load(cls, spec: str = "", *, deferred: bool = False) -> CheckRunner:
         """A runner on ``spec`` ("" = the default model); ``deferred``: only its weights are

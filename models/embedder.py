@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crypto.hashing import digest_parts
+from models.building import building
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach a model hub from here
 
@@ -125,19 +126,22 @@ class Embedder:
     """Texts in, 384-dim L2-normalized vectors out (see the module docstring)."""
 
     def __init__(self, config: EmbedderConfig = EmbedderConfig()) -> None:
-        try:
-            import torch
-            from transformers import AutoModel, AutoTokenizer
-        except ImportError as exc:
-            raise EmbedderUnavailable(
-                f"the text embedder needs torch and transformers: {exc}") from None
-        folder = model_dir(config)
-        self.config = config
-        self.hash: bytes = bytes.fromhex((folder / HASH_FILE).read_text().strip())
-        self._torch = torch
-        self._tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        self._model = AutoModel.from_pretrained(str(folder), local_files_only=True)
-        self._model.eval()
+        """Load the model (blocking), one model build at a time in the process
+        (models/building.py: another thread may be building the verifier's model)."""
+        with building():
+            try:
+                import torch
+                from transformers import AutoModel, AutoTokenizer
+            except ImportError as exc:
+                raise EmbedderUnavailable(
+                    f"the text embedder needs torch and transformers: {exc}") from None
+            folder = model_dir(config)
+            self.config = config
+            self.hash: bytes = bytes.fromhex((folder / HASH_FILE).read_text().strip())
+            self._torch = torch
+            self._tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+            self._model = AutoModel.from_pretrained(str(folder), local_files_only=True)
+            self._model.eval()
         self.dim: int = int(self._model.config.hidden_size)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from models.building import building
+
 FORMAT_VERSION = 2
 DEFAULT_CHUNK = 32
 DEFAULT_K = 2
@@ -181,10 +183,13 @@ def fingerprint_backend(backend: object) -> object:
 
     info = backend.info  # type: ignore[attr-defined]
     key = str(info.path)
-    if key not in _FINGERPRINTERS:
-        # the serving backend's thread policy: torch's default (every logical CPU) spins its
-        # threads against any other load and ran checks many times slower on shared cores
-        threads = getattr(getattr(backend, "config", None), "n_threads", 0) or default_threads()
-        _FINGERPRINTERS[key] = TransformersBackend.load(
-            info, ModelConfig(backend=TRANSFORMERS, n_threads=threads))
-    return _FINGERPRINTERS[key]
+    with building():  # a check and the verifier's warm-up may ask at once: one load
+        if key not in _FINGERPRINTERS:
+            # the serving backend's thread policy: torch's default (every logical CPU) spins
+            # its threads against any other load and ran checks many times slower on shared
+            # cores
+            threads = (getattr(getattr(backend, "config", None), "n_threads", 0)
+                       or default_threads())
+            _FINGERPRINTERS[key] = TransformersBackend.load(
+                info, ModelConfig(backend=TRANSFORMERS, n_threads=threads))
+        return _FINGERPRINTERS[key]

@@ -19,6 +19,7 @@ architectures that need it (:func:`config_dict`); the tests hold the result equa
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +27,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from models.building import building
 
 # the reader needs no torch; it lives apart so that the daemon can read a model's metadata
 # without importing torch and transformers
@@ -101,12 +104,18 @@ def hf_config(path: str | Path, meta: dict[str, Any], tensors: dict[str, GGUFTen
 
 @contextmanager
 def _parameters_on_meta() -> Iterator[None]:
-    """Parameters are created on the meta device (no memory, no init), buffers where they are:
-    rotary frequencies and embedding scales are computed from the config, not stored in the
-    file, so they must be real."""
+    """Parameters of the modules this thread creates are put on the meta device (no memory, no
+    init), buffers where they are: rotary frequencies and embedding scales are computed from
+    the config, not stored in the file, so they must be real.
+
+    torch's parameter registration hook is global (every thread's modules call it), so it
+    acts only in the thread that entered the block: a model another thread builds meanwhile
+    (the daemon's card embedder) keeps its real weights. It once got them on meta and its
+    first forward raised, which ended the daemon."""
+    owner = threading.get_ident()
 
     def to_meta(module: torch.nn.Module, name: str, param: Any) -> Any:
-        if param is None or param.device.type == "meta":
+        if param is None or param.device.type == "meta" or threading.get_ident() != owner:
             return None
         return torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
 
@@ -186,7 +195,14 @@ def load_gguf_model(path: str | Path, layers: tuple[int, int] | None = None,
     ``layers`` = (start, end) loads decoder layers [start, end) only (default: all), ``head``
     the embedding, final norm and output head; every other parameter stays on the meta device
     (no memory), so a stage of a layer-sharded chain dequantizes nothing it does not run.
-    ValueError for an architecture transformers cannot build or a range outside the model."""
+    ValueError for an architecture transformers cannot build or a range outside the model.
+    Builds inside models.building.building (one build at a time in the process)."""
+    with building():
+        return _load_gguf_model(path, layers, head)
+
+
+def _load_gguf_model(path: str | Path, layers: tuple[int, int] | None,
+                     head: bool) -> tuple[Any, dict[str, Any]]:
     from transformers import AutoModelForCausalLM
 
     meta, tensors = read_gguf(path)

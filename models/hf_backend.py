@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from models.backend import END_OF_TURN, Backend, chat_template_of
+from models.building import building
 from models.config import TRANSFORMERS, ModelConfig
 from models.registry import ModelInfo
 
@@ -87,6 +88,13 @@ class TransformersBackend(Backend):
 
     @classmethod
     def load(cls, info: ModelInfo, config: ModelConfig = ModelConfig(backend=TRANSFORMERS)) -> TransformersBackend:
+        """Build the backend for ``info`` (blocking), one model build at a time in the process
+        (models/building.py)."""
+        with building():
+            return cls._load(info, config)
+
+    @classmethod
+    def _load(cls, info: ModelInfo, config: ModelConfig) -> TransformersBackend:
         if info.fmt == "gguf":
             from models.gguf_torch import load_gguf_model
 

@@ -42,6 +42,8 @@ from protocol.ledger.cards import HeldCards
 #: descriptions whose vectors are kept (a node holds at most MAX_AGENTS_PER_NODE cards per
 #: peer; this covers a few hundred nodes' agents without re-embedding)
 VECTOR_CACHE_ENTRIES = 2048
+#: characters of an embedding failure kept in ``CardEmbedder.problem`` (status, logs)
+MAX_PROBLEM = 200
 
 
 class TextEmbedder(Protocol):
@@ -94,14 +96,20 @@ class CardEmbedder:
 
     def embed(self, texts: Sequence[str]) -> list[list[float]] | None:
         """One unit vector per text (blocking: run it in a thread), or None without an
-        embedder. Vectors are cached by (text, embedder hash)."""
+        embedder. Vectors are cached by (text, embedder hash). A model that raises gives
+        None too, with ``problem`` saying why: cards go out without vectors (and peers' stay
+        unverified) rather than the error ending the ledger service, and the daemon with it."""
         with self._lock:
             embedder = self._loaded()
             if embedder is None:
                 return None
             missing = [t for t in dict.fromkeys(texts) if (t, embedder.hash) not in self._cache]
-            for text, vector in zip(missing, embedder.embed(missing) if missing else [],
-                                    strict=True):
+            try:
+                vectors = embedder.embed(missing) if missing else []
+            except Exception as exc:  # a broken model: no vectors, no crash
+                self.problem = f"embedding failed: {type(exc).__name__}: {exc}"[:MAX_PROBLEM]
+                return None
+            for text, vector in zip(missing, vectors, strict=True):
                 self._cache[(text, embedder.hash)] = vector
             out = []
             for text in texts:

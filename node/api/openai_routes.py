@@ -187,10 +187,13 @@ async def _stream(kind: _Kind, service: ChatService, snap: dict[str, Any], parse
     yield _sse({**head, "choices": [kind.delta(None, None, first=True)], **extra})
     sent = ""
     live = service.live_text(snap["task_id"])
-    if live is not None:  # a chain: the text as its tokens are accepted
+    if live is not None:  # a chain's or a k=1 task's text as it grows
         async for grown in live:
             ready = streamable(grown, parsed.stop)
-            if len(ready) > len(sent) and ready.startswith(sent):
+            if not ready.startswith(sent):  # its executor failed: the replacement starts over
+                yield _sse(_restarted(head, sent))
+                sent = ""
+            if len(ready) > len(sent):
                 yield _sse({**head, "choices": [kind.delta(ready[len(sent):], None)], **extra})
                 sent = ready
     snap = await service.wait_done(snap["task_id"])
@@ -198,7 +201,10 @@ async def _stream(kind: _Kind, service: ChatService, snap: dict[str, Any], parse
         yield _sse({**_task_error(snap).body(), "symphony": snap})
         return
     text, reason, head["model"] = _reply(snap, parsed)
-    if len(text) > len(sent) and text.startswith(sent):
+    if not text.startswith(sent):  # the answer is not the streamed text's continuation
+        yield _sse(_restarted(head, sent))
+        sent = ""
+    if len(text) > len(sent):
         yield _sse({**head, "choices": [kind.delta(text[len(sent):], None)], **extra})
     last = {**head, "choices": [kind.delta(None, reason)], **extra}
     if parsed.include_usage:
@@ -206,6 +212,13 @@ async def _stream(kind: _Kind, service: ChatService, snap: dict[str, Any], parse
         last = {**head, "choices": [], "usage": usage(snap)}
     yield _sse({**last, "symphony": snap})
     yield _sse("[DONE]")
+
+
+def _restarted(head: dict[str, Any], sent: str) -> dict[str, Any]:
+    """The chunk that tells the client to discard the ``sent`` text: the executor streaming
+    it failed mid-answer and the text that follows is its replacement's, from the start."""
+    return {**head, "choices": [], "symphony": {"stream_restarted": True,
+                                                "discarded_chars": len(sent)}}
 
 
 def _guarded(endpoint: Callable[[Request], Any]) -> Callable[[Request], Any]:

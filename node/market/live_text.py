@@ -1,9 +1,10 @@
 """Following a k=1 market task's text as its executor streams it (the OpenAI stream's deltas).
 
 The requester's machine keeps what the assigned executor has streamed
-(protocol/market/progress.py, ``ProgressBook``) and says when it grew (``Streamed``);
+(protocol/market/progress.py, ``ProgressBook``) and says when it changed (``Streamed``: it
+grew, or the executor failed and its text was discarded for its replacement's);
 :class:`LiveTexts` wakes the followers of that task, and each follower gets the text every
-time it grows until the task is over. The text is unsigned: what the client keeps is checked
+time it changes until the task is over. The text is unsigned: what the client keeps is checked
 against the signed result when it comes (node/api/openai_routes.py sends the rest of the
 signed text, and the machine penalizes an executor whose stream the result contradicts).
 """
@@ -37,12 +38,15 @@ class LiveTexts:
             changed.set()
 
     async def follow(self, task_id: bytes) -> AsyncIterator[str]:
-        """The task's streamed text each time it grows, until the task is over."""
+        """The task's streamed text each time it changes, until the task is over. Each text
+        extends the one before it, unless the executor streaming it failed: then the next one
+        does not (``""`` once its text is discarded, then its replacement's from the start),
+        and the follower drops what it had."""
         sent = ""
         while True:
             changed = self._changed.setdefault(task_id, trio.Event())
             text = self._text_of(task_id) or ""
-            if len(text) > len(sent):
+            if text != sent:
                 sent = text
                 yield text
                 continue

@@ -163,6 +163,7 @@ class VerifyService(NurseryService):
         self.problem = ""
         self._jobs = JobScopes()
         self.checked = 0
+        self._warming = False
 
     @property
     def machine(self) -> VerifyRouter:
@@ -195,6 +196,34 @@ class VerifyService(NurseryService):
         self._machine.verifier = Verifier(self.ctx.identity, VerifierConfig(
             model_hashes=frozenset({self.runner.model_hash}), slots=self.section.slots))
         self.ctx.log.info("verify.ready", model_hash=self.runner.model_hash.hex())
+
+    async def on_running(self) -> None:
+        executor = self.ctx.services.get("executor")
+        if getattr(executor, "solver", None) is not None:
+            self.warm_soon()
+
+    def warm_soon(self) -> None:
+        """Load the check model in the background now, once, instead of at the first check.
+
+        Done as the service runs on a node whose executor serves a model: it executes in a
+        verifying network, where each result is checked with probability ``sample_rate`` by
+        ``verifiers`` peers, so checks are coming its way, and a check that must first load
+        the model (importing torch and transformers, dequantizing the GGUF) outlasted the
+        requester's ``check_timeout_ms`` on a busy machine: every verifier asked timed out,
+        the result was undecided and its task waited for a replacement. A node that does not
+        execute (a light node) still loads nothing until it is asked."""
+        if self._warming or self.runner is None or not self.running:
+            return
+        self._warming = True
+        self.start_soon(self._warm)
+
+    async def _warm(self) -> None:
+        try:  # abandoned on cancel: a stopping daemon does not wait for the load
+            await trio.to_thread.run_sync(self.runner.warm, abandon_on_cancel=True)
+        except Exception as exc:  # the first check will try again, and say why it fails
+            self.ctx.log.warning("verify.warm_failed", error=f"{type(exc).__name__}: {exc}")
+        else:
+            self.ctx.log.info("verify.warmed")
 
     async def perform(self, effect: object) -> None:
         if isinstance(effect, Forward):

@@ -295,6 +295,8 @@ class Auction:
         self.selector.observe(task.spec.task_id, attempt.peer, 0.0)
         effects: list[Effect] = [Emit("task.attempt_failed", {
             "task_id": task.spec.task_id.hex(), "peer": attempt.peer, "reason": reason})]
+        # a replacement streams its own text from the start: this attempt's is discarded
+        effects += self.progress.discard(task.spec.task_id, attempt.attempt)
         if outcome is not None:
             effects.append(Attest(attempt.peer, task.spec.task_id, TASK_ATTEST, outcome, reason))
         if cancel:

@@ -13,7 +13,11 @@ Both sides bound the frames like any other input: at most ``MAX_PROGRESS_FRAMES`
 ``MAX_PROGRESS_TOTAL`` bytes in all, only from the executor assigned that task and attempt,
 in order. The requester (:class:`ProgressBook`) drops anything else and penalizes the sender
 ``PENALTY_PROGRESS``; a frame from the assigned executor that arrives after its attempt ended
-(it crossed the result or a cancel on the wire) is dropped without a penalty. The executor
+(it crossed the result or a cancel on the wire) is dropped without a penalty. An attempt that
+fails mid-stream (timeout, reject, a failed check) is replaced by another executor's, which
+streams its own text from the start: the failed attempt's text is discarded (``discard``), so
+what a follower sees next does not extend what it saw, and that is how it learns that the
+stream restarted (``Streamed`` and a ``task.stream_restarted`` event say so). The executor
 (:class:`ProgressSender`) only sends what keeps its stream a prefix of its own text, and stops
 streaming at the bounds (the rest arrives with the result).
 """
@@ -62,8 +66,9 @@ class ComputeProgress:
 
 @dataclass(frozen=True, slots=True)
 class Streamed:
-    """Effect of the requester's machine: ``task_id``'s streamed text has grown (the driver
-    wakes whoever follows it)."""
+    """Effect of the requester's machine: ``task_id``'s streamed text has changed (the driver
+    wakes whoever follows it): it grew, or the attempt streaming it failed and its text was
+    discarded (what follows it next does not extend it)."""
 
     task_id: bytes
 
@@ -155,15 +160,28 @@ class ProgressBook:
 
     def judge(self, task_id: bytes, executor: str, attempt: int, cot: str) -> list[Effect]:
         """Check the signed result of ``attempt`` (its ``cot``, from ``executor``) against
-        what the attempt streamed, then forget the stream: a stream that is not a prefix of
-        the signed text is the executor's fault."""
-        stream = self.streams.pop((task_id, attempt), None)
+        what the attempt streamed: a stream that is not a prefix of the signed text is the
+        executor's fault. The text stays until the task is forgotten: followers still reading
+        it must not see it vanish (that is how a discarded, failed attempt's text looks)."""
+        stream = self.streams.get((task_id, attempt))
         if stream is None or agrees(stream.text, cot):
             return []
         self.counters["stream_lies"] = self.counters.get("stream_lies", 0) + 1
         return [Penalize(executor, "streamed text the signed result contradicts",
                          PENALTY_STREAM_LIE),
                 Emit("task.stream_contradicted", {"task_id": task_id.hex(), "peer": executor})]
+
+    def discard(self, task_id: bytes, attempt: int) -> list[Effect]:
+        """``attempt`` failed: drop what it streamed. If it was the followed stream, the
+        task's text is gone until the replacement streams (followers are woken to see it)."""
+        stream = self.streams.pop((task_id, attempt), None)
+        if self.latest.get(task_id) != attempt:
+            return []
+        del self.latest[task_id]
+        self.counters["progress_restarted"] = self.counters.get("progress_restarted", 0) + 1
+        dropped = len(stream.text) if stream is not None else 0
+        return [Streamed(task_id), Emit("task.stream_restarted", {
+            "task_id": task_id.hex(), "attempt": attempt, "discarded_chars": dropped})]
 
     def forget(self, task_id: bytes) -> None:
         self.latest.pop(task_id, None)

@@ -188,6 +188,41 @@ def test_a_node_without_an_embedder_publishes_cards_without_vectors(tmp_path: Pa
     assert not [e for e in h.service.agents.entries() if e.verified]
 
 
+class BrokenEmbedder(LetterEmbedder):
+    """Loads, then raises on every embedding: the card embedder whose parameters were left
+    on the meta device by a model another thread was building (models/building.py)."""
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.calls += 1
+        raise RuntimeError("Tensor.item() cannot be called on meta tensors")
+
+
+def test_an_embedder_that_raises_costs_the_vectors_not_the_ledger_service(
+        tmp_path: Path) -> None:
+    """Its error went out of ``publish`` and ended the ledger service's nursery: the daemon."""
+    broken = BrokenEmbedder()
+    h = Harness(tmp_path, broken)
+    peer = Identity.from_seed(b"\x07" * 32)
+
+    async def main() -> None:
+        h.service.agents.resolve(["m"])
+        await h.service.agents.publish(price=0.0)
+        assert h.service.agents.published.is_set()
+        await h.push(peer.peer_id, signed(peer, h.service.now_ms(), card("calc", CALC, CALC)))
+        checker = h.service.agents.checker
+        await checker.check(checker.pending.pop(peer.peer_id))
+
+    trio.run(main)
+    assert broken.calls == 2  # publishing and the peer's check both tried the model
+    embedder = h.service.agents.embedder
+    assert embedder.problem == ("embedding failed: RuntimeError: Tensor.item() cannot be "
+                                "called on meta tensors")
+    (own,) = [e for e in h.service.agents.entries() if e.own]
+    assert own.card.embedding == b"" and own.card.embedder_hash == b""
+    assert h.penalties == []  # a peer's card we could not embed is unverified, not refused
+    assert not [e for e in h.service.agents.entries() if e.verified and not e.own]
+
+
 def test_a_newer_record_replaces_the_one_waiting_for_its_check(tmp_path: Path) -> None:
     h = Harness(tmp_path, LetterEmbedder())
     peer = Identity.from_seed(b"\x06" * 32)

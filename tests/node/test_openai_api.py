@@ -255,3 +255,39 @@ def test_a_failed_task_is_a_server_error() -> None:
     failed = {**snapshot(), "phase": "failed", "failure": "no executor left"}
     got = client(failed).post("/v1/chat/completions", json=CHAT)
     assert got.status_code == 502 and "no executor left" in got.json()["error"]["message"]
+
+
+class FailoverService(Service):
+    """A k=1 task whose first executor streamed part of a wrong start and failed: its text
+    was discarded ("") and the replacement streamed the answer from the start."""
+
+    def live_text(self, task_id: str) -> Any:  # type: ignore[override]
+        async def texts() -> Any:
+            for text in ("The cap", "The capital wa", "", "The capital is Par"):
+                yield text
+
+        return texts()
+
+
+def test_a_restarted_stream_tells_the_client_to_discard_the_failed_executors_text() -> None:
+    app = Starlette(routes=openai_routes(FailoverService(snapshot())))
+    app.state.api_token = TOKEN
+    with TestClient(app, headers={"Authorization": f"Bearer {TOKEN}"}).stream(
+            "POST", "/v1/chat/completions", json={**CHAT, "stream": True}) as reply:
+        lines = [line[6:] for line in reply.iter_lines() if line.startswith("data: ")]
+    chunks = [json.loads(line) for line in lines[:-1]]
+    kept = ""
+    pieces = []
+    for chunk in chunks:
+        if (chunk.get("symphony") or {}).get("stream_restarted"):
+            assert chunk["symphony"]["discarded_chars"] == len(kept) and chunk["choices"] == []
+            kept = ""
+            pieces.append(None)
+        elif chunk["choices"]:
+            piece = chunk["choices"][0]["delta"].get("content", "")
+            kept += piece
+            pieces.append(piece)
+    # not the failed executor's "The capital wa" with the replacement's text after it
+    assert kept == "The capital is Paris.0\nEND more"
+    assert pieces == ["", "The cap", "ital wa", None, "The capital is Par", "is.0\nEND more",
+                      ""]

@@ -11,10 +11,10 @@ import pytest
 
 from protocol.codec import decode, encode
 from protocol.envelopes import seal
-from protocol.machine import Penalize, Received, Tick
+from protocol.machine import Emit, Penalize, Received, Tick
 from protocol.market.auction import Auction
 from protocol.market.executor import ComputeDone
-from protocol.market.messages import RESULT_DOMAIN, Result, ResultBody
+from protocol.market.messages import RESULT_DOMAIN, Reject, RejectReason, Result, ResultBody
 from protocol.market.progress import (
     MAX_PROGRESS_CHARS,
     MAX_PROGRESS_FRAMES,
@@ -116,9 +116,13 @@ def test_a_result_that_extends_the_stream_is_not_penalized() -> None:
     a.handle(frame(tid, att, 0, "One, two"), 300)
     effects = a.handle(result(tid, att, "One, two, three."), 400)
     assert not penalties(effects) and a.tasks[tid].finished
+    # the streamed text stays for its followers (it vanishing means a restart)
+    assert a.progress.text(tid) == "One, two"
     # a frame that crossed the result on the wire is dropped, without a penalty
     assert a.handle(frame(tid, att, 1, ", four"), 500) == []
     assert a.counters["progress_late"] == 1
+    a.handle(Tick(), a.tasks[tid].forget_at_ms)  # ... until the finished task is forgotten
+    assert a.progress.text(tid) is None and not a.progress.streams
 
 
 def test_a_stream_the_signed_result_contradicts_costs_the_executor() -> None:
@@ -130,6 +134,27 @@ def test_a_stream_the_signed_result_contradicts_costs_the_executor() -> None:
     assert a.counters["stream_lies"] == 1
     snap = a.tasks[tid]
     assert snap.finished and snap.results[EXEC.peer_id].body.cot == "The answer is 42."
+
+
+def test_a_failed_executors_text_is_discarded_for_its_replacements() -> None:
+    a, tid, att = assigned()
+    a.handle(frame(tid, att, 0, "Four times"), 300)
+    effects = a.handle(Received(EXEC.peer_id, Reject(
+        task_id=tid, attempt=att, reason=RejectReason.COMPUTE_FAILED, detail="oom")), 400)
+    assert Streamed(tid) in effects  # followers are woken: the text they had is gone
+    (restarted,) = [e for e in effects if isinstance(e, Emit)
+                    and e.event == "task.stream_restarted"]
+    assert restarted.fields["discarded_chars"] == len("Four times")
+    assert a.progress.text(tid) is None and a.counters["progress_restarted"] == 1
+    (again,) = assigns(effects)  # the spare bidder takes over and streams from the start
+    other = again.executor
+    assert other != EXEC.peer_id
+    assert a.handle(frame(tid, again.attempt, 0, "The answer", peer=other), 500) == [
+        Streamed(tid)]
+    assert a.progress.text(tid) == "The answer"  # not "Four timesThe answer"
+    # a late frame of the failed attempt changes nothing
+    assert a.handle(frame(tid, att, 1, " two"), 600) == []
+    assert a.progress.text(tid) == "The answer"
 
 
 def test_agreement_allows_for_a_truncated_cot() -> None:

@@ -20,6 +20,7 @@ model already runs on, so a node without the models extra still starts and descr
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import platform
 import shutil
@@ -31,6 +32,8 @@ from pathlib import Path
 CPUINFO = Path("/proc/cpuinfo")
 #: how long ``nvidia-smi`` may take to answer before the GPU goes unnamed
 NVIDIA_SMI_TIMEOUT_S = 10.0
+#: the child process that asks llama.cpp whether it offloads (it loads the library)
+LLAMA_PROBE_TIMEOUT_S = 60.0
 #: the field limits of the capability record (protocol.ledger.records.HardwareSummary)
 MAX_NAME_CHARS = 128
 UNNAMED_GPU = "gpu"
@@ -217,6 +220,22 @@ def torch_build() -> tuple[str, str | None] | None:
 
 
 def _llama_view() -> tuple[bool, str]:
+    """Whether llama.cpp offloads to a GPU. Asked in a child process unless llama.cpp is
+    loaded here already: loading its CUDA backend into a process whose torch already holds
+    CUDA crashed that process on a GPU machine (two CUDA runtimes in one process)."""
+    if "llama_cpp" in sys.modules:
+        return _llama_offload()
+    probe = ("import json, models.device as d; print(json.dumps(d._llama_offload()))")
+    try:
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                             timeout=LLAMA_PROBE_TIMEOUT_S, check=True).stdout
+        offload, why = json.loads(out.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        return False, f"llama.cpp's GPU probe failed: {type(exc).__name__}"
+    return bool(offload), str(why)
+
+
+def _llama_offload() -> tuple[bool, str]:
     try:
         import llama_cpp
     except ImportError:

@@ -90,3 +90,28 @@ def test_verify_part_checks_an_honest_generation(tiny_ggufs: dict[str, Path]) ->
     assert figures["check_chunk_s"] > 0 and figures["layer_states_s"] > 0
     assert figures["verify_cost_ratio"] > 0
     assert "verify_cost_ratio_llama" not in figures
+
+
+def test_llama_cpp_runs_in_a_child_process_and_gives_the_same_tokens(
+        tiny_ggufs: dict[str, Path]) -> None:  # noqa: F811
+    """The llama part and the prompt's tokens come from a spawned process (llama.cpp's CUDA
+    backend must not load beside torch's), with what this process would compute."""
+    import os
+
+    path = str(tiny_ggufs["f32"])
+    assert bench.in_child(os.getpid) != os.getpid()
+    ids = bench.in_child(bench.prompt_ids, path)
+    assert ids == bench.prompt_ids(path) and ids
+    figures = bench.in_child(bench._llama, path, ids, 4)
+    assert figures["tokens_per_s_llama_gpu"] > 0 and figures["tokens_per_s_llama_cpu"] > 0
+
+
+def test_detecting_llama_cpp_offload_leaves_it_unloaded_here() -> None:
+    import subprocess
+    import sys
+
+    probe = ("import sys, models.device as d; d._llama_view(); "
+             "print('llama_cpp' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip().splitlines()[-1] == "False"

@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 PARTS = ("llama", "torch", "verify", "chain")
 PROMPT = ("The history of the printing press begins in the fifteenth century, when Johannes "
@@ -63,10 +65,10 @@ def run(quick: bool, model: str = "", only: str = "") -> dict[str, Any]:
     info = resolve(model or None)
     figures.update({"model": info.name, "model_path": str(info.path),
                     "tokens": QUICK_TOKENS if quick else TOKENS})
-    ids = prompt_ids(str(info.path))
+    ids = in_child(prompt_ids, str(info.path))
     outputs: dict[str, list[int]] = {}  # the torch part's GPU tokens, for the chain's check
     runs: dict[str, Callable[[], dict[str, Any]]] = {
-        "llama": lambda: _llama(str(info.path), ids, figures["tokens"]),
+        "llama": lambda: in_child(_llama, str(info.path), ids, figures["tokens"]),
         "torch": lambda: torch_part(str(info.path), ids, figures["tokens"], outputs, GPU),
         "verify": lambda: verify_part(str(info.path), ids, figures, GPU),
         "chain": lambda: _chain(str(info.path), figures, outputs.get("gpu")),
@@ -103,6 +105,17 @@ def missing(part: str, via: Sequence[str]) -> str:
     if part == "chain" and importlib.util.find_spec("libp2p") is None:
         return "libp2p is not installed (the daemons need it)"
     return ""
+
+
+def in_child(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a fresh (spawned) process. llama.cpp runs there, away from this
+    process's torch: on a GPU machine, llama.cpp loading its CUDA backend into a process whose
+    torch already held CUDA crashed it (two CUDA runtimes, pip's and the system's)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
 
 
 def prompt_ids(path: str) -> list[int]:

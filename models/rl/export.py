@@ -59,7 +59,7 @@ def gguf_tensors(state: dict[str, torch.Tensor], n_head: int, n_kv_head: int) ->
         block, _, path = target.partition(".")
         if prefix != "model" or part not in ("lora_a", "lora_b") or path not in _GGUF_NAMES:
             raise ValueError(f"adapter tensor {key!r} has no llama.cpp name")
-        arr = state[key].detach().to(torch.float32).numpy().copy()
+        arr = state[key].detach().to("cpu", torch.float32).numpy().copy()
         if part == "lora_b" and path == "self_attn.q_proj":
             arr = _permute(arr, n_head)
         elif part == "lora_b" and path == "self_attn.k_proj":

@@ -13,7 +13,8 @@ For a group of G completions of one prompt with rewards ``r``:
 - loss ``= -sum(rho * A) / (G * max_tokens)`` over unmasked tokens: a constant normalizer
   (Dr. GRPO), not a per-sequence mean that would favour short wrong answers;
 - optionally ``kl_coef`` times the k3 estimate of KL(policy || base) per token
-  (``exp(b - p) - (b - p) - 1 >= 0``), same normalizer.
+  (``exp(b - p) - (b - p) - 1 >= 0``), same normalizer; given the base model's log-probs the
+  estimate is measured (the run's telemetry) even with ``kl_coef = 0``.
 
 :func:`mismatch_kl` is the validation figure: how far a worker's reported log-probabilities sit
 from the learner's own recomputation under the same version (the k3 estimate, tokens sampled
@@ -52,7 +53,7 @@ class LossStats:
     tokens: int  # completion tokens in the group
     masked: int  # tokens whose importance ratio left [RATIO_LOW, RATIO_HIGH]
     mean_ratio: float  # over unmasked tokens
-    kl: float  # mean k3 KL(policy || base) per token (0 when not computed)
+    kl: float  # mean k3 KL(policy || base) per token (0 when ``base`` is not given)
 
 
 def grpo_loss(logp: Sequence[torch.Tensor], behaviour: Sequence[torch.Tensor],
@@ -68,7 +69,7 @@ def grpo_loss(logp: Sequence[torch.Tensor], behaviour: Sequence[torch.Tensor],
     if kl_coef > 0 and base is None:
         raise ValueError("kl_coef > 0 needs the base model's log-probabilities")
     norm = float(len(logp) * max_tokens)
-    total = torch.zeros(())
+    total = torch.zeros((), device=logp[0].device if len(logp) else None)
     tokens = masked = 0
     ratio_sum, kl_sum, kept = 0.0, 0.0, 0
     for i, (lp, bp, adv) in enumerate(zip(logp, behaviour, advantages, strict=True)):
@@ -81,11 +82,12 @@ def grpo_loss(logp: Sequence[torch.Tensor], behaviour: Sequence[torch.Tensor],
         kept += int(keep.sum())
         ratio_sum += float(ratio.detach()[keep].sum())
         total = total - (ratio * keep * adv).sum() / norm
-        if kl_coef > 0 and base is not None:
+        if base is not None:  # measured whenever given, in the loss only with a weight
             d = base[i] - lp  # (T,)
             k3 = torch.exp(d) - d - 1.0
             kl_sum += float(k3.detach().sum())
-            total = total + kl_coef * k3.sum() / norm
+            if kl_coef > 0:
+                total = total + kl_coef * k3.sum() / norm
     stats = LossStats(loss=float(total.detach()), tokens=tokens, masked=masked,
                       mean_ratio=ratio_sum / max(kept, 1), kl=kl_sum / max(tokens, 1))
     return total, stats

@@ -68,17 +68,24 @@ class Policy:
     def load_state(self, state: dict[str, torch.Tensor]) -> None:
         lora.load_lora_state(self.model, state)
 
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
     def token_logprobs(self, seqs: Sequence[TokenSeq], *, base: bool = False,
-                       temperature: float = 1.0) -> list[torch.Tensor]:
+                       temperature: float = 1.0, body: torch.nn.Module | None = None,
+                       entropies: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Log-probability of each completion token at ``temperature`` (``log_softmax(logits /
         T)``), one (T_i,) tensor per sequence; with gradient when grad is enabled. ``base``:
-        under the base model (adapters off)."""
+        under the base model (adapters off). ``body``: the module that runs the decoder
+        (``self.model.model`` or a wrapper of it, e.g. DDP's). ``entropies``: filled with each
+        sequence's per-token entropy of that distribution, (T_i,) detached."""
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         if base:
             with lora.adapters_disabled(self.model):
-                return self._token_logprobs(seqs, temperature)
-        return self._token_logprobs(seqs, temperature)
+                return self._token_logprobs(seqs, temperature, body=body, entropies=entropies)
+        return self._token_logprobs(seqs, temperature, body=body, entropies=entropies)
 
     def logprobs_and_states(self, seqs: Sequence[TokenSeq], *, temperature: float = 1.0,
                             ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -89,7 +96,9 @@ class Policy:
         return self._token_logprobs(seqs, temperature, states), states
 
     def _token_logprobs(self, seqs: Sequence[TokenSeq], temperature: float,
-                        states: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+                        states: list[torch.Tensor] | None = None, *,
+                        body: torch.nn.Module | None = None,
+                        entropies: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
         if not seqs:
             return []
         vocab = self.vocab_size
@@ -105,7 +114,10 @@ class Policy:
         for i, f in enumerate(full):
             ids[i, :len(f)] = torch.tensor(f)
             mask[i, :len(f)] = 1
-        hidden = self.model.model(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, L, C)
+        decoder = self.model.model if body is None else body
+        device = self.device
+        ids, mask = ids.to(device), mask.to(device)
+        hidden = decoder(input_ids=ids, attention_mask=mask).last_hidden_state  # (B, L, C)
         rows, targets, sizes = [], [], []
         for i, s in enumerate(seqs):
             n, t = len(s.prompt_ids), len(s.completion_ids)
@@ -117,5 +129,9 @@ class Policy:
         h = torch.cat(rows)  # (N, C)
         logits = self.model.lm_head(h).float() / temperature  # (N, V)
         logp = torch.log_softmax(logits, dim=-1)
-        picked = logp.gather(1, torch.tensor(targets, dtype=torch.long).view(-1, 1)).squeeze(1)  # (N,)
+        target = torch.tensor(targets, dtype=torch.long, device=device).view(-1, 1)
+        picked = logp.gather(1, target).squeeze(1)  # (N,)
+        if entropies is not None:
+            ent = -(logp.detach().exp() * logp.detach()).sum(-1)  # (N,)
+            entropies.extend(torch.split(ent, sizes))
         return list(torch.split(picked, sizes))

@@ -133,6 +133,8 @@ def train(config_path: str | None, steps: int | None, staleness: int | None,
             report = run_training(config, on_step=progress)
         except (RuntimeError, ValueError) as exc:
             raise click.ClickException(str(exc)) from None
+        if report.follower_steps is not None:  # a torchrun rank other than 0: rank 0 reports the run
+            return
         figures = summary(report)
     if as_json:
         click.echo(json.dumps(figures, sort_keys=True))

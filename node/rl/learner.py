@@ -35,8 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from models.config import DEFAULT_MODEL_NAME
+from models.rl.distributed import Ranks
 from models.rl.env import load_environment
 from node.rl.learner_config import LearnerConfig
+from node.rl.learner_ranks import follow
 from node.rl.learner_trainer import Group, StepStats, Trainer
 from node.rl.learner_workers import WorkerPool
 from protocol.codec import decode, encode
@@ -63,6 +65,8 @@ class TrainReport:
     excluded: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     mismatch_kls: list[float] = field(default_factory=list)  # of every group validated
+    #: a torchrun rank other than 0: the steps it took with rank 0 (None on rank 0)
+    follower_steps: int | None = None
 
     @property
     def busy_fraction(self) -> float:
@@ -247,14 +251,25 @@ def run_training(config: LearnerConfig,
                  on_step: Callable[[StepStats], None] | None = None) -> TrainReport:
     """Train ``config.steps`` steps with ``config.workers`` local rollout workers."""
     Path(config.out_dir).mkdir(parents=True, exist_ok=True)
+    ranks = Ranks.from_env()  # started by torchrun: the update runs on every rank
+    if ranks is not None and not ranks.leader:
+        try:
+            return TrainReport(follower_steps=follow(config, ranks))
+        finally:
+            ranks.close()
     env = load_environment(config.environment)
-    trainer = Trainer(config, env)
-    pool = WorkerPool.start(config.workers, config.model, config.environment,
-                            config.worker_threads, config.cheaters)
+    trainer = Trainer(config, env, ranks)
     try:
-        return TrainingLoop(config, trainer, pool, on_step).run()
+        pool = WorkerPool.start(config.workers, config.model, config.environment,
+                                config.worker_threads, config.cheaters)
+        try:
+            return TrainingLoop(config, trainer, pool, on_step).run()
+        finally:
+            pool.stop()
     finally:
-        pool.stop()
+        trainer.stop_ranks()
+        if ranks is not None:
+            ranks.close()
 
 
 def summary(report: TrainReport) -> dict[str, Any]:

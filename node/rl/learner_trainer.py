@@ -24,23 +24,14 @@ import torch
 
 from models.rl.checkpoint import Checkpoint, VersionCounter, latest_checkpoint, save_checkpoint
 from models.rl.checks import decode_problem, fingerprint_problem, fingerprint_shape_problem
+from models.rl.distributed import Ranks
 from models.rl.env import Environment
 from models.rl.export import AdapterFile, export_adapter
-from models.rl.grpo import group_advantages, grpo_loss, mismatch_kl
+from models.rl.grpo import mismatch_kl
 from models.rl.policy import Policy, TokenSeq
+from models.rl.update import Group, UpdateConfig, accumulate, encode_groups
 from node.rl.learner_config import LearnerConfig
 from protocol.rl.messages import Completion, RolloutJob, RolloutResultBody
-
-
-@dataclass(frozen=True, slots=True)
-class Group:
-    """One prompt's completions, accepted by the job book, with the learner's rewards."""
-
-    version: int
-    prompt_index: int
-    prompt_ids: tuple[int, ...]
-    completions: tuple[tuple[tuple[int, ...], tuple[float, ...]], ...]  # (token ids, logprobs)
-    rewards: tuple[float, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,30 +43,52 @@ class StepStats:
     tokens: int
     masked: int  # tokens whose importance ratio left the bounds
     loss: float
-    kl: float
+    kl: float  # mean k3 KL(policy || base) per completion token, before the step
     step_s: float  # the learner's busy time for this step (forward, backward, export)
     rewards: tuple[float, ...] = ()  # every completion's reward, in group order
+    entropy: float = 0.0  # the policy's mean entropy per completion token (nats)
+    clip_fraction: float = 0.0  # masked / tokens: importance ratios outside the mask bounds
+    group_staleness: tuple[int, ...] = ()  # per group: the version trained - its version
+    #: completion tokens the workers returned since the previous step, per second of wall time
+    #: (the learning loop sets it; 0 where nobody measured it)
+    rollout_tokens_per_s: float = 0.0
+    heldout_accuracy: float | None = None  # where the step ran the held-out evaluation
+
+
+def load_policy(config: LearnerConfig, ranks: Ranks | None = None,
+                ) -> tuple[Policy, torch.optim.Optimizer, int | None]:
+    """(policy, its AdamW, the version resumed from or None): the run directory's last
+    checkpoint loaded where there is one. Every rank of a distributed learner calls this, so
+    all start from the same weights and optimizer state."""
+    torch.set_num_threads(config.learner_threads)
+    torch.manual_seed(config.seed)
+    policy = Policy.load(config.model or None, rank=config.lora_rank, alpha=config.lora_alpha,
+                         seed=config.seed, n_threads=config.learner_threads)
+    if ranks is not None:
+        policy.model.to(ranks.device)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=config.learning_rate,
+                                  weight_decay=config.weight_decay)
+    ckpt = latest_checkpoint(Path(config.out_dir) / "checkpoints")
+    if ckpt is None:
+        return policy, optimizer, None
+    policy.load_state(ckpt.adapter)
+    optimizer.load_state_dict(ckpt.optimizer)
+    return policy, optimizer, ckpt.version
+
+
+def update_config(config: LearnerConfig) -> UpdateConfig:
+    return UpdateConfig(temperature=config.temperature, max_tokens=config.max_tokens,
+                        kl_coef=config.kl_coef)
 
 
 class Trainer:
-    def __init__(self, config: LearnerConfig, env: Environment) -> None:
-        torch.set_num_threads(config.learner_threads)
-        torch.manual_seed(config.seed)
-        self.config, self.env = config, env
+    def __init__(self, config: LearnerConfig, env: Environment, ranks: Ranks | None = None,
+                 ) -> None:
+        self.config, self.env, self.ranks = config, env, ranks
         self.out = Path(config.out_dir)
-        self.policy = Policy.load(config.model or None, rank=config.lora_rank,
-                                  alpha=config.lora_alpha, seed=config.seed,
-                                  n_threads=config.learner_threads)
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=config.learning_rate,
-                                           weight_decay=config.weight_decay)
+        self.policy, self.optimizer, self.resumed_from = load_policy(config, ranks)
         self.counter = VersionCounter(self.out / "versions.json")
-        self.version = 0
-        self.resumed_from: int | None = None
-        ckpt = latest_checkpoint(self.out / "checkpoints")
-        if ckpt is not None:
-            self.policy.load_state(ckpt.adapter)
-            self.optimizer.load_state_dict(ckpt.optimizer)
-            self.version = self.resumed_from = ckpt.version
+        self.version = self.resumed_from or 0
         #: version -> (adapter weights, exported file); version 0 is the base (no file)
         self.published: OrderedDict[int, tuple[dict[str, torch.Tensor], AdapterFile | None]] = OrderedDict()
         self.published[self.version] = (self.policy.state(), self._export(self.version))
@@ -136,11 +149,11 @@ class Trainer:
             lps, states = self.policy.logprobs_and_states(
                 [s for s, _ in picks], temperature=self.config.temperature)
         for (_, c), h in zip(picks, states, strict=True):
-            why = fingerprint_problem(h.numpy(), c)
+            why = fingerprint_problem(h.cpu().numpy(), c)
             if why is not None:
                 return why
         reported = [x for _, c in picks for x in c.logprobs]
-        kl = mismatch_kl(reported, [x for lp in lps for x in lp.tolist()])
+        kl = mismatch_kl(reported, [x for lp in lps for x in lp.cpu().tolist()])
         self.mismatch_kls.append(kl)
         if kl > self.config.mismatch_kl_max:
             return f"log-probs disagree with recomputation (mismatch KL {kl:.3g} > {self.config.mismatch_kl_max:g})"
@@ -161,38 +174,28 @@ class Trainer:
 
     # ------------------------------------------------------------ training
     def step(self, groups: list[Group], next_version: int) -> StepStats:
-        """One AdamW step on ``groups`` (accumulated group by group), then publish."""
+        """One AdamW step on ``groups`` (on every rank when distributed), then publish."""
         t = time.perf_counter()
-        c = self.config
-        self.optimizer.zero_grad(set_to_none=True)
-        skipped = tokens = masked = 0
-        loss_sum = kl_sum = 0.0
-        useful = [g for g in groups if group_advantages(g.rewards) is not None]
-        skipped = len(groups) - len(useful)
-        for g in useful:
-            adv = group_advantages(g.rewards)
-            assert adv is not None
-            seqs = [TokenSeq(g.prompt_ids, ids) for ids, _ in g.completions]
-            logp = self.policy.token_logprobs(seqs, temperature=c.temperature)
-            base = None
-            if c.kl_coef > 0:
-                with torch.no_grad():
-                    base = self.policy.token_logprobs(seqs, base=True, temperature=c.temperature)
-            behaviour = [torch.tensor(lp, dtype=torch.float32) for _, lp in g.completions]
-            loss, stats = grpo_loss(logp, behaviour, adv, max_tokens=c.max_tokens, base=base,
-                                    kl_coef=c.kl_coef)
-            (loss / len(useful)).backward()
-            tokens, masked = tokens + stats.tokens, masked + stats.masked
-            loss_sum, kl_sum = loss_sum + stats.loss, kl_sum + stats.kl
-        if useful:
+        if self.ranks is not None:
+            self.ranks.broadcast_bytes(encode_groups(next_version, groups))
+        st = accumulate(self.policy, groups, update_config(self.config), self.ranks)
+        if st.useful:
             self.optimizer.step()
+        staleness = tuple(self.version - g.version for g in groups)
         self.publish(next_version)
         rewards = [r for g in groups for r in g.rewards]
         self.steps_done += 1
         return StepStats(version=next_version, mean_reward=sum(rewards) / max(len(rewards), 1),
-                         groups=len(groups), skipped=skipped, tokens=tokens, masked=masked,
-                         loss=loss_sum / max(len(useful), 1), kl=kl_sum / max(len(useful), 1),
-                         step_s=time.perf_counter() - t, rewards=tuple(rewards))
+                         groups=len(groups), skipped=st.skipped, tokens=st.tokens,
+                         masked=st.masked, loss=st.loss, kl=st.kl,
+                         step_s=time.perf_counter() - t, rewards=tuple(rewards),
+                         entropy=st.entropy, clip_fraction=st.clip_fraction,
+                         group_staleness=staleness)
+
+    def stop_ranks(self) -> None:
+        """Tell the other ranks the run is over (an empty batch)."""
+        if self.ranks is not None:
+            self.ranks.broadcast_bytes(b"")
 
     def publish(self, version: int) -> None:
         """Claim ``version``, export its adapter, keep its weights; checkpoint every m steps."""

@@ -5,6 +5,9 @@ workers at r rollouts/s each feed a learner that uses B rollouts per T-second st
 (``N r >= B / T``), and the smallest staleness bound that hides dissemination and generation
 (``S >= ceil((dissemination + generation) / T)``).
 
+``rl eval [--adapter A]`` scores the held-out prompts of an environment (models/rl/heldout.py)
+under the base model and an adapter, same seeds, each accuracy with its 95% interval.
+
 ``rl train --config rl.toml`` runs a GRPO learner on this machine with local rollout workers
 (node/rl/learner.py): the same job book and worker function as on the network.
 """
@@ -161,3 +164,54 @@ def _fields(stats: object) -> dict[str, object]:
 
     data = asdict(stats) if is_dataclass(stats) and not isinstance(stats, type) else {}
     return {k: round(v, 4) if isinstance(v, float) else v for k, v in data.items()}
+
+
+@rl.command("eval")
+@click.option("--adapter", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="A LoRA adapter GGUF (an `rl train` run's adapters/<sha256>.gguf).")
+@click.option("--environment", default="arith", show_default=True,
+              help="'arith', 'evalset', 'evalset-cot' or 'package.module:factory'.")
+@click.option("--model", default="", help="Base model (registry name or .gguf); default: "
+              "the embedded default model.")
+@click.option("--prompts", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Held-out prompts to answer (0 = all).")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0.0, max=4.0), default=0.0,
+              show_default=True, help="0 = greedy, one answer per prompt.")
+@click.option("--samples", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Answers per prompt when the temperature is above 0 (same seeds for both).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="llama.cpp threads.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def eval_(adapter: str | None, environment: str, model: str, prompts: int, max_tokens: int,
+          temperature: float, samples: int, seed: int, threads: int, as_json: bool) -> None:
+    """Accuracy on the held-out prompts (never trained on), base model and adapter."""
+    from pathlib import Path
+
+    from models.rl.env import load_heldout
+    from models.rl.heldout import EvalSettings, Evaluator, score_adapter
+    from models.rl.rollout import RolloutWorker
+
+    try:
+        heldout = load_heldout(environment)
+        worker = RolloutWorker(model or None, n_threads=threads)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    settings = EvalSettings(prompts=prompts, max_tokens=max_tokens, temperature=temperature,
+                            samples=samples, seed=seed)
+    evaluator = Evaluator(worker, heldout, settings)
+    try:
+        scores = score_adapter(evaluator, Path(adapter) if adapter else None)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    finally:
+        evaluator.close()
+    figures: dict[str, Any] = {"environment": environment, "heldout_prompts": heldout.size,
+                               **{k: v.as_dict() for k, v in scores.items()}}
+    if as_json:
+        click.echo(json.dumps(figures, sort_keys=True))
+        return
+    for name, score in scores.items():
+        click.echo(f"{name}: accuracy {score.accuracy:.3f}, 95% interval [{score.low:.3f}, "
+                   f"{score.high:.3f}] over {score.prompts} held-out prompts x {score.draws}")

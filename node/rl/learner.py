@@ -30,13 +30,14 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from models.config import DEFAULT_MODEL_NAME
 from models.rl.distributed import Ranks
-from models.rl.env import load_environment
+from models.rl.env import load_environment, load_heldout
+from models.rl.heldout import EvalSettings, Evaluator, HeldoutScore
 from node.rl.learner_config import LearnerConfig
 from node.rl.learner_ranks import follow
 from node.rl.learner_trainer import Group, StepStats, Trainer
@@ -67,6 +68,7 @@ class TrainReport:
     mismatch_kls: list[float] = field(default_factory=list)  # of every group validated
     #: a torchrun rank other than 0: the steps it took with rank 0 (None on rank 0)
     follower_steps: int | None = None
+    heldout: list[dict[str, Any]] = field(default_factory=list)  # every held-out evaluation
 
     @property
     def busy_fraction(self) -> float:
@@ -87,7 +89,8 @@ class TrainingLoop:
     trainer are arguments, so a test drives the loop's scheduling with its own."""
 
     def __init__(self, config: LearnerConfig, trainer: Trainer, pool: WorkerPool,
-                 on_step: Callable[[StepStats], None] | None) -> None:
+                 on_step: Callable[[StepStats], None] | None,
+                 evaluator: Evaluator | None = None) -> None:
         self.config, self.trainer, self.pool, self.on_step = config, trainer, pool, on_step
         sampling = RolloutSampling(temperature=config.temperature, top_p=config.top_p,
                                    max_tokens=config.max_tokens)
@@ -106,6 +109,9 @@ class TrainingLoop:
         self.ready: list[Group] = []
         self.report = TrainReport(first_version=trainer.version, resumed_from=trainer.resumed_from)
         self.stale_at_step = 0
+        self.evaluator = evaluator
+        #: completion tokens returned since the last step, and when that step ended
+        self.tokens_since, self.step_ended_at = 0, time.monotonic()
 
     def _check(self, job: RolloutJob, result: RolloutResultBody) -> str | None:
         t = time.perf_counter()
@@ -117,6 +123,8 @@ class TrainingLoop:
     # ------------------------------------------------------------ main loop
     def run(self) -> TrainReport:
         t0 = time.monotonic()
+        if self.evaluator is not None and self.config.eval_every:
+            self._score(self.trainer.version)  # where the run starts from
         while len(self.report.steps) < self.config.steps:
             self._expire()
             self._collect()
@@ -138,8 +146,12 @@ class TrainingLoop:
         batch = self.ready[:self.config.jobs_per_step]
         self.ready = self.ready[self.config.jobs_per_step:]
         stats = self.trainer.step(batch, self.trainer.next_version())
+        now = time.monotonic()
+        stats = replace(stats, rollout_tokens_per_s=self.tokens_since / max(now - self.step_ended_at, 1e-9))
         self.report.busy_s += stats.step_s
         self.book.publish(self.trainer.version)
+        stats = self._heldout(stats)
+        self.tokens_since, self.step_ended_at = 0, time.monotonic()
         keep = [g for g in self.ready if accepts(g.version, self.trainer.version, self.config.staleness)]
         self.stale_at_step += len(self.ready) - len(keep)
         self.ready = keep
@@ -147,6 +159,23 @@ class TrainingLoop:
         self._log(stats)
         if self.on_step is not None:
             self.on_step(stats)
+
+    def _heldout(self, stats: StepStats) -> StepStats:
+        every = self.config.eval_every
+        if self.evaluator is None or not every or self.trainer.steps_done % every:
+            return stats
+        score = self._score(stats.version)
+        return replace(stats, heldout_accuracy=score.accuracy,
+                       heldout_half_width=score.half_width)
+
+    def _score(self, version: int) -> HeldoutScore:
+        assert self.evaluator is not None
+        t = time.perf_counter()
+        path, _ = self.trainer.adapter(version)
+        score = self.evaluator.score(Path(path) if path else None)
+        self.report.busy_s += time.perf_counter() - t
+        self.report.heldout.append({"version": version, **score.as_dict()})
+        return score
 
     def _log(self, stats: StepStats) -> None:
         path = Path(self.config.out_dir) / "steps.jsonl"
@@ -237,6 +266,7 @@ class TrainingLoop:
             self.report.switch_s.append(switch_s)
         self.report.generate_s.append(generate_s)
         result = decode(data, RolloutResultBody)
+        self.tokens_since += sum(len(c.token_ids) for c in result.completions)
         job = self.jobs.get(result.job_id)
         verdict = self.book.receive(result, f"local-{i}", _now_ms())
         if self.running.get(result.job_id) == i:
@@ -259,17 +289,30 @@ def run_training(config: LearnerConfig,
             ranks.close()
     env = load_environment(config.environment)
     trainer = Trainer(config, env, ranks)
+    evaluator = heldout_evaluator(config) if config.eval_every else None
     try:
         pool = WorkerPool.start(config.workers, config.model, config.environment,
                                 config.worker_threads, config.cheaters)
         try:
-            return TrainingLoop(config, trainer, pool, on_step).run()
+            return TrainingLoop(config, trainer, pool, on_step, evaluator).run()
         finally:
             pool.stop()
     finally:
         trainer.stop_ranks()
+        if evaluator is not None:
+            evaluator.close()
         if ranks is not None:
             ranks.close()
+
+
+def heldout_evaluator(config: LearnerConfig) -> Evaluator:
+    """A held-out evaluator for ``config``'s model and environment: greedy answers of at most
+    ``max_tokens`` tokens, on the learner's threads."""
+    from models.rl.rollout import RolloutWorker
+
+    settings = EvalSettings(prompts=config.eval_prompts, max_tokens=config.max_tokens)
+    worker = RolloutWorker(config.model or None, n_threads=config.learner_threads)
+    return Evaluator(worker, load_heldout(config.environment), settings)
 
 
 def summary(report: TrainReport) -> dict[str, Any]:
@@ -291,4 +334,9 @@ def summary(report: TrainReport) -> dict[str, Any]:
         "switch_s": round(mean(report.switch_s), 5),
         "generate_s": round(mean(report.generate_s), 3),
         "step_s": round(mean([s.step_s for s in report.steps]), 3),
+        "kl_last": round(report.steps[-1].kl, 5) if report.steps else None,
+        "entropy_last": round(report.steps[-1].entropy, 4) if report.steps else None,
+        "clip_fraction": round(mean([s.clip_fraction for s in report.steps]), 4),
+        "rollout_tokens_per_s": round(mean([s.rollout_tokens_per_s for s in report.steps]), 2),
+        "heldout": report.heldout,
     }

@@ -21,7 +21,8 @@ CHEATS = ("", "fake-logprobs", "fake-fingerprint", "bad-commitment")
 @dataclass(frozen=True, slots=True)
 class LearnerConfig:
     model: str = ""  # registry name or .gguf path; "" = the embedded default model
-    environment: str = "evalset"  # "evalset", "evalset-cot" or "package.module:factory"
+    #: "arith", "evalset", "evalset-cot" or "package.module:factory" (models/rl/env.py)
+    environment: str = "evalset"
     steps: int = 20  # optimizer steps to take in this run (after a resume: this many more)
     group_size: int = 8  # completions per prompt, G
     jobs_per_step: int = 1  # groups (jobs of one prompt each) per step: B = jobs_per_step * G
@@ -45,6 +46,10 @@ class LearnerConfig:
     #: (models/rl/grpo.py: where it was measured)
     mismatch_kl_max: float = MISMATCH_KL_MAX
     validate_completions: int = 2  # completions per group whose log-probs are recomputed
+    #: steps between held-out evaluations of the newest version (models/rl/heldout.py: greedy
+    #: answers to the prompts training never samples); 0 = none during the run
+    eval_every: int = 0
+    eval_prompts: int = 0  # held-out prompts each evaluation answers; 0 = all of them
     out_dir: str = "out/rl"  # adapters/, checkpoints/, versions.json, steps.jsonl
     seed: int = 0
     #: worker behaviours for tests and demos (node/rl/learner_workers.py): "" honest,
@@ -66,6 +71,8 @@ class LearnerConfig:
             raise ValueError("rl config: temperature must be in (0, 4] and top_p in (0, 1]")
         if self.kl_coef < 0 or self.weight_decay < 0:
             raise ValueError("rl config: kl_coef and weight_decay must be >= 0")
+        if self.eval_every < 0 or self.eval_prompts < 0:
+            raise ValueError("rl config: eval_every and eval_prompts must be >= 0")
         bad = [c for c in self.cheaters if c not in CHEATS
                and not (c.startswith("other-model:") and len(c) > len("other-model:"))]
         if bad or len(self.cheaters) > self.workers:

@@ -9,7 +9,7 @@ rank 0 does, and answers batches until rank 0 broadcasts an empty one at the end
 
 The command for a multi-GPU learner (one process per GPU, NCCL)::
 
-    torchrun --standalone --nproc_per_node 4 -m node.cli.main rl train --config rl.toml
+    torchrun --standalone --nproc_per_node 4 "$(command -v symphony)" rl train --config rl.toml
 """
 
 from __future__ import annotations

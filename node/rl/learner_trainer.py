@@ -52,7 +52,8 @@ class StepStats:
     #: completion tokens the workers returned since the previous step, per second of wall time
     #: (the learning loop sets it; 0 where nobody measured it)
     rollout_tokens_per_s: float = 0.0
-    heldout_accuracy: float | None = None  # where the step ran the held-out evaluation
+    heldout_accuracy: float | None = None  # where the step ran the held-out evaluation ...
+    heldout_half_width: float | None = None  # ... and the half-width of its 95% interval
 
 
 def load_policy(config: LearnerConfig, ranks: Ranks | None = None,

@@ -13,7 +13,7 @@ from models.rl.env import (
     FORMAT_REWARD,
     Environment,
     EvalsetEnvironment,
-    load_environment,
+    load_full_environment,
 )
 
 
@@ -47,14 +47,14 @@ def test_a_plugin_environment_loads_by_module_and_factory(monkeypatch: pytest.Mo
     mod.make = Env  # type: ignore[attr-defined]
     mod.broken = lambda: object()  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "rl_plugin_env", mod)
-    env = load_environment("rl_plugin_env:make")
+    env = load_full_environment("rl_plugin_env:make")
     assert env.size == 2 and env.reward(1, "1") == 1.0
     with pytest.raises(ValueError, match="must return"):
-        load_environment("rl_plugin_env:broken")
+        load_full_environment("rl_plugin_env:broken")
     with pytest.raises(ValueError, match="cannot be loaded"):
-        load_environment("rl_plugin_env:missing")
+        load_full_environment("rl_plugin_env:missing")
     with pytest.raises(ValueError, match="expected"):
-        load_environment("nonsense")
+        load_full_environment("nonsense")
 
 
 def _checkpoint() -> types.ModuleType:

@@ -1,0 +1,80 @@
+"""A format-and-answer environment the default model can learn on a CPU: one-step arithmetic.
+
+The prompts are every distinct question ``a + b`` and ``a - b`` (``a >= b``, so no negative
+answers) with ``a, b`` in ``[0, ARITH_MAX]``, in an order shuffled by a fixed seed: the same
+prompts on every machine, no two alike (so a held-out prompt never reappears among the
+training ones, models/rl/env.py's split). Each asks for the answer as one line
+``Final answer: <number>``. A completion earns
+
+- ``FORMAT_REWARD`` when it is well formed: its text, stripped, is one line holding an integer
+  and nothing else, after ``Final answer:`` or bare (an optional full stop after it);
+- ``ANSWER_REWARD`` on top when, well formed, that integer is the right one.
+
+So the reward is 0, ``FORMAT_REWARD`` or ``FORMAT_REWARD + ANSWER_REWARD``, and a completion is
+*correct* (what the held-out accuracy counts, models/rl/heldout.py) when it earns both: the
+task is the format and the answer together. The bare integer counts as well formed because the
+default model, sampled, gives one now and then while it almost never writes the
+``Final answer:`` line unprompted by training: a reward it never earns gives GRPO no signal.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from models.backend import Message
+
+#: operands are in [0, ARITH_MAX]
+ARITH_MAX = 20
+FORMAT_REWARD = 0.5
+ANSWER_REWARD = 1.0
+
+_LINE_RE = re.compile(r"(?:Final answer:[ \t]*)?(-?\d+)\.?")
+
+
+def questions(most: int = ARITH_MAX) -> list[tuple[str, int]]:
+    """Every distinct question with operands in [0, most] and its answer, shuffled by a fixed
+    seed."""
+    out = [(f"{a} + {b}", a + b) for a in range(most + 1) for b in range(most + 1)]
+    out += [(f"{a} - {b}", a - b) for a in range(most + 1) for b in range(a + 1)]
+    random.Random(0).shuffle(out)
+    return out
+
+
+def well_formed(completion: str) -> int | None:
+    """The integer of a well-formed completion, else None."""
+    m = _LINE_RE.fullmatch(completion.strip())
+    return int(m.group(1)) if m else None
+
+
+class ArithmeticEnvironment:
+    def __init__(self, most: int = ARITH_MAX) -> None:
+        if most < 1:
+            raise ValueError(f"operands need a range of at least [0, 1], got [0, {most}]")
+        self._questions = questions(most)
+
+    @property
+    def size(self) -> int:
+        return len(self._questions)
+
+    def _question(self, index: int) -> tuple[str, int]:
+        if not 0 <= index < len(self._questions):
+            raise IndexError(f"prompt index {index} outside [0, {len(self._questions)})")
+        return self._questions[index]
+
+    def answer(self, index: int) -> int:
+        return self._question(index)[1]
+
+    def prompt(self, index: int) -> list[Message]:
+        question, _ = self._question(index)
+        return [{"role": "user",
+                 "content": f"What is {question}? Reply with one line: Final answer: <number>"}]
+
+    def reward(self, prompt: int, completion: str) -> float:
+        got = well_formed(completion)
+        if got is None:
+            return 0.0
+        return FORMAT_REWARD + (ANSWER_REWARD if got == self.answer(prompt) else 0.0)
+
+    def correct(self, prompt: int, completion: str) -> bool:
+        return well_formed(completion) == self.answer(prompt)

@@ -1,0 +1,100 @@
+"""The held-out split (a fixed rule on the prompt's text, disjoint from what training can
+name), the arithmetic environment's reward, and the Wilson interval."""
+
+from __future__ import annotations
+
+import pytest
+
+from models.rl.arith_env import ANSWER_REWARD, FORMAT_REWARD, ArithmeticEnvironment, questions
+from models.rl.env import (
+    HELDOUT_EVERY,
+    Environment,
+    is_heldout,
+    load_environment,
+    load_full_environment,
+    load_heldout,
+    split,
+)
+from models.stats import wilson_interval
+
+
+class Listed:
+    """An environment of given prompt texts (their order is the test's)."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+
+    @property
+    def size(self) -> int:
+        return len(self.texts)
+
+    def prompt(self, index: int) -> list[dict[str, str]]:
+        return [{"role": "user", "content": self.texts[index]}]
+
+    def reward(self, prompt: int, completion: str) -> float:
+        return float(completion == self.texts[prompt])
+
+
+@pytest.mark.parametrize("spec", ["arith", "evalset"])
+def test_training_and_heldout_views_partition_the_prompts(spec: str) -> None:
+    full, train, held = load_full_environment(spec), load_environment(spec), load_heldout(spec)
+    assert isinstance(train, Environment) and isinstance(held, Environment)
+    texts = lambda env: [str(env.prompt(i)) for i in range(env.size)]  # noqa: E731
+    assert train.size + held.size == full.size
+    assert not set(texts(train)) & set(texts(held))
+    assert sorted(texts(train) + texts(held)) == sorted(texts(full))
+    assert all(is_heldout(held.prompt(i)) for i in range(held.size))
+    # about one in HELDOUT_EVERY, not a degenerate split
+    assert 0.4 / HELDOUT_EVERY < held.size / full.size < 2.0 / HELDOUT_EVERY
+    with pytest.raises(IndexError):
+        train.prompt(train.size)
+
+
+def test_the_split_follows_the_text_not_the_order() -> None:
+    texts = [f"question {i}" for i in range(200)]
+    _, held = split(Listed(texts))
+    _, held_reversed = split(Listed(texts[::-1]))
+    as_set = lambda env: {env.prompt(i)[0]["content"] for i in range(env.size)}  # noqa: E731
+    assert as_set(held) == as_set(held_reversed)
+    # the views map rewards and correctness through to the underlying prompt
+    text = held.prompt(0)[0]["content"]
+    assert held.reward(0, text) == 1.0 and held.correct(0, text) and not held.correct(0, "no")
+
+
+def test_a_split_with_an_empty_side_is_refused() -> None:
+    train_only = [t for t in (f"q{i}" for i in range(100))
+                  if not is_heldout([{"role": "user", "content": t}])][:3]
+    with pytest.raises(ValueError, match="both need at least one"):
+        split(Listed(train_only))
+
+
+def test_the_arithmetic_environment_rewards_format_then_answer() -> None:
+    env = ArithmeticEnvironment()
+    assert env.size == len(set(questions())) == 21 * 21 + 21 * 22 // 2
+    right = env.answer(3)
+    assert env.reward(3, f"Final answer: {right}") == FORMAT_REWARD + ANSWER_REWARD
+    assert env.reward(3, f" {right}.\n") == FORMAT_REWARD + ANSWER_REWARD
+    assert env.correct(3, f"Final answer: {right}")
+    assert env.reward(3, f"Final answer: {right + 1}") == FORMAT_REWARD
+    assert not env.correct(3, f"Final answer: {right + 1}")
+    for sloppy in (f"The answer is {right}", f"Final answer: {right}\nbecause", ""):
+        assert env.reward(3, sloppy) == 0.0 and not env.correct(3, sloppy)
+    question = env.prompt(3)[0]["content"]
+    a, op, b = question.removeprefix("What is ").split("?")[0].split()
+    assert (int(a) + int(b) if op == "+" else int(a) - int(b)) == right >= 0
+    with pytest.raises(IndexError):
+        env.answer(env.size)
+
+
+#: Newcombe (1998), "Two-sided confidence intervals for the single proportion", Table I, method 3
+@pytest.mark.parametrize("k, n, low, high", [
+    (81, 263, 0.2553, 0.3662), (15, 148, 0.0624, 0.1605), (0, 20, 0.0, 0.1611), (1, 29, 0.0061, 0.1718)])
+def test_wilson_interval_matches_published_values(k: int, n: int, low: float, high: float) -> None:
+    got = wilson_interval(k, n)
+    assert got == pytest.approx((low, high), abs=1e-4)
+
+
+def test_wilson_interval_refuses_impossible_counts() -> None:
+    for k, n in ((1, 0), (-1, 5), (6, 5)):
+        with pytest.raises(ValueError):
+            wilson_interval(k, n)

@@ -73,6 +73,12 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "relay_chunks": ("counter", "direction", "weight-relay chunks received (in) or served (out)"),
     "relay_bad_chunks": ("counter", "", "chunks received whose hash did not match"),
     "relay_transfers": ("gauge", "state", "artifact versions this node relays, by state"),
+    "rl_policy_version": ("gauge", "", "the newest policy version a learner on this node "
+                          "published (rl_jobs)"),
+    "rl_step": ("gauge", "figure",
+                "the figures of that version's learner step: mean_reward, heldout_accuracy, "
+                "kl (to the base policy, per token), entropy (per token), clip_fraction, "
+                "staleness (largest of its groups), rollout_tokens_per_s"),
     "ledger_records": ("gauge", "", "capability records held in the ledger"),
     "ledger_live_peers": ("gauge", "", "peers whose capability record has not expired"),
     "ledger_attestations": ("gauge", "", "attestations held in the ledger"),
@@ -192,6 +198,7 @@ class _StateCollector(Collector):
             events.add_metric([event], count)
         yield events
         yield from _relay(driver.services.get("relay"))
+        yield from _rl_steps(driver.services.get("rl_jobs"))
         yield from _ledger(driver.services.get("ledger"), now)
 
 
@@ -226,6 +233,20 @@ def _relay(relay: Any) -> Iterator[Metric]:
                                labels=["state"])
     for state, count in sorted(states.items()):
         family.add_metric([state], count)
+    yield family
+
+
+def _rl_steps(jobs: Any) -> Iterator[Metric]:
+    """The newest learner step's figures, where this node's rl_jobs service has any."""
+    rows = jobs.steps.rows() if jobs is not None else []
+    if not rows:
+        return
+    newest = rows[-1]
+    yield _gauge("rl_policy_version", newest["version"])
+    family = GaugeMetricFamily(f"{PREFIX}_rl_step", METRICS["rl_step"][2], labels=["figure"])
+    for key, value in sorted(newest.items()):
+        if key != "version" and value is not None:
+            family.add_metric([key], float(value))
     yield family
 
 

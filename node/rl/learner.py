@@ -69,6 +69,7 @@ class TrainReport:
     #: a torchrun rank other than 0: the steps it took with rank 0 (None on rank 0)
     follower_steps: int | None = None
     heldout: list[dict[str, Any]] = field(default_factory=list)  # every held-out evaluation
+    last_adapter: str = ""  # the adapter file of the last version ("" = the base model)
 
     @property
     def busy_fraction(self) -> float:
@@ -134,6 +135,7 @@ class TrainingLoop:
                 continue
             self._wait()
         self.report.wall_s = time.monotonic() - t0
+        self.report.last_adapter = self.trainer.adapter(self.trainer.version)[0]
         if self.trainer.steps_done % self.config.checkpoint_every:
             self.trainer.checkpoint()  # a clean end resumes exactly where it stopped
         self.report.counters = dict(self.book.counters)

@@ -32,7 +32,7 @@ from models.rl.env import load_environment
 from node.rl.dissemination import adapter_name, run_model_name
 from node.rl.learner_config import LearnerConfig
 from node.rl.learner_trainer import Group, StepStats, Trainer
-from node.rl.step_figures import MAX_ABS_REWARD
+from node.rl.step_figures import MAX_ABS_REWARD, step_telemetry
 from protocol.rl.messages import Completion, RolloutResultBody
 from protocol.rl.staleness import accepts
 
@@ -157,16 +157,19 @@ class NetworkLearner:
         return any(v["name"] == name and v["signer"] == me and v["version"] >= version
                    for v in versions)
 
-    def publish(self, version: int, mean_reward: float | None = None) -> Published:
-        """Relay ``version``'s adapter and make it the job book's version; ``mean_reward``: that
-        of the step that made it (None for a resumed version, whose step ran before)."""
+    def publish(self, version: int, mean_reward: float | None = None,
+                measured: dict[str, float] | None = None) -> Published:
+        """Relay ``version``'s adapter and make it the job book's version; ``mean_reward`` and
+        ``measured`` (node/rl/step_figures.py's telemetry): those of the step that made it
+        (None for a resumed version, whose step ran before)."""
         path, _ = self.trainer.adapter(version)
         start, at = time.perf_counter(), time.time()
         answer = self.api.call("POST", "/relay/publish", json={
             "path": path, "name": adapter_name(self.model), "version": version,
             "format": "gguf"})
         published = Published(version, str(answer["id"]), at, time.perf_counter() - start)
-        figures = {"mean_reward": mean_reward} if shown_reward(mean_reward) else {}
+        figures = ({"mean_reward": mean_reward, **(measured or {})}
+                   if shown_reward(mean_reward) else {})
         self.api.call("POST", "/rl_jobs/version", json={"version": version, **figures})
         self.report.published.append(published)
         return published
@@ -210,7 +213,7 @@ class NetworkLearner:
         batch = self.ready[:self.config.jobs_per_step]
         self.ready = self.ready[self.config.jobs_per_step:]
         stats = self.trainer.step(batch, self.trainer.next_version())
-        self.publish(stats.version, stats.mean_reward)
+        self.publish(stats.version, stats.mean_reward, step_telemetry(stats))
         keep = [g for g in self.ready
                 if accepts(g.version, self.trainer.version, self.config.staleness)]
         self.report.stale += len(self.ready) - len(keep)

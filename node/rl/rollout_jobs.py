@@ -41,7 +41,7 @@ from starlette.routing import BaseRoute
 
 from node.api.app import json_object, token_route
 from node.rl import rollout_state
-from node.rl.step_figures import StepFigures, version_figures
+from node.rl.step_figures import StepFigures, telemetry, version_figures
 from node.service import NodeContext, Service
 from protocol.errors import InvalidMessage, LocalProtocolError
 from protocol.ledger.trust import TrustView
@@ -262,9 +262,10 @@ class RolloutJobsService(Service):
         """The version the learner published and its step's figures (``POST /version``'s
         body); ``ValueError`` names a bad field."""
         version, reward, accuracy = version_figures(data, self._auction.book.version)
+        measured = telemetry(data)
         await self.ctx.submit(self.name, PublishVersion(version))
         if reward is not None:
-            self.steps.record(version, reward, accuracy)
+            self.steps.record(version, reward, accuracy, measured)
         self.save()
         return version
 

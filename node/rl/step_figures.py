@@ -3,8 +3,10 @@
 Rewards are computed by the learner, never by the daemon (models/rl/env.py). With each version
 it publishes (``POST /rl_jobs/version``, node/rl/rollout_jobs.py) the learner may send the mean
 reward of the step that made that version and, where it measured one, a held-out accuracy.
-They come over the API, so they are checked here (:func:`version_figures`: a bad value is a
-``ValueError`` naming the field), and :class:`StepFigures` keeps the newest ``MAX_STEPS`` of
+It may send its telemetry too (:data:`TELEMETRY`: KL to the base, entropy, clip fraction,
+staleness, rollout tokens/s), which ``/metrics`` shows. They come over the API, so they are
+checked here (:func:`version_figures`, :func:`telemetry`: a bad value is a ``ValueError``
+naming the field), and :class:`StepFigures` keeps the newest ``MAX_STEPS`` of
 them, in memory only (a restarted daemon shows the steps published after it came back).
 """
 
@@ -46,20 +48,47 @@ def version_figures(data: dict[str, Any], current: int) -> tuple[int, float | No
     return version, reward, accuracy
 
 
+#: the learner's telemetry a version may carry beside its mean reward, with each one's range:
+#: KL to the base policy and the policy's entropy per token (nats), the share of tokens whose
+#: importance ratio left the mask bounds, the largest staleness of the step's groups (versions)
+#: and the rollout tokens per second the learner took in since its previous step
+TELEMETRY: dict[str, tuple[float, float]] = {
+    "kl": (0.0, 1e6), "entropy": (0.0, 1e3), "clip_fraction": (0.0, 1.0),
+    "staleness": (0.0, 1e6), "rollout_tokens_per_s": (0.0, 1e12)}
+
+
+def telemetry(data: dict[str, Any]) -> dict[str, float]:
+    """The :data:`TELEMETRY` figures present in ``data``, checked; ``ValueError`` names a bad
+    one."""
+    out = {}
+    for key, (low, high) in TELEMETRY.items():
+        value = figure(data, key, low, high)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def step_telemetry(stats: Any) -> dict[str, float]:
+    """A learner step's (node/rl/learner_trainer.py's StepStats) :data:`TELEMETRY` figures."""
+    return {"kl": stats.kl, "entropy": stats.entropy, "clip_fraction": stats.clip_fraction,
+            "staleness": float(max(stats.group_staleness, default=0)),
+            "rollout_tokens_per_s": stats.rollout_tokens_per_s}
+
+
 class StepFigures:
     """The newest ``most`` steps' figures, oldest first, one per version."""
 
     def __init__(self, most: int = MAX_STEPS) -> None:
         self._rows: collections.deque[dict[str, Any]] = collections.deque(maxlen=most)
 
-    def record(self, version: int, mean_reward: float,
-               heldout_accuracy: float | None = None) -> None:
-        """The figures of the step that made ``version``; a repeat of the last version
-        replaces its figures."""
+    def record(self, version: int, mean_reward: float, heldout_accuracy: float | None = None,
+               measured: dict[str, float] | None = None) -> None:
+        """The figures of the step that made ``version`` (``measured``: its
+        :data:`TELEMETRY`); a repeat of the last version replaces its figures."""
         if self._rows and self._rows[-1]["version"] == version:
             self._rows.pop()
         self._rows.append({"version": version, "mean_reward": mean_reward,
-                           "heldout_accuracy": heldout_accuracy})
+                           "heldout_accuracy": heldout_accuracy, **(measured or {})})
 
     def forget_after(self, version: int) -> None:
         """Drop the steps newer than ``version`` (a new run from it abandons them)."""
@@ -67,5 +96,6 @@ class StepFigures:
             self._rows.pop()
 
     def rows(self) -> list[dict[str, Any]]:
-        """``{"version", "mean_reward", "heldout_accuracy"}`` per step, oldest first."""
+        """``{"version", "mean_reward", "heldout_accuracy"}`` and the telemetry it came with,
+        per step, oldest first."""
         return [dict(row) for row in self._rows]

@@ -164,3 +164,24 @@ def test_counters_move_when_a_task_runs(testnet: Testnet) -> None:
 def after_version(found: dict[Any, float]) -> str:
     (labels,) = [dict(k[1]) for k in found if k[0] == "symphony_info"]
     return labels["version"]
+
+
+def test_the_newest_learner_steps_figures_are_gauges() -> None:
+    from types import SimpleNamespace
+
+    from node.rl.step_figures import StepFigures
+
+    steps = StepFigures()
+    driver = _DriverDouble()
+    driver.services = {"rl_jobs": SimpleNamespace(steps=steps)}
+    metrics = NodeMetrics(driver, {"peer_id": "p", "network_id": "n", "version": "v"})
+    assert "symphony_rl_step" not in metrics.exposition().decode()  # no step yet, no family
+    steps.record(4, 0.25, None, {"kl": 0.01, "entropy": 1.5})
+    steps.record(5, 0.5, 0.3, {"kl": 0.02, "entropy": 1.25, "clip_fraction": 0.125,
+                                "staleness": 2.0, "rollout_tokens_per_s": 40.0})
+    found = samples(metrics.exposition().decode())
+    assert value(found, "symphony_rl_policy_version") == 5
+    expected = {"mean_reward": 0.5, "heldout_accuracy": 0.3, "kl": 0.02, "entropy": 1.25,
+                "clip_fraction": 0.125, "staleness": 2.0, "rollout_tokens_per_s": 40.0}
+    for figure, number in expected.items():
+        assert value(found, "symphony_rl_step", figure=figure) == number

@@ -7,12 +7,14 @@ from typing import Any
 
 import pytest
 
+from models.rl.heldout import HeldoutScore
 from node.bench.rl import bench as bench_rl
 from node.rl.learner import TrainReport
 from node.rl.learner_trainer import StepStats
 
 KEYS = {"busy_sync", "busy_async", "time_ratio_async_vs_sync", "reward_sync", "reward_async",
-        "stale_dropped", "swap_s"}
+        "stale_dropped", "swap_s", "heldout_base", "heldout_trained_sync",
+        "heldout_trained_async", "heldout_ci95"}
 
 
 def _report(step_s: float, generate_s: float, wall_s: float, reward: float, stale: int = 0,
@@ -20,7 +22,19 @@ def _report(step_s: float, generate_s: float, wall_s: float, reward: float, stal
     steps = [StepStats(version=v, mean_reward=reward + 0.01 * v, groups=1, skipped=0, tokens=10,
                        masked=0, loss=0.0, kl=0.0, step_s=step_s) for v in range(1, n + 1)]
     return TrainReport(steps=steps, wall_s=wall_s, busy_s=2 * step_s, counters={"stale": stale},
-                       swap_s=[0.01], generate_s=[generate_s] * 3)
+                       swap_s=[0.01], generate_s=[generate_s] * 3,
+                       last_adapter=f"adapter-{reward}.gguf")
+
+
+#: the held-out scores stand-in (the real one loads the model): base, then one per adapter
+SCORED: list[tuple[list[str], int]] = []
+
+
+def _scores(config: Any, adapters: list[str], prompts: int) -> list[HeldoutScore]:
+    SCORED.append((adapters, prompts))
+    accuracy = [0.25, 0.5, 0.75]
+    return [HeldoutScore(accuracy=a, low=a - 0.05 * (i + 1), high=a + 0.05 * (i + 1), prompts=40,
+                         draws=1) for i, a in enumerate(accuracy)]
 
 
 def _relayed(run_dir: Any, workers: int) -> list[float]:
@@ -37,6 +51,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, sync: TrainReport, asyn: TrainReport) 
 
     monkeypatch.setattr("node.rl.learner.run_training", fake_run_training)
     monkeypatch.setattr("node.bench.rl.swaps.relayed_swaps_of_run", _relayed)
+    monkeypatch.setattr(bench_rl, "score_heldout", _scores)
     return bench_rl.run(quick=True), configs
 
 
@@ -53,6 +68,11 @@ def test_the_figures_are_exactly_the_named_keys(monkeypatch: pytest.MonkeyPatch)
     assert [c.staleness for c in configs] == [0, bench_rl.ASYNC_STALENESS]
     assert figures["swap_s"] == pytest.approx(1.5)  # the relayed figure
     assert configs[1].workers == 1 and configs[0].steps == configs[1].steps
+    # the base model and each run's last adapter, scored on the same held-out prompts
+    assert SCORED[-1] == (["adapter-0.2.gguf", "adapter-0.3.gguf"], bench_rl.QUICK_EVAL_PROMPTS)
+    assert (figures["heldout_base"], figures["heldout_trained_sync"],
+            figures["heldout_trained_async"]) == (0.25, 0.5, 0.75)
+    assert figures["heldout_ci95"] == pytest.approx(0.15)  # the widest of the three
 
 
 def test_a_machine_that_cannot_hold_the_rule_reports_no_busy_fraction(
@@ -70,6 +90,7 @@ def test_a_full_run_writes_the_reward_plot(monkeypatch: pytest.MonkeyPatch, tmp_
     monkeypatch.setattr("node.rl.learner.run_training",
                         lambda config, on_step=None: _report(10.0, 2.0, 30.0, 0.1, n=n))
     monkeypatch.setattr("node.bench.rl.swaps.relayed_swaps_of_run", _relayed)
+    monkeypatch.setattr(bench_rl, "score_heldout", _scores)
     bench_rl.run(quick=False)
     assert (tmp_path / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -77,15 +98,19 @@ def test_a_full_run_writes_the_reward_plot(monkeypatch: pytest.MonkeyPatch, tmp_
 def test_the_plot_from_two_run_directories_splits_format_and_accuracy(tmp_path: Any) -> None:
     import json
 
-    for name, rewards in (("sync", (0.0, 0.2, 1.2, 1.0)), ("async", (0.2, 0.2, 0.0, 0.0))):
+    for name, rewards in (("sync", (0.0, 0.5, 1.5, 1.5)), ("async", (0.5, 0.5, 0.0, 0.0))):
         (tmp_path / name).mkdir()
-        lines = [json.dumps({"version": v, "mean_reward": sum(rewards) / 4, "rewards": rewards})
+        lines = [json.dumps({"version": v, "mean_reward": sum(rewards) / 4, "rewards": rewards,
+                             "kl": 0.01 * v, "entropy": 1.0, "clip_fraction": 0.0,
+                             "heldout_accuracy": 0.4 if v == 2 else None,
+                             "heldout_half_width": 0.1 if v == 2 else None})
                  for v in range(1, 4)]
         (tmp_path / name / "steps.jsonl").write_text("\n".join(lines) + "\n")
     path = bench_rl.plot_runs(tmp_path / "sync", tmp_path / "async", tmp_path / "p.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     record = json.loads(path.with_suffix(".json").read_text())
     sync, asyn = record["synchronous (S = 0)"], record[f"asynchronous (S = {bench_rl.ASYNC_STALENESS})"]
-    assert sync["format"] == [0.5] * 3 and sync["correct"] == [0.5] * 3
+    assert sync["format"] == [0.75] * 3 and sync["correct"] == [0.5] * 3
     assert asyn["format"] == [0.5] * 3 and asyn["correct"] == [0.0] * 3
+    assert sync["heldout"] == [[2, 0.4, 0.1]] and sync["kl"] == [0.01, 0.02, 0.03]
     assert bench_rl.reward_parts(()) == (0.0, 0.0)

@@ -82,6 +82,10 @@ def test_run_issue_and_groups_routes() -> None:
     ({"version": 3, "mean_reward": 0.5, "heldout_accuracy": [1]}, "heldout_accuracy"),
     ({"version": 3, "heldout_accuracy": 0.5}, "heldout_accuracy needs"),  # no reward beside it
     ({"version": "3", "mean_reward": 0.5}, "version"),
+    ({"version": 3, "mean_reward": 0.5, "clip_fraction": 1.5}, "clip_fraction"),
+    ({"version": 3, "mean_reward": 0.5, "kl": -0.1}, "kl"),
+    ({"version": 3, "mean_reward": 0.5, "entropy": "1"}, "entropy"),
+    ({"version": 3, "mean_reward": 0.5, "rollout_tokens_per_s": False}, "rollout_tokens_per_s"),
 ])
 def test_a_version_with_bad_step_figures_is_refused_naming_the_field(
         body: dict[str, Any], field: str) -> None:
@@ -112,6 +116,15 @@ def test_published_steps_are_the_status_steps_and_the_dashboard_curve() -> None:
     assert client.post("/rl_jobs/version", json={"version": 2, "mean_reward": 0.5,
                                                  "heldout_accuracy": 1}).status_code == 200
     assert client.post("/rl_jobs/version", json={"version": 3}).status_code == 200
+    telemetry = {"kl": 0.01, "entropy": 2.5, "clip_fraction": 0.0, "staleness": 1,
+                 "rollout_tokens_per_s": 12.5}
+    assert client.post("/rl_jobs/version", json={"version": 4, "mean_reward": 0.75,
+                                                 **telemetry}).status_code == 200
+    assert svc.status()["steps"][-1] == {"version": 4, "mean_reward": 0.75,
+                                         "heldout_accuracy": None, **telemetry}
+    svc.steps.forget_after(3)
+    assert submitted[-1] == PublishVersion(4)
+    submitted.pop()
     assert submitted == [PublishVersion(1), PublishVersion(2), PublishVersion(2),
                          PublishVersion(3)]
     steps = [{"version": 1, "mean_reward": 0.0, "heldout_accuracy": None},

@@ -215,3 +215,35 @@ def eval_(adapter: str | None, environment: str, model: str, prompts: int, max_t
     for name, score in scores.items():
         click.echo(f"{name}: accuracy {score.accuracy:.3f}, 95% interval [{score.low:.3f}, "
                    f"{score.high:.3f}] over {score.prompts} held-out prompts x {score.draws}")
+
+
+@rl.command("sweep")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, exists=True),
+              default=None, help="rl.toml every run starts from.")
+@click.option("--grid", "grid_items", multiple=True, required=True,
+              help="NAME=V1,V2 (repeatable): learning_rate, group_size, jobs_per_step, "
+                   "lora_rank, lora_alpha, kl_coef, max_tokens, temperature.")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="Steps per run.")
+@click.option("--eval-prompts", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Held-out prompts scored per run (0 = all).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out/rl-sweep",
+              show_default=True, help="One run directory per combination under it.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as one JSON array.")
+def sweep_(config_path: str | None, grid_items: tuple[str, ...], steps: int | None,
+           eval_prompts: int, out_dir: str, as_json: bool) -> None:
+    """Train once per combination of the grid's values; score each on the held-out set."""
+    from pathlib import Path
+
+    from node.rl.learner_config import load_config
+    from node.rl.sweep import parse_grid, sweep, table
+
+    try:
+        config = load_config(config_path, steps=steps)
+        grid = parse_grid(list(grid_items))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    try:
+        rows = sweep(config, grid, Path(out_dir), eval_prompts)
+    except (RuntimeError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(json.dumps(rows, sort_keys=True) if as_json else table(rows))

@@ -176,7 +176,10 @@ class TrainingLoop:
         path, _ = self.trainer.adapter(version)
         score = self.evaluator.score(Path(path) if path else None)
         self.report.busy_s += time.perf_counter() - t
-        self.report.heldout.append({"version": version, **score.as_dict()})
+        row = {"version": version, **score.as_dict()}
+        self.report.heldout.append(row)
+        with open(Path(self.config.out_dir) / "heldout.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
         return score
 
     def _log(self, stats: StepStats) -> None:

@@ -176,6 +176,12 @@ def test_a_published_version_carries_its_steps_mean_reward(
                              model="tiny", trainer=trainer)  # type: ignore[arg-type]
     learner.publish(3, reward)
     assert api.calls[-1] == ("POST", "/rl_jobs/version", sent)
+    # a step's telemetry goes with its mean reward, and only with it
+    measured = {"kl": 0.5, "entropy": 1.0, "clip_fraction": 0.0, "staleness": 1.0,
+                "rollout_tokens_per_s": 3.0}
+    learner.publish(3, reward, measured)
+    expected = {**sent, **measured} if "mean_reward" in sent else sent
+    assert api.calls[-1] == ("POST", "/rl_jobs/version", expected)
 
 
 def test_network_training_without_a_daemon_says_so(tmp_path: Path) -> None:

@@ -297,3 +297,16 @@ def test_an_unreadable_saved_run_starts_a_new_one(tmp_path: Path) -> None:
     svc = RolloutJobsService(ctx)
     trio.run(svc.start)
     assert svc.status()["version"] == 0
+
+
+def test_a_steps_telemetry_is_what_the_daemon_accepts() -> None:
+    from node.rl.learner_trainer import StepStats
+    from node.rl.step_figures import step_telemetry, telemetry
+
+    stats = StepStats(version=3, mean_reward=0.5, groups=2, skipped=0, tokens=10, masked=1,
+                      loss=0.0, kl=0.25, step_s=1.0, entropy=1.5, clip_fraction=0.1,
+                      group_staleness=(0, 2), rollout_tokens_per_s=20.0)
+    measured = step_telemetry(stats)
+    assert measured == {"kl": 0.25, "entropy": 1.5, "clip_fraction": 0.1, "staleness": 2.0,
+                        "rollout_tokens_per_s": 20.0}
+    assert telemetry(measured) == measured

@@ -9,6 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from node.rl.learner import TrainingLoop
 from node.rl.learner_config import LearnerConfig
 from node.rl.learner_trainer import Group, StepStats
@@ -143,3 +145,37 @@ def test_results_that_arrived_during_a_step_are_taken_before_the_next(tmp_path: 
     assert pool.waits == 1
     assert trainer.trained_on == [[0], [0], [0]]
     assert report.counters["stale"] == 0
+
+
+class Evaluator:
+    """Stands in for models.rl.heldout.Evaluator: scores each version it is asked about."""
+
+    def __init__(self) -> None:
+        self.asked: list[Path | None] = []
+
+    def score(self, adapter: Path | None = None) -> Any:
+        from models.rl.heldout import HeldoutScore
+
+        self.asked.append(adapter)
+        accuracy = 0.1 * len(self.asked)
+        return HeldoutScore(accuracy=accuracy, low=accuracy - 0.05, high=accuracy + 0.05,
+                            prompts=10, draws=1)
+
+
+def test_the_held_out_set_is_scored_at_the_start_and_every_n_steps(tmp_path: Path) -> None:
+    import json
+
+    config = LearnerConfig(group_size=2, jobs_per_step=1, workers=1, steps=4, eval_every=2,
+                           out_dir=str(tmp_path))
+    trainer, evaluator = Trainer(), Evaluator()
+    report = TrainingLoop(config, trainer, Pool([0] * 4), None, evaluator).run()  # type: ignore[arg-type]
+    assert len(evaluator.asked) == 3  # version 0 (where the run starts), after steps 2 and 4
+    assert [h["version"] for h in report.heldout] == [0, 2, 4]
+    assert [s.heldout_accuracy for s in report.steps] == [None, pytest.approx(0.2), None,
+                                                          pytest.approx(0.3)]
+    assert report.steps[1].heldout_half_width == pytest.approx(0.05)
+    logged = [json.loads(x) for x in (tmp_path / "heldout.jsonl").read_text().splitlines()]
+    assert [row["version"] for row in logged] == [0, 2, 4]
+    steps = [json.loads(x) for x in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert steps[3]["heldout_accuracy"] == pytest.approx(0.3)
+    assert all(s["rollout_tokens_per_s"] > 0 for s in steps)  # each step's groups came in

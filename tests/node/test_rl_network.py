@@ -17,6 +17,7 @@ import pytest
 
 from node.rl.dissemination import adapter_name
 from node.rl.learner_config import LearnerConfig
+from node.rl.step_figures import step_telemetry
 
 from .conftest import CONVERGE_S, Testnet, run_cli
 
@@ -114,10 +115,11 @@ def test_learner_and_three_workers_on_a_testnet(testnet: Testnet, tmp_path: Path
     # two more steps in the loop: jobs for versions 2 and 3 go to workers holding them
     learner.run(2)
     assert [s.version for s in learner.report.steps] == [1, 2, 3, 4]
-    # each step's mean reward went to the daemon with its version: the dashboard's curve
+    # each step's mean reward and telemetry went to the daemon with its version: the
+    # dashboard's curve and /metrics
     assert learner.jobs_status()["steps"] == [
-        {"version": s.version, "mean_reward": s.mean_reward, "heldout_accuracy": None}
-        for s in learner.report.steps]
+        {"version": s.version, "mean_reward": s.mean_reward, "heldout_accuracy": None,
+         **step_telemetry(s)} for s in learner.report.steps]
     published = learner.report.published[-1]
     swaps += _wait_swapped(testnet, honest, 4, published.published_at)
     for node in honest:

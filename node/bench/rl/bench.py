@@ -46,7 +46,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ASYNC_STALENESS = 2
 QUICK_STEPS, FULL_STEPS = 8, 50
 QUICK_TOKENS, FULL_TOKENS = 12, 12
-#: AdamW's learning rate on the adapter (the README's sweep)
+#: AdamW's learning rate on the adapter (chosen by the README's sweep table)
 LEARNING_RATE = 2e-3
 #: the environment both runs train on (models/rl/arith_env.py) and its held-out prompts
 ENVIRONMENT = "arith"

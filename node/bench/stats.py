@@ -36,7 +36,7 @@ def upper_bound(failures: int, trials: int, confidence: float = 0.95) -> float:
     if failures == trials:
         return 1.0
     if failures == 0:
-        return 1.0 - alpha ** (1.0 / trials)
+        return float(1.0 - alpha ** (1.0 / trials))
     lo, hi = failures / trials, 1.0  # the CDF falls as p grows: bisect for CDF == alpha
     for _ in range(100):
         mid = (lo + hi) / 2

@@ -7,8 +7,8 @@ leaves from a real models.state_store.StateStore, layer 1 and the seed's layers 
 fp32 verifier) at a verifier thread count of its own. The executors: llama.cpp with state
 capture at 1 and at 2 threads (the states of its own generation), and llama.cpp without
 capture whose commitment is the fp32 prefill (what a backend without capture commits) at
-torch's 1 and 2 threads. Generations are short (:data:`HONEST_TOKENS`, two fingerprint
-chunks): the check compares layer 1 at every prompt and output position and the sampled
+torch's 1 and 2 threads. Generations are short (at most :data:`HONEST_TOKENS`, two
+fingerprint chunks): the check compares layer 1 at every prompt and output position and the sampled
 layers at the checked chunks, so a longer output adds positions, not kinds of work.
 
 Reported: ``honest_runs``, ``false_positives`` (checks of honest results that failed) and
@@ -39,23 +39,21 @@ THREADS = (1, 2)
 def executors(runner: Any) -> dict[str, tuple[Any, int]]:
     """name -> (generating backend, torch threads of its fp32 prefill commitment; 0: the
     states its llama.cpp generation captured)."""
-    import dataclasses
-
     from models.config import ModelConfig
     from models.llama_backend import LlamaCppBackend
 
     info = runner.backend.info
     out: dict[str, tuple[Any, int]] = {f"llama_cpp_t{t}": (capturing(info, info.path, t), 0)
                                        for t in THREADS}
-    plain = LlamaCppBackend(dataclasses.replace(info), ModelConfig(n_threads=1))
+    plain = LlamaCppBackend(info, ModelConfig(n_threads=1))  # no capture
     out.update({f"torch_t{t}": (plain, t) for t in THREADS})
     return out
 
 
 def run_honest(runner: Any, folder: Path, questions: list[tuple[TaskSpec, Any]], n: int,
                rng: random.Random) -> dict[str, Any]:
-    """``n`` honest runs (see the module docstring): their count, failures, upper bound,
-    and the failures per executor."""
+    """``n`` honest runs (see the module docstring): how many were checked (all but those
+    whose answer has no token), the failures, their upper bound, the failures per executor."""
     import torch
 
     from models.state_store import StateStore
@@ -67,6 +65,7 @@ def run_honest(runner: Any, folder: Path, questions: list[tuple[TaskSpec, Any]],
     names = sorted(backends)
     threads = torch.get_num_threads()
     failed: dict[str, int] = dict.fromkeys(names, 0)
+    checked = 0
     for i in range(n):
         task, problem = questions[i % len(questions)]
         task = _numbered(task, i)
@@ -74,6 +73,8 @@ def run_honest(runner: Any, folder: Path, questions: list[tuple[TaskSpec, Any]],
         backend, prefill_threads = backends[name]
         s = solve_with(backend, task, problem, HONEST_TOKENS, seed=rng.randrange(1 << 31),
                        temperature=rng.choice((0.0, 0.7, 1.0)))
+        if not s.output_ids:  # an answer of no tokens commits to nothing: nothing to check
+            continue
         if prefill_threads:
             torch.set_num_threads(prefill_threads)
         # a backend without capture commits by the fp32 prefill (models.commitments)
@@ -85,10 +86,11 @@ def run_honest(runner: Any, folder: Path, questions: list[tuple[TaskSpec, Any]],
         failed[name] += not check_result(runner, store, chunks, layers, None, task, made,
                                          s.output_ids, s.cot, s.answer)
         torch.set_num_threads(threads)
+        checked += 1
     store.flush()
     false_positives = sum(failed.values())
-    return {"honest_runs": n, "false_positives": false_positives,
-            "fp_upper_95": float(f"{upper_bound(false_positives, n):.3g}"),
+    return {"honest_runs": checked, "false_positives": false_positives,
+            "fp_upper_95": float(f"{upper_bound(false_positives, max(1, checked)):.3g}"),
             "false_positives_by_executor": failed}
 
 

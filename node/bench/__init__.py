@@ -36,6 +36,7 @@ BENCHMARKS: dict[str, str] = {
 OPTIONS: dict[str, tuple[str, ...]] = {
     "fuzz": ("frames",),
     "soak": ("cycles",),
+    "verify": ("honest",),
     "tasks": ("link",),
     "distributed": ("link",),
     "relay": ("link",),

@@ -66,6 +66,9 @@ def main() -> None:
               help="fuzz: frames per protocol (default 100,000).")
 @click.option("--cycles", type=click.IntRange(min=1), default=None,
               help="soak: kill-and-restart cycles (default 100).")
+@click.option("--honest", type=click.IntRange(min=1), default=None,
+              help="verify: honest verifications for the false-positive bound "
+                   "(default 2,000; 20 with --quick).")
 @click.option("--link", type=LINK_SPEC, default=None,
               help="tasks, distributed, relay, ledger: run every daemon behind this link, "
                    "e.g. rtt=60ms,up=20mbit (node/p2p/link.py).")

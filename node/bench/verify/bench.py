@@ -49,6 +49,11 @@ questions of the shipped evaluation set:
 * ``false_positive_rate``: honest checks that fail; each honest check runs twice, timed at the
   verifier's thread count (``threads``, the serving policy: half the logical CPUs) and again
   at another.
+* ``precision_swap_detection``, ``bf16_separation``, ``precision_tolerances``: executors
+  that serve another precision than they declare (node.bench.verify.swaps).
+* ``honest_runs``, ``false_positives``, ``fp_upper_95``: ``--honest N`` short honest results
+  over varied questions, seeds, temperatures, executors and thread counts, each checked once,
+  and the one-sided 95% upper bound of the false-positive rate (node.bench.verify.honest).
 * ``result_to_verdict_ms_p50``: wall time inside one process from the requester taking an
   executor's reveal to its decision (two verifiers, real checks, all protocol machines and
   signatures; network hops not included: ~6 ms each on loopback, see ARCHITECTURE.md).
@@ -65,11 +70,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from models.checks import CheckRunner, LayerJob
+from models.checks import CheckRunner
 from models.commitments import CHUNK_TOKENS, Commitments, commitments_for, fingerprints_for
 from models.fingerprint import blob_positions
+from node.bench.verify import swaps
+from node.bench.verify.honest import run_honest
 from node.bench.verify.stages import run as stage_figures
-from node.bench.verify.verdict import fetch_states, result_to_verdict_ms
+from node.bench.verify.verdict import check_result, result_to_verdict_ms
 from protocol.market.messages import Requirement, TaskSpec
 from protocol.verification.rules import choose_chunks, choose_layers
 from protocol.verification.state import DEFAULT_SAMPLE_RATE, DEFAULT_VERIFIERS
@@ -127,7 +134,9 @@ class _Tally:
     solved: list[tuple[TaskSpec, Any, Commitments]] = field(default_factory=list)
 
 
-def run(quick: bool) -> dict[str, Any]:
+def run(quick: bool, honest: int | None = None) -> dict[str, Any]:
+    """The figures above, then node.bench.verify.swaps' and ``honest`` (default: 20 quick,
+    2,000 full) runs of node.bench.verify.honest, then node.bench.verify.stages'."""
     import tempfile
 
     from models.evalset import load_evalset
@@ -143,30 +152,29 @@ def run(quick: bool) -> dict[str, Any]:
         items = load_evalset()[:n_questions]
         tally = _Tally()
         for i, item in enumerate(items):
-            honest, cheap = _solve_and_commit(bench, tally, i, item.problem, max_tokens)
+            solved, cheap = _solve_and_commit(bench, tally, i, item.problem, max_tokens)
             for s in range(samples):
-                _check_sample(bench, tally, rng, honest, cheap, with_prefill=s == 0)
+                _check_sample(bench, tally, rng, solved, cheap, with_prefill=s == 0)
         verdict_ms = result_to_verdict_ms(bench.runner, store, tally.solved, 3 if quick else 6)
+        questions = [(_task(q.problem.question, q.problem.answer_type.value, q.problem.choices,
+                            i), q.problem) for i, q in enumerate(load_evalset())]
+        extra = swaps.measure(bench.runner, store, Path(tmp), questions[:2 if quick else 4],
+                              samples, rng, 64 if quick else 96)
+        extra.update(run_honest(bench.runner, Path(tmp), questions,
+                                honest or (20 if quick else 2000), rng))
     figures: dict[str, Any] = _report(bench, tally, load_s, verdict_ms, questions=len(items),
                                       samples=samples)
-    return figures | stage_figures(quick)  # distributed inference's stage checks
+    return figures | extra | stage_figures(quick)  # distributed inference's stage checks
 
 
 def _requantized(serve: Any, folder: Path) -> Any:
     """The served GGUF requantized to Q4_0 (a cheaper model), on llama.cpp with capture."""
-    import ctypes
     import dataclasses as dc
 
-    import llama_cpp
-
     from models.llama_backend import LlamaCppBackend
+    from models.requantize import requantize
 
-    target = folder / "cheaper-q4_0.gguf"
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype, params.allow_requantize = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, True
-    if llama_cpp.llama_model_quantize(str(serve.info.path).encode(), str(target).encode(),
-                                      ctypes.byref(params)) != 0:
-        raise RuntimeError(f"requantizing {serve.info.path} to Q4_0 failed")
+    target = requantize(serve.info.path, folder, "Q4_0")
     cheap = LlamaCppBackend(dc.replace(serve.info, path=target), serve.config)
     cheap.enable_state_capture()
     return cheap
@@ -252,7 +260,7 @@ def _check_sample(bench: _Bench, tally: _Tally, rng: random.Random,
     seed = rng.randbytes(32)
     chunks = choose_chunks(seed, "e", len(made.fingerprints), CHUNKS_PER_CHECK)
     layers = choose_layers(seed, "e", made.state_layers, LAYERS_PER_CHECK)
-    check = functools.partial(_check, bench.runner, bench.store, chunks, layers,
+    check = functools.partial(check_result, bench.runner, bench.store, chunks, layers,
                               tally.leaf_bytes)
     started, cpu = time.perf_counter(), time.thread_time()  # the verifier's threads
     ok = check(task, made, ids, sol.cot_text, sol.answer)
@@ -277,7 +285,7 @@ def _check_sample(bench: _Bench, tally: _Tally, rng: random.Random,
 
 def _adversaries(bench: _Bench, rng: random.Random, honest: tuple[TaskSpec, Any, Commitments],
                  cheap: tuple[TaskSpec, Commitments]) -> dict[str, tuple[Any, ...]]:
-    """Each adversary's claimed result, as ``_check``'s arguments after the sample's."""
+    """Each adversary's claimed result, as ``check_result``'s arguments after the sample's."""
     task, sol, made = honest
     ids = list(sol.token_ids)
     pos = rng.randrange(len(ids))  # anywhere in the output
@@ -337,27 +345,6 @@ def _report(bench: _Bench, tally: _Tally, load_s: float, verdict_ms: list[float]
         out[f"detection_rate_{name}"] = round(tally.caught[name] / max(1, tally.tried[name]), 4)
     out["detection_rate"] = min(float(out[f"detection_rate_{a}"]) for a in ADVERSARIES)
     return out
-
-
-def _start(runner: CheckRunner, task: TaskSpec, made: Commitments, chunks: tuple[int, ...],
-           layers: tuple[int, ...], output: list[int], cot: str, answer: str) -> StartCheck:
-    return StartCheck(
-        check_id=bytes(32), task=task, model_hash=runner.model_hash, output_ids=tuple(output),
-        answer=answer, cot=cot, chunk_tokens=CHUNK_TOKENS, chunk_indices=chunks,
-        fingerprints=tuple(made.fingerprints[c] for c in chunks), deadline_at_ms=0,
-        executor="e", states_root=made.states_root, state_layers=made.state_layers,
-        layers=layers)
-
-
-def _check(runner: CheckRunner, store: Any, chunks: tuple[int, ...], layers: tuple[int, ...],
-           sizes: list[int], task: TaskSpec, made: Commitments, output: list[int], cot: str,
-           answer: str) -> bool:
-    """One verifier's whole check of committed layer states: binding, fetch, re-run."""
-    e = _start(runner, task, made, chunks, layers, output, cot, answer)
-    job = runner.prepare(e)
-    if not isinstance(job, LayerJob):
-        return job.passed
-    return runner.run_layers(e, job, fetch_states(store, e, job, sizes)).passed
 
 
 def _prefill_check(runner: CheckRunner, task: TaskSpec, chunks: tuple[int, ...],

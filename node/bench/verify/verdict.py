@@ -2,7 +2,8 @@
 verifiers' protocol machines run in one process on a FIFO with virtual time, with real
 solutions and real checks, timed from the requester taking the executor's reveal to its
 decision (network hops left out). ``fetch_states`` serves a check's layer-state leaves from the
-executor's store as node/verification/state_streams.py would, minus the network.
+executor's store as node/verification/state_streams.py would, minus the network, and
+``check_result`` is one verifier's whole check of a committed result on them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections import deque
 from typing import Any
 
 from models.checks import CheckRunner, LayerJob
-from models.commitments import Commitments
+from models.commitments import CHUNK_TOKENS, Commitments
 from protocol.market.messages import TaskSpec
 from protocol.verification.verifier import StartCheck
 
@@ -37,6 +38,23 @@ def fetch_states(store: Any, e: StartCheck, job: LayerJob, sizes: list[int] | No
     if sizes is not None:
         sizes.append(total)
     return got
+
+
+def check_result(runner: CheckRunner, store: Any, chunks: tuple[int, ...],
+                 layers: tuple[int, ...], sizes: list[int] | None, task: TaskSpec,
+                 made: Commitments, output: list[int], cot: str, answer: str) -> bool:
+    """One verifier's whole check of committed layer states: binding, fetch, re-run; the
+    bytes fetched are appended to ``sizes``."""
+    e = StartCheck(
+        check_id=bytes(32), task=task, model_hash=runner.model_hash, output_ids=tuple(output),
+        answer=answer, cot=cot, chunk_tokens=CHUNK_TOKENS, chunk_indices=chunks,
+        fingerprints=tuple(made.fingerprints[c] for c in chunks), deadline_at_ms=0,
+        executor="e", states_root=made.states_root, state_layers=made.state_layers,
+        layers=layers)
+    job = runner.prepare(e)
+    if not isinstance(job, LayerJob):
+        return job.passed
+    return runner.run_layers(e, job, fetch_states(store, e, job, sizes)).passed
 
 
 def result_to_verdict_ms(runner: CheckRunner, store: Any,

@@ -13,7 +13,7 @@ layers at the checked chunks, so a longer output adds positions, not kinds of wo
 
 Reported: ``honest_runs``, ``false_positives`` (checks of honest results that failed) and
 ``fp_upper_95``, the one-sided 95% upper bound of the false-positive rate
-(node.bench.stats.upper_bound: exact Clopper-Pearson).
+(models.stats.upper_bound: exact Clopper-Pearson).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from models.commitments import commitments_for
-from node.bench.stats import upper_bound
+from models.stats import upper_bound
 from node.bench.verify.swaps import CHUNKS_PER_CHECK, capturing, solve_with
 from node.bench.verify.verdict import check_result
 from protocol.market.messages import TaskSpec

@@ -1,4 +1,4 @@
-"""node.bench.stats: the one-sided exact (Clopper-Pearson) upper bound the benches report."""
+"""models.stats: the one-sided exact (Clopper-Pearson) upper bound the benches report."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from node.bench.stats import binomial_cdf, upper_bound
+from models.stats import binomial_cdf, upper_bound
 
 
 @pytest.mark.parametrize(("failures", "trials", "bound"), [

@@ -27,6 +27,7 @@ BENCHMARKS: dict[str, str] = {
     "rl": "node.bench.rl.bench",
     "distributed": "node.bench.distributed.bench",
     "gpu": "node.bench.gpu.bench",
+    "agents": "node.bench.agents.bench",
 }
 
 
@@ -42,6 +43,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "relay": ("link",),
     "ledger": ("link",),
     "gpu": ("model", "only"),
+    "agents": ("model", "seed"),
 }
 
 

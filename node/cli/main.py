@@ -73,9 +73,12 @@ def main() -> None:
               help="tasks, distributed, relay, ledger: run every daemon behind this link, "
                    "e.g. rtt=60ms,up=20mbit (node/p2p/link.py).")
 @click.option("--model", default=None, metavar="NAME|PATH",
-              help="gpu: time this model instead of the default one.")
+              help="gpu: time this model instead of the default one; agents: run the "
+                   "daemons on this model (a .gguf path or registry name).")
 @click.option("--only", default=None, metavar="PART,...",
               help="gpu: run only these parts (llama, torch, verify, chain).")
+@click.option("--seed", type=click.IntRange(0, (1 << 63) - 1), default=None,
+              help="agents: the seed every ask sends (default 0).")
 def bench(name: str, as_json: bool, quick: bool, **options: Any) -> None:
     """Run benchmark NAME and print its figures."""
     from node.bench import load

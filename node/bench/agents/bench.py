@@ -32,7 +32,6 @@ QUICK_QUESTIONS = 6
 #: llama.cpp threads per model daemon (four share this machine's cores)
 THREADS = 1
 STEP_MAX_TOKENS = 64
-PLAN_TOKENS = 200
 ASK_DEADLINE_MS = 600_000
 #: time an executor gets per attempt before being replaced: generous, so a shared machine's
 #: load shows as latency, not as reroutes
@@ -132,7 +131,7 @@ def _start_network(net: Any, model: str) -> Any:
     executor = {"solver": "models", "threads": THREADS, **({"model": model} if model else {})}
     asker = net.start("asker", timeout_s=START_TIMEOUT_S, config={
         "executor": {"solver": ""},
-        "tasks": {"assign_base_ms": ASSIGN_BASE_MS, "plan_tokens": PLAN_TOKENS}})
+        "tasks": {"assign_base_ms": ASSIGN_BASE_MS}})  # planners get the daemon's plan_tokens
     nodes = [net.start(f"g{i}", bootstrap=[asker], wait=False, config={"executor": executor})
              for i in range(3)]
     nodes.append(net.start("calc", bootstrap=[asker], wait=False,

@@ -111,6 +111,9 @@ class StreamGuard:
         self._wrapped: weakref.WeakSet[Handler] = weakref.WeakSet()
         self._per_peer: Counter[str] = Counter()
         self._per_protocol: Counter[tuple[str, str]] = Counter()
+        #: the open streams of protocols whose newer streams replace older ones (gossipsub's),
+        #: oldest first, by peer and protocol (``_make_room``)
+        self._held: dict[tuple[str, str], list[trio.CancelScope]] = {}
         #: connections we are closing (a banned peer's): muxed connection -> peer, forgotten
         #: with the connection
         self._closing: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
@@ -178,7 +181,8 @@ class StreamGuard:
         protocol whose every message is a stream meters its messages itself instead)."""
         cap = self._limits.max_streams_per_protocol
         framing = None if ours else self._framings.get(protocol)
-        if framing is not None and framing.long_lived:
+        replaces = framing is not None and framing.long_lived
+        if replaces:
             cap = self._limits.max_gossip_streams_per_peer
         if framing is not None and framing.max_streams:
             cap = framing.max_streams
@@ -186,7 +190,7 @@ class StreamGuard:
         async def guarded(net_stream: INetStream) -> None:
             peer = net_stream.muxed_conn.peer_id.to_base58()
             key = (peer, protocol)
-            if self._per_protocol[key] >= cap:
+            if self._per_protocol[key] >= cap and not replaces:
                 self.fault(peer, protocol, "flood", f"over {cap} open streams")
                 await _reset(net_stream)
                 return
@@ -195,7 +199,11 @@ class StreamGuard:
                                                     " streams opened a minute")
                 await _reset(net_stream)
                 return
-            self._per_protocol[key] += 1
+            scope = trio.CancelScope()  # cancelled when a newer stream replaces this one
+            if replaces:
+                self._make_room(key, cap, scope)
+            else:
+                self._per_protocol[key] += 1
             stream: Any = net_stream
             if framing is not None:
                 budget = self._frame_budgets.get(protocol)
@@ -204,18 +212,48 @@ class StreamGuard:
                 stream = FramedReads(net_stream, framing, self._limits, lambda f: self.fault(
                     peer, protocol, f.kind, f.detail), admit)
             try:
-                await handler(stream)
-                if isinstance(stream, FramedReads) and stream.unfinished:
-                    # py-libp2p's handler gave up mid-frame (its own timeout, a reset) and
-                    # said nothing: the peer left a frame unfinished
-                    self.fault(peer, protocol, "bad_framing", "a frame left unfinished")
+                with scope:
+                    await handler(stream)
+                    if isinstance(stream, FramedReads) and stream.unfinished:
+                        # py-libp2p's handler gave up mid-frame (its own timeout, a reset)
+                        # and said nothing: the peer left a frame unfinished
+                        self.fault(peer, protocol, "bad_framing", "a frame left unfinished")
+                if scope.cancelled_caught:  # replaced: the peer writes on its newer stream
+                    await _reset(net_stream)
             except Exception as exc:
                 await self._failed(net_stream, peer, protocol, exc, ours=ours)
             finally:
-                _release(self._per_protocol, key)
+                if replaces:
+                    self._unhold(key, scope)
+                else:
+                    _release(self._per_protocol, key)
 
         self._wrapped.add(guarded)
         return guarded
+
+    def _make_room(self, key: tuple[str, str], cap: int, scope: trio.CancelScope) -> None:
+        """Hold ``scope``'s stream as the peer's newest on a protocol whose streams replace
+        each other, ending its oldest ones (a reset, no fault) so that at most ``cap`` stay.
+
+        Gossipsub writes to a peer on one stream only, and py-libp2p 0.8.1 drops that stream
+        without closing it when a write on it fails (a yamux window shut for 5 s while the
+        reader was busy; ``Pubsub.write_msg`` -> ``_handle_dead_peer``), then opens a new one
+        while the peer stays connected; each connection's ``connected`` event also opens one,
+        racing the others. The reader never sees the old ones end: refusing the newest
+        would cut an honest peer off and charge it for it. go-libp2p's pubsub resets the older
+        of two inbound streams from one peer the same way. A peer that opens many is bounded
+        by this cap (what it holds open) and charged past ``streams_opened_per_min``."""
+        held = self._held.setdefault(key, [])
+        while len(held) >= cap:
+            held.pop(0).cancel()
+        held.append(scope)
+
+    def _unhold(self, key: tuple[str, str], scope: trio.CancelScope) -> None:
+        held = self._held.get(key, [])
+        if scope in held:
+            held.remove(scope)
+        if not held:
+            self._held.pop(key, None)
 
     async def _failed(self, net_stream: INetStream, peer: str, protocol: str,
                       exc: Exception, *, ours: bool) -> None:

@@ -550,18 +550,14 @@ async def test_gossip_stream_faults_are_reported_and_capped() -> None:
         assert faults.kinds == ["oversize", "stall", "undecodable"]
         assert all(detail.endswith(f"on {gossip}") for _, detail in faults.seen)
         # quiet gossip streams are allowed (an honest peer keeps one open), but only so many:
+        # a newer one replaces the oldest (tests/node/test_gossip_streams.py has the floods).
         # a's own pubsub holds one to b on the protocol they agreed, so open on another one
         quiet = "/meshsub/1.0.0"
-        held = [await a.open_stream(b.peer_id, quiet) for _ in range(2)]
-        try:  # refused at once: the reset may even beat the protocol's acknowledgement
-            await _ended(await a.open_stream(b.peer_id, quiet))
-        except TransportError:
-            pass
-        await faults.wait(4)
-        assert faults.seen[-1][0] == "flood" and quiet in faults.seen[-1][1]
-        for stream in held:
+        held = [await a.open_stream(b.peer_id, quiet) for _ in range(3)]
+        await _ended(held[0])
+        for stream in held[1:]:
             await stream.reset()
-        assert b.stream_faults == {"oversize": 1, "stall": 1, "undecodable": 1, "flood": 1}
+        assert b.stream_faults == {"oversize": 1, "stall": 1, "undecodable": 1}
 
 
 @trio_test

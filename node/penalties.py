@@ -23,7 +23,8 @@ replay         5       each identical copy of a unicast frame beyond the allowan
 flood          5       each message over the per-peer rate, each stream over a stream cap or
                        over the streams a peer may open per minute on one protocol (60; the
                        handshake included), each ping or identify push over its per-minute
-                       budget
+                       budget; a gossip stream past its cap is no flood: it replaces the
+                       peer's oldest (py-libp2p abandons streams without closing them)
 =============  ======  =========================================================================
 
 Gossip frames are checked before py-libp2p sees them (node/p2p/frame_checks.py): an RPC with

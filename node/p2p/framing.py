@@ -11,7 +11,8 @@ Deadlines: any frame, once it has started, must arrive within ``NetLimits.read_d
 (a stall), and so must a short-lived stream's first frame; between frames a stream may wait
 ``NetLimits.idle_timeout_s``, or forever on a long-lived stream (gossipsub's, which an honest
 peer keeps open and quiet while nothing is published, and may open before it has anything to
-say; the guard caps how many of them one peer holds open, ``max_gossip_streams_per_peer``).
+say; the guard keeps at most ``max_gossip_streams_per_peer`` of them open per peer, a newer
+one ending the oldest).
 """
 
 from __future__ import annotations

@@ -36,7 +36,9 @@ class NetLimits:
     #: (``max_messages_per_peer_per_s``)
     streams_opened_per_min: int = 60
     #: inbound gossip streams (``/meshsub/1.x``) one peer may hold open at once; an honest
-    #: peer keeps one, and briefly two while it replaces it
+    #: peer writes on one, and opens a new one when it gives its old one up (py-libp2p does
+    #: so without closing the old): a newer stream past this many ends the peer's oldest,
+    #: at no cost (node/p2p/guard.py); opening many costs points past streams_opened_per_min
     max_gossip_streams_per_peer: int = 2
     #: largest gossipsub RPC frame accepted (messages plus control); py-libp2p's default
     gossip_max_rpc_bytes: int = 1 << 20

@@ -45,6 +45,7 @@ from node.p2p import multiaddrs
 from node.p2p.frame_checks import libp2p_framings
 from node.p2p.gossip import Gossip
 from node.p2p.guard import GuardedHost, StreamGuard
+from node.p2p.lag import LagClock
 from node.p2p.link import LinkSpec
 from node.p2p.multiaddrs import AddrError
 from node.p2p.nat import NatService
@@ -99,6 +100,7 @@ class P2PTransport:
         # An inbound request must arrive completely within this long, and its response be
         # written within it, or the stream is reset (a stalled peer cannot pin a handler).
         self._request_io_timeout_s = limits.read_deadline_s
+        self._lag = LagClock()
         route_library_logs("libp2p")  # py-libp2p detached its logger at import
         # every TCP connection behind this link (node/p2p/shaping.py); None: plain TCP
         self._shaper = None if link is None else ShapedTCP(link)
@@ -163,6 +165,7 @@ class P2PTransport:
                 if self.nat is not None:
                     await nursery.start(self.nat.run)
                 nursery.start_soon(self._prune_peerstore)
+                nursery.start_soon(self._lag.run)
                 self._log.info("transport.started", addrs=self.listen_addrs(),
                                link=None if self._shaper is None else str(self._shaper.spec))
                 task_status.started()
@@ -292,10 +295,11 @@ class P2PTransport:
         check_limit(max_request_bytes)
 
         async def serve(stream: NetBulkStream) -> None:
-            with trio.fail_after(self._request_io_timeout_s):
+            # in the loop's own time: our CPU starvation is no stall of the peer's (lag.py)
+            with self._lag.fail_after(self._request_io_timeout_s):
                 request = await read_frame(stream, max_bytes=max_request_bytes)
             response = await handler(stream.peer_id, request)
-            with trio.fail_after(self._request_io_timeout_s):
+            with self._lag.fail_after(self._request_io_timeout_s):
                 await write_frame(stream, response)
 
         # each message is a stream here: the driver meters messages (NetLimits), not streams;

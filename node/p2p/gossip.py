@@ -79,49 +79,6 @@ class _SizedQueues(dict[Any, Any]):
         super().__setitem__(key, queue)
 
 
-class _ResettingPeers(dict[Any, Any]):
-    """py-libp2p's outbound gossip stream per peer (``Pubsub.peers``); a stream py-libp2p
-    drops from it, or replaces in it, is closed (what was written on it is still read: a
-    reset could cut a frame the peer is reading, which it penalizes).
-
-    py-libp2p 0.8.1 forgets a peer's stream when a write on it fails (``_handle_dead_peer``)
-    and opens a new one while the peer stays connected, but never closes the old one: the
-    peer's reader waits on it for ever, one more stream each time (the peer's guard replaces
-    such streams, node/p2p/guard.py; this ends them at the source). Two ``connected`` events
-    racing each register a stream, the later replacing the earlier: the same.
-    """
-
-    def __init__(self, pubsub: Pubsub) -> None:
-        super().__init__()
-        self._pubsub = pubsub
-
-    def __setitem__(self, peer: Any, stream: Any) -> None:
-        old = self.get(peer)
-        super().__setitem__(peer, stream)
-        if old is not None and old is not stream:
-            self._close(old)
-
-    def __delitem__(self, peer: Any) -> None:
-        old = self[peer]
-        super().__delitem__(peer)
-        self._close(old)
-
-    def _close(self, stream: Any) -> None:
-        try:
-            manager = self._pubsub.manager
-        except AttributeError:  # not running (yet): no stream to close either
-            return
-        if manager.is_running:
-            manager.run_task(_close_quietly, stream)
-
-
-async def _close_quietly(stream: Any) -> None:
-    try:
-        await stream.close()
-    except Exception:
-        pass  # gone already: closing is best effort
-
-
 class Gossip:
     """One host's gossipsub router and pubsub, with our subscriptions and publish pacing."""
 
@@ -143,7 +100,6 @@ class Gossip:
         )
         self.pubsub = Pubsub(host, self.router, max_inbound_rpc_size=limits.gossip_max_rpc_bytes)
         self.pubsub.peer_queues = _SizedQueues()
-        self.pubsub.peers = _ResettingPeers(self.pubsub)
         self._guard_push()
         self._subscriptions: set[str] = set()
         self._publish_times: deque[float] = deque()

@@ -37,10 +37,10 @@ def simulate(
     """Simulate SCENARIO (ledger, voting, voting-real, routing, verification, relay, membership,
     distributed, rl, agents, or a .toml file; voting-real answers with the real model, see
     [compute] in simulations/scenario.py; distributed takes --nodes as its stage count, rl as
-    its worker count; agents routes tasks to agents by score and by LinUCB and writes no
-    report files)."""
-    if scenario == "agents":
-        _simulate_agents(0 if seed is None else seed, as_json)
+    its worker count; agents routes tasks to agents by score and by LinUCB, plans answers the
+    shipped word problems in plan mode; these two write no report files)."""
+    if scenario in ("agents", "plans"):
+        _simulate_agents(scenario, 0 if seed is None else seed, as_json)
         return
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -85,18 +85,20 @@ def simulate(
     click.echo(f"report: {json_path}  page: {html_path}  ({wall_s:.1f} s)")
 
 
-def _simulate_agents(seed: int, as_json: bool) -> None:
-    """`symphony simulate agents`: simulations/agents/, printed as one JSON object or a table."""
+def _simulate_agents(scenario: str, seed: int, as_json: bool) -> None:
+    """`symphony simulate agents|plans`: simulations/agents/, printed as one JSON object or a
+    table."""
     from rich.console import Console
     from rich.table import Table
 
     from simulations.agents import run_agents_scenario
+    from simulations.agents.plans import run_plans_scenario
 
-    report = run_agents_scenario(seed)
+    report = (run_plans_scenario if scenario == "plans" else run_agents_scenario)(seed)
     if as_json:
         click.echo(json.dumps(report, sort_keys=True))
         return
-    table = Table(title=f"symphony simulate agents (seed {seed})")
+    table = Table(title=f"symphony simulate {scenario} (seed {seed})")
     table.add_column("figure")
     table.add_column("value", justify="right")
     for key, value in report.items():

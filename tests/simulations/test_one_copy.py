@@ -11,6 +11,9 @@ the simulator's machine hosts (simulations/machines/), and what each produces is
   the same convicted peer, and wait the same Terms grace; the daemon's tasks service and the
   simulator's requester close a bid window early the same way, once every executor the ledger
   knows has bid (``possible_bidders``, given to the one constructor on both sides);
+* plan mode: the tasks service's ``PlanningRequester`` and the simulator's (simulations/agents/
+  plan_world.py), fed the same agents, plans and step answers, produce the same plans, steps
+  run by the same executors and the same vote;
 * relay: the same stored chunks, corrupt chunk and completed version give the same
   ``RELAY_SERVED`` / ``RELAY_BAD_CHUNK`` attestations.
 
@@ -28,6 +31,7 @@ from typing import Any
 import trio
 import trio.testing
 
+from crypto.keys import Identity
 from node.config import fed_config
 from node.market.requester import TasksSection, TasksService
 from node.relay.service import RelaySection, RelayService
@@ -374,3 +378,53 @@ def test_a_relay_yields_the_same_attestations_in_daemon_and_simulator(tmp_path: 
                      kind=AttestationKind.RELAY_SERVED, amount=1),
     ]
     assert daemon == _in_order(list(expected))
+
+
+# ------------------------------------------------------------------ plan mode
+
+
+def daemon_plan_requester(cfg: Any, agents: list[Any]) -> Any:
+    """The tasks service's ``PlanningRequester`` as TasksService builds it, with the
+    simulator's identity, seed and the agents' cards (its ledger's agent host)."""
+    from simulations.agents.plans import cards_of
+
+    cards = cards_of(agents)
+    sections = {"tasks": TasksSection(spare_bids=cfg.spare_bids)}
+    ctx = daemon_context([], identity=Identity.from_seed(b"R" * 32),
+                         rng=random.Random(cfg.seed),
+                         services={"ledger": SimpleNamespace(
+                             machine=None, agents=SimpleNamespace(matchable=cards.get))},
+                         config=SimpleNamespace(section=sections.get))
+    return TasksService(ctx).machine  # type: ignore[arg-type]
+
+
+def _plan_rows(final: dict[str, Any]) -> list[Any]:
+    return [(p["planner"], p["state"], p["answer"], [
+        (s["instruction"], s["requirement"], s["agent"], s["executor"], s["output"],
+         s["peers_tried"]) for s in p["steps"]]) for p in final["plans"]]
+
+
+def test_plans_are_the_same_in_daemon_and_simulator() -> None:
+    """The same small workload (same agents, same plans and step answers, same seed) through
+    the daemon's PlanningRequester and the simulator's: the same plans, the same executors for
+    each step, the same vote."""
+    from models.evalset import load_evalset
+    from models.planset import PLANSET_PATH
+    from simulations.agents.plans import PlansConfig, ask_all, build_world
+
+    cfg = PlansConfig(seed=5, silent_rate=0.2, invalid_rate=0.3)
+    items = load_evalset(PLANSET_PATH)[:3]
+    questions = [(it.id, it.problem.question) for it in items]
+    sim_world, agents = build_world(cfg, know_bidders=False)
+    daemon_world, _ = build_world(cfg, daemon_plan_requester(cfg, agents))
+    assert daemon_world.requester.pipeline.config == sim_world.requester.pipeline.config
+    on_daemon, on_simulator = ask_all(daemon_world, questions), ask_all(sim_world, questions)
+    for d, s in zip(on_daemon, on_simulator, strict=True):
+        assert _plan_rows(d) == _plan_rows(s)
+        assert (d["answer"], d["votes"]) == (s["answer"], s["votes"])
+    assert daemon_world.requester.pipeline.counters == sim_world.requester.pipeline.counters
+    assert daemon_world.requester.counters == sim_world.requester.counters
+    # the workload did something: plans ran and were voted, some replanned or rerouted
+    assert all(f["phase"] == "done" and f["plans"] for f in on_daemon)
+    counters = sim_world.requester.pipeline.counters
+    assert counters["plans_valid"] >= 3 and counters.get("replans", 0) >= 1

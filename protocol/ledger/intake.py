@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
 
 from crypto.envelope import Envelope
 from crypto.peer_id import peer_id_from_public_key
@@ -67,6 +68,21 @@ MAX_TRACKED_PEERS = 4096
 OTHER_PEERS = "*"
 
 
+class _Held(Protocol):
+    @property
+    def hash(self) -> bytes: ...
+
+
+class _Signed(Protocol):
+    @property
+    def peer_id(self) -> str: ...
+    @property
+    def seq(self) -> int: ...
+
+
+R = TypeVar("R", bound=_Signed)
+
+
 @dataclass(slots=True)
 class RateLimiter:
     """Token bucket per peer: ``per_minute`` tokens a minute, bursts up to ``per_minute``."""
@@ -99,6 +115,18 @@ def _items(push: LedgerPush) -> int:
 
 def _count(counts: dict[Rejection, int], reason: Rejection) -> None:
     counts[reason] = counts.get(reason, 0) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Kind(Generic[R]):
+    """One kind of signed record a push carries (capabilities, agent cards): the held copy
+    of a signer's record, how one is checked, merged and stored, what to do with our own."""
+
+    held: Callable[[str], _Held | None]
+    open: Callable[[Envelope, int], R]
+    merge: Callable[[Envelope, R, bytes, int], bool]
+    store: Callable[[Envelope, R], Effect]
+    on_own: Callable[[int], None]
 
 
 class LedgerIntake:
@@ -143,6 +171,12 @@ class LedgerIntake:
         self._signed_capability = memo(signed_capability)
         self._signed_attestation = memo(signed_attestation)
         self._peer_id_of = memo(peer_id_from_public_key)
+        self._kinds = (
+            _Kind(state.records.get, self.open_record, state.merge_record, StoreCapability,
+                  on_own_record),
+            _Kind(state.cards.held.get, self.open_cards, state.cards.merge, StoreAgentCards,
+                  on_own_cards),
+        )
 
     def on_gossip(self, peer: str, msg: Message, now: int) -> list[Effect]:
         """A message on the ledger topic: an unsolicited push, merged item by item.
@@ -241,9 +275,10 @@ class LedgerIntake:
     ) -> tuple[int, list[bytes]]:
         """Merge a push: (new items, hashes of refused or evicted attestations)."""
         refused: list[bytes] = []
-        new = self._merge_records(push.records, now, effects, rejected)
+        records, cards = self._kinds
+        new = self._merge_signed(records, push.records, now, effects, rejected)
         if push.agents:
-            new += self._merge_cards(push.agents, now, effects, rejected)
+            new += self._merge_signed(cards, push.agents, now, effects, rejected)
         new += self._merge_attestations(
             peer, push.attestations, now, solicited, effects, rejected, refused
         )
@@ -251,64 +286,29 @@ class LedgerIntake:
         self.accepted = new if accepted is None else accepted + new
         return new, refused
 
-    def _merge_records(
+    def _merge_signed(
         self,
+        kind: _Kind[Any],
         envelopes: tuple[Envelope, ...],
         now: int,
         effects: list[Effect],
         rejected: dict[Rejection, int],
     ) -> int:
-        """Check and merge pushed capability records: how many were new."""
+        """Check and merge pushed capability or agent-card records: how many were new."""
         new = 0
-        state = self.state
-        envelope_hash, signed = self._envelope_hash, self._signed_capability
+        envelope_hash, signers = self._envelope_hash, self._signers
         for env in envelopes:
             h = envelope_hash(env)
-            signer = self._signers.get(env.public_key) or self.signer(env)
-            held = state.records.get(signer)
+            held = kind.held(signers.get(env.public_key) or self.signer(env))
             if held is not None and held.hash == h:
                 continue
             try:
-                rec = open_capability(
-                    env,
-                    self.network_id,
-                    now,
-                    signer,
-                    self.config.max_record_ttl_ms,
-                    self.config.clock_skew_ms,
-                    signed,
-                )
-                if state.merge_record(env, rec, h, now):
+                rec = kind.open(env, now)
+                if kind.merge(env, rec, h, now):
                     new += 1
-                    effects.append(tuple.__new__(StoreCapability, (env, rec)))  # (as below)
+                    effects.append(kind.store(env, rec))
                     if rec.peer_id == self.peer_id:  # ours from a previous life: move past it
-                        self._on_own_record(rec.seq)
-            except Rejected as exc:
-                _count(rejected, exc.reason)
-        return new
-
-    def _merge_cards(
-        self,
-        envelopes: tuple[Envelope, ...],
-        now: int,
-        effects: list[Effect],
-        rejected: dict[Rejection, int],
-    ) -> int:
-        """Check and merge pushed agent-card records: how many were new."""
-        new = 0
-        cards = self.state.cards
-        for env in envelopes:
-            h = self._envelope_hash(env)
-            held = cards.held.get(self.signer(env))
-            if held is not None and held.hash == h:
-                continue
-            try:
-                rec = self.open_cards(env, now)
-                if cards.merge(env, rec, h, now):
-                    new += 1
-                    effects.append(StoreAgentCards(env, rec))
-                    if rec.peer_id == self.peer_id:  # ours from a previous life: move past it
-                        self._on_own_cards(rec.seq)
+                        kind.on_own(rec.seq)
             except Rejected as exc:
                 _count(rejected, exc.reason)
         return new

@@ -26,11 +26,11 @@ Contract (the simulator's side of node/transport.py, at the level of machine eff
 from __future__ import annotations
 
 from protocol.codec import Message, encode
-from protocol.machine import DialFailed, SendFailed
+from protocol.machine import DialFailed, Received, SendFailed
 from simulations.network import SMALL_MESSAGE_BYTES
 from simulations.node import MachineSlot, NodeHost, VirtualNode
 from simulations.wire.frames import Frames
-from simulations.wire.gossip import HopByHop, PlannedFloods
+from simulations.wire.gossip import HopByHop, PlannedFloods, Publication
 
 #: a connect (TCP + Noise + yamux + identify) costs this many round trips
 CONNECT_RTTS = 3
@@ -260,11 +260,15 @@ class SimTransport:
         payload, size = self.frames.frame(message)
         self.swarm.metrics.count("gossip_published")
         fanout = None if topic in node.topic_slots else self._fanout(node, topic)
+        # without wire bytes every node is handed the same (immutable) event, as it gets the
+        # same object
+        event = None if self.wire_bytes else Received(node.peer_id, message, topic)
+        pub = Publication(node, topic, payload, size, fanout, event)
         if size <= SMALL_MESSAGE_BYTES and (not self.wire_bytes or self.frames.decodes(payload)):
-            self.floods.publish(node, topic, message, payload, size, fanout)
+            self.floods.publish(pub)
             return
         # big frames queue on links, and garbage is refused by the first hop: copy by copy
-        self.hops.publish(node, topic, message, payload, size, fanout)
+        self.hops.publish(pub)
 
     def flush_traffic(self) -> None:
         """Count the traffic of planned floods still in flight, for the nodes that have them."""

@@ -25,10 +25,10 @@ Contract (the simulator's side of gossipsub, at the level of ``Publish`` effects
 from __future__ import annotations
 
 from array import array
+from typing import NamedTuple
 
 import numpy as np
 
-from protocol.codec import Message
 from protocol.machine import Received
 from simulations.node import NodeHost, VirtualNode
 from simulations.wire.flood import NEVER, Flood, FloodPlanner, account
@@ -36,6 +36,19 @@ from simulations.wire.frames import Frames
 
 #: gossip ids are forgotten this long after publishing (the seen-cache TTL)
 SEEN_TTL_US = 120 * 1_000_000
+
+
+class Publication(NamedTuple):
+    """One message a node publishes, framed once for either way of carrying it."""
+
+    node: VirtualNode
+    topic: str
+    payload: object
+    size: int
+    #: the peers a publisher not subscribed to ``topic`` sends to (None: its mesh)
+    fanout: list[int] | None
+    #: the event every node is handed (None with wire bytes: each node decodes its copy)
+    event: Received | None
 
 
 class PlannedFloods:
@@ -60,24 +73,14 @@ class PlannedFloods:
         self.planner.touch(index, topic)
         self.network_changed()
 
-    def publish(
-        self,
-        node: VirtualNode,
-        topic: str,
-        message: Message,
-        payload: object,
-        size: int,
-        fanout: list[int] | None,
-    ) -> None:
-        """Plan ``node``'s flood of ``message`` (to ``fanout`` if it is not subscribed)."""
+    def publish(self, pub: Publication) -> None:
+        """Plan ``pub``'s flood (to its fanout if the publisher is not subscribed)."""
         if self.stale:
             self._replan()
-        host = self.host
-        flood = Flood(topic, node.peer_id, node.index, payload, size, len(host.nodes))
-        if not self.frames.wire_bytes:
-            # every node is handed the same (immutable) event, as it gets the same object
-            flood.event = Received(node.peer_id, message, topic)
-        self.planner.plan(flood, host.loop.now_us, host.nodes, fanout)
+        host, node = self.host, pub.node
+        flood = Flood(pub.topic, node.peer_id, node.index, pub.payload, pub.size, len(host.nodes))
+        flood.event = pub.event
+        self.planner.plan(flood, host.loop.now_us, host.nodes, pub.fanout)
         self.floods.append(flood)
         self._schedule(flood)
 
@@ -198,27 +201,18 @@ class HopByHop:
         self._seen: dict[int, _Gossip] = {}
         self._next_gossip_id = 0
 
-    def publish(
-        self,
-        node: VirtualNode,
-        topic: str,
-        message: Message,
-        payload: object,
-        size: int,
-        fanout: list[int] | None,
-    ) -> None:
-        """``node`` sends ``message`` to its mesh (to ``fanout`` if it is not subscribed)."""
-        host = self.host
+    def publish(self, pub: Publication) -> None:
+        """Send ``pub`` to the publisher's mesh (to its fanout if it is not subscribed)."""
+        host, node = self.host, pub.node
         gid = self._next_gossip_id
         self._next_gossip_id += 1
-        gossip = _Gossip(topic, node.peer_id, payload, size, len(host.nodes))
-        if not self.frames.wire_bytes:
-            # every node is handed the same (immutable) event, as it gets the same object
-            gossip.event = Received(node.peer_id, message, topic)
+        gossip = _Gossip(pub.topic, node.peer_id, pub.payload, pub.size, len(host.nodes))
+        gossip.event = pub.event
         gossip.arrival[node.index] = -1
         self._seen[gid] = gossip
         host.loop.after(SEEN_TTL_US, self._forget, gid)
-        self._forward(node, -1, gossip, node.mesh.get(topic) if fanout is None else fanout)
+        fanout = pub.fanout
+        self._forward(node, -1, gossip, node.mesh.get(pub.topic) if fanout is None else fanout)
 
     def _forward(
         self, node: VirtualNode, came_from: int, gossip: _Gossip, mesh: list[int] | None

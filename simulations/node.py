@@ -240,19 +240,7 @@ class VirtualNode:
             perform = swarm.perform
             for effect in effects:
                 perform(self, slot, effect)
-        # self.arm(slot), inlined: this runs once per delivered message
-        deadline = slot.machine.next_deadline()
-        if deadline is None:
-            return
-        loop = swarm.loop
-        at_us = (deadline - swarm.epoch_ms) * 1000
-        if at_us < loop.now_us:
-            at_us = loop.now_us
-        armed = slot.armed_us
-        if armed is not None and armed <= at_us:
-            return
-        slot.armed_us = at_us
-        loop.at(at_us, self._wake, slot, self.epoch)
+        self.arm(slot)
 
     def feed_all(self, event: object) -> None:
         for slot in list(self.slots.values()):

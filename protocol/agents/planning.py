@@ -22,8 +22,7 @@ from protocol.agents.plan_runs import ChildFinished, SubmitPlanTask, child_finis
 from protocol.errors import LocalProtocolError
 from protocol.machine import Effect, Tick
 from protocol.market.auction import Auction, CancelTask, Reward, SubmitTask, TaskUpdated
-from protocol.market.progress import ProgressBook
-from protocol.market.state import OpenTask
+from protocol.market.views import AuctionViews
 from protocol.verification.requester import VerifiedAuction
 
 #: rounds of routing between the two machines one event may cause (a child's end starts the
@@ -31,26 +30,12 @@ from protocol.verification.requester import VerifiedAuction
 MAX_ROUTING = 64
 
 
-class PlanningRequester:
+class PlanningRequester(AuctionViews):
+    auction: Auction | VerifiedAuction
+
     def __init__(self, auction: Auction | VerifiedAuction, pipeline: PlanPipeline) -> None:
         self.auction = auction
         self.pipeline = pipeline
-
-    # the auction's views, which the daemon's task service reads
-    @property
-    def tasks(self) -> dict[bytes, OpenTask]:
-        return self.auction.tasks
-
-    @property
-    def counters(self) -> dict[str, int]:
-        return self.auction.counters
-
-    @property
-    def progress(self) -> ProgressBook:
-        return self.auction.progress
-
-    def open_tasks(self) -> list[OpenTask]:
-        return self.auction.open_tasks()
 
     def handle(self, event: object, now: int) -> list[Effect]:
         if isinstance(event, (SubmitPlanTask, ChildFinished)):

@@ -63,10 +63,10 @@ from protocol.machine import Effect, Emit, Received, Send, Tick
 from protocol.market.auction import Auction
 from protocol.market.events import AuctionConfig, TaskUpdated
 from protocol.market.messages import Assign, AssignBody, Result
-from protocol.market.progress import ProgressBook
 from protocol.market.refusals import count
 from protocol.market.selection import Selector
 from protocol.market.state import OpenTask, TaskSnapshot
+from protocol.market.views import AuctionViews
 from protocol.market.voting import VoteRule
 from protocol.verification.commits import CommitReveal
 from protocol.verification.messages import (
@@ -91,7 +91,9 @@ from protocol.verification.verdicts import VerdictChecks
 __all__ = ["VerifiedAuction", "VerifyConfig"]
 
 
-class VerifiedAuction:
+class VerifiedAuction(AuctionViews):
+    auction: Auction
+
     def __init__(
         self,
         identity: Identity,
@@ -122,21 +124,6 @@ class VerifiedAuction:
         self.commits = CommitReveal(self.auction, self.verify, self.vtasks, self.verdicts)
 
     # ------------------------------------------------------------------ what drivers read
-
-    @property
-    def tasks(self) -> dict[bytes, OpenTask]:
-        return self.auction.tasks
-
-    @property
-    def counters(self) -> dict[str, int]:
-        return self.auction.counters
-
-    @property
-    def progress(self) -> ProgressBook:
-        return self.auction.progress
-
-    def open_tasks(self) -> list[OpenTask]:
-        return self.auction.open_tasks()
 
     @property
     def exclusions(self) -> dict[str, int]:

@@ -74,13 +74,15 @@ class _Held(Protocol):
 
 
 class _Signed(Protocol):
+    """A signed record that names its author and its sequence number."""
+
     @property
     def peer_id(self) -> str: ...
     @property
     def seq(self) -> int: ...
 
 
-R = TypeVar("R", bound=_Signed)
+SignedT = TypeVar("SignedT", bound=_Signed)
 
 
 @dataclass(slots=True)
@@ -118,14 +120,14 @@ def _count(counts: dict[Rejection, int], reason: Rejection) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class _Kind(Generic[R]):
+class _Kind(Generic[SignedT]):
     """One kind of signed record a push carries (capabilities, agent cards): the held copy
     of a signer's record, how one is checked, merged and stored, what to do with our own."""
 
     held: Callable[[str], _Held | None]
-    open: Callable[[Envelope, int], R]
-    merge: Callable[[Envelope, R, bytes, int], bool]
-    store: Callable[[Envelope, R], Effect]
+    open: Callable[[Envelope, int], SignedT]
+    merge: Callable[[Envelope, SignedT, bytes, int], bool]
+    store: Callable[[Envelope, SignedT], Effect]
     on_own: Callable[[int], None]
 
 

@@ -8,11 +8,11 @@ evicted by content hash, so the store can delete them. No effects are produced.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from crypto.envelope import Envelope, EnvelopeError
-from protocol.ledger.intake import LedgerIntake
+from protocol.ledger.intake import LedgerIntake, SignedT
 from protocol.ledger.records import Rejected
 from protocol.ledger.state import LedgerState
 
@@ -44,17 +44,9 @@ def restore_envelopes(
 ) -> RestoreReport:
     """Check and merge stored envelopes into ``state`` (``now``: Unix epoch ms)."""
     report = RestoreReport()
-    for data in records:
-        try:
-            env = Envelope.decode(data)
-            rec = intake.open_record(env, now)
-            state.merge_record(env, rec, env.content_hash, now)
-        except (EnvelopeError, Rejected):
-            report.stale_records.append(data)
-            continue
-        report.records += 1
-        if rec.peer_id == own_peer_id:
-            report.own_seq = max(report.own_seq, rec.seq)
+    report.records, report.own_seq = _restore_signed(
+        records, intake.open_record, state.merge_record, now, own_peer_id, report.stale_records
+    )
     for data in attestations:
         try:
             env = Envelope.decode(data)
@@ -66,15 +58,33 @@ def restore_envelopes(
             continue
         report.attestations += 1
         report.evicted.extend(evicted)
-    for data in agents:
+    report.agents, report.own_cards_seq = _restore_signed(
+        agents, intake.open_cards, state.cards.merge, now, own_peer_id, report.stale_agents
+    )
+    return report
+
+
+def _restore_signed(
+    blobs: Iterable[bytes],
+    open_: Callable[[Envelope, int], SignedT],
+    merge: Callable[[Envelope, SignedT, bytes, int], object],
+    now: int,
+    own_peer_id: str,
+    stale: list[bytes],
+) -> tuple[int, int]:
+    """Check and merge stored capability or agent-card records: (how many passed, the highest
+    seq of our own among them, 0: none); the bytes of those that no longer pass go to
+    ``stale``."""
+    merged = own_seq = 0
+    for data in blobs:
         try:
             env = Envelope.decode(data)
-            cards = intake.open_cards(env, now)
-            state.cards.merge(env, cards, env.content_hash, now)
+            rec = open_(env, now)
+            merge(env, rec, env.content_hash, now)
         except (EnvelopeError, Rejected):
-            report.stale_agents.append(data)
+            stale.append(data)
             continue
-        report.agents += 1
-        if cards.peer_id == own_peer_id:
-            report.own_cards_seq = max(report.own_cards_seq, cards.seq)
-    return report
+        merged += 1
+        if rec.peer_id == own_peer_id:
+            own_seq = max(own_seq, rec.seq)
+    return merged, own_seq

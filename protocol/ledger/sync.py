@@ -19,7 +19,7 @@ a session always ends, whatever the peer sends.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from crypto.envelope import Envelope
 from protocol.errors import LocalProtocolError
@@ -171,16 +171,7 @@ class SyncSessions:
         d = self.state.digest(now)
         if not reply:
             return Send(peer, d)  # the state's (shared) digest: reply is false in it
-        return Send(
-            peer,
-            LedgerDigest(
-                records=d.records,
-                attestation_count=d.attestation_count,
-                attestation_buckets=d.attestation_buckets,
-                reply=True,
-                agents=d.agents,
-            ),
-        )
+        return Send(peer, replace(d, reply=True))
 
     def on_digest(self, peer: str, d: LedgerDigest, now: int) -> list[Effect]:
         ours = self.state.digest(now)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from crypto.keys import Identity
 from protocol.agents.wire import AgentMatch, has_need
-from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored, seal
+from protocol.envelopes import seal
 from protocol.machine import Effect, Emit, Publish, Send
 from protocol.market.events import AuctionConfig, TaskUpdated
 from protocol.market.messages import (
@@ -54,7 +54,7 @@ from protocol.market.messages import (
     BidBody,
     Cancel,
 )
-from protocol.market.refusals import count, rejecter
+from protocol.market.refusals import count, opened, rejecter
 from protocol.market.selection import Candidate, Selector
 from protocol.market.state import (
     Attempt,
@@ -150,11 +150,10 @@ class Bidding:
 
         if self._rate_limited(peer, now):
             return reject("rate_limited", PENALTY_RATE)
-        try:
-            body = open_authored(msg.envelope, BID_DOMAIN, BidBody,
-                                 self.config.max_frame, sender=peer, author=lambda b: b.bidder)
-        except Unopened as refused:
-            return reject(refused.why, PENALTY_FORGED)
+        body = opened(msg.envelope, BID_DOMAIN, BidBody, self.config.max_frame, peer,
+                      lambda b: b.bidder, reject)
+        if isinstance(body, list):
+            return body
         task = tasks.get(body.task_id)
         if task is None:
             return reject("unknown_task")

@@ -11,12 +11,16 @@ it is not the sender's (a forgery).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
-from protocol.envelopes import PENALTY_FORGED
+from crypto.envelope import Envelope
+from protocol.codec import Message
+from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored
 from protocol.machine import Effect, Emit, Penalize
 from protocol.market.state import Attempt, OpenTask
 
 Reject = Callable[..., list[Effect]]
+B = TypeVar("B", bound=Message)
 
 
 def count(counters: dict[str, int], what: str) -> None:
@@ -36,6 +40,17 @@ def rejecter(counters: dict[str, int], scope: str, noun: str, peer: str) -> Reje
         return out
 
     return reject
+
+
+def opened(envelope: Envelope, domain: str, body_type: type[B], max_frame: int, peer: str,
+           author: Callable[[B], str], reject: Reject) -> B | list[Effect]:
+    """The body in ``envelope`` when its ``author`` signed it and is ``peer``, who sent it
+    (protocol.envelopes.open_authored); else the refusal's effects (invalid or forged, each
+    penalized as a forgery)."""
+    try:
+        return open_authored(envelope, domain, body_type, max_frame, sender=peer, author=author)
+    except Unopened as refused:
+        return reject(refused.why, PENALTY_FORGED)
 
 
 def assigned(tasks: dict[bytes, OpenTask], peer: str, task_id: bytes, number: int,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from protocol.answers import AnswerType, normalize_answer
-from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored
+from protocol.envelopes import PENALTY_FORGED
 from protocol.machine import Effect, Emit, Send
 from protocol.market.events import (
     COMPLETED,
@@ -30,7 +30,7 @@ from protocol.market.events import (
     TaskUpdated,
 )
 from protocol.market.messages import RESULT_DOMAIN, Cancel, Result, ResultBody
-from protocol.market.refusals import assigned, count, rejecter
+from protocol.market.refusals import assigned, count, opened, rejecter
 from protocol.market.selection import Selector
 from protocol.market.state import (
     Attempt,
@@ -79,12 +79,10 @@ class ResultIntake:
     def check(self, peer: str, msg: Result, tasks: dict[bytes, OpenTask],
               now: int) -> ResultInfo | Refused:
         reject = rejecter(self.counters, "task", "result", peer)
-
-        try:
-            body = open_authored(msg.envelope, RESULT_DOMAIN, ResultBody,
-                                 self.config.max_frame, sender=peer, author=lambda b: b.executor)
-        except Unopened as refused:
-            return Refused(reject(refused.why, PENALTY_FORGED))
+        body = opened(msg.envelope, RESULT_DOMAIN, ResultBody, self.config.max_frame, peer,
+                      lambda b: b.executor, reject)
+        if isinstance(body, list):
+            return Refused(body)
         found = assigned(tasks, peer, body.task_id, body.attempt, reject)
         if isinstance(found, list):
             return Refused(found)

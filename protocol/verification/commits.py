@@ -12,13 +12,13 @@ convicted there (``VerdictChecks.convict``).
 from __future__ import annotations
 
 from crypto.merkle import merkle_root
-from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored, open_envelope
+from protocol.envelopes import open_envelope
 from protocol.errors import InvalidMessage
 from protocol.machine import Effect, Emit, Send
 from protocol.market.auction import Auction
 from protocol.market.events import FAILED, TaskUpdated
 from protocol.market.messages import RESULT_DOMAIN, Result, ResultBody
-from protocol.market.refusals import assigned, count, rejecter
+from protocol.market.refusals import assigned, count, opened, rejecter
 from protocol.market.state import Attempt, AttemptState, OpenTask, snapshot
 from protocol.verification.messages import (
     COMMIT_DOMAIN,
@@ -61,13 +61,10 @@ class CommitReveal:
 
     def on_commit(self, peer: str, msg: Commit, now: int) -> list[Effect]:
         reject = rejecter(self.auction.counters, "verify", "commit", peer)
-
-        try:
-            body = open_authored(msg.envelope, COMMIT_DOMAIN, CommitBody,
-                                 self.auction.config.max_frame, sender=peer,
-                                 author=lambda b: b.executor)
-        except Unopened as refused:
-            return reject(refused.why, PENALTY_FORGED)
+        body = opened(msg.envelope, COMMIT_DOMAIN, CommitBody, self.auction.config.max_frame,
+                      peer, lambda b: b.executor, reject)
+        if isinstance(body, list):
+            return body
         found = assigned(self.auction.tasks, peer, body.task_id, body.attempt, reject)
         if isinstance(found, list):
             return found

@@ -27,13 +27,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from crypto.merkle import merkle_proof
-from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored, seal
+from protocol.envelopes import seal
 from protocol.ledger.events import Attest as LedgerAttest
 from protocol.ledger.records import AttestationKind
 from protocol.machine import Effect, Emit, Send
 from protocol.market.auction import Auction
 from protocol.market.events import TaskUpdated
-from protocol.market.refusals import count, rejecter
+from protocol.market.refusals import count, opened, rejecter
 from protocol.market.state import Attempt, AttemptState, OpenTask, ResultInfo, snapshot
 from protocol.verification.messages import (
     CHECK_DOMAIN,
@@ -164,13 +164,10 @@ class VerdictChecks:
 
     def on_verdict(self, peer: str, msg: Verdict, now: int) -> list[Effect]:
         reject = rejecter(self.auction.counters, "verify", "verdict", peer)
-
-        try:
-            body = open_authored(msg.envelope, VERDICT_DOMAIN, VerdictBody,
-                                 self.auction.config.max_frame, sender=peer,
-                                 author=lambda b: b.verifier)
-        except Unopened as refused:
-            return reject(refused.why, PENALTY_FORGED)
+        body = opened(msg.envelope, VERDICT_DOMAIN, VerdictBody, self.auction.config.max_frame,
+                      peer, lambda b: b.verifier, reject)
+        if isinstance(body, list):
+            return body
         check = self.checks.get((body.task_id, body.attempt))
         task = self.auction.tasks.get(body.task_id)
         wanted = check.outstanding.get(peer) if check is not None else None

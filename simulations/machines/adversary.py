@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from crypto.hashing import digest
 from protocol.machine import Send, Tick
@@ -123,12 +123,22 @@ class LazyExecutor(Behaviour):
         return out
 
 
-class AnswerRewriter(Behaviour):
-    """Base of the executors that lie about answers: it remembers each task's question when the
-    computation starts and lets ``rewrite`` replace the honest ``ComputeDone``."""
+class Liar(Protocol):
+    """How an executor lies about its answers: ``rewrite`` replaces the honest result."""
 
-    def __init__(self) -> None:
+    label: str
+
+    def rewrite(self, node: VirtualNode, done: ComputeDone, question: str) -> ComputeDone: ...
+
+
+class AnswerRewriter(Behaviour):
+    """An executor that lies about answers the way ``liar`` does: it remembers each task's
+    question when the computation starts and has ``liar`` replace the honest ``ComputeDone``."""
+
+    def __init__(self, liar: Liar) -> None:
         self._questions: dict[bytes, str] = {}
+        self.liar = liar
+        self.label = liar.label
 
     def on_effects(self, node: VirtualNode, effects: list[object], now: int) -> list[object]:
         for effect in effects:
@@ -138,18 +148,14 @@ class AnswerRewriter(Behaviour):
 
     def on_event(self, node: VirtualNode, event: object, now: int) -> list[object]:
         if isinstance(event, ComputeDone):
-            return [self.rewrite(node, event, self._questions.pop(event.task_id, ""))]
+            return [self.liar.rewrite(node, event, self._questions.pop(event.task_id, ""))]
         return [event]
 
-    def rewrite(self, node: VirtualNode, done: ComputeDone, question: str) -> ComputeDone:
-        raise NotImplementedError
 
-
-class WrongExecutor(AnswerRewriter):
+class WrongExecutor:
     label = "wrong"
 
     def __init__(self, cost: CostModel) -> None:
-        super().__init__()
         self.cost = cost
 
     def rewrite(self, node: VirtualNode, done: ComputeDone, question: str) -> ComputeDone:
@@ -159,11 +165,10 @@ class WrongExecutor(AnswerRewriter):
         return replace(done, answer=q.distractors[0], confidence=0.99)
 
 
-class ColludingVoter(AnswerRewriter):
+class ColludingVoter:
     label = "colluder"
 
     def __init__(self, group: str) -> None:
-        super().__init__()
         self.group = group
 
     def rewrite(self, node: VirtualNode, done: ComputeDone, question: str) -> ComputeDone:
@@ -186,13 +191,12 @@ class BidSpammer(Behaviour):
         return out
 
 
-class ModelSwapper(AnswerRewriter):
+class ModelSwapper:
     """Computes with a cheaper model than it advertises (answers from ``skill``)."""
 
     label = "model_swapper"
 
     def __init__(self, cost: CostModel, skill: float, other_model: str = "cheap-model") -> None:
-        super().__init__()
         self.cost = cost
         self.skill = skill
         self.other_model = other_model

@@ -22,6 +22,7 @@ from protocol.market.selection import ScoreSelector, Selector
 from protocol.market.voting import WEIGHT_FLOOR, Ballot, VoteRule
 from simulations.compute.cost import DEVICES, CostModel, ExecutorProfile, model_hash
 from simulations.machines.adversary import (
+    AnswerRewriter,
     Behaviour,
     BidSpammer,
     ColludingVoter,
@@ -147,13 +148,13 @@ class MarketSpecs:
         if kind == "lazy":
             return LazyExecutor()
         if kind == "wrong":
-            return WrongExecutor(self.cost)
+            return AnswerRewriter(WrongExecutor(self.cost))
         if kind in ("colluder", "sybil"):
-            return ColludingVoter("coalition")
+            return AnswerRewriter(ColludingVoter("coalition"))
         if kind == "bid_spammer":
             return BidSpammer()
         if kind == "model_swapper":
-            return ModelSwapper(self.cost, skill=0.3)
+            return AnswerRewriter(ModelSwapper(self.cost, skill=0.3))
         return None
 
     def ledger_behaviour(self, node: VirtualNode) -> Behaviour | None:

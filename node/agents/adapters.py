@@ -91,7 +91,11 @@ class AgentAdapters:
         assert agent.adapter is not None
         path = agent.adapter_path
         if path is not None:
-            key = await trio.to_thread.run_sync(file_adapter_hash, path)
+            try:
+                key = await trio.to_thread.run_sync(file_adapter_hash, path)
+            except OSError as exc:  # the file went away since the config was read
+                self.states[agent.name] = f"failed: cannot read adapter {path}: {exc}"
+                return
             await self._load(key, path, [agent.name])
         elif HASH_PATTERN.fullmatch(agent.adapter) is None:
             self.states[agent.name] = (f"failed: adapter {agent.adapter!r} is neither a file nor "

@@ -30,7 +30,10 @@
   (``AgentRunner.context``: the operator's tool policy, the requester's peer id), then the
   solver answers with that context (``solve(..., system_prompt=, tool_calls=)``), which the
   result carries and verifiers rebuild; the default generalist answers with the solver's
-  plain ``solve``, as before agents.
+  plain ``solve``, as before agents. An agent on a LoRA adapter (its card names the adapter's
+  content hash) bids once node/agents/adapters.py has loaded the adapter into the solver
+  (from its file, or fetched through the relay and checked against the hash), and answers
+  with ``solve(..., adapter=)``; the status says for each such agent why it does not bid yet.
 * Sampling is the requester's choice, carried by the task (temperature, top-p, seed base,
   stop strings); the executor has no temperature of its own.
 """

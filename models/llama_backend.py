@@ -166,6 +166,31 @@ class LlamaCppBackend(Backend):
         except ValueError:
             return None
 
+    def load_adapter(self, path: str) -> object:
+        """Load a llama.cpp LoRA GGUF beside the base weights (blocking); its handle for
+        :meth:`use_adapter`. ValueError when llama.cpp refuses the file (not a LoRA GGUF, or
+        made for another base model); llama.cpp frees a model's adapters with the model."""
+        ptr = self._llama_cpp.llama_adapter_lora_init(self.llm.model, str(path).encode())
+        if not ptr:
+            raise ValueError(f"llama.cpp refused the LoRA adapter {path} (not a LoRA GGUF, "
+                             "or made for another base model)")
+        return ptr
+
+    def use_adapter(self, adapter: object | None) -> None:
+        """Apply ``adapter`` (a :meth:`load_adapter` handle) at scale 1 to every generation
+        from now on, or none (None: the base model)."""
+        import ctypes
+
+        ctx = self.llm._ctx.ctx
+        if adapter is None:
+            rc = self._llama_cpp.llama_set_adapters_lora(ctx, None, 0, None)
+        else:
+            handles = (self._llama_cpp.llama_adapter_lora_p_ctypes * 1)(adapter)
+            rc = self._llama_cpp.llama_set_adapters_lora(ctx, handles, 1,
+                                                          (ctypes.c_float * 1)(1.0))
+        if rc != 0:
+            raise RuntimeError(f"llama_set_adapters_lora failed ({rc})")
+
     def close(self) -> None:
         """Free the llama.cpp contexts now (their finalizers can fail at interpreter exit)."""
         for llm in (self._scorer, self.llm):

@@ -69,11 +69,27 @@ class ModelsSolver:
         #: its own seed per task from the task id and this salt (the simulator's scenarios)
         self._salt = salt
         self._lock = threading.Lock()
+        #: LoRA adapters loaded beside the base model (llama.cpp only), by content hash
+        self._adapters: dict[str, object] = {}
 
     @property
     def lock(self) -> threading.Lock:
         """Held while the backend runs: whoever else uses the backend holds it too."""
         return self._lock
+
+    def add_adapter(self, key: str, path: Path) -> None:
+        """Load the LoRA adapter file ``path`` as ``key`` (its content hash), for agents that
+        run on it (blocking). ValueError when the backend cannot take adapters or refuses
+        this one (models/llama_backend.py)."""
+        load = getattr(self.backend, "load_adapter", None)
+        if load is None:
+            raise ValueError(f"the {self.backend.kind} backend cannot apply LoRA adapters")
+        with self._lock:
+            if key not in self._adapters:
+                self._adapters[key] = load(str(path))
+
+    def has_adapter(self, key: str) -> bool:
+        return key in self._adapters
 
     def temperature_for(self, task: TaskSpec) -> float:
         return task.temperature if self.temperature is None else self.temperature
@@ -127,10 +143,12 @@ class ModelsSolver:
 
     def solve(self, task: TaskSpec, model: str, max_tokens: int, attempt: int = 0, *,
               system_prompt: str = "", tool_calls: tuple[ToolCallRecord, ...] = (),
-              on_text: Callable[[str], None] | None = None) -> ComputeDone:
+              on_text: Callable[[str], None] | None = None,
+              adapter: str | None = None) -> ComputeDone:
         """Answer ``task`` as the executor of ``attempt`` (which picks the sampling seed), as
-        an agent with ``system_prompt`` that made ``tool_calls`` (models.cot.problem_of);
-        ``on_text`` gets the text generated so far after each token (token streaming)."""
+        an agent with ``system_prompt`` that made ``tool_calls`` (models.cot.problem_of), on
+        the loaded LoRA ``adapter`` (its key; None: the base model); ``on_text`` gets the
+        text generated so far after each token (token streaming)."""
         from models.cot import problem_of, solve
 
         problem = problem_of(task, system_prompt, tool_calls)
@@ -141,16 +159,22 @@ class ModelsSolver:
             # learn their estimate from compute_ms
             started = time.perf_counter()
             self._capture_states()
-            sol = solve(self.backend, problem, max_tokens=max_tokens,
-                        temperature=self.temperature_for(task), top_p=task.top_p,
-                        stop=task.stop, seed=self.seed_for(task, attempt), on_text=on_text)
-            made = Commitments((), b"", 0)
-            if self.fingerprints and self.states is not None:
-                made = commitments_for(self.backend, sol.prompt_token_ids, sol.token_ids,
-                                       self.states, task.task_id)
-            elif self.fingerprints:
-                made = Commitments(fingerprints_for(self.backend, sol.prompt_token_ids,
-                                                    sol.token_ids), b"", 0)
+            if adapter is not None:  # after the capture, which rebuilds the context
+                self.backend.use_adapter(self._adapters[adapter])  # type: ignore[attr-defined]
+            try:  # the commitments too: they read the adapted model's states
+                sol = solve(self.backend, problem, max_tokens=max_tokens,
+                            temperature=self.temperature_for(task), top_p=task.top_p,
+                            stop=task.stop, seed=self.seed_for(task, attempt), on_text=on_text)
+                made = Commitments((), b"", 0)
+                if self.fingerprints and self.states is not None:
+                    made = commitments_for(self.backend, sol.prompt_token_ids, sol.token_ids,
+                                           self.states, task.task_id)
+                elif self.fingerprints:
+                    made = Commitments(fingerprints_for(self.backend, sol.prompt_token_ids,
+                                                        sol.token_ids), b"", 0)
+            finally:
+                if adapter is not None:
+                    self.backend.use_adapter(None)  # type: ignore[attr-defined]
         return ComputeDone(task_id=task.task_id, attempt=attempt, answer=sol.answer,
                            cot=sol.cot_text, confidence=sol.confidence,
                            tokens=len(sol.token_ids),

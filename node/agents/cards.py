@@ -24,12 +24,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import trio
 
-from crypto.hashing import digest
+from node.agents.adapters import file_adapter_hash
 from node.agents.calculator import Calculator
 from node.agents.checks import CardChecker, CardEmbedder
 from node.agents.config import AgentConfigError, AgentSpec, hosted_agents
@@ -42,7 +41,6 @@ from protocol.ledger.cards import HeldCards, RefuseAgentCards, SetAgents
 
 #: the built-in tools' specs (node/agents/calculator.py, node/agents/docsearch.py)
 BUILTIN_TOOLS: dict[str, ToolSpec] = {t.spec.name: t.spec for t in (Calculator, DocSearch)}
-_ADAPTER_PERSON = b"symphony-adapter"
 
 
 def builtin_tool_info(name: str) -> AgentTool:
@@ -61,8 +59,7 @@ def adapter_ref(spec: AgentSpec) -> str | None:
     path = spec.adapter_path
     if path is None:
         return spec.adapter
-    data = Path(path).read_bytes()
-    return digest(data, person=_ADAPTER_PERSON).hex()
+    return file_adapter_hash(path)
 
 
 def build_card(spec: AgentSpec, vector: Sequence[float] | None, embedder_hash: bytes | None,

@@ -8,7 +8,7 @@ Shape (``name``, ``description``, ``skills`` and ``tools`` are fixed: other tool
     skills = ["arithmetic", "math"]  # short tags (compared in lower case)
     tools = ["calculator"]           # tool names: built-in, or "<mcp server>.<tool>"
     model = "test-arith"             # optional: a model this node serves (default: its model)
-    adapter = "calc-lora"            # optional: a LoRA adapter file, or a relay artifact name
+    adapter = "calc-lora.gguf"       # optional: a LoRA adapter file, or its content hash
     system_prompt = "You compute."   # optional: stays on this node, never on the wire
     price = 0.5                      # optional: per 1k tokens (default: the node's price)
 
@@ -17,7 +17,8 @@ Every table is checked here against the limits peers apply to a card
 or a wrong type is an :class:`AgentConfigError` naming the agent and the key (node/config.py
 turns it into its ``ConfigError``). An ``adapter`` that contains a ``/`` or ends in a weights
 file suffix is a file path (it must exist; the card names it by its content hash), any other
-value a relay artifact name.
+value the content hash itself (what ``symphony rl publish`` prints): the executor fetches that
+adapter through the relay (node/agents/adapters.py).
 
 Which model an agent runs on needs the models the node serves, known once the executor has
 loaded them: :func:`hosted_agents` resolves the default model and refuses a model the node

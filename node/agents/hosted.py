@@ -122,7 +122,11 @@ class AgentRunner:
 
     def __init__(self) -> None:
         self.agents: tuple[AgentSpec, ...] = ()
+        #: the cards it may bid with (``use``) and those it bids with now (``bid_cards``)
+        self.usable: tuple[AgentCard, ...] = ()
         self.cards: tuple[AgentCard, ...] = ()
+        #: agent -> the key of its loaded LoRA adapter (node/agents/adapters.py fills it)
+        self.adapters: Mapping[str, str] = {}
         self.kit: ToolKit = builtin_kit
         self.generate: GenerateFn | None = None
         self.problem = ""
@@ -141,8 +145,19 @@ class AgentRunner:
         self.problem = (f"agents {sorted(unable)} have tools, which need the llama.cpp solver: "
                         "they do not bid") if unable else ""
         self.agents = tuple(agents)
-        self.cards = tuple(c for c in cards if c.name not in unable)
+        self.usable = tuple(c for c in cards if c.name not in unable)
+        return self.bid_cards()
+
+    def bid_cards(self) -> tuple[AgentCard, ...]:
+        """The cards to bid with now: an agent on an adapter bids once its adapter is loaded
+        (``adapters``)."""
+        waiting = {a.name for a in self.agents if a.adapter is not None} - set(self.adapters)
+        self.cards = tuple(c for c in self.usable if c.name not in waiting)
         return self.cards
+
+    def adapter(self, name: str) -> str | None:
+        """The key of agent ``name``'s loaded adapter (None: it runs on the bare model)."""
+        return self.adapters.get(name)
 
     def tool_ms(self, models: Sequence[ServedModel]) -> tuple[tuple[str, int], ...]:
         """``(agent, ms)`` its tools may add to a task (``tool_allowance_ms``), for each agent

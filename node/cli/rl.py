@@ -8,6 +8,8 @@ workers at r rollouts/s each feed a learner that uses B rollouts per T-second st
 ``rl eval [--adapter A]`` scores the held-out prompts of an environment (models/rl/heldout.py)
 under the base model and an adapter, same seeds, each accuracy with its 95% interval.
 
+``rl publish ADAPTER`` relays a trained adapter for agents to run (node/cli/rl_publish.py).
+
 ``rl train --config rl.toml`` runs a GRPO learner on this machine with local rollout workers
 (node/rl/learner.py): the same job book and worker function as on the network.
 """
@@ -20,10 +22,15 @@ from typing import Any
 
 import click
 
+from node.cli.rl_publish import publish
+
 
 @click.group()
 def rl() -> None:
     """Reinforcement learning: rollout jobs on the network feeding a learner."""
+
+
+rl.add_command(publish)
 
 
 @rl.command()

@@ -30,7 +30,10 @@
   (``AgentRunner.context``: the operator's tool policy, the requester's peer id), then the
   solver answers with that context (``solve(..., system_prompt=, tool_calls=)``), which the
   result carries and verifiers rebuild; the default generalist answers with the solver's
-  plain ``solve``, as before agents.
+  plain ``solve``, as before agents. An agent on a LoRA adapter (its card names the adapter's
+  content hash) bids once node/agents/adapters.py has loaded the adapter into the solver
+  (from its file, or fetched through the relay and checked against the hash), and answers
+  with ``solve(..., adapter=)``; the status says for each such agent why it does not bid yet.
 * Sampling is the requester's choice, carried by the task (temperature, top-p, seed base,
   stop strings); the executor has no temperature of its own.
 """
@@ -47,6 +50,7 @@ from typing import Any, ClassVar, Protocol
 
 import trio
 
+from node.agents.adapters import AgentAdapters
 from node.agents.hosted import AgentRunner
 from node.config import fed_config, tuning
 from node.market.text_pump import TextPump
@@ -72,6 +76,8 @@ from protocol.market.progress import ComputeProgress
 from protocol.verification.executor import VerifiedExecutor
 
 MAX_FAILURE_TEXT = 120
+#: where agents' adapters fetched by the relay are kept, under the data dir
+ADAPTERS_DIR = "agent-adapters"
 #: solver names that need no "module:callable"
 BUILTIN_SOLVERS = {"models": "node.market.executor:models_solver"}
 
@@ -155,6 +161,7 @@ class ExecutorService(NurseryService):
         self.streams = False
         self.failed = 0
         self.agents = AgentRunner()
+        self.adapters: AgentAdapters | None = None
 
     @property
     def machine(self) -> Executor:
@@ -194,9 +201,19 @@ class ExecutorService(NurseryService):
         if host is None or self.solver is None:
             return
         await host.published.wait()
-        cards = self.agents.use(host.hosted, host.cards, ledger.tools.kit)  # type: ignore[union-attr]
+        self.agents.use(host.hosted, host.cards, ledger.tools.kit)  # type: ignore[union-attr]
         if self.agents.problem:
             self.ctx.log.warning("executor.agents_limited", problem=self.agents.problem)
+        self.adapters = AgentAdapters(self.solver, self.ctx.services.get("relay"),
+                                      self.ctx.data_dir / ADAPTERS_DIR, self.ctx.log,
+                                      self._bid_agents)
+        self.agents.adapters = self.adapters.loaded
+        await self._bid_agents()
+        await self.adapters.start(host.hosted)
+
+    async def _bid_agents(self) -> None:
+        """Bid with the agents that can run now (an adapter's agent once it is loaded)."""
+        cards = self.agents.bid_cards()
         config = self._machine.config
         self._machine.config = dataclasses.replace(config, agents=cards,
                                                    tool_ms=self.agents.tool_ms(config.models))
@@ -224,6 +241,9 @@ class ExecutorService(NurseryService):
             try:
                 solve = functools.partial(solver.solve, job.task, job.model,
                                           job.task.max_tokens, job.attempt)
+                adapter = self.agents.adapter(job.agent)
+                if adapter is not None:  # the agent's LoRA on the solver's model
+                    solve = functools.partial(solve, adapter=adapter)
                 context = await self.agents.context(job.agent, job.task)
                 if context is not None:  # an agent's own prompt and tool calls
                     solve = functools.partial(solve, system_prompt=context[0],
@@ -293,7 +313,9 @@ class ExecutorService(NurseryService):
                         "model_hash": x.model_hash.hex()}
                        for x in m.config.models],
             "agents": [{"name": c.name, "skills": list(c.skills),
-                        "tools": [t.name for t in c.tools]} for c in m.config.agents],
+                        "tools": [t.name for t in c.tools], "adapter": c.adapter}
+                       for c in m.config.agents],
+            "adapters": dict(self.adapters.states) if self.adapters is not None else {},
             "slots": m.config.slots, "free_slots": m.free_slots(), "running": running,
             "computed": self.computed, "failed": self.failed,
             "counters": dict(sorted(m.counters.items())),

@@ -1,11 +1,21 @@
 """Seeing a plan without a network: the dashboard's plan tree (node/api/dashboard_plans.py)
-built from the pipeline's own snapshot, as steps complete."""
+built from the pipeline's own snapshot as steps complete, and the OpenAI stream of a
+plan-mode request (node/api/openai_routes.py, node/api/openai_plans.py) driven by a test
+double of the tasks service."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import pytest
+import trio
+import trio.testing
+
 from node.api.dashboard_plans import SHOWN_CHARS, plan_view
+from node.api.openai_request import OpenAIError, chat_request, completion_request
+from node.api.openai_routes import _Kind, _stream
+from node.market.live_plans import LivePlans
 from protocol.agents.plan_runs import (
     PlanSlot,
     PlanTask,
@@ -88,3 +98,84 @@ def test_the_tree_names_steps_agents_tool_calls_and_the_vote() -> None:
     assert view["votes"] == [{"answer": "20", "count": 1, "share": 1.0, "weight": 0.4,
                               "voters": ["0:P"]}]
     assert view["answer"] == "20"
+
+
+class PlanTasks:
+    """A test double of the tasks service as the OpenAI routes use it for a plan task: its
+    snapshots are stored (``LivePlans.update``, as ``TasksService.record`` does) when the
+    test says, and ``wait_done`` answers the last one."""
+
+    def __init__(self) -> None:
+        self.plans_live = LivePlans()
+        self.last: dict[str, Any] = {}
+
+    def store(self, snap: dict[str, Any]) -> None:
+        self.last = snap
+        self.plans_live.update(snap)
+
+    async def wait_done(self, task_id: str) -> dict[str, Any]:
+        assert task_id == self.last["task_id"]
+        return self.last
+
+
+def chunks_of(events: list[str]) -> list[dict[str, Any] | str]:
+    assert all(e.startswith("data: ") and e.endswith("\n\n") for e in events)
+    return [e[6:-2] if e[6:-2] == "[DONE]" else json.loads(e[6:-2]) for e in events]
+
+
+def test_a_plan_task_streams_a_line_per_step_then_the_answer() -> None:
+    parsed = chat_request({"model": "auto", "stream": True,
+                           "stream_options": {"include_usage": True},
+                           "messages": [{"role": "user", "content": "What is (2+3)*4?"}],
+                           "symphony": {"mode": "plan", "planners": 1}}, lambda m: None)
+    assert (parsed.ask["mode"], parsed.ask["planners"], parsed.ask["style"]) == ("plan", 1, "cot")
+    assert "history" not in parsed.ask
+    service = PlanTasks()
+    service.store(plan_snapshot(plan_task(0)))
+    events: list[str] = []
+    sent_before: list[int] = []  # events the client had when each update was stored
+
+    async def main() -> None:
+        async def read() -> None:
+            async for event in _stream(_Kind(chat=True), service, service.last,  # type: ignore[arg-type]
+                                       parsed, 1700000000):
+                events.append(event)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            for done in (1, 2):  # each step completes while the client reads
+                await trio.testing.wait_all_tasks_blocked()
+                sent_before.append(len(events))
+                service.store(plan_snapshot(plan_task(done)))
+
+    trio.run(main)
+    # live: the role chunk and the plan's lines before step 1 ends, step 1's before step 2's
+    assert sent_before == [3, 4]
+    chunks = chunks_of(events)
+    assert chunks[-1] == "[DONE]"
+    body = [c for c in chunks if isinstance(c, dict)]
+    assert all(c["object"] == "chat.completion.chunk" and c["id"] == "chatcmpl-" + TID.hex()
+               for c in body)
+    assert body[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    texts = [c["choices"][0]["delta"].get("content") for c in body[1:] if c["choices"]]
+    assert texts[:4] == [
+        "plan 1: planner QQQQQQQQQQQQ replaced (invalid plan: not JSON)\n",
+        "plan 1 by PPPPPPPPPPPP: 2 steps\n",
+        "plan 1 step 1/2 (generalist on EEEEEEEEEEEE): add 2 and 3 -> 2 + 3 = 5 "
+        + "x" * (200 - 11) + "…\n",
+        "plan 1 step 2/2 (calc on FFFFFFFFFFFF): multiply by 4 -> 20\n"]
+    assert texts[4:] == ["answer: 20", None]
+    assert body[-2]["choices"][0]["finish_reason"] == "stop"
+    assert body[-1]["choices"] == [] and body[-1]["usage"]["total_tokens"] == 0
+    assert body[-1]["symphony"]["answer"] == "20"
+
+
+def test_a_plan_request_takes_one_user_message() -> None:
+    with pytest.raises(OpenAIError) as err:
+        chat_request({"model": "auto", "symphony": {"mode": "plan"}, "messages": [
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "What is 2+2?"}]}, lambda m: None)
+    assert err.value.param == "messages"
+    plain = completion_request({"model": "auto", "prompt": "2+2?",
+                                "symphony": {"mode": "plan"}}, lambda m: None)
+    assert plain.ask["style"] == "cot"

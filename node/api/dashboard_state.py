@@ -194,7 +194,7 @@ def _tasks(services: Mapping[str, Any], feed: LiveFeed) -> list[dict[str, Any]]:
             "verification": feed.checks.get(tid, []),
             "agent": snap.get("agent"),
             # a plan task's tree (node/api/dashboard_plans.py), None for any other task
-            "plan": plan_view(snap, tasks.load),
+            "plan": plan_view(snap, tasks.load) if snap.get("mode") == "plan" else None,
             "tool_calls": [{"executor": r["executor"], "name": c["name"],
                             "arguments": _short(json.dumps(c["arguments"], sort_keys=True)),
                             "output": _short(c["output"])}

@@ -60,7 +60,8 @@ from node.market.api import AskError, best_answer_text
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC_FILES = {"dashboard.js": "text/javascript", "dom.js": "text/javascript",
                 "charts.js": "text/javascript", "activity.js": "text/javascript",
-                "jobs.js": "text/javascript", "dashboard.css": "text/css",
+                "jobs.js": "text/javascript", "plans.js": "text/javascript",
+                "dashboard.css": "text/css",
                 "icon.svg": "image/svg+xml"}
 COOKIE_PREFIX = "symphony_dashboard_"
 SESSION_CONTEXT = b"symphony-dashboard-session"

@@ -12,6 +12,9 @@ the feed:
 * ``peers``: connected peers with round-trip latency, reputation and attestations held;
 * ``tasks``: recent tasks with bids, chosen executors (attempts), votes, verification, the
   agent that answered and every result's tool calls (name, arguments, output, shortened);
+  a plan task's ``plan``: its tree (planners, steps, who ran them, tool calls, the vote:
+  node/api/dashboard_plans.py), rebuilt at each push from the snapshot the pipeline stores
+  as each step completes;
 * ``agents``: the network's agents in this node's ledger, as ``GET /agents`` lists them
   (node/agents/api.py: name, node, skills, tools with their side effects, price,
   reputation, whether the card's vector was verified), at most ``AGENTS_SHOWN``;
@@ -38,6 +41,7 @@ from typing import Any, Protocol
 
 from node.agents.api import entry_json
 from node.api.dashboard_jobs import RunHistory, Throughput, inference_view, rl_view
+from node.api.dashboard_plans import plan_view
 from protocol.machine import Emit
 
 MAX_TASKS = 200
@@ -189,6 +193,8 @@ def _tasks(services: Mapping[str, Any], feed: LiveFeed) -> list[dict[str, Any]]:
                        "share": v["share"]} for v in snap["votes"]],
             "verification": feed.checks.get(tid, []),
             "agent": snap.get("agent"),
+            # a plan task's tree (node/api/dashboard_plans.py), None for any other task
+            "plan": plan_view(snap, tasks.load) if snap.get("mode") == "plan" else None,
             "tool_calls": [{"executor": r["executor"], "name": c["name"],
                             "arguments": _short(json.dumps(c["arguments"], sort_keys=True)),
                             "output": _short(c["output"])}

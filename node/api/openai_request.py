@@ -20,7 +20,9 @@ vote; a model served only in parts runs on one chain, so there k > 1 is a 400),
 ``answer_type``, ``choices``, ``deadline_ms``, ``family``, ``speculative`` (on a chain: at most that many
 tokens drafted locally a step and verified by the chain in one pass; 0, the default, decodes
 token by token; executors that hold the whole model ignore it), and what the task needs
-(``needs``, ``skills``, ``agent``: node/market/ask_request.py). With k = 1 and no answer
+(``needs``, ``skills``, ``agent``: node/market/ask_request.py), and ``mode``: "plan" (with
+``planners``) answers by plan mode (node/market/plan_asks.py: planners split the question
+into steps; the request is then one user message). With k = 1 and no answer
 type a chat is sent to the model as it is (style "chat"); with a vote (k > 1) or an answer
 type the executors reason step by step to a final answer that the vote compares (style
 "cot").
@@ -48,7 +50,7 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 }
 SAMPLING = ("temperature", "top_p", "stop", "seed")
 EXTENSION_KEYS = ("k", "answer_type", "choices", "deadline_ms", "family", "speculative", "needs",
-                  "skills", "agent")
+                  "skills", "agent", "mode", "planners")
 #: OpenAI seeds are any int64; ours are 63-bit
 SEED_MASK = (1 << 63) - 1
 #: where a request for a model runs (protocol.inference.placement.place over the ledger)
@@ -244,6 +246,19 @@ def chat_request(body: dict[str, Any], place: Place,
                      agents)
     ask = parsed.ask
     ask["style"] = "chat" if ask["k"] == 1 and "answer_type" not in ask else "cot"
+    return _plan_mode(parsed)
+
+
+def _plan_mode(parsed: Parsed) -> Parsed:
+    """A plan-mode request (``symphony.mode`` "plan") asks one question, reasoned step by
+    step: earlier turns are refused, the style is "cot"."""
+    ask = parsed.ask
+    if ask.get("mode") != "plan":
+        return parsed
+    if ask.pop("history", None):
+        raise OpenAIError("plan mode takes one user message (no earlier turns)",
+                          param="messages")
+    ask["style"] = "cot"
     return parsed
 
 
@@ -255,5 +270,5 @@ def completion_request(body: dict[str, Any], place: Place,
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise OpenAIError("prompt must be a string (one prompt per request)", param="prompt")
-    return _common(body, place, COMPLETION_KEYS, {"question": prompt, "style": "plain"},
-                   agents)
+    return _plan_mode(_common(body, place, COMPLETION_KEYS,
+                              {"question": prompt, "style": "plain"}, agents))

@@ -24,6 +24,12 @@
   chunk with ``finish_reason``, with ``stream_options.include_usage`` a last chunk holding
   ``usage`` (and ``symphony``), then ``data: [DONE]``. A task that fails mid-stream sends
   OpenAI's error object as an event instead.
+* Plan mode (``"symphony": {"mode": "plan", "planners": n}``, protocol/agents/pipeline.py):
+  the content is the answer voted over the plans. Streamed, the content is the plan's
+  progress as it happens, one line per event (a plan received, a step completed with the
+  agent and executor that ran it and its output, a planner replaced, a plan failed:
+  node/api/openai_plans.py), then ``answer: <the voted answer>``, then the usual last
+  chunks. ``usage`` counts nothing for a plan task (its steps are tasks of their own).
 * ``GET /v1/models``: the models this node or a live ledger peer serves, whole or in parts that
   a chain can use, ``created`` when the oldest live offer of each was signed; then the
   network's agents (every name on a live agent card in the ledger, ``owned_by``
@@ -52,6 +58,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import BaseRoute, Route
 
 from node.api.app import json_object
+from node.api.openai_plans import PlanProgress
 from node.api.openai_request import (
     OpenAIError,
     Parsed,
@@ -60,6 +67,7 @@ from node.api.openai_request import (
     completion_request,
 )
 from node.market.ask_request import AskError
+from node.market.live_plans import LivePlans
 from protocol.inference.placement import Placement
 
 
@@ -79,6 +87,11 @@ class ChatService(Protocol):
     def live_text(self, task_id: str) -> AsyncIterator[str] | None:
         """A running task's text as it grows: a chain's, or a k=1 market task's as its
         executor streams it (None: neither)."""
+        ...
+
+    @property
+    def plans_live(self) -> LivePlans:
+        """Plan-mode tasks' snapshots as their steps complete."""
         ...
 
 
@@ -110,6 +123,8 @@ def cut_at_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
 
 def _reply(snap: dict[str, Any], parsed: Parsed) -> tuple[str, str, str]:
     """(content, finish_reason, the serving model's name) of a finished task."""
+    if snap.get("mode") == "plan":  # the answer voted over the plans
+        return str(snap.get("answer") or ""), "stop", parsed.model or "symphony"
     result = chosen_result(snap)
     if result is None:
         return "", "stop", parsed.model or "symphony"
@@ -185,6 +200,10 @@ async def _stream(kind: _Kind, service: ChatService, snap: dict[str, Any], parse
             "model": parsed.model or "symphony", "system_fingerprint": None}
     extra: dict[str, Any] = {"usage": None} if parsed.include_usage else {}
     yield _sse({**head, "choices": [kind.delta(None, None, first=True)], **extra})
+    if snap.get("mode") == "plan":
+        async for event in _plan_stream(kind, service, snap, head, extra):
+            yield event
+        return
     sent = ""
     live = service.live_text(snap["task_id"])
     if live is not None:  # a chain's or a k=1 task's text as it grows
@@ -219,6 +238,29 @@ def _restarted(head: dict[str, Any], sent: str) -> dict[str, Any]:
     it failed mid-answer and the text that follows is its replacement's, from the start."""
     return {**head, "choices": [], "symphony": {"stream_restarted": True,
                                                 "discarded_chars": len(sent)}}
+
+
+async def _plan_stream(kind: _Kind, service: ChatService, snap: dict[str, Any],
+                       head: dict[str, Any], extra: dict[str, Any]) -> AsyncIterator[str]:
+    """A plan task's stream after the role chunk: a line per plan received and per step
+    completed (node/api/openai_plans.py) as they happen, then ``answer: <voted answer>``."""
+    progress = PlanProgress()
+    async for now in service.plans_live.follow(snap["task_id"]):
+        for line in progress.lines(now):
+            yield _sse({**head, "choices": [kind.delta(line, None)], **extra})
+    snap = await service.wait_done(snap["task_id"])
+    for line in progress.lines(snap):  # what the last update showed, if it was missed
+        yield _sse({**head, "choices": [kind.delta(line, None)], **extra})
+    if snap["phase"] != "done":
+        yield _sse({**_task_error(snap).body(), "symphony": snap})
+        return
+    yield _sse({**head, "choices": [kind.delta(progress.answer_line(snap), None)], **extra})
+    last = {**head, "choices": [kind.delta(None, "stop")], **extra}
+    if extra:  # include_usage
+        yield _sse(last)
+        last = {**head, "choices": [], "usage": usage(snap)}
+    yield _sse({**last, "symphony": snap})
+    yield _sse("[DONE]")
 
 
 def _guarded(endpoint: Callable[[Request], Any]) -> Callable[[Request], Any]:

@@ -35,6 +35,7 @@ from node.config import fed_config, tuning
 from node.market.api import task_routes
 from node.market.ask_request import AskError, NeedEmbedder, parse_ask
 from node.market.chain_asks import ChainAsks, interrupted
+from node.market.live_plans import LivePlans
 from node.market.live_text import LiveTexts
 from node.market.plan_asks import PlanChildren, interrupted_plan, parse_plan_ask, plan_mode
 from node.market.restore import restore_event
@@ -166,6 +167,7 @@ class TasksService(Service):
         self.chains = ChainAsks(ctx, self.record, int(self._started_at * 1000))
         # k=1 market tasks: the text their executor streams, as it grows
         self.live = LiveTexts(self._machine.progress.text, self._over)
+        self.plans_live = LivePlans()  # plan tasks' snapshots as their steps complete
 
     @property
     def machine(self) -> PlanningRequester:
@@ -262,6 +264,7 @@ class TasksService(Service):
     def record(self, snap: dict[str, Any]) -> None:
         """Store a task's snapshot; a finished one is kept for waiters and wakes them."""
         self._store(snap)
+        self.plans_live.update(snap)
         task_id = str(snap["task_id"])
         if snap["phase"] not in OPEN_PHASES:
             self._latest[task_id] = snap

@@ -8,6 +8,7 @@
 import { record, renderActivity, renderPeerGraph } from "./activity.js";
 import { $, cell, el, fill, listCell, short } from "./dom.js";
 import { renderInference, renderRl } from "./jobs.js";
+import { planRow } from "./plans.js";
 
 // event fields holding peer ids or hashes, shown shortened
 const ID_FIELDS = new Set(["task_id", "peer", "executor", "requester", "verifier", "source",
@@ -54,7 +55,7 @@ function renderPeers(peers) {
 }
 
 function renderTasks(tasks) {
-  const rows = tasks.map((t) => {
+  const rows = tasks.flatMap((t) => {
     const tr = el("tr");
     tr.dataset.task = t.task_id;
     cell(tr, short(t.task_id), "mono").title = t.task_id;
@@ -69,7 +70,7 @@ function renderTasks(tasks) {
     const calls = (t.tool_calls || []).map((c) =>
       `${short(c.executor)} ${c.name} ${c.arguments} → ${c.output}`);
     listCell(tr, t.agent ? [`agent ${t.agent}`, ...calls] : calls).classList.add("tool-calls");
-    return tr;
+    return t.plan ? [tr, planRow(t, 9)] : [tr];
   });
   fill($("task-rows"), rows, "no task yet: ask the network above", 9);
 }

@@ -79,6 +79,19 @@ def test_honest_solution_passes(ggufs: dict[str, Path], verifier: CheckRunner, k
     assert verifier.last is not None and verifier.last.prefill_ms > 0
 
 
+def check_of(served: Any, sol: Any, task: TaskSpec, verifier: CheckRunner,
+             **extra: Any) -> StartCheck:
+    """The verifier's check of ``sol`` (served by ``served``): two fixed chunks' fingerprints."""
+    ids = list(sol.token_ids)
+    prints = fingerprints_for(served, sol.prompt_token_ids, ids)
+    chunks = choose_chunks(b"\7" * 32, "e", len(prints), 2)
+    return StartCheck(check_id=b"\2" * 32, task=task, model_hash=verifier.model_hash,
+                      output_ids=tuple(ids), answer=sol.answer, cot=sol.cot_text,
+                      chunk_tokens=CHUNK_TOKENS, chunk_indices=chunks,
+                      fingerprints=tuple(prints[i] for i in chunks), deadline_at_ms=0,
+                      **extra)
+
+
 def test_a_sampled_chat_answer_verified_honestly_passes(ggufs: dict[str, Path],
                                                         verifier: CheckRunner) -> None:
     """A chat task with earlier turns, sampled at the requester's temperature with the seed
@@ -93,13 +106,7 @@ def test_a_sampled_chat_answer_verified_honestly_passes(ggufs: dict[str, Path],
     served = backend(ggufs["f32"], "llama.cpp")
     sol = solve(served, problem_of(task), max_tokens=80, temperature=task.temperature,
                 seed=executor_seed(task.task_id, task.seed, 2))
-    ids = list(sol.token_ids)
-    prints = fingerprints_for(served, sol.prompt_token_ids, ids)
-    chunks = choose_chunks(b"\7" * 32, "e", len(prints), 2)
-    check = StartCheck(check_id=b"\2" * 32, task=task, model_hash=verifier.model_hash,
-                       output_ids=tuple(ids), answer=sol.answer, cot=sol.cot_text,
-                       chunk_tokens=CHUNK_TOKENS, chunk_indices=chunks,
-                       fingerprints=tuple(prints[i] for i in chunks), deadline_at_ms=0)
+    check = check_of(served, sol, task, verifier)
     done = verifier.run(check)
     assert done.passed, done.detail
     other = dataclasses.replace(check, task=dataclasses.replace(task, history=task.history[:1]))
@@ -120,14 +127,8 @@ def test_an_agents_answer_with_tool_calls_verified_honestly_passes(
     served = backend(ggufs["f32"], "llama.cpp")
     sol = solve(served, problem_of(task, "You compute.", calls), max_tokens=80, seed=3)
     assert sol.answer == "42"
-    ids = list(sol.token_ids)
-    prints = fingerprints_for(served, sol.prompt_token_ids, ids)
-    chunks = choose_chunks(b"\7" * 32, "e", len(prints), 2)
-    check = StartCheck(check_id=b"\2" * 32, task=task, model_hash=verifier.model_hash,
-                       output_ids=tuple(ids), answer=sol.answer, cot=sol.cot_text,
-                       chunk_tokens=CHUNK_TOKENS, chunk_indices=chunks,
-                       fingerprints=tuple(prints[i] for i in chunks), deadline_at_ms=0,
-                       system_prompt="You compute.", tool_calls=calls)
+    check = check_of(served, sol, task, verifier, system_prompt="You compute.",
+                     tool_calls=calls)
     done = verifier.run(check)
     assert done.passed, done.detail
     other_call = (dataclasses.replace(calls[0], output="43"),)
@@ -148,13 +149,7 @@ def test_a_planners_plan_under_the_grammar_verified_honestly_passes(
     sol = solve(served, problem_of(task), max_tokens=60, temperature=0.7, seed=5)
     assert re.match(r'\{\s*"steps"\s*:\s*\[\s*\{\s*"instruction"', sol.cot_text), sol.cot_text
     assert sol.answer == sol.cot_text.strip()
-    ids = list(sol.token_ids)
-    prints = fingerprints_for(served, sol.prompt_token_ids, ids)
-    chunks = choose_chunks(b"\7" * 32, "e", len(prints), 2)
-    check = StartCheck(check_id=b"\2" * 32, task=task, model_hash=verifier.model_hash,
-                       output_ids=tuple(ids), answer=sol.answer, cot=sol.cot_text,
-                       chunk_tokens=CHUNK_TOKENS, chunk_indices=chunks,
-                       fingerprints=tuple(prints[i] for i in chunks), deadline_at_ms=0)
+    check = check_of(served, sol, task, verifier)
     done = verifier.run(check)
     assert done.passed, done.detail
     assert not verifier.run(dataclasses.replace(

@@ -52,6 +52,7 @@ from protocol.market.auction import (
     Attest,
     Auction,
     AuctionConfig,
+    AuctionOptions,
     SubmitTask,
     TaskUpdated,
 )
@@ -151,8 +152,9 @@ class TasksService(Service):
 
         # possible_bidders: the bid window closes once every executor the ledger knows for the
         # task has bid
-        self._machine = requester_machine(ctx, selector, fed_config(s), self.reputation,
-                                          self.possible_bidders, agent_matcher(self.cards_of))
+        self._machine = requester_machine(ctx, selector, fed_config(s), AuctionOptions(
+            reputation=self.reputation, possible_bidders=self.possible_bidders,
+            agent_match=agent_matcher(self.cards_of)))
         self.needs = NeedEmbedder()
         # plan mode: the pipeline beside the auction, one machine (protocol/agents/planning.py)
         self._requester = PlanningRequester(self._machine, PlanPipeline(

@@ -25,7 +25,6 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -33,14 +32,12 @@ import trio
 
 from node.config import fed_config, tuning
 from node.service import JobScopes, NodeContext, NurseryService
-from protocol.agents.wire import AgentMatch
 from protocol.ledger.events import Attest as LedgerAttest
 from protocol.ledger.view import LedgerView
 from protocol.machine import Effect, Received
-from protocol.market.auction import Auction, AuctionConfig
+from protocol.market.auction import Auction, AuctionConfig, AuctionOptions
 from protocol.market.executor import Executor, ExecutorConfig
 from protocol.market.selection import Selector
-from protocol.market.state import OpenTask
 from protocol.verification.candidates import verified_auction
 from protocol.verification.executor import VerifiedExecutor
 from protocol.verification.messages import TO_EXECUTOR, TO_REQUESTER, TO_VERIFIER
@@ -97,18 +94,14 @@ def ledger_view(ctx: NodeContext) -> LedgerView | None:
 
 
 def requester_machine(ctx: NodeContext, selector: Selector, config: AuctionConfig,
-                      reputation: Callable[[str], float],
-                      possible_bidders: Callable[[OpenTask], int | None],
-                      agent_match: AgentMatch) -> Auction | VerifiedAuction:
-    """The tasks service's machine: a VerifiedAuction when verification is enabled; every
-    auction option goes to its constructor, as in simulations/machines/."""
+                      options: AuctionOptions) -> Auction | VerifiedAuction:
+    """The tasks service's machine: a VerifiedAuction when verification is enabled; the
+    auction's options go to its constructor whole, as in simulations/machines/."""
     section = _section(ctx)
     if section is None or not section.enabled:
-        return Auction(ctx.identity, selector, ctx.rng, config, reputation, possible_bidders,
-                       agent_match=agent_match)
-    return verified_auction(ctx.identity, selector, ctx.rng, config, reputation,
-                            possible_bidders, section.verify_config(),
-                            functools.partial(ledger_view, ctx), agent_match)
+        return Auction(ctx.identity, selector, ctx.rng, config, options)
+    return verified_auction(ctx.identity, selector, ctx.rng, config, options,
+                            section.verify_config(), functools.partial(ledger_view, ctx))
 
 
 def executor_machine(ctx: NodeContext, config: ExecutorConfig) -> Executor:

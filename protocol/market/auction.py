@@ -28,14 +28,13 @@ LinUCB features) and what weighs the executor's ballot. Selectors key their arms
 node hosting several agents bids once per task, with its best-fitting one
 (protocol/market/offers.py), so a peer stands for one agent per task.
 
-The machine never reads the ledger: reputations come from the ``reputation`` callback, and
-how many peers could bid on a task from ``possible_bidders`` (the bid window closes early once
-all of them have; protocol/market/bidding.py); ``excluded`` names peers never to pick (the
-verification's convicted peers). Every option is a constructor argument: the daemon
-(node/market/requester.py) and the simulator (simulations/machines/market.py) pass them the
-same way. Its own effects: ``TaskUpdated`` (store/show the snapshot), ``Attest`` (an
-observation the node turns into a signed ledger attestation). ``Reward`` feeds later rewards
-(e.g. verification) to the selector.
+The machine never reads the ledger: what it asks of its node (reputations, how many peers
+could bid on a task, which peers never to pick, the vote's rule, agent-card matches) comes in
+one ``AuctionOptions`` record (protocol/market/options.py), which the daemon
+(node/market/requester.py) and the simulator (simulations/machines/market.py) pass the same way.
+Its own effects: ``TaskUpdated`` (store/show the snapshot), ``Attest`` (an observation the node
+turns into a signed ledger attestation). ``Reward`` feeds later rewards (e.g. verification) to
+the selector.
 
 ``Auction`` owns the task table and the counters and holds two components it calls:
 ``Bidding`` (protocol/market/bidding.py: beacons, bid checks, picking and assigning) and
@@ -48,11 +47,9 @@ checks a revealed result as the auction does and then decides itself whether to 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from random import Random
 
 from crypto.keys import Identity
-from protocol.agents.wire import AgentMatch, no_cards
 from protocol.machine import (
     Effect,
     Emit,
@@ -78,6 +75,7 @@ from protocol.market.events import (
     TaskUpdated,
 )
 from protocol.market.messages import MAX_ROUND, Assign, Bid, Cancel, Reject, RejectReason, Result
+from protocol.market.options import AuctionOptions
 from protocol.market.progress import Progress, ProgressBook
 from protocol.market.refusals import count
 from protocol.market.results import ResultIntake
@@ -97,44 +95,27 @@ from protocol.market.tasks import restored_task, submitted_task
 from protocol.market.voting import VoteRule
 
 __all__ = [
-    "Attest", "Auction", "AuctionConfig", "CancelTask", "KeptResult", "RestoredAttempt",
-    "RestoreTask", "Reward", "SubmitTask", "TaskUpdated", "VoteRule",
+    "Attest", "Auction", "AuctionConfig", "AuctionOptions", "CancelTask", "KeptResult",
+    "RestoredAttempt", "RestoreTask", "Reward", "SubmitTask", "TaskUpdated", "VoteRule",
 ]
 
 
 class Auction:
-    def __init__(
-        self,
-        identity: Identity,
-        selector: Selector,
-        rng: Random,
-        config: AuctionConfig | None = None,
-        reputation: Callable[[str], float] = lambda peer: 0.5,
-        possible_bidders: Callable[[OpenTask], int | None] = lambda task: None,
-        *,
-        excluded: Callable[[str, int], bool] = lambda peer, now: False,
-        voting: VoteRule | None = None,
-        agent_match: AgentMatch = no_cards,
-    ) -> None:
-        """``agent_match(peer, agent, requirement)``: the match of ``peer``'s card for
-        ``agent`` to a task's need, from our ledger (protocol.agents.wire.agent_matcher; None:
-        no such card, the bid is refused); ``possible_bidders``: how many peers could bid on a task (the ledger's live peers
-        serving a matching model, the requester itself only when the task allows it; None: not
-        known); ``excluded(peer, now)``: never pick this peer's bids; ``voting``: the vote's
-        rule (protocol.market.voting.VoteRule, the protocol's by default)."""
+    def __init__(self, identity: Identity, selector: Selector, rng: Random,
+                 config: AuctionConfig | None = None,
+                 options: AuctionOptions | None = None) -> None:
+        """``options``: what the auction asks of its node (protocol/market/options.py)."""
         self.identity = identity
         self.peer = identity.peer_id
         self.selector = selector
         self.rng = rng
         self.config = config if config is not None else AuctionConfig()
-        self.possible_bidders = possible_bidders
+        self.options = options if options is not None else AuctionOptions()
         self.tasks: dict[bytes, OpenTask] = {}
         self.counters: dict[str, int] = {}
         self.progress = ProgressBook(counters=self.counters)  # k=1 tasks' streamed text
-        self.bidding = Bidding(identity, self.config, selector, reputation, possible_bidders,
-                               excluded, self.counters, agent_match)
-        self.intake = ResultIntake(self.config, selector, reputation,
-                                   voting if voting is not None else VoteRule(), self.counters)
+        self.bidding = Bidding(identity, self.config, selector, self.options, self.counters)
+        self.intake = ResultIntake(self.config, selector, self.options, self.counters)
 
     # ------------------------------------------------------------------ machine contract
 
@@ -356,7 +337,7 @@ class Auction:
         if task.round >= MAX_ROUND:
             return NextRound(RoundAction.GIVE_UP, why="no executor left",
                              empty_rounds=task.empty_rounds)
-        possible = self.possible_bidders(task)
+        possible = self.options.possible_bidders(task)
         c = self.config
         return next_round(RoundState(
             now_ms=now, deadline_at_ms=task.deadline_at_ms, last_round_at_ms=task.last_round_at_ms,

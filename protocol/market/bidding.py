@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crypto.keys import Identity
-from protocol.agents.wire import AgentMatch, has_need
+from protocol.agents.wire import has_need
 from protocol.envelopes import seal
 from protocol.machine import Effect, Emit, Publish, Send
 from protocol.market.events import AuctionConfig, TaskUpdated
@@ -54,6 +54,7 @@ from protocol.market.messages import (
     BidBody,
     Cancel,
 )
+from protocol.market.options import AuctionOptions
 from protocol.market.refusals import count, opened, rejecter
 from protocol.market.selection import Candidate, Selector
 from protocol.market.state import (
@@ -94,19 +95,13 @@ class Bidding:
     """Beacons, bid checks, picking and assigning for the ``Auction`` that holds it."""
 
     def __init__(self, identity: Identity, config: AuctionConfig, selector: Selector,
-                 reputation: Callable[[str], float],
-                 possible_bidders: Callable[[OpenTask], int | None],
-                 excluded: Callable[[str, int], bool], counters: dict[str, int],
-                 agent_match: AgentMatch) -> None:
+                 options: AuctionOptions, counters: dict[str, int]) -> None:
         self.identity = identity
         self.peer = identity.peer_id
         self.config = config
         self.selector = selector
-        self.reputation = reputation
-        self.possible_bidders = possible_bidders
-        self.excluded = excluded
+        self.options = options
         self.counters = counters
-        self.agent_match = agent_match
         self.rates: dict[str, RateWindow] = {}
 
     def beacon(self, task: OpenTask, now: int) -> list[Effect]:
@@ -199,7 +194,7 @@ class Bidding:
         states (the model rule, protocol/market/offers.py, is the same on both sides)."""
         req = task.spec.requirement
         if has_need(req):
-            match = self.agent_match(peer, body.agent, req)
+            match = self.options.agent_match(peer, body.agent, req)
             return None if match is None else min(1.0, max(0.0, match))
         return body.match_score
 
@@ -216,13 +211,13 @@ class Bidding:
             "task_id": body.task_id.hex(), "peer": body.bidder, "round": body.round})])
 
     def _all_bid(self, task: OpenTask) -> bool:
-        possible = self.possible_bidders(task)
+        possible = self.options.possible_bidders(task)
         return possible is not None and len(task.bids) >= possible - len(task.tried)
 
     def _candidate(self, task: OpenTask, info: BidInfo, now: int) -> Candidate:
         b = info.body
         return Candidate(
-            peer=b.bidder, match_score=info.match, reputation=self.reputation(b.bidder),
+            peer=b.bidder, match_score=info.match, reputation=self.options.reputation(b.bidder),
             price=b.price, max_price=task.spec.max_price, est_latency_ms=b.est_latency_ms,
             deadline_ms=max(0, task.deadline_at_ms - now), load=b.load, free_slots=b.free_slots,
         )
@@ -230,7 +225,7 @@ class Bidding:
     def pick(self, task: OpenTask, pool: dict[str, BidInfo], now: int) -> list[Effect]:
         """Assign up to ``task.needed`` executors chosen from ``pool`` (which is consumed;
         excluded peers' bids are dropped from it)."""
-        for peer in [p for p in pool if self.excluded(p, now)]:
+        for peer in [p for p in pool if self.options.excluded(p, now)]:
             del pool[peer]
             count(self.counters, "bids_excluded")
         usable = {p: b for p, b in pool.items() if p not in task.tried and now < b.hold_until_ms}

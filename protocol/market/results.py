@@ -13,7 +13,6 @@ selector and releases everyone still held.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from protocol.answers import AnswerType, normalize_answer
@@ -30,6 +29,7 @@ from protocol.market.events import (
     TaskUpdated,
 )
 from protocol.market.messages import RESULT_DOMAIN, Cancel, Result, ResultBody
+from protocol.market.options import AuctionOptions
 from protocol.market.refusals import assigned, count, opened, rejecter
 from protocol.market.selection import Selector
 from protocol.market.state import (
@@ -42,7 +42,7 @@ from protocol.market.state import (
     move_phase,
     snapshot,
 )
-from protocol.market.voting import Ballot, VoteRule, vote
+from protocol.market.voting import Ballot, vote
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,13 +67,11 @@ class Refused:
 class ResultIntake:
     """Result checks and the vote for the ``Auction`` that holds it."""
 
-    def __init__(self, config: AuctionConfig, selector: Selector,
-                 reputation: Callable[[str], float], voting: VoteRule,
+    def __init__(self, config: AuctionConfig, selector: Selector, options: AuctionOptions,
                  counters: dict[str, int]) -> None:
         self.config = config
         self.selector = selector
-        self.reputation = reputation
-        self.voting = voting
+        self.options = options
         self.counters = counters
 
     def check(self, peer: str, msg: Result, tasks: dict[bytes, OpenTask],
@@ -144,16 +142,16 @@ class ResultIntake:
 
     def _vote(self, task: OpenTask) -> list[Effect]:
         tid = task.spec.task_id
-        ballots = [Ballot(p, r.body.answer, r.body.confidence, self.reputation(p),
+        ballots = [Ballot(p, r.body.answer, r.body.confidence, self.options.reputation(p),
                           r.match_score) for p, r in task.results.items()]
         task.outcome = vote(ballots, AnswerType(task.spec.answer_type), task.spec.choices,
-                            self.voting.weigh)
+                            self.options.voting.weigh)
         task.partial = len(task.results) < task.spec.k
         move_phase(task, TaskPhase.DONE)
         count(self.counters, "tasks_done")
         effects: list[Effect] = []
         for p in task.results if not task.deferred else ():
-            agreed = (task.outcome.confirmed(p) if self.voting.confirm_by_others
+            agreed = (task.outcome.confirmed(p) if self.options.voting.confirm_by_others
                       else task.outcome.agrees(p))
             effects.append(Attest(p, tid, TASK_ATTEST, COMPLETED if agreed else WRONG))
             if self.config.reward_on_vote:

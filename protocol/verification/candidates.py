@@ -12,7 +12,7 @@ A ``VerifiedAuction`` asks two questions its driver answers from the node's ledg
 
 Without a ledger (``view_of`` returns None) there are no candidates and nobody is excluded.
 :func:`verified_auction` builds the requester's machine with both answers wired and every
-auction option (``possible_bidders`` among them) passed to its one constructor, so the daemon
+auction option (``possible_bidders`` among them) passed in one ``AuctionOptions`` record, so the daemon
 (node/verification/service.py) and the simulator (simulations/machines/verification.py) build
 it the same way and neither can leave one out.
 """
@@ -20,15 +20,15 @@ it the same way and neither can leave one out.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from random import Random
 
 from crypto.keys import Identity
-from protocol.agents.wire import AgentMatch, no_cards
 from protocol.ledger.records import Role
 from protocol.ledger.view import LedgerView
 from protocol.market.events import AuctionConfig
+from protocol.market.options import AuctionOptions
 from protocol.market.selection import Selector
-from protocol.market.state import OpenTask
 from protocol.verification.requester import VerifiedAuction
 from protocol.verification.rules import ledger_convicted
 from protocol.verification.state import VerifyConfig
@@ -58,13 +58,12 @@ class LedgerCandidates:
 
 
 def verified_auction(identity: Identity, selector: Selector, rng: Random,
-                     config: AuctionConfig, reputation: Callable[[str], float],
-                     possible_bidders: Callable[[OpenTask], int | None],
-                     verify: VerifyConfig, view_of: ViewOf,
-                     agent_match: AgentMatch = no_cards) -> VerifiedAuction:
-    """A requester that verifies, its candidates and exclusions read from ``view_of()``; the
-    auction's options as ``protocol.market.auction.Auction`` takes them."""
+                     config: AuctionConfig, options: AuctionOptions,
+                     verify: VerifyConfig, view_of: ViewOf) -> VerifiedAuction:
+    """A requester that verifies, its candidates and exclusions read from ``view_of()`` (the
+    ledger's exclusions take the place of ``options.excluded``); the auction's options as
+    ``protocol.market.auction.Auction`` takes them."""
     ledger = LedgerCandidates(view_of, verify.exclusion_ms)
-    return VerifiedAuction(identity, selector, rng, config, reputation, possible_bidders,
-                           verify=verify, verifier_candidates=ledger.verifiers,
-                           excluded=ledger.excluded, agent_match=agent_match)
+    return VerifiedAuction(identity, selector, rng, config,
+                           replace(options, excluded=ledger.excluded),
+                           verify=verify, verifier_candidates=ledger.verifiers)

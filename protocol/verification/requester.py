@@ -53,21 +53,21 @@ attestation for the ledger, performed by the node). Task snapshots gain a ``veri
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from random import Random
 
 from crypto.keys import Identity
-from protocol.agents.wire import AgentMatch, no_cards
 from protocol.codec import decode
 from protocol.envelopes import seal
 from protocol.machine import Effect, Emit, Received, Send, Tick
 from protocol.market.auction import Auction
 from protocol.market.events import AuctionConfig, TaskUpdated
 from protocol.market.messages import Assign, AssignBody, Result
+from protocol.market.options import AuctionOptions
 from protocol.market.refusals import count
 from protocol.market.selection import Selector
-from protocol.market.state import OpenTask, TaskSnapshot
+from protocol.market.state import TaskSnapshot
 from protocol.market.views import AuctionViews
-from protocol.market.voting import VoteRule
 from protocol.verification.commits import CommitReveal
 from protocol.verification.messages import (
     TERMS_DOMAIN,
@@ -100,23 +100,19 @@ class VerifiedAuction(AuctionViews):
         selector: Selector,
         rng: Random,
         config: AuctionConfig | None = None,
-        reputation: Callable[[str], float] = lambda peer: 0.5,
-        possible_bidders: Callable[[OpenTask], int | None] = lambda task: None,
+        options: AuctionOptions | None = None,
         *,
-        voting: VoteRule | None = None,
         verify: VerifyConfig | None = None,
         verifier_candidates: Callable[[bytes, int], Sequence[str]] = lambda h, now: (),
-        excluded: Callable[[str, int], bool] = lambda peer, now: False,
-        agent_match: AgentMatch = no_cards,
     ) -> None:
-        """The auction's options as ``Auction`` takes them; ``verify`` the verification's;
-        ``verifier_candidates(model_hash, now)``: ledger peers that may verify such a result;
-        ``excluded(peer, now)``: whether the ledger shows ``peer`` failing."""
+        """The auction's options as ``Auction`` takes them, its ``excluded`` (whether the ledger
+        shows a peer failing) joined by our own convictions; ``verify`` the verification's;
+        ``verifier_candidates(model_hash, now)``: ledger peers that may verify such a result."""
+        options = options if options is not None else AuctionOptions()
         self.verify = verify if verify is not None else VerifyConfig()
-        self._exclusions = Exclusions(excluded, self.verify.exclusion_ms)
-        self.auction = Auction(identity, selector, rng, config, reputation, possible_bidders,
-                               excluded=self._exclusions.is_excluded, voting=voting,
-                               agent_match=agent_match)
+        self._exclusions = Exclusions(options.excluded, self.verify.exclusion_ms)
+        self.auction = Auction(identity, selector, rng, config,
+                               replace(options, excluded=self._exclusions.is_excluded))
         self.vtasks: dict[bytes, VerifyTask] = {}
         self.checks: dict[tuple[bytes, int], Check] = {}
         self.verdicts = VerdictChecks(self.auction, self.verify, verifier_candidates,

@@ -21,10 +21,9 @@ from crypto.keys import Identity
 from protocol.agents.pipeline import PipelineConfig, PlanPipeline
 from protocol.agents.plan_runs import PlanUpdated
 from protocol.agents.planning import PlanningRequester
-from protocol.agents.wire import AgentMatch
 from protocol.codec import Message, decode, encode
 from protocol.machine import Publish, Received, Send, Tick
-from protocol.market.auction import Auction, AuctionConfig, SubmitTask
+from protocol.market.auction import Auction, AuctionConfig, AuctionOptions, SubmitTask
 from protocol.market.executor import ComputeDone, Executor, StartCompute
 from protocol.market.selection import Selector
 
@@ -36,14 +35,12 @@ Answer = Callable[[str, StartCompute, int], "ComputeDone | None"]
 
 def plan_requester(identity: Identity, selector: Selector, rng: random.Random,
                    config: AuctionConfig, pipeline: PipelineConfig,
-                   reputation: Callable[[str], float], agent_match: AgentMatch,
-                   possible_bidders: Callable[[Any], int | None] = lambda task: None,
-                   ) -> PlanningRequester:
+                   options: AuctionOptions) -> PlanningRequester:
     """The requester as the daemon's tasks service builds it without [verify]: an ``Auction``
-    and a ``PlanPipeline`` drawing child ids from the same ``rng``."""
-    auction = Auction(identity, selector, rng, config, reputation, possible_bidders,
-                      agent_match=agent_match)
-    return PlanningRequester(auction, PlanPipeline(pipeline, reputation,
+    given ``options`` and a ``PlanPipeline`` (the same reputation) drawing child ids from the
+    same ``rng``."""
+    auction = Auction(identity, selector, rng, config, options)
+    return PlanningRequester(auction, PlanPipeline(pipeline, options.reputation,
                                                    lambda: rng.randbytes(32)))
 
 

@@ -46,6 +46,7 @@ from protocol.market.executor import (
     ServedModel,
     StartCompute,
 )
+from protocol.market.options import AuctionOptions, unknown_bidders
 from protocol.market.selection import ScoreSelector
 from simulations.agents.plan_world import PlanWorld, plan_requester
 from simulations.agents.population import skill_name
@@ -227,11 +228,12 @@ def build_world(cfg: PlansConfig, requester: Any = None,
     agents = {e.peer: e for _, e in nodes}
     me = Identity.from_seed(b"R" * 32)
     if requester is None:
+        options = AuctionOptions(
+            agent_match=agent_matcher(cards_of(list(agents.values())).get),
+            possible_bidders=(lambda task: len(agents)) if know_bidders else unknown_bidders)
         requester = plan_requester(me, ScoreSelector(), random.Random(cfg.seed),
-                                   AuctionConfig(spare_bids=cfg.spare_bids),
-                                   PipelineConfig(), lambda peer: 0.5,
-                                   agent_matcher(cards_of(list(agents.values())).get),
-                                   (lambda task: len(agents)) if know_bidders else lambda t: None)
+                                   AuctionConfig(spare_bids=cfg.spare_bids), PipelineConfig(),
+                                   options)
     executors = {who.peer_id: Executor(who, ExecutorConfig(models=(MODEL,), agents=(e.card,)))
                  for who, e in nodes}
     expressions = {item.problem.question: load_expressions(PLANSET_PATH)[item.id]

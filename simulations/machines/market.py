@@ -24,7 +24,7 @@ from protocol.agents.cards import AgentCards
 from protocol.agents.wire import AgentMatch, agent_matcher
 from protocol.ledger.trust import TrustView
 from protocol.market.attestations import ledger_attestation
-from protocol.market.auction import Auction
+from protocol.market.auction import Auction, AuctionOptions
 from protocol.market.bidders import possible_bidders
 from protocol.market.events import (
     Attest,
@@ -37,7 +37,6 @@ from protocol.market.executor import Executor, ExecutorConfig
 from protocol.market.messages import BEACON_TOPIC, Assign, Beacon, Bid, Cancel, Reject, Result
 from protocol.market.selection import Selector
 from protocol.market.state import OpenTask
-from protocol.market.voting import VoteRule
 from simulations.machines.adversary import Behaviour, Wrapped, unwrap
 from simulations.node import MachineSpec, VirtualNode
 
@@ -105,23 +104,25 @@ def _wrap(machine: Any, node: VirtualNode, behaviour_of: BehaviourOf | None) -> 
     return machine if behaviour is None else Wrapped(machine, node, behaviour)
 
 
+def ledger_options(node: VirtualNode) -> AuctionOptions:
+    """The auction's options as the daemon's requester gives them (node/market/requester.py):
+    the earned reputation, the ledger's possible bidders and agent cards, the protocol's vote."""
+    return AuctionOptions(reputation=earned_reputation(node),
+                          possible_bidders=ledger_bidders(node),
+                          agent_match=ledger_agent_match(node))
+
+
 def auction_spec(
     selector_of: Callable[[VirtualNode], Selector],
     config: AuctionConfig,
     behaviour_of: BehaviourOf | None = None,
-    reputation_of: Callable[[VirtualNode], Callable[[str], float]] = earned_reputation,
-    voting: VoteRule | None = None,
-    agent_match_of: Callable[[VirtualNode], AgentMatch] = ledger_agent_match,
+    options_of: Callable[[VirtualNode], AuctionOptions] = ledger_options,
 ) -> MachineSpec:
-    """The requester's ``Auction``, every option passed to its constructor as the daemon's:
-    ``reputation_of(node)`` the reputation callback (the earned one unless a scenario measures
-    another rule, with its ``voting``), the ledger's possible bidders, ``agent_match_of(node)``
-    the match of a bidder's agent card to a task's need (from the node's ledger)."""
+    """The requester's ``Auction``, its ``options_of(node)`` passed to its constructor as the
+    daemon's (the ledger's unless a scenario measures another rule)."""
 
     def build(node: VirtualNode) -> Any:
-        machine = Auction(node.identity, selector_of(node), node.rng, config,
-                          reputation_of(node), ledger_bidders(node), voting=voting,
-                          agent_match=agent_match_of(node))
+        machine = Auction(node.identity, selector_of(node), node.rng, config, options_of(node))
         return _wrap(machine, node, behaviour_of)
 
     def attest(node: VirtualNode, name: str, effect: Attest) -> None:

@@ -43,10 +43,8 @@ from simulations.machines.market import (
     AUCTION,
     EXECUTOR,
     auction_spec,
-    earned_reputation,
     executor_spec,
-    ledger_agent_match,
-    ledger_bidders,
+    ledger_options,
 )
 from simulations.node import MachineSpec, VirtualNode
 
@@ -75,10 +73,8 @@ def verified_auction_spec(
             slot = node.slots.get("ledger")
             return None if slot is None else unwrap(slot.machine).view
 
-        return verified_auction(
-            node.identity, selector_of(node), node.rng, config, earned_reputation(node),
-            ledger_bidders(node), verify, view, ledger_agent_match(node),
-        )
+        return verified_auction(node.identity, selector_of(node), node.rng, config,
+                                ledger_options(node), verify, view)
 
     def attest(node: VirtualNode, name: str, effect: LedgerAttest) -> None:
         if on_attest is not None:

@@ -12,12 +12,14 @@ executor attested completed when it agrees with the winner, no preference for in
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from protocol.ledger.machine import LedgerConfig
 from protocol.market.events import AuctionConfig
 from protocol.market.executor import ExecutorConfig, ServedModel
 from protocol.market.linucb import LinUCBSelector
+from protocol.market.options import AuctionOptions
 from protocol.market.selection import ScoreSelector, Selector
 from protocol.market.voting import WEIGHT_FLOOR, Ballot, VoteRule
 from simulations.compute.cost import DEVICES, CostModel, ExecutorProfile, model_hash
@@ -33,7 +35,12 @@ from simulations.machines.adversary import (
     unwrap,
 )
 from simulations.machines.ledger import ledger_spec
-from simulations.machines.market import auction_spec, executor_spec, trust_view
+from simulations.machines.market import (
+    auction_spec,
+    executor_spec,
+    ledger_options,
+    trust_view,
+)
 from simulations.node import MachineSpec, VirtualNode
 from simulations.scenario import Scenario, ScenarioError, workload_value
 from simulations.workloads.common import MODEL_FAMILY, MODEL_NAME, capability
@@ -190,13 +197,14 @@ def former_rule_auction(selector_of: Any, config: AuctionConfig) -> MachineSpec:
 
         return reputation
 
-    return auction_spec(selector_of, config, reputation_of=raw_reputation,
-                        voting=VoteRule(weigh=today_weight, confirm_by_others=False))
+    def former_options(node: VirtualNode) -> AuctionOptions:
+        return replace(ledger_options(node), reputation=raw_reputation(node),
+                       voting=VoteRule(weigh=today_weight, confirm_by_others=False))
+
+    return auction_spec(selector_of, config, options_of=former_options)
 
 
 def _with_wrapper(spec: MachineSpec, behaviour_of: Any) -> MachineSpec:
-    from dataclasses import replace
-
     from simulations.machines.adversary import Wrapped
 
     def build(node: VirtualNode) -> Any:

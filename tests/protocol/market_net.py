@@ -19,7 +19,7 @@ from protocol.agents.cards import AgentCard
 from protocol.agents.wire import AgentMatch, no_cards
 from protocol.codec import Message, decode, encode
 from protocol.machine import Emit, PeerDisconnected, Penalize, Publish, Received, Send, Tick
-from protocol.market.auction import Attest, Auction, AuctionConfig, TaskUpdated
+from protocol.market.auction import Attest, Auction, AuctionConfig, AuctionOptions, TaskUpdated
 from protocol.market.executor import (
     CancelCompute,
     ComputeDone,
@@ -61,8 +61,8 @@ class MarketNet:
         self.queue: list[tuple[int, int, str, object]] = []
         self.requester = ident(1)
         self.auction = Auction(self.requester, selector or ScoreSelector(),
-                               random.Random(5), config or AuctionConfig(), reputation,
-                               agent_match=agent_match)
+                               random.Random(5), config or AuctionConfig(),
+                               AuctionOptions(reputation=reputation, agent_match=agent_match))
         self.workers: dict[str, Worker] = {}
         for i in range(n_exec):
             who = ident(10 + i)

@@ -29,7 +29,7 @@ from protocol.codec import decode, encode
 from protocol.envelopes import seal
 from protocol.errors import InvalidMessage
 from protocol.machine import Received, Send
-from protocol.market.auction import Auction, AuctionConfig, SubmitTask
+from protocol.market.auction import Auction, AuctionConfig, AuctionOptions, SubmitTask
 from protocol.market.messages import (
     BID_DOMAIN,
     RESULT_DOMAIN,
@@ -72,7 +72,7 @@ def ledger(records: dict[str, tuple[AgentCard, ...]]) -> dict[str, AgentCards]:
 
 def auction(cards: dict[str, AgentCards]) -> Auction:
     return Auction(ME, ScoreSelector(), random.Random(1), AuctionConfig(bid_window_ms=1_000),
-                   agent_match=agent_matcher(cards.get))
+                   AuctionOptions(agent_match=agent_matcher(cards.get)))
 
 
 def submit(a: Auction, **kw: object) -> bytes:

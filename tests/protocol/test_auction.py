@@ -12,6 +12,7 @@ from protocol.machine import Publish, Send, SendFailed, Tick
 from protocol.market.auction import (
     Auction,
     AuctionConfig,
+    AuctionOptions,
     CancelTask,
     Reward,
     TaskUpdated,
@@ -65,7 +66,7 @@ def test_closes_as_soon_as_k_plus_spare_bids_are_in() -> None:
 def test_closes_once_every_possible_bidder_has_bid() -> None:
     sel = RecordingSelector()
     a = Auction(ME, sel, random.Random(1), AuctionConfig(spare_bids=2, close_grace_ms=900),
-                possible_bidders=lambda task: 2)
+                AuctionOptions(possible_bidders=lambda task: 2))
     tid, _ = submit(a)
     assert assigns(a.handle(bid(tid, BIDDERS[0]), 1)) == []
     assert len(assigns(a.handle(bid(tid, BIDDERS[1]), 2))) == 2  # nobody else could bid
@@ -125,7 +126,7 @@ def test_no_round_is_held_when_the_ledger_shows_no_untried_executor() -> None:
     sel = RecordingSelector()
     known = [0]
     a = Auction(ME, sel, random.Random(1), AuctionConfig(bid_window_ms=1_000),
-                possible_bidders=lambda task: known[0])
+                AuctionOptions(possible_bidders=lambda task: known[0]))
     tid, _ = submit(a)
     effects = run_ticks(a, 8_000)
     assert beacon_times(effects) == []  # skipped: nobody could answer a beacon
@@ -134,7 +135,7 @@ def test_no_round_is_held_when_the_ledger_shows_no_untried_executor() -> None:
     assert beacon_times(run_ticks(a, 16_000))
     # every executor the ledger shows was tried: the task gives up at once
     a2 = Auction(ME, sel, random.Random(1), AuctionConfig(bid_window_ms=1_000, spare_bids=0),
-                 possible_bidders=lambda task: 1)
+                 AuctionOptions(possible_bidders=lambda task: 1))
     tid2, _ = submit(a2, k=1)
     (chosen,) = assigns(a2.handle(bid(tid2, BIDDERS[0]), 10))
     failed = a2.handle(SendFailed(BIDDERS[0].peer_id, Assign(envelope=seal(
@@ -271,7 +272,7 @@ def test_reputation_callback_feeds_selection() -> None:
             return super().select(task_id, candidates, n)
 
     a = Auction(ME, Spy(), random.Random(1), AuctionConfig(spare_bids=0),
-                reputation=lambda p: 0.9 if p == BIDDERS[0].peer_id else 0.1)
+                AuctionOptions(reputation=lambda p: 0.9 if p == BIDDERS[0].peer_id else 0.1))
     tid, _ = submit(a, k=1)
     a.handle(bid(tid), 1)
     assert seen[0].reputation == 0.9

@@ -36,13 +36,12 @@ from node.config import fed_config
 from node.market.requester import TasksSection, TasksService
 from node.relay.service import RelaySection, RelayService
 from node.verification.service import VerifySection, executor_machine, requester_machine
-from protocol.agents.wire import no_cards
 from protocol.envelopes import seal
 from protocol.ledger.events import Attest as LedgerAttest
 from protocol.ledger.machine import LedgerConfig
 from protocol.ledger.records import AttestationKind, Role
 from protocol.machine import Received, Send
-from protocol.market.auction import Auction
+from protocol.market.auction import Auction, AuctionOptions
 from protocol.market.events import AuctionConfig, SubmitTask
 from protocol.market.executor import ExecutorConfig, ServedModel
 from protocol.market.messages import BID_DOMAIN, Assign, Bid, BidBody
@@ -194,8 +193,8 @@ def test_verifier_choice_exclusion_and_grace_are_the_same_in_daemon_and_simulato
     ctx = daemon_context([], identity=asker.identity,
                          services={"ledger": SimpleNamespace(machine=SimpleNamespace(view=view))},
                          config=SimpleNamespace(section=lambda name: verify))
-    daemon = requester_machine(ctx, ScoreSelector(), AuctionConfig(), lambda peer: 0.5,  # type: ignore[arg-type]
-                               lambda task: None, no_cards)
+    daemon = requester_machine(ctx, ScoreSelector(), AuctionConfig(),  # type: ignore[arg-type]
+                               AuctionOptions())
     spec = verified_auction_spec(lambda node: ScoreSelector(), AuctionConfig(),
                                  verify.verify_config())
     simulated = spec.build(asker)

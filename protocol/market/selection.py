@@ -13,18 +13,18 @@ Two selectors share the :class:`Selector` protocol:
 :class:`ExploringSelector` wraps either so that peers it never picked get a bounded share of
 the picks (a newcomer cannot otherwise outrank peers with a record).
 
-Score formula (every term in [0, 1], weights sum to 1)::
+Score formula (every term in [0, 1]; the weights, :class:`ScoreWeights`, sum to 1)::
 
-    score = W_MATCH   * match_score
-          + W_REP     * reputation
-          + W_PRICE   * (1 - price / max_price)          (1 when max_price is 0)
-          + W_LATENCY * (1 - min(1, est_latency / deadline))
+    score = match      * match_score
+          + reputation * reputation
+          + price      * (1 - price / max_price)          (1 when max_price is 0)
+          + latency    * (1 - min(1, est_latency / deadline))
 
 Ties are broken by peer id, so the choice is deterministic.
 
 Independence: given ``group_of`` (a peer's praise group, ``protocol.ledger.trust``: identities
 that vouch for each other in the ledger, likely one operator), the score selector picks
-greedily and lowers a candidate's score by ``INDEPENDENCE_PENALTY`` for every executor of its
+greedily and lowers a candidate's score by ``ScoreWeights.independence`` for every executor of its
 group already picked. A coalition that may otherwise fill all k seats of a task with its own
 members, and so outvote everyone, then gets one seat unless no independent bidder comes close.
 The reputation in a candidate is the requester's earned reputation (a track record from
@@ -36,13 +36,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
-
-W_MATCH = 0.4
-W_REP = 0.3
-W_PRICE = 0.15
-W_LATENCY = 0.15
-#: score subtracted per executor of the candidate's praise group already picked for the task
-INDEPENDENCE_PENALTY = 0.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,25 +76,24 @@ class Selector(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ScoreWeights:
-    match: float = W_MATCH
-    reputation: float = W_REP
-    price: float = W_PRICE
-    latency: float = W_LATENCY
+    """The score's weights (they sum to one) and the independence penalty."""
+
+    match: float = 0.4
+    reputation: float = 0.3
+    price: float = 0.15
+    latency: float = 0.15
+    #: score subtracted per executor of the candidate's praise group already picked for the task
+    independence: float = 0.3
 
 
 class ScoreSelector:
     """Rank by the documented weighted score, preferring independent executors when
     ``group_of`` names each peer's group; stateless, so ``observe`` does nothing."""
 
-    def __init__(
-        self,
-        weights: ScoreWeights = ScoreWeights(),
-        group_of: Callable[[str], str] | None = None,
-        independence_penalty: float = INDEPENDENCE_PENALTY,
-    ) -> None:
+    def __init__(self, weights: ScoreWeights = ScoreWeights(),
+                 group_of: Callable[[str], str] | None = None) -> None:
         self.weights = weights
         self.group_of = group_of
-        self.independence_penalty = independence_penalty
 
     def score(self, c: Candidate) -> float:
         w = self.weights
@@ -117,7 +109,7 @@ class ScoreSelector:
         ranked = sorted(unique(candidates), key=lambda c: (-self.score(c), c.peer))
         if self.group_of is None:
             return ranked[: max(0, n)]
-        return independent(ranked, n, self.score, self.group_of, self.independence_penalty)
+        return independent(ranked, n, self.score, self.group_of, self.weights.independence)
 
     def observe(self, task_id: bytes, peer: str, reward: float) -> None:
         return None

@@ -113,7 +113,8 @@ class VoteOutcome:
         return own > 0.0 and round(own, 12) >= round(max(totals.values()), 12)
 
 
-def _factor(v: float) -> float:
+def weight_factor(v: float) -> float:
+    """One factor of a ballot's weight: ``v`` clamped to [0, 1], floored at WEIGHT_FLOOR."""
     return WEIGHT_FLOOR + (1.0 - WEIGHT_FLOOR) * min(1.0, max(0.0, v))
 
 
@@ -123,7 +124,8 @@ def calibrated_confidence(b: Ballot) -> float:
 
 
 def ballot_weight(b: Ballot) -> float:
-    return _factor(b.reputation) * _factor(calibrated_confidence(b)) * _factor(b.match_score)
+    return (weight_factor(b.reputation) * weight_factor(calibrated_confidence(b))
+            * weight_factor(b.match_score))
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from protocol.market.executor import ExecutorConfig, ServedModel
 from protocol.market.linucb import LinUCBSelector
 from protocol.market.options import AuctionOptions
 from protocol.market.selection import ScoreSelector, Selector
-from protocol.market.voting import WEIGHT_FLOOR, Ballot, VoteRule
+from protocol.market.voting import Ballot, VoteRule, weight_factor
 from simulations.compute.cost import DEVICES, CostModel, ExecutorProfile, model_hash
 from simulations.machines.adversary import (
     AnswerRewriter,
@@ -49,13 +49,9 @@ BEHAVIOURS = ("honest", "lazy", "wrong", "colluder", "bid_spammer", "sybil", "mo
 NETWORK_ID = "sim"
 
 
-def _factor(v: float) -> float:
-    return WEIGHT_FLOOR + (1.0 - WEIGHT_FLOOR) * min(1.0, max(0.0, v))
-
-
 def today_weight(b: Ballot) -> float:
     """The former ballot weight: ledger reputation x confidence as claimed x match."""
-    return _factor(b.reputation) * _factor(b.confidence) * _factor(b.match_score)
+    return weight_factor(b.reputation) * weight_factor(b.confidence) * weight_factor(b.match_score)
 
 
 def _profiles(scenario: Scenario, n_exec: int) -> list[dict[str, Any]]:

@@ -5,10 +5,6 @@ from __future__ import annotations
 import pytest
 
 from protocol.market.selection import (
-    W_LATENCY,
-    W_MATCH,
-    W_PRICE,
-    W_REP,
     Candidate,
     ScoreSelector,
     ScoreWeights,
@@ -22,15 +18,16 @@ def cand(peer: str, match: float = 1.0, rep: float = 0.5, price: float = 0.0,
 
 
 def test_weights_sum_to_one() -> None:
-    assert W_MATCH + W_REP + W_PRICE + W_LATENCY == pytest.approx(1.0)
+    w = ScoreWeights()
+    assert w.match + w.reputation + w.price + w.latency == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("c,expected", [
     (cand("a", 1.0, 1.0, 0.0, 0), 1.0),
     (cand("a", 0.0, 0.0, 10.0, 10_000), 0.0),
     (cand("a", 0.5, 0.5, 5.0, 5_000), 0.5),
-    (cand("a", 1.0, 0.0, 10.0, 20_000), W_MATCH),
-    (cand("a", 0.0, 2.0, 10.0, 10_000), W_REP),  # reputation is clamped to [0, 1]
+    (cand("a", 1.0, 0.0, 10.0, 20_000), ScoreWeights().match),
+    (cand("a", 0.0, 2.0, 10.0, 10_000), ScoreWeights().reputation),  # reputation is clamped to [0, 1]
 ])
 def test_score_formula(c: Candidate, expected: float) -> None:
     assert ScoreSelector().score(c) == pytest.approx(expected)
@@ -71,7 +68,7 @@ def test_independent_executors_are_preferred_to_a_second_of_one_group() -> None:
 
 def test_independence_penalty_is_per_pick_of_the_group() -> None:
     cands = [cand(f"g{i}", rep=1.0) for i in range(3)] + [cand("x", rep=0.0)]
-    sel = ScoreSelector(group_of=lambda p: "G" if p.startswith("g") else p,
-                        independence_penalty=0.2)
-    # score gap g vs x is W_REP = 0.3: one penalty (0.2) keeps g1 ahead, two (0.4) do not
+    sel = ScoreSelector(ScoreWeights(independence=0.2),
+                        group_of=lambda p: "G" if p.startswith("g") else p)
+    # score gap g vs x is the reputation weight 0.3: one penalty (0.2) keeps g1 ahead, two (0.4) do not
     assert [c.peer for c in sel.select(b"t", cands, 4)] == ["g0", "g1", "x", "g2"]

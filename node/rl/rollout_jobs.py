@@ -50,14 +50,8 @@ from protocol.market.events import Attest
 from protocol.market.linucb import LinUCBSelector
 from protocol.market.messages import MAX_REASON_LEN, TASK_ID_LEN
 from protocol.market.selection import EXPLORE_SHARE, ExploringSelector, ScoreSelector, Selector
-from protocol.rl.auction import (
-    AuctionSettings,
-    Convict,
-    GroupAccepted,
-    IssueJobs,
-    PublishVersion,
-    RolloutAuction,
-)
+from protocol.rl.auction import AuctionSettings, RolloutAuction
+from protocol.rl.events import Convict, GroupAccepted, IssueJobs, PublishVersion
 from protocol.rl.jobs import BookConfig, JobBook, JobState
 from protocol.rl.messages import (
     RolloutBid,

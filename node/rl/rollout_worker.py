@@ -37,6 +37,13 @@ import trio
 
 from node.rl.dissemination import AdapterFollower, run_model_name
 from node.service import JobScopes, NodeContext, NurseryService
+from protocol.rl.events import (
+    CancelRollout,
+    LearnerSeen,
+    RolloutDone,
+    RolloutFailed,
+    StartRollout,
+)
 from protocol.rl.messages import (
     RL_BEACON_TOPIC,
     RolloutAssign,
@@ -45,15 +52,7 @@ from protocol.rl.messages import (
     RolloutJob,
     RolloutResultBody,
 )
-from protocol.rl.worker import (
-    CancelRollout,
-    LearnerSeen,
-    RolloutDone,
-    RolloutFailed,
-    RolloutWorkerMachine,
-    StartRollout,
-    WorkerConfig,
-)
+from protocol.rl.worker import RolloutWorkerMachine, WorkerConfig
 
 BUILTIN_GENERATORS = {"models": "node.rl.rollout_worker:models_generator"}
 MAX_FAILURE_TEXT = 120

@@ -37,6 +37,7 @@ from protocol.envelopes import Unopened, open_authored, seal
 from protocol.machine import Effect, Emit, Publish, Received, Send, Tick
 from protocol.market.messages import MAX_TASK_MS, BidBody
 from protocol.market.selection import Candidate, Selector
+from protocol.rl.events import Convict, GroupAccepted, IssueJobs, PublishVersion
 from protocol.rl.jobs import ACCEPTED, INVALID, STALE, JobBook, Verdict
 from protocol.rl.messages import (
     MAX_ATTEMPT,
@@ -70,33 +71,6 @@ class AuctionSettings:
     assign_slack: float = 3.0
     max_bids_per_job: int = 64
     max_frame: int = MAX_FRAME_BYTES
-
-
-@dataclass(frozen=True, slots=True)
-class IssueJobs:
-    count: int
-    #: None: the version being trained
-    version: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class PublishVersion:
-    version: int
-
-
-@dataclass(frozen=True, slots=True)
-class Convict:
-    """A later check (the learner's recomputation) failed for an accepted group."""
-
-    job_id: bytes
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class GroupAccepted:
-    """A validated, fresh group for the learner to score and train on."""
-
-    result: RolloutResultBody
 
 
 @dataclass(slots=True)

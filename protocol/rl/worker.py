@@ -39,6 +39,7 @@ from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored, open_env
 from protocol.errors import InvalidMessage
 from protocol.machine import Effect, Emit, Penalize, Received, Send, Tick
 from protocol.market.messages import HASH_LEN, BidBody
+from protocol.rl.events import CancelRollout, LearnerSeen, RolloutDone, RolloutFailed, StartRollout
 from protocol.rl.messages import (
     RL_ASSIGN_DOMAIN,
     RL_BEACON_DOMAIN,
@@ -54,7 +55,6 @@ from protocol.rl.messages import (
     RolloutReject,
     RolloutRejectReason,
     RolloutResult,
-    RolloutResultBody,
 )
 
 #: how long a worker remembers a job it bid on or ran, after it ended
@@ -84,42 +84,6 @@ class WorkerConfig:
                              "negative")
         if len(self.model_hash) > HASH_LEN:
             raise ValueError(f"model_hash is longer than {HASH_LEN} bytes")
-
-
-@dataclass(frozen=True, slots=True)
-class LearnerSeen:
-    """Effect: the first genuine beacon of ``learner`` for this worker's model arrived."""
-
-    learner: str
-
-
-@dataclass(frozen=True, slots=True)
-class StartRollout:
-    job: RolloutJob
-    attempt: int
-    deadline_at_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class CancelRollout:
-    job_id: bytes
-    attempt: int
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutDone:
-    """The driver's generation finished; ``result``'s worker and attempt are set here."""
-
-    job_id: bytes
-    attempt: int
-    result: RolloutResultBody
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutFailed:
-    job_id: bytes
-    attempt: int
-    reason: str
 
 
 class Slot(enum.Enum):

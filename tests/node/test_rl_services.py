@@ -20,8 +20,14 @@ from node.api.dashboard_jobs import RunHistory, rl_view
 from node.rl.rollout_jobs import RlJobsSection, RolloutJobsService
 from node.rl.rollout_worker import RlWorkerSection, RolloutWorkerService
 from node.rl.step_figures import MAX_STEPS
-from protocol.rl.auction import GroupAccepted, IssueJobs, PublishVersion
-from protocol.rl.worker import RolloutDone, RolloutFailed, StartRollout
+from protocol.rl.events import (
+    GroupAccepted,
+    IssueJobs,
+    PublishVersion,
+    RolloutDone,
+    RolloutFailed,
+    StartRollout,
+)
 from tests.node.rl_generator import MODEL
 from tests.protocol.rl_fixtures import honest_result, make_job
 
@@ -235,7 +241,7 @@ def test_a_restarted_learner_daemon_resumes_its_run(tmp_path: Path) -> None:
     from node.db import Database
     from node.rl import rollout_state
     from protocol.market.events import Attest
-    from protocol.rl.auction import Convict
+    from protocol.rl.events import Convict
 
     def service(db: Database, submitted: list[object]) -> tuple[RolloutJobsService, TestClient]:
         ctx = _ctx(RlJobsSection(), submitted)

@@ -13,7 +13,15 @@ from protocol.machine import Publish, Received, Send, Tick
 from protocol.market.attestations import ledger_attestation
 from protocol.market.events import Attest
 from protocol.market.selection import ExploringSelector, ScoreSelector
-from protocol.rl.auction import GroupAccepted, IssueJobs, PublishVersion, RolloutAuction
+from protocol.rl.auction import RolloutAuction
+from protocol.rl.events import (
+    GroupAccepted,
+    IssueJobs,
+    LearnerSeen,
+    PublishVersion,
+    RolloutDone,
+    StartRollout,
+)
 from protocol.rl.jobs import BookConfig, JobBook
 from protocol.rl.messages import (
     RolloutAssign,
@@ -22,13 +30,7 @@ from protocol.rl.messages import (
     RolloutResultBody,
     RolloutSampling,
 )
-from protocol.rl.worker import (
-    LearnerSeen,
-    RolloutDone,
-    RolloutWorkerMachine,
-    StartRollout,
-    WorkerConfig,
-)
+from protocol.rl.worker import RolloutWorkerMachine, WorkerConfig
 from tests.protocol.rl_fixtures import VOCAB, honest_result
 
 MODEL = "smollm2-135m"
@@ -211,7 +213,7 @@ def test_forged_results_and_bids_are_penalized() -> None:
 
 
 def test_a_convicted_group_excludes_its_worker_from_the_next_auctions() -> None:
-    from protocol.rl.auction import Convict
+    from protocol.rl.events import Convict
 
     net = Net(a=(500.0, {0}, honest), b=(100.0, {0}, honest))
     net.learner(IssueJobs(1))
@@ -261,6 +263,7 @@ def test_a_queued_jobs_deadline_starts_when_it_reaches_the_head_of_the_queue() -
     """Two jobs assigned at once to a worker that generates one at a time: the second waits,
     and its time counts from its start, so the first's run does not use it up."""
     from protocol.envelopes import seal
+    from protocol.rl.events import CancelRollout
     from protocol.rl.messages import (
         RL_ASSIGN_DOMAIN,
         RL_BEACON_DOMAIN,
@@ -269,7 +272,6 @@ def test_a_queued_jobs_deadline_starts_when_it_reaches_the_head_of_the_queue() -
         RolloutBeaconBody,
         RolloutCancel,
     )
-    from protocol.rl.worker import CancelRollout
     from tests.protocol.rl_fixtures import make_job
 
     learner = Identity.generate()

@@ -150,8 +150,7 @@ class TasksService(Service):
         self.selector = selector
         from node.verification.service import requester_machine  # VerifiedAuction if [verify] on
 
-        # possible_bidders: the bid window closes once every executor the ledger knows for the
-        # task has bid
+        # the ledger's answers, as the simulator's (protocol/market/options.py)
         self._machine = requester_machine(ctx, selector, fed_config(s), AuctionOptions(
             reputation=self.reputation, possible_bidders=self.possible_bidders,
             agent_match=agent_matcher(self.cards_of)))

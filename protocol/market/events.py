@@ -24,7 +24,8 @@ COMPLETED, WRONG, FAILED, TIMEOUT = "completed", "wrong", "failed", "timeout"
 @dataclass(frozen=True, slots=True)
 class AuctionConfig:
     bid_window_ms: int = 1_500
-    #: close early once this many bids beyond the wanted count are in
+    #: close early once this many bids beyond the wanted count are in (and no better match
+    #: may still come: protocol/market/bidding.py)
     spare_bids: int = 1
     #: once the wanted count of bids is in, wait at most this much longer for better ones
     #: (protocol/market/bidding.py says why)

@@ -124,6 +124,9 @@ class RestoreTask:
     tried: tuple[str, ...] = ()
     kept: tuple[KeptResult, ...] = ()
     assigned: tuple[RestoredAttempt, ...] = ()
+    #: SubmitTask.deferred, kept across the restart: a plan's planner or step still leaves
+    #: its attestations and rewards to the larger task's vote
+    deferred: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -202,6 +202,8 @@ class ComputeDone:
     #: the agent's tool calls and its system prompt as used (protocol.agents.wire)
     tool_calls: tuple[ToolCallRecord, ...] = ()
     system_prompt: str = ""
+    #: the content hash of the LoRA adapter it ran on (b"": the base model)
+    adapter: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

@@ -349,7 +349,8 @@ class Executor:
             fingerprints=ev.fingerprints, fingerprint_root=ev.fingerprint_root,
             prompt_tokens=min(MAX_CONTEXT, max(0, ev.prompt_tokens)),
             finish_reason="length" if ev.finish_reason == "length" else "stop",
-            agent=job.agent, tool_calls=ev.tool_calls, system_prompt=ev.system_prompt)
+            agent=job.agent, tool_calls=ev.tool_calls, system_prompt=ev.system_prompt,
+            adapter=ev.adapter)
         self._move(job, JobState.DONE, now + REMEMBER_MS)
         self._count("results_sent")
         return self.deliver(job, body) + self._start_queued()

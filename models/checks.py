@@ -25,7 +25,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from protocol.agents.wire import ToolCallRecord
@@ -33,10 +35,13 @@ from protocol.market.messages import MAX_ANSWER_CHARS, TaskSpec
 from protocol.verification.verifier import CheckDone, StartCheck
 
 if TYPE_CHECKING:  # numpy and torch load only where a model is used
+    from models.adapter_weights import LoraWeights
     from models.layer_states import CheckPlan as LayerPlan
 
 #: the executor's marker for a CoT cut to the wire limit (protocol.market.executor)
 COT_TRUNCATION_MARK = "\n[... truncated]"
+#: LoRA adapters a runner keeps read (agents' adapters it checked results of)
+MAX_ADAPTERS = 4
 
 
 def cot_matches(claimed: str, text: str) -> bool:
@@ -86,6 +91,8 @@ class CheckRunner:
         self._lock = threading.Lock()
         self._load_lock = threading.Lock()
         self.last: CheckTiming | None = None
+        #: adapters read for checks, by content hash (oldest dropped past MAX_ADAPTERS)
+        self._adapters: dict[bytes, LoraWeights] = {}
 
     @property
     def backend(self) -> Any:
@@ -145,19 +152,45 @@ class CheckRunner:
                           e.layers)
         return LayerJob(prompt, plan, tuple(needed_leaves(plan)))
 
-    def run_layers(self, e: StartCheck, job: LayerJob,
-                   fetched: dict[tuple[int, int], Any]) -> CheckDone:
-        """Re-run layer 1 and the sampled layers on the fetched, Merkle-checked leaves."""
+    def run_layers(self, e: StartCheck, job: LayerJob, fetched: dict[tuple[int, int], Any],
+                   adapter: Path | None = None) -> CheckDone:
+        """Re-run layer 1 and the sampled layers on the fetched, Merkle-checked leaves; for a
+        result on a LoRA adapter (``e.adapter``) with the adapter file at ``adapter`` (the
+        caller fetched it and checked its bytes against the hash) merged into those layers.
+        An adapter that does not fit the model fails the check: the executor named it."""
+        from models.adapter_weights import merged
         from models.fingerprint import fingerprint_backend
         from models.layer_states import check_layers
 
+        if e.adapter and adapter is None:
+            raise ValueError("the check names an adapter: its file is needed")
         with self._lock:
+            backend = fingerprint_backend(self.backend)
+            blocks = [0, *(layer - 1 for layer in job.plan.layers)]  # layer L is block L-1
             started = time.perf_counter()
-            checks = check_layers(fingerprint_backend(self.backend),
-                                  job.prompt_ids + list(e.output_ids), job.plan, fetched)
+            with ExitStack() as stack:
+                try:
+                    lora = self._lora(backend, e.adapter, adapter) if e.adapter else None
+                    stack.enter_context(merged(backend, lora, blocks))
+                except ValueError as exc:
+                    return CheckDone(e.check_id, False, f"adapter: {exc}"[:128])
+                checks = check_layers(backend, job.prompt_ids + list(e.output_ids), job.plan,
+                                      fetched)
             self.last = CheckTiming((time.perf_counter() - started) * 1000, job.plan.end)
         bad = [c.reason for c in checks if not c.ok]
         return CheckDone(e.check_id, not bad, "; ".join(bad)[:128])
+
+    def _lora(self, backend: Any, key: bytes, path: Path | None) -> LoraWeights:
+        """The adapter ``key`` read from ``path`` (kept: the next check on it reads nothing)."""
+        from models.adapter_weights import read_lora
+
+        if key not in self._adapters:
+            config = backend.model.config
+            if len(self._adapters) >= MAX_ADAPTERS:
+                del self._adapters[next(iter(self._adapters))]
+            self._adapters[key] = read_lora(path, config.num_attention_heads,  # type: ignore[arg-type]
+                                            config.num_key_value_heads)
+        return self._adapters[key]
 
     def run(self, e: StartCheck) -> CheckDone:
         """A check by one prefill over the sampled chunks (no layer states committed)."""

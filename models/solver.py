@@ -184,7 +184,8 @@ class ModelsSolver:
                            states_root=made.states_root, state_layers=made.state_layers,
                            prompt_tokens=len(sol.prompt_token_ids),
                            finish_reason=sol.finish_reason, tool_calls=tool_calls,
-                           system_prompt=system_prompt)
+                           system_prompt=system_prompt,
+                           adapter=bytes.fromhex(adapter) if adapter is not None else b"")
 
 
 def load_models_solver(model: str = "", *, threads: int = 0, temperature: float | None = None,

@@ -13,6 +13,11 @@
   taken. The solver's ``add_adapter(key, path)`` loads the file (llama.cpp refusing it is an
   error named in the agent's state). Until its adapter is loaded an agent does not bid;
   :attr:`states` says for each why (node/market/executor.py shows it in its status).
+* :func:`adapter_file` is the verifier's way to the same bytes: a result on an adapter names
+  its hash, and a check merges that adapter into the model it re-runs
+  (node/verification/service.py). It takes the file this node already holds under the hash,
+  or asks the relay for the artifact and waits a bounded time; bytes that do not hash to the
+  name are never used.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ _ADAPTER_PERSON = b"symphony-adapter"
 #: an adapter named by its content hash: 64 hex digits
 HASH_PATTERN = re.compile(r"[0-9a-f]{64}")
 READY = "ready"
+#: where adapters fetched by the relay are kept, under the data dir (agents' and checks')
+ADAPTERS_DIR = "agent-adapters"
 
 
 def adapter_hash(data: bytes) -> str:
@@ -50,6 +57,44 @@ def adapter_artifact(content_hash: str) -> str:
     if HASH_PATTERN.fullmatch(content_hash) is None:
         raise ValueError(f"{content_hash!r} is not an adapter content hash (64 hex digits)")
     return content_hash
+
+
+async def adapter_file(relay: Any, directory: Path, content_hash: str,
+                       wait_s: float) -> Path | None:
+    """The adapter file of ``content_hash`` under ``directory`` (kept there for later checks):
+    already there, or fetched by ``relay`` within ``wait_s``; None when it cannot be had (no
+    relay, nobody relays it in time, or only wrong bytes under its name)."""
+    path = Path(directory) / f"{adapter_artifact(content_hash)}.gguf"
+    if await trio.to_thread.run_sync(_holds, path, content_hash):
+        return path
+    if relay is None:
+        return None
+    manifest = relay.latest(content_hash)
+    with trio.move_on_after(wait_s):
+        if manifest is None:
+            await relay.fetch(content_hash)
+            manifest = await relay.wait_version(content_hash)
+    if manifest is None:
+        return None
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.part")
+    try:
+        await relay.export(manifest, tmp)
+        if await trio.to_thread.run_sync(_holds, tmp, content_hash):
+            await trio.to_thread.run_sync(os.replace, tmp, path)
+            return path
+    except Exception:  # a store error: as if nobody relayed it
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return None
+
+
+def _holds(path: Path, content_hash: str) -> bool:
+    try:
+        return file_adapter_hash(path) == content_hash
+    except OSError:
+        return False
 
 
 class AgentAdapters:

@@ -50,7 +50,7 @@ from typing import Any, ClassVar, Protocol
 
 import trio
 
-from node.agents.adapters import AgentAdapters
+from node.agents.adapters import ADAPTERS_DIR, AgentAdapters
 from node.agents.hosted import AgentRunner
 from node.config import fed_config, tuning
 from node.market.text_pump import TextPump
@@ -76,8 +76,6 @@ from protocol.market.progress import ComputeProgress
 from protocol.verification.executor import VerifiedExecutor
 
 MAX_FAILURE_TEXT = 120
-#: where agents' adapters fetched by the relay are kept, under the data dir
-ADAPTERS_DIR = "agent-adapters"
 #: solver names that need no "module:callable"
 BUILTIN_SOLVERS = {"models": "node.market.executor:models_solver"}
 

@@ -40,4 +40,4 @@ def restore_event(snap: dict[str, Any], own_peer: str, remaining_ms: int) -> Res
     return RestoreTask(spec=spec, allow_self=bool(snap["allow_self"]),
                        remaining_ms=max(0, remaining_ms), round=int(snap["round"]),
                        next_attempt=int(snap["next_attempt"]), tried=tuple(snap["tried"]),
-                       kept=kept, assigned=assigned)
+                       kept=kept, assigned=assigned, deferred=bool(snap.get("deferred", False)))

@@ -42,6 +42,7 @@ from node.rl.learner_config import LearnerConfig
 from node.rl.learner_ranks import follow
 from node.rl.learner_trainer import Group, StepStats, Trainer
 from node.rl.learner_workers import WorkerPool
+from node.rl.step_figures import RolloutRate
 from protocol.codec import decode, encode
 from protocol.rl.capacity import jobs_per_worker
 from protocol.rl.jobs import ACCEPTED, INVALID, BookConfig, JobBook, Verdict
@@ -111,8 +112,8 @@ class TrainingLoop:
         self.report = TrainReport(first_version=trainer.version, resumed_from=trainer.resumed_from)
         self.stale_at_step = 0
         self.evaluator = evaluator
-        #: completion tokens returned since the last step, and when that step ended
-        self.tokens_since, self.step_ended_at = 0, time.monotonic()
+        #: completion tokens returned since the last step ended, for its tokens/s
+        self.rollout_rate = RolloutRate(time.monotonic())
 
     def _check(self, job: RolloutJob, result: RolloutResultBody) -> str | None:
         t = time.perf_counter()
@@ -148,12 +149,11 @@ class TrainingLoop:
         batch = self.ready[:self.config.jobs_per_step]
         self.ready = self.ready[self.config.jobs_per_step:]
         stats = self.trainer.step(batch, self.trainer.next_version())
-        now = time.monotonic()
-        stats = replace(stats, rollout_tokens_per_s=self.tokens_since / max(now - self.step_ended_at, 1e-9))
+        stats = replace(stats, rollout_tokens_per_s=self.rollout_rate.rate(time.monotonic()))
         self.report.busy_s += stats.step_s
         self.book.publish(self.trainer.version)
         stats = self._heldout(stats)
-        self.tokens_since, self.step_ended_at = 0, time.monotonic()
+        self.rollout_rate.restart(time.monotonic())
         keep = [g for g in self.ready if accepts(g.version, self.trainer.version, self.config.staleness)]
         self.stale_at_step += len(self.ready) - len(keep)
         self.ready = keep
@@ -271,7 +271,7 @@ class TrainingLoop:
             self.report.switch_s.append(switch_s)
         self.report.generate_s.append(generate_s)
         result = decode(data, RolloutResultBody)
-        self.tokens_since += sum(len(c.token_ids) for c in result.completions)
+        self.rollout_rate.add(sum(len(c.token_ids) for c in result.completions))
         job = self.jobs.get(result.job_id)
         verdict = self.book.receive(result, f"local-{i}", _now_ms())
         if self.running.get(result.job_id) == i:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -32,7 +32,7 @@ from models.rl.env import load_environment
 from node.rl.dissemination import adapter_name, run_model_name
 from node.rl.learner_config import LearnerConfig
 from node.rl.learner_trainer import Group, StepStats, Trainer
-from node.rl.step_figures import MAX_ABS_REWARD, step_telemetry
+from node.rl.step_figures import MAX_ABS_REWARD, RolloutRate, step_telemetry
 from protocol.rl.messages import Completion, RolloutResultBody
 from protocol.rl.staleness import accepts
 
@@ -134,6 +134,8 @@ class NetworkLearner:
         self.ready: list[Group] = []
         self.report = NetworkReport()
         self.on_step = on_step
+        #: completion tokens received since the last step ended, for its tokens/s
+        self.rollout_rate = RolloutRate(time.monotonic())
 
     # ------------------------------------------------------------ the daemon's side
     def begin(self) -> None:
@@ -192,6 +194,7 @@ class NetworkLearner:
 
     def _receive(self, result: RolloutResultBody) -> int:
         self.report.received += 1
+        self.rollout_rate.add(sum(len(c.token_ids) for c in result.completions))
         w = self.trainer.version
         if not accepts(result.policy_version, w, self.config.staleness):
             self.report.stale += 1
@@ -213,6 +216,11 @@ class NetworkLearner:
         batch = self.ready[:self.config.jobs_per_step]
         self.ready = self.ready[self.config.jobs_per_step:]
         stats = self.trainer.step(batch, self.trainer.next_version())
+        # tokens received since the previous step over the time since: the swarm generates
+        # while the learner trains, so the interval is the whole step
+        now = time.monotonic()
+        stats = replace(stats, rollout_tokens_per_s=self.rollout_rate.rate(now))
+        self.rollout_rate.restart(now)
         self.publish(stats.version, stats.mean_reward, step_telemetry(stats))
         keep = [g for g in self.ready
                 if accepts(g.version, self.trainer.version, self.config.staleness)]

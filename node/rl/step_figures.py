@@ -99,3 +99,22 @@ class StepFigures:
         """``{"version", "mean_reward", "heldout_accuracy"}`` and the telemetry it came with,
         per step, oldest first."""
         return [dict(row) for row in self._rows]
+
+
+class RolloutRate:
+    """Rollout tokens/s as a learner reports it with each step: the completion tokens of the
+    results it took in since it last started counting (its previous step, or its start),
+    over the time since. One rule for the local learner (node/rl/learner.py) and the network
+    one (node/rl/network_learner.py); ``now`` is a monotonic clock reading in seconds."""
+
+    def __init__(self, now: float) -> None:
+        self.tokens, self.since = 0, now
+
+    def add(self, tokens: int) -> None:
+        self.tokens += tokens
+
+    def rate(self, now: float) -> float:
+        return self.tokens / max(now - self.since, 1e-9)
+
+    def restart(self, now: float) -> None:
+        self.tokens, self.since = 0, now

@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 
 import trio
 
+from node.agents.adapters import ADAPTERS_DIR, adapter_file
 from node.config import fed_config, tuning
 from node.service import JobScopes, NodeContext, NurseryService
 from protocol.ledger.events import Attest as LedgerAttest
@@ -53,6 +54,9 @@ from protocol.verification.verifier import (
 )
 
 MAX_FAILURE_TEXT = 120
+#: how long a check waits for the relay to bring the executor's adapter (a node that does not
+#: hold it declines after this, and the requester asks another verifier)
+ADAPTER_WAIT_S = 30.0
 
 
 @tuning(VerifyConfig, "sample_rate", "verifiers", "panel", "max_escalations",
@@ -270,6 +274,14 @@ class VerifyService(NurseryService):
         prep = await trio.to_thread.run_sync(self.runner.prepare, job, abandon_on_cancel=True)
         if not isinstance(prep, LayerJob):
             return prep  # the binding checks already failed
+        adapter = None
+        if job.adapter:  # the executor's LoRA adapter, fetched as its executors fetch it
+            adapter = await adapter_file(self.ctx.services.get("relay"),
+                                         self.ctx.data_dir / ADAPTERS_DIR, job.adapter.hex(),
+                                         ADAPTER_WAIT_S)
+            if adapter is None:  # not to be had here: another verifier may hold it
+                return CheckFailed(job.check_id, f"adapter {job.adapter.hex()[:16]} not "
+                                   "available from the relay")
         try:
             fetched = await fetch_leaves(
                 self.ctx.transport, states_protocol(self.ctx.network_id), job.executor,
@@ -279,7 +291,7 @@ class VerifyService(NurseryService):
             return CheckDone(job.check_id, False, f"layer states: {exc}"[:MAX_FAILURE_TEXT])
         except StatesUnavailable as exc:  # unreachable, evicted or busy: inconclusive
             return CheckFailed(job.check_id, f"no layer states: {exc}"[:MAX_FAILURE_TEXT])
-        return await trio.to_thread.run_sync(self.runner.run_layers, job, prep, fetched,
+        return await trio.to_thread.run_sync(self.runner.run_layers, job, prep, fetched, adapter,
                                              abandon_on_cancel=True)
 
     def status(self) -> dict[str, Any]:

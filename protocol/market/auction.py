@@ -2,8 +2,9 @@
 
 For each task submitted with ``SubmitTask`` the auction promises:
 * a signed beacon on ``BEACON_TOPIC``; the bid window closes as soon as waiting cannot improve
-  the choice (protocol/market/bidding.py: ``wanted + spare_bids`` bids in, every possible
-  bidder in, or ``close_grace_ms`` after the wanted count) or when ``bid_window_ms`` passes
+  the choice (protocol/market/bidding.py: every possible bidder in, or, unless a better
+  match may still come, ``wanted + spare_bids`` bids in or ``close_grace_ms`` after the
+  wanted count) or when ``bid_window_ms`` passes
   (a deadline, never a sleep);
 * the selector (score or LinUCB) picks the executors; never two attempts for one peer on one
   task, never the requester itself unless the task allows it;

@@ -18,14 +18,24 @@ tasks they bid on waited out a backoff for the next round.
 ``take`` says what the auction does next (``BidNext``): the window closes as soon as waiting
 longer cannot improve the choice, then ``pick`` has the selector choose the executors, each gets
 a signed assignment with its own deadline, the other bids stay as spares. That is the first of:
-* ``wanted + spare_bids`` bids are in;
 * every peer that could bid has (``possible_bidders``: the ledger's live peers serving a
   matching model, less those already tried for the task);
-* ``close_grace_ms`` after the bid that made ``wanted``: bids answer a gossiped beacon within
-  a round trip or two, so a bid later than that comes from a slow or loaded peer, which the
-  selector ranks low on latency and load anyway; waiting for it costs every task the whole
-  window (1.5 s by default, against about 1 s of compute for a short answer);
+* ``wanted + spare_bids`` bids are in, once the bids are ``settled``;
+* ``close_grace_ms`` after the bid that made ``wanted``, once the bids are ``settled``: bids
+  answer a gossiped beacon within a round trip or two, so a bid later than that comes from a
+  slow or loaded peer, which the selector ranks low on latency and load anyway; waiting for it
+  costs every task the whole window (1.5 s by default, against about 1 s of compute for a
+  short answer);
 * the window's deadline.
+The bids are ``settled`` when a later bid cannot bring a better match: always for a task that
+names no need (every fitting executor's match comes from its model, and the selector's other
+inputs favour the prompt bidders), and for a task that names one (a plan's step, an ask with
+skills) only once the ``wanted`` best matches in hand reach ``MATCH_CEILING``. A need's
+matches differ by agent, a specialist's far above a generalist's, and the order in which bids
+arrive says where a node sits, not how well its agent fits: closing at the first arrivals
+handed a step to the nearest generalists while the calculator agent's bid was still on its
+way. Such a window stays open until every possible bidder has bid (the usual case: every node
+hosts an agent and bids) or its deadline passes.
 ``pick`` never chooses a peer ``excluded`` says to leave out (verification's convicted peers).
 """
 
@@ -67,6 +77,9 @@ from protocol.market.state import (
 )
 
 PENALTY_RATE = 2
+#: the highest match there is (protocol/agents/matching.py, protocol/market/offers.py): bids
+#: that hold it cannot be beaten by a later one
+MATCH_CEILING = 1.0
 
 
 @dataclass
@@ -181,7 +194,11 @@ class Bidding:
         effects: list[Effect] = [Emit("task.bid", {"task_id": body.task_id.hex(), "peer": peer,
                                                     "agent": body.agent, "match": match,
                                                     "price": body.price})]
-        if len(task.bids) >= task.needed + self.config.spare_bids or self._all_bid(task):
+        if self._all_bid(task):
+            return TakenBid(task, BidNext.CLOSE, effects)
+        if not self._settled(task):
+            return TakenBid(task, BidNext.WAIT, effects)
+        if len(task.bids) >= task.needed + self.config.spare_bids:
             return TakenBid(task, BidNext.CLOSE, effects)
         if len(task.bids) >= task.needed:
             task.window_closes_at_ms = min(task.window_closes_at_ms,
@@ -209,6 +226,13 @@ class Bidding:
         count(self.counters, "late_bids_used")
         return TakenBid(task, BidNext.SPARE, [Emit("task.late_bid_used", {
             "task_id": body.task_id.hex(), "peer": body.bidder, "round": body.round})])
+
+    def _settled(self, task: OpenTask) -> bool:
+        """Whether a later bid cannot bring a better match (the module docstring says when)."""
+        if not has_need(task.spec.requirement):
+            return True
+        best = sorted((b.match for b in task.bids.values()), reverse=True)[:max(1, task.needed)]
+        return len(best) >= max(1, task.needed) and best[-1] >= MATCH_CEILING
 
     def _all_bid(self, task: OpenTask) -> bool:
         possible = self.options.possible_bidders(task)

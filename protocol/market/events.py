@@ -24,7 +24,8 @@ COMPLETED, WRONG, FAILED, TIMEOUT = "completed", "wrong", "failed", "timeout"
 @dataclass(frozen=True, slots=True)
 class AuctionConfig:
     bid_window_ms: int = 1_500
-    #: close early once this many bids beyond the wanted count are in
+    #: close early once this many bids beyond the wanted count are in (and no better match
+    #: may still come: protocol/market/bidding.py)
     spare_bids: int = 1
     #: once the wanted count of bids is in, wait at most this much longer for better ones
     #: (protocol/market/bidding.py says why)
@@ -123,6 +124,9 @@ class RestoreTask:
     tried: tuple[str, ...] = ()
     kept: tuple[KeptResult, ...] = ()
     assigned: tuple[RestoredAttempt, ...] = ()
+    #: SubmitTask.deferred, kept across the restart: a plan's planner or step still leaves
+    #: its attestations and rewards to the larger task's vote
+    deferred: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +202,8 @@ class ComputeDone:
     #: the agent's tool calls and its system prompt as used (protocol.agents.wire)
     tool_calls: tuple[ToolCallRecord, ...] = ()
     system_prompt: str = ""
+    #: the content hash of the LoRA adapter it ran on (b"": the base model)
+    adapter: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)

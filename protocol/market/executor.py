@@ -345,7 +345,7 @@ class Executor:
         body = ResultBody(
             task_id=ev.task_id, attempt=ev.attempt, executor=self.peer, answer=ev.answer[:1024],
             cot=cot, confidence=min(1.0, max(0.0, ev.confidence)), tokens=max(0, ev.tokens),
-            compute_ms=max(0, ev.compute_ms), model_hash=ev.model_hash,
+            compute_ms=max(0, ev.compute_ms), model_hash=ev.model_hash, adapter=ev.adapter,
             fingerprints=ev.fingerprints, fingerprint_root=ev.fingerprint_root,
             prompt_tokens=min(MAX_CONTEXT, max(0, ev.prompt_tokens)),
             finish_reason="length" if ev.finish_reason == "length" else "stop",

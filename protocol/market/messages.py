@@ -291,6 +291,13 @@ class ResultBody(Message):
     agent: str = limits(max_len=MAX_AGENT_NAME_LEN, default="")
     tool_calls: tuple[ToolCallRecord, ...] = limits(max_items=MAX_TOOL_CALLS, default=())
     system_prompt: str = limits(max_len=MAX_SYSTEM_PROMPT_CHARS, default="")
+    #: the content hash of the LoRA adapter the agent ran on (its card's ``adapter``; b"" =
+    #: the base model): bound to the commitment, it is what a verifier applies to re-check
+    adapter: bytes = limits(max_len=HASH_LEN, default=b"")
+
+    def check(self) -> None:
+        if self.adapter and len(self.adapter) != HASH_LEN:
+            raise ValueError(f"adapter must be empty or a {HASH_LEN}-byte content hash")
 
 
 @message(49)

@@ -263,6 +263,7 @@ def snapshot(task: OpenTask) -> TaskSnapshot:
         "seed": spec.seed,
         "stop": list(spec.stop),
         "allow_self": task.allow_self,
+        "deferred": task.deferred,
         "round": task.round,
         "next_attempt": task.next_attempt,
         "tried": sorted(task.tried),

@@ -3,9 +3,9 @@
 ``submitted_task`` checks a local ``SubmitTask`` (our own misuse is a ``LocalProtocolError``)
 and builds its spec (a task id drawn from the auction's ``rng`` unless given; the sampling
 temperature by protocol/market/sampling.py unless given). ``restored_task`` rebuilds a task
-from a ``RestoreTask``: its kept results are re-opened from their signed envelopes (a damaged
-or foreign row loses that result, not the task) and its running attempts are kept with their
-time left. Neither sends anything: protocol/market/auction.py beacons or replans them.
+from a ``RestoreTask``: deferred if it was, its kept results re-opened from their signed
+envelopes (a damaged or foreign row loses that result, not the task) and its running attempts
+kept with their time left. Neither sends anything: protocol/market/auction.py beacons or replans them.
 """
 
 from __future__ import annotations
@@ -80,7 +80,8 @@ def restored_task(ev: RestoreTask, requester: str, known: dict[bytes, OpenTask],
     task = OpenTask(spec=spec, allow_self=ev.allow_self, phase=TaskPhase.BIDDING,
                     created_at_ms=now, deadline_at_ms=now + max(0, ev.remaining_ms),
                     round=min(ev.round, MAX_ROUND), next_attempt=ev.next_attempt,
-                    tried=set(ev.tried), rounds_with_bids=min(ev.round, MAX_ROUND) + 1)
+                    tried=set(ev.tried), rounds_with_bids=min(ev.round, MAX_ROUND) + 1,
+                    deferred=ev.deferred)
     for kept in ev.kept:
         try:
             env = Envelope.decode(kept.envelope)

@@ -174,7 +174,8 @@ class CommitReveal:
             return "result is for another task or attempt"
         if result_commitment(c.task_id, c.attempt, c.executor, body.answer, body.cot,
                              msg.output_ids, msg.salt,
-                             agent_context(body.system_prompt, body.tool_calls)) != c.commitment:
+                             agent_context(body.system_prompt, body.tool_calls,
+                                           body.adapter)) != c.commitment:
             return "answer, CoT, tokens or salt differ from the commitment"
         if body.model_hash != c.model_hash:
             return "model hash differs from the commitment"

@@ -205,8 +205,12 @@ class CheckBody(Message):
     #: text the executor's model read; bound to the commitment (rules.agent_context)
     system_prompt: str = limits(max_len=MAX_SYSTEM_PROMPT_CHARS, default="")
     tool_calls: tuple[ToolCallRecord, ...] = limits(max_items=MAX_TOOL_CALLS, default=())
+    #: the result's LoRA adapter (ResultBody.adapter, bound to the commitment likewise)
+    adapter: bytes = limits(max_len=HASH_LEN, default=b"")
 
     def check(self) -> None:
+        if self.adapter and len(self.adapter) != HASH_LEN:
+            raise ValueError(f"adapter must be empty or a {HASH_LEN}-byte content hash")
         n = len(self.chunk_indices)
         if len(self.fingerprints) != n or len(self.proofs) != n:
             raise ValueError("one fingerprint and one proof per sampled chunk")

@@ -94,12 +94,15 @@ def result_commitment(task_id: bytes, attempt: int, executor: str, answer: str, 
     return digest_parts([*parts, context] if context else parts, person=b"symphony-vcommit")
 
 
-def agent_context(system_prompt: str, tool_calls: Sequence[ToolCallRecord]) -> bytes:
-    """The hash of an agent's system prompt and tool calls as its result carries them (b""
-    when it has neither: a result as before agents commits as it did)."""
-    if not system_prompt and not tool_calls:
+def agent_context(system_prompt: str, tool_calls: Sequence[ToolCallRecord],
+                  adapter: bytes = b"") -> bytes:
+    """The hash of an agent's system prompt, tool calls and LoRA adapter (its content hash)
+    as its result carries them (b"" when it has none of them: a result as before agents
+    commits as it did; an adapter only adds a part, so one without commits as before)."""
+    if not system_prompt and not tool_calls and not adapter:
         return b""
-    return digest_parts([system_prompt.encode(), *(encode(c) for c in tool_calls)],
+    parts = [system_prompt.encode(), *(encode(c) for c in tool_calls)]
+    return digest_parts([*parts, b"adapter", adapter] if adapter else parts,
                         person=b"symphony-vagent")
 
 

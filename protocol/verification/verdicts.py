@@ -153,7 +153,7 @@ class VerdictChecks:
                 proofs=tuple(encode_proof(merkle_proof(fingerprints, i)) for i in check.chunks),
                 round=round_, timeout_ms=self.verify.check_timeout_ms,
                 system_prompt=check.result.body.system_prompt,
-                tool_calls=check.result.body.tool_calls,
+                tool_calls=check.result.body.tool_calls, adapter=check.result.body.adapter,
             )
             check.outstanding[verifier] = (cid, now + self.verify.check_timeout_ms)
             n -= 1

@@ -105,6 +105,9 @@ class StartCheck:
     #: an agent's system prompt and tool calls: with the task, the text its model read
     system_prompt: str = ""
     tool_calls: tuple[ToolCallRecord, ...] = ()
+    #: the content hash of the LoRA adapter the executor ran on (b"": the base model): the
+    #: check applies it to the model it re-runs (the driver fetches it by the relay)
+    adapter: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +157,8 @@ def check_request_problem(body: CheckBody, commit: CommitBody, commit_hash: byte
         return "token count differs from the commitment"
     if result_commitment(commit.task_id, commit.attempt, commit.executor, body.answer, body.cot,
                          body.output_ids, body.salt,
-                         agent_context(body.system_prompt, body.tool_calls)) != commit.commitment:
+                         agent_context(body.system_prompt, body.tool_calls,
+                                       body.adapter)) != commit.commitment:
         return "output does not open the commitment"
     for index, fp, proof in zip(body.chunk_indices, body.fingerprints, body.proofs, strict=True):
         try:
@@ -263,7 +267,8 @@ class Verifier:
                 fingerprints=body.fingerprints, deadline_at_ms=job.deadline_at_ms,
                 executor=commit.executor, attempt=commit.attempt,
                 states_root=commit.states_root, state_layers=commit.state_layers,
-                layers=layers, system_prompt=body.system_prompt, tool_calls=body.tool_calls))
+                layers=layers, system_prompt=body.system_prompt, tool_calls=body.tool_calls,
+                adapter=body.adapter))
         return effects
 
     def _verdict(self, body: CheckBody, commit: CommitBody | None, status: VerdictStatus,

@@ -73,11 +73,6 @@ class PlansConfig:
     wrong_rate: float = 0.03
     generalist_error: float = 0.25
     silent_rate: float = 0.03
-    #: the auction's spare bids (the daemon's ``[tasks] spare_bids``): a step's window closes
-    #: at its one wanted bid plus these, so with the protocol's default of 1 the two nearest
-    #: nodes take every step and a calculator far away is never asked; with every other node
-    #: a spare, the window closes once all have bid (``possible_bidders``)
-    spare_bids: int = 6
 
 
 # ---------------------------------------------------------------- plans and their arithmetic
@@ -219,9 +214,10 @@ class Answers:
 def build_world(cfg: PlansConfig, requester: Any = None,
                 know_bidders: bool = True) -> tuple[PlanWorld, list[SimExecutor]]:
     """The scenario's world. ``know_bidders``: the auction is told how many executors could
-    bid (every one, as a daemon's ledger counts them), so a bid window closes once all have
-    bid rather than at the wanted count plus a spare, which the nearest nodes fill. ``requester`` (a PlanningRequester as the daemon built it, with
-    identity ``Identity.from_seed(b"R" * 32)``, rng ``Random(seed)`` and the agents' cards
+    bid (every one, as a daemon's ledger counts them), so a step's bid window closes once all
+    have bid rather than at its deadline (protocol/market/bidding.py: a step names a need, so
+    its window waits for a better match than the first arrivals'). ``requester`` (a
+    PlanningRequester as the daemon built it, with identity ``Identity.from_seed(b"R" * 32)``, rng ``Random(seed)`` and the agents' cards
     from :func:`cards_of`) replaces the simulator's own (the one-copy test)."""
     rng = random.Random(cfg.seed)
     nodes = population(cfg, rng)
@@ -232,7 +228,7 @@ def build_world(cfg: PlansConfig, requester: Any = None,
             agent_match=agent_matcher(cards_of(list(agents.values())).get),
             possible_bidders=(lambda task: len(agents)) if know_bidders else unknown_bidders)
         requester = plan_requester(me, ScoreSelector(), random.Random(cfg.seed),
-                                   AuctionConfig(spare_bids=cfg.spare_bids), PipelineConfig(),
+                                   AuctionConfig(), PipelineConfig(),
                                    options)
     executors = {who.peer_id: Executor(who, ExecutorConfig(models=(MODEL,), agents=(e.card,)))
                  for who, e in nodes}

@@ -9,8 +9,15 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
-from node.agents.adapters import READY, AgentAdapters, adapter_artifact, adapter_hash
+from node.agents.adapters import (
+    READY,
+    AgentAdapters,
+    adapter_artifact,
+    adapter_file,
+    adapter_hash,
+)
 from node.agents.config import AgentSpec
 
 
@@ -131,3 +138,46 @@ def test_an_agent_whose_adapter_cannot_be_had_says_why(
 def test_an_artifact_name_is_a_content_hash() -> None:
     with pytest.raises(ValueError, match="64 hex"):
         adapter_artifact("calc-lora")
+
+
+class FetchingRelay(Relay):
+    """A relay that brings a version asked for by ``fetch`` (``bring``), or nothing."""
+
+    def __init__(self, bring: Version | None = None) -> None:
+        super().__init__()
+        self.bring, self.fetched = bring, []
+        self.arrived = trio.Event()
+
+    async def fetch(self, name: str, signer: str | None = None) -> None:
+        self.fetched.append(name)
+        if self.bring is not None:
+            self.held.append(self.bring)
+            self.arrived.set()
+
+    async def wait_version(self, name: str) -> Version:
+        await self.arrived.wait()
+        return self.held[-1]
+
+
+def test_a_verifier_gets_an_adapter_file_only_with_the_bytes_its_hash_names(
+        tmp_path: Path) -> None:
+    """``adapter_file`` (the verifier's fetch): the relay's version when its bytes hash to the
+    name, fetched when the relay does not hold it yet, then kept; None when nobody brings it
+    within the wait, when only wrong bytes come, or with no relay."""
+    data = b"an adapter"
+    key = adapter_hash(data)
+
+    async def main() -> None:
+        assert await adapter_file(None, tmp_path / "a", key, 1.0) is None
+        wrong = FetchingRelay(Version(key, "hostile", b"other bytes"))
+        assert await adapter_file(wrong, tmp_path / "a", key, 1.0) is None
+        assert wrong.fetched == [key] and not list((tmp_path / "a").iterdir())
+        nobody = FetchingRelay()
+        assert await adapter_file(nobody, tmp_path / "a", key, 5.0) is None  # waited 5 s
+        relay = FetchingRelay(Version(key, "learner", data))
+        path = await adapter_file(relay, tmp_path / "a", key, 1.0)
+        assert path is not None and path.read_bytes() == data and relay.fetched == [key]
+        held = Relay()  # the file is kept: the next check reads it without the relay
+        assert await adapter_file(held, tmp_path / "a", key, 1.0) == path
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))

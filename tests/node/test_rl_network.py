@@ -186,6 +186,66 @@ def test_a_published_version_carries_its_steps_mean_reward(
     assert api.calls[-1] == ("POST", "/rl_jobs/version", expected)
 
 
+def test_the_network_learners_steps_report_their_rollout_tokens_per_s(tmp_path: Path) -> None:
+    """The network learner counts the completion tokens of the groups it receives and reports
+    their rate with each step, in its stats and in the version it publishes (it left the
+    figure at 0); the next step counts afresh."""
+    pytest.importorskip("torch")
+    from node.rl.learner_trainer import StepStats
+    from node.rl.network_learner import NetworkLearner
+    from protocol.rl.messages import Completion, RolloutResultBody
+
+    class _Trainer:
+        version = 0
+
+        def adapter(self, version: int) -> tuple[str, str]:
+            return f"/a/v{version}.gguf", "00"
+
+        def check_logprobs(self, shape: object, result: object) -> None:
+            return None
+
+        def groups_of(self, result: object, shape: object) -> list[object]:
+            return [object()]
+
+        def next_version(self) -> int:
+            return self.version + 1
+
+        def step(self, batch: list[object], version: int) -> StepStats:
+            self.version = version
+            return StepStats(version=version, mean_reward=0.5, groups=len(batch), skipped=0,
+                             tokens=9, masked=0, loss=0.0, kl=0.0, step_s=0.0)
+
+    def result(tokens: int) -> RolloutResultBody:
+        done = Completion(token_ids=tuple(range(tokens)), logprobs=(-1.0,) * tokens,
+                          finished=True, fingerprint=b"")
+        return RolloutResultBody(job_id=b"\1" * 16, attempt=0, worker="w", policy_version=0,
+                                 prompt_indices=(0,), completions=(done, done, done),
+                                 compute_ms=1, commitment=b"", model_hash=b"")
+
+    api = _RecordingApi()
+    learner = NetworkLearner(LearnerConfig(out_dir=str(tmp_path), jobs_per_step=1), api,  # type: ignore[arg-type]
+                             model="tiny", trainer=_Trainer())  # type: ignore[arg-type]
+    learner.rollout_rate.since = time.monotonic() - 3.0  # the groups took at least 3 s
+    assert learner._receive(result(4)) == 1
+    stats = learner.step()
+    assert 0.0 < stats.rollout_tokens_per_s <= 12 / 3.0
+    (sent,) = [body for method, path, body in api.calls if path == "/rl_jobs/version"]
+    assert sent["rollout_tokens_per_s"] == stats.rollout_tokens_per_s
+    assert learner.rollout_rate.tokens == 0  # counting afresh for the next step
+
+
+def test_rollout_rate_is_tokens_since_the_last_restart_over_the_time() -> None:
+    from node.rl.step_figures import RolloutRate
+
+    rate = RolloutRate(10.0)
+    rate.add(30)
+    rate.add(15)
+    assert rate.rate(13.0) == 15.0
+    rate.restart(13.0)
+    assert rate.rate(14.0) == 0.0
+    assert rate.rate(13.0) == 0.0  # no time passed: no division by zero
+
+
 def test_network_training_without_a_daemon_says_so(tmp_path: Path) -> None:
     result = run_cli("rl", "train", "--network", "--data-dir", str(tmp_path / "nowhere"),
                      "--steps", "1")

@@ -2,7 +2,10 @@
 tiny model: the learner node L publishes an exported LoRA adapter with ``symphony rl
 publish``; the server S, whose node.toml names the adapter's content hash in an
 ``[[agents]]`` table, fetches it through the relay, checks it against the hash, loads it beside
-its model and bids; the asker A's ``ask --agent arith`` is answered by S's agent. Beside it, S
+its model and bids; the asker A's ``ask --agent arith`` is answered by S's agent, with
+verification on and every result checked: L, which serves the same model and verifies,
+takes the adapter the result names from its relay and re-runs S's layer states with it
+merged into its check model, and the result passes. Beside it, S
 names two adapters that must never run: one whose artifact a hostile publisher filled with
 other bytes, and one llama.cpp refuses (junk under its right hash). Each is a clear state in
 S's executor status, and S keeps serving. ``rl publish`` itself refuses a file that is not a
@@ -24,6 +27,8 @@ from .conftest import CONVERGE_S, TASKS, Testnet, run_cli
 pytestmark = pytest.mark.integration
 
 ENV = {"OMP_NUM_THREADS": "1"}
+#: every result checked by one verifier (a candidate serves the result's model: L)
+VERIFY = {"enabled": True, "sample_rate": 1.0, "verifiers": 1, "commit_window_ms": 20000}
 
 
 def _adapters(node: NodeProcess) -> dict[str, str]:
@@ -53,16 +58,20 @@ def test_a_published_adapter_is_served_as_an_agent_and_answers_through_the_marke
     forged.write_bytes(b"not the adapter its name says")
     wanted = adapter_hash(b"an adapter nobody has")  # the name the hostile publisher fills
 
-    learner = testnet.start("learner", env=ENV)
+    served = {"solver": "models", "model": str(model), "threads": 1}
+    learner = testnet.start("learner", env=ENV, config={
+        "executor": served, "verify": {**VERIFY, "model": str(model)}})
     server = testnet.start("server", bootstrap=[learner], wait=False, env=ENV, config={
-        "executor": {"solver": "models", "model": str(model), "threads": 1},
+        "executor": served, "verify": {**VERIFY, "verifier": False},
         "agents": [_agent("arith", good), _agent("junk", file_adapter_hash(junk)),
                    _agent("forged", wanted)]})
     asker = testnet.start("asker", bootstrap=[learner], wait=False, env=ENV,
-                          config={"tasks": TASKS})
+                          config={"tasks": TASKS, "verify": {**VERIFY, "verifier": False}})
     for node in (server, asker):
         node.wait_ready()
     testnet.wait_all_connected(CONVERGE_S)
+    testnet.wait_until(lambda: learner.status()["services"]["verify"]["verifier"],
+                       "the learner's verifier loaded", CONVERGE_S)
     testnet.wait_until(lambda: len(_adapters(server)) == 3, "the server's agents started",
                        CONVERGE_S)
     assert _adapters(server)["arith"].startswith("waiting for adapter")
@@ -97,6 +106,9 @@ def test_a_published_adapter_is_served_as_an_agent_and_answers_through_the_marke
     snap = json.loads(asked.stdout)
     assert snap["phase"] == "done", snap
     assert (snap["agent"], snap["executor"]) == ("arith", server.peer_id), snap
+    # checked on the adapter: the learner re-ran the server's layers with it merged
+    assert [r["verification"] for r in snap["results"]] == ["passed"], snap
+    assert learner.log_events("verify.attest"), learner.log_tail()
     for node in (learner, server, asker):
         assert not node.log_events("driver.machine_error"), node.log_tail()
         assert not node.log_events("driver.perform_error"), node.log_tail()

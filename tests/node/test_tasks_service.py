@@ -19,6 +19,7 @@ from node.market.requester import TasksSection, TasksService, restore_event
 from protocol.market.auction import AuctionConfig, RestoreTask, TaskUpdated
 from protocol.market.linucb import LinUCBSelector
 from protocol.market.state import TaskSnapshot
+from tests.protocol.auction_net import RecordingSelector
 from tests.protocol.market_net import MarketNet
 
 
@@ -109,6 +110,27 @@ def test_restore_event_survives_json(tmp_path: Path) -> None:
     event = restore_event(snap, net.rq, 10_000)
     assert event.spec == net.auction.tasks[tid].spec
     assert len(event.kept) + len(event.assigned) == 3
+
+
+def test_a_restored_child_task_stays_deferred() -> None:
+    """A plan's planner or step (``deferred``) restored after a restart still leaves its
+    attestations and rewards to the plan's vote: its own vote attests no executor's answer."""
+    net = MarketNet(3)
+    tid = net.submit(deferred=True)
+    net.step_to(1_620)  # some results in, the vote not yet
+    assert net.auction.tasks[tid].deferred and not net.attests
+    snap = json.loads(json.dumps(net.last(tid)))
+    event = restore_event(snap, net.rq, 20_000)
+    assert event.deferred
+    selector = RecordingSelector()
+    fresh = MarketNet(3, selector=selector)  # same requester key, empty memory
+    fresh.workers, fresh.now = net.workers, net.now
+    fresh.perform(fresh.rq, fresh.auction.handle(event, fresh.now))
+    assert fresh.auction.tasks[tid].deferred
+    fresh.step_to(fresh.now + 40_000)
+    assert fresh.last(tid)["phase"] == "done" and fresh.last(tid)["deferred"] is True
+    assert [a.outcome for a in fresh.attests if a.outcome in ("completed", "wrong")] == []
+    assert selector.observed == []
 
 
 def test_linucb_state_is_saved_with_finished_tasks(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from protocol.agents.wire import (
 from protocol.codec import decode, encode
 from protocol.envelopes import seal
 from protocol.errors import InvalidMessage
-from protocol.machine import Received, Send
+from protocol.machine import Received, Send, Tick
 from protocol.market.auction import Auction, AuctionConfig, AuctionOptions, SubmitTask
 from protocol.market.messages import (
     BID_DOMAIN,
@@ -106,6 +106,42 @@ def test_the_requesters_match_from_the_card_overrides_the_bidders_claim() -> Non
     attempt = next(iter(a.tasks[tid].attempts.values()))
     assert attempt.bid.match == pytest.approx(1.0, abs=0.01)
     assert a.tasks[tid].spares[liar].match == 0.0
+
+
+def _assigned(effects: list[object]) -> list[str]:
+    return [e.peer for e in effects if isinstance(e, Send) and not isinstance(e.message, Cancel)]
+
+
+def test_a_late_specialist_still_wins_a_step_the_first_arrivals_would_have_closed() -> None:
+    """A need's window does not close at ``wanted + spare_bids`` bids while a better match may
+    still come: the calculator agent bidding third wins over two generalists (the old rule
+    closed at the second bid and handed the step to the nearest generalist)."""
+    gens, calc = (ident(20).peer_id, ident(21).peer_id), ident(22).peer_id
+    a = auction(ledger({gens[0]: (translator(),), gens[1]: (translator(),),
+                        calc: (card("calc", vector=CALC_VEC, skills=("math",)),)}))
+    tid = submit(a, **need(needs="exact arithmetic", skills=("arithmetic",), vector=CALC_VEC))
+    assert _assigned(a.handle(bid(tid, 20, "translate", claim=1.0), 10)) == []
+    assert _assigned(a.handle(bid(tid, 21, "translate", claim=1.0), 20)) == []  # k + spare in
+    assert _assigned(a.handle(bid(tid, 22, "calc", claim=0.0), 400)) == []  # past the grace
+    assert 0.0 < a.tasks[tid].bids[calc].match < 1.0  # text matches, tags do not: beatable
+    assert _assigned(a.handle(Tick(), a.next_deadline() or 0)) == [calc]  # at the deadline
+
+
+def test_a_need_window_closes_once_every_possible_bidder_has_bid_or_the_best_match_is_in() -> None:
+    gen, calc = ident(20).peer_id, ident(21).peer_id
+    cards = ledger({gen: (translator(),), calc: (card("calc", vector=CALC_VEC),)})
+    a = Auction(ME, ScoreSelector(), random.Random(1), AuctionConfig(bid_window_ms=1_000),
+                AuctionOptions(agent_match=agent_matcher(cards.get),
+                               possible_bidders=lambda task: 2))
+    tid = submit(a, **need(needs="exact arithmetic", skills=("arithmetic",), vector=CALC_VEC))
+    assert _assigned(a.handle(bid(tid, 20, "translate", claim=1.0), 10)) == []
+    assert _assigned(a.handle(bid(tid, 21, "calc", claim=0.0), 20)) == [calc]  # all are in
+    # tags only: the calculator's full overlap is the best match there is, so no wait
+    b = auction(cards)
+    tid = submit(b, **need(skills=("arithmetic",)))
+    assert _assigned(b.handle(bid(tid, 21, "calc", claim=0.0), 10)) == []  # k, no spare yet
+    assert b.next_deadline() == 10 + AuctionConfig().close_grace_ms
+    assert _assigned(b.handle(bid(tid, 20, "translate", claim=1.0), 20)) == [calc]
 
 
 def test_a_bid_naming_an_agent_without_a_card_is_refused_and_counted() -> None:

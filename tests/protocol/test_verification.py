@@ -18,7 +18,13 @@ from protocol.verification.rules import (
     sampled,
     selection_seed,
 )
-from tests.protocol.verify_net import AGENT_CALLS, AGENT_PROMPT, VerifyNet
+from tests.protocol.verify_net import (
+    ADAPTER,
+    AGENT_CALLS,
+    AGENT_PROMPT,
+    OTHER_ADAPTER,
+    VerifyNet,
+)
 
 HONEST3 = ["honest", "honest", "honest"]
 CHEATS = ["other_model", "tamper", "fabricated_cot"]
@@ -234,6 +240,36 @@ def test_an_agents_result_is_checked_with_the_prompt_and_tool_calls_it_read() ->
             if body.tool_calls:
                 forged = dataclasses.replace(body, tool_calls=(dataclasses.replace(
                     body.tool_calls[0], output="41"),))
+                return CheckRequest(envelope=seal(net.requester, CHECK_DOMAIN, forged))
+        return msg
+
+    net.tap = alter  # type: ignore[assignment]
+    snap = net.run_task()
+    assert statuses(snap)[agent] != "failed", snap  # never convicted of what it did not commit
+    assert any("does not open the commitment" in p.reason for _, p in net.penalties)
+
+
+def test_an_adapter_agents_result_is_checked_on_its_adapter_and_a_liar_is_caught() -> None:
+    """A result on a LoRA adapter names the adapter's hash; the check request hands it to the
+    verifier, which re-computes on it and passes the honest one; an executor that names one
+    adapter and ran another fails its check; a requester that alters the adapter in the
+    check is refused: it is bound to the executor's commitment."""
+    net = VerifyNet(["adapter", "ok"], ["honest", "honest"])
+    snap = net.run_task()
+    assert snap["phase"] == "done" and set(statuses(snap).values()) == {"passed"}, snap
+    agent = net.peer_of("adapter")
+    checks = [c for checker in net.checkers.values() for c in checker.checks
+              if c.executor == agent]
+    assert checks and all(c.adapter == ADAPTER for c in checks)
+
+    liar = VerifyNet(["adapter_liar", "ok"], ["honest", "honest"])
+    assert statuses(liar.run_task())[liar.peer_of("adapter_liar")] == "failed"
+
+    def alter(src: str, dest: str, msg: object) -> object:
+        if isinstance(msg, CheckRequest):
+            body = open_envelope(msg.envelope, CHECK_DOMAIN, CheckBody, 1 << 20)
+            if body.adapter:
+                forged = dataclasses.replace(body, adapter=OTHER_ADAPTER)
                 return CheckRequest(envelope=seal(net.requester, CHECK_DOMAIN, forged))
         return msg
 

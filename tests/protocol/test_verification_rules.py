@@ -78,6 +78,27 @@ def test_an_agents_context_binds_its_prompt_and_every_tool_call() -> None:
     assert len(contexts) == 5
 
 
+def test_an_adapter_is_bound_and_bounded() -> None:
+    """The adapter's hash is part of the agent context (none: as before), and a hash that is
+    not 32 bytes is refused on the wire, in a result as in a check request."""
+    from protocol.codec import decode, encode
+    from protocol.errors import InvalidMessage
+    from protocol.market.messages import ResultBody
+
+    assert agent_context("", (), b"") == b""
+    bound = {agent_context("", (), b"\x01" * 32), agent_context("", (), b"\x02" * 32),
+             agent_context("You add.", (), b"\x01" * 32), agent_context("You add.", ())}
+    assert len(bound) == 4
+    body = ResultBody(task_id=TID, attempt=0, executor="a", answer="42", cot="c",
+                      confidence=0.5, tokens=1, compute_ms=1, model_hash=b"", fingerprints=(),
+                      fingerprint_root=b"", adapter=b"\x01" * 32)
+    assert decode(encode(body)) == body
+    for bad in (b"\x01" * 5, b"\x01" * 33):
+        with pytest.raises(InvalidMessage):
+            decode(encode(ResultBody(**{**{f: getattr(body, f) for f in body.__slots__},  # type: ignore[arg-type]
+                                        "adapter": bad})))
+
+
 def test_seed_ignores_commit_order_but_not_nonce_or_commits() -> None:
     hs = [digest(bytes([i])) for i in range(4)]
     s = selection_seed(TID, b"n" * 32, hs)

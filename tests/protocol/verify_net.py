@@ -78,6 +78,9 @@ def detok(ids: list[int] | tuple[int, ...]) -> str:
 #: what the "agent" executor's model read besides the task: its prompt and its tool call
 AGENT_PROMPT = "You compute exactly."
 AGENT_CALLS = (ToolCallRecord(name="calculator", arguments='{"expression":"6*7"}', output="42"),)
+#: the LoRA adapter an "adapter" worker runs on (its content hash); the fake model's weights
+#: are its key plus the adapter's hash, on the executor as on the verifier
+ADAPTER, OTHER_ADAPTER = b"\xad" * 32, b"\xbe" * 32
 
 
 def read_besides(calls: tuple[ToolCallRecord, ...], system_prompt: str) -> str:
@@ -96,6 +99,9 @@ class Worker:
         calls, system = (AGENT_CALLS, AGENT_PROMPT) if self.behaviour == "agent" else ((), "")
         q = e.task.question + read_besides(calls, system)
         key = OTHER_KEY if self.behaviour == "other_model" else TRUE_KEY
+        # "adapter_liar": names ADAPTER in its result, ran another one
+        adapter = ADAPTER if self.behaviour in ("adapter", "adapter_liar") else b""
+        key += OTHER_ADAPTER if self.behaviour == "adapter_liar" else adapter
         ids = generate(key, q)
         fps = fingerprints(key, q, ids)
         if self.behaviour == "tamper":
@@ -106,7 +112,7 @@ class Worker:
             else detok(ids)
         return ComputeDone(e.task.task_id, e.attempt, "42", cot, 0.9, len(ids), self.compute_ms,
                            MODEL_HASH, tuple(fps), b"", tuple(ids), tool_calls=calls,
-                           system_prompt=system)
+                           system_prompt=system, adapter=adapter)
 
 
 @dataclass
@@ -123,7 +129,7 @@ class Checker:
             return CheckDone(e.check_id, self.behaviour == "lazy", self.behaviour)
         ids = list(e.output_ids)
         read = e.task.question + read_besides(e.tool_calls, e.system_prompt)
-        mine = fingerprints(TRUE_KEY, read, ids, e.chunk_tokens)
+        mine = fingerprints(TRUE_KEY + e.adapter, read, ids, e.chunk_tokens)
         bad = [i for i, fp in zip(e.chunk_indices, e.fingerprints, strict=True)
                if i >= len(mine) or mine[i] != fp]
         if bad:

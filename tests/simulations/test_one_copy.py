@@ -388,7 +388,7 @@ def daemon_plan_requester(cfg: Any, agents: list[Any]) -> Any:
     from simulations.agents.plans import cards_of
 
     cards = cards_of(agents)
-    sections = {"tasks": TasksSection(spare_bids=cfg.spare_bids)}
+    sections = {"tasks": TasksSection()}
     ctx = daemon_context([], identity=Identity.from_seed(b"R" * 32),
                          rng=random.Random(cfg.seed),
                          services={"ledger": SimpleNamespace(

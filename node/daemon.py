@@ -182,6 +182,7 @@ class Daemon:
             config=config, db=db, transport=transport, log=log,
             rng=random.Random(int.from_bytes(os.urandom(16), "big")),
             clock=driver.now_ms, submit=driver.submit, services=driver.services,
+            drained=driver.drained,
         )
         try:
             for cls in self.classes.values():

@@ -117,6 +117,7 @@ class Driver:
         self._outboxes = Outboxes(
             transport, self._msg_protocol, feed=self._feed, spawn=self._spawn,
             is_connected=self._peers.__contains__, counters=self.counters, log=log)
+        self.drained = self._outboxes.drained  # NodeContext.drained
         self._publishes = PublishQueue(transport, network_id, counters=self.counters, log=log,
                                        now_ms=self.now_ms)
 

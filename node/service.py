@@ -41,6 +41,10 @@ if TYPE_CHECKING:
     from starlette.routing import BaseRoute
 
 
+async def _nothing_queued(name: str, peer: str) -> None:
+    """``NodeContext.drained`` of a context without a driver's outboxes (tests)."""
+
+
 @dataclass(frozen=True)
 class NodeContext:
     identity: Identity
@@ -57,6 +61,9 @@ class NodeContext:
     submit: Callable[[str, object], Awaitable[None]]
     #: every service by name, so one can query another (tasks asks the ledger for peers)
     services: Mapping[str, Service]
+    #: ``await drained(NAME, PEER)``: until what service NAME sent PEER so far is delivered
+    #: or failed (node/runtime/unicast.py); streaming paces itself by it
+    drained: Callable[[str, str], Awaitable[None]] = _nothing_queued
 
 
 class Service(ABC):

@@ -21,7 +21,8 @@
   ``ComputeFailed``. A solver whose ``solve`` also takes ``on_text`` (the builtin one) streams:
   it calls it from its thread with the text generated so far, and for a k=1 task that text
   goes to the machine as ``ComputeProgress``, which sends it to the requester as unsigned
-  progress frames (protocol/market/progress.py; node/market/text_pump.py paces them).
+  progress frames (protocol/market/progress.py; node/market/text_pump.py paces them: one
+  in flight at a time).
 * Agents (node/agents/hosted.py): once the ledger service has published this node's agent
   cards (node.toml's ``[[agents]]``, or the default generalist), the executor bids with the
   best-fitting of them for each task (protocol/market/offers.py); before that, or with no
@@ -271,10 +272,13 @@ class ExecutorService(NurseryService):
         async def progress(text: str) -> None:
             await self.ctx.submit(self.name, ComputeProgress(job.task.task_id, job.attempt, text))
 
+        async def delivered() -> None:  # the frame, and anything queued before it, has left
+            await self.ctx.drained(self.name, job.task.requester)
+
         failure: Exception | None = None
         sol: object = None
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(pump.follow, progress)
+            nursery.start_soon(pump.follow, progress, delivered)
             try:
                 sol = await trio.to_thread.run_sync(functools.partial(solve, on_text=pump.push),
                                                     abandon_on_cancel=True, limiter=self._threads)

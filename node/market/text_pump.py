@@ -2,9 +2,14 @@
 
 The solver (models/solver.py, ``on_text``) calls :meth:`TextPump.push` from its worker thread
 after each token; :meth:`TextPump.follow`, in the service's nursery, hands the newest text to
-a sender at most once per ``PROGRESS_INTERVAL_S``, so a fast model's tokens are coalesced
-into fewer frames (protocol/market/progress.py bounds how many a task may send) and a text
-pushed while a frame is on its way is not lost: the next frame carries it.
+a sender once the frame before it has been delivered (``drained``) and at most once per
+``PROGRESS_INTERVAL_S``, so a fast model's tokens, or those generated while a slow link or a
+loaded machine holds a frame up, are coalesced into fewer frames (protocol/market/progress.py
+bounds how many a task may send), a text pushed while a frame is on its way is not lost (the
+next frame carries it), and at most one frame is ever queued ahead of the signed result.
+Without the wait, each token's frame queued behind the last on the executor's outbox to the
+requester, one round trip each: under load the backlog held the commitment, and the bids
+for the next task, up by seconds after the generation had ended.
 """
 
 from __future__ import annotations
@@ -13,8 +18,8 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-#: the shortest gap between two progress frames of one task: each frame is a round trip of
-#: its own on the executor's outbox to the requester, which the signed result queues behind
+#: the shortest gap between two progress frames of one task (the next also waits until the
+#: last is delivered): each frame is a round trip of its own on the executor's outbox
 PROGRESS_INTERVAL_S = 0.04
 
 
@@ -37,10 +42,13 @@ class TextPump:
     def _wake(self) -> None:
         self._changed.set()
 
-    async def follow(self, send: Callable[[str], Awaitable[None]]) -> None:
-        """Hand each new text to ``send`` until cancelled (when the solver is done)."""
+    async def follow(self, send: Callable[[str], Awaitable[None]],
+                     drained: Callable[[], Awaitable[None]]) -> None:
+        """Hand each new text to ``send`` until cancelled (when the solver is done), the next
+        only once ``drained`` says the last one's frame has left."""
         while True:
             await self._changed.wait()
             self._changed = trio.Event()
             await send(self.text)
+            await drained()
             await trio.sleep(PROGRESS_INTERVAL_S)

@@ -16,6 +16,10 @@ What it promises (node/driver.py's contract, "Unicast"):
 * An outbox lives while its peer is connected or while it still holds messages; a peer's
   disconnect closes its outboxes (what is queued is still attempted and fails like any other
   send).
+* ``drained(name, peer)`` waits until nothing service ``name`` queued for ``peer`` is still
+  waiting or on its way (delivered or failed): a service that streams (the executor's
+  progress frames, node/market/text_pump.py) sends its next piece only then, so its pieces
+  never pile up ahead of the messages that matter (the signed result, the next bids).
 """
 
 from __future__ import annotations
@@ -68,6 +72,10 @@ class Outboxes:
         self._log = log
         #: peer -> service name -> that service's outbox to the peer
         self._boxes: dict[str, dict[str, trio.MemorySendChannel[Message]]] = {}
+        #: (peer, service) -> messages queued or on their way (absent: none)
+        self._pending: dict[tuple[str, str], int] = {}
+        #: (peer, service) -> set once its pending messages are all done
+        self._idle: dict[tuple[str, str], trio.Event] = {}
 
     def enqueue(self, name: str, peer: str, message: Message) -> None:
         """Queue ``message`` from service ``name`` for ``peer``; never waits."""
@@ -82,6 +90,23 @@ class Outboxes:
             box.send_nowait(message)
         except trio.WouldBlock:
             self._spawn(self._feed, name, SendFailed(peer, message, "outbox full"))
+            return
+        self._pending[peer, name] = self._pending.get((peer, name), 0) + 1
+
+    async def drained(self, name: str, peer: str) -> None:
+        """Return once every message service ``name`` queued for ``peer`` so far has been
+        delivered or has failed (at once when there is none)."""
+        if (peer, name) in self._pending:
+            await self._idle.setdefault((peer, name), trio.Event()).wait()
+
+    def _done(self, peer: str, name: str) -> None:
+        left = self._pending.pop((peer, name)) - 1
+        if left:
+            self._pending[peer, name] = left
+            return
+        idle = self._idle.pop((peer, name), None)
+        if idle is not None:
+            idle.set()
 
     def close(self, peer: str) -> None:
         """The peer disconnected: its senders end once what is queued has been attempted."""
@@ -92,7 +117,10 @@ class Outboxes:
                       receive: trio.MemoryReceiveChannel[Message]) -> None:
         async with receive:
             async for message in receive:
-                await self._deliver(peer, name, message)
+                try:
+                    await self._deliver(peer, name, message)
+                finally:
+                    self._done(peer, name)
                 if not self._is_connected(peer) and receive.statistics().current_buffer_used == 0:
                     self._forget(peer, name, box)
                     box.close()

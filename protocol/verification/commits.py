@@ -2,9 +2,10 @@
 
 ``CommitReveal`` is a component ``VerifiedAuction`` (protocol/verification/requester.py, which
 lists the promises and owns the per-task ``vtasks``) holds. It takes ``Commit`` s (checked,
-then batched into windows), sends ``RevealRequest`` s when a window closes, and opens each
-``Reveal`` against its commitment: a matching result goes through the auction's own result
-checks (``Auction.check_result``) and then to ``VerdictChecks.admit``
+then batched into windows), sends ``RevealRequest`` s when a window closes (none for a k=1
+task, whose executor reveals right behind its commitment: rules.reveals_with_commit), and
+opens each ``Reveal`` against its commitment: a matching result goes through the auction's
+own result checks (``Auction.check_result``) and then to ``VerdictChecks.admit``
 (protocol/verification/verdicts.py), which samples it for checking; a mismatching one is
 convicted there (``VerdictChecks.convict``).
 """
@@ -33,6 +34,7 @@ from protocol.verification.rules import (
     nonce_hash,
     result_commitment,
     reveal_evidence,
+    reveals_with_commit,
     selection_seed,
     spec_hash,
 )
@@ -125,8 +127,9 @@ class CommitReveal:
                 break
             if attempt.attempt in batch.attempts:
                 attempt.due_at_ms = now + self.verify.reveal_ms
-                effects.append(Send(attempt.peer, RevealRequest(
-                    task_id=task.spec.task_id, attempt=attempt.attempt, nonce=vt.nonce)))
+                if not reveals_with_commit(task.spec.k):  # else it follows the commitment
+                    effects.append(Send(attempt.peer, RevealRequest(
+                        task_id=task.spec.task_id, attempt=attempt.attempt, nonce=vt.nonce)))
             elif attempt.attempt not in vt.commits and attempt.assigned_at_ms <= batch.opened_at_ms:
                 # running before the window opened and still silent: too slow to trust, since
                 # reveals now begin (attempts assigned later commit in the next window)

@@ -14,7 +14,8 @@
   requester that does not verify) sends the plain ``Result`` as the market does;
 * it sends the ``Reveal`` (the signed ``Result``, the salt, the packed output ids) only to the
   task's requester, only after a ``RevealRequest`` whose nonce matches the Terms' hash, and
-  again on a repeated request (same bytes: idempotent);
+  again on a repeated request (same bytes: idempotent); for a k=1 task right behind its
+  ``Commit`` instead, unasked (``rules.reveals_with_commit``);
 * it never learns whether its result is checked: check requests go from the requester to
   verifiers and never reach the executor.
 
@@ -52,6 +53,7 @@ from protocol.verification.rules import (
     nonce_hash,
     pack_ids,
     result_commitment,
+    reveals_with_commit,
     spec_hash,
 )
 
@@ -89,6 +91,8 @@ class _Sealed:
     waiting_until_ms: int = 0
     commit: CommitBody | None = None
     revealed: int = 0
+    #: reveal right behind the commitment, unasked (rules.reveals_with_commit)
+    reveal_with_commit: bool = False
     states_root: bytes = b""
     state_layers: int = 0
 
@@ -177,6 +181,7 @@ class VerifiedExecutor(Executor):
             requester=job.requester, body=body,
             result=seal(self.identity, RESULT_DOMAIN, body), salt=self.rng.randbytes(SALT_LEN),
             output_ids=ids, spec_hash=spec_hash(job.task), forget_at_ms=self._now + REMEMBER_MS,
+            reveal_with_commit=reveals_with_commit(job.task.k),
         )
         sealed.states_root, sealed.state_layers = self._states.get(key, (b"", 0))
         self._sealed[key] = sealed
@@ -209,11 +214,14 @@ class VerifiedExecutor(Executor):
                                 RejectReason.COMPUTE_FAILED, f"uncommittable: {exc}"[:128])
         sealed.commit = commit
         self._count("commits_sent")
-        return [
+        effects: list[Effect] = [
             Send(sealed.requester, Commit(envelope=seal(self.identity, COMMIT_DOMAIN, commit))),
             Emit("verify.committed", {"task_id": body.task_id.hex(), "attempt": body.attempt,
                                       "chunks": commit.chunks, "tokens": n_ids}),
         ]
+        if sealed.reveal_with_commit:  # in order on the wire: it arrives after the commit
+            effects += self._reveal(sealed, sealed.requester, body.task_id, body.attempt)
+        return effects
 
     # ------------------------------------------------------------------ reveal
 
@@ -227,12 +235,15 @@ class VerifiedExecutor(Executor):
             self._count("reveal_requests_bad_nonce")
             return [Penalize(peer, "reveal request nonce does not match the terms",
                              PENALTY_BAD_NONCE)]
+        return self._reveal(sealed, peer, msg.task_id, msg.attempt)
+
+    def _reveal(self, sealed: _Sealed, peer: str, task_id: bytes, attempt: int) -> list[Effect]:
         sealed.revealed += 1
         self._count("reveals_sent")
         return [
-            Send(peer, Reveal(task_id=msg.task_id, attempt=msg.attempt, result=sealed.result,
+            Send(peer, Reveal(task_id=task_id, attempt=attempt, result=sealed.result,
                               salt=sealed.salt, output_ids=sealed.output_ids)),
-            Emit("verify.revealed", {"task_id": msg.task_id.hex(), "attempt": msg.attempt}),
+            Emit("verify.revealed", {"task_id": task_id.hex(), "attempt": attempt}),
         ]
 
     # ------------------------------------------------------------------ timers

@@ -13,7 +13,8 @@ For every task it promises:
   closes when every running attempt has committed or after ``commit_window_ms``; running
   attempts that missed it are replaced. A plain ``Result`` (no commitment) is refused.
 * **Reveal**: at the close, every committed executor gets a ``RevealRequest`` with the nonce
-  and ``reveal_ms`` to answer. A ``Reveal`` that does not open its commitment exactly
+  and ``reveal_ms`` to answer (a k=1 task's executor reveals unasked, right behind its
+  commitment, which closes the window at once: ``rules.reveals_with_commit``). A ``Reveal`` that does not open its commitment exactly
   (commitment hash, model hash, fingerprint count and Merkle root, token count, task and
   attempt) is a failed result: the attempt fails, the executor is attested
   ``VERIFICATION_FAILED`` with the reveal as evidence and excluded. An early reveal (before the

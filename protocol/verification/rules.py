@@ -106,6 +106,17 @@ def agent_context(system_prompt: str, tool_calls: Sequence[ToolCallRecord],
                         person=b"symphony-vagent")
 
 
+def reveals_with_commit(k: int) -> bool:
+    """Whether the executor of a task with ``k`` executors sends its ``Reveal`` right behind
+    its ``Commit`` (the requester then sends no ``RevealRequest``). Waiting to be asked keeps
+    an executor from revealing before every executor of its window has committed, so nobody
+    can copy a revealed answer; a k=1 task runs one attempt at a time, whose commitment closes
+    its window at once, so there is nobody to copy from, and the seed stays unsteerable (the
+    executor committed without knowing the nonce, which it now never learns). It saves the
+    round trip of the request on every k=1 answer."""
+    return k == 1
+
+
 def selection_seed(task_id: bytes, nonce: bytes, commit_hashes: Iterable[bytes]) -> bytes:
     return digest_parts([task_id, nonce, *sorted(commit_hashes)], person=b"symphony-vseed")
 

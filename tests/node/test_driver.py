@@ -444,6 +444,30 @@ def test_a_stalled_send_holds_up_its_own_service_only() -> None:
     run(main)
 
 
+def test_drained_waits_for_what_one_service_queued_for_one_peer() -> None:
+    async def main() -> None:
+        net = FakeNet()
+        async with trio.open_nursery() as nursery:
+            a, sa, _ = await start_node(nursery, net, "A")
+            b, sb, _ = await start_node(nursery, net, "B")
+            await a.transport.connect("/memory/B/p2p/B")
+            with trio.fail_after(1):  # nothing queued: at once
+                await a.drained("pinger", "B")
+            b.transport.stalled_types = {Ping}
+            start = trio.current_time()
+            sa.machine.queued = [Send("B", Ping(nonce=1)), Send("B", Pong(nonce=2))]
+            await a.submit("pinger", None)
+            with trio.fail_after(1):  # another peer's or service's outbox does not wait
+                await a.drained("lister", "B")
+                await a.drained("pinger", "C")
+            await a.drained("pinger", "B")  # the stalled Ping fails, then the Pong leaves
+            assert trio.current_time() - start == pytest.approx(SEND_TIMEOUT_S)
+            assert Received("A", Pong(nonce=2)) in sb.machine.seen
+            nursery.cancel_scope.cancel()
+
+    run(main)
+
+
 def test_a_full_outbox_fails_sends_instead_of_growing() -> None:
     async def main() -> None:
         net = FakeNet()

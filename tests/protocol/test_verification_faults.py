@@ -240,13 +240,28 @@ def test_reveal_not_matching_its_commitment_is_a_failed_attested_result(how: str
     assert net.auction.is_excluded(bad, net.now)
 
 
+@pytest.mark.parametrize("k", [1, 2])
+def test_a_k1_executor_reveals_behind_its_commitment_unasked(k: int) -> None:
+    """k=1: no RevealRequest round trip before the answer (rules.reveals_with_commit); the
+    result is still opened against the commitment and checked (sample rate 1)."""
+    net = VerifyNet(["ok"] * k, HONEST3)
+    snap = net.run_task()
+    assert snap["phase"] == "done" and set(statuses(snap).values()) == {"passed"}
+    kinds = [type(m) for _, _, m in net.sent]
+    assert kinds.count(RevealRequest) == (0 if k == 1 else k)
+    assert kinds.count(Reveal) == k
+    for w in net.workers:  # each reveal went out right behind its own commitment (k=1)
+        mine = [type(m) for src, _, m in net.sent if src == w and type(m) in (Commit, Reveal)]
+        assert mine == [Commit, Reveal]
+
+
 def test_executor_refuses_a_reveal_request_with_the_wrong_nonce() -> None:
-    net = VerifyNet(["ok"], HONEST3)
-    w = next(iter(net.workers))
+    net = VerifyNet(["ok", "ok"], HONEST3)  # k=2: a k=1 executor reveals unasked
     net.tap = lambda s, d, m: dataclasses.replace(m, nonce=b"\x00" * 32) \
         if isinstance(m, RevealRequest) else m
     snap = net.run_task(deadline_ms=10_000)
-    assert net.workers[w].machine.counters["reveal_requests_bad_nonce"] == 1
+    for w in net.workers.values():
+        assert w.machine.counters["reveal_requests_bad_nonce"] == 1
     assert any(p.peer == net.rq for _, p in net.penalties)
     assert snap["phase"] == "failed"
 

@@ -162,6 +162,15 @@ def _start_network(net: Any) -> Any:
     for node in execs:
         node.wait_ready(START_TIMEOUT_S)
     net.wait_all_connected(START_TIMEOUT_S)
+    # start-up work that must not compete with the first measured asks' generation: each
+    # executor embeds its agent cards (loading the embedder, a model of its own) and bids
+    # with them once published, and loads the verifier's check model in the background
+    def settled() -> bool:
+        return all(e.status()["services"]["executor"]["agents"] and (
+            e.log_events("verify.warmed") or e.log_events("verify.warm_failed"))
+            for e in execs)
+
+    net.wait_until(settled, "the executors' agent cards and check models", START_TIMEOUT_S)
     return asker
 
 

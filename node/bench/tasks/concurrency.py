@@ -38,6 +38,10 @@ ASK_DEADLINE_MS = 120_000
 SLOT_CTX = 1_024
 QUICK_WAVES, FULL_WAVES = 1, 3
 START_TIMEOUT_S = 120.0
+#: time the executor gets per attempt before the asker replaces it (beyond its estimate):
+#: generous, so a loaded machine shows as latency, not as failed asks (there is no other
+#: executor to replace it with)
+ASSIGN_BASE_MS = 60_000
 
 
 def parse_levels(spec: str) -> tuple[int, ...]:
@@ -114,7 +118,9 @@ class _ServerAsks:
 
 def _start_network(net: Any, slots: int, threads: int) -> Any:
     """The asker (no model) and one executor with ``slots`` slots; the asker's handle."""
-    asker = net.start("asker", config={"executor": {"solver": ""}}, timeout_s=START_TIMEOUT_S)
+    asker = net.start("asker", config={"executor": {"solver": ""},
+                                       "tasks": {"assign_base_ms": ASSIGN_BASE_MS}},
+                      timeout_s=START_TIMEOUT_S)
     net.start("e0", bootstrap=[asker], config={"executor": {
         "solver": "models", "threads": threads, "slots": slots}}, timeout_s=START_TIMEOUT_S)
     net.wait_all_connected(START_TIMEOUT_S)

@@ -29,14 +29,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from models.backend import Decoding, Generation, Message, SamplingParams
-
-if TYPE_CHECKING:
-    from models.llama_backend import LlamaCppBackend
 
 #: KV cache cells per sequence: prompt plus generated tokens of one batched generation
 #: (a longer one goes to the single-sequence path)
@@ -69,9 +66,11 @@ class _Sequence:
 
 
 class BatchedDecoder:
-    """Decodes up to ``n_seq`` generations of ``backend``'s model at once (thread-safe)."""
+    """Decodes up to ``n_seq`` generations of ``backend``'s model at once (thread-safe);
+    ``backend`` is a models.llama_backend.LlamaCppBackend, which builds this
+    (``batched``: the import runs that way only)."""
 
-    def __init__(self, backend: LlamaCppBackend, n_seq: int,
+    def __init__(self, backend: Any, n_seq: int,
                  seq_ctx: int = DEFAULT_SEQ_CTX) -> None:
         if n_seq < 1:
             raise ValueError(f"n_seq must be >= 1, got {n_seq}")

@@ -16,8 +16,8 @@ load hits both alike.
 Keys per level N: ``throughput_rps_<N>`` (answers per second of a wave: N over the wave's
 wall time, mean over the waves), ``p50_ms_<N>`` and ``p99_ms_<N>`` (each ask's time as its
 HTTP client sees it), ``done_<N>`` (asks answered), the same for llama-server with the prefix
-``llama_server_``, and ``throughput_ratio_vs_llama_server_<N>`` (the network's throughput
-over llama-server's).
+``llama_server_``, ``throughput_ratio_vs_llama_server_<N>`` (the network's throughput
+over llama-server's) and ``first_failure_<N>`` (why the first failed ask failed; "" when none).
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ class _NetworkAsks:
 
     def __init__(self, api_url: str, token: str, max_tokens: int, clients: int) -> None:
         self.max_tokens = max_tokens
+        #: why each failed ask failed, in order (the first goes into the figures)
+        self.failures: list[str] = []
         self.client = httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {token}"},
                                    timeout=ASK_DEADLINE_MS / 1000 + 15,
                                    limits=httpx.Limits(max_connections=clients + 2))
@@ -94,9 +96,13 @@ class _NetworkAsks:
             snap = self.client.post("/tasks/", json={
                 "question": question, "answer_type": "number", "k": 1,
                 "max_tokens": self.max_tokens, "deadline_ms": ASK_DEADLINE_MS}).json()
-        except (httpx.HTTPError, ValueError):
+        except (httpx.HTTPError, ValueError) as exc:
+            self.failures.append(f"{type(exc).__name__}: {exc}")
             return False
-        return isinstance(snap, dict) and snap.get("phase") == "done"
+        if isinstance(snap, dict) and snap.get("phase") == "done":
+            return True
+        self.failures.append(str(snap.get("failure") if isinstance(snap, dict) else snap)[:160])
+        return False
 
 
 class _ServerAsks:
@@ -158,7 +164,9 @@ def run_concurrency(backend: Any, levels: tuple[int, ...], questions: list[str],
                     served = _ServerAsks(server.url, max_tokens, n)
                     served(prompts[0])  # warm-up: its first decode sets up buffers
                     theirs = [_wave(served, prompts[:n]) for _ in range(waves)]
+                asks.failures.clear()
                 ours = [_wave(asks, questions[:n]) for _ in range(waves)]
+                figures[f"first_failure_{n}"] = asks.failures[0] if asks.failures else ""
                 figures.update(_figures("", n, ours))
                 figures.update(_figures("llama_server_", n, theirs))
                 figures[f"throughput_ratio_vs_llama_server_{n}"] = round(

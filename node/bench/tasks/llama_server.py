@@ -18,6 +18,8 @@ slots) and says when it is ready.
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -112,8 +114,11 @@ def ensure_built(say: Callable[[str], None] = print) -> Path:
         ui.mkdir(parents=True, exist_ok=True)
         (ui / "CMakeLists.txt").write_text(UI_CMAKE)
     build = SERVER_DIR / "build"
-    _run(["cmake", "-S", str(llama), "-B", str(build), *CMAKE_OPTIONS], "cmake configure", log)
-    _run(["cmake", "--build", str(build), "--target", "llama-server", "-j"], "cmake build", log)
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    _run(["cmake", "-S", str(llama), "-B", str(build), *generator, *CMAKE_OPTIONS],
+         "cmake configure", log)
+    _run(["cmake", "--build", str(build), "--target", "llama-server",
+          "-j", str(os.cpu_count() or 2)], "cmake build", log)
     if not BINARY.exists():
         raise BuildFailed(f"the build made no {BINARY}; see {log}")
     return BINARY

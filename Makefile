@@ -24,7 +24,7 @@ export CMAKE_ARGS ?= -DGGML_NATIVE=OFF
 endif
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test check check-pure-tests check-other-tests install system-deps lint typecheck bench clean
+.PHONY: demo test check check-pure-tests check-other-tests install system-deps lint typecheck bench clean llama-server
 
 demo: $(STAMP)
 	@$(BIN)/symphony demo
@@ -92,6 +92,12 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 	    "torch==$$($(BIN)/python -c 'from importlib.metadata import version as v; print(v("torch").split("+")[0])')"; \
 	fi
 	@touch $(STAMP)
+
+# llama.cpp's own llama-server, the baseline of `symphony bench tasks --concurrency`: built
+# once (CPU, cmake, minutes) from the llama.cpp sources the installed llama-cpp-python vendors
+# (its sdist, fetched by pip) into $(VENV)/llama-server; the benchmark builds it when missing.
+llama-server: $(STAMP)
+	@$(BIN)/python -m node.bench.tasks.llama_server
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

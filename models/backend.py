@@ -198,36 +198,69 @@ class Backend(ABC):
         ids = self.prompt_ids(prompt)
         if not ids:
             raise ValueError("generate: empty prompt")
-        rng = np.random.Generator(np.random.PCG64(params.seed))
         grammar = self.mask(params.json_schema) if params.json_schema else None
+        decoding = Decoding(self, ids, params, on_text, grammar)
         t0 = time.perf_counter()
         logits = self._start(ids)
         t1 = time.perf_counter()
-        out: list[int] = []
-        lps: list[float] = []
-        finish = "length"
-        for i in range(params.max_tokens):
-            lp = log_softmax(logits if grammar is None else grammar.mask(logits))
-            tok = choose_token(lp, params, rng)
-            if grammar is not None:
-                grammar.accept(tok)
-            if tok in self.eos_ids and not params.ignore_eos:
-                finish = "stop"
-                break
-            out.append(tok)
-            lps.append(float(lp[tok]))
-            text = self.detokenize(out) if params.stop or on_text is not None else ""
-            if params.stop and _holds_stop(text, params.stop):
-                finish = "stop"
-                break
-            if on_text is not None:
-                on_text(text)
-            if i + 1 < params.max_tokens:
-                logits = self._step(tok)
+        while (tok := decoding.feed(logits)) is not None:
+            logits = self._step(tok)
         t2 = time.perf_counter()
-        return Generation(text=self.detokenize(out), token_ids=tuple(out), prompt_token_ids=tuple(ids),
-                          logprobs=tuple(lps), finish_reason=finish,
-                          prompt_ms=(t1 - t0) * 1000.0, generate_ms=(t2 - t1) * 1000.0)
+        return decoding.result((t1 - t0) * 1000.0, (t2 - t1) * 1000.0)
+
+
+class Decoding:
+    """One generation's sampling state, fed the logits of each position: the one copy of the
+    sampling rules (seeded PCG64 stream, grammar mask, EOS, stop strings, streaming, the
+    token budget) that :meth:`Backend.generate` and models.batched's sequences both follow,
+    so a sequence decoded in a batch samples exactly as it would alone."""
+
+    def __init__(self, backend: Backend, ids: Sequence[int], params: SamplingParams,
+                 on_text: Callable[[str], None] | None = None, grammar: Any = None) -> None:
+        self._detokenize = backend.detokenize
+        self._eos_ids = backend.eos_ids
+        self.params = params
+        self.on_text = on_text
+        self.grammar = grammar
+        self.prompt_ids = tuple(int(t) for t in ids)
+        self.rng = np.random.Generator(np.random.PCG64(params.seed))
+        self.out: list[int] = []
+        self.logprobs: list[float] = []
+        self.finish = "length"
+        #: nothing more to sample (a zero budget samples nothing)
+        self.done = params.max_tokens <= 0
+
+    def feed(self, logits: np.ndarray) -> int | None:
+        """Sample after ``logits`` (V,): the token to evaluate next, or None once finished."""
+        if self.done:
+            return None
+        params = self.params
+        lp = log_softmax(logits if self.grammar is None else self.grammar.mask(logits))
+        tok = choose_token(lp, params, self.rng)
+        if self.grammar is not None:
+            self.grammar.accept(tok)
+        if tok in self._eos_ids and not params.ignore_eos:
+            return self._end("stop")
+        self.out.append(tok)
+        self.logprobs.append(float(lp[tok]))
+        text = self._detokenize(self.out) if params.stop or self.on_text is not None else ""
+        if params.stop and _holds_stop(text, params.stop):
+            return self._end("stop")
+        if self.on_text is not None:
+            self.on_text(text)
+        if len(self.out) >= params.max_tokens:
+            return self._end("length")
+        return tok
+
+    def _end(self, finish: str) -> None:
+        self.finish, self.done = finish, True
+        return None
+
+    def result(self, prompt_ms: float, generate_ms: float) -> Generation:
+        return Generation(text=self._detokenize(self.out), token_ids=tuple(self.out),
+                          prompt_token_ids=self.prompt_ids, logprobs=tuple(self.logprobs),
+                          finish_reason=self.finish, prompt_ms=prompt_ms,
+                          generate_ms=generate_ms)
 
 
 def _holds_stop(text: str, stop: Sequence[str]) -> bool:

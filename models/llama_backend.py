@@ -24,6 +24,7 @@ from models.config import LLAMA_CPP, ModelConfig, default_threads
 from models.registry import ModelInfo
 
 if TYPE_CHECKING:
+    from models.batched import BatchedDecoder
     from models.llama_capture import StateCapture
 
 # llama.cpp's OpenMP threads spin-wait between kernels by default. On a machine whose cores
@@ -165,6 +166,19 @@ class LlamaCppBackend(Backend):
             return capture.states(len(ids), copy)
         except ValueError:
             return None
+
+    def replay(self, ids: Sequence[int]) -> None:
+        """Evaluate ``ids`` on this (the capturing) context so that :meth:`captured_states`
+        reads their states: how a generation decoded elsewhere (models.batched) is
+        committed to, by one prefill instead of the decode that produced it."""
+        if len(ids) > 1:
+            self._start(ids[:-1])
+
+    def batched(self, n_seq: int) -> BatchedDecoder:
+        """A decoder of up to ``n_seq`` generations at once on this model (models.batched)."""
+        from models.batched import BatchedDecoder
+
+        return BatchedDecoder(self, n_seq)
 
     def load_adapter(self, path: str) -> object:
         """Load a llama.cpp LoRA GGUF beside the base weights (blocking); its handle for

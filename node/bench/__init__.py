@@ -38,7 +38,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "fuzz": ("frames",),
     "soak": ("cycles",),
     "verify": ("honest",),
-    "tasks": ("link",),
+    "tasks": ("link", "concurrency"),
     "distributed": ("link",),
     "relay": ("link",),
     "ledger": ("link",),

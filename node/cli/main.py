@@ -58,6 +58,20 @@ def main() -> None:
     """symphony: a peer-to-peer network of AI agents."""
 
 
+def concurrency_levels(ctx: click.Context, param: click.Parameter,
+                       value: str | None) -> str | None:
+    """``--concurrency`` checked as it is parsed (node/bench/tasks/concurrency.py)."""
+    if value is None:
+        return None
+    from node.bench.tasks.concurrency import parse_levels
+
+    try:
+        parse_levels(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    return value
+
+
 @click.command()
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object of named figures.")
@@ -72,6 +86,9 @@ def main() -> None:
 @click.option("--link", type=LINK_SPEC, default=None,
               help="tasks, distributed, relay, ledger: run every daemon behind this link, "
                    "e.g. rtt=60ms,up=20mbit (node/p2p/link.py).")
+@click.option("--concurrency", default=None, metavar="N,...", callback=concurrency_levels,
+              help="tasks: instead of the load test, N users at once at each level (e.g. "
+                   "1,4,16), beside llama.cpp's llama-server.")
 @click.option("--model", default=None, metavar="NAME|PATH",
               help="gpu: time this model instead of the default one; agents: run the "
                    "daemons on this model (a .gguf path or registry name).")

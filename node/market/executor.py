@@ -120,12 +120,13 @@ class ExecutorSection:
 
 def models_solver(section: ExecutorSection, data_dir: Path) -> Solver:
     """The builtin solver: models/solver.py on ``section``'s model and threads, keeping
-    committed layer states under ``data_dir`` for verifiers."""
+    committed layer states under ``data_dir`` for verifiers; with ``slots`` above 1 it
+    decodes that many tasks at once in one batch (models/batched.py)."""
     from models.solver import load_models_solver
     from models.state_store import STATES_DIR
 
     return load_models_solver(section.model, threads=section.threads,
-                              states_dir=data_dir / STATES_DIR)
+                              states_dir=data_dir / STATES_DIR, slots=section.slots)
 
 
 def load_solver(spec: str, section: ExecutorSection, data_dir: Path) -> Solver:

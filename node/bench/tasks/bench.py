@@ -26,6 +26,10 @@ HTTP API, 1,000 in all (``--quick``: 100), each done or failed with a clear erro
 (``load_unclear`` counts the others, goal 0), ``/status`` latency meanwhile, and the asker's
 fd and memory growth over them (``load_*`` keys).
 
+``--concurrency 1,4,16`` (node/bench/tasks/concurrency.py) replaces the load with many users
+at once on a network of one batching executor, beside llama.cpp's ``llama-server``
+(``throughput_rps_<N>``, ``p50_ms_<N>``, ``p99_ms_<N>``, ``throughput_ratio_vs_llama_server_<N>``).
+
 ``--link SPEC`` runs every daemon behind that link (node/p2p/link.py; ``link`` echoes it): the
 asker's beacons, bids, assignments and results all cross it, while the direct call, the
 baseline, stays in this process.
@@ -83,16 +87,18 @@ def _ask(client: Any, question: str, k: int, max_tokens: int) -> tuple[float, di
     return (time.perf_counter() - t0) * 1000, snap
 
 
-def run(quick: bool, link: str = "") -> dict[str, Any]:
+def run(quick: bool, link: str = "", concurrency: str = "") -> dict[str, Any]:
     from models.config import ModelConfig
     from models.loader import load_backend
     from node.api.token import read_token
+    from node.bench.tasks.concurrency import parse_levels, run_concurrency
     from node.bench.tasks.load import FULL_LOAD_ASKS, QUICK_LOAD_ASKS, run_load
     from node.bench.tasks.stream import stream_figures
     from node.control import ApiClient
     from node.market.requester import TasksSection
     from node.testnet import FAST_MEMBERSHIP, LocalTestnet
 
+    levels = parse_levels(concurrency) if concurrency else ()
     asks = QUICK_ASKS if quick else FULL_ASKS
     max_tokens = QUICK_MAX_TOKENS if quick else FULL_MAX_TOKENS
     questions = _questions(asks)
@@ -117,10 +123,14 @@ def run(quick: bool, link: str = "") -> dict[str, Any]:
             figures.update(stream_figures(asker.api_url, read_token(asker.data_dir),
                                           backend.info.name, questions, max_tokens,
                                           ASK_DEADLINE_MS / 1000 + 15))
-            figures.update(run_load(asker, read_token(asker.data_dir),
-                                    QUICK_LOAD_ASKS if quick else FULL_LOAD_ASKS))
+            if not levels:
+                figures.update(run_load(asker, read_token(asker.data_dir),
+                                        QUICK_LOAD_ASKS if quick else FULL_LOAD_ASKS))
         finally:
             net.kill_all()
+    if levels:
+        figures.update(run_concurrency(backend, levels, _questions(max(levels)), max_tokens,
+                                       THREADS, quick, link))
     figures["direct_solve_p50_ms"] = round(_pct(baseline.direct_ms, 0.5), 1)
     same = baseline.same_answer
     figures["k1_same_answer"] = statistics.fmean(same) if same else float("nan")

@@ -173,7 +173,7 @@ class ModelsSolver:
             sol = solve(self._batch, problem, **sampling)  # type: ignore[arg-type]
             with self._lock:  # the commitment's prefill runs on the single context
                 made = self._commitments(task, sol, replay=True)
-            return self._done(task, attempt, sol, made, started, system_prompt, tool_calls)
+            return self._done(task, attempt, sol, made, started, system_prompt, tool_calls, adapter)
         with self._lock:
             # timed from here: a wait for the backend is not this task's cost, and bids
             # learn their estimate from compute_ms
@@ -187,7 +187,7 @@ class ModelsSolver:
             finally:
                 if adapter is not None:
                     self.backend.use_adapter(None)  # type: ignore[attr-defined]
-        return self._done(task, attempt, sol, made, started, system_prompt, tool_calls)
+        return self._done(task, attempt, sol, made, started, system_prompt, tool_calls, adapter)
 
     def _batchable(self, problem: Problem, max_tokens: int) -> bool:
         """Whether ``problem`` is decoded in the shared batch: there is one, and its
@@ -219,7 +219,7 @@ class ModelsSolver:
 
     def _done(self, task: TaskSpec, attempt: int, sol: Solution, made: Commitments,
               started: float, system_prompt: str,
-              tool_calls: tuple[ToolCallRecord, ...]) -> ComputeDone:
+              tool_calls: tuple[ToolCallRecord, ...], adapter: str | None) -> ComputeDone:
         return ComputeDone(task_id=task.task_id, attempt=attempt, answer=sol.answer,
                            cot=sol.cot_text, confidence=sol.confidence,
                            tokens=len(sol.token_ids),

@@ -4,6 +4,7 @@ adapter llama.cpp refuses is a ValueError naming it (models/solver.py, models/ll
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -37,12 +38,14 @@ def test_an_adapter_changes_the_answer_and_leaves_the_base_as_it_was(
     try:
         task = _task()
         base = solver.solve(task, "tiny", 8)
-        solver.add_adapter("a", adapter)
-        assert solver.has_adapter("a")
-        adapted = solver.solve(task, "tiny", 8, adapter="a")
+        key = hashlib.sha256(adapter.read_bytes()).hexdigest()  # adapters go by content hash
+        solver.add_adapter(key, adapter)
+        assert solver.has_adapter(key)
+        adapted = solver.solve(task, "tiny", 8, adapter=key)
+        assert adapted.adapter == bytes.fromhex(key)  # the result names what it ran on
         assert adapted.output_ids != base.output_ids
         assert solver.solve(task, "tiny", 8).output_ids == base.output_ids
-        assert solver.solve(task, "tiny", 8, adapter="a").output_ids == adapted.output_ids
+        assert solver.solve(task, "tiny", 8, adapter=key).output_ids == adapted.output_ids
 
         junk = tmp_path / "junk.gguf"
         junk.write_bytes(b"GGUF" + b"\0" * 64)

@@ -31,6 +31,7 @@ from node.inference.local import local_pair
 from node.inference.machine_probe import device_of, measure_ms_per_block
 from node.inference.section import InferenceSection
 from node.inference.wire import SessionStream
+from node.runtime.dialing import dial_first, dial_plan
 from node.service import NurseryService
 from node.transport import TransportError
 from protocol.inference.routing import (
@@ -327,12 +328,14 @@ class InferenceService(NurseryService):
             return SessionStream(mine)
         transport = self.ctx.transport
         if peer not in transport.connected_peers():
-            for addr in self.addresses(peer):
-                try:
-                    await transport.connect(addr)
-                    break
-                except Exception as exc:  # try the next address
-                    self.ctx.log.info("inference.dial_failed", peer=peer, error=str(exc))
+            # its addresses side by side, as the driver dials (node/runtime/dialing.py): a
+            # stage behind a NAT is reached through its relay, not after its private address's
+            # dial timeout
+            plan, errors = dial_plan(peer, self.addresses(peer))
+            outcome = await dial_first(transport.connect, plan)
+            if outcome.addr is None:
+                self.ctx.log.info("inference.dial_failed", peer=peer,
+                                  error="; ".join([*errors, *outcome.errors]))
         raw = await transport.open_stream(peer, inference_protocol(self.ctx.network_id))
         return SessionStream(raw, self.section.link_delay_ms)
 

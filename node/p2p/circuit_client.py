@@ -148,8 +148,8 @@ class RelayClient:
         except Exception as exc:
             raise TransportError(f"relay {relay}: no hop stream: {exc!r}") from exc
 
-    async def dial(self, addr: str) -> str:
-        """Connect to the target of relayed ``addr``; its peer id once the connection is up."""
+    async def dial(self, addr: str) -> Any:
+        """Connect to the target of relayed ``addr``; the connection (py-libp2p's) once up."""
         relay_addr, relay, target = split_circuit(addr)
         if target == self._self:
             raise TransportError("refusing to dial ourselves")
@@ -169,7 +169,7 @@ class RelayClient:
                 raise RelayRefused(relay, f"a circuit to {target}", answer.status)
             raw = RawConnection(_CircuitIO(stream, relay), True, ConnectionType.RELAYED,
                                 [multiaddr.Multiaddr(addr)])
-            await self._swarm.upgrade_outbound_raw_conn(raw, ID.from_base58(target))
+            conn = await self._swarm.upgrade_outbound_raw_conn(raw, ID.from_base58(target))
         except BaseException as exc:
             with trio.CancelScope(shield=True):
                 await NetBulkStream(stream, relay).reset()
@@ -178,7 +178,7 @@ class RelayClient:
             if isinstance(exc, Exception):
                 raise TransportError(f"dial {addr} through the relay failed: {exc!r}") from exc
             raise
-        return target
+        return conn
 
     async def handle_stop(self, stream: Any) -> None:
         """A relay opens a circuit to us: accept it as an inbound connection."""

@@ -53,7 +53,7 @@ from node.p2p.natconfig import NatConfig
 from node.p2p.peer_pruning import PRUNE_INTERVAL_S, PeerStorePruner
 from node.p2p.shaping import ShapedTCP
 from node.p2p.streams import NetBulkStream, bulk_handler
-from node.p2p.swarm import DIAL_TIMEOUT_S, PeerTracker, build_host, identify_handler
+from node.p2p.swarm import DIAL_TIMEOUT_S, OwnDials, PeerTracker, build_host, identify_handler
 from node.runtime.limits import NetLimits
 from node.runtime.unicast import HANDSHAKE_PROTOCOL_ID
 from node.transport import (
@@ -115,6 +115,7 @@ class P2PTransport:
         self._host, self._guard = host, self._guarded.guard
         self._swarm: Any = host.get_network()
         self._peers = PeerTracker(self._log)
+        self._own_dials = OwnDials(self._swarm)
         self._swarm.register_notifee(self._peers)
         self.pruner = PeerStorePruner(self._peer_id)
         agent = agent_version() if agent is None else agent
@@ -233,7 +234,7 @@ class P2PTransport:
             raise TransportError(f"cannot dial: {exc}") from None
         if relayed and self.nat is not None:
             with trio.move_on_after(self._dial_timeout_s):
-                return await self.nat.client.dial(address)
+                return await self._made(await self.nat.client.dial(address))
             raise TransportError(f"dial {address} timed out after {self._dial_timeout_s} s")
         try:
             info = info_from_p2p_addr(multiaddr.Multiaddr(address))
@@ -254,12 +255,19 @@ class P2PTransport:
                     # this address only: py-libp2p's connect would settle for a relayed
                     # connection, and wait for its dial to the peer already in flight (the
                     # driver dials a peer's addresses side by side: node/runtime/dialing.py)
-                    await self._swarm.dial_addr(info.addrs[0], info.peer_id)
+                    await self._made(await self._swarm.dial_addr(info.addrs[0], info.peer_id))
             except Exception as exc:
                 raise TransportError(f"dial {address} failed: {exc!r}") from exc
         if scope.cancelled_caught:
             raise TransportError(f"dial {address} timed out after {self._dial_timeout_s} s")
         return info.peer_id.to_base58()
+
+    async def _made(self, conn: Any) -> str:
+        """The peer ``conn`` (just dialed) reaches; closed if it duplicates ours (swarm.py)."""
+        if not self._own_dials.keep(conn):
+            self._log.debug("transport.duplicate_dial_closed", peer=str(conn.muxed_conn.peer_id))
+            await self._own_dials.close(conn, STOP_GRACE_S)
+        return str(conn.muxed_conn.peer_id.to_base58())
 
     async def disconnect(self, peer_id: str) -> None:
         peer = ID.from_base58(peer_id)

@@ -18,6 +18,14 @@ purpose:
 ``symphony-node/<version>`` (py-libp2p 0.8.1 announces its own ``py-libp2p/0.8.1`` from a
 module constant, the same for every host in the process).
 
+:class:`OwnDials` keeps one connection per dial race: a connection our own dial makes to a
+peer that another of our dials has already connected, no worse (direct, or this one relayed),
+is closed at once. Dials to a peer's addresses run side by side (node/runtime/dialing.py), and
+two of them can finish together, before the loser is cancelled; the extra connection would
+otherwise live as long as the peer's. Connections the peer dialed are never compared: when
+both sides dial each other at once, each closing its own outbound one for the other's would
+leave none.
+
 :class:`PeerTracker` is the swarm's notifee: it turns per-connection notifications into
 per-peer transitions (``PeerEvent(peer, True)`` on the first connection, ``False`` when the
 last one closes) delivered on one bounded channel, whose backpressure stalls new connections
@@ -27,6 +35,7 @@ rather than losing an event.
 from __future__ import annotations
 
 import contextvars
+import weakref
 from typing import Any
 
 import multiaddr
@@ -46,6 +55,7 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.transport.tcp.tcp import TCP
 from libp2p.utils.varint import encode_uvarint
 
+from node.p2p.circuit_hop import is_relayed
 from node.p2p.framing import PeerFault
 from node.runtime.limits import NetLimits
 from node.transport import PeerEvent
@@ -178,6 +188,33 @@ def identify_handler(host: BasicHost, agent: str, limits: NetLimits) -> Any:
             raise PeerFault("undecodable", "the asking peer sent bytes on identify")
 
     return handle
+
+
+class OwnDials:
+    """The connections our dials made; whether a new one duplicates one of them (module doc)."""
+
+    def __init__(self, swarm: Any) -> None:
+        self._swarm = swarm
+        self._made: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def keep(self, conn: Any) -> bool:
+        """Whether ``conn``, which our dial just made, is to be kept; if so, it joins ours."""
+        relayed = is_relayed(conn)
+        for other in self._swarm.get_connections(conn.muxed_conn.peer_id):
+            if (other is not conn and other in self._made and not other.event_closed.is_set()
+                    and (relayed or not is_relayed(other))):
+                return False
+        self._made.add(conn)
+        return True
+
+    async def close(self, conn: Any, grace_s: float) -> None:
+        """Close a duplicate, even while our dial is being cancelled (at most ``grace_s``)."""
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + grace_s
+            try:
+                await conn.close()
+            except Exception:
+                pass  # closed by the peer meanwhile: nothing left to close
 
 
 class PeerTracker(INotifee):

@@ -6,8 +6,9 @@ list; the first dial that connects wins and the ones still running are cancelled
 is reached in the time of its fastest address: a node behind a NAT whose private address
 comes first (a dial that hangs until the transport's dial timeout) is reached through its
 next address a stagger later, not after that timeout. A dial that connects just before the
-winner's cancellation lands leaves a second connection to the peer; nothing depends on there
-being one.
+winner's cancellation lands leaves a second connection to the peer: the transport closes it
+(node/p2p/swarm.py, ``OwnDials``). When every dial fails, the outcome lists each address's
+failure, each naming its address.
 
 :func:`dial_plan` puts the addresses in the order they are tried: each one names the peer
 (``/p2p/<peer>`` appended where missing; one naming another peer is an error, not a dial),
@@ -36,7 +37,8 @@ DIAL_STAGGER_S = 0.25
 class DialOutcome:
     #: the address that connected; None when none did
     addr: str | None
-    #: why each failed dial failed, in the order they failed (cancelled ones are not listed)
+    #: why each failed dial failed, in the order they failed (cancelled ones are not listed),
+    #: each naming its address
     errors: tuple[str, ...]
 
 
@@ -69,7 +71,8 @@ async def dial_first(connect: Callable[[str], Awaitable[object]], addrs: Sequenc
         try:
             await connect(addr)
         except TransportError as exc:
-            errors.append(str(exc))
+            reason = str(exc)  # the transport's own message names the address, mostly
+            errors.append(reason if addr in reason else f"{addr}: {reason}")
             running -= 1
             if not running:
                 all_failed.set()

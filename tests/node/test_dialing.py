@@ -1,7 +1,9 @@
 """node/runtime/dialing.py: a peer's addresses dialed side by side, the first to connect wins.
 
 The schedule is tested in trio's MockClock (virtual time, dials that take a set time); the
-last test dials a real libp2p host on loopback whose first address never answers.
+last tests dial a real libp2p host on loopback: one whose first address never answers, and
+one dialed twice at once, both dials finishing (one connection is kept). The
+same race against a node behind a NAT: tests/node/test_nat_dialing.py.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 
 import trio
 import trio.testing
+from libp2p.peer.id import ID
 
 from node.p2p.host import open_p2p
 from node.runtime.dialing import DIAL_STAGGER_S, dial_first, dial_plan
@@ -18,6 +21,7 @@ from node.transport import TransportError
 
 PEER = "12D3KooWDpJ7As7BWAwRMfu1VU2WCqNjvq387JEYKDBj4kx6nXTN"
 OTHER = "12D3KooWBVbaT3Pk3CmnxjVCkbpkBUFs7VzVdSJoV2SyqBfzxoHg"
+ECHO = "/symphony/test/echo/1"
 
 
 def run_virtual(test: functools.partial[object] | object) -> None:
@@ -42,6 +46,8 @@ class FakeDials:
         if outcome == "fail":
             self.events.append((trio.current_time(), "failed", addr))
             raise TransportError(f"dial {addr} refused")
+        if outcome == "mute":  # a failure whose message does not name the address
+            raise TransportError("relay refused a circuit: NO_RESERVATION")
         self.events.append((trio.current_time(), "connected", addr))
 
 
@@ -78,6 +84,10 @@ def test_a_failure_starts_the_next_address_at_once_and_all_failures_are_reported
         # the second failed first; both are reported, neither dial is retried
         assert outcome.errors == ("dial fail:0.1 refused", "dial fail:1 refused")
         assert await dial_first(dials.connect, []) == type(outcome)(None, ())
+        # every failure names its address, the transport's message or not
+        outcome = await dial_first(dials.connect, ["mute:0.1", "fail:0.2"])
+        assert outcome.errors == ("mute:0.1: relay refused a circuit: NO_RESERVATION",
+                                  "dial fail:0.2 refused")
 
     run_virtual(test)
 
@@ -141,6 +151,36 @@ def test_a_peer_whose_first_address_never_answers_is_reached_through_the_second(
 
     async def bounded() -> None:
         with trio.fail_after(dial_timeout_s):  # a hang fails the test, never stalls the suite
+            await test()
+
+    trio.run(bounded)
+
+
+def test_two_dials_to_one_peer_that_both_connect_leave_one_connection() -> None:
+    async def test() -> None:
+        async with open_p2p(os.urandom(32)) as a, open_p2p(os.urandom(32)) as b:
+            addr = b.listen_addrs()[0]
+
+            async def echo(peer: str, data: bytes) -> bytes:
+                return data
+
+            b.set_request_handler(ECHO, echo, max_request_bytes=8)
+            done: list[str] = []
+
+            async def connect(addr: str) -> None:
+                done.append(await a.connect(addr))
+
+            async with trio.open_nursery() as nursery:  # neither is cancelled: both connect
+                nursery.start_soon(connect, addr)  # as two addresses of one peer would
+                nursery.start_soon(connect, addr)
+            assert done == [b.peer_id, b.peer_id]
+            conns = a._swarm.get_connections(ID.from_base58(b.peer_id))  # noqa: SLF001
+            assert len(conns) == 1 and b.peer_id in a.connected_peers()
+            assert await a.request(b.peer_id, ECHO, b"x",
+                                   max_response_bytes=8) == b"x"
+
+    async def bounded() -> None:
+        with trio.fail_after(30):  # a hang fails the test, never stalls the suite
             await test()
 
     trio.run(bounded)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -272,25 +273,31 @@ class LocalTestnet:
         return node.wait_ready(timeout_s) if wait else node
 
     def start_batches(self, names: Sequence[str], *, bootstrap: Iterable[NodeProcess | str] = (),
-                      batch: int = 8, timeout_s: float = READY_TIMEOUT_S,
+                      batch: int = 8, timeout_s: float = READY_TIMEOUT_S, spread: int = 0,
+                      rng: random.Random | None = None,
                       on_batch: Callable[[int], None] | None = None) -> list[NodeProcess]:
         """Start nodes ``names`` ``batch`` at a time: each batch's processes are spawned
         together and all must be ready before the next batch starts, so start-up (imports,
         key, database) runs in parallel without every process competing for the cores at
-        once. ``on_batch(started)`` is called after each batch."""
+        once. Each node bootstraps from ``bootstrap`` and, with ``spread``, from that many more
+        nodes drawn by ``rng`` among those already running, so that no one node answers every
+        newcomer's Hello. ``on_batch(started)`` is called after each batch."""
         if batch < 1:
             raise ValueError(f"batch must be at least 1, got {batch}")
-        peers = list(bootstrap)
-        started: list[NodeProcess] = []
+        fixed = list(bootstrap)
+        draw = rng or random.Random(0)
+        started: list[NodeProcess] = [n for n in self.nodes.values() if n.running]
         for first in range(0, len(names), batch):
-            group = [self.start(name, bootstrap=peers, wait=False)
-                     for name in names[first:first + batch]]
+            pool = [n for n in started if n not in fixed]
+            group = [self.start(name, wait=False, bootstrap=[
+                *fixed, *draw.sample(pool, min(spread, len(pool)))])
+                for name in names[first:first + batch]]
             for node in group:
                 node.wait_ready(timeout_s)
             started += group
             if on_batch is not None:
                 on_batch(len(started))
-        return started
+        return started[len(started) - len(names):]
 
     def write_config(self, name: str, config: Mapping[str, Any]) -> Path:
         """Write node ``name``'s node.toml, returning its data dir: QUIET, under the testnet's

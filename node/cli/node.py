@@ -188,8 +188,12 @@ def demo(executors: int, questions: int | None, max_tokens: int | None,
 
 #: nodes a testnet may start: each full daemon loads a model, a light one (``--light``) none
 MAX_TESTNET_NODES, MAX_LIGHT_TESTNET_NODES = 32, 200
-#: daemons started at once (the rest wait for a batch to be ready), see LocalTestnet
-TESTNET_START_BATCH = 8
+#: daemons started at once (the rest wait for a batch to be ready), and the running nodes each
+#: new one bootstraps from (drawn at random, so that no one node answers every Hello): see
+#: LocalTestnet.start_batches
+TESTNET_START_BATCH, TESTNET_BOOTSTRAP_SPREAD = 8, 3
+#: each daemon's bound on becoming ready grows by this per daemon of the testnet (seconds)
+TESTNET_READY_S_PER_NODE = 3.0
 
 
 @click.command()
@@ -212,7 +216,7 @@ def testnet(nodes: int, base_dir: str | None, network_id: str, host: str, link: 
     them all."""
     import signal
 
-    from node.testnet import LocalTestnet, TestnetError
+    from node.testnet import READY_TIMEOUT_S, LocalTestnet, TestnetError
 
     if nodes > MAX_TESTNET_NODES and not light:
         raise click.BadParameter(f"more than {MAX_TESTNET_NODES} nodes needs --light",
@@ -229,9 +233,11 @@ def testnet(nodes: int, base_dir: str | None, network_id: str, host: str, link: 
     net = LocalTestnet(base, network_id=network_id, listen=f"/ip4/{host}/tcp/0", link=link,
                        light=light)
     try:
-        first = net.start("node0")
-        net.start_batches([f"node{i}" for i in range(1, nodes)], bootstrap=[first],
-                          batch=TESTNET_START_BATCH)
+        first = net.start("node0")  # the node the invite names
+        net.start_batches([f"node{i}" for i in range(1, nodes)], batch=TESTNET_START_BATCH,
+                          spread=TESTNET_BOOTSTRAP_SPREAD,
+                          # later daemons start on cores the running ones share
+                          timeout_s=max(READY_TIMEOUT_S, TESTNET_READY_S_PER_NODE * nodes))
         for node in net.nodes.values():
             click.echo(f"{node.name}  {node.peer_id}  api {node.api_url}  "
                        f"data {node.data_dir}  {node.addresses[0]}")

@@ -5,9 +5,10 @@ record a few times and measures the network; :func:`predict` runs the same proto
 (protocol/membership, protocol/ledger) on virtual nodes for the same testnet and workload and
 returns the simulator's figures for the same keys. Two runs:
 
-* **membership** (``peers_per_node``): every node runs the real ``Membership`` machine with
-  the daemons' config, starts at the instant its daemon started (``start_ms``) with node 0 as
-  its bootstrap peer, exactly as ``symphony testnet`` starts them; the links' one-way latency
+* **membership** (``peers_per_node``): every node runs the real ``Membership`` and
+  ``Discovery`` machines (what the daemon's membership and discovery services drive) with
+  the daemons' config, starts at the instant its daemon started (``start_ms``) with the
+  bootstrap peers its daemon was given (``bootstraps``); the links' one-way latency
   is the median the daemons measured. Prediction: the mean number of ready peers per node
   at ``peers_at_ms``. Nothing about the connections is taken from the daemons.
 * **ledger** (``converged_s``, ``gossip_bytes_per_node_min``): the real ``LedgerMachine`` on
@@ -28,7 +29,9 @@ import statistics
 from dataclasses import dataclass, field
 
 from protocol.ledger.machine import CapabilitySpec, LedgerConfig, SetCapability, StoreCapability
+from protocol.membership.discovery import DiscoveryConfig
 from protocol.membership.machine import MembershipConfig
+from simulations.machines.discovery import discovery_spec
 from simulations.machines.ledger import NAME as LEDGER
 from simulations.machines.ledger import ledger_spec
 from simulations.machines.membership import bootstrap, membership_of, membership_spec
@@ -58,6 +61,7 @@ class DaemonNet:
     """What the daemons were and did, as the simulator's input (see the module docstring)."""
 
     start_ms: tuple[int, ...]  #: each node's start, from node 0's
+    bootstraps: tuple[tuple[int, ...], ...]  #: the nodes each node bootstraps from
     specs: tuple[CapabilitySpec, ...]  #: each node's advertised capability before the updates
     edges: tuple[tuple[int, int], ...]  #: connections (i < j) when the updates began
     #: measured one-way latency (ms) of links, keyed (i, j) with i < j
@@ -66,6 +70,7 @@ class DaemonNet:
     window_ms: int  #: the measurement window, from the first update
     peers_at_ms: int  #: when (from node 0's start) the daemons' peers were counted
     membership: MembershipConfig  #: the daemons' membership config
+    discovery: DiscoveryConfig  #: and their discovery config (rendezvous records)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
     seed: int = 1
 
@@ -87,15 +92,13 @@ def predict_peers(testnet: DaemonNet) -> float:
     """Mean ready peers per node at ``peers_at_ms``, the overlay built by the machines."""
     latency = LatencyModel(kind="constant", a=testnet.median_latency_ms())
     swarm = Swarm(testnet.seed, latency=latency)
-    spec = membership_spec(testnet.membership)
+    specs = (membership_spec(testnet.membership), discovery_spec(testnet.discovery))
     for _ in range(testnet.n):
-        swarm.add_node((spec,), up_bps=LOOPBACK_BPS, down_bps=LOOPBACK_BPS)
-    first = swarm.nodes[0]
+        swarm.add_node(specs, up_bps=LOOPBACK_BPS, down_bps=LOOPBACK_BPS)
 
     def start(node: VirtualNode) -> None:
         swarm.start(node)
-        if node is not first:
-            bootstrap(node, [first])
+        bootstrap(node, [swarm.nodes[j] for j in testnet.bootstraps[node.index]])
 
     for node, at in zip(swarm.nodes, testnet.start_ms, strict=True):
         swarm.at_ms(max(0, at), start, node)

@@ -16,7 +16,8 @@ NODES = 4
 
 
 def test_bench_scale_measures_a_light_testnet_and_predicts_it() -> None:
-    figures = scale(NODES, updates=1, window_s=3.0, batch=NODES)
+    # settled past one ping interval, so that each link's round trip was measured once more
+    figures = scale(NODES, updates=1, window_s=3.0, batch=NODES, settle_s=6.0)
     keys = {"converged_s", "gossip_bytes_per_node_min", "rss_mb_per_daemon", "peers_per_node",
             "sim_prediction_error"} | {f"sim_{k}" for k in PREDICTED}
     assert keys <= set(figures), sorted(keys - set(figures))

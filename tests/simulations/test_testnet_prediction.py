@@ -15,6 +15,7 @@ import pytest
 from protocol.codec import encode
 from protocol.ledger.machine import CapabilitySpec, LedgerConfig
 from protocol.ledger.records import HardwareSummary, Role
+from protocol.membership.discovery import DiscoveryConfig
 from protocol.membership.machine import MembershipConfig
 from simulations.workloads.testnet import DaemonNet, Update, predict, predict_ledger
 
@@ -35,6 +36,7 @@ def _testnet(latency_ms: float = LATENCY_MS) -> DaemonNet:
     edges = tuple(itertools.combinations(range(N), 2))  # every pair connected
     return DaemonNet(
         start_ms=(0,) + (1000,) * (N - 1),
+        bootstraps=((),) + ((0,),) * (N - 1),
         specs=tuple(_spec(i) for i in range(N)),
         edges=edges,
         latency_ms=dict.fromkeys(edges, latency_ms),
@@ -43,6 +45,7 @@ def _testnet(latency_ms: float = LATENCY_MS) -> DaemonNet:
         window_ms=20_000,
         peers_at_ms=40_000,
         membership=MembershipConfig(network_id="sim", agent_version="test"),
+        discovery=DiscoveryConfig(network_id="sim"),
         ledger=LedgerConfig(min_republish_ms=200, refresh_ms=3_000_000,
                             record_ttl_ms=3_600_000),
     )

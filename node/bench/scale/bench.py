@@ -28,13 +28,14 @@ from typing import Any
 
 from node.bench.scale.daemons import (
     CONFIG,
+    SETTLE_S,
     WINDOW_S,
     Measured,
     gossip_bytes_per_node_min,
     measure,
     window_ms,
 )
-from node.membership.service import agent_version
+from node.membership.service import MembershipSection, agent_version
 from node.testnet import LocalTestnet
 from protocol.ledger.machine import CapabilitySpec, LedgerConfig
 from protocol.ledger.records import HardwareSummary, ModelOffer, Role
@@ -59,14 +60,15 @@ def run(quick: bool, nodes: int | None = None) -> dict[str, Any]:
     return scale(nodes or DEFAULT_NODES, UPDATES, WINDOW_S)
 
 
-def scale(nodes: int, updates: int, window_s: float, batch: int = BATCH) -> dict[str, Any]:
+def scale(nodes: int, updates: int, window_s: float, batch: int = BATCH,
+          settle_s: float = SETTLE_S) -> dict[str, Any]:
     """Measure ``nodes`` light daemons (``updates`` record changes, a ``window_s`` window),
     then predict the same with the simulator; the figures of both (module docstring)."""
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="symphony-bench-scale-") as tmp:
         net = LocalTestnet(Path(tmp), network_id=NETWORK_ID, config=CONFIG, light=True)
         try:
-            measured = measure(net, nodes, updates, batch, window_s)
+            measured = measure(net, nodes, updates, batch, window_s, settle_s)
         finally:
             net.kill_all()
     figures = figures_of(measured)
@@ -125,6 +127,7 @@ def testnet_of(m: Measured) -> DaemonNet:
     first = m.updates[0][2] if m.updates else 0
     return DaemonNet(
         start_ms=tuple(m.start_ms),
+        bootstraps=tuple(tuple(b) for b in m.bootstraps),
         specs=tuple(spec_of(r["record"]) for r in m.records),
         edges=tuple(sorted(edges)),
         latency_ms={k: max(0.05, statistics.fmean(v) / 2) for k, v in rtts.items()},
@@ -132,7 +135,9 @@ def testnet_of(m: Measured) -> DaemonNet:
                       for i, rec, offset in m.updates),
         window_ms=window_ms(m),
         peers_at_ms=m.peers_at_ms,
-        membership=MembershipConfig(network_id=NETWORK_ID, agent_version=agent_version()),
+        membership=MembershipConfig(network_id=NETWORK_ID, agent_version=agent_version(),
+                                    **CONFIG["membership"]),
+        discovery=MembershipSection().discovery_config(NETWORK_ID),
         ledger=LedgerConfig(**{k: v for k, v in CONFIG["ledger"].items()}),
     )
 

@@ -1,8 +1,9 @@
 """The daemons' side of ``bench scale``: a light testnet, a few record updates, what they cost.
 
 :func:`measure` starts ``nodes`` light daemons (``node run --light``: membership, discovery,
-ledger, relay; no model) ``batch`` at a time, every one bootstrapping from node 0 as
-``symphony testnet`` does, waits until every node holds every node's capability record, then:
+ledger, relay; no model) ``batch`` at a time, each bootstrapping from ``BOOTSTRAP_SPREAD``
+running ones as ``symphony testnet`` does, waits until every node holds every node's
+capability record and lets them settle (``SETTLE_S``), then:
 
 * snapshots every daemon's gossip counter (``gossip_received`` in ``/status``: message copies
   peers pushed to it, duplicates included, node/p2p/gossip.py), its ready peers and their
@@ -19,6 +20,7 @@ for. Everything the simulator needs is returned in :class:`Measured`.
 
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -35,11 +37,20 @@ from node.testnet import LocalTestnet, NodeProcess, TestnetError
 #: window is the updates' alone
 CONFIG: dict[str, Any] = {
     "ledger": {"min_republish_ms": 200, "refresh_ms": 3_000_000, "record_ttl_ms": 3_600_000},
+    # a hundred daemons share two cores: a Hello or a pong may take seconds to be answered
+    "membership": {"hello_timeout_ms": 30_000, "unresponsive_after_ms": 60_000},
 }
+#: each new daemon bootstraps from this many running ones, drawn at random (seeded)
+BOOTSTRAP_SPREAD = 3
+SEED = 1
 #: seconds between two record updates
 UPDATE_GAP_S = 5.0
 #: the measurement window runs at least this long from the first update (a bench's default)
 WINDOW_S = 30.0
+#: the daemons run this long after every record has spread before the snapshot is taken: a
+#: connection's first ping is sent as it opens, while the daemons are still starting on
+#: shared cores, and its round trip is no link latency; two ping intervals later it is
+SETTLE_S = 10.0
 #: how often the daemons' state is polled (each poll asks every daemon over HTTP)
 POLL_S = 1.0
 #: bound on each wait, per daemon (start-up and spreading grow with the testnet)
@@ -60,6 +71,7 @@ class Measured:
     names: list[str]
     peer_ids: list[str]
     start_ms: list[int]  #: each daemon's transport start, from node 0's
+    bootstraps: list[list[int]]  #: the nodes each daemon was given to bootstrap from
     records: list[dict[str, Any]]  #: each node's capability record (JSON) before the updates
     before: list[Snapshot]
     after: list[Snapshot]
@@ -73,21 +85,25 @@ class Measured:
 
 
 def measure(net: LocalTestnet, nodes: int, updates: int, batch: int,
-            window_s: float = WINDOW_S) -> Measured:
+            window_s: float = WINDOW_S, settle_s: float = SETTLE_S) -> Measured:
     wait_s = max(MIN_WAIT_S, WAIT_PER_NODE_S * nodes)
     started = time.monotonic()
     first = net.start("n0", timeout_s=wait_s)
-    rest = net.start_batches([f"n{i}" for i in range(1, nodes)], bootstrap=[first],
-                             batch=batch, timeout_s=wait_s)
+    rest = net.start_batches([f"n{i}" for i in range(1, nodes)], batch=batch, timeout_s=wait_s,
+                             spread=BOOTSTRAP_SPREAD, rng=random.Random(SEED))
     start_s = time.monotonic() - started
     daemons = [first, *rest]
     peer_ids = [d.peer_id for d in daemons]
+    by_addr = {d.addresses[0]: i for i, d in enumerate(daemons)}
     net.wait_until(lambda: _all_hold(daemons, nodes), "every node to hold every record", wait_s)
+    time.sleep(settle_s)  # a fixed settling time (see SETTLE_S), not a wait for a condition
     t0 = _log_time(first, "transport.started")
     before = [snapshot(d) for d in daemons]
     measured = Measured(
         names=[d.name for d in daemons], peer_ids=peer_ids,
         start_ms=[round((_log_time(d, "transport.started") - t0) * 1000) for d in daemons],
+        bootstraps=[[by_addr[a] for flag, a in zip(d.args, d.args[1:], strict=False)
+                     if flag == "--bootstrap"] for d in daemons],
         records=[_record(d, d.peer_id) for d in daemons],
         before=before, after=[], peers_at_ms=round((time.time() - t0) * 1000), start_s=start_s)
     _update(net, daemons, measured, updates, window_s, wait_s)

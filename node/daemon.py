@@ -70,6 +70,11 @@ SERVICES: dict[str, str] = {
     "rl_jobs": "node.rl.rollout_jobs:RolloutJobsService",
 }
 
+#: the services of a light daemon (``symphony node run --light``): membership, discovery, the
+#: ledger and the weight relay. None of them loads a model (no torch or llama.cpp import), so
+#: many such daemons fit on one machine: large local testnets and ``bench scale``.
+LIGHT_SERVICES = ("membership", "discovery", "ledger", "relay")
+
 #: after the first signal the daemon must be gone within this long, or it exits forcibly
 SHUTDOWN_DEADLINE_S = 4.5
 #: exit status when shutdown was forced (second signal, or the deadline passed)
@@ -86,6 +91,11 @@ def load_service_classes(names: Mapping[str, str] | None = None) -> dict[str, ty
             raise RuntimeError(f"SERVICES[{name!r}] points at {target} whose name is {cls.name!r}")
         classes[name] = cls
     return classes
+
+
+def light_services() -> dict[str, str]:
+    """``SERVICES`` restricted to ``LIGHT_SERVICES``, in the same order."""
+    return {name: target for name, target in SERVICES.items() if name in LIGHT_SERVICES}
 
 
 def load_extra_services(targets: tuple[str, ...]) -> dict[str, type[Service]]:
@@ -269,6 +279,7 @@ class Daemon:
             "faults": drv["faults"],
             "log_lines_suppressed": drv["log_lines_suppressed"],
             "gossip_dropped": getattr(transport, "gossip_dropped", 0),
+            "gossip_received": getattr(transport, "gossip_received", {}),
             "nat": transport.nat.status() if getattr(transport, "nat", None) else {},
             "services": services,
         }

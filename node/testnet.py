@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -233,12 +234,14 @@ class NodeProcess:
 
 class LocalTestnet:
     """Several NodeProcesses under one base dir; all share a network id unless told not to,
-    and all run behind ``link`` (a link spec; "" is none) whatever their own config says."""
+    and all run behind ``link`` (a link spec; "" is none) whatever their own config says.
+    With ``light`` every node runs ``node run --light`` (node/daemon.py LIGHT_SERVICES: no
+    model is loaded)."""
 
     def __init__(self, base_dir: Path, *, network_id: str = "localtest",
                  config: Mapping[str, Any] | None = None,
                  env: Mapping[str, str] | None = None,
-                 listen: str = LOOPBACK_LISTEN, link: str = "") -> None:
+                 listen: str = LOOPBACK_LISTEN, link: str = "", light: bool = False) -> None:
         parse_link(link)  # a bad spec fails here (LinkSpecError names the part), not in a child
         #: the link spec every node's config gets
         self.link = link
@@ -248,6 +251,7 @@ class LocalTestnet:
         self.network_id = network_id
         self.config = dict(config or {})
         self.env = dict(env or {})
+        self.light = light
         self.nodes: dict[str, NodeProcess] = {}
 
     def start(self, name: str, *, bootstrap: Iterable[NodeProcess | str] = (),
@@ -260,13 +264,40 @@ class LocalTestnet:
             raise ValueError(f"node {name!r} exists; use restart()")
         data_dir = self.write_config(name, config or {})
         args = ["--listen", self.listen, "--network-id", network_id or self.network_id,
-                "--json-logs", *extra_args]
+                "--json-logs", *(["--light"] if self.light else []), *extra_args]
         for peer in bootstrap:
             args += ["--bootstrap", peer.addresses[0] if isinstance(peer, NodeProcess) else peer]
         node = NodeProcess(name, data_dir, args, {**self.env, **(env or {})})
         self.nodes[name] = node
         node.spawn()
         return node.wait_ready(timeout_s) if wait else node
+
+    def start_batches(self, names: Sequence[str], *, bootstrap: Iterable[NodeProcess | str] = (),
+                      batch: int = 8, timeout_s: float = READY_TIMEOUT_S, spread: int = 0,
+                      rng: random.Random | None = None,
+                      on_batch: Callable[[int], None] | None = None) -> list[NodeProcess]:
+        """Start nodes ``names`` ``batch`` at a time: each batch's processes are spawned
+        together and all must be ready before the next batch starts, so start-up (imports,
+        key, database) runs in parallel without every process competing for the cores at
+        once. Each node bootstraps from ``bootstrap`` and, with ``spread``, from that many more
+        nodes drawn by ``rng`` among those already running, so that no one node answers every
+        newcomer's Hello. ``on_batch(started)`` is called after each batch."""
+        if batch < 1:
+            raise ValueError(f"batch must be at least 1, got {batch}")
+        fixed = list(bootstrap)
+        draw = rng or random.Random(0)
+        started: list[NodeProcess] = [n for n in self.nodes.values() if n.running]
+        for first in range(0, len(names), batch):
+            pool = [n for n in started if n not in fixed]
+            group = [self.start(name, wait=False, bootstrap=[
+                *fixed, *draw.sample(pool, min(spread, len(pool)))])
+                for name in names[first:first + batch]]
+            for node in group:
+                node.wait_ready(timeout_s)
+            started += group
+            if on_batch is not None:
+                on_batch(len(started))
+        return started[len(started) - len(names):]
 
     def write_config(self, name: str, config: Mapping[str, Any]) -> Path:
         """Write node ``name``'s node.toml, returning its data dir: QUIET, under the testnet's

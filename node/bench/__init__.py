@@ -28,6 +28,7 @@ BENCHMARKS: dict[str, str] = {
     "distributed": "node.bench.distributed.bench",
     "gpu": "node.bench.gpu.bench",
     "agents": "node.bench.agents.bench",
+    "scale": "node.bench.scale.bench",
 }
 
 
@@ -44,6 +45,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "ledger": ("link",),
     "gpu": ("model", "only"),
     "agents": ("model", "seed"),
+    "scale": ("nodes",),
 }
 
 

@@ -96,6 +96,8 @@ def concurrency_levels(ctx: click.Context, param: click.Parameter,
               help="gpu: run only these parts (llama, torch, verify, chain).")
 @click.option("--seed", type=click.IntRange(0, (1 << 63) - 1), default=None,
               help="agents: the seed every ask sends (default 0).")
+@click.option("--nodes", type=click.IntRange(1, 200), default=None,
+              help="scale: light daemons to start (default 100; 5 with --quick).")
 def bench(name: str, as_json: bool, quick: bool, **options: Any) -> None:
     """Run benchmark NAME and print its figures."""
     from node.bench import load

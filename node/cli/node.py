@@ -62,18 +62,22 @@ def node_group() -> None:
 @click.option("--link", default=None, metavar="SPEC",
               help="Shape every connection as this link, e.g. rtt=60ms,up=20mbit,loss=0.5% "
                    "(also jitter=, down=).")
-def run(config_file: str | None, **flags: Any) -> None:
+@click.option("--light", is_flag=True,
+              help="Run only membership, discovery, ledger and relay: no model is loaded "
+                   "(the config may then hold only those services' sections).")
+def run(config_file: str | None, light: bool, **flags: Any) -> None:
     """Run the daemon until SIGINT/SIGTERM (a second signal forces exit)."""
     from node.config import load_config
     from node.daemon import (
         config_sections,
+        light_services,
         load_extra_services,
         load_service_classes,
         run_daemon,
     )
     from node.logs import configure_logging
 
-    classes = load_service_classes()
+    classes = load_service_classes(light_services() if light else None)
     try:
         config = load_config(flags, config_file=Path(config_file) if config_file else None,
                              sections=config_sections(classes))
@@ -182,8 +186,20 @@ def demo(executors: int, questions: int | None, max_tokens: int | None,
         click.echo(f"\nstopped {len(codes)} nodes cleanly (exit codes {sorted(codes.values())})")
 
 
+#: nodes a testnet may start: each full daemon loads a model, a light one (``--light``) none
+MAX_TESTNET_NODES, MAX_LIGHT_TESTNET_NODES = 32, 200
+#: daemons started at once (the rest wait for a batch to be ready), and the running nodes each
+#: new one bootstraps from (drawn at random, so that no one node answers every Hello): see
+#: LocalTestnet.start_batches
+TESTNET_START_BATCH, TESTNET_BOOTSTRAP_SPREAD = 8, 3
+#: each daemon's bound on becoming ready grows by this per daemon of the testnet (seconds)
+TESTNET_READY_S_PER_NODE = 3.0
+
+
 @click.command()
-@click.option("--nodes", type=click.IntRange(1, 32), default=3, show_default=True)
+@click.option("--nodes", type=click.IntRange(1, MAX_LIGHT_TESTNET_NODES), default=3,
+              show_default=True, help=f"Daemons to start (at most {MAX_TESTNET_NODES} "
+                                      "unless --light).")
 @click.option("--base-dir", type=click.Path(file_okay=False), default=None,
               help="Where the nodes' data dirs go (default: a fresh temp dir).")
 @click.option("--network-id", default="localtest", show_default=True)
@@ -192,12 +208,19 @@ def demo(executors: int, questions: int | None, max_tokens: int | None,
 @click.option("--link", default="", type=LINK_SPEC,
               help="Shape every daemon's connections as this link, e.g. "
                    "rtt=60ms,up=20mbit,loss=0.5%.")
-def testnet(nodes: int, base_dir: str | None, network_id: str, host: str, link: str) -> None:
+@click.option("--light", is_flag=True,
+              help="Light daemons: membership, discovery, ledger and relay, no model loaded.")
+def testnet(nodes: int, base_dir: str | None, network_id: str, host: str, link: str,
+            light: bool) -> None:
     """Start N daemons as a local testnet and print an invite to it; Ctrl-C or SIGTERM stops
     them all."""
     import signal
 
-    from node.testnet import LocalTestnet, TestnetError
+    from node.testnet import READY_TIMEOUT_S, LocalTestnet, TestnetError
+
+    if nodes > MAX_TESTNET_NODES and not light:
+        raise click.BadParameter(f"more than {MAX_TESTNET_NODES} nodes needs --light",
+                                 param_hint="--nodes")
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -207,12 +230,14 @@ def testnet(nodes: int, base_dir: str | None, network_id: str, host: str, link: 
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     base = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="symphony-testnet-"))
-    net = LocalTestnet(base, network_id=network_id, listen=f"/ip4/{host}/tcp/0", link=link)
+    net = LocalTestnet(base, network_id=network_id, listen=f"/ip4/{host}/tcp/0", link=link,
+                       light=light)
     try:
-        first = net.start("node0")
-        for node in [net.start(f"node{i}", bootstrap=[first], wait=False)
-                     for i in range(1, nodes)]:
-            node.wait_ready()
+        first = net.start("node0")  # the node the invite names
+        net.start_batches([f"node{i}" for i in range(1, nodes)], batch=TESTNET_START_BATCH,
+                          spread=TESTNET_BOOTSTRAP_SPREAD,
+                          # later daemons start on cores the running ones share
+                          timeout_s=max(READY_TIMEOUT_S, TESTNET_READY_S_PER_NODE * nodes))
         for node in net.nodes.values():
             click.echo(f"{node.name}  {node.peer_id}  api {node.api_url}  "
                        f"data {node.data_dir}  {node.addresses[0]}")

@@ -25,6 +25,11 @@ again with py-libp2p's ``signature_validator``: a bad signature penalizes the fo
 (an honest forwarder validates before it forwards). Valid messages cost nothing extra.
 
 Own publishes are never delivered back to our own subscriptions.
+
+Counters: :attr:`Gossip.received_messages` and :attr:`Gossip.received_bytes` count every
+message copy a peer pushes to us (its ``data`` bytes, the encoded protocol message),
+duplicates included: what gossip costs this node's downlink in message bytes (gossipsub's
+own framing and control messages not included), read by ``bench scale``.
 """
 
 from __future__ import annotations
@@ -105,6 +110,9 @@ class Gossip:
         self._publish_times: deque[float] = deque()
         #: messages lost to a full subscription buffer, all topics together
         self.dropped = 0
+        #: message copies peers pushed to us and their data bytes (see the module doc)
+        self.received_messages = 0
+        self.received_bytes = 0
 
     def _guard_push(self) -> None:
         """Penalize the forwarder of a message py-libp2p drops as invalid (see module doc)."""
@@ -114,6 +122,8 @@ class Gossip:
             if forwarder == self._own_id:
                 await original(forwarder, msg)
                 return
+            self.received_messages += 1
+            self.received_bytes += len(msg.data)
             peer = forwarder.to_base58()
             if not msg.signature or not msg.key:
                 self._fault(peer, "gossip", "invalid", "an unsigned gossip message")

@@ -148,6 +148,12 @@ class P2PTransport:
         """Gossip messages lost to a full subscription buffer (see node/p2p/gossip.py)."""
         return self._gossip.dropped
 
+    @property
+    def gossip_received(self) -> dict[str, int]:
+        """Gossip message copies peers pushed to us, and their bytes (node/p2p/gossip.py)."""
+        return {"messages": self._gossip.received_messages,
+                "bytes": self._gossip.received_bytes}
+
     def listen_addrs(self) -> list[str]:
         """Direct addresses, then those through relays we hold a reservation with."""
         relayed = [] if self.nat is None else self.nat.client.relayed_addrs()

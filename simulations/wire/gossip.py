@@ -18,7 +18,7 @@ Contract (the simulator's side of gossipsub, at the level of ``Publish`` effects
 * **Hop by hop** (:class:`HopByHop`). Bigger frames, which queue on links, and frames that do
   not decode travel copy by copy through ``NetworkModel.flood_hop``.
 * Bytes and messages are counted per node, on the sender's up and the receiver's down side,
-  duplicates included: hop by hop as copies go, a planned flood's when it ends or the run
+  duplicates included (and in all, as ``gossip`` bytes and ``gossip_copies`` copies sent): hop by hop as copies go, a planned flood's when it ends or the run
   stops (``flush``).
 """
 
@@ -175,6 +175,7 @@ class PlannedFloods:
         metrics = self.host.metrics
         if total_sent:
             metrics.add_bytes("gossip", total_sent * size)
+            metrics.count("gossip_copies", total_sent)
         if total_received > firsts:
             metrics.count("gossip_duplicates", total_received - firsts)
 
@@ -249,6 +250,7 @@ class HopByHop:
             traffic.bytes_sent[src] += size * sent
             traffic.msgs_sent[src] += sent
             host.metrics.add_bytes("gossip", size * sent)
+            host.metrics.count("gossip_copies", sent)
         if duplicates:
             host.metrics.count("gossip_duplicates", duplicates)
 

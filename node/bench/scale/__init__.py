@@ -1,0 +1,1 @@
+"""`symphony bench scale`: light daemons by the hundred, held against the simulator."""

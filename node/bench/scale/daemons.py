@@ -1,0 +1,204 @@
+"""The daemons' side of ``bench scale``: a light testnet, a few record updates, what they cost.
+
+:func:`measure` starts ``nodes`` light daemons (``node run --light``: membership, discovery,
+ledger, relay; no model) ``batch`` at a time, each bootstrapping from ``BOOTSTRAP_SPREAD``
+running ones as ``symphony testnet`` does, waits until every node holds every node's
+capability record and lets them settle (``SETTLE_S``), then:
+
+* snapshots every daemon's gossip counter (``gossip_received`` in ``/status``: message copies
+  peers pushed to it, duplicates included, node/p2p/gossip.py), its ready peers and their
+  measured round trips (the topology the simulator is given);
+* changes the capability record (``POST /ledger/capability``, new tags) of ``updates`` nodes,
+  ``UPDATE_GAP_S`` apart, waits until every node stores every new version, and reads each
+  node's arrival time of each (``last_seen_ms``, on this machine's one clock) minus the
+  signing time: a version's convergence is its latest arrival;
+* snapshots the counters again at the end of the window, and every daemon's resident memory.
+
+Every wait is bounded (scaled with ``nodes``) and raises TestnetError naming what it waited
+for. Everything the simulator needs is returned in :class:`Measured`.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from node.api.token import read_token
+from node.testnet import LocalTestnet, NodeProcess, TestnetError
+
+#: ledger timings of the bench's daemons: a change is signed at once (no coalescing beyond
+#: 200 ms), and no record is re-signed by its refresh timer during a run, so the gossip in the
+#: window is the updates' alone
+CONFIG: dict[str, Any] = {
+    "ledger": {"min_republish_ms": 200, "refresh_ms": 3_000_000, "record_ttl_ms": 3_600_000},
+    # a hundred daemons share two cores: a Hello or a pong may take seconds to be answered
+    "membership": {"hello_timeout_ms": 30_000, "unresponsive_after_ms": 60_000},
+}
+#: each new daemon bootstraps from this many running ones, drawn at random (seeded)
+BOOTSTRAP_SPREAD = 3
+SEED = 1
+#: seconds between two record updates
+UPDATE_GAP_S = 5.0
+#: the measurement window runs at least this long from the first update (a bench's default)
+WINDOW_S = 30.0
+#: the daemons run this long after every record has spread before the snapshot is taken: a
+#: connection's first ping is sent as it opens, while the daemons are still starting on
+#: shared cores, and its round trip is no link latency; two ping intervals later it is
+SETTLE_S = 10.0
+#: how often the daemons' state is polled (each poll asks every daemon over HTTP)
+POLL_S = 1.0
+#: bound on each wait, per daemon (start-up and spreading grow with the testnet)
+WAIT_PER_NODE_S = 3.0
+MIN_WAIT_S = 60.0
+
+
+@dataclass
+class Snapshot:
+    at: float  #: time.monotonic() of the reading
+    gossip_bytes: int
+    gossip_messages: int
+    peers: dict[str, float]  #: ready peer -> its measured round trip (ms; nan if none yet)
+
+
+@dataclass
+class Measured:
+    names: list[str]
+    peer_ids: list[str]
+    start_ms: list[int]  #: each daemon's transport start, from node 0's
+    bootstraps: list[list[int]]  #: the nodes each daemon was given to bootstrap from
+    records: list[dict[str, Any]]  #: each node's capability record (JSON) before the updates
+    before: list[Snapshot]
+    after: list[Snapshot]
+    peers_at_ms: int  #: when the peers were counted, from node 0's transport start
+    #: (node index, record JSON of the new version, offset from the first update in ms)
+    updates: list[tuple[int, dict[str, Any], int]] = field(default_factory=list)
+    #: per update, every other node's arrival minus the signing time (ms)
+    arrivals: list[list[int]] = field(default_factory=list)
+    rss_mb: list[float] = field(default_factory=list)
+    start_s: float = 0.0  #: wall time to start every daemon
+
+
+def measure(net: LocalTestnet, nodes: int, updates: int, batch: int,
+            window_s: float = WINDOW_S, settle_s: float = SETTLE_S) -> Measured:
+    wait_s = max(MIN_WAIT_S, WAIT_PER_NODE_S * nodes)
+    started = time.monotonic()
+    first = net.start("n0", timeout_s=wait_s)
+    rest = net.start_batches([f"n{i}" for i in range(1, nodes)], batch=batch, timeout_s=wait_s,
+                             spread=BOOTSTRAP_SPREAD, rng=random.Random(SEED))
+    start_s = time.monotonic() - started
+    daemons = [first, *rest]
+    peer_ids = [d.peer_id for d in daemons]
+    by_addr = {d.addresses[0]: i for i, d in enumerate(daemons)}
+    net.wait_until(lambda: _all_hold(daemons, nodes), "every node to hold every record", wait_s)
+    time.sleep(settle_s)  # a fixed settling time (see SETTLE_S), not a wait for a condition
+    t0 = _log_time(first, "transport.started")
+    before = [snapshot(d) for d in daemons]
+    measured = Measured(
+        names=[d.name for d in daemons], peer_ids=peer_ids,
+        start_ms=[round((_log_time(d, "transport.started") - t0) * 1000) for d in daemons],
+        bootstraps=[[by_addr[a] for flag, a in zip(d.args, d.args[1:], strict=False)
+                     if flag == "--bootstrap"] for d in daemons],
+        records=[_record(d, d.peer_id) for d in daemons],
+        before=before, after=[], peers_at_ms=round((time.time() - t0) * 1000), start_s=start_s)
+    _update(net, daemons, measured, updates, window_s, wait_s)
+    measured.after = [snapshot(d) for d in daemons]
+    measured.rss_mb = [rss_mb(d) for d in daemons]
+    return measured
+
+
+def _all_hold(daemons: list[NodeProcess], nodes: int) -> bool:
+    return all(_ledger(d).get("records", 0) >= nodes for d in daemons)
+
+
+def _ledger(daemon: NodeProcess) -> dict[str, Any]:
+    result: dict[str, Any] = daemon.status()["services"]["ledger"]
+    return result
+
+
+def snapshot(daemon: NodeProcess) -> Snapshot:
+    status = daemon.status()
+    gossip = status.get("gossip_received", {})
+    peers = {p["peer_id"]: float(p.get("latency_ms") or "nan")
+             for p in status["peers"] if p.get("state") == "ready"}
+    return Snapshot(at=time.monotonic(), gossip_bytes=int(gossip.get("bytes", 0)),
+                    gossip_messages=int(gossip.get("messages", 0)), peers=peers)
+
+
+def rss_mb(daemon: NodeProcess) -> float:
+    """The daemon's resident memory (VmRSS), MiB."""
+    assert daemon.proc is not None  # started by us: our own bookkeeping
+    for line in open(f"/proc/{daemon.proc.pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise TestnetError(f"no VmRSS for node {daemon.name}")
+
+
+def _record(daemon: NodeProcess, peer: str) -> dict[str, Any]:
+    got = httpx.get(f"{daemon.api_url}/ledger/peers/{peer}", timeout=10.0)
+    got.raise_for_status()
+    result: dict[str, Any] = got.json()
+    return result
+
+
+def _log_time(daemon: NodeProcess, event: str) -> float:
+    """Epoch seconds of the first ``event`` in the daemon's JSON log."""
+    stamp = daemon.log_events(event)[0]["timestamp"]
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _update(net: LocalTestnet, daemons: list[NodeProcess], measured: Measured, updates: int,
+            window_s: float, wait_s: float) -> None:
+    """Change ``updates`` nodes' records ``UPDATE_GAP_S`` apart; wait for every node to hold
+    each new version, and the window to end; read the arrivals."""
+    n = len(daemons)
+    chosen = [1 + (k * (n - 1)) // updates for k in range(updates)] if n > 1 else [0]
+    first_at = time.monotonic()
+    for k, index in enumerate(chosen):
+        time.sleep(max(0.0, first_at + k * UPDATE_GAP_S - time.monotonic()))  # the schedule
+        offset_ms = round((time.monotonic() - first_at) * 1000)
+        record = _post_tags(daemons[index], ["scale", f"update-{k}"])
+        measured.updates.append((index, record, offset_ms))
+
+    def everyone_has_them() -> bool:
+        return all(_record(d, daemons[i].peer_id)["record"]["seq"] >= rec["seq"]
+                   for i, rec, _ in measured.updates for d in daemons)
+
+    net.wait_until(everyone_has_them, "every node to store every update", wait_s)
+    time.sleep(max(0.0, first_at + window_s - time.monotonic()))  # the window's fixed length
+    for i, rec, _ in measured.updates:
+        arrivals = []
+        for j, d in enumerate(daemons):
+            if j != i:
+                shown = _record(d, daemons[i].peer_id)
+                if shown["record"]["seq"] != rec["seq"]:
+                    raise TestnetError(f"node {d.name} moved past update seq {rec['seq']}")
+                arrivals.append(int(shown["last_seen_ms"]) - int(rec["issued_at_ms"]))
+        measured.arrivals.append(arrivals)
+
+
+def _post_tags(daemon: NodeProcess, tags: list[str]) -> dict[str, Any]:
+    response = httpx.post(daemon.api_url + "/ledger/capability", json={"tags": tags},
+                          headers={"Authorization": f"Bearer {read_token(daemon.data_dir)}"},
+                          timeout=10.0)
+    response.raise_for_status()
+    record: dict[str, Any] = response.json()["record"]
+    return record
+
+
+def gossip_bytes_per_node_min(measured: Measured) -> float:
+    """Mean over daemons of gossip message bytes received per minute over the window."""
+    rates = [(b.gossip_bytes - a.gossip_bytes) / ((b.at - a.at) / 60.0)
+             for a, b in zip(measured.before, measured.after, strict=True)]
+    return statistics.fmean(rates)
+
+
+def window_ms(measured: Measured) -> int:
+    """The mean length of the daemons' windows (each from its first to its last reading)."""
+    return round(statistics.fmean(b.at - a.at for a, b in
+                                  zip(measured.before, measured.after, strict=True)) * 1000)

@@ -1,0 +1,185 @@
+"""A local testnet of real daemons, simulated: what ``bench scale`` holds against the daemons.
+
+``bench scale`` (node/bench/scale/) starts N light daemons, changes one node's capability
+record a few times and measures the network; :func:`predict` runs the same protocol code
+(protocol/membership, protocol/ledger) on virtual nodes for the same testnet and workload and
+returns the simulator's figures for the same keys. Two runs:
+
+* **membership** (``peers_per_node``): every node runs the real ``Membership`` and
+  ``Discovery`` machines (what the daemon's membership and discovery services drive) with
+  the daemons' config, starts at the instant its daemon started (``start_ms``) with the
+  bootstrap peers its daemon was given (``bootstraps``); the links' one-way latency
+  is the median the daemons measured. Prediction: the mean number of ready peers per node
+  at ``peers_at_ms``. Nothing about the connections is taken from the daemons.
+* **ledger** (``converged_s``, ``gossip_bytes_per_node_min``): the real ``LedgerMachine`` on
+  the daemons' own topology (``edges``), each link with the one-way latency its daemons
+  measured (half their ping round trip; the median for a link never measured), each node
+  advertising the capability the daemon advertised (``specs``). The gossip meshes are the
+  simulator's (simulations/transport.py: gossipsub's degree 6, at most 12). After every
+  record has spread, the same updates as the daemons' (``updates``: offset, node, new spec)
+  are made; ``converged_s`` is the median over updates of the time from the updater storing
+  its new record to the last node storing it, and ``gossip_bytes_per_node_min`` the gossip
+  message bytes every node received (duplicates included) per minute over ``window_ms``
+  from the first update.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from protocol.ledger.machine import CapabilitySpec, LedgerConfig, SetCapability, StoreCapability
+from protocol.membership.discovery import DiscoveryConfig
+from protocol.membership.machine import MembershipConfig
+from simulations.machines.discovery import discovery_spec
+from simulations.machines.ledger import NAME as LEDGER
+from simulations.machines.ledger import ledger_spec
+from simulations.machines.membership import bootstrap, membership_of, membership_spec
+from simulations.network import LatencyModel
+from simulations.node import VirtualNode
+from simulations.swarm import Swarm
+from simulations.wire.frames import FRAME_OVERHEAD
+
+NETWORK_ID = "sim"
+#: virtual time the ledger run gives the initial records to spread before the first update
+SPREAD_MS = 60_000
+#: bandwidth of a simulated loopback link (bytes/s): a message's transfer time is negligible
+LOOPBACK_BPS = 1e9
+
+
+@dataclass(frozen=True)
+class Update:
+    """Node ``node`` advertises ``spec`` ``at_ms`` after the first update."""
+
+    at_ms: int
+    node: int
+    spec: CapabilitySpec
+
+
+@dataclass(frozen=True)
+class DaemonNet:
+    """What the daemons were and did, as the simulator's input (see the module docstring)."""
+
+    start_ms: tuple[int, ...]  #: each node's start, from node 0's
+    bootstraps: tuple[tuple[int, ...], ...]  #: the nodes each node bootstraps from
+    specs: tuple[CapabilitySpec, ...]  #: each node's advertised capability before the updates
+    edges: tuple[tuple[int, int], ...]  #: connections (i < j) when the updates began
+    #: measured one-way latency (ms) of links, keyed (i, j) with i < j
+    latency_ms: dict[tuple[int, int], float]
+    updates: tuple[Update, ...]
+    window_ms: int  #: the measurement window, from the first update
+    peers_at_ms: int  #: when (from node 0's start) the daemons' peers were counted
+    membership: MembershipConfig  #: the daemons' membership config
+    discovery: DiscoveryConfig  #: and their discovery config (rendezvous records)
+    ledger: LedgerConfig = field(default_factory=LedgerConfig)
+    seed: int = 1
+
+    @property
+    def n(self) -> int:
+        return len(self.start_ms)
+
+    def median_latency_ms(self) -> float:
+        return statistics.median(self.latency_ms.values()) if self.latency_ms else 0.05
+
+
+def predict(testnet: DaemonNet) -> dict[str, float]:
+    """The simulator's ``peers_per_node``, ``converged_s`` and ``gossip_bytes_per_node_min``
+    (and the mean gossip message size, ``gossip_message_bytes``) for ``testnet``."""
+    return {"peers_per_node": predict_peers(testnet), **predict_ledger(testnet)}
+
+
+def predict_peers(testnet: DaemonNet) -> float:
+    """Mean ready peers per node at ``peers_at_ms``, the overlay built by the machines."""
+    latency = LatencyModel(kind="constant", a=testnet.median_latency_ms())
+    swarm = Swarm(testnet.seed, latency=latency)
+    specs = (membership_spec(testnet.membership), discovery_spec(testnet.discovery))
+    for _ in range(testnet.n):
+        swarm.add_node(specs, up_bps=LOOPBACK_BPS, down_bps=LOOPBACK_BPS)
+
+    def start(node: VirtualNode) -> None:
+        swarm.start(node)
+        bootstrap(node, [swarm.nodes[j] for j in testnet.bootstraps[node.index]])
+
+    for node, at in zip(swarm.nodes, testnet.start_ms, strict=True):
+        swarm.at_ms(max(0, at), start, node)
+    swarm.run(max(testnet.peers_at_ms, max(testnet.start_ms) + 1))
+    counts = [len(membership_of(n).ready_peers()) for n in swarm.nodes if n.up]
+    return statistics.fmean(counts)
+
+
+def _latency(testnet: DaemonNet) -> LatencyModel:
+    """One region per node: the matrix holds every link's measured one-way latency."""
+    n, default = testnet.n, testnet.median_latency_ms()
+    rows = [[default] * n for _ in range(n)]
+    for (i, j), ms in testnet.latency_ms.items():
+        rows[i][j] = rows[j][i] = ms
+    return LatencyModel(region_names=tuple(str(i) for i in range(n)),
+                        regions=tuple(tuple(row) for row in rows))
+
+
+class _Arrivals:
+    """When each node stored each (peer, seq) record version (virtual ms)."""
+
+    def __init__(self) -> None:
+        self.stored: dict[tuple[str, int], dict[int, int]] = {}
+        self.swarm: Swarm | None = None
+
+    def observe(self, node: VirtualNode, effect: object) -> None:
+        if isinstance(effect, StoreCapability) and self.swarm is not None:
+            key = (effect.record.peer_id, effect.record.seq)
+            self.stored.setdefault(key, {})[node.index] = self.swarm.now_ms
+
+
+def predict_ledger(testnet: DaemonNet) -> dict[str, float]:
+    """Convergence of the updates and gossip bytes on the daemons' topology."""
+    arrivals = _Arrivals()
+    spec = ledger_spec(NETWORK_ID, testnet.ledger, lambda node: testnet.specs[node.index],
+                       arrivals.observe)
+    swarm = arrivals.swarm = Swarm(testnet.seed, latency=_latency(testnet))
+    for i in range(testnet.n):
+        swarm.add_node((spec,), up_bps=LOOPBACK_BPS, down_bps=LOOPBACK_BPS, region=i)
+    for node in swarm.nodes:
+        swarm.start(node)
+    for i, j in testnet.edges:
+        swarm.connect(swarm.nodes[i], swarm.nodes[j])
+    swarm.run(SPREAD_MS)
+    before = swarm.metrics.bytes_by_kind.get("gossip", 0)
+    copies_before = swarm.metrics.counters.get("gossip_copies", 0)
+    updated: list[tuple[int, int]] = []  # (node, seq before the update)
+
+    def update(u: Update) -> None:
+        node = swarm.nodes[u.node]
+        held = _own_seq(arrivals, node.peer_id)
+        updated.append((u.node, held))
+        node.submit(LEDGER, SetCapability(u.spec))
+
+    for u in testnet.updates:
+        swarm.at_ms(SPREAD_MS + u.at_ms, update, u)
+    swarm.run(SPREAD_MS + testnet.window_ms)
+    sent = swarm.metrics.bytes_by_kind.get("gossip", 0) - before
+    copies = swarm.metrics.counters.get("gossip_copies", 0) - copies_before
+    # frames carry FRAME_OVERHEAD beyond the message bytes the daemons count
+    message_bytes = sent - FRAME_OVERHEAD * copies
+    times = [_convergence_ms(arrivals, swarm.nodes[i], seq) for i, seq in updated]
+    return {
+        # -1: some update never reached every node
+        "converged_s": statistics.median(times) / 1000 if times and min(times) >= 0 else -1.0,
+        "gossip_bytes_per_node_min": message_bytes / testnet.n / (testnet.window_ms / 60_000),
+        "gossip_message_bytes": message_bytes / copies if copies else 0.0,
+    }
+
+
+def _own_seq(arrivals: _Arrivals, peer: str) -> int:
+    return max((seq for p, seq in arrivals.stored if p == peer), default=0)
+
+
+def _convergence_ms(arrivals: _Arrivals, node: VirtualNode, before: int) -> float:
+    """From ``node`` storing its first record version after ``before`` to the last node
+    storing it (-1 if some node never did)."""
+    versions = sorted(seq for p, seq in arrivals.stored if p == node.peer_id and seq > before)
+    if not versions:
+        return -1.0
+    times = arrivals.stored[(node.peer_id, versions[0])]
+    if len(times) < len(node.swarm.nodes):
+        return -1.0
+    return float(max(times.values()) - times[node.index])

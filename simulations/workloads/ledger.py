@@ -28,11 +28,18 @@ from simulations.compute.cost import DEVICES
 from simulations.machines.ledger import NAME, ledger_of, ledger_spec
 from simulations.metrics import percentile, summary
 from simulations.node import VirtualNode
+from simulations.runner.points import LocalPoints, SweepPoints
 from simulations.runner.report import Plot, Report, Series
 from simulations.runner.world import Churn, build_swarm
 from simulations.scenario import ChurnSpec, Scenario, workload_value
 from simulations.swarm import Swarm, derive_rng
-from simulations.workloads.common import Progress, Stages, capability, window_bytes
+from simulations.workloads.common import (
+    Progress,
+    Stages,
+    capability,
+    no_progress,
+    window_bytes,
+)
 
 QUESTION = (
     "How fast does a ledger update reach every node, and how many bytes does each node "
@@ -132,9 +139,16 @@ class LedgerRun:
         return out
 
 
-def _measure(
-    scenario: Scenario, stages: Stages, nodes: int, churn: ChurnSpec, label: str
+def measure(
+    scenario: Scenario,
+    nodes: int,
+    churn: ChurnSpec,
+    label: str,
+    progress: Progress = no_progress,
 ) -> dict[str, Any]:
+    """One point of the sweep: a swarm of ``nodes`` under ``churn``, its figures (a module
+    function of picklable arguments: simulations/runner/points.py may run it on a worker)."""
+    stages = Stages(progress, [1.0])
     warmup_ms = int(workload_value(scenario, "warmup_s", 30.0) * 1000)
     interval_ms = int(workload_value(scenario, "update_interval_s", 10.0) * 1000)
     updates = int(workload_value(scenario, "updates", 8))
@@ -190,7 +204,9 @@ def _measure(
     }
 
 
-def run(scenario: Scenario, progress: Progress) -> Report:
+def run(scenario: Scenario, progress: Progress, points: SweepPoints | None = None) -> Report:
+    """The sweep: sizes, then churn rates; its points run where ``points`` says (here, one
+    after another, by default)."""
     sweep_nodes = (
         [scenario.nodes]
         if scenario.nodes_overridden
@@ -202,17 +218,13 @@ def run(scenario: Scenario, progress: Progress) -> Report:
     churn_rates = [
         float(c) for c in scenario.sweep.get("churn_crash_per_min", [0.0, 0.01, 0.05, 0.1])
     ]
+    args = [(scenario, n, ChurnSpec(), f"ledger N={n}") for n in sweep_nodes] + [
+        (scenario, churn_nodes, replace(scenario.churn, crash_per_min=rate), f"churn {rate}/min")
+        for rate in churn_rates
+    ]
     weights = [float(n) for n in sweep_nodes] + [float(churn_nodes)] * len(churn_rates)
-    stages = Stages(progress, weights)
-    size_rows = []
-    for n in sweep_nodes:
-        size_rows.append(_measure(scenario, stages, n, ChurnSpec(), f"ledger N={n}"))
-        stages.next()
-    churn_rows = []
-    for rate in churn_rates:
-        churn = replace(scenario.churn, crash_per_min=rate)
-        churn_rows.append(_measure(scenario, stages, churn_nodes, churn, f"churn {rate}/min"))
-        stages.next()
+    rows = (points or LocalPoints(progress)).map(measure, args, weights, scenario.name)
+    size_rows, churn_rows = rows[: len(sweep_nodes)], rows[len(sweep_nodes) :]
     return Report(
         scenario=scenario.as_dict(),
         question=QUESTION,

@@ -11,11 +11,13 @@ Contract
   ``DaskPoints(address)`` submits them all to the Dask scheduler at ``tcp://HOST:PORT``
   (``distributed.Client``) and gathers them in order: a study that outgrows one machine
   runs on an existing cluster engine. The workers must import this package (same version).
-* Each point runs with the collector paused (``fewer_gc_passes``), here or on a worker.
+* Each point runs with the collector paused (``fewer_gc_passes``), here or on a worker, and
+  its swarm is collected as soon as it ends.
 """
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -32,7 +34,11 @@ def run_point(
 ) -> Any:
     """One point, here or on a worker (there without progress)."""
     with fewer_gc_passes():
-        return fn(*args) if progress is None else fn(*args, progress=progress)
+        result = fn(*args) if progress is None else fn(*args, progress=progress)
+    # a point's swarm is a web of reference cycles (nodes and the swarm hold each other):
+    # freed now, not after the whole sweep (the collector may be paused around it)
+    gc.collect()
+    return result
 
 
 class SweepPoints(Protocol):

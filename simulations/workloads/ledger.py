@@ -20,6 +20,7 @@ every advertiser, sampled every ``sample_s``: what a requester sees when it read
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import replace
 from typing import Any
 
@@ -79,7 +80,7 @@ class LedgerRun:
                 protected=frozenset(range(self.advertisers)),
                 start_ms=int(workload_value(scenario, "warmup_s", 30.0) * 1000),
             )
-        self.updates: list[tuple[str, int, int, dict[int, int]]] = []  # peer, seq, at, epochs
+        self.updates: list[tuple[str, int, int, array[int]]] = []  # peer, seq, at, epochs
         self._pending: dict[str, int] = {}
         self._asked = 0
         self.freshness: list[tuple[float, float]] = []
@@ -93,7 +94,8 @@ class LedgerRun:
                 self.latest[rec.peer_id] = max(self.latest.get(rec.peer_id, 0), rec.seq)
                 pending = self._pending.pop(rec.peer_id, None)
                 if pending is not None:
-                    epochs = {n.index: n.epoch for n in self.swarm.nodes if n.up}
+                    # each node's incarnation now (0: down), by index
+                    epochs = array("l", [n.epoch if n.up else 0 for n in self.swarm.nodes])
                     self.updates.append((rec.peer_id, rec.seq, now, epochs))
 
     def update(self, advertiser: int) -> None:
@@ -106,13 +108,15 @@ class LedgerRun:
 
     def sample_freshness(self) -> None:
         live = [n for n in self.swarm.nodes if n.up]
-        peers = sorted(self.latest)
+        want = [(p, self.latest[p]) for p in sorted(self.latest)]
         fresh = 0
-        for node in live:
-            records = ledger_of(node).state.records
-            if all(
-                (h := records.get(p)) is not None and h.record.seq >= self.latest[p] for p in peers
-            ):
+        for node in live:  # every live node, every advertiser: a plain loop, left at the first miss
+            held = ledger_of(node).state.records.get
+            for peer, seq in want:
+                h = held(peer)
+                if h is None or h.record.seq < seq:
+                    break
+            else:
                 fresh += 1
         self.freshness.append((self.swarm.now_ms / 1000.0, fresh / max(1, len(live))))
 
@@ -122,8 +126,9 @@ class LedgerRun:
             times = self.stored.get((peer, seq), {})
             steady = [
                 i
-                for i, e in epochs.items()
-                if self.swarm.nodes[i].up
+                for i, e in enumerate(epochs)
+                if e
+                and self.swarm.nodes[i].up
                 and self.swarm.nodes[i].epoch == e
                 and self.swarm.nodes[i].peer_id != peer
             ]

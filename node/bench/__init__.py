@@ -44,6 +44,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "ledger": ("link",),
     "gpu": ("model", "only"),
     "agents": ("model", "seed"),
+    "simulate": ("nodes",),
 }
 
 

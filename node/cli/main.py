@@ -79,6 +79,8 @@ def main() -> None:
               help="gpu: run only these parts (llama, torch, verify, chain).")
 @click.option("--seed", type=click.IntRange(0, (1 << 63) - 1), default=None,
               help="agents: the seed every ask sends (default 0).")
+@click.option("--nodes", type=click.IntRange(min=2), default=None,
+              help="simulate: virtual nodes (default 10,000; 2,000 with --quick).")
 def bench(name: str, as_json: bool, quick: bool, **options: Any) -> None:
     """Run benchmark NAME and print its figures."""
     from node.bench import load

@@ -7,7 +7,7 @@ Contract
   its figures depend on its arguments alone, never on where or beside what it runs. ``fn``
   also takes ``progress=`` (its own fraction done, a label), which only a local run passes.
 * ``runner.map(fn, points, weights, label)`` returns the results in the order of ``points``.
-  ``LocalPoints`` runs them here, in order, reporting progress as each ends;
+  ``LocalPoints`` runs them here, in order, reporting each one's progress as it goes;
   ``DaskPoints(address)`` submits them all to the Dask scheduler at ``tcp://HOST:PORT``
   (``distributed.Client``) and gathers them in order: a study that outgrows one machine
   runs on an existing cluster engine. The workers must import this package (same version).
@@ -117,7 +117,3 @@ class DaskPoints:
                 self.progress(min(1.0, done / total), label)
             return results
 
-
-def points_runner(scheduler: str | None, progress: Progress = no_progress) -> SweepPoints:
-    """``DaskPoints`` when a scheduler address is given, else ``LocalPoints``."""
-    return DaskPoints(scheduler, progress) if scheduler else LocalPoints(progress)

@@ -145,14 +145,9 @@ class LedgerRun:
 
 
 def measure(
-    scenario: Scenario,
-    nodes: int,
-    churn: ChurnSpec,
-    label: str,
-    progress: Progress = no_progress,
+    scenario: Scenario, nodes: int, churn: ChurnSpec, label: str, progress: Progress = no_progress
 ) -> dict[str, Any]:
-    """One point of the sweep: a swarm of ``nodes`` under ``churn``, its figures (a module
-    function of picklable arguments: simulations/runner/points.py may run it on a worker)."""
+    """One sweep point: ``nodes`` under ``churn`` (picklable in and out: a worker may run it)."""
     stages = Stages(progress, [1.0])
     warmup_ms = int(workload_value(scenario, "warmup_s", 30.0) * 1000)
     interval_ms = int(workload_value(scenario, "update_interval_s", 10.0) * 1000)

@@ -66,3 +66,12 @@ def test_a_bad_or_silent_scheduler_is_a_clear_error() -> None:
     # port 1 on loopback: nothing listens there, the connection is refused at once
     with pytest.raises(ScenarioError, match="no Dask scheduler at tcp://127.0.0.1:1"):
         DaskPoints("tcp://127.0.0.1:1", connect_timeout_s=0.5).map(_square_plus, [(1, 2)], [1.0], "t")
+
+
+def test_the_cli_refuses_a_scheduler_that_is_not_a_tcp_address() -> None:
+    from click.testing import CliRunner
+
+    from node.cli.simulate import simulate
+
+    result = CliRunner().invoke(simulate, ["ledger", "--scheduler", "localhost:8786"])
+    assert result.exit_code == 2 and "tcp://HOST:PORT" in result.output

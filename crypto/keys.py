@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -32,9 +32,19 @@ class KeyFileError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """A node's Ed25519 key pair."""
+    """A node's Ed25519 key pair, with its public key and peer id worked out once (a daemon
+    asks for them at every signature, the simulator once per virtual node and machine)."""
 
     private_key: Ed25519PrivateKey
+    public_key: bytes = field(init=False, repr=False, compare=False)
+    peer_id: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        public = self.private_key.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw
+        )
+        object.__setattr__(self, "public_key", public)
+        object.__setattr__(self, "peer_id", peer_id_from_public_key(public))
 
     @classmethod
     def generate(cls) -> Identity:
@@ -55,16 +65,6 @@ class Identity:
             serialization.PrivateFormat.Raw,
             serialization.NoEncryption(),
         )
-
-    @property
-    def public_key(self) -> bytes:
-        return self.private_key.public_key().public_bytes(
-            serialization.Encoding.Raw, serialization.PublicFormat.Raw
-        )
-
-    @property
-    def peer_id(self) -> str:
-        return peer_id_from_public_key(self.public_key)
 
     def sign(self, message: bytes) -> bytes:
         return self.private_key.sign(message)

@@ -23,8 +23,8 @@ How each function is remembered:
 * ``held_attestation``, ``attestation_expiry``, ``record_expiry`` (protocol/ledger/state.py):
   tuples of their arguments, made once per item and held by every node that holds it: ten
   thousand nodes holding the same items hold one copy of these, not ten thousand;
-* anything else (peer ids, bucket digests, relay manifests, plans and chunk indices): by the
-  value of its arguments (``functools.lru_cache``).
+* anything else (peer ids, bucket digests, digest lines, relay manifests, plans and chunk
+  indices): by the value of its arguments (``functools.lru_cache``).
 """
 
 from __future__ import annotations

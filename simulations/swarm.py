@@ -27,6 +27,7 @@ from crypto.keys import Identity
 from protocol.errors import LocalProtocolError
 from protocol.machine import Dial, Disconnect, Emit, Penalize, Publish, Send
 from simulations.engine import US_PER_MS, EventLoop
+from simulations.live import LiveNodes
 from simulations.memo import SharedResults
 from simulations.metrics import Metrics, Traffic
 from simulations.network import LatencyModel, LinkFaults, NetworkModel
@@ -85,6 +86,8 @@ class Swarm:
             flood_seed=int.from_bytes(derive_seed(seed, "gossip")[:8], "big"),
         )
         self.nodes: list[VirtualNode] = []
+        #: which nodes are up (kept by ``start`` and ``_stop``, the only places that flip it)
+        self.live = LiveNodes()
         self._by_peer: dict[str, VirtualNode] = {}
         self._listeners: dict[str, list[EmitListener]] = {}
         #: the common effects of protocol/machine.py, by exact type
@@ -115,6 +118,7 @@ class Swarm:
         self.net.add_node(up_bps, down_bps, region)
         self.traffic.add_node()
         self.nodes.append(node)
+        self.live.add()
         self._by_peer[node.peer_id] = node
         return node
 
@@ -126,6 +130,7 @@ class Swarm:
             return
         self.net.reset_node(node.index, self.loop.now_us)
         node.boot()
+        self.live.set(node.index, node.up)
         self.transport.node_up(node)
         self.metrics.count("node_started")
 
@@ -140,6 +145,7 @@ class Swarm:
             return
         self.transport.node_down(node, graceful=graceful)
         node.halt()
+        self.live.set(node.index, False)
         self.metrics.count(counter)
 
     def restart(self, node: VirtualNode) -> None:

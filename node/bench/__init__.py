@@ -46,6 +46,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "gpu": ("model", "only"),
     "agents": ("model", "seed"),
     "scale": ("nodes",),
+    "simulate": ("nodes",),
 }
 
 

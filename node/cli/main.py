@@ -96,8 +96,9 @@ def concurrency_levels(ctx: click.Context, param: click.Parameter,
               help="gpu: run only these parts (llama, torch, verify, chain).")
 @click.option("--seed", type=click.IntRange(0, (1 << 63) - 1), default=None,
               help="agents: the seed every ask sends (default 0).")
-@click.option("--nodes", type=click.IntRange(1, 200), default=None,
-              help="scale: light daemons to start (default 100; 5 with --quick).")
+@click.option("--nodes", type=click.IntRange(min=1), default=None,
+              help="scale: light daemons to start (at most 200; default 100, 5 with --quick); "
+                   "simulate: virtual nodes (at least 2; default 10,000, 2,000 with --quick).")
 def bench(name: str, as_json: bool, quick: bool, **options: Any) -> None:
     """Run benchmark NAME and print its figures."""
     from node.bench import load
@@ -111,6 +112,11 @@ def bench(name: str, as_json: bool, quick: bool, **options: Any) -> None:
         click.echo(json.dumps(figures, sort_keys=True))
     else:
         print_figures(name, figures)
+
+
+#: ``--nodes`` per benchmark: scale starts that many real daemons (bounded by this machine's
+#: memory), simulate needs two nodes for a network
+NODES_RANGE: dict[str, tuple[int, int | None]] = {"scale": (1, 200), "simulate": (2, None)}
 
 
 def bench_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -129,6 +135,11 @@ def bench_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
             takers = ", ".join(n for n, opts in sorted(OPTIONS.items()) if option in opts)
             raise click.BadParameter(f"--{option} applies only to: {takers}",
                                      param_hint=f"--{option}")
+    nodes = given.get("nodes")
+    low, high = NODES_RANGE.get(name, (1, None))
+    if nodes is not None and (nodes < low or (high is not None and nodes > high)):
+        span = f"{low} to {high}" if high is not None else f"at least {low}"
+        raise click.BadParameter(f"{name} takes {span} nodes, not {nodes}", param_hint="--nodes")
     return given
 
 

@@ -1,4 +1,4 @@
-"""`symphony simulate SCENARIO [--nodes N] [--seed S] [--out DIR] [--json]`.
+"""`symphony simulate SCENARIO [--nodes N] [--seed S] [--out DIR] [--json] [--scheduler URL]`.
 
 Parses, loads the scenario (a shipped name like ``ledger`` or a path to a TOML file), applies
 the overrides and hands it to simulations/runner/run.py, with a rich progress bar on stderr.
@@ -31,8 +31,19 @@ import click
     help="Report directory (default: out/<scenario name>).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the headline as one JSON object.")
+@click.option(
+    "--scheduler",
+    default=None,
+    metavar="tcp://HOST:PORT",
+    help="Run the sweep's points on the Dask cluster whose scheduler listens there (ledger).",
+)
 def simulate(
-    scenario: str, nodes: int | None, seed: int | None, out_dir: str | None, as_json: bool
+    scenario: str,
+    nodes: int | None,
+    seed: int | None,
+    out_dir: str | None,
+    as_json: bool,
+    scheduler: str | None,
 ) -> None:
     """Simulate SCENARIO (ledger, voting, voting-real, routing, verification, relay, membership,
     distributed, rl, agents, or a .toml file; voting-real answers with the real model, see
@@ -49,6 +60,8 @@ def simulate(
     from simulations.runner.run import run_and_write
     from simulations.scenario import ScenarioError, load
 
+    if scheduler is not None and not scheduler.startswith("tcp://"):
+        raise click.BadParameter("expected tcp://HOST:PORT", param_hint="--scheduler")
     try:
         sc = load(scenario).with_overrides(nodes=nodes, seed=seed)
     except ScenarioError as exc:
@@ -69,7 +82,7 @@ def simulate(
             bar.update(task, completed=fraction, description=f"{sc.name}: {label}")
 
         try:
-            report, wall_s, json_path, html_path = run_and_write(sc, out, progress)
+            report, wall_s, json_path, html_path = run_and_write(sc, out, progress, scheduler)
         except ScenarioError as exc:
             raise click.ClickException(str(exc)) from None
     if as_json:

@@ -94,6 +94,12 @@ def record_expiry(at_ms: int, peer: str, h: bytes) -> tuple[int, str, bytes]:
     return (at_ms, peer, h)
 
 
+def record_version(peer_id: str, seq: int, h: bytes) -> RecordVersion:
+    """A held record's line in a digest (pure: a simulator's nodes that hold the same record
+    share one)."""
+    return RecordVersion(peer_id=peer_id, seq=seq, hash_prefix=h[:PREFIX_LEN])
+
+
 def bucket_digest(members: bytes) -> bytes:
     """The hash of one bucket of attestation hashes (their concatenation, sorted)."""
     return digest(members, person=_BUCKET_PERSON)[:PREFIX_LEN]
@@ -146,6 +152,7 @@ class LedgerState:
         self._attestation_expiry = memo(attestation_expiry)
         self._record_expiry_entry = memo(record_expiry)
         self._bucket_digest = memo(bucket_digest)
+        self._record_version = memo(record_version)
 
     # ------------------------------------------------------------ merge
 
@@ -364,12 +371,7 @@ class LedgerState:
             versions = self._versions = (
                 now_ms,
                 min((h.record.expires_at_ms for h in live), default=_NEVER),
-                tuple(
-                    RecordVersion(
-                        peer_id=h.record.peer_id, seq=h.record.seq, hash_prefix=h.hash[:PREFIX_LEN]
-                    )
-                    for h in live
-                ),
+                tuple(self._record_version(h.record.peer_id, h.record.seq, h.hash) for h in live),
             )
         agents, agents_valid_before = cards.versions(now_ms)
         d = LedgerDigest(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import resource
 import time
+from collections.abc import Callable
 from typing import Any
 
 from protocol.ledger.machine import LedgerConfig
@@ -52,6 +53,7 @@ def run_bench(
     executors: int = 16,
     requesters: int = 4,
     tasks_per_min: float = 1.0,
+    on_progress: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     return bench_swarm(
         nodes,
@@ -60,6 +62,7 @@ def run_bench(
         executors=executors,
         requesters=requesters,
         tasks_per_min=tasks_per_min,
+        on_progress=on_progress,
     )[0]
 
 
@@ -71,8 +74,10 @@ def bench_swarm(
     executors: int = 16,
     requesters: int = 4,
     tasks_per_min: float = 1.0,
+    on_progress: Callable[[int], None] | None = None,
 ) -> tuple[dict[str, Any], Swarm]:
-    """``run_bench``'s report and the swarm it ran (for tests that look inside)."""
+    """``run_bench``'s report and the swarm it ran (for tests that look inside);
+    ``on_progress(now_us)`` is called as the run goes (every 50,000 events)."""
     wall0, cpu0 = time.perf_counter(), time.process_time()
     rng = derive_rng(seed, "bench")
     bank = question_bank(rng, 500, ("math", "code"))
@@ -86,7 +91,7 @@ def bench_swarm(
         swarm.on_emit("task.failed", lambda node, f, now: done.append(now))
         submitted = _schedule_tasks(swarm, rng, bank, n_exec, n_req, tasks_per_min, end_ms)
         setup_s = time.perf_counter() - wall0
-        events = swarm.run(end_ms)
+        events = swarm.run(end_ms, on_progress)
     wall_s = time.perf_counter() - wall0
     cpu_s = time.process_time() - cpu0
     counters = swarm.metrics.counters

@@ -20,6 +20,7 @@ every advertiser, sampled every ``sample_s``: what a requester sees when it read
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import replace
 from typing import Any
 
@@ -28,11 +29,18 @@ from simulations.compute.cost import DEVICES
 from simulations.machines.ledger import NAME, ledger_of, ledger_spec
 from simulations.metrics import percentile, summary
 from simulations.node import VirtualNode
+from simulations.runner.points import LocalPoints, SweepPoints
 from simulations.runner.report import Plot, Report, Series
 from simulations.runner.world import Churn, build_swarm
 from simulations.scenario import ChurnSpec, Scenario, workload_value
 from simulations.swarm import Swarm, derive_rng
-from simulations.workloads.common import Progress, Stages, capability, window_bytes
+from simulations.workloads.common import (
+    Progress,
+    Stages,
+    capability,
+    no_progress,
+    window_bytes,
+)
 
 QUESTION = (
     "How fast does a ledger update reach every node, and how many bytes does each node "
@@ -72,7 +80,7 @@ class LedgerRun:
                 protected=frozenset(range(self.advertisers)),
                 start_ms=int(workload_value(scenario, "warmup_s", 30.0) * 1000),
             )
-        self.updates: list[tuple[str, int, int, dict[int, int]]] = []  # peer, seq, at, epochs
+        self.updates: list[tuple[str, int, int, array[int]]] = []  # peer, seq, at, epochs
         self._pending: dict[str, int] = {}
         self._asked = 0
         self.freshness: list[tuple[float, float]] = []
@@ -86,7 +94,8 @@ class LedgerRun:
                 self.latest[rec.peer_id] = max(self.latest.get(rec.peer_id, 0), rec.seq)
                 pending = self._pending.pop(rec.peer_id, None)
                 if pending is not None:
-                    epochs = {n.index: n.epoch for n in self.swarm.nodes if n.up}
+                    # each node's incarnation now (0: down), by index
+                    epochs = array("l", [n.epoch if n.up else 0 for n in self.swarm.nodes])
                     self.updates.append((rec.peer_id, rec.seq, now, epochs))
 
     def update(self, advertiser: int) -> None:
@@ -99,13 +108,15 @@ class LedgerRun:
 
     def sample_freshness(self) -> None:
         live = [n for n in self.swarm.nodes if n.up]
-        peers = sorted(self.latest)
+        want = [(p, self.latest[p]) for p in sorted(self.latest)]
         fresh = 0
-        for node in live:
-            records = ledger_of(node).state.records
-            if all(
-                (h := records.get(p)) is not None and h.record.seq >= self.latest[p] for p in peers
-            ):
+        for node in live:  # every live node, every advertiser: a plain loop, left at the first miss
+            held = ledger_of(node).state.records.get
+            for peer, seq in want:
+                h = held(peer)
+                if h is None or h.record.seq < seq:
+                    break
+            else:
                 fresh += 1
         self.freshness.append((self.swarm.now_ms / 1000.0, fresh / max(1, len(live))))
 
@@ -115,8 +126,9 @@ class LedgerRun:
             times = self.stored.get((peer, seq), {})
             steady = [
                 i
-                for i, e in epochs.items()
-                if self.swarm.nodes[i].up
+                for i, e in enumerate(epochs)
+                if e
+                and self.swarm.nodes[i].up
                 and self.swarm.nodes[i].epoch == e
                 and self.swarm.nodes[i].peer_id != peer
             ]
@@ -132,9 +144,11 @@ class LedgerRun:
         return out
 
 
-def _measure(
-    scenario: Scenario, stages: Stages, nodes: int, churn: ChurnSpec, label: str
+def measure(
+    scenario: Scenario, nodes: int, churn: ChurnSpec, label: str, progress: Progress = no_progress
 ) -> dict[str, Any]:
+    """One sweep point: ``nodes`` under ``churn`` (picklable in and out: a worker may run it)."""
+    stages = Stages(progress, [1.0])
     warmup_ms = int(workload_value(scenario, "warmup_s", 30.0) * 1000)
     interval_ms = int(workload_value(scenario, "update_interval_s", 10.0) * 1000)
     updates = int(workload_value(scenario, "updates", 8))
@@ -190,7 +204,9 @@ def _measure(
     }
 
 
-def run(scenario: Scenario, progress: Progress) -> Report:
+def run(scenario: Scenario, progress: Progress, points: SweepPoints | None = None) -> Report:
+    """The sweep: sizes, then churn rates; its points run where ``points`` says (here, one
+    after another, by default)."""
     sweep_nodes = (
         [scenario.nodes]
         if scenario.nodes_overridden
@@ -202,17 +218,13 @@ def run(scenario: Scenario, progress: Progress) -> Report:
     churn_rates = [
         float(c) for c in scenario.sweep.get("churn_crash_per_min", [0.0, 0.01, 0.05, 0.1])
     ]
+    args = [(scenario, n, ChurnSpec(), f"ledger N={n}") for n in sweep_nodes] + [
+        (scenario, churn_nodes, replace(scenario.churn, crash_per_min=rate), f"churn {rate}/min")
+        for rate in churn_rates
+    ]
     weights = [float(n) for n in sweep_nodes] + [float(churn_nodes)] * len(churn_rates)
-    stages = Stages(progress, weights)
-    size_rows = []
-    for n in sweep_nodes:
-        size_rows.append(_measure(scenario, stages, n, ChurnSpec(), f"ledger N={n}"))
-        stages.next()
-    churn_rows = []
-    for rate in churn_rates:
-        churn = replace(scenario.churn, crash_per_min=rate)
-        churn_rows.append(_measure(scenario, stages, churn_nodes, churn, f"churn {rate}/min"))
-        stages.next()
+    rows = (points or LocalPoints(progress)).map(measure, args, weights, scenario.name)
+    size_rows, churn_rows = rows[: len(sweep_nodes)], rows[len(sweep_nodes) :]
     return Report(
         scenario=scenario.as_dict(),
         question=QUESTION,

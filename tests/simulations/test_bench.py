@@ -22,3 +22,16 @@ def test_bench_is_reproducible_and_converges() -> None:
     assert first["tasks_ended"] == first["tasks_submitted"] > 0
     # gossip reached everyone: after the last broadcast has spread, all ledgers agree
     assert len(set(digests)) == 1
+
+
+
+def test_bench_command_takes_a_size() -> None:
+    from click.testing import CliRunner
+
+    from node.bench.simulate import run
+    from node.cli.main import bench, bench_options
+
+    assert bench_options("simulate", {"nodes": 40, "link": None}) == {"nodes": 40}
+    assert run(True, nodes=40)["nodes"] == 40
+    result = CliRunner().invoke(bench, ["simulate", "--quick", "--nodes", "1", "--json"])
+    assert result.exit_code == 2 and "--nodes" in result.output

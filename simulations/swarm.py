@@ -27,11 +27,11 @@ from crypto.keys import Identity
 from protocol.errors import LocalProtocolError
 from protocol.machine import Dial, Disconnect, Emit, Penalize, Publish, Send
 from simulations.engine import US_PER_MS, EventLoop
-from simulations.live import LiveNodes
 from simulations.memo import SharedResults
 from simulations.metrics import Metrics, Traffic
 from simulations.network import LatencyModel, LinkFaults, NetworkModel
 from simulations.node import MachineSlot, MachineSpec, VirtualNode
+from simulations.runner.live import LiveNodes
 from simulations.transport import SimTransport
 
 #: 2024-01-01T00:00:00Z: where virtual time starts on the machines' clocks

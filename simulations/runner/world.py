@@ -11,8 +11,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from simulations.live import EligibleNodes
 from simulations.node import MachineSpec, VirtualNode
+from simulations.runner.live import EligibleNodes
 from simulations.scenario import Scenario
 from simulations.swarm import Swarm, derive_rng
 

@@ -1,4 +1,4 @@
-"""simulations/live.py: the swarm's live-node index agrees with a list of the live nodes, and
+"""simulations/runner/live.py: the swarm's live-node index agrees with a list of the live nodes, and
 a churn pick through it is the pick a list would give, for the same draw."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from simulations.live import EligibleNodes, LiveNodes
+from simulations.runner.live import EligibleNodes, LiveNodes
 
 
 @pytest.mark.parametrize("seed", range(8))

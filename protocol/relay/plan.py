@@ -3,7 +3,7 @@
 Contract
 --------
 ``build_plan`` turns the publisher (the root), its upload bandwidth, the recipients with theirs,
-the artifact size, the chunk size and a seed (the manifest id) into a tree: every recipient has
+the artifact size, the chunk size and a seed (the manifest id), held in a ``PlanInputs``, into a tree: every recipient has
 exactly one parent and at most ``max_fanout`` children. Every peer computes it from the signed
 manifest alone, so all peers agree on it; the same inputs in any order give the same plan.
 
@@ -146,6 +146,33 @@ def place_at_rate(uploads: Sequence[int], num: int, den: int,
 _Placement = tuple[int, list[int], list[int]]
 
 
+@dataclass(frozen=True, slots=True)
+class PlanInputs:
+    """What a relay plan is a function of (the planners of this module and of striping.py
+    take it whole): the publisher (the root) and its upload, the recipients with theirs, the
+    artifact's sizes, the seed (the manifest id) and the most children one node feeds.
+    Hashable, so a memo of a planner keys on it."""
+
+    root: str
+    #: 0: none advertised (DEFAULT_UPLOAD_BPS is assumed)
+    root_upload_bps: int
+    #: (peer, upload bps); an upload of 0 or less: links like the publisher's
+    recipients: tuple[tuple[str, int], ...]
+    total_size: int
+    chunk_size: int
+    seed: bytes
+    max_fanout: int = MAX_FANOUT
+
+    def __post_init__(self) -> None:
+        if self.max_fanout < 1 or self.total_size < 1 or self.chunk_size < 1:
+            raise ValueError("max_fanout, total_size and chunk_size must be positive")
+
+    def placement(self) -> tuple[list[str], list[int]]:
+        """:func:`placement_order` of these inputs (the root's upload defaulted)."""
+        root_up = self.root_upload_bps if self.root_upload_bps > 0 else DEFAULT_UPLOAD_BPS
+        return placement_order(self.root, root_up, self.recipients, self.seed)
+
+
 def placement_order(
     root: str, root_up: int, recipients: Iterable[tuple[str, int]], seed: bytes
 ) -> tuple[list[str], list[int]]:
@@ -224,24 +251,12 @@ def _fastest(
     return best
 
 
-def build_plan(
-    root: str,
-    root_upload_bps: int,
-    recipients: Iterable[tuple[str, int]],
-    *,
-    total_size: int,
-    chunk_size: int,
-    seed: bytes,
-    max_fanout: int = MAX_FANOUT,
-) -> RelayPlan:
+def build_plan(inputs: PlanInputs) -> RelayPlan:
     """The relay tree for one version; see the module docstring."""
-    if max_fanout < 1 or total_size < 1 or chunk_size < 1:
-        raise ValueError("max_fanout, total_size and chunk_size must be positive")
-    root_up = root_upload_bps if root_upload_bps > 0 else DEFAULT_UPLOAD_BPS
-    order, uploads = placement_order(root, root_up, recipients, seed)
-    rates = _candidate_rates(uploads, max_fanout)
-    evaluated = _placements(uploads, rates, max_fanout)
-    rate, work, parents, depths = _fastest(evaluated, rates, total_size, chunk_size)
+    order, uploads = inputs.placement()
+    rates = _candidate_rates(uploads, inputs.max_fanout)
+    evaluated = _placements(uploads, rates, inputs.max_fanout)
+    rate, work, parents, depths = _fastest(evaluated, rates, inputs.total_size, inputs.chunk_size)
     num, den = rate.numerator, rate.denominator
     children: dict[str, list[str]] = {p: [] for p in order}
     parent: dict[str, str] = {}
@@ -249,7 +264,7 @@ def build_plan(
         parent[order[j]] = order[parents[j]]
         children[order[parents[j]]].append(order[j])
     return RelayPlan(
-        root=root,
+        root=inputs.root,
         rate_num=num,
         rate_den=den,
         order=tuple(order),

@@ -2,7 +2,7 @@
 
 Contract
 --------
-``build_striped_plan`` turns the same inputs as ``protocol.relay.plan.build_plan`` plus a
+``build_striped_plan`` turns the same ``PlanInputs`` as ``protocol.relay.plan.build_plan`` plus a
 most-stripes count ``stripes`` into ``s`` trees over the same nodes, ``s`` being the count
 in ``2..stripes`` with the smallest estimated time (or the single tree, ``s = 1``, when that
 estimates faster or nothing else fits). Chunk ``i`` belongs to stripe ``i % s`` and travels
@@ -44,19 +44,12 @@ protocol/relay/plan.py). ``s = 1`` is the single bandwidth-aware tree of ``build
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 from protocol.relay.manifest import Manifest
-from protocol.relay.plan import (
-    DEFAULT_UPLOAD_BPS,
-    MAX_FANOUT,
-    RelayPlan,
-    build_plan,
-    placement_order,
-    tree_heights,
-)
+from protocol.relay.plan import PlanInputs, RelayPlan, build_plan, tree_heights
 
 #: most stripes per version the daemon and the simulator allow the plan unless told otherwise
 DEFAULT_STRIPES = 8
@@ -269,42 +262,27 @@ def _parents_first(parents: Sequence[int]) -> list[int]:
     return out
 
 
-def build_striped_plan(
-    root: str,
-    root_upload_bps: int,
-    recipients: Iterable[tuple[str, int]],
-    *,
-    total_size: int,
-    chunk_size: int,
-    seed: bytes,
-    stripes: int = DEFAULT_STRIPES,
-    max_fanout: int = MAX_FANOUT,
-) -> StripedPlan:
+def build_striped_plan(inputs: PlanInputs, stripes: int = DEFAULT_STRIPES) -> StripedPlan:
     """The striped relay plan for one version; see the module docstring. Pure: a function of
     its arguments, whose result is only read (a driver may share it through a
     ``protocol.machine.Memo``)."""
     if not 1 <= stripes <= MAX_STRIPES:
         raise ValueError(f"stripes must be within 1..{MAX_STRIPES}, got {stripes}")
-    if max_fanout < 1 or total_size < 1 or chunk_size < 1:
-        raise ValueError("max_fanout, total_size and chunk_size must be positive")
-    recipients = list(recipients)
-    root_up = root_upload_bps if root_upload_bps > 0 else DEFAULT_UPLOAD_BPS
-    order, uploads = placement_order(root, root_up, recipients, seed)
-    tree = build_plan(
-        root, root_upload_bps, recipients, total_size=total_size,
-        chunk_size=chunk_size, seed=seed, max_fanout=max_fanout,
-    )
+    order, uploads = inputs.placement()
+    tree = build_plan(inputs)
+    total_size, chunk_size, max_fanout = inputs.total_size, inputs.chunk_size, inputs.max_fanout
     best: tuple[Fraction, Fraction, list[list[int]]] | None = None
     for count in range(2, min(stripes, len(order) - 1) + 1):
         found = _striped(uploads, count, total_size, chunk_size, max_fanout)
         if found is not None and (best is None or found[0] < best[0]):
             best = found
     if best is None or best[0] * 1000 >= tree.estimated_ms:
-        return StripedPlan(root=root, trees=(tree,), estimated_ms=tree.estimated_ms)
+        return StripedPlan(root=inputs.root, trees=(tree,), estimated_ms=tree.estimated_ms)
     _, rate, trees = best
     stripe_size = -(-total_size // len(trees))
     plans = tuple(_as_plan(order, p, rate, stripe_size, chunk_size) for p in trees)
-    return StripedPlan(root=root, trees=plans, estimated_ms=max(p.estimated_ms for p in plans))
+    return StripedPlan(root=inputs.root, trees=plans,
+                       estimated_ms=max(p.estimated_ms for p in plans))
 
 
 def _striped(
@@ -334,19 +312,19 @@ def _max_depth(parents: Sequence[int]) -> int:
 def manifest_plan(manifest: Manifest, *, stripes: int, max_fanout: int,
                   build: Callable[..., StripedPlan] = build_striped_plan) -> StripedPlan:
     """The striped plan a version's manifest yields: its signer the root, its recipients and
-    sizes, its id the seed. ``build`` is ``build_striped_plan`` or a memo of it (every argument
-    it gets is hashable)."""
+    sizes, its id the seed. ``build`` is ``build_striped_plan`` or a memo of it (both of its
+    arguments are hashable)."""
     body = manifest.body
-    return build(
-        manifest.signer,
-        body.publisher_upload_bps,
-        tuple((r.peer_id, r.upload_bps) for r in body.recipients),
+    inputs = PlanInputs(
+        root=manifest.signer,
+        root_upload_bps=body.publisher_upload_bps,
+        recipients=tuple((r.peer_id, r.upload_bps) for r in body.recipients),
         total_size=body.total_size,
         chunk_size=body.chunk_size,
         seed=manifest.id,
-        stripes=stripes,
         max_fanout=max_fanout,
     )
+    return build(inputs, stripes)
 
 
 def _next_rate(distinct: Sequence[int], rate: Fraction) -> Fraction:

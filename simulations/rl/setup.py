@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from random import Random
 
 from protocol.market.selection import EXPLORE_SHARE
-from protocol.relay.plan import build_plan
+from protocol.relay.plan import PlanInputs, build_plan
 from protocol.rl.capacity import CapacityPlan
 from protocol.rl.messages import RolloutJob
 from simulations.engine import US_PER_S
@@ -102,8 +102,9 @@ def dissemination_delays(setup: RlSetup, uploads: list[float], seed: int) -> lis
     """Each worker's time (us) to hold a new version after publication, from the relay plan."""
     peers = [(f"w{i:05d}", int(u)) for i, u in enumerate(uploads)]
     size, chunk = int(setup.adapter_mib * MIB), int(setup.chunk_mib * MIB)
-    relay = build_plan("learner", int(setup.learner_up_bps), peers, total_size=size,
-                       chunk_size=min(chunk, size), seed=seed.to_bytes(8, "big"))
+    relay = build_plan(PlanInputs("learner", int(setup.learner_up_bps), tuple(peers),
+                                  total_size=size, chunk_size=min(chunk, size),
+                                  seed=seed.to_bytes(8, "big")))
     rate = relay.rate_bps
     return [int(((size + relay.depth[p] * min(chunk, size)) / rate
                  + relay.depth[p] * setup.latency_ms / 1000) * US_PER_S) for p, _ in peers]

@@ -6,7 +6,7 @@ Contract
   pickle (a scenario, numbers, dicts): it builds its own swarm from the scenario's seed, so
   its figures depend on its arguments alone, never on where or beside what it runs. ``fn``
   also takes ``progress=`` (its own fraction done, a label), which only a local run passes.
-* ``runner.map(fn, points, weights, label)`` returns the results in the order of ``points``.
+* ``runner.map(Sweep(fn, points, weights, label))`` returns the results in the order of ``points``.
   ``LocalPoints`` runs them here, in order, reporting each one's progress as it goes;
   ``DaskPoints(address)`` submits them all to the Dask scheduler at ``tcp://HOST:PORT``
   (``distributed.Client``) and gathers them in order: a study that outgrows one machine
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from simulations.engine import fewer_gc_passes
@@ -41,14 +42,23 @@ def run_point(
     return result
 
 
+@dataclass(frozen=True)
+class Sweep:
+    """A sweep's points: ``fn(*args)`` for each ``args`` of ``points``, each ``weights``-heavy
+    in the progress shown under ``label``."""
+
+    fn: Callable[..., Any]
+    points: Sequence[tuple[Any, ...]]
+    weights: Sequence[float]
+    label: str
+
+    def fraction(self, done: float) -> float:
+        """The sweep's fraction done once points of total weight ``done`` are."""
+        return min(1.0, done / (sum(self.weights) or 1.0))
+
+
 class SweepPoints(Protocol):
-    def map(
-        self,
-        fn: Callable[..., Any],
-        points: Sequence[tuple[Any, ...]],
-        weights: Sequence[float],
-        label: str,
-    ) -> list[Any]: ...
+    def map(self, sweep: Sweep) -> list[Any]: ...
 
 
 class LocalPoints:
@@ -57,22 +67,15 @@ class LocalPoints:
     def __init__(self, progress: Progress = no_progress) -> None:
         self.progress = progress
 
-    def map(
-        self,
-        fn: Callable[..., Any],
-        points: Sequence[tuple[Any, ...]],
-        weights: Sequence[float],
-        label: str,
-    ) -> list[Any]:
-        total = sum(weights) or 1.0
+    def map(self, sweep: Sweep) -> list[Any]:
         done = 0.0
         results = []
-        for args, weight in zip(points, weights, strict=True):
+        for args, weight in zip(sweep.points, sweep.weights, strict=True):
 
             def part(fraction: float, what: str, done: float = done, weight: float = weight) -> None:
-                self.progress(min(1.0, (done + weight * fraction) / total), what)
+                self.progress(sweep.fraction(done + weight * fraction), what)
 
-            results.append(run_point(fn, args, part))
+            results.append(run_point(sweep.fn, args, part))
             done += weight
         return results
 
@@ -92,28 +95,21 @@ class DaskPoints:
         self.progress = progress
         self.connect_timeout_s = connect_timeout_s
 
-    def map(
-        self,
-        fn: Callable[..., Any],
-        points: Sequence[tuple[Any, ...]],
-        weights: Sequence[float],
-        label: str,
-    ) -> list[Any]:
+    def map(self, sweep: Sweep) -> list[Any]:
         from distributed import Client
 
-        total = sum(weights) or 1.0
         try:
             client = Client(self.address, set_as_default=False, timeout=self.connect_timeout_s)
         except OSError as exc:
             raise ScenarioError(f"no Dask scheduler at {self.address}: {exc}") from None
         with client:
             # pure=False: two points with equal arguments are still two runs (none here)
-            futures = [client.submit(run_point, fn, args, pure=False) for args in points]
+            futures = [client.submit(run_point, sweep.fn, args, pure=False)
+                       for args in sweep.points]
             results = []
             done = 0.0
-            for future, weight in zip(futures, weights, strict=True):  # all run meanwhile
+            for future, weight in zip(futures, sweep.weights, strict=True):  # all run meanwhile
                 results.append(future.result())
                 done += weight
-                self.progress(min(1.0, done / total), label)
+                self.progress(sweep.fraction(done), sweep.label)
             return results
-

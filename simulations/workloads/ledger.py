@@ -29,7 +29,7 @@ from simulations.compute.cost import DEVICES
 from simulations.machines.ledger import NAME, ledger_of, ledger_spec
 from simulations.metrics import percentile, summary
 from simulations.node import VirtualNode
-from simulations.runner.points import LocalPoints, SweepPoints
+from simulations.runner.points import LocalPoints, Sweep, SweepPoints
 from simulations.runner.report import Plot, Report, Series
 from simulations.runner.world import Churn, build_swarm
 from simulations.scenario import ChurnSpec, Scenario, workload_value
@@ -223,7 +223,7 @@ def run(scenario: Scenario, progress: Progress, points: SweepPoints | None = Non
         for rate in churn_rates
     ]
     weights = [float(n) for n in sweep_nodes] + [float(churn_nodes)] * len(churn_rates)
-    rows = (points or LocalPoints(progress)).map(measure, args, weights, scenario.name)
+    rows = (points or LocalPoints(progress)).map(Sweep(measure, args, weights, scenario.name))
     size_rows, churn_rows = rows[: len(sweep_nodes)], rows[len(sweep_nodes) :]
     return Report(
         scenario=scenario.as_dict(),

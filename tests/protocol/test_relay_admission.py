@@ -35,7 +35,7 @@ def test_a_stranger_manifest_is_remembered_not_planned(monkeypatch: pytest.Monke
     real = relay_machine.build_striped_plan
 
     def counting(*args: object, **kwargs: object) -> object:
-        built.append(str(args[0]))
+        built.append(args[0].root)  # type: ignore[attr-defined]
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(relay_machine, "build_striped_plan", counting)

@@ -10,6 +10,7 @@ import pytest
 from protocol.relay.plan import (
     DEFAULT_UPLOAD_BPS,
     MAX_FANOUT,
+    PlanInputs,
     RelayPlan,
     build_plan,
     place_at_rate,
@@ -50,7 +51,8 @@ def check_tree(plan: RelayPlan, expected: set[str], max_fanout: int = MAX_FANOUT
     ],
 )
 def test_shapes(n: int, bps: int, root_bps: int, size: int, chunk: int, shape: str) -> None:
-    plan = build_plan("root", root_bps, peers(n, bps), total_size=size, chunk_size=chunk, seed=b"s")
+    plan = build_plan(PlanInputs("root", root_bps, peers(n, bps), total_size=size, chunk_size=chunk,
+                                 seed=b"s"))
     check_tree(plan, {p for p, _ in peers(n, bps)})
     if shape == "chain":
         assert plan.max_fanout == 1 and plan.max_depth == n
@@ -63,11 +65,12 @@ def test_shapes(n: int, bps: int, root_bps: int, size: int, chunk: int, shape: s
 
 
 def test_unknown_bandwidth_is_the_publishers() -> None:
-    plan = build_plan("root", 0, peers(3, 0), total_size=MB, chunk_size=MB, seed=b"")
+    plan = build_plan(PlanInputs("root", 0, peers(3, 0), total_size=MB, chunk_size=MB, seed=b""))
     assert plan.rate_bps <= DEFAULT_UPLOAD_BPS
     # a capped publisher and silent peers: the peers are assumed as capped, so a chain (a
     # tree would split a peer's uplink between children it cannot feed at the full rate)
-    capped = build_plan("root", 8 * MB, peers(7, 0), total_size=16 * MB, chunk_size=MB, seed=b"")
+    capped = build_plan(PlanInputs("root", 8 * MB, peers(7, 0), total_size=16 * MB, chunk_size=MB,
+                                   seed=b""))
     assert capped.max_fanout == 1
 
 
@@ -81,26 +84,30 @@ def test_random_configurations_keep_the_invariants(seed: int) -> None:
     size, chunk = rng.randrange(1, 1024) * MB, rng.choice([MB // 4, MB, 4 * MB])
     recipients = peers(n, rates)
     plan = build_plan(
-        "root",
-        root_bps,
-        recipients,
-        total_size=size,
-        chunk_size=chunk,
-        seed=bytes([seed]),
-        max_fanout=fanout,
+        PlanInputs(
+            "root",
+            root_bps,
+            recipients,
+            total_size=size,
+            chunk_size=chunk,
+            seed=bytes([seed]),
+            max_fanout=fanout,
+        ),
     )
     check_tree(plan, {p for p, _ in recipients}, fanout)
     # deterministic: any input order, duplicates and the root listed give the same plan
     shuffled = recipients[:] + recipients[:3] + [("root", 1)]
     rng.shuffle(shuffled)
     again = build_plan(
-        "root",
-        root_bps,
-        shuffled,
-        total_size=size,
-        chunk_size=chunk,
-        seed=bytes([seed]),
-        max_fanout=fanout,
+        PlanInputs(
+            "root",
+            root_bps,
+            shuffled,
+            total_size=size,
+            chunk_size=chunk,
+            seed=bytes([seed]),
+            max_fanout=fanout,
+        ),
     )
     assert again == plan
     # nobody is fed faster than its parent's upload allows at the plan's rate
@@ -139,7 +146,8 @@ def brute_force_ms(
 
 def test_slow_peers_become_leaves() -> None:
     recipients = peers(6, [100 * MB] * 3 + [MB] * 3)
-    plan = build_plan("root", 100 * MB, recipients, total_size=64 * MB, chunk_size=MB, seed=b"")
+    plan = build_plan(PlanInputs("root", 100 * MB, recipients, total_size=64 * MB, chunk_size=MB,
+                                 seed=b""))
     for slow in ("p003", "p004", "p005"):
         assert plan.children[slow] == () or plan.rate_bps <= MB
 
@@ -148,7 +156,8 @@ def test_seed_rotates_the_deep_positions() -> None:
     recipients = peers(8, 100 * MB)
     orders = {
         build_plan(
-            "root", 100 * MB, recipients, total_size=256 * MB, chunk_size=MB, seed=bytes([s])
+            PlanInputs("root", 100 * MB, recipients, total_size=256 * MB, chunk_size=MB,
+                       seed=bytes([s]))
         ).order
         for s in range(6)
     }
@@ -157,7 +166,8 @@ def test_seed_rotates_the_deep_positions() -> None:
 
 def test_reattach_prefers_the_nearest_live_ancestor() -> None:
     plan = build_plan(
-        "root", 100 * MB, peers(5, 100 * MB), total_size=256 * MB, chunk_size=MB, seed=b"x"
+        PlanInputs("root", 100 * MB, peers(5, 100 * MB), total_size=256 * MB, chunk_size=MB,
+                   seed=b"x")
     )
     chain = list(plan.order)  # root, a, b, c, d, e
     assert plan.max_fanout == 1
@@ -175,13 +185,15 @@ def test_reattach_prefers_the_nearest_live_ancestor() -> None:
 
 def test_reattach_falls_back_to_other_branches() -> None:
     plan = build_plan(
-        "root",
-        200 * MB,
-        peers(6, 100 * MB),
-        total_size=8 * MB,
-        chunk_size=MB,
-        seed=b"y",
-        max_fanout=2,
+        PlanInputs(
+            "root",
+            200 * MB,
+            peers(6, 100 * MB),
+            total_size=8 * MB,
+            chunk_size=MB,
+            seed=b"y",
+            max_fanout=2,
+        ),
     )
     leaf = max(plan.order, key=lambda p: plan.depth[p])
     dead = set(plan.ancestors(leaf)[:-1])  # every ancestor but the root...
@@ -191,7 +203,8 @@ def test_reattach_falls_back_to_other_branches() -> None:
 
 def test_late_fetcher_prefers_leaves() -> None:
     plan = build_plan(
-        "root", 100 * MB, peers(4, 100 * MB), total_size=256 * MB, chunk_size=MB, seed=b"z"
+        PlanInputs("root", 100 * MB, peers(4, 100 * MB), total_size=256 * MB, chunk_size=MB,
+                   seed=b"z")
     )
     sources = plan.sources_for("stranger")
     assert sources[-1] == "root"
@@ -203,6 +216,6 @@ def test_late_fetcher_prefers_leaves() -> None:
 
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError):
-        build_plan("root", 1, [], total_size=0, chunk_size=1, seed=b"")
+        build_plan(PlanInputs("root", 1, [], total_size=0, chunk_size=1, seed=b""))
     with pytest.raises(ValueError):
-        build_plan("root", 1, [], total_size=1, chunk_size=1, seed=b"", max_fanout=0)
+        build_plan(PlanInputs("root", 1, [], total_size=1, chunk_size=1, seed=b"", max_fanout=0))

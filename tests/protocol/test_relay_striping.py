@@ -16,6 +16,7 @@ from protocol.relay.events import (
 )
 from protocol.relay.machine import RelayMachine
 from protocol.relay.manifest import RelayProgress
+from protocol.relay.plan import PlanInputs
 from protocol.relay.striping import build_striped_plan
 from tests.protocol.relay_net import Net, identity, manifest_for
 
@@ -26,8 +27,9 @@ CHUNK = 1 << 20
 
 def plan_for(uploads: list[int], stripes: int = 4, root_up: int = 100 * MBIT):
     return build_striped_plan(
-        "root", root_up, [(f"p{i}", u) for i, u in enumerate(uploads)],
-        total_size=SIZE, chunk_size=CHUNK, seed=b"seed", stripes=stripes,
+        PlanInputs("root", root_up, tuple((f"p{i}", u) for i, u in enumerate(uploads)),
+                   total_size=SIZE, chunk_size=CHUNK, seed=b"seed"),
+        stripes=stripes,
     )
 
 
@@ -68,10 +70,10 @@ def test_same_inputs_in_any_order_give_the_same_plan() -> None:
     recipients = [(f"p{i}", u) for i, u in enumerate(uploads)]
     shuffled = recipients[:]
     random.Random(4).shuffle(shuffled)
-    a = build_striped_plan("root", 100 * MBIT, recipients, total_size=SIZE, chunk_size=CHUNK,
-                           seed=b"s", stripes=4)
-    b = build_striped_plan("root", 100 * MBIT, shuffled, total_size=SIZE, chunk_size=CHUNK,
-                           seed=b"s", stripes=4)
+    a = build_striped_plan(PlanInputs("root", 100 * MBIT, tuple(recipients), total_size=SIZE,
+                                      chunk_size=CHUNK, seed=b"s"), stripes=4)
+    b = build_striped_plan(PlanInputs("root", 100 * MBIT, tuple(shuffled), total_size=SIZE,
+                                      chunk_size=CHUNK, seed=b"s"), stripes=4)
     assert a == b
 
 
@@ -185,8 +187,8 @@ def test_reported_free_riders_become_leaves_in_the_next_plan() -> None:
     recipients = plan_recipients(peers, uploads, reports)
     assert dict(recipients)["p3"] == FREE_RIDER_UPLOAD_BPS
     assert dict(recipients)["p5"] == 100 * MBIT
-    plan = build_striped_plan("root", 100 * MBIT, recipients, total_size=SIZE,
-                              chunk_size=CHUNK, seed=b"v2", stripes=4)
+    plan = build_striped_plan(PlanInputs("root", 100 * MBIT, tuple(recipients), total_size=SIZE,
+                                         chunk_size=CHUNK, seed=b"v2"), stripes=4)
     assert plan.interior_stripes("p3") == []
     assert dict(plan_recipients(peers, uploads, reports, min_reports=3))["p3"] == 100 * MBIT
     with pytest.raises(ValueError, match="min_reports"):

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from distributed import LocalCluster
 
-from simulations.runner.points import DaskPoints, LocalPoints
+from simulations.runner.points import DaskPoints, LocalPoints, Sweep
 from simulations.runner.run import run_scenario
 from simulations.scenario import ScenarioError, parse
 from tests.simulations.test_scenarios import tiny_ledger
@@ -49,9 +49,9 @@ def test_dask_sweep_gives_the_figures_of_a_local_run(scheduler: str) -> None:
 
 def test_dask_points_keep_the_order_of_the_points(scheduler: str) -> None:
     points = [(x, 10 * x) for x in range(7)]
-    got = DaskPoints(scheduler).map(_square_plus, points, [1.0] * len(points), "t")
+    got = DaskPoints(scheduler).map(Sweep(_square_plus, points, [1.0] * len(points), "t"))
     assert got == [_square_plus(*p) for p in points]
-    assert LocalPoints().map(_square_plus, points, [1.0] * len(points), "t") == got
+    assert LocalPoints().map(Sweep(_square_plus, points, [1.0] * len(points), "t")) == got
 
 
 def test_a_workload_without_cluster_sweeps_is_refused(scheduler: str) -> None:
@@ -65,7 +65,7 @@ def test_a_bad_or_silent_scheduler_is_a_clear_error() -> None:
         DaskPoints("127.0.0.1:8786")
     # port 1 on loopback: nothing listens there, the connection is refused at once
     with pytest.raises(ScenarioError, match="no Dask scheduler at tcp://127.0.0.1:1"):
-        DaskPoints("tcp://127.0.0.1:1", connect_timeout_s=0.5).map(_square_plus, [(1, 2)], [1.0], "t")
+        DaskPoints("tcp://127.0.0.1:1", connect_timeout_s=0.5).map(Sweep(_square_plus, [(1, 2)], [1.0], "t"))
 
 
 def test_the_cli_refuses_a_scheduler_that_is_not_a_tcp_address() -> None:

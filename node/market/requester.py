@@ -31,7 +31,7 @@ import trio
 
 from node.agents.api import agent_created
 from node.api.openai_routes import openai_routes
-from node.config import fed_config, tuning
+from node.config import fed_config, feed, tuning
 from node.market.api import task_routes
 from node.market.ask_request import AskError, NeedEmbedder, parse_ask
 from node.market.chain_asks import ChainAsks, interrupted
@@ -77,7 +77,11 @@ OPEN_PHASES = ("bidding", "running")
 
 
 @tuning(AuctionConfig, "bid_window_ms", "spare_bids", "max_rounds", "backoff_base_ms",
-        "backoff_max_ms", "min_round_ms", "assign_base_ms", "assign_slack")
+        "backoff_max_ms", "min_round_ms", "assign_base_ms", "assign_slack",
+        # plan mode (protocol/agents/pipeline.py): planners asked, tries of a step before its
+        # plan fails, fresh planners per plan, a planner's tokens
+        also=feed(PipelineConfig, "planners", "plan_tokens", plan_step_tries="step_tries",
+                  plan_replans="replans"))
 class TasksSection:
     """Tunables of the requester side (``[tasks]`` in node.toml)."""
 
@@ -90,12 +94,6 @@ class TasksSection:
     default_max_tokens: int = 256
     #: price ceiling per executor when a request names none
     default_max_price: float = 1e6
-    #: plan mode (protocol/agents/pipeline.py): planners asked, tries of a step before its
-    #: plan fails, fresh planners per plan, a planner's tokens
-    planners: int = 3
-    plan_step_tries: int = 2
-    plan_replans: int = 1
-    plan_tokens: int = 256
 
     def __post_init__(self) -> None:
         if self.selector not in ("score", "linucb"):
@@ -103,17 +101,13 @@ class TasksSection:
         if not 1 <= self.default_k <= MAX_K:
             raise ValueError(f"default_k must be in [1, {MAX_K}]")
         for name in ("bid_window_ms", "max_rounds", "backoff_base_ms", "backoff_max_ms",
-                     "assign_base_ms", "default_deadline_ms",
-                     "default_max_tokens", "plan_step_tries", "plan_tokens"):
+                     "assign_base_ms", "default_deadline_ms", "default_max_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
-        PipelineConfig(planners=self.planners, step_tries=self.plan_step_tries,
-                       replans=self.plan_replans, plan_tokens=self.plan_tokens)  # checks them
+        self.pipeline_config()  # PipelineConfig checks the plan-mode keys
 
     def pipeline_config(self) -> PipelineConfig:
-        return PipelineConfig(planners=self.planners, step_tries=self.plan_step_tries,
-                              replans=self.plan_replans, plan_tokens=self.plan_tokens)
-
+        return fed_config(self, PipelineConfig)  # type: ignore[no-any-return]
 
 
 class TasksService(Service):

@@ -16,6 +16,7 @@ from node.config import (
     ConfigError,
     default_toml,
     fed_config,
+    feed,
     load_config,
     tuning,
 )
@@ -211,6 +212,27 @@ def test_a_section_feeds_its_protocol_config_every_field_but_the_nodes_own(data_
                     sections={"sync": SyncSection})
 
 
+@dataclass(frozen=True)
+class PlanConfig:
+    tries: int = 2
+    width: int = 3
+
+
+@tuning(SyncConfig, "fanout", also=feed(PlanConfig, "width", plan_tries="tries"))
+class TwoFeedSection:
+    poll_ms: int = 1_000
+
+
+def test_a_section_may_feed_a_second_protocol_config_under_its_own_key_names() -> None:
+    assert [f.name for f in dataclasses.fields(TwoFeedSection)] == [
+        "poll_ms", "fanout", "width", "plan_tries"]
+    section = TwoFeedSection(fanout=4, width=5, plan_tries=6)
+    assert fed_config(section, peer="me") == SyncConfig(peer="me", fanout=4)
+    assert fed_config(section, PlanConfig) == PlanConfig(tries=6, width=5)
+    with pytest.raises(TypeError, match=re.escape("PlanConfig has no field(s) ['depth']")):
+        tuning(SyncConfig, "fanout", also=feed(PlanConfig, plan_depth="depth"))
+
+
 def _own_fanout() -> None:
     @tuning(SyncConfig, "timeout_ms")
     class Shadowing:
@@ -238,10 +260,10 @@ TUNED_KEYS = {
                "record_ttl_ms", "refresh_ms", "min_republish_ms", "attestation_ttl_ms", "anti_entropy_ms",
                "sync_fanout", "sync_timeout_ms", "attestation_rate_per_minute"],
     "tasks": ["selector", "linucb_alpha", "linucb_lambda", "default_k", "default_deadline_ms",
-              "default_max_tokens", "default_max_price", "planners", "plan_step_tries",
-              "plan_replans", "plan_tokens", "bid_window_ms", "spare_bids",
+              "default_max_tokens", "default_max_price", "bid_window_ms", "spare_bids",
               "max_rounds", "backoff_base_ms", "backoff_max_ms", "min_round_ms",
-              "assign_base_ms", "assign_slack"],
+              "assign_base_ms", "assign_slack", "planners", "plan_tokens", "plan_step_tries",
+              "plan_replans"],
     "executor": ["solver", "model", "threads", "price_per_1k", "slots", "queue", "hold_ms",
                  "max_tokens", "max_task_ms", "max_question_chars"],
     "membership": ["mdns", "discovery", "discovery_records_per_peer", "discovery_record_ttl_ms",

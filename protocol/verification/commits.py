@@ -30,9 +30,8 @@ from protocol.verification.messages import (
     RevealRequest,
 )
 from protocol.verification.rules import (
-    agent_context,
     nonce_hash,
-    result_commitment,
+    output_commitment,
     reveal_evidence,
     reveals_with_commit,
     selection_seed,
@@ -175,10 +174,8 @@ class CommitReveal:
             return "result is someone else's"
         if (body.task_id, body.attempt) != (c.task_id, c.attempt):
             return "result is for another task or attempt"
-        if result_commitment(c.task_id, c.attempt, c.executor, body.answer, body.cot,
-                             msg.output_ids, msg.salt,
-                             agent_context(body.system_prompt, body.tool_calls,
-                                           body.adapter)) != c.commitment:
+        if output_commitment(c.task_id, c.attempt, c.executor, body, msg.output_ids,
+                             msg.salt) != c.commitment:
             return "answer, CoT, tokens or salt differ from the commitment"
         if body.model_hash != c.model_hash:
             return "model hash differs from the commitment"

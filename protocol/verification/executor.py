@@ -49,10 +49,9 @@ from protocol.verification.messages import (
     TermsBody,
 )
 from protocol.verification.rules import (
-    agent_context,
     nonce_hash,
+    output_commitment,
     pack_ids,
-    result_commitment,
     reveals_with_commit,
     spec_hash,
 )
@@ -198,10 +197,8 @@ class VerifiedExecutor(Executor):
         commit = CommitBody(
             task_id=body.task_id, attempt=body.attempt, executor=self.peer,
             spec_hash=sealed.spec_hash, nonce_hash=terms.nonce_hash,
-            commitment=result_commitment(body.task_id, body.attempt, self.peer, body.answer,
-                                         body.cot, sealed.output_ids, sealed.salt,
-                                         agent_context(body.system_prompt, body.tool_calls,
-                                                       body.adapter)),
+            commitment=output_commitment(body.task_id, body.attempt, self.peer, body,
+                                         sealed.output_ids, sealed.salt),
             fingerprint_root=body.fingerprint_root, chunks=len(body.fingerprints),
             chunk_tokens=self.chunk_tokens, tokens=n_ids, model_hash=body.model_hash,
             states_root=sealed.states_root, state_layers=sealed.state_layers,

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
 
 from crypto.hashing import digest, digest_parts
 from crypto.merkle import ProofStep
@@ -104,6 +105,31 @@ def agent_context(system_prompt: str, tool_calls: Sequence[ToolCallRecord],
     parts = [system_prompt.encode(), *(encode(c) for c in tool_calls)]
     return digest_parts([*parts, b"adapter", adapter] if adapter else parts,
                         person=b"symphony-vagent")
+
+
+class AgentOutput(Protocol):
+    """What a commitment binds besides ids and salt: a ``ResultBody``, or a ``CheckBody``'s
+    copy of it."""
+
+    @property
+    def answer(self) -> str: ...
+    @property
+    def cot(self) -> str: ...
+    @property
+    def system_prompt(self) -> str: ...
+    @property
+    def tool_calls(self) -> Sequence[ToolCallRecord]: ...
+    @property
+    def adapter(self) -> bytes: ...
+
+
+def output_commitment(task_id: bytes, attempt: int, executor: str, output: AgentOutput,
+                      output_ids: bytes, salt: bytes) -> bytes:
+    """:func:`result_commitment` of ``output``: the one way the executor makes it and the
+    requester and verifiers check it."""
+    return result_commitment(task_id, attempt, executor, output.answer, output.cot, output_ids,
+                             salt, agent_context(output.system_prompt, output.tool_calls,
+                                                 output.adapter))
 
 
 def reveals_with_commit(k: int) -> bool:

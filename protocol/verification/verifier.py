@@ -51,13 +51,12 @@ from protocol.verification.messages import (
     VerdictStatus,
 )
 from protocol.verification.rules import (
-    agent_context,
     choose_chunks,
     choose_layers,
     decode_proof,
     evidence_hash,
     nonce_hash,
-    result_commitment,
+    output_commitment,
     selection_seed,
     spec_hash,
     unpack_ids,
@@ -155,10 +154,8 @@ def check_request_problem(body: CheckBody, commit: CommitBody, commit_hash: byte
         return "chunks are not the ones the seed chooses"
     if len(body.output_ids) // 4 != commit.tokens:
         return "token count differs from the commitment"
-    if result_commitment(commit.task_id, commit.attempt, commit.executor, body.answer, body.cot,
-                         body.output_ids, body.salt,
-                         agent_context(body.system_prompt, body.tool_calls,
-                                       body.adapter)) != commit.commitment:
+    if output_commitment(commit.task_id, commit.attempt, commit.executor, body, body.output_ids,
+                         body.salt) != commit.commitment:
         return "output does not open the commitment"
     for index, fp, proof in zip(body.chunk_indices, body.fingerprints, body.proofs, strict=True):
         try:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol
 
 from crypto.hashing import digest, digest_parts
 from crypto.merkle import ProofStep
@@ -47,13 +46,14 @@ from protocol.codec import encode
 from protocol.ledger.records import AttestationKind
 from protocol.ledger.reputation import NEUTRAL
 from protocol.ledger.view import LedgerView
-from protocol.market.messages import HASH_LEN, TaskSpec
+from protocol.market.messages import HASH_LEN, ResultBody, TaskSpec
 from protocol.verification.messages import (
     ID_BYTES,
     PROOF_STEP_BYTES,
     STATES_BUSY,
     STATES_EVICTED,
     STATES_NOT_HELD,
+    CheckBody,
 )
 from protocol.verification.state import VerifyConfig
 
@@ -107,26 +107,10 @@ def agent_context(system_prompt: str, tool_calls: Sequence[ToolCallRecord],
                         person=b"symphony-vagent")
 
 
-class AgentOutput(Protocol):
-    """What a commitment binds besides ids and salt: a ``ResultBody``, or a ``CheckBody``'s
-    copy of it."""
-
-    @property
-    def answer(self) -> str: ...
-    @property
-    def cot(self) -> str: ...
-    @property
-    def system_prompt(self) -> str: ...
-    @property
-    def tool_calls(self) -> Sequence[ToolCallRecord]: ...
-    @property
-    def adapter(self) -> bytes: ...
-
-
-def output_commitment(task_id: bytes, attempt: int, executor: str, output: AgentOutput,
+def output_commitment(task_id: bytes, attempt: int, executor: str, output: ResultBody | CheckBody,
                       output_ids: bytes, salt: bytes) -> bytes:
-    """:func:`result_commitment` of ``output``: the one way the executor makes it and the
-    requester and verifiers check it."""
+    """:func:`result_commitment` of ``output`` (a result, or a check request's copy of it): the
+    one way the executor makes it and the requester and verifiers check it."""
     return result_commitment(task_id, attempt, executor, output.answer, output.cot, output_ids,
                              salt, agent_context(output.system_prompt, output.tool_calls,
                                                  output.adapter))

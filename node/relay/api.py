@@ -11,6 +11,7 @@ not held 404. Paths name files on this machine (the CLI and the daemon share it)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -23,21 +24,26 @@ from node.relay.chunk_store import ChunkStoreError
 from protocol.relay.manifest import ArtifactFormat, Manifest, ManifestError
 
 
+@dataclass(frozen=True)
+class Publication:
+    """What to publish: the file ``path`` as ``version`` (None: the next) of artifact ``name``,
+    cut in chunks of ``chunk_size`` bytes (None: the section's) for ``recipients`` (None: the
+    peers connected now)."""
+
+    path: Path
+    name: str
+    version: int | None = None
+    format: ArtifactFormat = ArtifactFormat.RAW
+    chunk_size: int | None = None
+    recipients: tuple[str, ...] | None = None
+
+
 class RelayAccess(Protocol):
     """What the routes use of the relay service (node/relay/service.py passes itself)."""
 
     def status(self) -> dict[str, Any]: ...
 
-    async def publish(
-        self,
-        path: Path,
-        name: str,
-        *,
-        version: int | None = None,
-        format: ArtifactFormat = ArtifactFormat.RAW,
-        chunk_size: int | None = None,
-        recipients: list[str] | None = None,
-    ) -> Manifest: ...
+    async def publish(self, what: Publication) -> Manifest: ...
 
     async def fetch(self, name: str, signer: str | None = None) -> None: ...
 
@@ -108,7 +114,7 @@ class RelayEndpoints:
             path = Path(str(body["path"])).expanduser()
             if not path.is_file():
                 return _error(f"{path} is not a file")
-            manifest = await self.service.publish(
+            manifest = await self.service.publish(Publication(
                 path,
                 str(body["name"]),
                 version=_optional_int(body, "version"),
@@ -116,8 +122,8 @@ class RelayEndpoints:
                 chunk_size=_optional_int(body, "chunk_size"),
                 recipients=None
                 if body.get("recipients") is None
-                else [str(p) for p in body["recipients"]],
-            )
+                else tuple(str(p) for p in body["recipients"]),
+            ))
         except (KeyError, ValueError, TypeError, ManifestError, ChunkStoreError) as exc:
             return _error(f"cannot publish: {exc}")
         return JSONResponse(_manifest_json(manifest))

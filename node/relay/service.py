@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import trio
 
-from node.relay.api import relay_routes
+from node.relay.api import Publication, relay_routes
 from node.relay.chunk_store import ChunkStore, ChunkStoreError, ChunkWriter
 from node.relay.models import ModelPulls
 from node.relay.plan_inputs import ledger_uploads, withheld_reports
@@ -61,7 +61,6 @@ from protocol.relay.machine import (
 )
 from protocol.relay.manifest import (
     RELAY_TOPIC,
-    ArtifactFormat,
     Manifest,
     ManifestQuery,
     RelayManifest,
@@ -268,30 +267,24 @@ class RelayService(NurseryService):
                 return m
             await self._completed.wait()
 
-    async def publish(
-        self,
-        path: Path,
-        name: str,
-        *,
-        version: int | None = None,
-        format: ArtifactFormat = ArtifactFormat.RAW,
-        chunk_size: int | None = None,
-        recipients: list[str] | None = None,
-    ) -> Manifest:
-        """Chunk ``path`` into the store, sign a manifest for the connected peers, relay it."""
-        size = chunk_size or self.section.chunk_size
-        hashes, total = await trio.to_thread.run_sync(self.store.import_file, Path(path), size)
+    async def publish(self, what: Publication) -> Manifest:
+        """Chunk the file into the store, sign a manifest for its recipients, relay it."""
+        size = what.chunk_size or self.section.chunk_size
+        hashes, total = await trio.to_thread.run_sync(self.store.import_file, Path(what.path),
+                                                      size)
         me = self.ctx.identity.peer_id
+        version = what.version
         if version is None:
-            version = self._machine.latest_version((me, name)) + 1
-        peers = recipients if recipients is not None else self.ctx.transport.connected_peers()
+            version = self._machine.latest_version((me, what.name)) + 1
+        peers = (list(what.recipients) if what.recipients is not None
+                 else self.ctx.transport.connected_peers())
         body = make_body(
-            name=name,
+            name=what.name,
             version=version,
             chunk_size=size,
             chunk_hashes=hashes,
             total_size=total,
-            format=format,
+            format=what.format,
             publisher_upload_bps=self.advertised_upload_bps(),
             recipients=plan_recipients(
                 peers,

@@ -21,6 +21,7 @@ from crypto.keys import Identity
 from node.db import Database
 from node.driver import Driver
 from node.p2p.host import open_p2p
+from node.relay.api import Publication
 from node.relay.chunk_store import ChunkStore
 from node.relay.service import RelaySection, RelayService
 from node.service import NodeContext
@@ -86,7 +87,7 @@ def test_publish_reaches_both_peers_and_fires_the_hook(tmp_path: Path) -> None:
         async with relay_nodes(tmp_path, 3) as (pub, a, b):
             swapped: list[Manifest] = []
             b.on_version_complete(lambda m: swapped.append(m))
-            manifest = await pub.publish(artifact(tmp_path), "w")
+            manifest = await pub.publish(Publication(artifact(tmp_path), "w"))
             with trio.fail_after(WAIT_S):
                 for peer in (a, b):
                     assert (await peer.wait_version("w")).id == manifest.id
@@ -123,7 +124,7 @@ def test_a_relay_serving_a_corrupt_chunk_is_routed_around(tmp_path: Path) -> Non
             relay_hashes: list[bytes] = []
             hashes, _ = pub.store.import_file(path, CHUNK)
             relay_hashes.extend(hashes)
-            manifest = await pub.publish(path, "w")
+            manifest = await pub.publish(Publication(path, "w"))
             plan = pub.machine.transfers[manifest.id].plan.trees[0]  # 2 peers: one tree
             middle = a if plan.parent.get(b.ctx.identity.peer_id) == a.ctx.identity.peer_id else b
             leaf = b if middle is a else a

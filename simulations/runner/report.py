@@ -20,7 +20,7 @@ import hashlib
 import html
 import io
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,25 +51,12 @@ class Plot:
     kind: str = "line"  # or "bar"
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "title": self.title,
-            "xlabel": self.xlabel,
-            "ylabel": self.ylabel,
-            "logx": self.logx,
-            "logy": self.logy,
-            "kind": self.kind,
-            "hlines": [list(h) for h in self.hlines],
-            "series": [
-                {
-                    "label": s.label,
-                    "x": s.x,
-                    "y": s.y,
-                    **({"lo": s.lo, "hi": s.hi} if s.lo is not None and s.hi is not None else {}),
-                }
-                for s in self.series
-            ],
-        }
+        """Every field; a series without a band (``lo`` and ``hi``) leaves them out."""
+        out = asdict(self)
+        for series in out["series"]:
+            if series["lo"] is None or series["hi"] is None:
+                del series["lo"], series["hi"]
+        return out
 
 
 @dataclass
@@ -84,15 +71,7 @@ class Report:
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "scenario": self.scenario,
-            "question": self.question,
-            "headline": self.headline,
-            "results": self.results,
-            "invariants": self.invariants,
-            "notes": self.notes,
-            "plots": [p.as_dict() for p in self.plots],
-        }
+        return {**asdict(self), "plots": [p.as_dict() for p in self.plots]}
 
     def to_json(self) -> str:
         cleaned = clean(self.as_dict())

@@ -42,6 +42,7 @@ from protocol.agents.cards import (
 from protocol.codec import decode, encode
 from protocol.errors import InvalidMessage, LocalProtocolError
 from protocol.ledger.events import LedgerConfig
+from protocol.ledger.expiry import pop_due, soonest
 from protocol.ledger.messages import (
     LEDGER_TOPIC,
     MAX_DIGEST_RECORDS,
@@ -166,8 +167,7 @@ class CardRecords:
     def prune(self, now_ms: int) -> list[str]:
         """Forget records (and refusals) past their tombstone time: the nodes whose went."""
         gone: list[str] = []
-        while self._expiry and self._expiry[0][0] <= now_ms:
-            _, peer, h = heapq.heappop(self._expiry)
+        for _, peer, h in pop_due(self._expiry, now_ms):
             held = self.held.get(peer)
             if held is not None and held.hash == h:
                 del self.held[peer]
@@ -178,7 +178,7 @@ class CardRecords:
         return gone
 
     def next_expiry(self) -> int | None:
-        return self._expiry[0][0] if self._expiry else None
+        return soonest(self._expiry)
 
     def live(self, now_ms: int) -> Iterator[HeldCards]:
         """Unexpired records, by node id."""

@@ -32,6 +32,7 @@ from typing import NamedTuple
 from crypto.envelope import Envelope
 from crypto.hashing import digest
 from protocol.ledger.cards import CardRecords, Held
+from protocol.ledger.expiry import pop_due, soonest
 from protocol.ledger.messages import (
     BUCKETS,
     MAX_DIGEST_RECORDS,
@@ -292,14 +293,12 @@ class LedgerState:
     def prune(self, now_ms: int) -> tuple[list[str], list[HeldAttestation]]:
         """Drop expired attestations and records past their tombstone time."""
         gone: list[HeldAttestation] = []
-        while self._expiry and self._expiry[0][0] <= now_ms:
-            _, h = heapq.heappop(self._expiry)
+        for _, h in pop_due(self._expiry, now_ms):
             held = self._remove_attestation(h)
             if held is not None:
                 gone.append(held)
         peers: list[str] = []
-        while self._record_expiry and self._record_expiry[0][0] <= now_ms:
-            _, peer, h = heapq.heappop(self._record_expiry)
+        for _, peer, h in pop_due(self._record_expiry, now_ms):
             current = self.records.get(peer)
             if current is not None and current.hash == h:
                 del self.records[peer]
@@ -310,15 +309,9 @@ class LedgerState:
     def next_expiry(self) -> int | None:
         """When ``prune`` or ``cards.prune`` next has something to do (may be early: the
         heaps are lazy)."""
-        atts, recs = self._expiry, self._record_expiry
-        if atts:
-            soonest: int | None = recs[0][0] if recs and recs[0][0] < atts[0][0] else atts[0][0]
-        else:
-            soonest = recs[0][0] if recs else None
-        cards = self.cards.next_expiry()
-        if cards is not None and (soonest is None or cards < soonest):
-            return cards
-        return soonest
+        due = [t for t in (soonest(self._expiry), soonest(self._record_expiry),
+                           self.cards.next_expiry()) if t is not None]
+        return min(due, default=None)
 
     # ------------------------------------------------------------ summary
 

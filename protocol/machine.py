@@ -131,6 +131,19 @@ class Machine(Protocol):
     def next_deadline(self) -> int | None: ...
 
 
+#: a machine's handler of one message type: (sender, message, now) -> effects
+OnMessage = Callable[[str, Any, int], list[Effect]]
+
+
+def on_received(handlers: Mapping[type[Message], OnMessage], event: Received,
+                now: int) -> list[Effect]:
+    """What the handler ``handlers`` holds for the type of ``event``'s message returns: a
+    machine's table of the messages it takes, one entry a type; a type it does not take
+    yields nothing."""
+    handler = handlers.get(type(event.message))
+    return [] if handler is None else handler(event.peer, event.message, now)
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -51,14 +51,17 @@ from __future__ import annotations
 from random import Random
 
 from crypto.keys import Identity
+from protocol.codec import Message
 from protocol.machine import (
     Effect,
     Emit,
+    OnMessage,
     PeerDisconnected,
     Received,
     Send,
     SendFailed,
     Tick,
+    on_received,
 )
 from protocol.market.bidding import Bidding, BidNext
 from protocol.market.events import (
@@ -117,21 +120,16 @@ class Auction:
         self.progress = ProgressBook(counters=self.counters)  # k=1 tasks' streamed text
         self.bidding = Bidding(identity, self.config, selector, self.options, self.counters)
         self.intake = ResultIntake(self.config, selector, self.options, self.counters)
+        self._on_message: dict[type[Message], OnMessage] = {
+            Bid: self._on_bid, Result: self._on_result, Reject: self._on_reject,
+            Progress: lambda peer, msg, now: self.progress.accept(peer, msg, self.tasks),
+        }
 
     # ------------------------------------------------------------------ machine contract
 
     def handle(self, event: object, now: int) -> list[Effect]:
         if isinstance(event, Received):
-            msg = event.message
-            if isinstance(msg, Bid):
-                return self._on_bid(event.peer, msg, now)
-            if isinstance(msg, Result):
-                return self._on_result(event.peer, msg, now)
-            if isinstance(msg, Reject):
-                return self._on_reject(event.peer, msg, now)
-            if isinstance(msg, Progress):
-                return self.progress.accept(event.peer, msg, self.tasks)
-            return []
+            return on_received(self._on_message, event, now)
         if isinstance(event, Tick):
             return self._on_tick(now)
         if isinstance(event, SubmitTask):

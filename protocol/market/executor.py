@@ -29,10 +29,10 @@ from dataclasses import dataclass
 
 from crypto.keys import Identity
 from protocol.agents.cards import AgentCard
-from protocol.codec import MAX_FRAME_BYTES
+from protocol.codec import MAX_FRAME_BYTES, Message
 from protocol.envelopes import PENALTY_FORGED, open_envelope, seal
 from protocol.errors import InvalidMessage, LocalProtocolError
-from protocol.machine import Effect, Emit, Penalize, Received, Send, Tick
+from protocol.machine import Effect, Emit, OnMessage, Penalize, Received, Send, Tick, on_received
 from protocol.market.events import CancelCompute, ComputeDone, ComputeFailed, StartCompute
 from protocol.market.jobs import BUSY_STATES, Job, JobState, move_job, startable
 from protocol.market.latency import LatencyModel, ahead_of
@@ -115,19 +115,14 @@ class Executor:
         self.counters: dict[str, int] = {}
         self.latency = LatencyModel()  # the estimate a bid carries, learned from past tasks
         self.progress = ProgressSender()
+        self._on_message: dict[type[Message], OnMessage] = {
+            Beacon: self._on_beacon, Assign: self._on_assign, Cancel: self._on_cancel}
 
     # ------------------------------------------------------------------ machine contract
 
     def handle(self, event: object, now: int) -> list[Effect]:
         if isinstance(event, Received):
-            msg = event.message
-            if isinstance(msg, Beacon):
-                return self._on_beacon(event.peer, msg, now)
-            if isinstance(msg, Assign):
-                return self._on_assign(event.peer, msg, now)
-            if isinstance(msg, Cancel):
-                return self._on_cancel(event.peer, msg)
-            return []
+            return on_received(self._on_message, event, now)
         if isinstance(event, ComputeDone):
             return self._on_done(event, now)
         if isinstance(event, ComputeFailed):
@@ -305,7 +300,7 @@ class Executor:
                                             agent=job.agent))
         return effects
 
-    def _on_cancel(self, peer: str, msg: Cancel) -> list[Effect]:
+    def _on_cancel(self, peer: str, msg: Cancel, now: int) -> list[Effect]:
         job = self.jobs.get(msg.task_id)
         if job is None or peer != job.requester or job.state not in BUSY_STATES:
             return []

@@ -32,9 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crypto.keys import Identity
-from protocol.codec import MAX_FRAME_BYTES
+from protocol.codec import MAX_FRAME_BYTES, Message
 from protocol.envelopes import Unopened, open_authored, seal
-from protocol.machine import Effect, Emit, Publish, Received, Send, Tick
+from protocol.machine import Effect, Emit, OnMessage, Publish, Received, Send, Tick, on_received
 from protocol.market.messages import MAX_TASK_MS, BidBody
 from protocol.market.selection import Candidate, Selector
 from protocol.rl.events import Convict, GroupAccepted, IssueJobs, PublishVersion
@@ -96,20 +96,16 @@ class RolloutAuction:
         self.bidding: dict[bytes, BidWindow] = {}
         self.next_attempt = 0
         self.counters: dict[str, int] = {}
+        self._on_message: dict[type[Message], OnMessage] = {
+            RolloutBid: self._on_bid, RolloutResult: self._on_result,
+            RolloutReject: self._on_reject}
 
     def _count(self, what: str) -> None:
         self.counters[what] = self.counters.get(what, 0) + 1
 
     def handle(self, event: object, now: int) -> list[Effect]:
         if isinstance(event, Received):
-            msg = event.message
-            if isinstance(msg, RolloutBid):
-                return self._on_bid(event.peer, msg, now)
-            if isinstance(msg, RolloutResult):
-                return self._on_result(event.peer, msg, now)
-            if isinstance(msg, RolloutReject):
-                return self._on_reject(event.peer, msg, now)
-            return []
+            return on_received(self._on_message, event, now)
         if isinstance(event, IssueJobs):
             out: list[Effect] = []
             for _ in range(event.count):

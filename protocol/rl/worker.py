@@ -34,10 +34,10 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 
 from crypto.keys import Identity
-from protocol.codec import MAX_FRAME_BYTES
+from protocol.codec import MAX_FRAME_BYTES, Message
 from protocol.envelopes import PENALTY_FORGED, Unopened, open_authored, open_envelope, seal
 from protocol.errors import InvalidMessage
-from protocol.machine import Effect, Emit, Penalize, Received, Send, Tick
+from protocol.machine import Effect, Emit, OnMessage, Penalize, Received, Send, Tick, on_received
 from protocol.market.messages import HASH_LEN, BidBody
 from protocol.rl.events import CancelRollout, LearnerSeen, RolloutDone, RolloutFailed, StartRollout
 from protocol.rl.messages import (
@@ -118,6 +118,9 @@ class RolloutWorkerMachine:
         self.counters: dict[str, int] = {}
         #: learners whose beacons for this model were seen, oldest first
         self.learners: dict[str, None] = {}
+        self._on_message: dict[type[Message], OnMessage] = {
+            RolloutBeacon: self._on_beacon, RolloutAssign: self._on_assign,
+            RolloutCancel: self._on_cancel}
 
     def _count(self, what: str) -> None:
         self.counters[what] = self.counters.get(what, 0) + 1
@@ -131,13 +134,7 @@ class RolloutWorkerMachine:
 
     def _dispatch(self, event: object, now: int) -> list[Effect]:
         if isinstance(event, Received):
-            if isinstance(event.message, RolloutBeacon):
-                return self._on_beacon(event.peer, event.message, now)
-            if isinstance(event.message, RolloutAssign):
-                return self._on_assign(event.peer, event.message, now)
-            if isinstance(event.message, RolloutCancel):
-                return self._on_cancel(event.peer, event.message, now)
-            return []
+            return on_received(self._on_message, event, now)
         if isinstance(event, RolloutDone):
             return self._on_done(event, now)
         if isinstance(event, RolloutFailed):

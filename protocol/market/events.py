@@ -174,10 +174,11 @@ class CancelCompute:
     attempt: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ComputeDone:
     """A finished computation of one attempt at a task: what a solver returns (models/solver.py
-    and any other) and the driver hands to the executor as it is."""
+    and any other) and the driver hands to the executor as it is. Built by keyword only: a
+    dozen fields of like types, appended to over time, are not to be read by position."""
 
     task_id: bytes
     attempt: int

@@ -207,8 +207,9 @@ class Answers:
             text = step_answer(start.task.question, agent.calculator, self.cfg.generalist_error,
                                rng)
             ms = 50 if agent.calculator else 800
-        return ComputeDone(start.task.task_id, start.attempt, text, text,
-                           0.99 if agent.calculator else 0.7, 16, ms, MODEL.model_hash)
+        return ComputeDone(task_id=start.task.task_id, attempt=start.attempt, answer=text,
+                           cot=text, confidence=0.99 if agent.calculator else 0.7, tokens=16,
+                           compute_ms=ms, model_hash=MODEL.model_hash)
 
 
 def build_world(cfg: PlansConfig, requester: Any = None,

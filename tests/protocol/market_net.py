@@ -102,8 +102,9 @@ class MarketNet:
                 w = self.workers[src]
                 w.started.append(e)
                 if w.behaviour == "ok":
-                    done = ComputeDone(e.task.task_id, e.attempt, w.answer, f"think {w.answer}",
-                                       w.confidence, 17, w.compute_ms, MODEL.model_hash)
+                    done = ComputeDone(task_id=e.task.task_id, attempt=e.attempt, answer=w.answer,
+                                       cot=f"think {w.answer}", confidence=w.confidence, tokens=17,
+                                       compute_ms=w.compute_ms, model_hash=MODEL.model_hash)
                     self.schedule(self.now + w.compute_ms, src, done)
             elif isinstance(e, TaskUpdated):
                 self.updates.append(e)

@@ -86,7 +86,8 @@ def test_a_busy_executor_queues_assignments_and_runs_them_in_deadline_order() ->
     assert [e.task.task_id for e in started] == [tids[0]]  # the others wait
     assert [j.state for j in ex.jobs.values()][:3] == [JobState.RUNNING, JobState.QUEUED,
                                                        JobState.QUEUED]
-    done = ex.handle(ComputeDone(tids[0], 0, "4", "c", 1.0, 1, 1, b""), 20)
+    done = ex.handle(ComputeDone(task_id=tids[0], attempt=0, answer="4", cot="c", confidence=1.0,
+                                 tokens=1, compute_ms=1, model_hash=b""), 20)
     assert sends(done, Result) and [e.task.task_id for e in done
                                     if isinstance(e, StartCompute)] == [tids[2]]  # earliest due
     # a queued job whose deadline passes is refused to its requester, and the next one runs
@@ -101,7 +102,8 @@ def test_a_tasks_measured_overhead_goes_into_later_estimates() -> None:
     ex.handle(beacon(), 0)
     ex.handle(assign(), 1)
     # 10 tokens at 100 tokens/s are 100 ms; the task took 1,100 (prompt, commitments)
-    ex.handle(ComputeDone(TID, 0, "4", "c", 1.0, 10, 1_100, b""), 2)
+    ex.handle(ComputeDone(task_id=TID, attempt=0, answer="4", cot="c", confidence=1.0, tokens=10,
+                          compute_ms=1_100, model_hash=b""), 2)
     (bid,) = sends(ex.handle(beacon(task_id=b"\x08" * 32), 3), Bid)
     body = open_envelope(bid.envelope, BID_DOMAIN, BidBody, 1 << 20)
     assert body.est_latency_ms == 2560 + 1_000  # 256 tokens, plus the 1,000 ms seen
@@ -133,8 +135,10 @@ def test_assignment_starts_compute_and_result_is_signed() -> None:
     (start,) = [e for e in effects if isinstance(e, StartCompute)]
     assert start.deadline_at_ms == 5_010 and start.model == MODEL.name
     assert ex.handle(assign(), 11) == []  # a retransmission is ignored
-    effects = ex.handle(ComputeDone(TID, 0, "4", "2+2=4", 0.8, 9, 120, MODEL.model_hash,
-                                    (b"\x01" * 32,), b"\x02" * 32), 200)
+    effects = ex.handle(ComputeDone(task_id=TID, attempt=0, answer="4", cot="2+2=4",
+                                    confidence=0.8, tokens=9, compute_ms=120,
+                                    model_hash=MODEL.model_hash, fingerprints=(b"\x01" * 32,),
+                                    fingerprint_root=b"\x02" * 32), 200)
     (res,) = sends(effects, Result)
     body = open_envelope(res.envelope, RESULT_DOMAIN, ResultBody, 1 << 20)
     assert (body.answer, body.tokens, body.executor) == ("4", 9, ME.peer_id)
@@ -171,7 +175,8 @@ def test_late_compute_sends_no_result_and_overrun_is_cancelled() -> None:
     ex = executor()
     ex.handle(beacon(), 0)
     ex.handle(assign(deadline_ms=1_000), 0)
-    late = ex.handle(ComputeDone(TID, 0, "4", "c", 1.0, 1, 1, b""), 1_001)
+    late = ex.handle(ComputeDone(task_id=TID, attempt=0, answer="4", cot="c", confidence=1.0,
+                                 tokens=1, compute_ms=1, model_hash=b""), 1_001)
     assert not sends(late, Result) and ex.counters["results_late"] == 1
     ex2 = executor()
     ex2.handle(beacon(), 0)
@@ -205,7 +210,9 @@ def test_long_cot_is_truncated_under_the_limit() -> None:
     ex = executor(max_cot_chars=100)
     ex.handle(beacon(), 0)
     ex.handle(assign(), 0)
-    (res,) = sends(ex.handle(ComputeDone(TID, 0, "4", "y" * 500, 1.0, 1, 1, b""), 5), Result)
+    done = ComputeDone(task_id=TID, attempt=0, answer="4", cot="y" * 500, confidence=1.0,
+                       tokens=1, compute_ms=1, model_hash=b"")
+    (res,) = sends(ex.handle(done, 5), Result)
     body = open_envelope(res.envelope, RESULT_DOMAIN, ResultBody, 1 << 20)
     assert len(body.cot) == 100 and body.cot.endswith("truncated]")
 

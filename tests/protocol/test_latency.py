@@ -66,7 +66,8 @@ def test_an_executor_slowed_once_bids_again_once_that_measurement_has_aged() -> 
     ex.handle(beacon(), 0)
     ex.handle(assign(), 1)
     # one task took 100 s (an overloaded machine): a 60 s task is declined as too slow ...
-    ex.handle(ComputeDone(spec().task_id, 0, "4", "c", 1.0, 0, 100_000, b""), 2)
+    ex.handle(ComputeDone(task_id=spec().task_id, attempt=0, answer="4", cot="c", confidence=1.0,
+                          tokens=0, compute_ms=100_000, model_hash=b""), 2)
     assert not sends(ex.handle(beacon(task_id=b"\x08" * 32), 3), Bid)
     assert ex.counters["beacon_skipped.too_slow"] == 1
     # ... but not forever: with no task run, nothing else would ever correct the estimate

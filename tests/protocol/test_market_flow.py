@@ -185,7 +185,9 @@ def test_malformed_answer_replaced(behaviour: str) -> None:
         net.step_to(20)
         start = net.workers[bad].started[0]
         if behaviour == "model_mismatch":
-            ev: object = ComputeDone(tid, start.attempt, "42", "c", 0.9, 3, 5, b"\x22" * 32)
+            ev: object = ComputeDone(task_id=tid, attempt=start.attempt, answer="42", cot="c",
+                                     confidence=0.9, tokens=3, compute_ms=5,
+                                     model_hash=b"\x22" * 32)
         else:
             ev = ComputeFailed(tid, start.attempt, "out of memory")
         net.schedule(net.now, bad, ev)

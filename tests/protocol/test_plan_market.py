@@ -61,9 +61,10 @@ class PlanNet(MarketNet):
                 q = e.task.question
                 answer = PLAN if e.task.style == "plan" else (
                     "20" if "multiply" in q.split("Your step")[-1] else "5")
-                self.schedule(self.now + w.compute_ms, src, ComputeDone(
-                    e.task.task_id, e.attempt, answer, answer, 0.9, 9, w.compute_ms,
-                    MODEL.model_hash))
+                done = ComputeDone(task_id=e.task.task_id, attempt=e.attempt, answer=answer,
+                                   cot=answer, confidence=0.9, tokens=9,
+                                   compute_ms=w.compute_ms, model_hash=MODEL.model_hash)
+                self.schedule(self.now + w.compute_ms, src, done)
             else:
                 rest.append(e)
         super().perform(src, rest)

@@ -110,9 +110,11 @@ class Worker:
             ids[-1] ^= 1
         cot = "Trust me, it is 42.\nFinal answer: 42" if self.behaviour == "fabricated_cot" \
             else detok(ids)
-        return ComputeDone(e.task.task_id, e.attempt, "42", cot, 0.9, len(ids), self.compute_ms,
-                           MODEL_HASH, tuple(fps), b"", tuple(ids), tool_calls=calls,
-                           system_prompt=system, adapter=adapter)
+        return ComputeDone(task_id=e.task.task_id, attempt=e.attempt, answer="42", cot=cot,
+                           confidence=0.9, tokens=len(ids), compute_ms=self.compute_ms,
+                           model_hash=MODEL_HASH, fingerprints=tuple(fps), fingerprint_root=b"",
+                           output_ids=tuple(ids), tool_calls=calls, system_prompt=system,
+                           adapter=adapter)
 
 
 @dataclass

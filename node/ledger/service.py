@@ -53,9 +53,9 @@ from node.agents.cards import AgentCardsHost
 from node.agents.checks import CardEmbedder
 from node.agents.settings import ToolSettings
 from node.agents.toolbox import NodeTools
-from node.config import fed_config, tuning
 from node.ledger.api import ledger_routes
 from node.ledger.store import SCHEMA, LedgerStore
+from node.sections import fed_config, tuning
 from node.service import NodeContext, Service
 from protocol.ledger.cards import Held
 from protocol.ledger.machine import (

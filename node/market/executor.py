@@ -53,8 +53,8 @@ import trio
 
 from node.agents.adapters import ADAPTERS_DIR, AgentAdapters
 from node.agents.hosted import AgentRunner
-from node.config import fed_config, tuning
 from node.market.text_pump import TextPump
+from node.sections import fed_config, tuning
 from node.service import JobScopes, NodeContext, NurseryService
 from protocol.market.executor import (
     CancelCompute,

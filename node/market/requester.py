@@ -31,7 +31,6 @@ import trio
 
 from node.agents.api import agent_created
 from node.api.openai_routes import openai_routes
-from node.config import fed_config, feed, tuning
 from node.market.api import task_routes
 from node.market.ask_request import AskError, NeedEmbedder, parse_ask
 from node.market.chain_asks import ChainAsks, interrupted
@@ -39,6 +38,7 @@ from node.market.live_plans import LivePlans
 from node.market.live_text import LiveTexts
 from node.market.plan_asks import PlanChildren, interrupted_plan, parse_plan_ask, plan_mode
 from node.market.restore import restore_event
+from node.sections import fed_config, feed, tuning
 from node.service import NodeContext, Service
 from protocol.agents.cards import AgentCards
 from protocol.agents.pipeline import PipelineConfig, PlanPipeline

@@ -19,11 +19,11 @@ from typing import Any, ClassVar
 
 import trio
 
-from node.config import fed_config, tuning
 from node.p2p.invite import dialable_addrs
 from node.p2p.mdns import LanDiscovery
 from node.p2p.peerstore import SAVE_INTERVAL_S, PeerStore
 from node.p2p.peerstore import SCHEMA as PEER_STORE_SCHEMA
+from node.sections import fed_config, tuning
 from node.service import NodeContext, Service
 from node.transport import agent_version
 from protocol.membership.discovery import DiscoveryConfig

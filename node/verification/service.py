@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 import trio
 
 from node.agents.adapters import ADAPTERS_DIR, adapter_file
-from node.config import fed_config, tuning
+from node.sections import fed_config, tuning
 from node.service import JobScopes, NodeContext, NurseryService
 from protocol.ledger.events import Attest as LedgerAttest
 from protocol.ledger.view import LedgerView

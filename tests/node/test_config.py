@@ -11,16 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from node.config import (
-    Config,
-    ConfigError,
-    default_toml,
-    fed_config,
-    feed,
-    load_config,
-    tuning,
-)
+from node.config import Config, ConfigError, default_toml, load_config
 from node.daemon import config_sections, load_service_classes
+from node.sections import fed_config, feed, tuning
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,9 @@ import trio
 import trio.testing
 
 from crypto.keys import Identity
-from node.config import fed_config
 from node.market.requester import TasksSection, TasksService
 from node.relay.service import RelaySection, RelayService
+from node.sections import fed_config
 from node.verification.service import VerifySection, executor_machine, requester_machine
 from protocol.envelopes import seal
 from protocol.ledger.events import Attest as LedgerAttest

@@ -34,13 +34,15 @@ import hashlib
 import importlib
 import json
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from models.backend import Message
 from models.cot import build_messages
 from models.evalset import EvalItem, load_evalset
 from models.extract import extract_answer
 from protocol.answers import AnswerType, normalize_answer
+
+T = TypeVar("T")
 
 #: reward for a well-formed final answer line, and for the right number on top of it
 FORMAT_REWARD = 0.2
@@ -55,6 +57,14 @@ class Environment(Protocol):
     def prompt(self, index: int) -> list[Message]: ...
 
     def reward(self, prompt: int, completion: str) -> float: ...
+
+
+def prompt_at(prompts: Sequence[T], index: int) -> T:
+    """``prompts[index]`` for a prompt index of an environment: ``IndexError`` outside
+    ``[0, size)`` (a negative index does not count from the end)."""
+    if not 0 <= index < len(prompts):
+        raise IndexError(f"prompt index {index} outside [0, {len(prompts)})")
+    return prompts[index]
 
 
 class EvalsetEnvironment:
@@ -73,9 +83,7 @@ class EvalsetEnvironment:
         return len(self.items)
 
     def _item(self, index: int) -> EvalItem:
-        if not 0 <= index < len(self.items):
-            raise IndexError(f"prompt index {index} outside [0, {len(self.items)})")
-        return self.items[index]
+        return prompt_at(self.items, index)
 
     def prompt(self, index: int) -> list[Message]:
         return build_messages(self._item(index).problem, cot=self.cot)
@@ -115,9 +123,7 @@ class SplitEnvironment:
         return len(self.indices)
 
     def _index(self, index: int) -> int:
-        if not 0 <= index < len(self.indices):
-            raise IndexError(f"prompt index {index} outside [0, {len(self.indices)})")
-        return self.indices[index]
+        return prompt_at(self.indices, index)
 
     def prompt(self, index: int) -> list[Message]:
         return self.env.prompt(self._index(index))

@@ -13,30 +13,10 @@ from click.testing import CliRunner
 from simulations.runner.report import report_hash, write
 from simulations.runner.run import run_scenario
 from simulations.scenario import SCENARIO_DIR, ScenarioError, load, parse
+from tests.simulations.tiny_scenarios import tiny_ledger
 
 SHIPPED = ("ledger", "voting", "routing", "verification", "relay", "membership", "distributed",
            "rl")
-
-
-def tiny_ledger(seed: int = 1) -> Any:
-    return parse(
-        {
-            "kind": "ledger",
-            "seed": seed,
-            "workload": {
-                "advertisers": 4,
-                "warmup_s": 10,
-                "updates": 3,
-                "update_interval_s": 5,
-                "anti_entropy_s": 10,
-                "sample_s": 5,
-                "settle_s": 10,
-            },
-            "sweep": {"nodes": [20, 40], "churn_nodes": 20, "churn_crash_per_min": [0.2]},
-        },
-        "tiny",
-        "tiny-ledger",
-    )
 
 
 def tiny_voting(seed: int) -> Any:

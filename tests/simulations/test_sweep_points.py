@@ -12,7 +12,7 @@ from distributed import LocalCluster
 from simulations.runner.points import DaskPoints, LocalPoints, Sweep
 from simulations.runner.run import run_scenario
 from simulations.scenario import ScenarioError, parse
-from tests.simulations.test_scenarios import tiny_ledger
+from tests.simulations.tiny_scenarios import tiny_ledger
 
 
 @pytest.fixture(scope="module")

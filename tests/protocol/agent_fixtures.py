@@ -54,6 +54,13 @@ def cards_record(who: Identity, seq: int = 1, *, cards: tuple[AgentCard, ...] | 
     )
 
 
+def cards_ledger(records: dict[str, tuple[AgentCard, ...]]) -> dict[str, AgentCards]:
+    """Agent-card records by peer, as a requester's ledger holds them (unsigned: the auction
+    reads them through its matcher)."""
+    return {peer: cards_record(identity(2), cards=cs, peer_id=peer)
+            for peer, cs in records.items()}
+
+
 def signed(who: Identity, seq: int = 1, **kw: Any) -> Envelope:
     record = cards_record(who, seq, **kw)
     return Envelope.sign(who, AGENTS_DOMAIN, encode(record))

@@ -42,7 +42,7 @@ from protocol.market.messages import (
 )
 from protocol.market.offers import best_offer
 from protocol.market.selection import ScoreSelector
-from tests.protocol.agent_fixtures import EMBEDDER, card, cards_record
+from tests.protocol.agent_fixtures import EMBEDDER, card, cards_ledger, cards_record
 from tests.protocol.executor_net import beacon, executor, sends
 from tests.protocol.market_net import MODEL, MarketNet, ident
 
@@ -64,10 +64,6 @@ def need(**kw: object) -> dict[str, object]:
         data, scale = quantize(vector)  # type: ignore[arg-type]
         fields.update(need_embedding=data, need_scale=scale, embedder_hash=EMBEDDER)
     return fields
-
-
-def ledger(records: dict[str, tuple[AgentCard, ...]]) -> dict[str, AgentCards]:
-    return {peer: cards_record(ident(2), cards=cs, peer_id=peer) for peer, cs in records.items()}
 
 
 def auction(cards: dict[str, AgentCards]) -> Auction:
@@ -96,7 +92,7 @@ def bid(task_id: bytes, who_n: int, agent: str, claim: float) -> Received:
 
 def test_the_requesters_match_from_the_card_overrides_the_bidders_claim() -> None:
     liar, honest = ident(20).peer_id, ident(21).peer_id
-    a = auction(ledger({liar: (translator(),), honest: (card("calc", vector=CALC_VEC),)}))
+    a = auction(cards_ledger({liar: (translator(),), honest: (card("calc", vector=CALC_VEC),)}))
     tid = submit(a, **need(needs="exact arithmetic", skills=("arithmetic",), vector=CALC_VEC))
     a.handle(bid(tid, 20, "translate", claim=1.0), 10)
     assert a.tasks[tid].bids[liar].match == 0.0  # the card's, not the claimed 1.0
@@ -117,7 +113,7 @@ def test_a_late_specialist_still_wins_a_step_the_first_arrivals_would_have_close
     still come: the calculator agent bidding third wins over two generalists (the old rule
     closed at the second bid and handed the step to the nearest generalist)."""
     gens, calc = (ident(20).peer_id, ident(21).peer_id), ident(22).peer_id
-    a = auction(ledger({gens[0]: (translator(),), gens[1]: (translator(),),
+    a = auction(cards_ledger({gens[0]: (translator(),), gens[1]: (translator(),),
                         calc: (card("calc", vector=CALC_VEC, skills=("math",)),)}))
     tid = submit(a, **need(needs="exact arithmetic", skills=("arithmetic",), vector=CALC_VEC))
     assert _assigned(a.handle(bid(tid, 20, "translate", claim=1.0), 10)) == []
@@ -129,7 +125,7 @@ def test_a_late_specialist_still_wins_a_step_the_first_arrivals_would_have_close
 
 def test_a_need_window_closes_once_every_possible_bidder_has_bid_or_the_best_match_is_in() -> None:
     gen, calc = ident(20).peer_id, ident(21).peer_id
-    cards = ledger({gen: (translator(),), calc: (card("calc", vector=CALC_VEC),)})
+    cards = cards_ledger({gen: (translator(),), calc: (card("calc", vector=CALC_VEC),)})
     a = Auction(ME, ScoreSelector(), random.Random(1), AuctionConfig(bid_window_ms=1_000),
                 AuctionOptions(agent_match=agent_matcher(cards.get),
                                possible_bidders=lambda task: 2))
@@ -146,7 +142,7 @@ def test_a_need_window_closes_once_every_possible_bidder_has_bid_or_the_best_mat
 
 def test_a_bid_naming_an_agent_without_a_card_is_refused_and_counted() -> None:
     peer = ident(20).peer_id
-    a = auction(ledger({peer: (card("calc"),)}))
+    a = auction(cards_ledger({peer: (card("calc"),)}))
     tid = submit(a, **need(skills=("arithmetic",)))
     effects = a.handle(bid(tid, 20, "ghost", claim=1.0), 10)
     assert a.counters["bids_rejected.no_card"] == 1
@@ -157,7 +153,7 @@ def test_a_bid_naming_an_agent_without_a_card_is_refused_and_counted() -> None:
 
 def test_a_task_naming_an_agent_accepts_only_that_agents_bids() -> None:
     p20, p21 = ident(20).peer_id, ident(21).peer_id
-    a = auction(ledger({p20: (card("calc"), translator()), p21: (card("calc"),)}))
+    a = auction(cards_ledger({p20: (card("calc"), translator()), p21: (card("calc"),)}))
     tid = submit(a, k=2, **need(agent="calc"))
     a.handle(bid(tid, 20, "translate", claim=1.0), 10)
     assert a.counters["bids_rejected.other_agent"] == 1
@@ -202,7 +198,7 @@ def test_a_result_from_another_agent_than_the_bids_is_refused() -> None:
 def test_the_market_routes_a_need_to_the_specialist_and_the_result_names_it() -> None:
     calc, gen = card("calc", vector=CALC_VEC), translator("generalist")
     cards = {ident(10).peer_id: (gen,), ident(11).peer_id: (calc,), ident(12).peer_id: (gen,)}
-    net = MarketNet(3, agent_match=agent_matcher(ledger(cards).get),
+    net = MarketNet(3, agent_match=agent_matcher(cards_ledger(cards).get),
                     agents=((gen,), (calc,), (gen,)))
     tid = net.submit(k=1, **need(needs="exact arithmetic", vector=CALC_VEC))
     net.step_to(40_000)

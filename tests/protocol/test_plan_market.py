@@ -18,9 +18,8 @@ from protocol.market.auction import AuctionConfig, SubmitTask
 from protocol.market.executor import ComputeDone, StartCompute
 from protocol.market.linucb import LinUCBSelector
 from protocol.market.selection import Selector
-from tests.protocol.agent_fixtures import card
+from tests.protocol.agent_fixtures import card, cards_ledger
 from tests.protocol.market_net import MODEL, MarketNet, ident
-from tests.protocol.test_agent_market import ledger
 
 PLAN = json.dumps({"steps": [
     {"instruction": "add 2 and 3", "needs": "", "skills": ["arithmetic"]},
@@ -40,7 +39,7 @@ class PlanNet(MarketNet):
                  agents: tuple[tuple[AgentCard, ...], ...] = ()) -> None:
         cards = {ident(10 + i).peer_id: agents[i] for i in range(len(agents))}
         super().__init__(n_exec, config=AuctionConfig(bid_window_ms=1_000), selector=selector,
-                         agent_match=agent_matcher(ledger(cards).get), agents=agents)
+                         agent_match=agent_matcher(cards_ledger(cards).get), agents=agents)
         rng = random.Random(3)
         self.pipeline = PlanPipeline(PipelineConfig(planners=2), lambda p: 0.5,
                                      lambda: rng.randbytes(32))

@@ -16,14 +16,16 @@ from models.dishonest import KINDS, DishonestStage  # noqa: E402
 from node.inference.stage_checks import check_chain  # noqa: E402
 from protocol.inference.stage_checks import commit_ok  # noqa: E402
 from protocol.ledger.records import AttestationKind  # noqa: E402
-from tests.node.test_inference_chain import (  # noqa: E402
+from tests.node import chain_net  # noqa: E402
+from tests.node.chain_net import (  # noqa: E402
     Net,
     generate,
-    gguf,  # noqa: F401  (the tiny model's fixture)
     peer_of,
     reference,
     run_chain,
 )
+
+gguf = chain_net.gguf  # the tiny model's fixture (module scope)
 
 
 def _lying(net: Net, name: str, kind: str) -> None:
@@ -39,7 +41,7 @@ def test_the_configs_kinds_are_the_models() -> None:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_lying_stage_is_convicted_and_an_honest_chain_gives_the_reference(
-        gguf: Path, kind: str) -> None:  # noqa: F811
+        gguf: Path, kind: str) -> None:
     """b serves blocks [0, 2) dishonestly; c holds the same blocks and recomputes b's checked
     steps; every step is checked (rate 1). The chain without b gives the reference output."""
 
@@ -81,7 +83,7 @@ async def _decode(net: Net, chain: object) -> list[int]:
     return await trio.to_thread.run_sync(greedy, target, PROMPT, 24)
 
 
-def test_honest_chains_pass_their_checks_forwarded_and_direct(gguf: Path) -> None:  # noqa: F811
+def test_honest_chains_pass_their_checks_forwarded_and_direct(gguf: Path) -> None:
     async def body(net: Net) -> list[tuple[list[str], int, list[str]]]:
         net.serve("a", 0, 1)
         net.serve("b", 1, 2)
@@ -104,7 +106,7 @@ def test_honest_chains_pass_their_checks_forwarded_and_direct(gguf: Path) -> Non
 
 
 def test_a_stage_no_one_can_recompute_is_unchecked_and_rate_zero_checks_nothing(
-        gguf: Path) -> None:  # noqa: F811
+        gguf: Path) -> None:
     async def body(net: Net) -> tuple[list[str], list[str], list[str]]:
         net.serve("a", 0, 1)
         net.serve("b", 1, 2)

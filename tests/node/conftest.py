@@ -45,8 +45,8 @@ from typing import Any
 import pytest
 
 from node.testnet import FAST_MEMBERSHIP, LocalTestnet, NodeProcess
+from tests.node.netns import ROOT, Nat, why_not
 
-ROOT = Path(__file__).resolve().parents[2]
 TEST_NETWORK_ID = "itest"
 #: test daemons load no model unless a test asks (loading and measuring it costs seconds)
 NO_MODEL = {"executor": {"solver": ""}}
@@ -106,3 +106,20 @@ def run_cli(*args: str, data_dir: Path | None = None,
         [sys.executable, "-c", "from node.cli.main import main; main()", *args, *extra],
         capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
     )
+
+
+@pytest.fixture
+def nat() -> Iterator[Nat]:
+    """The NAT of tests/node/netns.py, or a skip saying why namespaces cannot be made."""
+    why = why_not()
+    if why:
+        pytest.skip(why)
+    net = Nat()
+    try:
+        try:
+            net.open()
+        except subprocess.CalledProcessError as exc:
+            raise AssertionError(f"building the NAT failed: {exc.cmd}: {exc.stderr}") from None
+        yield net
+    finally:
+        net.close()

@@ -28,7 +28,6 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -40,79 +39,11 @@ from node.api.token import read_token
 from node.control import daemon_file
 from node.testnet import NodeProcess, wait_until
 from tests.node.conftest import ARITH_SOLVER, CONVERGE_S, ROOT, TASKS, TEST_NETWORK_ID, Testnet
-from tests.node.netns import sh, why_not
+from tests.node.netns import Nat
 
 pytestmark = pytest.mark.integration
 
 CLONE_NEWNET = 0x40000000
-
-
-class Nat:
-    """The namespaces of the module docstring; ``close()`` removes everything."""
-
-    def __init__(self) -> None:
-        n = os.getpid() % 250 + 1
-        s = f"{os.getpid() % 10000:04d}"
-        self.router, self.private = f"g19r{s}", f"g19p{s}"
-        self.public_ip, self.router_ip = f"172.31.{n}.1", f"172.31.{n}.2"
-        self.gateway_ip, self.private_ip = f"10.31.{n}.1", f"10.31.{n}.2"
-        self._root_if, self._rtr_pub, self._rtr_priv, self._priv_if = (
-            f"g19a{s}", f"g19b{s}", f"g19c{s}", f"g19d{s}")
-        self.private_net = f"10.31.{n}.0/30"
-
-    def open(self) -> None:
-        r, p = self.router, self.private
-        sh("ip", "netns", "add", r)
-        sh("ip", "netns", "add", p)
-        sh("ip", "link", "add", self._root_if, "type", "veth", "peer", "name", self._rtr_pub)
-        sh("ip", "link", "set", self._rtr_pub, "netns", r)
-        sh("ip", "addr", "add", f"{self.public_ip}/30", "dev", self._root_if)
-        sh("ip", "link", "set", self._root_if, "up")
-        # B may route to the private network: the NAT, not a missing route, must stop it
-        sh("ip", "route", "add", self.private_net, "via", self.router_ip)
-        sh("ip", "link", "add", self._rtr_priv, "netns", r, "type", "veth", "peer", "name",
-            self._priv_if, "netns", p)
-        inr, inp = ("ip", "netns", "exec", r), ("ip", "netns", "exec", p)
-        sh(*inr, "ip", "addr", "add", f"{self.router_ip}/30", "dev", self._rtr_pub)
-        sh(*inr, "ip", "addr", "add", f"{self.gateway_ip}/30", "dev", self._rtr_priv)
-        for dev in (self._rtr_pub, self._rtr_priv, "lo"):
-            sh(*inr, "ip", "link", "set", dev, "up")
-        sh(*inp, "ip", "addr", "add", f"{self.private_ip}/30", "dev", self._priv_if)
-        for dev in (self._priv_if, "lo"):
-            sh(*inp, "ip", "link", "set", dev, "up")
-        sh(*inp, "ip", "route", "add", "default", "via", self.gateway_ip)
-        sh(*inr, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-        ruleset = "\n".join([
-            "table ip nat {", "  chain masq {",
-            "    type nat hook postrouting priority 100;",
-            f'    oifname "{self._rtr_pub}" masquerade', "  }", "}",
-            "table ip filter {", "  chain block_inbound {",
-            "    type filter hook forward priority 0; policy drop;",
-            "    ct state established,related accept",
-            f'    iifname "{self._rtr_priv}" accept', "  }", "}", ""])
-        subprocess.run([*inr, "nft", "-f", "-"], input=ruleset, check=True, text=True,
-                       capture_output=True, timeout=30)
-
-    def close(self) -> None:
-        for args in (("ip", "link", "del", self._root_if), ("ip", "netns", "del", self.private),
-                     ("ip", "netns", "del", self.router)):
-            subprocess.run(args, capture_output=True, timeout=30)
-
-
-@pytest.fixture
-def nat() -> Iterator[Nat]:
-    why = why_not()
-    if why:
-        pytest.skip(why)
-    net = Nat()
-    try:
-        try:
-            net.open()
-        except subprocess.CalledProcessError as exc:
-            raise AssertionError(f"building the NAT failed: {exc.cmd}: {exc.stderr}") from None
-        yield net
-    finally:
-        net.close()
 
 
 def _in_namespace(name: str) -> ThreadPoolExecutor:

@@ -29,8 +29,7 @@ from node.p2p.natconfig import NatConfig
 from node.p2p.swarm import DIAL_TIMEOUT_S
 from node.runtime.dialing import dial_first, dial_plan
 from tests.node.nat_peer import ECHO
-from tests.node.test_nat import Nat, nat  # noqa: F401 - nat: the fixture building the NAT
-from tests.node.test_nat_hole_punch import _Peer
+from tests.node.netns import Nat, NatPeer
 
 pytestmark = pytest.mark.integration
 
@@ -45,14 +44,14 @@ def _sockets_to(ip: str) -> list[str]:
 
 
 def test_the_first_connection_to_a_natd_node_goes_through_its_relayed_address(
-        nat: Nat) -> None:  # noqa: F811 - the fixture imported above
+        nat: Nat) -> None:
     async def test() -> None:
         public = [f"/ip4/{nat.public_ip}/tcp/0"]
         async with open_p2p(os.urandom(32), listen=public,
                             nat=NatConfig(relay_service="on", autonat=False)) as c, \
                 open_p2p(os.urandom(32), listen=public,
                          nat=NatConfig(relay_service="off", autonat=False)) as b:
-            a = _Peer(nat.private, "target", f"/ip4/{nat.private_ip}/tcp/0",
+            a = NatPeer(nat.private, "target", f"/ip4/{nat.private_ip}/tcp/0",
                       c.listen_addrs()[0])
             try:
                 # its lines are read in a thread: C and B run on this trio loop meanwhile

@@ -21,17 +21,13 @@ connection is direct. Needs root, ``ip netns`` and ``nft``; skips with the reaso
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-from tests.node.conftest import ROOT
-from tests.node.netns import sh, why_not
+from tests.node.netns import NatPeer, sh, why_not
 
 pytestmark = pytest.mark.integration
 
@@ -103,50 +99,18 @@ def nats() -> Iterator[TwoNats]:
         net.close()
 
 
-class _Peer:
-    """tests/node/nat_peer.py in a namespace; its JSON lines one by one."""
-
-    def __init__(self, ns: str, *args: str) -> None:
-        self.role = args[0]
-        self.log: list[str] = []
-        self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", ns, sys.executable, "-m", "tests.node.nat_peer", *args],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-
-    def next(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()  # each peer bounds its own waits (nat_peer.py)
-        if not line:
-            raise AssertionError(f"{self.role} ended: {self.stop()}")
-        self.log.append(line)
-        found: dict[str, Any] = json.loads(line)
-        return found
-
-    def stop(self) -> str:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        assert self.proc.stderr is not None
-        return self.proc.stderr.read()[-3000:]
-
-
 def test_two_nodes_behind_two_nats_punch_a_direct_connection(nats: TwoNats) -> None:
-    peers: list[_Peer] = []
+    peers: list[NatPeer] = []
     try:
-        relay = _Peer(nats.inet, "relay", f"/ip4/{nats.relay_ip}/tcp/0")
+        relay = NatPeer(nats.inet, "relay", f"/ip4/{nats.relay_ip}/tcp/0")
         peers.append(relay)
         relay_addr = relay.next()["addrs"][0]
-        a = _Peer(nats.a, "target", f"/ip4/{nats.a_ip}/tcp/0", relay_addr)
+        a = NatPeer(nats.a, "target", f"/ip4/{nats.a_ip}/tcp/0", relay_addr)
         peers.append(a)
         a.next()
         assert a.next()["candidates"][0].startswith(f"/ip4/172.31.{nats._n}.2/tcp/")
         relayed = a.next()["relayed"][0]
-        b = _Peer(nats.b, "dialer", f"/ip4/{nats.b_ip}/tcp/0", relay_addr, relayed)
+        b = NatPeer(nats.b, "dialer", f"/ip4/{nats.b_ip}/tcp/0", relay_addr, relayed)
         peers.append(b)
         b.next()
         assert b.next()["candidates"][0].startswith(f"/ip4/172.30.{nats._n}.2/tcp/")

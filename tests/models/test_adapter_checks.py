@@ -21,7 +21,7 @@ import torch  # noqa: E402
 from models.adapter_weights import merged, read_lora  # noqa: E402
 from models.checks import CheckRunner, LayerJob  # noqa: E402
 from tests.models import rl_tiny  # noqa: E402
-from tests.models.test_checks import backend, fetched_from, layer_check  # noqa: E402
+from tests.models.checks_bench import backend, fetched_from, layer_check  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -19,15 +19,11 @@ pytest.importorskip("gguf", reason="needs torch and gguf (pip install -e .[model
 
 from models.checks import CheckRunner  # noqa: E402
 from models.commitments import CHUNK_TOKENS, fingerprints_for  # noqa: E402
-from protocol.market.messages import Requirement, TaskSpec, Turn  # noqa: E402
+from protocol.market.messages import TaskSpec, Turn  # noqa: E402
 from protocol.verification.rules import choose_chunks  # noqa: E402
 from protocol.verification.verifier import StartCheck  # noqa: E402
 from tests.models import tiny  # noqa: E402
-
-TASK = TaskSpec(task_id=b"\x01" * 32, requester="rq", question="What is 6 * 7?",
-                answer_type="text", choices=(), requirement=Requirement(model="", family="",
-                                                                        min_context=0),
-                k=1, max_price=1.0, max_tokens=80)
+from tests.models.checks_bench import TASK, backend, fetched_from, layer_check  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -38,14 +34,6 @@ def ggufs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "q8": tiny.write_gguf(base, d / "tiny-q8.gguf", quant="Q8_0"),
             "q4": tiny.write_gguf(base, d / "tiny-q4.gguf", quant="Q4_0"),
             "other": tiny.write_gguf(tiny.tiny_model(seed=1), d / "tiny-other.gguf")}
-
-
-def backend(path: Path, kind: str) -> Any:
-    from models.loader import load_backend
-
-    if kind == "llama.cpp":
-        pytest.importorskip("llama_cpp")
-    return load_backend(str(path), backend=kind)
 
 
 @pytest.fixture(scope="module")
@@ -184,38 +172,6 @@ def test_verifier_refuses_a_check_for_another_model(verifier: CheckRunner,
     check = executor_check(backend(ggufs["f32"], "transformers"), b"\x00" * 32)
     with pytest.raises(ValueError):
         verifier.run(check)
-
-
-def layer_check(exec_backend: Any, verifier: CheckRunner, store: Any, seed: int = 0) -> Any:
-    """An executor's committed result (fingerprints + layer states in ``store``) and the
-    StartCheck a verifier gets for it, with the leaves it asks for already fetched."""
-    from models.commitments import commitments_for
-    from models.cot import Problem, solve
-
-    sol = solve(exec_backend, Problem(TASK.question), max_tokens=80, seed=seed,
-                temperature=0.8)
-    ids = list(sol.token_ids)
-    made = commitments_for(exec_backend, sol.prompt_token_ids, ids, store, TASK.task_id)
-    chunks = choose_chunks(bytes([seed]) * 32, "e", len(made.fingerprints), 1)
-    return StartCheck(check_id=b"\x03" * 32, task=TASK, model_hash=verifier.model_hash,
-                      output_ids=tuple(ids), answer=sol.answer, cot=sol.cot_text,
-                      chunk_tokens=CHUNK_TOKENS, chunk_indices=chunks,
-                      fingerprints=tuple(made.fingerprints[i] for i in chunks),
-                      deadline_at_ms=0, executor="e", states_root=made.states_root,
-                      state_layers=made.state_layers, layers=(2,))
-
-
-
-def fetched_from(store: Any, check: StartCheck, job: Any) -> dict[Any, Any]:
-    from models.layer_states import decode_leaf, leaf_index, n_blocks
-
-    blocks = n_blocks(job.plan.total_tokens)
-    index = sorted(leaf_index(la, b, blocks) for la, b in job.wanted)
-    out = {}
-    for _, leaf, _ in store.leaves(TASK.task_id, check.states_root, index):
-        layer, block, arr = decode_leaf(leaf)
-        out[(layer, block)] = arr
-    return out
 
 
 @pytest.mark.parametrize("capture", [True, False])  # states from the generation, or a prefill

@@ -6,12 +6,12 @@ declared with :func:`tuning`: ``@tuning(AuctionConfig, "bid_window_ms", ...)`` n
 protocol fields it exposes as keys, and they take their types and defaults from the protocol
 dataclass, so there is one list of them (renaming a protocol field fails at import, naming
 it). The class body declares only the node's own keys (``node_fields``); one named like a
-field of the protocol config is refused. The service builds the protocol config with
+field of the protocol config that has a default is refused (one named like a field the node
+sets, without a default, is the node's own). The service builds the protocol config with
 :func:`fed_config`, which passes every tuned field on; protocol fields a section leaves out
-keep the protocol's default.
-A section that also feeds a second protocol config names those keys with
-``also=feed(Config, ...)`` (a key may be named apart from the field it sets, ``key="field"``)
-and builds that config with ``fed_config(section, Config)``.
+keep the protocol's default. A section that also feeds a second protocol config names those
+keys with ``also=feed(Config, ...)`` (a key may be named apart from the field it sets,
+``key="field"``) and builds that config with ``fed_config(section, Config)``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,11 @@ def tuning(feeds: type, *names: str, also: Feed | None = None) -> Callable[[type
         if unknown:
             raise TypeError(f"{one.config.__name__} has no field(s) {unknown}")
         keyed.update({key: (one.config, theirs[name]) for key, name in one.keys.items()})
-    shadowed = {f.name for one in fed for f in dataclasses.fields(one.config)} | set(keyed)
+    # a key named like a tunable protocol field (one with a default) would restate it; one
+    # named like a field the node sets (no default) is the node's own
+    shadowed = {f.name for one in fed for f in dataclasses.fields(one.config)
+                if f.default is not dataclasses.MISSING
+                or f.default_factory is not dataclasses.MISSING} | set(keyed)
 
     def section(cls: type) -> type:
         own = dict(cls.__dict__.get("__annotations__", {}))

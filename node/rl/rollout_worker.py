@@ -29,13 +29,13 @@ import importlib
 import threading
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import trio
 
 from node.rl.dissemination import AdapterFollower, run_model_name
+from node.sections import fed_config, tuning
 from node.service import JobScopes, NodeContext, NurseryService
 from protocol.rl.events import (
     CancelRollout,
@@ -71,7 +71,7 @@ class Generator(Protocol):
                        attempt: int) -> RolloutResultBody: ...
 
 
-@dataclass(frozen=True)
+@tuning(WorkerConfig, "slots", "hold_ms", "price_per_1k")
 class RlWorkerSection:
     """Tunables of the rollout worker (``[rl_worker]`` in node.toml)."""
 
@@ -87,14 +87,11 @@ class RlWorkerSection:
     #: peer id of the only learner whose relayed adapters are taken ("" = the learners whose
     #: job announcements for this model the worker has seen)
     learner: str = ""
-    slots: int = 1
-    hold_ms: int = 10_000
-    price_per_1k: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.slots < 1 or self.hold_ms < 1 or self.threads < 0 or self.price_per_1k < 0:
-            raise ValueError("slots and hold_ms must be positive, threads and price_per_1k "
-                             "not negative")
+        fed_config(self, model="")  # WorkerConfig checks slots and hold_ms
+        if self.threads < 0 or self.price_per_1k < 0:
+            raise ValueError("threads and price_per_1k must not be negative")
         module, colon, attr = self.generator.partition(":")
         if (self.generator and self.generator not in BUILTIN_GENERATORS
                 and not (colon and module and attr)):
@@ -195,10 +192,10 @@ class RolloutWorkerService(NurseryService):
             return
         s = self.section
         self.generator, self.problem = generator, ""
-        self._machine.config = WorkerConfig(
-            model=generator.model, model_hash=generator.model_hash[:32], slots=s.slots,
-            tokens_per_s=max(generator.tokens_per_s, 1e-3), price_per_1k=s.price_per_1k,
-            hold_ms=s.hold_ms, parallel=min(s.slots, max(0, int(getattr(generator, "parallel", 0)))))
+        self._machine.config = fed_config(
+            s, model=generator.model, model_hash=generator.model_hash[:32],
+            tokens_per_s=max(generator.tokens_per_s, 1e-3),
+            parallel=min(s.slots, max(0, int(getattr(generator, "parallel", 0)))))
         self._machine.versions = generator.versions
         relay = self.ctx.services.get("relay")
         if hasattr(generator, "add_adapter") and relay is not None:

@@ -226,6 +226,18 @@ def test_a_section_may_feed_a_second_protocol_config_under_its_own_key_names() -
         tuning(SyncConfig, "fanout", also=feed(PlanConfig, plan_depth="depth"))
 
 
+@tuning(SyncConfig, "fanout")
+class OwnPeerSection:
+    #: the node's own key, named like SyncConfig.peer, which the node sets (it has no default)
+    peer: str = "any"
+
+
+def test_a_key_named_like_a_field_the_node_sets_is_the_nodes_own() -> None:
+    section = OwnPeerSection(peer="x", fanout=3)
+    assert OwnPeerSection.node_fields == ("peer",)
+    assert fed_config(section, peer="me") == SyncConfig(peer="me", fanout=3)
+
+
 def _own_fanout() -> None:
     @tuning(SyncConfig, "timeout_ms")
     class Shadowing:

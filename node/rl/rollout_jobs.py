@@ -31,7 +31,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import random
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import trio
@@ -42,6 +41,7 @@ from starlette.routing import BaseRoute
 from node.api.app import json_object, token_route
 from node.rl import rollout_state
 from node.rl.step_figures import StepFigures, telemetry, version_figures
+from node.sections import fed_config, feed, tuning
 from node.service import NodeContext, Service
 from protocol.errors import InvalidMessage, LocalProtocolError
 from protocol.ledger.trust import TrustView
@@ -66,7 +66,10 @@ MAX_ISSUE = 1024
 MAX_WAIT_S = 30.0
 
 
-@dataclass(frozen=True)
+@tuning(AuctionSettings, "bid_window_ms",
+        # the job book's: prompts and completions per job, a job's time, the staleness bound S
+        also=feed(BookConfig, "group_size", "prompts_per_job", "job_ms",
+                  staleness="max_staleness"))
 class RlJobsSection:
     """Defaults of a rollout run (``[rl_jobs]`` in node.toml); ``POST /rl_jobs/run`` overrides."""
 
@@ -74,15 +77,9 @@ class RlJobsSection:
     #: prompts in the learner's environment (0: the learner must start a run first)
     dataset_size: int = 0
     vocab_size: int = 49_152
-    group_size: int = 8
-    prompts_per_job: int = 1
     max_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
-    #: the staleness bound S
-    staleness: int = 0
-    job_ms: int = 120_000
-    bid_window_ms: int = 1_000
     max_groups: int = 4096
     #: "score" (the market's weighted score) or "linucb" (the bandit, rewarded 1 for an
     #: accepted group and 0 for a caught one; its state lives for the daemon's life)
@@ -116,13 +113,11 @@ def run_auction(ctx: NodeContext, section: RlJobsSection, version: int,
     sampling = RolloutSampling(temperature=section.temperature, top_p=section.top_p,
                                max_tokens=section.max_tokens)
     sampling.check()
-    config = BookConfig(learner=ctx.identity.peer_id, model=section.model,
-                        dataset_size=max(1, section.dataset_size), vocab_size=section.vocab_size,
-                        prompts_per_job=section.prompts_per_job,
-                        group_size=section.group_size, sampling=sampling,
-                        max_staleness=section.staleness, job_ms=section.job_ms)
+    config = fed_config(section, BookConfig, learner=ctx.identity.peer_id, model=section.model,
+                        dataset_size=max(1, section.dataset_size),
+                        vocab_size=section.vocab_size, sampling=sampling)
     book = JobBook(config, random.Random(ctx.rng.getrandbits(64)), version=version)
-    settings = AuctionSettings(bid_window_ms=section.bid_window_ms)
+    settings = fed_config(section)
     inner: Selector = LinUCBSelector() if section.selector == "linucb" else ScoreSelector()
     selector = ExploringSelector(inner, share=section.explore_share)
     return RolloutAuction(ctx.identity, book, selector, reputation, settings)

@@ -13,13 +13,26 @@ When a generation ends, its sequence's KV cells are removed and its ``seq_id`` i
 the next one. :meth:`generate` blocks its caller (an executor's solver thread) until its
 generation is done; it takes what models.cot.solve passes to ``Backend.generate``.
 
+Rounds. Each round evaluates the next token of every generating sequence in one
+``llama_decode``, in the order of their ids, then the prompt chunk of each sequence being
+prefilled in a ``llama_decode`` of its own, while the round has room (``n_batch`` tokens). Kept
+apart so, the rows of every ubatch llama.cpp cuts a batch into (its KV cache is one stream
+per sequence: a ubatch takes sequences of consecutive ids and equal token counts) follow the
+batch's own order, which the layer-state capture relies on.
+
+Layer states. A committing executor (models/solver.py) asks :meth:`generate_states` for a
+generation's layer states too: every decoder layer's output and the final norm's at every
+position, as models.llama_capture.StateCapture takes them on the single context, here by
+llama_capture.BatchCapture's callback, which writes each row of a batch into its own
+sequence's buffer. A generation cut at its length never evaluates its last token; a kept one
+evaluates it in one more round, so the states cover prompt and output. The commitment is
+then made from them, with no second pass over the tokens (models.commitments).
+
 What runs here: plain sampled or greedy generations whose prompt plus budget fits
 ``seq_ctx`` (:meth:`fits`). What does not, and stays on the backend's single-sequence
 context (models/solver.py routes it): a JSON-schema grammar (its llama.cpp sampler is bound
-to the single context's state), a LoRA adapter (llama.cpp applies adapters per context, so
-it would change every sequence in the batch) and the layer-state capture (its callback
-records the positions of one sequence; a batched result is committed to by one prefill on
-the capturing context instead, models/solver.py).
+to the single context's state) and a LoRA adapter (llama.cpp applies adapters per context,
+so it would change every sequence in the batch).
 """
 
 from __future__ import annotations
@@ -34,6 +47,9 @@ from typing import Any
 import numpy as np
 
 from models.backend import Decoding, Generation, Message, SamplingParams
+
+#: (every decoder layer's output (L, T, C), the final norm's (T, C)) over prompt + output
+States = tuple[np.ndarray, np.ndarray]
 
 #: KV cache cells per sequence: prompt plus generated tokens of one batched generation
 #: (a longer one goes to the single-sequence path)
@@ -58,6 +74,11 @@ class _Sequence:
     result: Generation | None = None
     error: BaseException | None = None
     finished: threading.Event = field(default_factory=threading.Event)
+    #: its layer states, (layers + 1, prompt + budget, hidden) (None: not kept)
+    states: np.ndarray | None = None
+    evaluated: int = 0  # positions evaluated so far
+    closing: bool = False  # done sampling; its last token is evaluated for the states
+    capture_failure: str = ""
 
     @property
     def pos(self) -> int:
@@ -87,9 +108,15 @@ class BatchedDecoder:
         params.kv_unified = False
         params.n_batch = max(int(params.n_batch), n_seq)
         params.n_ubatch = params.n_batch
-        params.cb_eval = lib.ggml_backend_sched_eval_callback()
-        params.cb_eval_user_data = None
         self.n_batch = int(params.n_batch)
+        #: the layer-state callback (None where it cannot be built: no states kept)
+        self._capture = _batch_capture(backend, self.n_batch)
+        if self._capture is None:
+            params.cb_eval = lib.ggml_backend_sched_eval_callback()
+            params.cb_eval_user_data = None
+        else:
+            params.cb_eval = self._capture.callback
+            params.cb_eval_user_data = self._capture.user_data
         self._ctx = lib.llama_init_from_model(backend.llm.model, params)
         if not self._ctx:
             raise RuntimeError("llama.cpp could not create the batched context")
@@ -99,7 +126,7 @@ class BatchedDecoder:
         self._cond = threading.Condition()
         self._waiting: deque[_Sequence] = deque()
         self._active: list[_Sequence] = []
-        self._free_ids = list(range(n_seq - 1, -1, -1))
+        self._free_ids = list(range(n_seq - 1, -1, -1))  # popped lowest first
         self._closed = False
         #: generations finished here
         self.decoded = 0
@@ -121,12 +148,38 @@ class BatchedDecoder:
                  on_text: Callable[[str], None] | None = None) -> Generation:
         """As ``Backend.generate``, decoded in the shared batch; blocks until done.
         ValueError for what :meth:`fits` refuses."""
+        return self._run_one(prompt, params, on_text, False).result  # type: ignore[return-value]
+
+    def generate_states(self, prompt: str | Sequence[Message] | Sequence[int],
+                        params: SamplingParams, on_text: Callable[[str], None] | None = None,
+                        ) -> tuple[Generation, States | None]:
+        """:meth:`generate`, and the generation's layer states over prompt + output (views of
+        its own buffer); None where they could not be taken (no callback, or llama.cpp
+        computed tensors the callback did not expect)."""
+        seq = self._run_one(prompt, params, on_text, self._capture is not None)
+        assert seq.result is not None  # _run_one returns finished sequences only
+        if seq.states is None or seq.capture_failure:
+            return seq.result, None
+        total = len(seq.prompt) + len(seq.result.token_ids)
+        layers = seq.states.shape[0] - 1
+        return seq.result, (seq.states[:layers, :total], seq.states[layers, :total])
+
+    @property
+    def keeps_states(self) -> bool:
+        """Whether :meth:`generate_states` can take layer states here."""
+        return self._capture is not None
+
+    def _run_one(self, prompt: str | Sequence[Message] | Sequence[int],
+                 params: SamplingParams, on_text: Callable[[str], None] | None,
+                 keep: bool) -> _Sequence:
         ids = self.backend.prompt_ids(prompt)
         if not self.fits(len(ids), params):
             raise ValueError(f"a generation of {len(ids)} + {params.max_tokens} tokens "
                              f"{'with a grammar ' if params.json_schema else ''}does not fit "
                              f"a batched sequence ({self.seq_ctx} tokens)")
         seq = _Sequence(Decoding(self.backend, ids, params, on_text), tuple(ids))
+        if keep and self._capture is not None:
+            seq.states = self._capture.buffer(len(ids) + max(params.max_tokens, 0))
         seq.started = time.perf_counter()
         with self._cond:
             if self._closed:
@@ -137,7 +190,7 @@ class BatchedDecoder:
         if seq.error is not None:
             raise seq.error
         assert seq.result is not None  # set with finished unless error is
-        return seq.result
+        return seq
 
     def close(self) -> None:
         """Stop the worker (generations still waiting fail) and free the context."""
@@ -159,6 +212,7 @@ class BatchedDecoder:
                     return
                 while self._waiting and self._free_ids:
                     seq = self._waiting.popleft()
+                    self._free_ids.sort(reverse=True)  # the lowest: ids stay consecutive
                     seq.seq_id = self._free_ids.pop()
                     self._active.append(seq)
             try:
@@ -168,35 +222,45 @@ class BatchedDecoder:
                     self._fail(seq, exc)
 
     def _round(self) -> None:
-        """One llama_decode: the next token of each generating sequence first (so none
-        starves), then prompt chunks of the prefilling ones while the batch has room."""
-        lib, batch = self._lib, self._batch
-        outputs: list[tuple[_Sequence, int]] = []  # (sequence, its row in the batch)
-        n = 0
-        for seq in self._active:
-            if seq.next_token is not None:
-                self._put(n, seq.next_token, seq.pos, seq.seq_id, True)
-                outputs.append((seq, n))
-                n += 1
-        for seq in self._active:
-            if seq.fed < len(seq.prompt) and n < self.n_batch:
-                take = min(len(seq.prompt) - seq.fed, self.n_batch - n)
-                for i in range(take):
-                    last = seq.fed + i == len(seq.prompt) - 1
-                    self._put(n, seq.prompt[seq.fed + i], seq.fed + i, seq.seq_id, last)
-                    if last:
-                        outputs.append((seq, n))
-                    n += 1
-                seq.fed += take
-        batch.n_tokens = n
-        rc = lib.llama_decode(self._ctx, batch)
+        """The next token of each generating sequence (first, so none starves), then prompt
+        chunks of the prefilling ones while the round has room (the module docstring says
+        why in separate ``llama_decode`` calls)."""
+        rows = [(seq, seq.next_token, seq.pos, True)
+                for seq in sorted(self._active, key=lambda s: s.seq_id)
+                if seq.next_token is not None]
+        if rows:
+            self._decode(rows)  # type: ignore[arg-type]  # next_token is set in each row
+        room = self.n_batch - len(rows)
+        for seq in list(self._active):
+            if seq.fed < len(seq.prompt) and room > 0:
+                take = min(len(seq.prompt) - seq.fed, room)
+                end = seq.fed + take
+                self._decode([(seq, seq.prompt[p], p, p == len(seq.prompt) - 1)
+                              for p in range(seq.fed, end)])
+                seq.fed = end
+                room -= take
+
+    def _decode(self, rows: list[tuple[_Sequence, int, int, bool]]) -> None:
+        """One llama_decode of ``rows`` (sequence, token, position, whether its logits are
+        read), then each sequence whose logits were read samples its next token."""
+        for i, (seq, token, pos, logits) in enumerate(rows):
+            self._put(i, token, pos, seq.seq_id, logits)
+        self._batch.n_tokens = len(rows)
+        if self._capture is not None:
+            self._capture.prepare([(seq.states, pos, logits) for seq, _, pos, logits in rows])
+        rc = self._lib.llama_decode(self._ctx, self._batch)
         if rc != 0:
-            raise BatchDecodeError(f"llama_decode failed ({rc}) on a batch of {n} tokens")
+            raise BatchDecodeError(f"llama_decode failed ({rc}) on a batch of {len(rows)} tokens")
+        failure = self._capture.failure() if self._capture is not None else ""
         now = time.perf_counter()
-        for seq, row in outputs:
-            if seq.next_token is None:
-                seq.prefilled = now
-            self._advance(seq, row)
+        for i, (seq, _, pos, logits) in enumerate(rows):
+            seq.evaluated = pos + 1
+            if failure and seq.states is not None:
+                seq.capture_failure = failure
+            if logits:
+                if seq.next_token is None:
+                    seq.prefilled = now
+                self._advance(seq, i)
 
     def _put(self, i: int, token: int, pos: int, seq_id: int, logits: bool) -> None:
         batch = self._batch
@@ -207,7 +271,11 @@ class BatchedDecoder:
         batch.logits[i] = logits
 
     def _advance(self, seq: _Sequence, row: int) -> None:
-        """Sample ``seq``'s next token from the logits at ``row``; finish it when done."""
+        """Sample ``seq``'s next token from the logits at ``row``; finish it when done (a
+        kept sequence whose last token is not evaluated yet: after one more round)."""
+        if seq.closing:  # its last token's states are taken: nothing more to sample
+            self._finish(seq)
+            return
         ptr = self._lib.llama_get_logits_ith(self._ctx, row)
         logits = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,)).copy()  # (V,)
         try:
@@ -215,12 +283,20 @@ class BatchedDecoder:
         except Exception as exc:  # its on_text callback raised: only this sequence fails
             self._fail(seq, exc)
             return
-        if seq.next_token is None:
-            end = time.perf_counter()
-            seq.result = seq.decoding.result((seq.prefilled - seq.started) * 1000.0,
-                                             (end - seq.prefilled) * 1000.0)
-            self.decoded += 1
-            self._release(seq)
+        if seq.next_token is not None:
+            return
+        end = time.perf_counter()
+        seq.result = seq.decoding.result((seq.prefilled - seq.started) * 1000.0,
+                                         (end - seq.prefilled) * 1000.0)
+        out = seq.decoding.out
+        if seq.states is not None and out and seq.evaluated < len(seq.prompt) + len(out):
+            seq.next_token, seq.closing = out[-1], True
+            return
+        self._finish(seq)
+
+    def _finish(self, seq: _Sequence) -> None:
+        self.decoded += 1
+        self._release(seq)
 
     def _fail(self, seq: _Sequence, exc: BaseException) -> None:
         seq.error = exc
@@ -237,3 +313,35 @@ class BatchedDecoder:
                 self._waiting.remove(seq)
         seq.finished.set()
 
+
+
+def _batch_capture(backend: Any, n_rows: int) -> Any:
+    """The layer-state callback of a batched context on ``backend``'s model, or None where
+    it cannot be built (models.llama_capture)."""
+    from models.llama_capture import BatchCapture, CaptureUnavailable
+
+    model = backend.llm._model
+    try:
+        return BatchCapture(int(backend._llama_cpp.llama_model_n_layer(model.model)),
+                            int(model.n_embd()), n_rows)
+    except CaptureUnavailable:
+        return None
+
+
+class StatesRun:
+    """One generation on a :class:`BatchedDecoder` that keeps its layer states: what
+    models.cot.solve generates with (``generate``, ``detokenize``) when the result is
+    committed to; ``states`` holds them afterwards (None: not taken)."""
+
+    def __init__(self, decoder: BatchedDecoder) -> None:
+        self.decoder = decoder
+        self.states: States | None = None
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self.decoder.detokenize(ids)
+
+    def generate(self, prompt: str | Sequence[Message] | Sequence[int],
+                 params: SamplingParams,
+                 on_text: Callable[[str], None] | None = None) -> Generation:
+        gen, self.states = self.decoder.generate_states(prompt, params, on_text)
+        return gen

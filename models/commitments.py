@@ -60,14 +60,21 @@ def states_for(backend: Any, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray
 
 
 def commitments_for(backend: Any, prompt_ids: Sequence[int], output_ids: Sequence[int],
-                    store: StateStore, task_id: bytes) -> Commitments:
+                    store: StateStore, task_id: bytes,
+                    taken: tuple[np.ndarray, np.ndarray] | None = None) -> Commitments:
     """The chunk fingerprints and every layer's states of one result; the states go into
-    ``store`` for verifiers (their Merkle root goes into the commitment)."""
+    ``store`` for verifiers (their Merkle root goes into the commitment). ``taken``: the
+    states over prompt + output as the generation took them (models.batched), else
+    :func:`states_for` gets them from ``backend``."""
     from models.fingerprint import DEFAULT_K, encode_chunk
 
     if not output_ids:
         return Commitments((), b"", 0)
-    states, final = states_for(backend, list(prompt_ids) + list(output_ids))
+    total = len(prompt_ids) + len(output_ids)
+    if taken is not None and (taken[0].shape[1] != total or taken[1].shape[0] != total):
+        raise ValueError(f"states of {taken[0].shape[1]} positions for {total} tokens")
+    states, final = taken if taken is not None else states_for(
+        backend, list(prompt_ids) + list(output_ids))
     out = final[len(prompt_ids):]
     prints = tuple(encode_chunk(out[s:s + CHUNK_TOKENS], DEFAULT_K)
                    for s in range(0, len(output_ids), CHUNK_TOKENS))

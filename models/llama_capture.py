@@ -62,13 +62,17 @@ typedef struct {
     int64_t * next;    /* per slot: the position its next row goes to */
 } capture_t;
 
-static int64_t slot_of(const capture_t * c, const char * name) {
+static int64_t slot_named(int64_t n_slots, const char * name) {
     if (strncmp(name, "l_out-", 6) == 0) {
         char * end;
         long layer = strtol(name + 6, &end, 10);
-        return (*end == '\0' && layer >= 0 && layer < c->n_slots - 1) ? layer : -1;
+        return (*end == '\0' && layer >= 0 && layer < n_slots - 1) ? layer : -1;
     }
-    return strcmp(name, "result_norm") == 0 ? c->n_slots - 1 : -1;
+    return strcmp(name, "result_norm") == 0 ? n_slots - 1 : -1;
+}
+
+static int64_t slot_of(const capture_t * c, const char * name) {
+    return slot_named(c->n_slots, name);
 }
 
 bool symphony_capture_eval(struct ggml_tensor * t, bool ask, void * user_data) {
@@ -102,11 +106,69 @@ bool symphony_capture_eval(struct ggml_tensor * t, bool ask, void * user_data) {
     c->next[slot] = start + rows;
     return true;
 }
+
+/* The batched decoder's capture (models.batched): a batch holds rows of several sequences,
+   each row's states go to its own sequence's buffer. llama.cpp may split one batch into
+   ubatches (one graph each), in batch order; the first layer's output has every row of its
+   ubatch, the last layer's and the final norm's only the rows whose logits are read. */
+typedef struct {
+    int32_t on;
+    int32_t error;
+    int64_t n_slots;
+    int64_t hidden;
+    int64_t n_rows;        /* rows of the batch being decoded */
+    int64_t row0;          /* the batch row the current ubatch starts at */
+    int64_t rows;          /* rows of the current ubatch */
+    float ** dst;          /* per batch row: its (slot 0, position) address, or NULL: not kept */
+    int64_t * stride;      /* per batch row: floats from one slot of its buffer to the next */
+    int64_t * out_rows;    /* the batch rows whose logits are read, in order */
+    int64_t * out_before;  /* per batch row (and one past the last): such rows before it */
+} batch_capture_t;
+
+bool symphony_batch_capture_eval(struct ggml_tensor * t, bool ask, void * user_data) {
+    batch_capture_t * c = (batch_capture_t *) user_data;
+    if (!c->on) {
+        return !ask;
+    }
+    int64_t slot = slot_named(c->n_slots, ggml_get_name(t));
+    if (ask) {
+        return slot >= 0;
+    }
+    if (slot < 0) {
+        return true;
+    }
+    int64_t n = ggml_nelements(t), rows = ggml_nrows(t);
+    if (ggml_nbytes(t) != (size_t) n * sizeof(float) || !ggml_is_contiguous(t)
+            || n != rows * c->hidden) {
+        c->error = c->error ? c->error : 1;
+        return true;
+    }
+    if (slot == 0) {  /* a new ubatch: the rows after the last one's */
+        c->row0 += c->rows;
+        c->rows = rows;
+    }
+    int64_t first = c->row0 + c->rows <= c->n_rows ? c->out_before[c->row0] : -1;
+    int64_t outputs = first < 0 ? -1 : c->out_before[c->row0 + c->rows] - first;
+    if (first < 0 || (rows != c->rows && rows != outputs)) {
+        c->error = c->error ? c->error : 3;
+        return true;
+    }
+    size_t row_bytes = (size_t) c->hidden * sizeof(float);
+    for (int64_t j = 0; j < rows; ++j) {
+        int64_t r = rows == c->rows ? c->row0 + j : c->out_rows[first + j];
+        if (c->dst[r] != NULL) {
+            ggml_backend_tensor_get(t, c->dst[r] + slot * c->stride[r], (size_t) j * row_bytes,
+                                    row_bytes);
+        }
+    }
+    return true;
+}
 """
 
 #: the C helper's error codes
 ERRORS = {1: "a wanted tensor is not a contiguous float32 (rows, hidden) array",
-          2: "more positions than the context holds"}
+          2: "more positions than the context holds",
+          3: "a batch's tensors do not match its rows"}
 
 
 class CaptureUnavailable(RuntimeError):
@@ -149,17 +211,24 @@ def _library(lib_dir: Path) -> Path:
     return target
 
 
+def _load() -> ctypes.CDLL:
+    """The compiled callbacks, for the ggml library that llama_cpp loads."""
+    import llama_cpp
+
+    lib_dir = Path(llama_cpp.__file__).parent / "lib"
+    try:
+        return ctypes.CDLL(str(_library(lib_dir)))
+    except OSError as exc:
+        raise CaptureUnavailable(f"loading the layer-state callback failed: {exc}") from exc
+
+
 class StateCapture:
     """The buffer and C callback one llama.cpp context writes its layer states into."""
 
     def __init__(self, n_layers: int, hidden: int, capacity: int) -> None:
         import llama_cpp
 
-        lib_dir = Path(llama_cpp.__file__).parent / "lib"
-        try:
-            self._lib = ctypes.CDLL(str(_library(lib_dir)))
-        except OSError as exc:
-            raise CaptureUnavailable(f"loading the layer-state callback failed: {exc}") from exc
+        self._lib = _load()
         self.n_layers, self.hidden, self.capacity = n_layers, hidden, capacity
         # untouched pages of a zeroed buffer cost no memory: only positions written do
         self.buffer = np.zeros((n_layers + 1, capacity, hidden), dtype=np.float32)
@@ -208,3 +277,65 @@ class StateCapture:
                              f"{total} asked")
         layers, final = self.buffer[:self.n_layers, :total], self.buffer[self.n_layers, :total]
         return (layers.copy(), final.copy()) if copy else (layers, final)
+
+
+class _BatchCapture(ctypes.Structure):
+    _fields_ = [("on", ctypes.c_int32), ("error", ctypes.c_int32),
+                ("n_slots", ctypes.c_int64), ("hidden", ctypes.c_int64),
+                ("n_rows", ctypes.c_int64), ("row0", ctypes.c_int64), ("rows", ctypes.c_int64),
+                ("dst", ctypes.c_void_p), ("stride", ctypes.c_void_p),
+                ("out_rows", ctypes.c_void_p), ("out_before", ctypes.c_void_p)]
+
+
+class BatchCapture:
+    """The C callback of a batched context (models.batched): each row of a batch goes to the
+    states buffer of its own sequence, a (layers + 1, capacity, hidden) float32 array made
+    by :meth:`buffer`. :meth:`prepare` says, before each ``llama_decode``, where each row
+    of the batch goes; :meth:`failure` says after it whether every wanted tensor was taken."""
+
+    def __init__(self, n_layers: int, hidden: int, max_rows: int) -> None:
+        import llama_cpp
+
+        self._lib = _load()
+        self.n_layers, self.hidden = n_layers, hidden
+        self._dst = np.zeros(max_rows, dtype=np.uintp)
+        self._stride = np.zeros(max_rows, dtype=np.int64)
+        self._out_rows = np.zeros(max_rows, dtype=np.int64)
+        self._out_before = np.zeros(max_rows + 1, dtype=np.int64)
+        self._struct = _BatchCapture(0, 0, n_layers + 1, hidden, 0, 0, 0,
+                                     self._dst.ctypes.data, self._stride.ctypes.data,
+                                     self._out_rows.ctypes.data, self._out_before.ctypes.data)
+        address = ctypes.cast(self._lib.symphony_batch_capture_eval, ctypes.c_void_p).value
+        self.callback: Any = llama_cpp.ggml_backend_sched_eval_callback(address)
+        self.user_data = ctypes.cast(ctypes.pointer(self._struct), ctypes.c_void_p)
+
+    def buffer(self, capacity: int) -> np.ndarray:
+        """A sequence's states buffer for ``capacity`` positions (untouched pages of a zeroed
+        buffer cost no memory: only positions written do)."""
+        return np.zeros((self.n_layers + 1, capacity, self.hidden), dtype=np.float32)
+
+    def prepare(self, rows: list[tuple[np.ndarray | None, int, bool]]) -> None:
+        """The next batch's rows in order: (its sequence's buffer, or None: not kept; its
+        position; whether its logits are read)."""
+        n, outputs = len(rows), 0
+        for i, (buf, pos, logits) in enumerate(rows):
+            if buf is None:
+                self._dst[i], self._stride[i] = 0, 0
+            else:
+                if not 0 <= pos < buf.shape[1]:
+                    raise ValueError(f"position {pos} is outside a buffer of {buf.shape[1]}")
+                self._dst[i] = buf.ctypes.data + pos * self.hidden * buf.itemsize
+                self._stride[i] = buf.shape[1] * self.hidden
+            self._out_before[i] = outputs
+            if logits:
+                self._out_rows[outputs] = i
+                outputs += 1
+        self._out_before[n] = outputs
+        st = self._struct
+        st.n_rows, st.row0, st.rows, st.error = n, 0, 0, 0
+        st.on = int(any(buf is not None for buf, _, _ in rows))
+
+    def failure(self) -> str:
+        """Why the last batch's states were not all taken ("" when they were)."""
+        code = self._struct.error
+        return ERRORS.get(code, f"error {code}") if code else ""

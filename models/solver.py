@@ -24,7 +24,9 @@ service turns it on when verification is, i.e. its machine commits to results) a
 activation fingerprints and the root of every layer's hidden states (models/commitments.py;
 the states stay in the states folder, models.state_store, for verifiers to fetch), which
 commitment-based verification binds. On llama.cpp those states are taken from the generation
-itself (``enable_state_capture``: a few percent of the generation time); a backend that cannot
+itself (``enable_state_capture``: a few percent of the generation time; a batched generation's
+by the batch's own callback, models/batched.py, so committing to it needs neither a second
+pass over its tokens nor the single context's lock); a backend that cannot
 capture pays one extra fp32 prefill on a transformers copy of the weights, timed at start
 (``_commit_seconds``) so that its bids account for it.
 """
@@ -46,7 +48,7 @@ from protocol.market.sampling import executor_seed
 
 if TYPE_CHECKING:
     from models.backend import Backend
-    from models.batched import BatchedDecoder
+    from models.batched import BatchedDecoder, States
     from models.commitments import Commitments
     from models.cot import Problem, Solution
     from models.state_store import StateStore
@@ -169,10 +171,18 @@ class ModelsSolver:
         # an adapter is applied to a whole llama.cpp context, so its tasks take the
         # single-sequence path (models/batched.py says what else does)
         if adapter is None and self._batchable(problem, max_tokens):
+            from models.batched import StatesRun
+
+            assert self._batch is not None  # _batchable says there is one
             started = time.perf_counter()
-            sol = solve(self._batch, problem, **sampling)  # type: ignore[arg-type]
-            with self._lock:  # the commitment's prefill runs on the single context
-                made = self._commitments(task, sol, replay=True)
+            run = StatesRun(self._batch)
+            sol = solve(run if self._keeps_states() else self._batch,  # type: ignore[arg-type]
+                        problem, **sampling)
+            if run.states is not None:  # taken in the batch: no second pass, no lock
+                made = self._commitments(task, sol, replay=False, states=run.states)
+            else:
+                with self._lock:  # the commitment's prefill runs on the single context
+                    made = self._commitments(task, sol, replay=True)
             return self._done(task, attempt, sol, made, started, system_prompt, tool_calls, adapter)
         with self._lock:
             # timed from here: a wait for the backend is not this task's cost, and bids
@@ -201,9 +211,16 @@ class ModelsSolver:
         n_prompt = len(self.backend.prompt_ids(build_prompt(problem, True)))
         return self._batch.fits(n_prompt, SamplingParams(max_tokens=max_tokens))
 
-    def _commitments(self, task: TaskSpec, sol: Solution, replay: bool) -> Commitments:
-        """What this result commits to (the lock held). ``replay``: the tokens were decoded
-        in the batch, so the capturing context evaluates them first (one prefill)."""
+    def _keeps_states(self) -> bool:
+        """Whether batched results are committed to from the states the batch took."""
+        return (self.fingerprints and self.states is not None and self._batch is not None
+                and self._batch.keeps_states)
+
+    def _commitments(self, task: TaskSpec, sol: Solution, replay: bool,
+                     states: States | None = None) -> Commitments:
+        """What this result commits to: from ``states`` when the batch took them, else with
+        the lock held. ``replay``: the tokens were decoded in the batch, so the capturing
+        context evaluates them first (one prefill)."""
         from models.commitments import Commitments, commitments_for, fingerprints_for
 
         if self.fingerprints and self.states is not None:
@@ -211,7 +228,7 @@ class ModelsSolver:
                 self.backend.replay(  # type: ignore[attr-defined]
                     list(sol.prompt_token_ids) + list(sol.token_ids))
             return commitments_for(self.backend, sol.prompt_token_ids, sol.token_ids,
-                                   self.states, task.task_id)
+                                   self.states, task.task_id, states)
         if self.fingerprints:
             return Commitments(fingerprints_for(self.backend, sol.prompt_token_ids,
                                                 sol.token_ids), b"", 0)

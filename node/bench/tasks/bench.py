@@ -163,6 +163,8 @@ class _Baseline:
 
 def _start_network(net: Any) -> Any:
     """The asker (no model) and three executors connected to it; the asker's handle."""
+    from node.bench.tasks.settle import wait_settled
+
     asker = net.start("asker", config={"executor": {"solver": ""},
                                        "tasks": {"assign_base_ms": ASSIGN_BASE_MS}},
                       timeout_s=START_TIMEOUT_S)
@@ -172,15 +174,7 @@ def _start_network(net: Any) -> Any:
     for node in execs:
         node.wait_ready(START_TIMEOUT_S)
     net.wait_all_connected(START_TIMEOUT_S)
-    # start-up work that must not compete with the first measured asks' generation: each
-    # executor embeds its agent cards (loading the embedder, a model of its own) and bids
-    # with them once published, and loads the verifier's check model in the background
-    def settled() -> bool:
-        return all(e.status()["services"]["executor"]["agents"] and (
-            e.log_events("verify.warmed") or e.log_events("verify.warm_failed"))
-            for e in execs)
-
-    net.wait_until(settled, "the executors' agent cards and check models", START_TIMEOUT_S)
+    wait_settled(net, execs, START_TIMEOUT_S)  # start-up work must not meet the measured asks
     return asker
 
 

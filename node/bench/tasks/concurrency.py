@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 
 from node.bench.probes import pct
+from node.bench.tasks.settle import wait_settled
 
 #: the network's asks of one wave time out after this (a 16-user wave on loaded cores)
 ASK_DEADLINE_MS = 120_000
@@ -127,9 +128,10 @@ def _start_network(net: Any, slots: int, threads: int) -> Any:
     asker = net.start("asker", config={"executor": {"solver": ""},
                                        "tasks": {"assign_base_ms": ASSIGN_BASE_MS}},
                       timeout_s=START_TIMEOUT_S)
-    net.start("e0", bootstrap=[asker], config={"executor": {
+    executor = net.start("e0", bootstrap=[asker], config={"executor": {
         "solver": "models", "threads": threads, "slots": slots}}, timeout_s=START_TIMEOUT_S)
     net.wait_all_connected(START_TIMEOUT_S)
+    wait_settled(net, [executor], START_TIMEOUT_S)  # its start-up work, not the asks, first
     return asker
 
 

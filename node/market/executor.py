@@ -53,7 +53,7 @@ import trio
 
 from node.agents.adapters import ADAPTERS_DIR, AgentAdapters
 from node.agents.hosted import AgentRunner
-from node.market.text_pump import TextPump
+from node.market.text_pump import TextPump, shared_gap
 from node.sections import fed_config, tuning
 from node.service import JobScopes, NodeContext, NurseryService
 from protocol.market.executor import (
@@ -157,6 +157,8 @@ class ExecutorService(NurseryService):
         #: even one abandoned on cancel, so a job waits here (cancellable) rather than in a
         #: thread parked on the backend, which once free would run a job nobody wants
         self._threads = trio.CapacityLimiter(s.slots)
+        #: k=1 jobs streaming their text now (they share the progress frames' pace)
+        self._streaming = 0
         self.computed = 0
         self.streams = False
         self.failed = 0
@@ -268,7 +270,7 @@ class ExecutorService(NurseryService):
         if not self.streams or job.task.k != 1:
             return await trio.to_thread.run_sync(solve, abandon_on_cancel=True,
                                                  limiter=self._threads)
-        pump = TextPump()
+        pump = TextPump(lambda: shared_gap(self._streaming))
 
         async def progress(text: str) -> None:
             await self.ctx.submit(self.name, ComputeProgress(job.task.task_id, job.attempt, text))
@@ -278,14 +280,19 @@ class ExecutorService(NurseryService):
 
         failure: Exception | None = None
         sol: object = None
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(pump.follow, progress, delivered)
-            try:
-                sol = await trio.to_thread.run_sync(functools.partial(solve, on_text=pump.push),
-                                                    abandon_on_cancel=True, limiter=self._threads)
-            except Exception as exc:  # raised as itself below, not in an exception group
-                failure = exc
-            nursery.cancel_scope.cancel()
+        self._streaming += 1
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pump.follow, progress, delivered)
+                try:
+                    sol = await trio.to_thread.run_sync(
+                        functools.partial(solve, on_text=pump.push), abandon_on_cancel=True,
+                        limiter=self._threads)
+                except Exception as exc:  # raised as itself below, not in an exception group
+                    failure = exc
+                nursery.cancel_scope.cancel()
+        finally:
+            self._streaming -= 1
         if failure is not None:
             raise failure
         return sol

@@ -10,6 +10,12 @@ next frame carries it), and at most one frame is ever queued ahead of the signed
 Without the wait, each token's frame queued behind the last on the executor's outbox to the
 requester, one round trip each: under load the backlog held the commitment, and the bids
 for the next task, up by seconds after the generation had ended.
+
+The gap is per executor, not per task: with ``n`` tasks streamed at once each waits ``n``
+times :data:`PROGRESS_INTERVAL_S` (:func:`shared_gap`), so an executor sends at most one frame per
+interval in all. Each frame costs the executor's and the requester's event loops a stream of
+its own; a batch of many tasks (models/batched.py) would otherwise spend the cores the model
+decodes on, on frames that the same tokens, a moment later, would carry too.
 """
 
 from __future__ import annotations
@@ -18,14 +24,22 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-#: the shortest gap between two progress frames of one task (the next also waits until the
-#: last is delivered): each frame is a round trip of its own on the executor's outbox
+#: the shortest gap between two progress frames of an executor's tasks (the next frame of a
+#: task also waits until its last is delivered): each frame is a round trip of its own on the
+#: executor's outbox
 PROGRESS_INTERVAL_S = 0.04
 
 
+def shared_gap(streams: int) -> float:
+    """The gap between two frames of one task while ``streams`` tasks stream at once."""
+    return PROGRESS_INTERVAL_S * max(1, streams)
+
+
 class TextPump:
-    def __init__(self) -> None:
-        """Made in the trio thread that follows it."""
+    def __init__(self, gap: Callable[[], float] = lambda: PROGRESS_INTERVAL_S) -> None:
+        """Made in the trio thread that follows it. ``gap``: the shortest time between two of
+        its frames, asked after each (the executor's :func:`shared_gap`)."""
+        self._gap = gap
         self.text = ""
         self._changed = trio.Event()
         self._loop = trio.lowlevel.current_trio_token()
@@ -51,4 +65,4 @@ class TextPump:
             self._changed = trio.Event()
             await send(self.text)
             await drained()
-            await trio.sleep(PROGRESS_INTERVAL_S)
+            await trio.sleep(self._gap())

@@ -38,6 +38,10 @@ ASK_DEADLINE_MS = 120_000
 #: per-sequence context of both: the batched decoder's (models.batched.DEFAULT_SEQ_CTX)
 SLOT_CTX = 1_024
 QUICK_WAVES, FULL_WAVES = 1, 3
+#: how long the asks' client keeps an idle connection: under the daemon's HTTP server's own
+#: keep-alive (hypercorn's 5 s), so a wave after a long llama-server level never reuses a
+#: connection the server is closing at that moment (the ask failed "connection reset")
+KEEPALIVE_S = 2.0
 START_TIMEOUT_S = 120.0
 #: time the executor gets per attempt before the asker replaces it (beyond its estimate):
 #: generous, so a loaded machine shows as latency, not as failed asks (there is no other
@@ -90,7 +94,8 @@ class _NetworkAsks:
         self.failures: list[str] = []
         self.client = httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {token}"},
                                    timeout=ASK_DEADLINE_MS / 1000 + 15,
-                                   limits=httpx.Limits(max_connections=clients + 2))
+                                   limits=httpx.Limits(max_connections=clients + 2,
+                                                       keepalive_expiry=KEEPALIVE_S))
 
     def __call__(self, question: str) -> bool:
         try:

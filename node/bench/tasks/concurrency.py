@@ -11,7 +11,10 @@ the same arithmetic questions and ``max_tokens`` as the rest of `bench tasks`), 
 (node/bench/tasks/llama_server.py: the llama.cpp that llama-cpp-python vendors) started with
 ``--parallel N``, the same model file and the same thread count, N requests at once per wave.
 The two are measured level by level, one right after the other, so the shared machine's
-load hits both alike.
+load hits both alike. Both warm up with the same question, :data:`WARM_UP`, none of the
+measured ones: llama-server keeps a slot's last prompt and reuses what a new one shares
+with it (the chat template's opening, as it would for any user), but never serves a
+measured prompt whole from that cache.
 
 Keys per level N: ``throughput_rps_<N>`` (answers per second of a wave: N over the wave's
 wall time, mean over the waves), ``p50_ms_<N>`` and ``p99_ms_<N>`` (each ask's time as its
@@ -33,6 +36,8 @@ import httpx
 from node.bench.probes import pct
 from node.bench.tasks.settle import wait_settled
 
+#: the warm-up ask of both, not one of the measured questions
+WARM_UP = "What is 2 plus 2?"
 #: the network's asks of one wave time out after this (a 16-user wave on loaded cores)
 ASK_DEADLINE_MS = 120_000
 #: per-sequence context of both: the batched decoder's (models.batched.DEFAULT_SEQ_CTX)
@@ -155,7 +160,8 @@ def run_concurrency(backend: Any, levels: tuple[int, ...], questions: list[str],
     waves = QUICK_WAVES if quick else FULL_WAVES
     top = max(levels)
     prompts = [backend.prompt_ids(build_prompt(Problem(q, AnswerType.NUMBER), True))
-               for q in questions[:top]]
+               for q in [WARM_UP, *questions[:top]]]
+    warm, prompts = prompts[0], prompts[1:]
     figures: dict[str, Any] = {"concurrency_levels": ",".join(map(str, levels)),
                                "concurrency_waves": waves, "concurrency_threads": threads}
     with tempfile.TemporaryDirectory(prefix="symphony-bench-concurrency-") as tmp:
@@ -164,12 +170,15 @@ def run_concurrency(backend: Any, levels: tuple[int, ...], questions: list[str],
         try:
             asker = _start_network(net, top, threads)
             asks = _NetworkAsks(asker.api_url, read_token(asker.data_dir), max_tokens, top)
-            asks("What is 2 plus 2?")  # warm-up: the beacon topic's mesh forms
+            asks(WARM_UP)  # warm-up: the beacon topic's mesh forms
             for n in levels:
                 with LlamaServer(Path(backend.info.path), parallel=n, threads=threads,
                                  slot_ctx=SLOT_CTX) as server:
                     served = _ServerAsks(server.url, max_tokens, n)
-                    served(prompts[0])  # warm-up: its first decode sets up buffers
+                    # warm-up: its first decode sets up buffers; the network's own warm-up
+                    # question, not a measured one, whose whole prompt it would then
+                    # serve from its prompt cache
+                    served(warm)
                     theirs = [_wave(served, prompts[:n]) for _ in range(waves)]
                 asks.failures.clear()
                 ours = [_wave(asks, questions[:n]) for _ in range(waves)]

@@ -116,3 +116,37 @@ def test_a_committing_solver_commits_batched_results_without_a_second_pass(
     assert done.state_layers == tiny.LAYERS and len(done.states_root) == 32
     assert len(done.fingerprints) == -(-len(done.output_ids) // 32)
     assert store.leaves(task.task_id, done.states_root, [0])  # kept for the verifiers
+
+
+def test_without_the_batch_callback_a_batched_result_is_committed_by_a_replay(
+        tiny_ggufs: dict[str, Path], tmp_path: Path) -> None:
+    from models.solver import ModelsSolver
+    from models.state_store import StateStore
+    from protocol.market.messages import Requirement, TaskSpec
+
+    backend = load_backend(str(tiny_ggufs["f32"]))
+    replayed: list[int] = []
+    replay = backend.replay
+
+    def counted(ids: Any) -> None:
+        replayed.append(len(ids))
+        replay(ids)
+
+    backend.replay = counted  # type: ignore[method-assign]
+    solver = ModelsSolver(backend, temperature=0.8, fingerprints=True,
+                          states=StateStore(tmp_path), slots=2)
+    assert solver._batch is not None
+    held = solver._batch._capture  # its context still calls it (switched off)
+    solver._batch._capture = None  # as where the callback cannot be built
+    task = TaskSpec(task_id=b"\5" * 32, requester="rq", question="What is 6 * 7?",
+                    answer_type="text", choices=(),
+                    requirement=Requirement(model="", family="", min_context=0), k=1,
+                    max_price=1.0, max_tokens=20)
+    try:
+        solver.models()
+        done = solver.solve(task, "tiny", 20)
+    finally:
+        solver._batch.close()
+    assert solver._batch.decoded == 1 and held is not None
+    assert replayed == [done.prompt_tokens + len(done.output_ids)]
+    assert done.state_layers == tiny.LAYERS and len(done.states_root) == 32

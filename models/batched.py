@@ -9,8 +9,10 @@ tokens of sequences being prefilled, calls ``llama_decode`` once, and hands each
 the logits of its last position. Sampling stays per sequence and is the same code as the
 single-sequence path (models.backend.Decoding: the seeded PCG64 stream, EOS, stop strings,
 ``on_text`` streaming), so a greedy sequence decoded here yields the tokens it yields alone.
-When a generation ends, its sequence's KV cells are removed and its ``seq_id`` is free for
-the next one. :meth:`generate` blocks its caller (an executor's solver thread) until its
+When a generation ends, its sequence's KV cells are removed but its prompt's, and its
+``seq_id`` is free for the next one, which starts past the longest prefix of its prompt that
+some sequence's cells hold (the chat template's opening, shared by every prompt; copied from
+another sequence's stream when not its own), as llama-server reuses a slot's last prompt. :meth:`generate` blocks its caller (an executor's solver thread) until its
 generation is done; it takes what models.cot.solve passes to ``Backend.generate``.
 
 Rounds. Each round evaluates the next token of every generating sequence in one
@@ -127,9 +129,14 @@ class BatchedDecoder:
         self._waiting: deque[_Sequence] = deque()
         self._active: list[_Sequence] = []
         self._free_ids = list(range(n_seq - 1, -1, -1))  # popped lowest first
+        #: per free sequence id: the prompt its KV cells still hold, and that prompt's kept
+        #: layer states (None: not kept); the next generation on the id reuses their prefix
+        self._held: dict[int, tuple[tuple[int, ...], np.ndarray | None]] = {}
         self._closed = False
         #: generations finished here
         self.decoded = 0
+        #: prompt tokens not evaluated again: their KV cells were reused (_reuse)
+        self.reused = 0
         self._thread = threading.Thread(target=self._run, name="batched-decoder", daemon=True)
         self._thread.start()
 
@@ -214,6 +221,7 @@ class BatchedDecoder:
                     seq = self._waiting.popleft()
                     self._free_ids.sort(reverse=True)  # the lowest: ids stay consecutive
                     seq.seq_id = self._free_ids.pop()
+                    self._reuse(seq)
                     self._active.append(seq)
             try:
                 self._round()
@@ -303,16 +311,56 @@ class BatchedDecoder:
         self._release(seq)
 
     def _release(self, seq: _Sequence) -> None:
-        """Drop ``seq``'s KV cells, free its id, wake its caller."""
+        """Drop ``seq``'s KV cells but its prompt's (a finished one's: the next generation
+        on its id reuses what it shares with them), free its id, wake its caller."""
         with self._cond:
             if seq in self._active:
                 self._active.remove(seq)
-                self._lib.llama_memory_seq_rm(self._mem, seq.seq_id, -1, -1)
+                held = seq.prompt if seq.result is not None and seq.fed == len(seq.prompt) \
+                    else ()
+                self._lib.llama_memory_seq_rm(self._mem, seq.seq_id, len(held), -1)
+                states = None if seq.states is None or seq.capture_failure else \
+                    seq.states[:, :len(held)].copy()
+                self._held[seq.seq_id] = (held, states)
                 self._free_ids.append(seq.seq_id)
             elif seq in self._waiting:
                 self._waiting.remove(seq)
         seq.finished.set()
 
+    def _reuse(self, seq: _Sequence) -> None:
+        """Start ``seq`` past the longest prompt prefix some sequence's KV cells hold (a chat
+        template's opening, shared by every prompt), as llama-server reuses a slot's last
+        prompt: its own id's, a free id's or a running sequence's (copied to its id's
+        cells), with the kept states of that prefix. At least the last prompt token is
+        evaluated: its logits start the sampling."""
+        sources = [(i, held, states) for i, (held, states) in self._held.items()]
+        sources += [(s.seq_id, s.prompt[:s.fed],
+                     None if s.states is None or s.capture_failure else s.states)
+                    for s in self._active if s is not seq]
+        best, n, prefix = seq.seq_id, 0, None
+        for sid, held, states in sources:
+            if seq.states is not None and states is None:
+                continue  # a prefix without its states is of no use to a kept sequence
+            m = _common(held, seq.prompt)
+            if m > n or (m == n and sid == seq.seq_id):
+                best, n, prefix = sid, m, states
+        self._held.pop(seq.seq_id, None)
+        if best != seq.seq_id and n > 0:  # another stream's cells: copied whole, then cut
+            self._lib.llama_memory_seq_cp(self._mem, best, seq.seq_id, -1, -1)
+        self._lib.llama_memory_seq_rm(self._mem, seq.seq_id, n, -1)
+        if seq.states is not None and prefix is not None and n > 0:
+            seq.states[:, :n] = prefix[:, :n]  # as a fresh prefill leaves them: no last
+            seq.states[-2:, :n] = 0.0  # layer or final norm before the prompt's last token
+        seq.fed = seq.evaluated = n
+        self.reused += n
+
+
+def _common(held: Sequence[int], prompt: Sequence[int]) -> int:
+    """The length of the prefix ``held`` shares with ``prompt``, short of its last token."""
+    n, limit = 0, min(len(held), len(prompt) - 1)
+    while n < limit and held[n] == prompt[n]:
+        n += 1
+    return n
 
 
 def _batch_capture(backend: Any, n_rows: int) -> Any:

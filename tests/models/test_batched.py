@@ -62,8 +62,11 @@ def test_batched_sequences_match_single_sequence_generation(backend: Any) -> Non
     decoder = backend.batched(len(jobs))
     try:
         together = _at_once(decoder, jobs)
-        # the ids are free again; a second round on reused sequences starts from clean KV
+        reused = decoder.reused
+        # the ids are free again; a second round on reused sequences keeps only the prompt
+        # prefix their KV cells share with the new prompts
         again = _at_once(decoder, list(reversed(jobs)))[::-1]
+        assert decoder.reused > reused
     finally:
         decoder.close()
     for a, b, c in zip(alone, together, again, strict=True):

@@ -55,6 +55,9 @@ def test_batched_states_are_each_sequences_own(tiny_ggufs: dict[str, Path],
         results = _in_order(decoder)
     finally:
         decoder.close()
+    # the later two started on the chat template's opening the first had evaluated (copied
+    # from its KV cells and kept states), so their states check that copy too
+    assert decoder.reused >= 2 * len(backend.tokenize("<|im_start|>user\n"))
     for prompt_text, (gen, states) in zip(PROMPTS, results, strict=True):
         ids = list(gen.prompt_token_ids) + list(gen.token_ids)
         prompt = len(backend.tokenize(prompt_text))

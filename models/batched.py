@@ -56,6 +56,10 @@ States = tuple[np.ndarray, np.ndarray]
 #: KV cache cells per sequence: prompt plus generated tokens of one batched generation
 #: (a longer one goes to the single-sequence path)
 DEFAULT_SEQ_CTX = 1_024
+#: prompt tokens a freed sequence id keeps for the next prompt (a chat template's opening is
+#: far shorter), and free ids that keep their layer states too, the newest ((layers + 1) x
+#: hidden floats a token): a prompt on another id copies the prefix from one of these
+HELD_PREFIX_TOKENS, HELD_STATES_IDS = 256, 2
 
 
 class BatchDecodeError(RuntimeError):
@@ -316,23 +320,24 @@ class BatchedDecoder:
         with self._cond:
             if seq in self._active:
                 self._active.remove(seq)
-                held = seq.prompt if seq.result is not None and seq.fed == len(seq.prompt) \
-                    else ()
+                held = seq.prompt[:HELD_PREFIX_TOKENS] if seq.result is not None and \
+                    seq.fed == len(seq.prompt) else ()
                 self._lib.llama_memory_seq_rm(self._mem, seq.seq_id, len(held), -1)
                 states = None if seq.states is None or seq.capture_failure else \
                     seq.states[:, :len(held)].copy()
                 self._held[seq.seq_id] = (held, states)
+                kept = [i for i, (_, st) in self._held.items() if st is not None]
+                for i in kept[:-HELD_STATES_IDS]:  # the oldest first
+                    self._held[i] = (self._held[i][0], None)
                 self._free_ids.append(seq.seq_id)
             elif seq in self._waiting:
                 self._waiting.remove(seq)
         seq.finished.set()
 
     def _reuse(self, seq: _Sequence) -> None:
-        """Start ``seq`` past the longest prompt prefix some sequence's KV cells hold (a chat
-        template's opening, shared by every prompt), as llama-server reuses a slot's last
-        prompt: its own id's, a free id's or a running sequence's (copied to its id's
-        cells), with the kept states of that prefix. At least the last prompt token is
-        evaluated: its logits start the sampling."""
+        """Start ``seq`` past the longest prompt prefix that its own id's, a free id's or a
+        running sequence's KV cells hold (copied to its id's cells), with that prefix's kept
+        states; its last prompt token is evaluated: its logits start the sampling."""
         sources = [(i, held, states) for i, (held, states) in self._held.items()]
         sources += [(s.seq_id, s.prompt[:s.fed],
                      None if s.states is None or s.capture_failure else s.states)
@@ -377,9 +382,8 @@ def _batch_capture(backend: Any, n_rows: int) -> Any:
 
 
 class StatesRun:
-    """One generation on a :class:`BatchedDecoder` that keeps its layer states: what
-    models.cot.solve generates with (``generate``, ``detokenize``) when the result is
-    committed to; ``states`` holds them afterwards (None: not taken)."""
+    """What models.cot.solve generates with for a committed result: one generation on the
+    decoder, its layer states in ``states`` afterwards (None: not taken)."""
 
     def __init__(self, decoder: BatchedDecoder) -> None:
         self.decoder = decoder

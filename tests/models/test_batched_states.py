@@ -58,6 +58,11 @@ def test_batched_states_are_each_sequences_own(tiny_ggufs: dict[str, Path],
     # the later two started on the chat template's opening the first had evaluated (copied
     # from its KV cells and kept states), so their states check that copy too
     assert decoder.reused >= 2 * len(backend.tokenize("<|im_start|>user\n"))
+    from models.batched import HELD_STATES_IDS
+
+    # the freed ids keep their prompts' cells, but only the newest keep states
+    kept = [states for _, states in decoder._held.values() if states is not None]
+    assert len(decoder._held) == 3 and len(kept) == HELD_STATES_IDS
     for prompt_text, (gen, states) in zip(PROMPTS, results, strict=True):
         ids = list(gen.prompt_token_ids) + list(gen.token_ids)
         prompt = len(backend.tokenize(prompt_text))

@@ -38,7 +38,7 @@ BENCHMARKS: dict[str, str] = {
 OPTIONS: dict[str, tuple[str, ...]] = {
     "fuzz": ("frames",),
     "soak": ("cycles",),
-    "verify": ("honest",),
+    "verify": ("honest", "only"),
     "tasks": ("link", "concurrency"),
     "distributed": ("link",),
     "relay": ("link",),

@@ -93,7 +93,8 @@ def concurrency_levels(ctx: click.Context, param: click.Parameter,
               help="gpu: time this model instead of the default one; agents: run the "
                    "daemons on this model (a .gguf path or registry name).")
 @click.option("--only", default=None, metavar="PART,...",
-              help="gpu: run only these parts (llama, torch, verify, chain).")
+              help="gpu: run only these parts (llama, torch, verify, chain); verify: (tasks, "
+                   "swaps, honest, stages).")
 @click.option("--seed", type=click.IntRange(0, (1 << 63) - 1), default=None,
               help="agents: the seed every ask sends (default 0).")
 @click.option("--nodes", type=click.IntRange(min=1), default=None,

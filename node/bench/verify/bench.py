@@ -84,6 +84,8 @@ from protocol.verification.verifier import LAYERS_PER_CHECK, StartCheck
 
 CHUNKS_PER_CHECK = 2
 ADVERSARIES = ("tamper", "fabricated_cot", "wrong_answer", "lower_precision")
+#: what ``--only`` picks from: the task figures above, precision swaps, honest runs, stages
+PARTS = ("tasks", "swaps", "honest", "stages")
 
 
 def _task(question: str, answer_type: str, choices: tuple[str, ...], i: int) -> TaskSpec:
@@ -134,37 +136,76 @@ class _Tally:
     solved: list[tuple[TaskSpec, Any, Commitments]] = field(default_factory=list)
 
 
-def run(quick: bool, honest: int | None = None) -> dict[str, Any]:
+def run(quick: bool, honest: int | None = None, only: str = "") -> dict[str, Any]:
     """The figures above, then node.bench.verify.swaps' and ``honest`` (default: 20 quick,
-    2,000 full) runs of node.bench.verify.honest, then node.bench.verify.stages'."""
+    2,000 full) runs of node.bench.verify.honest, then node.bench.verify.stages'; ``only``
+    (comma-separated :data:`PARTS`, "" = all) runs those parts alone."""
     import tempfile
 
     from models.evalset import load_evalset
     from models.state_store import StateStore
 
-    n_questions, samples, max_tokens = (2, 2, 96) if quick else (6, 4, 256)
+    parts = _parts(only)
+    figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="symphony-bench-states-") as tmp:
-        store = StateStore(Path(tmp))
-        t0 = time.perf_counter()
-        bench = _load(store, Path(tmp))
-        load_s = time.perf_counter() - t0
-        rng = random.Random(6)
-        items = load_evalset()[:n_questions]
-        tally = _Tally()
-        for i, item in enumerate(items):
-            solved, cheap = _solve_and_commit(bench, tally, i, item.problem, max_tokens)
-            for s in range(samples):
-                _check_sample(bench, tally, rng, solved, cheap, with_prefill=s == 0)
-        verdict_ms = result_to_verdict_ms(bench.runner, store, tally.solved, 3 if quick else 6)
+        store, rng, runner = StateStore(Path(tmp)), random.Random(6), None
+        if "tasks" in parts:
+            runner, tasks = _tasks_part(quick, store, Path(tmp), rng)
+            figures.update(tasks)
         questions = [(_task(q.problem.question, q.problem.answer_type.value, q.problem.choices,
                             i), q.problem) for i, q in enumerate(load_evalset())]
-        extra = swaps.measure(bench.runner, store, Path(tmp), questions[:2 if quick else 4],
-                              samples, rng, 64 if quick else 96)
-        extra.update(run_honest(bench.runner, Path(tmp), questions,
-                                honest or (20 if quick else 2000), rng))
-    figures: dict[str, Any] = _report(bench, tally, load_s, verdict_ms, questions=len(items),
-                                      samples=samples)
-    return figures | extra | stage_figures(quick)  # distributed inference's stage checks
+        if runner is None and ("swaps" in parts or "honest" in parts):
+            runner = _checker()
+        if "swaps" in parts:
+            figures.update(swaps.measure(runner, store, Path(tmp), questions[:2 if quick else 4],
+                                         2 if quick else 4, rng, 64 if quick else 96))
+        if "honest" in parts:
+            figures.update(run_honest(runner, Path(tmp), questions,
+                                      honest or (20 if quick else 2000), rng))
+    if "stages" in parts:
+        figures.update(stage_figures(quick))  # distributed inference's stage checks
+    return figures
+
+
+def _parts(only: str) -> list[str]:
+    """The parts ``--only`` names (comma-separated; "" = all), in the order they run."""
+    named = [p.strip() for p in only.split(",") if p.strip()] if only else list(PARTS)
+    unknown = sorted(set(named) - set(PARTS))
+    if unknown:
+        raise ValueError(f"--only: unknown parts {unknown}; choose from {', '.join(PARTS)}")
+    return [p for p in PARTS if p in named]
+
+
+def _tasks_part(quick: bool, store: Any, folder: Path, rng: random.Random,
+                ) -> tuple[CheckRunner, dict[str, Any]]:
+    """The task verification figures of the module docstring, and the checker they used."""
+    from models.evalset import load_evalset
+
+    n_questions, samples, max_tokens = (2, 2, 96) if quick else (6, 4, 256)
+    t0 = time.perf_counter()
+    bench = _load(store, folder)
+    load_s = time.perf_counter() - t0
+    items = load_evalset()[:n_questions]
+    tally = _Tally()
+    for i, item in enumerate(items):
+        solved, cheap = _solve_and_commit(bench, tally, i, item.problem, max_tokens)
+        for s in range(samples):
+            _check_sample(bench, tally, rng, solved, cheap, with_prefill=s == 0)
+    verdict_ms = result_to_verdict_ms(bench.runner, store, tally.solved, 3 if quick else 6)
+    return bench.runner, _report(bench, tally, load_s, verdict_ms, questions=len(items),
+                                 samples=samples)
+
+
+def _checker() -> CheckRunner:
+    """The verifier's checker on the serving model (state capture on), its fp32 copy loaded."""
+    from models.config import ModelConfig
+    from models.fingerprint import fingerprint_backend
+    from models.loader import load_backend
+
+    serve = load_backend(ModelConfig())
+    serve.enable_state_capture()
+    fingerprint_backend(serve)
+    return CheckRunner(serve)
 
 
 def _requantized(serve: Any, folder: Path) -> Any:

@@ -128,13 +128,21 @@ def test_bf16_rounded_weights_sit_inside_the_honest_llama_cpp_errors(
     assert figures["separated_from"] == {"llama": False, "fp32": True}
 
 
+@pytest.fixture(scope="module")
+def executors(runner: Any) -> dict[str, tuple[Any, int]]:
+    return honest.executors(runner)
+
+
 @pytest.mark.integration
 def test_honest_runs_over_every_executor_pass(runner: Any, question: tuple[TaskSpec, Any],
+                                              executors: dict[str, tuple[Any, int]],
                                               tmp_path: Path) -> None:
-    got = honest.run_honest(runner, tmp_path, [question], 6, random.Random(3))
-    assert got["honest_runs"] == 6 and got["false_positives"] == 0
-    assert got["fp_upper_95"] == pytest.approx(1 - 0.05 ** (1 / 6), rel=1e-3)
-    assert set(got["false_positives_by_executor"]) == {"llama_cpp_t1", "llama_cpp_t2",
-                                                       "torch_t1", "torch_t2"}
+    assert set(executors) == {"llama_cpp_t1", "llama_cpp_t2", "torch_t1", "torch_t2"}
+    for name, backend in executors.items():  # one short run on each, checked
+        got = honest.run_honest(runner, tmp_path / name, [question], 1, random.Random(3),
+                                backends={name: backend}, tokens=16)
+        assert got["honest_runs"] == 1 and got["false_positives"] == 0, (name, got)
+        assert got["false_positives_by_executor"] == {name: 0}
+        assert got["fp_upper_95"] == pytest.approx(0.95, rel=1e-3)  # 1 - 0.05 ** (1 / 1)
     with pytest.raises(ValueError):
         honest.run_honest(runner, tmp_path, [question], 0, random.Random(3))

@@ -67,10 +67,10 @@ def executors(runner: Any) -> dict[str, tuple[Any, int]]:
 
 def run_honest(runner: Any, folder: Path, questions: list[tuple[TaskSpec, Any]], n: int,
                rng: random.Random, backends: dict[str, tuple[Any, int]] | None = None,
-               ) -> dict[str, Any]:
-    """``n`` checked honest runs (see the module docstring) on ``backends`` (default: the
-    :func:`executors` of ``runner``): the failures, their upper bound, the failures per
-    executor."""
+               tokens: int = HONEST_TOKENS) -> dict[str, Any]:
+    """``n`` checked honest runs (see the module docstring) of at most ``tokens`` output
+    tokens on ``backends`` (default: the :func:`executors` of ``runner``): the failures, their
+    upper bound, the failures per executor."""
     import torch
 
     from models.state_store import StateStore
@@ -90,7 +90,7 @@ def run_honest(runner: Any, folder: Path, questions: list[tuple[TaskSpec, Any]],
         i += 1
         name = names[rng.randrange(len(names))]
         backend, prefill_threads = backends[name]
-        s = solve_with(backend, task, problem, HONEST_TOKENS, seed=rng.randrange(1 << 31),
+        s = solve_with(backend, task, problem, tokens, seed=rng.randrange(1 << 31),
                        temperature=rng.choice((0.0, 0.7, 1.0)))
         if not s.output_ids:  # an answer of no tokens commits to nothing: nothing to check
             continue

@@ -20,6 +20,15 @@ chain's: which inputs a liar sees does not change what a check of it compares).
   time of the three stages over the whole generation; the frames' transfer and hashing are
   left out (no compute of blocks). Both are CPU time of the one thread computing (torch at one
   thread for the measurement), which other jobs on a shared machine change least.
+* ``stage_detection_kv``, ``stage_false_convictions_kv``, ``stage_check_cost_ratio_kv``: the
+  same for checks per position (models.stage_kv): each stage also commits to the keys and
+  values every step appended (fp32, its cache's precision), and a check recomputes only the
+  selected steps' rows on the committed keys and values, all selected steps of a hop in one
+  forward, comparing both their outputs and their K/V rows (``stage_steps_off_kv``: per
+  kind, the fraction of the liar's steps such a check finds off; ``stage_honest_steps_off_kv``
+  the honest stage's steps found off). Its cost is proportional to the
+  rows checked, not to the positions before the last of them. node.inference.stage_checks
+  does not run this check yet: daemons still recompute a prefill (the figures above).
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import numpy as np
 
 from crypto.hashing import digest
 from crypto.keys import Identity
+from models.stage_kv import row_error
 from protocol.inference.messages import StageCommit
 from protocol.inference.stage_checks import (
     DEFAULT_CHECK_RATE,
@@ -49,6 +59,8 @@ SPLITS = ((0, 10), (10, 20), (20, 30))
 LIAR = 1
 PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
 COST_TRIALS = 3
+#: nonces the per-position check's cost is averaged over (each costs a few rows)
+COST_TRIALS_KV = 20
 NOISE_SCALE = 0.01
 
 
@@ -64,8 +76,9 @@ def _fp16(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float16).astype(np.float32)
 
 
-def _generate(head: Any, stages: list[Any], prompt: list[int]) -> tuple[list[_Run], float]:
-    """Greedy STEPS steps through ``stages``: every stage's frames and their compute time."""
+def _generate(head: Any, stages: list[Any], prompt: list[int],
+              ) -> tuple[list[_Run], list[Any], float]:
+    """Greedy STEPS steps through ``stages``: every stage's frames, caches, compute time."""
     from models.blocks import StageCache
 
     runs = [_Run([], []) for _ in stages]
@@ -82,18 +95,36 @@ def _generate(head: Any, stages: list[Any], prompt: list[int]) -> tuple[list[_Ru
             x = y
         pos = len(tokens)
         tokens.append(int(np.argmax(head.logits(x)[-1])))
-    return runs, compute_s
+    return runs, caches, compute_s
 
 
-def _lie(stage: Any, run: _Run) -> list[np.ndarray]:
-    """``stage``'s outputs (a dishonest one's) on the honest run's inputs, step by step."""
+def _lie(stage: Any, run: _Run) -> tuple[list[np.ndarray], Any]:
+    """``stage``'s outputs (a dishonest one's) on the honest run's inputs, step by step, and
+    its cache."""
     from models.blocks import StageCache
 
     cache, pos, out = StageCache(), 0, []
     for x in run.inputs:
         out.append(_fp16(stage.forward(x, pos, cache)))
         pos += len(x)
-    return out
+    return out, cache
+
+
+def _kv_off(stage: Any, run: _Run, outputs: list[np.ndarray], cache: Any) -> list[bool]:
+    """Per step: is the stage that sent ``outputs`` and kept ``cache`` off at that step by a
+    per-position check (models.stage_kv)? Every step's rows in one recheck: a step's verdict
+    does not depend on which others are checked."""
+    from models.stage_kv import recheck, step_kv
+
+    x = np.concatenate(run.inputs)
+    kv = step_kv(cache, range(stage.start, stage.end), 0, len(x))
+    y, new = recheck(stage, x, np.arange(len(x)), kv)
+    off, pos = [], 0
+    for got in outputs:
+        rows = slice(pos, pos + len(got))
+        off.append(disagrees(max(row_error(got, y[rows]), row_error(kv[rows], new[rows]))))
+        pos += len(got)
+    return off
 
 
 def _commits(me: Identity, session: bytes, run: _Run, outputs: list[np.ndarray],
@@ -119,6 +150,37 @@ def _convicted(rng: random.Random, me: Identity, run: _Run, outputs: list[np.nda
             if disagrees(float(err)):
                 return True
     return False
+
+
+def _convicted_kv(rng: random.Random, me: Identity, run: _Run, outputs: list[np.ndarray],
+                  off: list[bool]) -> bool:
+    """One trial of the per-position check: is a step the nonce selects off?"""
+    session, nonce = rng.randbytes(16), rng.randbytes(32)
+    return any(off[c.step - 1] for c in _commits(me, session, run, outputs)
+               if step_checked(nonce, me.peer_id, c, DEFAULT_CHECK_RATE))
+
+
+def _check_cost_kv(rng: random.Random, me: Identity, stages: list[Any], runs: list[_Run],
+                   caches: list[Any]) -> float:
+    """The compute of one generation's per-position checks: each hop's selected rows
+    recomputed on its committed K/V, in one forward, and compared."""
+    from models.stage_kv import recheck, step_kv
+
+    session, nonce, spent = rng.randbytes(16), rng.randbytes(32), 0.0
+    for stage, run, cache in zip(stages, runs, caches, strict=True):
+        picked = [c for c in _commits(me, session, run, run.outputs)
+                  if step_checked(nonce, me.peer_id, c, DEFAULT_CHECK_RATE)]
+        if not picked:
+            continue
+        kv = step_kv(cache, range(stage.start, stage.end), 0, cache.length)
+        positions = np.concatenate([np.arange(c.start_pos, c.start_pos + c.n) for c in picked])
+        rows = np.concatenate([run.inputs[c.step - 1] for c in picked])
+        sent = np.concatenate([run.outputs[c.step - 1] for c in picked])
+        started = time.thread_time()
+        y, new = recheck(stage, rows, positions, kv[:positions.max() + 1])
+        disagrees(max(row_error(sent, y), row_error(kv[positions], new)))
+        spent += time.thread_time() - started
+    return spent
 
 
 def _check_cost(rng: random.Random, me: Identity, stages: list[Any], runs: list[_Run]) -> float:
@@ -162,22 +224,33 @@ def _measure(quick: bool, model: Any, path: Any) -> dict[str, Any]:
     vocab = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     prompt = list(vocab.tokenize(PROMPT.encode(), add_bos=False))
     vocab.close()
-    runs, chain_s = _generate(head, stages, prompt)
+    runs, caches, chain_s = _generate(head, stages, prompt)
     rng, me = random.Random(29), Identity.from_seed(b"bench-stage".ljust(32, b"."))
     liar = runs[LIAR]
     reference = _fp16(stages[LIAR].forward(np.concatenate(liar.inputs), 0, StageCache()))
     trials = 20 if quick else 200
-    detection = {}
+    detection, detection_kv, steps_off = {}, {}, {}
     for kind in KINDS:
-        outputs = _lie(DishonestStage(stages[LIAR], kind, NOISE_SCALE, seed=29), liar)
+        outputs, cache = _lie(DishonestStage(stages[LIAR], kind, NOISE_SCALE, seed=29), liar)
         detection[kind] = sum(_convicted(rng, me, liar, outputs, reference)
                               for _ in range(trials)) / trials
+        off = _kv_off(stages[LIAR], liar, outputs, cache)
+        steps_off[kind] = round(sum(off) / len(off), 3)
+        detection_kv[kind] = sum(_convicted_kv(rng, me, liar, outputs, off)
+                                 for _ in range(trials)) / trials
     honest = sum(_convicted(rng, me, liar, liar.outputs, reference) for _ in range(trials))
+    off = _kv_off(stages[LIAR], liar, liar.outputs, caches[LIAR])
+    honest_kv = sum(_convicted_kv(rng, me, liar, liar.outputs, off) for _ in range(trials))
     cost_s = [_check_cost(rng, me, stages, runs) for _ in range(COST_TRIALS)]
+    cost_kv = [_check_cost_kv(rng, me, stages, runs, caches) for _ in range(COST_TRIALS_KV)]
     return {"stage_detection": detection, "stage_trials_per_kind": trials,
             "stage_steps": STEPS, "stage_check_rate": DEFAULT_CHECK_RATE,
             "stage_tolerance": MAX_STAGE_ERR, "stage_noise_scale": NOISE_SCALE,
             "stage_false_convictions": honest,
             "stage_chain_compute_s": round(chain_s, 3),
             "stage_check_compute_s": round(statistics.mean(cost_s), 3),
-            "stage_check_cost_ratio": round(statistics.mean(cost_s) / chain_s, 4)}
+            "stage_check_cost_ratio": round(statistics.mean(cost_s) / chain_s, 4),
+            "stage_detection_kv": detection_kv, "stage_false_convictions_kv": honest_kv,
+            "stage_steps_off_kv": steps_off, "stage_honest_steps_off_kv": sum(off),
+            "stage_check_compute_s_kv": round(statistics.mean(cost_kv), 3),
+            "stage_check_cost_ratio_kv": round(statistics.mean(cost_kv) / chain_s, 4)}

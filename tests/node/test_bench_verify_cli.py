@@ -1,4 +1,4 @@
-"""`symphony bench verify --honest N`: parsed, passed to the verify bench's run, refused by the
+"""`symphony bench verify --honest N` and `--only PART,...`: parsed, passed to the verify bench's run, refused by the
 benches that do not take it. The bench itself is not run here (it loads the real model: the
 figures are in the README; tests/node/test_bench_verify_swaps.py runs its parts)."""
 
@@ -35,3 +35,14 @@ def test_honest_is_refused_by_other_benches_and_must_be_positive() -> None:
         _given(["models", "--honest", "5"])
     result = CliRunner().invoke(main, ["bench", "verify", "--honest", "0"])
     assert result.exit_code == 2 and "--honest" in result.output, result.output
+
+
+def test_only_picks_the_verify_parts_and_refuses_unknown_ones() -> None:
+    from node.bench.verify.bench import PARTS, _parts
+
+    given = _given(["verify", "--only", "honest", "--honest", "2000"])
+    assert given == {"only": "honest", "honest": 2000}
+    assert inspect.signature(load("verify")).bind(False, **given).arguments["only"] == "honest"
+    assert _parts("") == list(PARTS) and _parts("stages, honest") == ["honest", "stages"]
+    with pytest.raises(ValueError, match="unknown parts \\['chain'\\]"):
+        _parts("honest,chain")

@@ -62,6 +62,10 @@ class StageCache:
         self._kv[layer_idx] = (key, value)
         return key, value
 
+    def held(self) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """Layer index -> its (K, V), as held (models.stage_kv reads a step's rows)."""
+        return dict(self._kv)
+
     @property
     def length(self) -> int:
         for k, _ in self._kv.values():

@@ -31,7 +31,7 @@ import torch
 def step_kv(cache: Any, layers: range, start: int, n: int) -> np.ndarray:
     """The K/V rows of positions [start, start + n) of ``layers`` (global layer indices)
     held in ``cache``: (n, len(layers), 2, kv_width) fp32; zeros for a layer never cached."""
-    held = cache._kv
+    held = cache.held()
     width = next(int(k.shape[1] * k.shape[3]) for k, _ in held.values())
     out = np.zeros((n, len(layers), 2, width), dtype=np.float32)
     for j, index in enumerate(layers):

@@ -54,7 +54,7 @@ def test_recheck_on_committed_kv_agrees_with_the_steps(tiny_ggufs: dict[str, Pat
     _, sent, cache = _steps(stage, inputs)
     kv = step_kv(cache, range(0, 2), 0, len(inputs))
     assert kv.shape == (len(inputs), 2, 2, 32)  # 2 kv heads of 16
-    values = cache._kv[1][1][0].numpy()  # layer 1's V: (kv_heads, T, head_dim)
+    values = cache.held()[1][1][0].numpy()  # layer 1's V: (kv_heads, T, head_dim)
     np.testing.assert_array_equal(kv[:, 1, 1].reshape(len(inputs), 2, 16),
                                   values.transpose(1, 0, 2))
     every = np.arange(len(inputs))

@@ -14,7 +14,7 @@ torch's 1 and 2 threads. Generations are short (at most :data:`HONEST_TOKENS`, t
 fingerprint chunks): the check compares layer 1 at every prompt and output position and the sampled
 layers at the checked chunks, so a longer output adds positions, not kinds of work.
 The executors are built once per call and serve every run; a line on stderr every
-:data:`PROGRESS_EVERY` runs says how far a long run got.
+:data:`PROGRESS_EVERY` checked runs says how far a long run got.
 
 A run whose answer has no token commits to nothing and is not a verification: runs go on
 until N were checked (``honest_empty`` counts the others).

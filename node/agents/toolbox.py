@@ -22,15 +22,17 @@ Contract:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
-from node.agents.mcp_tools import McpServers
 from node.agents.settings import McpServerConfig, ToolSettings, builtin_tools
 from node.agents.tools import Tool, ToolConfigError, ToolLimits, ToolPolicy
 from node.config import ConfigError
 from protocol.agents.cards import MAX_TOOL_DESCRIPTION_LEN, AgentTool
+
+if TYPE_CHECKING:
+    from node.agents.mcp_tools import McpServers
 
 
 class NodeTools:
@@ -43,7 +45,13 @@ class NodeTools:
             self.builtins: dict[str, Tool] = builtin_tools(settings)
         except ToolConfigError as exc:
             raise ConfigError(str(exc)) from None
-        self.servers = McpServers(settings.mcp_servers)
+        #: the operator's MCP servers; the MCP SDK is imported only when there are some, so a
+        #: daemon without any (every light daemon) never loads it
+        self.servers: McpServers | None = None
+        if settings.mcp_servers:
+            from node.agents.mcp_tools import McpServers
+
+            self.servers = McpServers(settings.mcp_servers)
         #: every MCP tool listed so far, by full name (``<server>.<tool>``)
         self.mcp: dict[str, Tool] = {}
         #: set once every server has been started and listed, or has failed
@@ -52,14 +60,15 @@ class NodeTools:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
         async with trio.open_nursery() as nursery:
-            await nursery.start(self.servers.run)
+            if self.servers is not None:
+                await nursery.start(self.servers.run)
             task_status.started()
             await self.list_servers()
             await trio.sleep_forever()
 
     async def list_servers(self) -> None:
         """Start every server and take its tools; log each one that fails."""
-        if self.settings.mcp_servers:
+        if self.servers is not None:
             self.mcp = await self.servers.tools()
             for name, error in self.servers.errors.items():
                 self.log.warning("tools.mcp_failed", server=name, error=error)
@@ -105,7 +114,7 @@ class NodeTools:
             "builtin": sorted(self.builtins),
             "mcp_tools": {k: {"side_effects": t.spec.side_effects}
                           for k, t in sorted(self.mcp.items())},
-            "mcp_failed": dict(self.servers.errors),
+            "mcp_failed": dict(self.servers.errors) if self.servers is not None else {},
             "listed": self.listed.is_set(),
             "limits": {"max_calls": self.settings.limits.max_calls,
                        "call_timeout_s": self.settings.limits.call_timeout_s,

@@ -18,6 +18,9 @@ from tests.node.conftest import ROOT
 
 #: what a light daemon must never import (each costs hundreds of MB or seconds of start-up)
 MODEL_LIBRARIES = ("torch", "llama_cpp", "transformers", "sentence_transformers")
+#: and no heavy library a light daemon does not run: the MCP SDK (its types alone are tens of
+#: MB per process) is loaded only by a node that has MCP servers configured
+HEAVY_LIBRARIES = (*MODEL_LIBRARIES, "mcp", "mcp_types")
 
 
 def test_light_services_are_the_registrys_own_in_its_order() -> None:
@@ -26,7 +29,7 @@ def test_light_services_are_the_registrys_own_in_its_order() -> None:
     assert "executor" not in light_services() and "inference" not in light_services()
 
 
-def test_a_light_daemon_imports_no_model_library() -> None:
+def test_a_light_daemon_imports_no_model_library_nor_the_mcp_sdk() -> None:
     # what `node run --light` imports before it runs: the CLI, the daemon, its services and
     # the libp2p transport, in a fresh interpreter
     code = (
@@ -34,7 +37,7 @@ def test_a_light_daemon_imports_no_model_library() -> None:
         "from node.daemon import load_service_classes, light_services\n"
         "import node.cli.node, node.p2p.host\n"
         "load_service_classes(light_services())\n"
-        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({MODEL_LIBRARIES!r})))\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY_LIBRARIES!r})))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, timeout=120, check=True)

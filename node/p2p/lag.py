@@ -11,6 +11,9 @@ spell in which the loop did not run costs the peer at most one tick's worth. The
 scope is cancelled by the clock's own task, which runs only when the loop does, never by trio
 on waking from a starved spell. A hard deadline of ``HARD_FACTOR`` times the budget still
 applies (the clock not running, a process starved without end).
+
+With no deadline watched the clock does not tick (it waits for the next ``fail_after``): an
+idle daemon's loop stays asleep, and ``lag_s`` counts only lag while a deadline is watched.
 """
 
 from __future__ import annotations
@@ -34,12 +37,18 @@ class LagClock:
     def __init__(self) -> None:
         #: the scopes watched, and the seconds of their budget left
         self._watched: dict[trio.CancelScope, float] = {}
-        #: seconds of wall time not counted so far (the loop's lag; status, tests)
+        #: seconds of wall time not counted so far while a deadline was watched (status, tests)
         self.lag_s = 0.0
+        #: set when a deadline is watched: wakes the clock that waits with nothing to watch
+        self._wanted = trio.Event()
 
     async def run(self) -> None:
         last = trio.current_time()
         while True:
+            if not self._watched:  # nothing to run down: sleep until a deadline is watched
+                self._wanted = trio.Event()
+                await self._wanted.wait()
+                last = trio.current_time()
             await trio.sleep(TICK_S)
             now = trio.current_time()
             counted = min(now - last, TICK_S + SLACK_S)
@@ -62,6 +71,7 @@ class LagClock:
         ``seconds`` of it passed in the block (or ``HARD_FACTOR`` times it of wall time)."""
         scope = trio.CancelScope(deadline=trio.current_time() + seconds * HARD_FACTOR)
         self._watched[scope] = seconds
+        self._wanted.set()
         try:
             with scope:
                 yield scope

@@ -58,6 +58,24 @@ def test_a_starved_loop_charges_no_stall_where_a_plain_deadline_did() -> None:
     trio.run(main, clock, clock=clock)
 
 
+def test_an_idle_clock_does_not_tick() -> None:
+    async def main(clock: trio.testing.MockClock) -> None:
+        lag = LagClock()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lag.run)
+            await trio.testing.wait_all_tasks_blocked()
+            clock.jump(STARVED_S)  # a ticking clock would find this spell and count it as lag
+            await trio.testing.wait_all_tasks_blocked()
+            assert lag.lag_s == 0.0
+            # a deadline watched wakes it: starved spells count again
+            assert await _read_after_starving(clock, lag.fail_after) == b"request"
+            assert lag.lag_s >= STARVED_S - 1
+            nursery.cancel_scope.cancel()
+
+    clock = trio.testing.MockClock()
+    trio.run(main, clock, clock=clock)
+
+
 def test_a_peer_that_sends_nothing_still_stalls_within_the_budget() -> None:
     async def main() -> None:
         lag = LagClock()

@@ -20,6 +20,7 @@ import msgpack
 from crypto.hashing import digest
 from crypto.keys import PUBLIC_KEY_LEN, SIGNATURE_LEN, Identity, verify_signature
 from crypto.peer_id import peer_id_from_public_key
+from crypto.unpack import Undecodable, unpack_bounded
 
 SIGNING_CONTEXT = b"symphony-envelope/v1\x00"
 MAX_DOMAIN_LEN = 64
@@ -98,18 +99,9 @@ class Envelope:
         if len(data) > _MAX_ENCODED_LEN:
             raise EnvelopeError(f"envelope of {len(data)} bytes exceeds {_MAX_ENCODED_LEN}")
         try:
-            value = msgpack.unpackb(
-                data,
-                raw=False,
-                use_list=False,
-                strict_map_key=True,
-                max_array_len=4,
-                max_map_len=0,
-                max_str_len=MAX_DOMAIN_LEN,
-                max_bin_len=MAX_PAYLOAD_LEN,
-                max_ext_len=0,
-            )
-        except Exception as exc:  # msgpack raises a zoo of types on bad input
+            value = unpack_bounded(data, max_str=MAX_DOMAIN_LEN, max_bin=MAX_PAYLOAD_LEN,
+                                   max_array=4)
+        except Undecodable as exc:
             raise EnvelopeError(f"envelope is not valid msgpack: {exc}") from None
         return cls.from_wire(value)
 

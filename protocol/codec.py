@@ -38,6 +38,7 @@ from typing import Any, ClassVar, TypeVar
 import msgpack
 
 from crypto.envelope import Envelope, EnvelopeError
+from crypto.unpack import Undecodable, unpack_bounded
 from protocol.errors import InvalidMessage
 
 #: default upper bound for one frame on any request/response or gossip message.
@@ -327,21 +328,11 @@ def decode(
     if len(frame) > max_frame:
         raise InvalidMessage(f"frame of {len(frame)} bytes exceeds {max_frame}")
     try:
-        value = msgpack.unpackb(
-            frame,
-            raw=False,
-            use_list=False,
-            strict_map_key=True,
-            max_str_len=max_frame,
-            max_bin_len=max_frame,
-            max_array_len=min(max_frame, 1 << 16),
-            max_map_len=0,  # no message has a map: a map is always an error
-            max_ext_len=0,
-        )
-    except InvalidMessage:
-        raise
-    except Exception as exc:  # msgpack raises many types (ExtraData, ValueError, ...)
-        raise InvalidMessage(f"not a msgpack frame: {type(exc).__name__}: {exc}") from None
+        # no message has a map: a map is always an error (unpack_bounded refuses one)
+        value = unpack_bounded(frame, max_str=max_frame, max_bin=max_frame,
+                               max_array=min(max_frame, 1 << 16))
+    except Undecodable as exc:
+        raise InvalidMessage(f"not a msgpack frame: {exc}") from None
     result: M = _from_array(value, 0, expect=None if expect is Message else expect)
     return result
 

@@ -24,6 +24,7 @@ import msgpack
 
 from crypto.envelope import Envelope, EnvelopeError
 from crypto.keys import Identity
+from crypto.unpack import Undecodable, unpack_bounded
 from node.p2p.multiaddrs import AddrError, ip_of, parse, with_ip
 from protocol.membership.messages import MAX_ADDR_LEN, MAX_ADDRS
 from protocol.names import check_network_id, peer_id_of_multiaddr
@@ -76,10 +77,8 @@ def read_invite(text: str) -> Invite:
     except (ValueError, EnvelopeError) as exc:
         raise InviteError(f"the invite is damaged or was altered: {exc}") from None
     try:
-        value = msgpack.unpackb(payload, raw=False, use_list=False, strict_map_key=True,
-                                max_array_len=MAX_ADDRS, max_str_len=MAX_ADDR_LEN,
-                                max_bin_len=0, max_map_len=0, max_ext_len=0)
-    except Exception as exc:  # msgpack raises a zoo of types on bad input
+        value = unpack_bounded(payload, max_str=MAX_ADDR_LEN, max_bin=0, max_array=MAX_ADDRS)
+    except Undecodable as exc:
         raise InviteError(f"the invite's content is not msgpack: {exc}") from None
     return _checked(value, envelope.signer)
 

@@ -19,16 +19,8 @@ def unpack_bounded(data: bytes, *, max_str: int, max_bin: int, max_array: int) -
     """The value msgpack-encoded in ``data``, with strings of at most ``max_str`` chars,
     byte strings of at most ``max_bin`` bytes and arrays of at most ``max_array`` items."""
     try:
-        return msgpack.unpackb(
-            data,
-            raw=False,
-            use_list=False,
-            strict_map_key=True,
-            max_str_len=max_str,
-            max_bin_len=max_bin,
-            max_array_len=max_array,
-            max_map_len=0,
-            max_ext_len=0,
-        )
+        return msgpack.unpackb(data, raw=False, use_list=False, strict_map_key=True,
+                               max_str_len=max_str, max_bin_len=max_bin,
+                               max_array_len=max_array, max_map_len=0, max_ext_len=0)
     except Exception as exc:  # msgpack raises a zoo of types on bad input
         raise Undecodable(f"{type(exc).__name__}: {exc}") from None

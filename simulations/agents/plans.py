@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 import random
 import re
 from dataclasses import dataclass, replace
@@ -33,6 +32,7 @@ from typing import Any
 from crypto.keys import Identity
 from models.evalset import load_evalset
 from models.planset import PLANSET_PATH, load_expressions
+from models.stats import wilson_interval
 from protocol.agents.cards import AgentCard, AgentCards
 from protocol.agents.matching import quantize
 from protocol.agents.pipeline import PipelineConfig
@@ -264,13 +264,6 @@ def ask_all(world: PlanWorld, questions: list[tuple[str, str]]) -> list[dict[str
     return finals
 
 
-def _ci95(hits: int, n: int) -> list[float]:
-    """Wilson's 95% interval of a proportion."""
-    z, p = 1.96, hits / n
-    mid, half = p + z * z / (2 * n), z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return [round((mid - half) / (1 + z * z / n), 4), round((mid + half) / (1 + z * z / n), 4)]
-
-
 def summarize(finals: list[dict[str, Any]], answers: list[str], world: PlanWorld,
               agents: list[SimExecutor]) -> dict[str, Any]:
     counters = world.requester.pipeline.counters
@@ -281,10 +274,11 @@ def summarize(finals: list[dict[str, Any]], answers: list[str], world: PlanWorld
     tagged = [s for s in steps if ARITHMETIC in s["requirement"]["skills"]]
     hits = sum(str(f["answer"]) == a for f, a in zip(finals, answers, strict=True))
     latency = [(f["finished_at_ms"] - f["created_at_ms"]) / 1000 for f in finals]
+    ci95 = [round(bound, 4) for bound in wilson_interval(hits, len(finals))]
     return {
         "questions": len(finals), "plans_valid_fraction": round(valid / max(1, valid + invalid), 4),
         "steps_per_plan": round(sum(len(p["steps"]) for p in plans) / max(1, len(plans)), 4),
-        "accuracy_plan": round(hits / len(finals), 4), "accuracy_plan_ci95": _ci95(hits, len(finals)),
+        "accuracy_plan": round(hits / len(finals), 4), "accuracy_plan_ci95": ci95,
         "plans_answered": sum(p["state"] == "answered" for p in plans),
         "plan_tasks_failed": counters.get("plan_tasks_failed", 0),
         "replans": counters.get("replans", 0), "steps_failed": counters.get("steps_failed", 0),

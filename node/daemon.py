@@ -22,7 +22,6 @@ Lifecycle (``Daemon.run``)
 
 from __future__ import annotations
 
-import importlib
 import os
 import platform
 import random
@@ -38,6 +37,7 @@ from typing import Any
 import trio
 
 from crypto.keys import Identity, load_identity, save_identity
+from node import plugins
 from node.api.app import build_app, serve_api
 from node.api.dashboard import Dashboard
 from node.api.dashboard_state import LiveFeed
@@ -85,8 +85,7 @@ DATA_DIR_MODE = 0o700
 def load_service_classes(names: Mapping[str, str] | None = None) -> dict[str, type[Service]]:
     classes: dict[str, type[Service]] = {}
     for name, target in (SERVICES if names is None else names).items():
-        module_name, _, attr = target.partition(":")
-        cls = getattr(importlib.import_module(module_name), attr)
+        cls = plugins.load(target)
         if getattr(cls, "name", None) != name:
             raise RuntimeError(f"SERVICES[{name!r}] points at {target} whose name is {cls.name!r}")
         classes[name] = cls
@@ -102,8 +101,7 @@ def load_extra_services(targets: tuple[str, ...]) -> dict[str, type[Service]]:
     """Classes named by ``config.extra_services``; they may not declare a config section."""
     classes: dict[str, type[Service]] = {}
     for target in targets:
-        module_name, _, attr = target.partition(":")
-        cls = getattr(importlib.import_module(module_name), attr)
+        cls = plugins.load(target)
         if cls.config_section is not None:
             raise RuntimeError(f"extra service {target} declares a config section; register "
                                "it in node/daemon.py SERVICES instead")

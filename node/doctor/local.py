@@ -8,7 +8,6 @@ is bound and released at once; the model is loaded, timed on a short generation 
 from __future__ import annotations
 
 import errno
-import importlib
 import shutil
 import socket
 import tempfile
@@ -17,6 +16,7 @@ from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
+from node import plugins
 from node.doctor.report import FAIL, PASS, SKIP, WARN, Check
 from node.p2p.multiaddrs import AddrError, direct_tcp_endpoints, tcp_endpoint
 
@@ -109,9 +109,8 @@ def model_check(executor: Any) -> tuple[Check, int]:
                      "set [executor] solver = \"models\" in node.toml to serve the default "
                      "model"), 0
     if executor.solver != "models":
-        module, _, attr = executor.solver.partition(":")
         try:
-            getattr(importlib.import_module(module), attr)
+            plugins.load(executor.solver)
         except (ImportError, AttributeError) as exc:
             return Check("model", FAIL, f"solver {executor.solver!r} cannot be imported: {exc}",
                          "fix [executor] solver in node.toml (\"module:callable\")"), 0

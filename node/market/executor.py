@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import inspect
 from collections.abc import Callable
 from pathlib import Path
@@ -51,6 +50,7 @@ from typing import Any, ClassVar, Protocol
 
 import trio
 
+from node import plugins
 from node.agents.adapters import ADAPTERS_DIR, AgentAdapters
 from node.agents.hosted import AgentRunner
 from node.market.text_pump import TextPump, shared_gap
@@ -112,10 +112,7 @@ class ExecutorSection:
             raise ValueError("price_per_1k must not be negative")
         if self.threads < 0:
             raise ValueError("threads must not be negative (0 = the backend's default)")
-        module, colon, attr = self.solver.partition(":")
-        if self.solver and self.solver not in BUILTIN_SOLVERS and not (colon and module and attr):
-            raise ValueError(f"solver {self.solver!r} is neither one of "
-                             f"{sorted(BUILTIN_SOLVERS)} nor 'module:callable' ('' = none)")
+        plugins.check_choice("solver", self.solver, BUILTIN_SOLVERS)
 
 
 def models_solver(section: ExecutorSection, data_dir: Path) -> Solver:
@@ -130,9 +127,7 @@ def models_solver(section: ExecutorSection, data_dir: Path) -> Solver:
 
 
 def load_solver(spec: str, section: ExecutorSection, data_dir: Path) -> Solver:
-    module_name, _, attr = BUILTIN_SOLVERS.get(spec, spec).partition(":")
-    factory = getattr(importlib.import_module(module_name), attr)
-    solver: Solver = factory(section, data_dir)
+    solver: Solver = plugins.load(spec, BUILTIN_SOLVERS)(section, data_dir)
     return solver
 
 

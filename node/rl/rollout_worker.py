@@ -25,7 +25,6 @@
 from __future__ import annotations
 
 import functools
-import importlib
 import threading
 import time
 from collections.abc import Collection
@@ -34,6 +33,7 @@ from typing import Any, ClassVar, Protocol
 
 import trio
 
+from node import plugins
 from node.rl.dissemination import AdapterFollower, run_model_name
 from node.sections import fed_config, tuning
 from node.service import JobScopes, NodeContext, NurseryService
@@ -92,11 +92,7 @@ class RlWorkerSection:
         fed_config(self, model="")  # WorkerConfig checks slots and hold_ms
         if self.threads < 0 or self.price_per_1k < 0:
             raise ValueError("threads and price_per_1k must not be negative")
-        module, colon, attr = self.generator.partition(":")
-        if (self.generator and self.generator not in BUILTIN_GENERATORS
-                and not (colon and module and attr)):
-            raise ValueError(f"generator {self.generator!r} is neither one of "
-                             f"{sorted(BUILTIN_GENERATORS)} nor 'module:callable' ('' = none)")
+        plugins.check_choice("generator", self.generator, BUILTIN_GENERATORS)
 
 
 class ModelsGenerator:
@@ -152,9 +148,7 @@ def models_generator(section: RlWorkerSection, data_dir: Path) -> Generator:
 
 
 def load_generator(section: RlWorkerSection, data_dir: Path) -> Generator:
-    spec = BUILTIN_GENERATORS.get(section.generator, section.generator)
-    module_name, _, attr = spec.partition(":")
-    generator: Generator = getattr(importlib.import_module(module_name), attr)(section, data_dir)
+    generator: Generator = plugins.load(section.generator, BUILTIN_GENERATORS)(section, data_dir)
     return generator
 
 

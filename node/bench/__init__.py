@@ -10,7 +10,7 @@ run (a ratio), because these machines are shared and noisy.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 #: name -> module path; modules are imported lazily so `symphony --help` stays fast.
@@ -48,6 +48,16 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "scale": ("nodes",),
     "simulate": ("nodes",),
 }
+
+
+def chosen_parts(only: str, parts: Sequence[str]) -> list[str]:
+    """The ``parts`` of a benchmark that ``--only`` names (comma-separated; "" = all), in the
+    order they run; ``ValueError`` naming any unknown one."""
+    named = [p.strip() for p in only.split(",") if p.strip()] if only else list(parts)
+    unknown = sorted(set(named) - set(parts))
+    if unknown:
+        raise ValueError(f"--only: unknown parts {unknown}; choose from {', '.join(parts)}")
+    return [p for p in parts if p in named]
 
 
 def load(name: str) -> Callable[..., dict[str, Any]]:

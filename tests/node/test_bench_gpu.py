@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from node.bench import BENCHMARKS, OPTIONS
+from node.bench import BENCHMARKS, OPTIONS, chosen_parts
 from node.bench.gpu import bench
 from node.cli.main import main
 from tests.models.conftest import tiny_ggufs  # noqa: F401  (the fixture)
@@ -54,12 +54,12 @@ def test_the_bench_and_its_options_are_registered() -> None:
     (" verify ", ["verify"]),
 ])
 def test_only_selects_parts_in_their_running_order(only: str, parts: list[str]) -> None:
-    assert bench._parts(only) == parts
+    assert chosen_parts(only, bench.PARTS) == parts
 
 
 def test_only_refuses_an_unknown_part() -> None:
     with pytest.raises(ValueError, match=r"unknown parts \['cuda'\]"):
-        bench._parts("torch,cuda")
+        chosen_parts("torch,cuda", bench.PARTS)
 
 
 @pytest.mark.parametrize(("part", "via", "why"), [

@@ -38,11 +38,13 @@ def test_honest_is_refused_by_other_benches_and_must_be_positive() -> None:
 
 
 def test_only_picks_the_verify_parts_and_refuses_unknown_ones() -> None:
-    from node.bench.verify.bench import PARTS, _parts
+    from node.bench import chosen_parts
+    from node.bench.verify.bench import PARTS
 
     given = _given(["verify", "--only", "honest", "--honest", "2000"])
     assert given == {"only": "honest", "honest": 2000}
     assert inspect.signature(load("verify")).bind(False, **given).arguments["only"] == "honest"
-    assert _parts("") == list(PARTS) and _parts("stages, honest") == ["honest", "stages"]
+    assert chosen_parts("", PARTS) == list(PARTS)
+    assert chosen_parts("stages, honest", PARTS) == ["honest", "stages"]
     with pytest.raises(ValueError, match="unknown parts \\['chain'\\]"):
-        _parts("honest,chain")
+        chosen_parts("honest,chain", PARTS)

@@ -35,6 +35,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from node.bench import chosen_parts
+
 T = TypeVar("T")
 
 PARTS = ("llama", "torch", "verify", "chain")
@@ -59,7 +61,7 @@ def run(quick: bool, model: str = "", only: str = "") -> dict[str, Any]:
     if not report.found:
         figures["measured"] = f"nothing: no GPU ({report.why})"
         return figures
-    parts = _parts(only)
+    parts = chosen_parts(only, PARTS)
     from models.registry import resolve
 
     info = resolve(model or None)
@@ -82,15 +84,6 @@ def run(quick: bool, model: str = "", only: str = "") -> dict[str, Any]:
         figures[f"{part}_measured"] = True
     figures["wall_s"] = round(time.perf_counter() - started, 3)
     return figures
-
-
-def _parts(only: str) -> list[str]:
-    """The parts ``--only`` names (comma-separated; "" = all), in the order they run."""
-    named = [p.strip() for p in only.split(",") if p.strip()] if only else list(PARTS)
-    unknown = sorted(set(named) - set(PARTS))
-    if unknown:
-        raise ValueError(f"--only: unknown parts {unknown}; choose from {', '.join(PARTS)}")
-    return [p for p in PARTS if p in named]
 
 
 def missing(part: str, via: Sequence[str]) -> str:

@@ -73,6 +73,7 @@ from typing import Any
 from models.checks import CheckRunner
 from models.commitments import CHUNK_TOKENS, Commitments, commitments_for, fingerprints_for
 from models.fingerprint import blob_positions
+from node.bench import chosen_parts
 from node.bench.verify import swaps
 from node.bench.verify.honest import run_honest
 from node.bench.verify.stages import run as stage_figures
@@ -145,7 +146,7 @@ def run(quick: bool, honest: int | None = None, only: str = "") -> dict[str, Any
     from models.evalset import load_evalset
     from models.state_store import StateStore
 
-    parts = _parts(only)
+    parts = chosen_parts(only, PARTS)
     figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="symphony-bench-states-") as tmp:
         store, rng, runner = StateStore(Path(tmp)), random.Random(6), None
@@ -165,15 +166,6 @@ def run(quick: bool, honest: int | None = None, only: str = "") -> dict[str, Any
     if "stages" in parts:
         figures.update(stage_figures(quick))  # distributed inference's stage checks
     return figures
-
-
-def _parts(only: str) -> list[str]:
-    """The parts ``--only`` names (comma-separated; "" = all), in the order they run."""
-    named = [p.strip() for p in only.split(",") if p.strip()] if only else list(PARTS)
-    unknown = sorted(set(named) - set(PARTS))
-    if unknown:
-        raise ValueError(f"--only: unknown parts {unknown}; choose from {', '.join(PARTS)}")
-    return [p for p in PARTS if p in named]
 
 
 def _tasks_part(quick: bool, store: Any, folder: Path, rng: random.Random,

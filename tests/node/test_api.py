@@ -24,6 +24,7 @@ from node.control import (
     DaemonNotRunning,
     read_daemon_info,
     refusal,
+    tls_verify,
     write_daemon_info,
 )
 from node.daemon import prepare_data_dir
@@ -129,3 +130,9 @@ def test_a_refusal_says_what_the_daemon_said(answer: dict[str, object], said: st
     response = httpx.Response(400, request=request, **answer)  # type: ignore[arg-type]
     exc = httpx.HTTPStatusError("refused", request=request, response=response)
     assert refusal(exc) == said
+
+
+def test_certificates_are_checked_on_https_and_not_loaded_for_plain_http() -> None:
+    assert tls_verify("https://node.example:8443") is True
+    assert tls_verify("http://127.0.0.1:7000") is False
+    assert tls_verify("HTTPS://node.example") is True  # any scheme but plain http verifies

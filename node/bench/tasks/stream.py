@@ -17,6 +17,8 @@ from typing import Any
 
 import httpx
 
+from node.control import tls_verify
+
 
 class StreamFailed(Exception):
     """The stream ended in an error event, or without ``[DONE]``."""
@@ -32,6 +34,7 @@ def stream_chat(api_url: str, token: str, model: str, question: str, max_tokens:
     first: float | None = None
     chunks = 0
     with httpx.stream("POST", f"{api_url}/v1/chat/completions", json=body, timeout=timeout_s,
+                      verify=tls_verify(api_url),
                       headers={"Authorization": f"Bearer {token}"}) as response:
         response.raise_for_status()
         for line in response.iter_lines():

@@ -6,15 +6,20 @@ prompts on every machine, no two alike (so a held-out prompt never reappears amo
 training ones, models/rl/env.py's split). Each asks for the answer as one line
 ``Final answer: <number>``. A completion earns
 
-- ``FORMAT_REWARD`` when it is well formed: its text, stripped, is one line holding an integer
-  and nothing else, after ``Final answer:`` or bare (an optional full stop after it);
+- ``FORMAT_REWARD`` when it is well formed: its text, stripped, ends with a line holding an
+  integer and nothing else, after ``Final answer:``, ``Answer:`` or ``The answer is`` (any
+  case, the colon optional) or bare, an optional full stop after it, with at most
+  ``WORKING_LINES`` line of working before it (blank lines not counted);
 - ``ANSWER_REWARD`` on top when, well formed, that integer is the right one.
 
 So the reward is 0, ``FORMAT_REWARD`` or ``FORMAT_REWARD + ANSWER_REWARD``, and a completion is
 *correct* (what the held-out accuracy counts, models/rl/heldout.py) when it earns both: the
-task is the format and the answer together. The bare integer counts as well formed because the
-default model, sampled, gives one now and then while it almost never writes the
-``Final answer:`` line unprompted by training: a reward it never earns gives GRPO no signal.
+task is the format and the answer together. The answer line may take the phrasings the default
+model uses on its own now and then (the bare integer, ``The answer is 17.``), because it almost
+never writes the ``Final answer:`` line unprompted by training and a reward it never earns gives
+GRPO no signal. A line of working is allowed before it because asked freely the default model
+writes the equation (``8 - 3 = 5``) and ends there: a completion that goes on to an answer line
+is well formed, so GRPO may keep the working rather than trade it for a bare guess.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ ARITH_MAX = 20
 FORMAT_REWARD = 0.5
 ANSWER_REWARD = 1.0
 
-_LINE_RE = re.compile(r"(?:Final answer:[ \t]*)?(-?\d+)\.?")
+_LINE_RE = re.compile(r"(?:(?:Final answer|The answer is|Answer):?[ \t]*)?(-?\d+)\.?", re.IGNORECASE)
 
 
 def questions(most: int = ARITH_MAX) -> list[tuple[str, int]]:
@@ -41,9 +46,16 @@ def questions(most: int = ARITH_MAX) -> list[tuple[str, int]]:
     return out
 
 
+#: lines of working allowed before the answer line
+WORKING_LINES = 1
+
+
 def well_formed(completion: str) -> int | None:
     """The integer of a well-formed completion, else None."""
-    m = _LINE_RE.fullmatch(completion.strip())
+    lines = [line for line in completion.strip().splitlines() if line.strip()]
+    if not lines or len(lines) > WORKING_LINES + 1:
+        return None
+    m = _LINE_RE.fullmatch(lines[-1].strip())
     return int(m.group(1)) if m else None
 
 

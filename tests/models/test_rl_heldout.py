@@ -73,11 +73,13 @@ def test_the_arithmetic_environment_rewards_format_then_answer() -> None:
     assert env.size == len(set(questions())) == 21 * 21 + 21 * 22 // 2
     right = env.answer(3)
     assert env.reward(3, f"Final answer: {right}") == FORMAT_REWARD + ANSWER_REWARD
-    assert env.reward(3, f" {right}.\n") == FORMAT_REWARD + ANSWER_REWARD
-    assert env.correct(3, f"Final answer: {right}")
+    for formed in (f" {right}.\n", f"The answer is {right}.", f"answer:{right}",
+                   f"1 + 1 = 2\n\nThe answer is: {right}", f"working\nFinal answer: {right}"):
+        assert env.reward(3, formed) == FORMAT_REWARD + ANSWER_REWARD and env.correct(3, formed)
     assert env.reward(3, f"Final answer: {right + 1}") == FORMAT_REWARD
     assert not env.correct(3, f"Final answer: {right + 1}")
-    for sloppy in (f"The answer is {right}", f"Final answer: {right}\nbecause", ""):
+    for sloppy in (f"The answer is {right} apples", f"Final answer: {right}\nbecause",
+                   f"3 + 4 = {right}", f"one\ntwo\nFinal answer: {right}", f"{right} {right}", ""):
         assert env.reward(3, sloppy) == 0.0 and not env.correct(3, sloppy)
     question = env.prompt(3)[0]["content"]
     a, op, b = question.removeprefix("What is ").split("?")[0].split()

@@ -55,7 +55,8 @@ def _run(monkeypatch: pytest.MonkeyPatch, sync: TrainReport, asyn: TrainReport) 
     return bench_rl.run(quick=True), configs
 
 
-def test_the_figures_are_exactly_the_named_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_figures_are_exactly_the_named_keys(monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
     # 8 rollouts in 2 s per worker (r = 4/s) against B / T = 8 / 10 s: one worker suffices
     figures, configs = _run(monkeypatch, _report(10.0, 2.0, 30.0, 0.2),
                             _report(10.0, 2.0, 21.0, 0.3, stale=1))
@@ -73,6 +74,11 @@ def test_the_figures_are_exactly_the_named_keys(monkeypatch: pytest.MonkeyPatch)
     assert (figures["heldout_base"], figures["heldout_trained_sync"],
             figures["heldout_trained_async"]) == (0.25, 0.5, 0.75)
     assert figures["heldout_ci95"] == pytest.approx(0.15)  # the widest of the three
+    # the test of the run: each adapter more than 2 x 0.15 above the base's 0.25
+    err = capsys.readouterr().err
+    assert "trained (sync) - base = 0.250 vs 2 x ci95 = 0.300: NOT beyond" in err
+    assert "trained (async) - base = 0.500 vs 2 x ci95 = 0.300: beats the base" in err
+    assert "async - sync = 0.250 vs -ci95 = -0.150: no worse" in err
 
 
 def test_a_machine_that_cannot_hold_the_rule_reports_no_busy_fraction(

@@ -6,20 +6,23 @@ prompts on every machine, no two alike (so a held-out prompt never reappears amo
 training ones, models/rl/env.py's split). Each asks for the answer as one line
 ``Final answer: <number>``. A completion earns
 
-- ``FORMAT_REWARD`` when it is well formed: its text, stripped, ends with a line holding an
-  integer and nothing else, after ``Final answer:``, ``Answer:`` or ``The answer is`` (any
-  case, the colon optional) or bare, an optional full stop after it, with at most
-  ``WORKING_LINES`` line of working before it (blank lines not counted);
-- ``ANSWER_REWARD`` on top when, well formed, that integer is the right one.
+- ``ANSWER_REWARD`` when its last integer is the right answer, whatever its form;
+- ``FORMAT_REWARD`` on top when it is well formed: its text, stripped, ends with a line
+  holding an integer and nothing else, after ``Final answer:``, ``Answer:`` or ``The answer
+  is`` (any case, the colon optional) or bare, an optional full stop after it, with at most
+  ``WORKING_LINES`` line of working before it (blank lines not counted).
 
-So the reward is 0, ``FORMAT_REWARD`` or ``FORMAT_REWARD + ANSWER_REWARD``, and a completion is
-*correct* (what the held-out accuracy counts, models/rl/heldout.py) when it earns both: the
-task is the format and the answer together. The answer line may take the phrasings the default
-model uses on its own now and then (the bare integer, ``The answer is 17.``), because it almost
-never writes the ``Final answer:`` line unprompted by training and a reward it never earns gives
-GRPO no signal. A line of working is allowed before it because asked freely the default model
-writes the equation (``8 - 3 = 5``) and ends there: a completion that goes on to an answer line
-is well formed, so GRPO may keep the working rather than trade it for a bare guess.
+A completion is *correct* (what the held-out accuracy counts, models/rl/heldout.py) when it
+earns both: the task is the format and the answer together. Why the parts:
+
+- Asked freely, the default model writes the equation (``8 - 3 = 5``) and stops there, right
+  more often than not; it almost never writes the ``Final answer:`` line, and the answers it
+  gives with no working are mostly guesses. Rewarding the format alone teaches the shortest
+  well-formed reply, a bare guess, and the arithmetic is lost.
+- Crediting the right last number keeps the worked equation as good as a bare guess, so the
+  policy keeps it, and the best reply is the equation followed by an answer line (the model
+  writes ``The answer is: 29`` after one now and then): that is where GRPO
+  can move, one group at a time.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ ARITH_MAX = 20
 FORMAT_REWARD = 0.5
 ANSWER_REWARD = 1.0
 
+_INT_RE = re.compile(r"-?\d+")
 _LINE_RE = re.compile(r"(?:(?:Final answer|The answer is|Answer):?[ \t]*)?(-?\d+)\.?", re.IGNORECASE)
 
 
@@ -83,10 +87,10 @@ class ArithmeticEnvironment:
                  "content": f"What is {question}? Reply with one line: Final answer: <number>"}]
 
     def reward(self, prompt: int, completion: str) -> float:
-        got = well_formed(completion)
-        if got is None:
-            return 0.0
-        return FORMAT_REWARD + (ANSWER_REWARD if got == self.answer(prompt) else 0.0)
+        numbers = _INT_RE.findall(completion)
+        right = bool(numbers) and int(numbers[-1]) == self.answer(prompt)
+        formed = well_formed(completion) is not None
+        return (ANSWER_REWARD if right else 0.0) + (FORMAT_REWARD if formed else 0.0)
 
     def correct(self, prompt: int, completion: str) -> bool:
         return well_formed(completion) == self.answer(prompt)

@@ -120,3 +120,4 @@ def test_the_plot_from_two_run_directories_splits_format_and_accuracy(tmp_path: 
     assert asyn["format"] == [0.5] * 3 and asyn["correct"] == [0.0] * 3
     assert sync["heldout"] == [[2, 0.4, 0.1]] and sync["kl"] == [0.01, 0.02, 0.03]
     assert bench_rl.reward_parts(()) == (0.0, 0.0)
+    assert bench_rl.reward_parts((1.0, 1.0, 0.5, 0.0)) == (0.25, 0.0)  # right but unformed

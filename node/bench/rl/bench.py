@@ -49,7 +49,7 @@ ASYNC_STALENESS = 2
 #: learned within the first 10 steps and the held-out accuracy settled after it)
 QUICK_STEPS, FULL_STEPS = 8, 24
 #: tokens per completion: room for a line of working and the answer line (models/rl/arith_env.py)
-QUICK_TOKENS, FULL_TOKENS = 16, 16
+QUICK_TOKENS, FULL_TOKENS = 24, 24
 #: AdamW's learning rate on the adapter and the KL-to-base weight (the README's sweep table)
 LEARNING_RATE, KL_COEF = 1e-3, 0.1
 #: the environment both runs train on (models/rl/arith_env.py) and its held-out prompts
@@ -199,15 +199,17 @@ def _window(xs: list[float], n: int = 10) -> list[float]:
 
 
 def reward_parts(rewards: tuple[float, ...]) -> tuple[float, float]:
-    """(share well formed, share correct) of a step's completions, from the arithmetic
-    environment's rewards (models/rl/arith_env.py): 0, FORMAT_REWARD when well formed,
-    FORMAT_REWARD + ANSWER_REWARD when also right."""
+    """(share well formed, share correct: well formed and right) of a step's completions, from
+    the arithmetic environment's rewards (models/rl/arith_env.py): ANSWER_REWARD for the right
+    number, FORMAT_REWARD on top when well formed (0, FORMAT, ANSWER or both: one way each)."""
     from models.rl.arith_env import ANSWER_REWARD, FORMAT_REWARD
 
     if not rewards:
         return 0.0, 0.0
-    fmt = sum(r >= FORMAT_REWARD - 1e-9 for r in rewards) / len(rewards)
-    return fmt, sum(r >= FORMAT_REWARD + ANSWER_REWARD - 1e-9 for r in rewards) / len(rewards)
+    right = [r >= ANSWER_REWARD - 1e-9 for r in rewards]
+    formed = [r - ANSWER_REWARD * k >= FORMAT_REWARD - 1e-9 for r, k in zip(rewards, right, strict=True)]
+    n = len(rewards)
+    return sum(formed) / n, sum(f and k for f, k in zip(formed, right, strict=True)) / n
 
 
 #: the per-step telemetry drawn in the plot's last panel (StepStats fields)

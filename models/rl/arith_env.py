@@ -84,7 +84,8 @@ class ArithmeticEnvironment:
     def prompt(self, index: int) -> list[Message]:
         question, _ = self._question(index)
         return [{"role": "user",
-                 "content": f"What is {question}? Reply with one line: Final answer: <number>"}]
+                 "content": f"What is {question}? Write {question} = <number> on one line, "
+                            "then the line: Final answer: <number>"}]
 
     def reward(self, prompt: int, completion: str) -> float:
         numbers = _INT_RE.findall(completion)

@@ -4,25 +4,28 @@ The prompts are every distinct question ``a + b`` and ``a - b`` (``a >= b``, so 
 answers) with ``a, b`` in ``[0, ARITH_MAX]``, in an order shuffled by a fixed seed: the same
 prompts on every machine, no two alike (so a held-out prompt never reappears among the
 training ones, models/rl/env.py's split). Each asks for the answer as one line
-``Final answer: <number>``. A completion earns
+``Final answer: <number>``, after the equation. A completion earns
 
-- ``ANSWER_REWARD`` when its last integer is the right answer, whatever its form;
-- ``FORMAT_REWARD`` on top when it is well formed: its text, stripped, ends with a line
-  holding an integer and nothing else, after ``Final answer:``, ``Answer:`` or ``The answer
-  is`` (any case, the colon optional) or bare, an optional full stop after it, with at most
-  ``WORKING_LINES`` line of working before it (blank lines not counted).
+- ``FORMAT_REWARD`` when it is well formed: its text, stripped, ends with a line holding an
+  integer and nothing else, after ``Final answer:``, ``Answer:`` or ``The answer is`` (any
+  case, the colon optional) or bare, an optional full stop after it, with at most
+  ``WORKING_LINES`` line of working before it (blank lines not counted);
+- ``ANSWER_REWARD`` on top when, well formed, that integer is the right one.
 
-A completion is *correct* (what the held-out accuracy counts, models/rl/heldout.py) when it
-earns both: the task is the format and the answer together. Why the parts:
+So the reward is 0, ``FORMAT_REWARD`` or ``FORMAT_REWARD + ANSWER_REWARD``, and a completion is
+*correct* (what the held-out accuracy counts, models/rl/heldout.py) when it earns both: the
+task is the format and the answer together. Why this form:
 
-- Asked freely, the default model writes the equation (``8 - 3 = 5``) and stops there, right
-  more often than not; it almost never writes the ``Final answer:`` line, and the answers it
-  gives with no working are mostly guesses. Rewarding the format alone teaches the shortest
-  well-formed reply, a bare guess, and the arithmetic is lost.
-- Crediting the right last number keeps the worked equation as good as a bare guess, so the
-  policy keeps it, and the best reply is the equation followed by an answer line (the model
-  writes ``The answer is: 29`` after one now and then): that is where GRPO
-  can move, one group at a time.
+- Asked freely, the default model writes the equation (``8 - 3 = 5``) and stops, right more
+  often than not; the answers it gives with no working are mostly guesses. A task whose only
+  well-formed reply is the bare answer teaches a bare guess, and the arithmetic is lost.
+- Asked for the equation and then the answer line, it often writes the equation and
+  ``The answer is: 5`` after it (the phrasing it prefers to ``Final answer:``), which is why
+  those phrasings count: the format is within reach of sampling, so GRPO gets a signal from
+  the first steps, and what it improves is the equation's result and how often the answer
+  line follows it.
+- A right number outside the form earns nothing: credited, it taught the model to drop the
+  answer line (the equation alone earned almost as much, and more reliably).
 """
 
 from __future__ import annotations
@@ -37,7 +40,6 @@ ARITH_MAX = 20
 FORMAT_REWARD = 0.5
 ANSWER_REWARD = 1.0
 
-_INT_RE = re.compile(r"-?\d+")
 _LINE_RE = re.compile(r"(?:(?:Final answer|The answer is|Answer):?[ \t]*)?(-?\d+)\.?", re.IGNORECASE)
 
 
@@ -88,10 +90,10 @@ class ArithmeticEnvironment:
                             "then the line: Final answer: <number>"}]
 
     def reward(self, prompt: int, completion: str) -> float:
-        numbers = _INT_RE.findall(completion)
-        right = bool(numbers) and int(numbers[-1]) == self.answer(prompt)
-        formed = well_formed(completion) is not None
-        return (ANSWER_REWARD if right else 0.0) + (FORMAT_REWARD if formed else 0.0)
+        got = well_formed(completion)
+        if got is None:
+            return 0.0
+        return FORMAT_REWARD + (ANSWER_REWARD if got == self.answer(prompt) else 0.0)
 
     def correct(self, prompt: int, completion: str) -> bool:
         return well_formed(completion) == self.answer(prompt)

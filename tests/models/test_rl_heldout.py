@@ -78,12 +78,9 @@ def test_the_arithmetic_environment_rewards_format_then_answer() -> None:
         assert env.reward(3, formed) == FORMAT_REWARD + ANSWER_REWARD and env.correct(3, formed)
     assert env.reward(3, f"Final answer: {right + 1}") == FORMAT_REWARD
     assert not env.correct(3, f"Final answer: {right + 1}")
-    # the right last number earns the answer's part alone when the form is wrong
     for sloppy in (f"The answer is {right} apples", f"3 + 4 = {right}", f"{right} {right}",
-                   f"one\ntwo\nFinal answer: {right}", f"Final answer: {right}\nbecause"):
-        assert env.reward(3, sloppy) == ANSWER_REWARD and not env.correct(3, sloppy)
-    for wrong in (f"Final answer: {right} or {right + 1}", "no", ""):
-        assert env.reward(3, wrong) == 0.0 and not env.correct(3, wrong)
+                   f"one\ntwo\nFinal answer: {right}", f"Final answer: {right}\nbecause", ""):
+        assert env.reward(3, sloppy) == 0.0 and not env.correct(3, sloppy)
     question = env.prompt(3)[0]["content"]
     a, op, b = question.removeprefix("What is ").split("?")[0].split()
     assert (int(a) + int(b) if op == "+" else int(a) - int(b)) == right >= 0

@@ -47,7 +47,7 @@ ASYNC_STALENESS = 2
 #: the full run's steps per mode: sized so both modes, the held-out curve and the final
 #: scores fit in about an hour on 2 shared CPU cores (the README's sweep shows the format
 #: learned within the first 10 steps and the held-out accuracy settled after it)
-QUICK_STEPS, FULL_STEPS = 8, 24
+QUICK_STEPS, FULL_STEPS = 8, 20
 #: tokens per completion: room for a line of working and the answer line (models/rl/arith_env.py)
 QUICK_TOKENS, FULL_TOKENS = 24, 24
 #: AdamW's learning rate on the adapter and the KL-to-base weight (the README's sweep table)
@@ -58,7 +58,7 @@ ENVIRONMENT = "arith"
 QUICK_EVAL_PROMPTS, FULL_EVAL_PROMPTS = 24, 0
 #: the full run also scores the learner's newest version every this many steps (the plot's
 #: held-out curve), on this many held-out prompts
-FULL_EVAL_EVERY, FULL_CURVE_PROMPTS = 6, 48
+FULL_EVAL_EVERY, FULL_CURVE_PROMPTS = 5, 48
 #: worker processes beside the learner, at most: each is a llama.cpp process of its own, and
 #: more than the cores the learner leaves free would slow every one of them down
 MAX_WORKERS = 2

@@ -45,8 +45,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 #: the asynchronous run's staleness bound
 ASYNC_STALENESS = 2
 #: the full run's steps per mode: sized so both modes, the held-out curve and the final
-#: scores fit in about an hour on 2 shared CPU cores (the README's sweep shows the format
-#: learned within the first 10 steps and the held-out accuracy settled after it)
+#: scores fit in under an hour on 2 shared CPU cores (the README gives the run's time and
+#: what the held-out accuracy does in that many steps)
 QUICK_STEPS, FULL_STEPS = 8, 20
 #: tokens per completion: room for a line of working and the answer line (models/rl/arith_env.py)
 QUICK_TOKENS, FULL_TOKENS = 24, 24

@@ -62,6 +62,17 @@ typedef struct {
     int64_t * next;    /* per slot: the position its next row goes to */
 } capture_t;
 
+/* The rows of ``t`` when it is a contiguous f32 tensor of whole rows of ``hidden`` floats
+   (what both callbacks can copy out), else -1. */
+static int64_t f32_rows(const struct ggml_tensor * t, int64_t hidden) {
+    int64_t n = ggml_nelements(t), rows = ggml_nrows(t);
+    if (ggml_nbytes(t) != (size_t) n * sizeof(float) || !ggml_is_contiguous(t)
+            || n != rows * hidden) {
+        return -1;
+    }
+    return rows;
+}
+
 static int64_t slot_named(int64_t n_slots, const char * name) {
     if (strncmp(name, "l_out-", 6) == 0) {
         char * end;
@@ -87,9 +98,8 @@ bool symphony_capture_eval(struct ggml_tensor * t, bool ask, void * user_data) {
     if (slot < 0) {
         return true;
     }
-    int64_t n = ggml_nelements(t), rows = ggml_nrows(t);
-    if (ggml_nbytes(t) != (size_t) n * sizeof(float) || !ggml_is_contiguous(t)
-            || n != rows * c->hidden) {
+    int64_t rows = f32_rows(t, c->hidden);
+    if (rows < 0) {
         c->error = c->error ? c->error : 1;
         return true;
     }
@@ -102,7 +112,7 @@ bool symphony_capture_eval(struct ggml_tensor * t, bool ask, void * user_data) {
         return true;
     }
     ggml_backend_tensor_get(t, c->out + (slot * c->capacity + start) * c->hidden, 0,
-                            (size_t) n * sizeof(float));
+                            (size_t) (rows * c->hidden) * sizeof(float));
     c->next[slot] = start + rows;
     return true;
 }
@@ -137,9 +147,8 @@ bool symphony_batch_capture_eval(struct ggml_tensor * t, bool ask, void * user_d
     if (slot < 0) {
         return true;
     }
-    int64_t n = ggml_nelements(t), rows = ggml_nrows(t);
-    if (ggml_nbytes(t) != (size_t) n * sizeof(float) || !ggml_is_contiguous(t)
-            || n != rows * c->hidden) {
+    int64_t rows = f32_rows(t, c->hidden);
+    if (rows < 0) {
         c->error = c->error ? c->error : 1;
         return true;
     }

@@ -11,7 +11,7 @@ import click
 import pytest
 
 from node.cli.node import MAX_LIGHT_TESTNET_NODES, MAX_TESTNET_NODES
-from node.cli.node import testnet as testnet_command
+from node.cli.node import testnet as cli_testnet
 from node.daemon import LIGHT_SERVICES, SERVICES, light_services
 from node.testnet import LocalTestnet
 from tests.node.conftest import ROOT
@@ -47,11 +47,11 @@ def test_a_light_daemon_imports_no_model_library_nor_the_mcp_sdk() -> None:
 def test_testnet_refuses_many_full_daemons_but_not_light_ones() -> None:
     over = str(MAX_TESTNET_NODES + 1)
     with pytest.raises(click.BadParameter, match="needs --light"):
-        testnet_command.main(["--nodes", over], standalone_mode=False)
-    with testnet_command.make_context("testnet", ["--nodes", "100", "--light"]) as ctx:
+        cli_testnet.main(["--nodes", over], standalone_mode=False)
+    with cli_testnet.make_context("testnet", ["--nodes", "100", "--light"]) as ctx:
         assert ctx.params["nodes"] == 100 and ctx.params["light"] is True
     with pytest.raises(click.BadParameter):
-        testnet_command.make_context("testnet", ["--nodes", str(MAX_LIGHT_TESTNET_NODES + 1),
+        cli_testnet.make_context("testnet", ["--nodes", str(MAX_LIGHT_TESTNET_NODES + 1),
                                          "--light"])
 
 

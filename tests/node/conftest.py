@@ -45,7 +45,7 @@ from typing import Any
 import pytest
 
 from node.testnet import FAST_MEMBERSHIP, LocalTestnet, NodeProcess
-from tests.node.netns import ROOT, Nat, why_not
+from tests.node.netns import ROOT, Nat, opened
 
 TEST_NETWORK_ID = "itest"
 #: test daemons load no model unless a test asks (loading and measuring it costs seconds)
@@ -111,15 +111,4 @@ def run_cli(*args: str, data_dir: Path | None = None,
 @pytest.fixture
 def nat() -> Iterator[Nat]:
     """The NAT of tests/node/netns.py, or a skip saying why namespaces cannot be made."""
-    why = why_not()
-    if why:
-        pytest.skip(why)
-    net = Nat()
-    try:
-        try:
-            net.open()
-        except subprocess.CalledProcessError as exc:
-            raise AssertionError(f"building the NAT failed: {exc.cmd}: {exc.stderr}") from None
-        yield net
-    finally:
-        net.close()
+    yield from opened(Nat(), "the NAT")

@@ -10,8 +10,11 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
+
+import pytest
 
 #: the repository root (nat_peer.py runs from there)
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +36,31 @@ def why_not() -> str:
         return f"ip netns add is not permitted here: {made.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return ""
+
+
+class Namespaces(Protocol):
+    def open(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+N = TypeVar("N", bound=Namespaces)
+
+
+def opened(net: N, what: str) -> Iterator[N]:
+    """A fixture's body: ``net`` built (a skip saying why when namespaces cannot be made here),
+    yielded, and removed again, whatever the test did."""
+    why = why_not()
+    if why:
+        pytest.skip(why)
+    try:
+        try:
+            net.open()
+        except subprocess.CalledProcessError as exc:
+            raise AssertionError(f"building {what} failed: {exc.cmd}: {exc.stderr}") from None
+        yield net
+    finally:
+        net.close()
 
 
 class Nat:

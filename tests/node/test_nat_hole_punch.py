@@ -27,7 +27,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.node.netns import NatPeer, sh, why_not
+from tests.node.netns import NatPeer, opened, sh
 
 pytestmark = pytest.mark.integration
 
@@ -85,18 +85,7 @@ class TwoNats:
 
 @pytest.fixture
 def nats() -> Iterator[TwoNats]:
-    why = why_not()
-    if why:
-        pytest.skip(why)
-    net = TwoNats()
-    try:
-        try:
-            net.open()
-        except subprocess.CalledProcessError as exc:
-            raise AssertionError(f"building the NATs failed: {exc.cmd}: {exc.stderr}") from None
-        yield net
-    finally:
-        net.close()
+    yield from opened(TwoNats(), "the NATs")
 
 
 def test_two_nodes_behind_two_nats_punch_a_direct_connection(nats: TwoNats) -> None:

@@ -66,7 +66,7 @@ from protocol.market.messages import (
 )
 from protocol.market.options import AuctionOptions
 from protocol.market.refusals import count, opened, rejecter
-from protocol.market.selection import Candidate, Selector
+from protocol.market.selection import Candidate, Selector, assignment_ms
 from protocol.market.state import (
     Attempt,
     AttemptState,
@@ -268,9 +268,8 @@ class Bidding:
 
     def _assign(self, task: OpenTask, info: BidInfo, now: int) -> list[Effect]:
         b = info.body
-        due = now + self.config.assign_base_ms + int(self.config.assign_slack *
-                                                      b.est_latency_ms)
-        due = min(due, task.deadline_at_ms)
+        due = now + assignment_ms(self.config.assign_base_ms, self.config.assign_slack,
+                                  b.est_latency_ms, task.deadline_at_ms - now)
         attempt = Attempt(task.next_attempt, b.bidder, info, AttemptState.ASSIGNED, now, due)
         task.next_attempt += 1
         task.attempts[attempt.attempt] = attempt

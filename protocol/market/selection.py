@@ -38,6 +38,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+def assignment_ms(base_ms: int, slack: float, est_latency_ms: int, left_ms: int) -> int:
+    """How long the picked bidder gets to deliver: a fixed base plus ``slack`` times its own
+    latency estimate (a slow machine that says so gets room, and a bid that understates its
+    latency runs out of it), never past the ``left_ms`` the task or job has left. The task
+    market and the rollout auction both give this deadline."""
+    return min(left_ms, base_ms + int(slack * est_latency_ms))
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
     peer: str

@@ -36,7 +36,7 @@ from protocol.codec import MAX_FRAME_BYTES, Message
 from protocol.envelopes import Unopened, open_authored, seal
 from protocol.machine import Effect, Emit, OnMessage, Publish, Received, Send, Tick, on_received
 from protocol.market.messages import MAX_TASK_MS, BidBody
-from protocol.market.selection import Candidate, Selector
+from protocol.market.selection import Candidate, Selector, assignment_ms
 from protocol.rl.events import Convict, GroupAccepted, IssueJobs, PublishVersion
 from protocol.rl.jobs import ACCEPTED, INVALID, STALE, JobBook, Verdict
 from protocol.rl.messages import (
@@ -183,7 +183,7 @@ class RolloutAuction:
             return self._beacon(job, open_job.round + 1, now)
         worker = picked[0].peer
         s = self.settings
-        due = min(left, int(s.assign_base_ms + s.assign_slack * picked[0].est_latency_ms))
+        due = assignment_ms(s.assign_base_ms, s.assign_slack, picked[0].est_latency_ms, left)
         if due < 1:
             return []
         attempt = self.next_attempt

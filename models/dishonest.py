@@ -76,6 +76,7 @@ class DishonestStage:
         self.honest, self.kind, self.scale, self.seed = stage, kind, scale, seed
         self.config, self.start, self.end = stage.config, stage.start, stage.end
         self.hidden_size, self.layers = stage.hidden_size, stage.layers
+        self.rotary, self.device, self.dtype = stage.rotary, stage.device, stage.dtype
         self.bytes_per_position = stage.bytes_per_position
         cheap = kind in ("coarser_quant", "bf16")
         self._rewritten = _rewritten(stage.layers, kind) if cheap else None

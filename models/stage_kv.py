@@ -13,7 +13,9 @@ rows checks them all.
 
 * :func:`step_kv` reads positions [start, start + n) out of a models.blocks.StageCache as an
   array (n, layers, 2, kv_heads * head_dim), fp32 (a layer the stage never cached, as a
-  stage that skips it, gives zeros: what it has to show for it).
+  stage that skips it, gives zeros: what it has to show for it); its bytes, little-endian,
+  are protocol.inference.recheck's K/V layout, what a stage commits to.
+* :func:`load_kv` appends such rows (a stage's committed ones) to a cache: a checker's.
 * :func:`recheck` recomputes rows at arbitrary positions on committed K/V: their outputs and
   their K/V rows, in one forward through the stage's own layers (models.hf_layers'
   rotary embeddings, a mask of each row over the committed positions up to its own).
@@ -28,19 +30,45 @@ import numpy as np
 import torch
 
 
-def step_kv(cache: Any, layers: range, start: int, n: int) -> np.ndarray:
+def kv_width(config: Any) -> int:
+    """Values in one key (or value) row of one layer: kv_heads * head_dim."""
+    head_dim = getattr(config, "head_dim", None) or (
+        config.hidden_size // config.num_attention_heads)
+    return int(config.num_key_value_heads) * int(head_dim)
+
+
+def step_kv(cache: Any, layers: range, start: int, n: int, width: int | None = None,
+            ) -> np.ndarray:
     """The K/V rows of positions [start, start + n) of ``layers`` (global layer indices)
-    held in ``cache``: (n, len(layers), 2, kv_width) fp32; zeros for a layer never cached."""
+    held in ``cache``: (n, len(layers), 2, kv_width) fp32; zeros for a layer never cached
+    (``width``: kv_width, read off the cache when not given)."""
     held = cache.held()
-    width = next(int(k.shape[1] * k.shape[3]) for k, _ in held.values())
+    if width is None:
+        width = next(int(k.shape[1] * k.shape[3]) for k, _ in held.values())
     out = np.zeros((n, len(layers), 2, width), dtype=np.float32)
     for j, index in enumerate(layers):
         if index not in held:
             continue
         for h, t in enumerate(held[index]):  # (1, kv_heads, T, head_dim)
             rows = t[0, :, start:start + n, :].permute(1, 0, 2).reshape(n, width)
-            out[:, j, h] = rows.float().numpy()
+            out[:, j, h] = rows.float().cpu().numpy()
     return out
+
+
+def load_kv(stage: Any, cache: Any, layers: range, start: int, kv: np.ndarray) -> None:
+    """Append ``kv`` (n, len(layers), 2, kv_width) as positions start.. of ``layers`` to
+    ``cache`` (cut to ``start`` first), on ``stage``'s device and dtype; ValueError for
+    values that are not finite."""
+    if not np.isfinite(kv).all():
+        raise ValueError("committed K/V: non-finite values")
+    cache.crop(min(start, cache.length))
+    if cache.length != start:
+        raise ValueError(f"committed K/V from {start}, the cache holds {cache.length}")
+    heads = int(stage.config.num_key_value_heads)
+    for j, index in enumerate(layers):
+        k, v = (torch.from_numpy(np.ascontiguousarray(kv[:, j, h])).reshape(len(kv), heads, -1)
+                .permute(1, 0, 2)[None].to(stage.device, stage.dtype) for h in (0, 1))
+        cache.update(k, v, index)
 
 
 class _Committed:
@@ -57,7 +85,8 @@ class _Committed:
         return self.kv[layer_idx]
 
 
-def _mask(config: Any, kind: str, positions: np.ndarray, total: int) -> torch.Tensor:
+def _mask(config: Any, kind: str, positions: np.ndarray, total: int,
+          dtype: torch.dtype) -> torch.Tensor:
     """Additive (1, 1, rows, total): each row sees the committed positions up to its own
     (within the sliding window for sliding layers)."""
     from models.hf_layers import SLIDING
@@ -67,42 +96,49 @@ def _mask(config: Any, kind: str, positions: np.ndarray, total: int) -> torch.Te
     window = getattr(config, "sliding_window", None)
     if kind == SLIDING and window:
         allowed &= rows - keys < int(window)
-    mask = np.where(allowed, 0.0, np.finfo(np.float32).min).astype(np.float32)
-    return torch.from_numpy(mask)[None, None]
+    mask = torch.zeros(allowed.shape, dtype=dtype)
+    mask[torch.from_numpy(~allowed)] = torch.finfo(dtype).min
+    return mask[None, None]
 
 
 def recheck(stage: Any, rows: np.ndarray, positions: np.ndarray, kv: np.ndarray,
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """``stage``'s layers (a models.blocks.BlockStage on the CPU) over input ``rows`` (k, C)
-    at ``positions`` (k,), attending to the committed ``kv`` (T, layers, 2, kv_width) of
-    positions 0..T-1 (T past every position): (outputs (k, C), their K/V rows (k, layers, 2,
-    kv_width)), fp32."""
+            blocks: tuple[int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``stage``'s layers (a models.blocks.BlockStage; ``blocks`` [a, b) of them, all when
+    None) over input ``rows`` (k, C) at ``positions`` (k,), attending to the committed ``kv``
+    (T, layers, 2, kv_width) of positions 0..T-1 (T past every position): (outputs (k, C),
+    their K/V rows (k, layers, 2, kv_width)), fp32 (computed on the stage's device and dtype)."""
     from models.hf_layers import layer_kind, rotary_by_kind
 
     config, total = stage.config, int(kv.shape[0])
     if int(positions.max()) >= total:
         raise ValueError(f"positions up to {int(positions.max())}, K/V committed for {total}")
+    a, b = blocks or (stage.start, stage.end)
+    indices = range(a, b)
+    device, dtype = getattr(stage, "device", torch.device("cpu")), getattr(
+        stage, "dtype", torch.float32)
     heads = int(config.num_key_value_heads)
     committed = {}
-    for j, index in enumerate(range(stage.start, stage.end)):
-        k, v = (torch.from_numpy(np.ascontiguousarray(kv[:, j, h]))
-                .reshape(total, heads, -1).permute(1, 0, 2)[None] for h in (0, 1))
+    for j, index in enumerate(indices):
+        k, v = (torch.from_numpy(np.ascontiguousarray(kv[:, j, h])).reshape(total, heads, -1)
+                .permute(1, 0, 2)[None].to(device, dtype) for h in (0, 1))
         committed[index] = (k, v)
     cache = _Committed(committed)
     x = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.float32))[None]  # (1, k, C)
-    pos = torch.from_numpy(positions.astype(np.int64))[None]  # (1, k)
-    indices = range(stage.start, stage.end)
+    x = x.to(device, dtype)
+    pos = torch.from_numpy(positions.astype(np.int64))[None].to(device)  # (1, k)
     kinds = {layer_kind(config, i) for i in indices}
-    masks = {kind: _mask(config, kind, positions, total) for kind in kinds}
+    masks = {kind: _mask(config, kind, positions, total, dtype).to(device) for kind in kinds}
     with torch.no_grad():
         rope = rotary_by_kind(stage.rotary, config, kinds, x, pos)
-        for index, layer in zip(indices, stage.layers, strict=True):
+        for index in indices:
             kind = layer_kind(config, index)
-            x = layer(x, attention_mask=masks[kind], position_ids=pos, past_key_values=cache,
-                      use_cache=True, position_embeddings=rope[kind])
-    new = np.stack([np.stack([t[0].permute(1, 0, 2).reshape(len(positions), -1).numpy()
-                              for t in cache.new[i]], axis=1) for i in indices], axis=1)
-    return x[0].numpy(), new
+            x = stage.layers[index - stage.start](
+                x, attention_mask=masks[kind], position_ids=pos, past_key_values=cache,
+                use_cache=True, position_embeddings=rope[kind])
+    new = np.stack([np.stack([t[0].permute(1, 0, 2).reshape(len(positions), -1).float()
+                              .cpu().numpy() for t in cache.new[i]], axis=1)
+                    for i in indices], axis=1)
+    return x[0].float().cpu().numpy(), new
 
 
 def row_error(got: np.ndarray, ref: np.ndarray) -> float:

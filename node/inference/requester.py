@@ -31,7 +31,7 @@ from typing import Any
 import trio
 
 from models.backend import END_OF_TURN, Message, chat_template_of, render_chat
-from models.blocks import Head, load_head
+from models.blocks import Head, bytes_per_position, load_head
 from models.drafters import DrafterPool
 from node.inference.chain import Chain, ChainError, ChainTarget, Directory
 from node.inference.decoding import Decoding, OnText, stop_length
@@ -120,6 +120,7 @@ class Requester:
                               spawn=s.start_soon)
         return Chain(directory, model=s.model_name, n_blocks=s.n_blocks,
                      hidden_size=int(self.head.config.hidden_size), max_length=max_length,
+                     kv_bytes_per_block=bytes_per_position(self.head.config, 1),
                      precision=wire_precision(s.section.precision,
                                               str(getattr(self.head.config, "model_type", ""))),
                      forwarding=s.section.forwarding,

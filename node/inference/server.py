@@ -22,6 +22,11 @@ stream). ``SendHandoff`` is signed with this node's key and written on a stream 
 own to the next stage: one per session and next peer, opened at its first handoff (again once
 if it broke) and closed with the session, so a link never outlives the receiver's idle
 timeout unnoticed. A handoff that cannot be sent is reported to the machine as ``HandoffFailed``.
+
+Stage checks: every forward also reads the K/V rows it appended out of the cache
+(models.stage_kv.step_kv), which the machine logs and the signed ``StageCommit`` digests. As a
+checker, the host loads a requester's committed K/V into a session's cache (``LoadKv``) and
+recomputes rows on it (``RunRecheck``, models.stage_kv.recheck, on a worker thread).
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 
+import numpy as np
 import trio
 
 from models.blocks import BlockStage, StageCache
+from models.stage_kv import kv_width, load_kv, recheck, step_kv
 from node.inference.wire import SessionStream, pack_hidden, unpack_hidden
 from node.transport import BulkStream, FrameTooLarge, TransportError
 from protocol.errors import InvalidMessage
@@ -44,13 +51,14 @@ from protocol.inference.messages import (
     StageCommit,
     handoff_signing_bytes,
 )
-from protocol.inference.session import (
+from protocol.inference.recheck import KvLoaded, LoadKv, RecheckDone, RunRecheck
+from protocol.inference.session import SessionServer
+from protocol.inference.session_events import (
     CropCache,
     ForwardDone,
     ForwardFailed,
     FreeCache,
     RunForward,
-    SessionServer,
 )
 from protocol.inference.stage_checks import commit_signing_bytes
 from protocol.inference.stage_log import SendCommit
@@ -167,6 +175,8 @@ class StageHost:
                     keep = keep and target is not stream
             elif isinstance(effect, RunForward):
                 queue.extend(await self._run(effect))
+            elif isinstance(effect, LoadKv | RunRecheck):
+                queue.extend(await self._checker(effect))
             elif isinstance(effect, SendHandoff):
                 queue.extend(await self._hand_off(effect))
             elif isinstance(effect, SendCommit):
@@ -195,11 +205,12 @@ class StageHost:
         except InvalidMessage as exc:
             return self.machine.handle(ForwardFailed(run.session_id, True, str(exc)),
                                        self._clock())
-        forward = partial(self.stage.forward, hidden, run.start_pos, cache, (run.start, run.end))
+        forward = partial(self._forward, hidden, run, cache)
         try:
             async with self._compute:
                 started = time.perf_counter()
-                out = forward() if self.inline(run) else await trio.to_thread.run_sync(forward)
+                out, kv = forward() if self.inline(run) else await trio.to_thread.run_sync(
+                    forward)
                 ms = (time.perf_counter() - started) * 1000
             data = pack_hidden(out, run.precision)
         except (ValueError, RuntimeError) as exc:  # our own compute broke: no one's penalty
@@ -209,7 +220,47 @@ class StageHost:
         if run.n <= INLINE_MAX_POSITIONS:
             self.ms_per_block = min(self.ms_per_block, ms / (run.end - run.start))
         return self.machine.handle(ForwardDone(run.session_id, run.start_pos, run.n, data,
-                                               int(ms)), self._clock())
+                                               int(ms), kv), self._clock())
+
+    def _forward(self, hidden: np.ndarray, run: RunForward, cache: StageCache,
+                 ) -> tuple[np.ndarray, bytes]:
+        """The stage's output for ``run`` and the K/V rows it appended (what it commits to,
+        protocol.inference.recheck's layout)."""
+        out = self.stage.forward(hidden, run.start_pos, cache, (run.start, run.end))
+        kv = step_kv(cache, range(run.start, run.end), run.start_pos, run.n,
+                     kv_width(self.stage.config))
+        return out, kv.astype("<f4").tobytes()
+
+    async def _checker(self, effect: LoadKv | RunRecheck) -> list[Effect]:
+        """A checker's part of a stage check: load committed K/V into the session's cache,
+        or recompute rows on it (protocol.inference.recheck). Values that are not finite are
+        the requester's fault; a compute that breaks is no one's."""
+        sid, blocks = effect.session_id, range(effect.start, effect.end)
+        cache = self.caches.get(sid)
+        if cache is None:
+            return []
+        width = kv_width(self.stage.config)
+        try:
+            if isinstance(effect, LoadKv):
+                kv = np.frombuffer(effect.kv, "<f4").reshape(effect.n, len(blocks), 2, width)
+                load_kv(self.stage, cache, blocks, effect.start_pos, kv)
+                return self.machine.handle(KvLoaded(sid, effect.start_pos + effect.n),
+                                           self._clock())
+            rows = unpack_hidden(effect.data, len(effect.positions), self.stage.hidden_size,
+                                 effect.precision)
+        except (InvalidMessage, ValueError) as exc:
+            return self.machine.handle(ForwardFailed(sid, True, str(exc)), self._clock())
+        positions = np.array(effect.positions, dtype=np.int64)
+        committed = step_kv(cache, blocks, 0, int(positions.max()) + 1, width)
+        work = partial(recheck, self.stage, rows, positions, committed,
+                       (effect.start, effect.end))
+        try:
+            async with self._compute:
+                out, new = await trio.to_thread.run_sync(work)
+        except (ValueError, RuntimeError) as exc:
+            return self.machine.handle(ForwardFailed(sid, False, str(exc)), self._clock())
+        return self.machine.handle(RecheckDone(sid, out.astype("<f4").tobytes(),
+                                               new.astype("<f4").tobytes()), self._clock())
 
     def inline(self, run: RunForward) -> bool:
         """Whether ``run`` is short enough to compute on the event loop (module docstring)."""
@@ -219,10 +270,11 @@ class StageHost:
     def _commit(self, c: SendCommit) -> StageCommit:
         """The signed StageCommit of a step (stage checks: protocol.inference.stage_checks)."""
         signature = b"" if self._sign is None else self._sign(commit_signing_bytes(
-            c.session_id, c.step, c.start_pos, c.n, c.input_digest, c.output_digest))
+            c.session_id, c.step, c.start_pos, c.n, c.input_digest, c.output_digest,
+            c.kv_digest))
         return StageCommit(session_id=c.session_id, step=c.step, start_pos=c.start_pos, n=c.n,
                            input_digest=c.input_digest, output_digest=c.output_digest,
-                           signature=signature.ljust(64, b"\0")[:64])
+                           kv_digest=c.kv_digest, signature=signature.ljust(64, b"\0")[:64])
 
     async def _hand_off(self, out: SendHandoff) -> list[Effect]:
         """Sign ``out`` and send it to the next stage (a broken stream is opened again once)."""

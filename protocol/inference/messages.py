@@ -20,13 +20,18 @@ Relink             171  requester -> server: a new upstream and next hop (after 
 StageCommit        172  server -> requester: the stage's signed digests of a step's in and out
 StatesAsk          173  requester -> server: the logged steps (inputs and outputs) up to a position
 StatesReply        174  server -> requester: a page of them (protocol.inference.stage_log)
+CommittedKv        175  requester -> checker: append a stage's committed K/V rows to a session
+Recheck            176  requester -> checker: recompute rows at given positions on that K/V
+RecheckResult      177  checker -> requester: their outputs and K/V rows (fp32)
 =================  ===  =====================================================================
 
 Stage checks (protocol/inference/stage_checks.py): after every forward a stage sends its
-opener a ``StageCommit``, signed, naming the digests of the step's input and output frames; the
-requester later asks for the logged frames (``StatesAsk``), checks them against those digests
-and has the stage's blocks recomputed on the committed inputs for the steps the unsteerable
-seed selects (the seed's nonce is fixed in ``SessionOpen.check_nonce_hash``).
+opener a ``StageCommit``, signed, naming the digests of the step's input and output frames and
+of the keys and values (K/V) the step appended to its cache; the requester later asks for the
+logged frames and K/V (``StatesAsk``), checks them against those digests, and has another
+server holding the same blocks recompute the steps the unsteerable seed selects, each at its
+own positions on the committed K/V (``CommittedKv`` then ``Recheck``, protocol.inference.
+recheck; the seed's nonce is fixed in ``SessionOpen.check_nonce_hash``).
 
 Stage-to-stage forwarding: a session may be opened with a next hop (``next_peer``,
 ``next_session``) and an ``upstream`` peer. A ``Forward`` with ``reply`` false then makes the
@@ -64,8 +69,11 @@ MAX_HIDDEN_SIZE = 1 << 16
 MAX_PEER_ID = 128
 SIGNATURE_LEN = 64
 DIGEST_LEN = 32
-#: one StatesReply's step table, inputs and outputs together stay within a frame
-MAX_STATES_BYTES = (MAX_FRAME_BYTES - 4096) // 2
+#: one StatesReply's step table, inputs, outputs and K/V together stay within a frame (and so
+#: do a Recheck's rows and a RecheckResult's outputs and K/V rows, a CommittedKv's rows)
+MAX_STATES_BYTES = MAX_FRAME_BYTES - 4096
+#: the most rows one Recheck asks for (the result's size is bounded by MAX_STATES_BYTES too)
+MAX_RECHECK_ROWS = 4096
 INT63 = (1 << 63) - 1
 MAX_LINK_DELAY_MS = 1000
 #: domain separation of a handoff's signature (the bytes still say "relay", the name these
@@ -247,6 +255,8 @@ class StageCommit(Message):
     n: int = limits(lo=1, hi=MAX_POSITIONS)
     input_digest: bytes = limits(size=DIGEST_LEN)
     output_digest: bytes = limits(size=DIGEST_LEN)
+    #: the digest of the K/V rows the step appended (protocol.inference.recheck's layout)
+    kv_digest: bytes = limits(size=DIGEST_LEN)
     signature: bytes = limits(size=SIGNATURE_LEN)
 
 
@@ -254,18 +264,21 @@ class StageCommit(Message):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StatesAsk(Message):
     """Send the logged steps of ``session_id`` covering positions below ``end_pos``, from the
-    ``first``-th on (a page at most; answered by a StatesReply)."""
+    ``first``-th on (a page at most; answered by a StatesReply; without K/V unless ``kv``)."""
 
     session_id: bytes = limits(size=SESSION_ID_LEN)
     end_pos: int = limits(lo=1, hi=MAX_POSITIONS)
     first: int = limits(lo=0, hi=MAX_POSITIONS)
+    #: with the steps' K/V rows (False: frames only, pages of more steps)
+    kv: bool = True
 
 
 @message(174)
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StatesReply(Message):
     """Logged steps [first, first + count) of ``total``: ``steps`` packs (step, start_pos, n)
-    as three big-endian u64s each; ``inputs`` and ``outputs`` are their frames' data, in order."""
+    as three big-endian u64s each; ``inputs`` and ``outputs`` are their frames' data, ``kv``
+    the K/V rows they appended, in order."""
 
     session_id: bytes = limits(size=SESSION_ID_LEN)
     first: int = limits(lo=0, hi=MAX_POSITIONS)
@@ -273,13 +286,51 @@ class StatesReply(Message):
     steps: bytes = limits(max_len=MAX_STATES_BYTES)
     inputs: bytes = limits(max_len=MAX_STATES_BYTES)
     outputs: bytes = limits(max_len=MAX_STATES_BYTES)
+    kv: bytes = limits(max_len=MAX_STATES_BYTES)
+
+
+@message(175)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommittedKv(Message):
+    """Append K/V rows of positions start_pos.. (a stage's committed ones, in
+    protocol.inference.recheck's layout) to a session's cache, computing nothing (answered
+    by a SessionAck)."""
+
+    session_id: bytes = limits(size=SESSION_ID_LEN)
+    start_pos: int = limits(lo=0, hi=MAX_POSITIONS)
+    n: int = limits(lo=1, hi=MAX_POSITIONS)
+    kv: bytes = limits(max_len=MAX_STATES_BYTES)
+
+
+@message(176)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Recheck(Message):
+    """Recompute the session's blocks over ``data`` (one row per position, the session's
+    precision), each row at its position attending to the cached K/V up to it (answered by a
+    RecheckResult)."""
+
+    session_id: bytes = limits(size=SESSION_ID_LEN)
+    positions: tuple[int, ...] = limits(max_items=MAX_RECHECK_ROWS, lo=0, hi=MAX_POSITIONS)
+    data: bytes = limits(max_len=MAX_HIDDEN_BYTES)
+
+
+@message(177)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecheckResult(Message):
+    """A Recheck's rows through the blocks: ``outputs`` (rows, hidden) and ``kv`` (rows, the
+    K/V layout), little-endian fp32."""
+
+    session_id: bytes = limits(size=SESSION_ID_LEN)
+    outputs: bytes = limits(max_len=MAX_STATES_BYTES)
+    kv: bytes = limits(max_len=MAX_STATES_BYTES)
 
 
 #: what a requester may send on a session stream
-REQUESTS = (SessionOpen, Forward, Rollback, SessionClose, Relink, StatesAsk)
+REQUESTS = (SessionOpen, Forward, Rollback, SessionClose, Relink, StatesAsk, CommittedKv,
+            Recheck)
 #: what a server may answer
 REPLIES = (SessionAccepted, SessionRefused, ForwardResult, SessionAck, SessionError,
-           HandoffRejected, StageCommit, StatesReply)
+           HandoffRejected, StageCommit, StatesReply, RecheckResult)
 
 
 def _check_link(next_peer: str, next_session: bytes) -> None:

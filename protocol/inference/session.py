@@ -36,11 +36,14 @@ of them (``SessionOpen``), then sends ``Forward`` frames of hidden states, ``Rol
   not send (``HandoffFailed``) is reported as ``SessionError(NEXT_HOP_FAILED)``; the session
   stays open, its cache holds the positions, and the requester relinks it.
 * Stage checks: each step is logged and committed to (stage_log); StatesAsk reads the log.
+  A checker's session also takes ``CommittedKv`` and ``Recheck`` (protocol.inference.recheck).
 
 Effects: ``Send``, ``RunForward``, ``SendHandoff``, ``SendCommit``, ``CropCache``, ``FreeCache``,
-``Penalize``, ``Emit``. Events: ``Received`` (a decoded request or handoff), ``ForwardDone``,
-``ForwardFailed``, ``HandoffFailed``, ``Tick``, and ``Misbehaved`` (a fault the driver saw,
-on either side of a session: one penalty rule for both).
+``LoadKv``, ``RunRecheck``, ``Penalize``, ``Emit``. Events: ``Received`` (a decoded request or
+handoff), ``ForwardDone``, ``ForwardFailed``, ``HandoffFailed``, ``KvLoaded``,
+``RecheckDone``, ``Tick``, and ``Misbehaved`` (a fault the driver saw, on either side of a
+session: one penalty rule for both); the events and effects of forwards are in
+protocol.inference.session_events.
 """
 
 from __future__ import annotations
@@ -49,13 +52,17 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from protocol.errors import InvalidMessage
+from protocol.inference import recheck
 from protocol.inference.forwarding import HandoffFailed, SendHandoff, handoff_problem
 from protocol.inference.messages import (
+    CommittedKv,
     Forward,
     ForwardResult,
     Handoff,
     HandoffRejected,
     Precision,
+    Recheck,
+    RecheckResult,
     Refusal,
     Relink,
     Rollback,
@@ -67,6 +74,14 @@ from protocol.inference.messages import (
     SessionRefused,
     StatesAsk,
     check_hidden_size,
+)
+from protocol.inference.session_events import (
+    CropCache,
+    ForwardDone,
+    ForwardFailed,
+    FreeCache,
+    Misbehaved,
+    RunForward,
 )
 from protocol.inference.stage_log import LoggedStep, StageLog
 from protocol.machine import Effect, Emit, Event, Penalize, Received, Send, Tick
@@ -93,61 +108,6 @@ class ServedBlocks:
     hidden_size: int
     #: attention-cache bytes one position costs in one block
     cache_bytes_per_block: int
-
-
-# ---------------------------------------------------------------- events and effects
-
-
-@dataclass(frozen=True, slots=True)
-class ForwardDone:
-    session_id: bytes
-    start_pos: int
-    n: int
-    data: bytes
-    compute_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class ForwardFailed:
-    session_id: bytes
-    #: True when the input was at fault (non-finite values): the sender is penalized
-    bad_input: bool
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class Misbehaved:
-    """A peer broke the session protocol where the machine does not see it: a server that
-    answered a requester with hidden states of the wrong shape, non-finite values or a
-    truncated frame, or a requester whose stream carried bytes that are no message."""
-
-    peer: str
-    detail: str
-
-
-@dataclass(frozen=True, slots=True)
-class RunForward:
-    """Run blocks [start, end) on ``data`` (n positions from start_pos) in the session's cache."""
-
-    peer: str
-    session_id: bytes
-    start: int
-    end: int
-    start_pos: int
-    n: int
-    data: bytes
-    precision: Precision
-
-
-@dataclass(frozen=True, slots=True)
-class CropCache:
-    session_id: bytes
-    length: int
-
-
-@dataclass(frozen=True, slots=True)
-class FreeCache:
-    session_id: bytes
 
 
 @dataclass(slots=True)
@@ -212,6 +172,8 @@ class SessionServer:
             return self._done(event, now)
         if isinstance(event, ForwardFailed):
             return self._failed(event)
+        if isinstance(event, recheck.KvLoaded | recheck.RecheckDone):
+            return self._rechecked(event, now)
         if isinstance(event, HandoffFailed):
             session = self.sessions.get(event.session_id)
             return [] if session is None else [Send(session.peer, SessionError(
@@ -228,7 +190,8 @@ class SessionServer:
             return self._open(peer, msg, now)
         if isinstance(msg, Handoff):
             return self._handoff_in(peer, msg, now)
-        if not isinstance(msg, Forward | Rollback | SessionClose | Relink | StatesAsk):
+        if not isinstance(msg, Forward | Rollback | SessionClose | Relink | StatesAsk
+                          | CommittedKv | Recheck):
             return [Penalize(peer, "inference: not a session request", MALFORMED_POINTS)]
         sid = msg.session_id
         session = self.sessions.get(sid)
@@ -240,7 +203,9 @@ class SessionServer:
             return self._malformed(sid, "a request while the last one is computing")
         session.last_active_ms = now
         if isinstance(msg, StatesAsk):
-            return [Send(peer, session.log.page(sid, msg.end_pos, msg.first))]
+            return [Send(peer, session.log.page(sid, msg.end_pos, msg.first, msg.kv))]
+        if isinstance(msg, CommittedKv | Recheck):
+            return self._recheck(session, sid, msg)
         if isinstance(msg, SessionClose):
             self._drop(sid)
             return [FreeCache(sid), Send(peer, SessionAck(session_id=sid, length=0)),
@@ -340,7 +305,7 @@ class SessionServer:
         session.length = event.start_pos + event.n
         step, reply, _ = session.pending
         commit = session.log.add(session.peer, event.session_id, LoggedStep(
-            step, event.start_pos, event.n, session.pending_input, event.data))
+            step, event.start_pos, event.n, session.pending_input, event.data, event.kv))
         if not reply and session.next_peer:
             return [commit, SendHandoff(peer=session.next_peer, from_session=event.session_id,
                                         session_id=session.next_session, step=step,
@@ -348,6 +313,41 @@ class SessionServer:
         return [commit, Send(session.peer, ForwardResult(
             session_id=event.session_id, start_pos=event.start_pos, n=event.n, data=event.data,
             compute_ms=event.compute_ms))]
+
+    def _recheck(self, session: _Session, sid: bytes,
+                 msg: CommittedKv | Recheck) -> list[Effect]:
+        """Load committed K/V or recompute rows on it (protocol.inference.recheck)."""
+        row = recheck.kv_row_bytes(self.served.cache_bytes_per_block, session.end - session.start)
+        effect: recheck.LoadKv | recheck.RunRecheck
+        if isinstance(msg, CommittedKv):
+            problem = recheck.kv_problem(msg, session.length, session.max_length, row)
+            effect = recheck.LoadKv(sid, session.start, session.end, msg.start_pos, msg.n,
+                                    msg.kv)
+        else:
+            problem = recheck.recheck_problem(msg, session.length, self.served.hidden_size,
+                                              session.precision, row)
+            effect = recheck.RunRecheck(sid, session.start, session.end, msg.positions,
+                                        msg.data, session.precision)
+        if problem:
+            return self._malformed(sid, problem)
+        if isinstance(effect, recheck.LoadKv):
+            session.length = min(session.length, effect.start_pos)
+            session.log.crop(effect.start_pos)
+        session.busy, session.pending = True, (0, True, None)
+        return [effect]
+
+    def _rechecked(self, event: recheck.KvLoaded | recheck.RecheckDone,
+                   now: int) -> list[Effect]:
+        session = self.sessions.get(event.session_id)
+        if session is None:
+            return []
+        session.busy, session.last_active_ms = False, now
+        if isinstance(event, recheck.KvLoaded):
+            session.length = event.length
+            return [Send(session.peer, SessionAck(session_id=event.session_id,
+                                                  length=event.length))]
+        return [Send(session.peer, RecheckResult(session_id=event.session_id,
+                                                 outputs=event.outputs, kv=event.kv))]
 
     def _failed(self, event: ForwardFailed) -> list[Effect]:
         session = self.sessions.get(event.session_id)

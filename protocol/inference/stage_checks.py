@@ -5,8 +5,10 @@ Contract
 --------
 * **Commitment.** After every step a stage sends its opener a ``StageCommit`` signed over
   :func:`commit_signing_bytes`: the session, the step, its positions and the digests of the
-  input frame it computed on and of the output frame it produced. It keeps both frames while
-  its cache holds their positions (protocol.inference.stage_log) and sends them when asked.
+  input frame it computed on, of the output frame it produced and of the keys and values (K/V)
+  the step appended to its attention cache (protocol.inference.recheck's layout). It keeps
+  all three while its cache holds their positions (protocol.inference.stage_log) and sends
+  them when asked.
 * **Selection.** The requester draws a nonce per chain and fixes its hash in every
   ``SessionOpen`` (``check_nonce_hash``) before any stage commits. A step is checked when
   :func:`step_checked` says so: the task verifier's unsteerable draw
@@ -14,17 +16,20 @@ Contract
   stage, p)``). A stage cannot tell which of its steps will be checked (it never sees the
   nonce until the evidence is shown); the requester cannot steer the draw after seeing a
   commitment (its nonce's hash came first), so anyone given the nonce can recompute it.
-* **Frames.** :func:`frames_problem` checks the frames a stage sends against its signed
-  commitments; frames that do not match what the stage signed are the stage's fault, as is a
-  step it logged without committing to.
+* **Frames.** :func:`frames_problem` checks the frames and K/V a stage sends against its
+  signed commitments; bytes that do not match what the stage signed are the stage's fault, as
+  is a step it logged without committing to.
 * **Inputs.** A stage after the first computed on its upstream's output: the input digest it
   committed to must equal the output digest its upstream committed to for the same step
   (:func:`inputs_agree`). When they differ one of the two signed a false digest, and these
   commitments alone cannot say which: both leave the chain, neither is convicted
   (protocol.inference.forwarding judges unprovable cases the same way).
-* **Tolerance.** A checker that holds the same blocks recomputes the stage on the committed
-  inputs (from position 0: attention needs every earlier position); each checked step's rows
-  are compared by relative L2 error, ``|y - y_ref| / |y_ref|``, worst row. Above
+* **Tolerance.** A checker that holds the same blocks recomputes each checked step alone: its
+  committed input rows at their own positions, attending to the committed K/V of the positions
+  before (protocol.inference.recheck: a step's output depends on earlier positions only
+  through them). Both what the stage sent on (its output rows) and what it kept for later
+  steps (its K/V rows) are compared with the recompute by relative L2 error,
+  ``|y - y_ref| / |y_ref|``, worst row of either. Above
   :data:`MAX_STAGE_ERR` (:func:`disagrees`) the stage is convicted: a
   ``VERIFICATION_FAILED`` attestation (:func:`conviction`, the task verifier's path into the
   ledger), exclusion from the requester's chains, and the generation is run again without it.
@@ -55,20 +60,20 @@ DEFAULT_CHECK_RATE = 0.1
 #: a tolerance of its own, which needs its offer to say so (not yet).
 MAX_STAGE_ERR = 1.5e-3
 #: domain separation of a stage's commitment signature
-COMMIT_DOMAIN = b"symphony/stage-commit/v1\0"
+COMMIT_DOMAIN = b"symphony/stage-commit/v2\0"
 
 
 def commit_signing_bytes(session_id: bytes, step: int, start_pos: int, n: int,
-                         input_digest: bytes, output_digest: bytes) -> bytes:
+                         input_digest: bytes, output_digest: bytes, kv_digest: bytes) -> bytes:
     """What a stage signs about one step (see the module contract)."""
     return b"".join([COMMIT_DOMAIN, session_id, step.to_bytes(8, "big"),
                      start_pos.to_bytes(8, "big"), n.to_bytes(8, "big"), input_digest,
-                     output_digest])
+                     output_digest, kv_digest])
 
 
 def _signed(commit: StageCommit) -> bytes:
     return commit_signing_bytes(commit.session_id, commit.step, commit.start_pos, commit.n,
-                                commit.input_digest, commit.output_digest)
+                                commit.input_digest, commit.output_digest, commit.kv_digest)
 
 
 def commit_ok(stage: str, commit: StageCommit) -> bool:
@@ -95,14 +100,17 @@ def step_checked(nonce: bytes, stage: str, commit: StageCommit, rate: float) -> 
     return sampled(seed, stage, rate)
 
 
-def frames_problem(commit: StageCommit | None, inputs: bytes, outputs: bytes) -> str:
-    """Why a logged step's frames do not match the stage's commitment ("" when they do)."""
+def frames_problem(commit: StageCommit | None, inputs: bytes, outputs: bytes,
+                   kv: bytes | None) -> str:
+    """Why a logged step's frames and K/V (None: not sent) do not match the stage's
+    commitment ("" when they do)."""
     if commit is None:
         return "sent a step it never committed to"
-    if digest(inputs) != commit.input_digest:
-        return f"step {commit.step}: inputs differ from its commitment"
-    if digest(outputs) != commit.output_digest:
-        return f"step {commit.step}: outputs differ from its commitment"
+    for name, data, want in (("inputs", inputs, commit.input_digest),
+                             ("outputs", outputs, commit.output_digest),
+                             ("K/V", kv, commit.kv_digest)):
+        if data is not None and digest(data) != want:
+            return f"step {commit.step}: {name} differ from its commitment"
     return ""
 
 

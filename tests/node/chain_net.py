@@ -130,6 +130,7 @@ class Net:
         return Chain(Directory(self.servers, self.open_stream, self.report,
                                spawn=self.nursery.start_soon), model=MODEL,
                      n_blocks=tiny.LAYERS, hidden_size=tiny.HIDDEN, max_length=128,
+                     kv_bytes_per_block=2 * 4 * tiny.KV_HEADS * (tiny.HIDDEN // tiny.HEADS),
                      precision=precision, forwarding=forwarding)
 
 

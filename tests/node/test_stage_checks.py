@@ -59,6 +59,7 @@ def test_a_lying_stage_is_convicted_and_an_honest_chain_gives_the_reference(
         assert all(commit_ok(peer_of("b"), c) for c in chain.hops[0].commits.values())
         report = await check_chain(chain, 1.0)
         await chain.close()
+        assert report.prefilled == []  # checked per position, on its committed K/V
         convicted = [net.name(a.subject) for a in report.convicted]
         assert all(a.kind is AttestationKind.VERIFICATION_FAILED and a.evidence_hash
                    for a in report.convicted)
@@ -98,7 +99,8 @@ def test_honest_chains_pass_their_checks_forwarded_and_direct(gguf: Path) -> Non
             report = await check_chain(chain, 1.0)
             await chain.close()
             results.append(([net.name(p) for p in report.checked], report.steps_checked,
-                             [a.subject for a in report.convicted] + report.dropped))
+                             [a.subject for a in report.convicted] + report.dropped
+                             + report.prefilled))
         return results
 
     for checked, steps, blamed in run_chain(gguf, body):

@@ -69,15 +69,16 @@ def test_a_handoff_from_upstream_is_computed_and_handed_on() -> None:
     server = machine()
     effects = server.handle(Received(UP.peer_id, handoff()), 1)
     assert [type(e) for e in effects] == [RunForward]
-    done = server.handle(ForwardDone(SID, 0, 2, b"out", 3), 2)
-    # committed to (the input and output frames' digests) before it is handed on
+    done = server.handle(ForwardDone(SID, 0, 2, b"out", 3, b"kv"), 2)
+    # committed to (the frames' and K/V's digests) before it is handed on
     assert done == [SendCommit(peer="req", session_id=SID, step=7, start_pos=0, n=2,
-                               input_digest=digest(handoff().data), output_digest=digest(b"out")),
+                               input_digest=digest(handoff().data), output_digest=digest(b"out"),
+                               kv_digest=digest(b"kv")),
                     SendHandoff(peer=NEXT.peer_id, from_session=SID, session_id=NEXT_SID,
                                 step=7, start_pos=0, n=2, data=b"out")]
     # a Forward that asks for the answer (a replay) answers the opener instead
     server.handle(Received("req", Forward(session_id=SID, start_pos=0, n=1, data=b"\0" * 16)), 3)
-    answer = server.handle(ForwardDone(SID, 0, 1, b"o", 1), 4)
+    answer = server.handle(ForwardDone(SID, 0, 1, b"o", 1, b""), 4)
     assert [type(e.message) for e in answer if isinstance(e, Send)] == [ForwardResult]
     # the handoff could not be sent: the opener hears it, the session stays
     failed = server.handle(HandoffFailed(SID, "gone"), 5)
@@ -101,7 +102,7 @@ def test_handoffs_from_others_are_ignored_and_bad_ones_reported_with_evidence() 
     # signature (that is evidence for the judge, who checks it: see the judge's tests)
     unsigned = server.handle(Received(UP.peer_id, handoff(NEXT)), 1)
     assert [type(e) for e in unsigned] == [RunForward]
-    server.handle(ForwardDone(SID, 0, 2, b"out", 3), 2)
+    server.handle(ForwardDone(SID, 0, 2, b"out", 3, b""), 2)
     server.handle(Received(UP.peer_id, handoff()), 2)
     nan = server.handle(ForwardFailed(SID, True, "non-finite"), 3)
     assert isinstance(nan[0], Send) and isinstance(nan[0].message, HandoffRejected)
@@ -115,7 +116,7 @@ def test_relink_moves_the_links() -> None:
     assert [type(e.message) for e in acked if isinstance(e, Send)] == [SessionAck]
     assert all(isinstance(e, Emit) for e in server.handle(Received(UP.peer_id, handoff()), 2))
     server.handle(Received(NEXT.peer_id, handoff(NEXT)), 2)
-    out = server.handle(ForwardDone(SID, 0, 2, b"o", 1), 3)  # no next hop: the opener
+    out = server.handle(ForwardDone(SID, 0, 2, b"o", 1, b""), 3)  # no next hop: the opener
     assert [type(e.message) for e in out if isinstance(e, Send)] == [ForwardResult]
     with pytest.raises(ValueError, match="both a peer"):
         Relink(session_id=SID, upstream="", next_peer="x", next_session=b"").check()

@@ -67,12 +67,12 @@ def test_open_forward_rollback_close() -> None:
     effects = m.handle(Received("p", fwd(n=3)), 10)
     run = [e for e in effects if isinstance(e, RunForward)][0]
     assert (run.start, run.end, run.start_pos, run.n) == (4, 8, 0, 3)
-    out = m.handle(ForwardDone(sid(1), 0, 3, b"x", 5), 20)
+    out = m.handle(ForwardDone(sid(1), 0, 3, b"x", 5, b""), 20)
     assert isinstance(sent(out)[0], ForwardResult)
     # a forward below the cached length rolls back first: no extra round trip
     effects = m.handle(Received("p", fwd(start=1, n=1)), 30)
     assert CropCache(sid(1), 1) in effects
-    m.handle(ForwardDone(sid(1), 1, 1, b"x", 5), 31)
+    m.handle(ForwardDone(sid(1), 1, 1, b"x", 5, b""), 31)
     assert sent(m.handle(Received("p", Rollback(session_id=sid(1), length=1)), 32)) == [
         SessionAck(session_id=sid(1), length=1)]
     effects = m.handle(Received("p", SessionClose(session_id=sid(1))), 40)
@@ -105,7 +105,7 @@ def test_sessions_per_server_limit_and_idle_expiry() -> None:
     assert reply.reason is Refusal.SESSIONS_FULL
     assert m.next_deadline() == 1000
     m.handle(Received("p", fwd(2)), 500)
-    m.handle(ForwardDone(sid(2), 0, 2, b"x", 1), 600)
+    m.handle(ForwardDone(sid(2), 0, 2, b"x", 1, b""), 600)
     assert m.handle(Tick(), 999) == []
     effects = m.handle(Tick(), 1000)
     assert FreeCache(sid(1)) in effects and FreeCache(sid(2)) not in effects
@@ -208,7 +208,7 @@ def test_limits_hold_under_any_request_sequence(steps: list[tuple[str, object, i
         opened += sum(isinstance(r.message, SessionAccepted) for r in replies)
         freed += sum(isinstance(e, FreeCache) for e in effects)
         for run in runs:  # the driver computes, or fails, and the machine replies
-            done = (ForwardDone(run.session_id, run.start_pos, run.n, b"", 1) if finish
+            done = (ForwardDone(run.session_id, run.start_pos, run.n, b"", 1, b"") if finish
                     else ForwardFailed(run.session_id, bad_input=False, detail="x"))
             out = m.handle(done, now)
             assert len([e for e in out if isinstance(e, Send)]) == 1

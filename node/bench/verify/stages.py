@@ -8,27 +8,30 @@ dishonest kind of models.dishonest, computing on the same committed inputs (the 
 chain's: which inputs a liar sees does not change what a check of it compares).
 
 * ``stage_detection``: per kind, the fraction of trials in which the liar is convicted within
-  ``STEPS`` steps at the default check rate: each trial draws its own nonce (so its own steps:
-  protocol.inference.stage_checks.step_checked over the stage's signed commitments), and each
-  selected step's rows are compared with the honest blocks' recompute of the committed inputs
-  under protocol.inference.stage_checks.disagrees. Attention is causal, so the recompute of a
-  prefix is the first rows of the recompute of the whole input history: one recompute serves
-  every trial. ``stage_false_convictions`` is the same over the honest stage's own outputs.
+  ``STEPS`` steps at the default check rate by the check daemons run
+  (node.inference.stage_checks): each stage commits, with every step, to the keys and values
+  (K/V) the step appended (fp32, its cache's precision), and a check recomputes only the
+  selected steps' rows on the committed K/V (models.stage_kv.recheck, what a checker's
+  node.inference.server runs), comparing both their outputs and their K/V rows. Each trial
+  draws its own nonce (so its own steps: protocol.inference.stage_checks.step_checked over the
+  stage's signed commitments); a step's verdict does not depend on which others are checked,
+  so every step is judged once per kind (``stage_steps_off``: the fraction of the liar's steps
+  found off; ``stage_honest_steps_off``: the honest stage's steps found off) and each trial
+  asks whether a step it selects is off. ``stage_false_convictions``: the same trials over the
+  honest stage.
 * ``stage_check_cost_ratio``: what the checks of one generation add to the chain's compute:
-  for ``COST_TRIALS`` nonces, every hop of the chain recomputed (one prefill each, as
-  node.inference.stage_checks runs it) up to its last selected step, timed, over the compute
-  time of the three stages over the whole generation; the frames' transfer and hashing are
-  left out (no compute of blocks). Both are CPU time of the one thread computing (torch at one
+  for ``COST_TRIALS`` nonces, every hop's selected rows recomputed on its committed K/V in one
+  forward and compared, timed, plus what every stage spends every step reading the K/V rows
+  it appended out of its cache and hashing them for its commitment (``stage_commit_kv_s``),
+  over the compute time of the three stages over the whole generation; the transfers are
+  left out (no compute of blocks). All are CPU time of the one thread computing (torch at one
   thread for the measurement), which other jobs on a shared machine change least.
-* ``stage_detection_kv``, ``stage_false_convictions_kv``, ``stage_check_cost_ratio_kv``: the
-  same for checks per position (models.stage_kv): each stage also commits to the keys and
-  values every step appended (fp32, its cache's precision), and a check recomputes only the
-  selected steps' rows on the committed keys and values, all selected steps of a hop in one
-  forward, comparing both their outputs and their K/V rows (``stage_steps_off_kv``: per
-  kind, the fraction of the liar's steps such a check finds off; ``stage_honest_steps_off_kv``
-  the honest stage's steps found off). Its cost is proportional to the
-  rows checked, not to the positions before the last of them. node.inference.stage_checks
-  does not run this check yet: daemons still recompute a prefill (the figures above).
+* ``stage_detection_prefill``, ``stage_false_convictions_prefill``,
+  ``stage_check_cost_ratio_prefill``: the same for the fallback daemons run when a stage's
+  steps do not fit the pages with their K/V: every hop recomputed from position 0 up to its
+  last selected step (one prefill each), outputs compared. Attention is causal, so the
+  recompute of a prefix is the first rows of the recompute of the whole input history: one
+  recompute serves every trial.
 """
 
 from __future__ import annotations
@@ -58,9 +61,10 @@ STEPS = 100
 SPLITS = ((0, 10), (10, 20), (20, 30))
 LIAR = 1
 PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
-COST_TRIALS = 3
-#: nonces the per-position check's cost is averaged over (each costs a few rows)
-COST_TRIALS_KV = 20
+#: nonces the per-position check's cost is averaged over (each costs a few rows) ...
+COST_TRIALS = 20
+#: ... and the prefill fallback's (each costs a prefill per hop)
+COST_TRIALS_PREFILL = 3
 NOISE_SCALE = 0.01
 
 
@@ -77,25 +81,31 @@ def _fp16(x: np.ndarray) -> np.ndarray:
 
 
 def _generate(head: Any, stages: list[Any], prompt: list[int],
-              ) -> tuple[list[_Run], list[Any], float]:
-    """Greedy STEPS steps through ``stages``: every stage's frames, caches, compute time."""
+              ) -> tuple[list[_Run], list[Any], float, float]:
+    """Greedy STEPS steps through ``stages``: every stage's frames, caches, compute time and
+    the time spent reading and hashing each step's K/V rows (the stages' commitments)."""
     from models.blocks import StageCache
+    from models.stage_kv import kv_width, step_kv
 
     runs = [_Run([], []) for _ in stages]
     caches = [StageCache() for _ in stages]
-    compute_s, tokens, pos = 0.0, list(prompt), 0
+    compute_s, kv_s, tokens, pos = 0.0, 0.0, list(prompt), 0
     for _ in range(STEPS):
         x = _fp16(head.embed_tokens(tokens[pos:]))
         for stage, cache, run in zip(stages, caches, runs, strict=True):
             started = time.thread_time()
             y = _fp16(stage.forward(x, pos, cache))
             compute_s += time.thread_time() - started
+            started = time.thread_time()
+            digest(step_kv(cache, range(stage.start, stage.end), pos, len(x),
+                           kv_width(stage.config)).astype("<f4").tobytes())
+            kv_s += time.thread_time() - started
             run.inputs.append(x)
             run.outputs.append(y)
             x = y
         pos = len(tokens)
         tokens.append(int(np.argmax(head.logits(x)[-1])))
-    return runs, caches, compute_s
+    return runs, caches, compute_s, kv_s
 
 
 def _lie(stage: Any, run: _Run) -> tuple[list[np.ndarray], Any]:
@@ -132,9 +142,11 @@ def _commits(me: Identity, session: bytes, run: _Run, outputs: list[np.ndarray],
     commits, pos = [], 0
     for step, (x, y) in enumerate(zip(run.inputs, outputs, strict=True), 1):
         i, o = digest(x.astype(np.float16).tobytes()), digest(y.astype(np.float16).tobytes())
-        signed = commit_signing_bytes(session, step, pos, len(x), i, o)
+        k = digest(b"%d" % step)  # what K/V digest a commitment names does not steer the draw
+        signed = commit_signing_bytes(session, step, pos, len(x), i, o, k)
         commits.append(StageCommit(session_id=session, step=step, start_pos=pos, n=len(x),
-                                   input_digest=i, output_digest=o, signature=me.sign(signed)))
+                                   input_digest=i, output_digest=o, kv_digest=k,
+                                   signature=me.sign(signed)))
         pos += len(x)
     return commits
 
@@ -224,33 +236,36 @@ def _measure(quick: bool, model: Any, path: Any) -> dict[str, Any]:
     vocab = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     prompt = list(vocab.tokenize(PROMPT.encode(), add_bos=False))
     vocab.close()
-    runs, caches, chain_s = _generate(head, stages, prompt)
+    runs, caches, chain_s, kv_s = _generate(head, stages, prompt)
     rng, me = random.Random(29), Identity.from_seed(b"bench-stage".ljust(32, b"."))
     liar = runs[LIAR]
     reference = _fp16(stages[LIAR].forward(np.concatenate(liar.inputs), 0, StageCache()))
     trials = 20 if quick else 200
-    detection, detection_kv, steps_off = {}, {}, {}
+    detection, prefill, steps_off = {}, {}, {}
     for kind in KINDS:
         outputs, cache = _lie(DishonestStage(stages[LIAR], kind, NOISE_SCALE, seed=29), liar)
-        detection[kind] = sum(_convicted(rng, me, liar, outputs, reference)
-                              for _ in range(trials)) / trials
         off = _kv_off(stages[LIAR], liar, outputs, cache)
         steps_off[kind] = round(sum(off) / len(off), 3)
-        detection_kv[kind] = sum(_convicted_kv(rng, me, liar, outputs, off)
-                                 for _ in range(trials)) / trials
-    honest = sum(_convicted(rng, me, liar, liar.outputs, reference) for _ in range(trials))
+        detection[kind] = sum(_convicted_kv(rng, me, liar, outputs, off)
+                              for _ in range(trials)) / trials
+        prefill[kind] = sum(_convicted(rng, me, liar, outputs, reference)
+                            for _ in range(trials)) / trials
     off = _kv_off(stages[LIAR], liar, liar.outputs, caches[LIAR])
-    honest_kv = sum(_convicted_kv(rng, me, liar, liar.outputs, off) for _ in range(trials))
-    cost_s = [_check_cost(rng, me, stages, runs) for _ in range(COST_TRIALS)]
-    cost_kv = [_check_cost_kv(rng, me, stages, runs, caches) for _ in range(COST_TRIALS_KV)]
+    honest = sum(_convicted_kv(rng, me, liar, liar.outputs, off) for _ in range(trials))
+    honest_prefill = sum(_convicted(rng, me, liar, liar.outputs, reference)
+                         for _ in range(trials))
+    cost = [_check_cost_kv(rng, me, stages, runs, caches) for _ in range(COST_TRIALS)]
+    cost_prefill = [_check_cost(rng, me, stages, runs) for _ in range(COST_TRIALS_PREFILL)]
     return {"stage_detection": detection, "stage_trials_per_kind": trials,
             "stage_steps": STEPS, "stage_check_rate": DEFAULT_CHECK_RATE,
             "stage_tolerance": MAX_STAGE_ERR, "stage_noise_scale": NOISE_SCALE,
-            "stage_false_convictions": honest,
+            "stage_false_convictions": honest, "stage_steps_off": steps_off,
+            "stage_honest_steps_off": sum(off),
             "stage_chain_compute_s": round(chain_s, 3),
-            "stage_check_compute_s": round(statistics.mean(cost_s), 3),
-            "stage_check_cost_ratio": round(statistics.mean(cost_s) / chain_s, 4),
-            "stage_detection_kv": detection_kv, "stage_false_convictions_kv": honest_kv,
-            "stage_steps_off_kv": steps_off, "stage_honest_steps_off_kv": sum(off),
-            "stage_check_compute_s_kv": round(statistics.mean(cost_kv), 3),
-            "stage_check_cost_ratio_kv": round(statistics.mean(cost_kv) / chain_s, 4)}
+            "stage_check_compute_s": round(statistics.mean(cost), 3),
+            "stage_commit_kv_s": round(kv_s, 3),
+            "stage_check_cost_ratio": round((statistics.mean(cost) + kv_s) / chain_s, 4),
+            "stage_detection_prefill": prefill,
+            "stage_false_convictions_prefill": honest_prefill,
+            "stage_check_cost_ratio_prefill": round(statistics.mean(cost_prefill) / chain_s,
+                                                    4)}

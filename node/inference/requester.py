@@ -174,6 +174,7 @@ class Requester:
             await submit_attestation(s.ctx, attest)
         return {"checked": report.checked, "steps_checked": report.steps_checked,
                 "unchecked": report.unchecked, "dropped": report.dropped,
+                "prefilled": report.prefilled,
                 "convicted": [a.subject for a in report.convicted],
                 "check_s": round(report.check_s, 3)}
 

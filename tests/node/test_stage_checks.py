@@ -5,7 +5,10 @@ the rerun) is in tests/node/test_inference_integration.py."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,9 +16,12 @@ pytest.importorskip("torch")
 pytest.importorskip("gguf")
 
 from models.dishonest import KINDS, DishonestStage  # noqa: E402
+from node.inference.server import StageHost  # noqa: E402
 from node.inference.stage_checks import check_chain  # noqa: E402
+from protocol.inference.messages import RecheckResult, StatesReply  # noqa: E402
 from protocol.inference.stage_checks import commit_ok  # noqa: E402
 from protocol.ledger.records import AttestationKind  # noqa: E402
+from protocol.machine import Send  # noqa: E402
 from tests.node import chain_net  # noqa: E402
 from tests.node.chain_net import (  # noqa: E402
     Net,
@@ -122,3 +128,61 @@ def test_a_stage_no_one_can_recompute_is_unchecked_and_rate_zero_checks_nothing(
 
     nothing, unchecked, checked = run_chain(gguf, body)
     assert nothing == [] and sorted(unchecked) == sorted(["a", "b"]) and checked == []
+
+
+def _rewriting(host: StageHost, change: Callable[[Any], Any]) -> None:
+    """``host``'s machine with every Send it returns passed through ``change`` first."""
+    handle = host.machine.handle
+
+    def rewritten(event: Any, now: int) -> list[Any]:
+        return [Send(e.peer, change(e.message)) if isinstance(e, Send) else e
+                for e in handle(event, now)]
+
+    host.machine.handle = rewritten  # type: ignore[method-assign]
+
+
+def _forged_kv(msg: Any) -> Any:
+    if isinstance(msg, StatesReply) and msg.kv:
+        return dataclasses.replace(msg, kv=bytes([msg.kv[0] ^ 1]) + msg.kv[1:])
+    return msg
+
+
+def _short_kv(msg: Any) -> Any:
+    return dataclasses.replace(msg, kv=msg.kv[:-4]) if isinstance(msg, StatesReply) else msg
+
+
+def _nan_result(msg: Any) -> Any:
+    if isinstance(msg, RecheckResult):
+        return dataclasses.replace(msg, outputs=b"\xff" * len(msg.outputs))  # NaNs
+    return msg
+
+
+def _short_result(msg: Any) -> Any:
+    return dataclasses.replace(msg, kv=msg.kv[4:]) if isinstance(msg, RecheckResult) else msg
+
+
+@pytest.mark.parametrize(("change", "culprit"), [
+    (_forged_kv, "a"), (_short_kv, "a"), (_nan_result, "c"), (_short_result, "c")])
+def test_malformed_kv_pages_and_recheck_results_cost_their_sender(
+        gguf: Path, change: Callable[[Any], Any], culprit: str) -> None:
+    """a serves blocks [0, 2) and sends K/V unlike its commitment or of the wrong size; or c,
+    its only checker, answers a recheck with non-finite values or the wrong size. The sender
+    is penalized, no one is convicted, and the check goes on without a traceback."""
+
+    async def body(net: Net) -> tuple[list[str], list[str], list[str]]:
+        net.serve("a", 0, 2)
+        net.serve("c", 0, 2)
+        _rewriting(net.hosts[peer_of(culprit)], change)
+        chain = net.chain()
+        chain.excluded.add(peer_of("c"))
+        await chain.open()
+        chain.excluded.clear()
+        await _decode(net, chain)
+        report = await check_chain(chain, 1.0)
+        await chain.close()
+        return ([net.name(p) for p in report.dropped + report.unchecked],
+                [a.subject for a in report.convicted], sorted({p for p, _ in net.reports}))
+
+    away, convicted, penalized = run_chain(gguf, body)
+    assert convicted == [] and penalized == [culprit]
+    assert away == ["a"]  # dropped (its pages) or left unchecked (no checker left)

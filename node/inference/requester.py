@@ -145,18 +145,21 @@ class Requester:
             raise ValueError("an empty prompt")
         convicted: list[str] = []
         chains: list[Any] = []  # each attempt's chain, the last one's output is returned
+        attempt_checks: list[dict[str, Any]] = []
         for attempt in range(1 + MAX_RERUNS):
             out = await self._complete(ids, decoding, on_text if not attempt else None)
             checks = out["stage_checks"]
             convicted += checks["convicted"]
             chains.append(out["chain"])
+            attempt_checks.append(checks)
             # a stage convicted, or one that would not show its states: not the honest output
             if not checks["convicted"] and not checks.get("dropped"):
                 break
         else:
             raise ValueError(f"stage checks failed the chain in {1 + MAX_RERUNS} attempts "
                              f"(convicted: {', '.join(p[-8:] for p in convicted) or 'none'})")
-        return {**out, "convicted": convicted, "reruns": attempt, "attempt_chains": chains}
+        return {**out, "convicted": convicted, "reruns": attempt, "attempt_chains": chains,
+                "attempt_checks": attempt_checks}
 
     async def _check(self, chain: Chain) -> dict[str, Any]:
         """Stage checks of a finished generation's chain; convictions go to the ledger and

@@ -236,6 +236,8 @@ def test_a_lying_stage_is_convicted_and_the_generation_is_the_honest_chains(
     tried = [[h["peer"] for h in chain] for chain in first["attempt_chains"]]
     assert tried == [[head.peer_id, liar.peer_id], [head.peer_id, asker.peer_id]]
     assert first["convicted"] == [liar.peer_id] and first["reruns"] == 1
+    caught = first["attempt_checks"][0]  # per position, on the liar's committed K/V
+    assert caught["checked"] == [liar.peer_id] and caught["prefilled"] == []
     assert first["tokens"] == reference(first["prompt_ids"], CHECKED_TOKENS)
     assert [h["peer"] for h in first["final_chain"]] == [head.peer_id, asker.peer_id]
     shown = run_cli("ledger", "attestations", "--peer", liar.peer_id, "--kind",

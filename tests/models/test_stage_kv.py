@@ -16,7 +16,7 @@ import torch  # noqa: E402
 
 from models.blocks import StageCache, load_head, load_stage  # noqa: E402
 from models.dishonest import KINDS, DishonestStage  # noqa: E402
-from models.stage_kv import recheck, row_error, step_kv  # noqa: E402
+from models.stage_kv import load_kv, recheck, row_error, step_kv  # noqa: E402
 from protocol.inference.stage_checks import disagrees  # noqa: E402
 
 PROMPT = [5, 17, 33, 99, 100, 7]
@@ -83,3 +83,29 @@ def test_every_dishonest_kind_is_off_at_its_steps(tiny_ggufs: dict[str, Path],
                          row_error(kv[a:a + n], new[a:a + n]))) for a, n in spans]
     # replay's first step is honest (nothing to replay yet); every other step is off
     assert off == [kind != "replay"] + [True] * (len(spans) - 1), (kind, off)
+
+
+def test_committed_kv_loaded_into_a_checkers_cache_and_rechecked_on_a_sub_range(
+        tiny_ggufs: dict[str, Path], inputs: np.ndarray) -> None:
+    """What a checker server does: the committed K/V appended to a fresh cache a frame at a
+    time (models.stage_kv.load_kv) read back bit for bit; a recheck of layer 1 alone (a
+    session on a sub-range) on layer 1's K/V gives the full recheck's outputs."""
+    stage = load_stage(tiny_ggufs["f32"], 0, 2)
+    _, _, cache = _steps(stage, inputs)
+    kv = step_kv(cache, range(0, 2), 0, len(inputs))
+    fresh = StageCache()
+    load_kv(stage, fresh, range(0, 2), 0, kv[:5])
+    load_kv(stage, fresh, range(0, 2), 5, kv[5:])
+    np.testing.assert_array_equal(step_kv(fresh, range(0, 2), 0, len(inputs), 32), kv)
+    load_kv(stage, fresh, range(0, 2), 3, kv[3:4])  # below the length: cut back first
+    assert fresh.length == 4
+    with pytest.raises(ValueError, match="non-finite"):
+        load_kv(stage, fresh, range(0, 2), 4, np.full_like(kv[:1], np.nan))
+    with pytest.raises(ValueError, match="the cache holds"):
+        load_kv(stage, fresh, range(0, 2), 9, kv[9:10])
+    some = np.array([1, 8, len(inputs) - 1])
+    y, _ = recheck(stage, inputs[some], some, kv)
+    layer0 = stage.forward(inputs, 0, StageCache(), (0, 1))
+    y1, new1 = recheck(stage, layer0[some], some, kv[:, 1:2], (1, 2))
+    np.testing.assert_allclose(y1, y, atol=1e-5)
+    np.testing.assert_allclose(new1, kv[some][:, 1:2], atol=1e-5)

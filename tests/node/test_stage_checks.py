@@ -186,3 +186,37 @@ def test_malformed_kv_pages_and_recheck_results_cost_their_sender(
     away, convicted, penalized = run_chain(gguf, body)
     assert convicted == [] and penalized == [culprit]
     assert away == ["a"]  # dropped (its pages) or left unchecked (no checker left)
+
+
+def _too_large_with_kv(msg: Any) -> Any:
+    """A stage whose first step does not fit a page with its K/V (as a long prefill)."""
+    if isinstance(msg, StatesReply) and msg.kv:
+        return dataclasses.replace(msg, steps=b"", inputs=b"", outputs=b"", kv=b"")
+    return msg
+
+
+@pytest.mark.parametrize("kind", ["", "noise"])
+def test_steps_too_large_with_their_kv_are_checked_by_a_prefill(gguf: Path, kind: str) -> None:
+    """The fallback: a's pages do not fit with their K/V, so the requester fetches its frames
+    alone and has c recompute a's blocks from position 0; honest, a passes, lying, it is
+    convicted."""
+
+    async def body(net: Net) -> tuple[list[str], list[str], list[str]]:
+        net.serve("a", 0, 2)
+        net.serve("c", 0, 2)
+        if kind:
+            _lying(net, "a", kind)
+        _rewriting(net.hosts[peer_of("a")], _too_large_with_kv)
+        chain = net.chain()
+        chain.excluded.add(peer_of("c"))
+        await chain.open()
+        chain.excluded.clear()
+        await _decode(net, chain)
+        report = await check_chain(chain, 1.0)
+        await chain.close()
+        return ([net.name(p) for p in report.prefilled], [net.name(p) for p in report.checked],
+                [net.name(a.subject) for a in report.convicted])
+
+    prefilled, checked, convicted = run_chain(gguf, body)
+    assert prefilled == checked == ["a"]
+    assert convicted == (["a"] if kind else [])

@@ -89,9 +89,7 @@ class Chain:
     n_blocks: int
     hidden_size: int
     max_length: int
-    #: K/V bytes one position costs in one block (fp32 keys and values): what a stage's
-    #: committed K/V rows take (node.inference.stage_checks)
-    kv_bytes_per_block: int
+    kv_bytes_per_block: int  # K/V bytes a position costs in one block (stage_checks)
     precision: Precision = Precision.FP16
     #: stage-to-stage forwarding (N + 1 links a step) rather than direct (2 N)
     forwarding: bool = True

@@ -50,8 +50,11 @@ def step_kv(cache: Any, layers: range, start: int, n: int, width: int | None = N
         if index not in held:
             continue
         for h, t in enumerate(held[index]):  # (1, kv_heads, T, head_dim)
-            rows = t[0, :, start:start + n, :].permute(1, 0, 2).reshape(n, width)
-            out[:, j, h] = rows.float().cpu().numpy()
+            if t.device.type == "cpu" and t.dtype == torch.float32:  # a view: sliced in numpy,
+                rows = t.detach()[0].numpy()[:, start:start + n]  # cheaper than torch's ops
+            else:  # a device's half precision: only these rows come over
+                rows = t[0, :, start:start + n].float().cpu().numpy()
+            out[:, j, h] = rows.transpose(1, 0, 2).reshape(n, width)  # (kv_heads, n, head_dim)
     return out
 
 

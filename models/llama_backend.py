@@ -98,12 +98,34 @@ class LlamaCppBackend(Backend):
     def _start(self, prompt_ids: Sequence[int]) -> np.ndarray:
         if len(prompt_ids) >= self.llm.n_ctx():
             raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit n_ctx={self.llm.n_ctx()}")
-        self.llm.reset()
-        self.llm._ctx.kv_cache_clear() if hasattr(self.llm._ctx, "kv_cache_clear") else None
+        ids = [int(t) for t in prompt_ids]
+        keep = self._cached_prefix(ids)
+        if keep == 0:
+            self.llm.reset()
+            self.llm._ctx.kv_cache_clear() if hasattr(self.llm._ctx, "kv_cache_clear") else None
+        self.llm.n_tokens = keep  # eval() drops the cache beyond n_tokens
         if self.capture is not None:
-            self.capture.reset()
-        self.llm.eval([int(t) for t in prompt_ids])
+            self.capture.rewind(keep)
+        self.llm.eval(ids[keep:])
         return self._last_logits()
+
+    def _cached_prefix(self, ids: Sequence[int]) -> int:
+        """How many leading tokens of ``ids`` the context's cache already holds from the last
+        generation (the shared opening of a chat template, a system prompt, earlier turns),
+        which a prefill need not evaluate again, as llama-server's prompt cache and
+        llama-cpp-python's own ``generate`` do not; at most all but the last token, which is
+        evaluated for its logits. With the state capture on, only as many as it holds the
+        states of (models.llama_capture ``StateCapture.rewind``)."""
+        held = self.llm.input_ids[:self.llm.n_tokens].tolist()
+        same = 0
+        for a, b in zip(held, ids, strict=False):
+            if a != b:
+                break
+            same += 1
+        keep = min(same, len(ids) - 1)
+        if self.capture is not None and not self.capture.holds(keep):
+            return 0
+        return keep
 
     def _step(self, token: int) -> np.ndarray:
         if self.llm.n_tokens + 1 >= self.llm.n_ctx():
@@ -196,6 +218,7 @@ class LlamaCppBackend(Backend):
         import ctypes
 
         ctx = self.llm._ctx.ctx
+        self.llm.n_tokens = 0  # the cache holds the states of the weights before the switch
         if adapter is None:
             rc = self._llama_cpp.llama_set_adapters_lora(ctx, None, 0, None)
         else:

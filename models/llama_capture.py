@@ -259,9 +259,23 @@ class StateCapture:
 
     def reset(self) -> None:
         """Forget what was taken: the next evaluation starts at position 0."""
-        self.buffer[:, :self._used] = 0.0
-        self._used = 0
-        self._next[:] = 0
+        self.rewind(0)
+
+    def holds(self, positions: int) -> bool:
+        """Whether the rows of positions [0, ``positions``) were all taken (and nothing failed)
+        since the last :meth:`reset`: a context may then reuse its cache for them."""
+        return not self._struct.error and self.positions() >= positions
+
+    def rewind(self, position: int) -> None:
+        """Keep the rows of positions [0, ``position``) and forget the rest, as :meth:`reset`
+        and then evaluating those positions in one batch would leave them (the next
+        evaluation starts at ``position``): the last layer and the final norm, computed only
+        at a batch's last position, hold nothing there. ``rewind(0)`` is :meth:`reset`."""
+        used = max(self._used, int(self._next.max()))
+        self.buffer[:, position:used] = 0.0
+        self.buffer[self.n_layers - 1:, :position] = 0.0
+        self._used = position
+        self._next[:] = position
         self._struct.error = 0
 
     def seek(self, position: int) -> None:

@@ -4,6 +4,7 @@ it refuses, and commitments that need no second computation."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -144,3 +145,24 @@ def test_a_rollback_overwrites_the_positions_it_reevaluates(served: Any, tiny_hf
     again, _ = served.captured_states(other)
     ref, _ = ls.layer_states(tiny_hf, other)
     np.testing.assert_allclose(again[:-1], ref[:-1], rtol=0, atol=2e-2 * np.abs(ref).max())
+
+
+def test_a_prompt_sharing_the_last_ones_opening_evaluates_only_the_rest(
+        tiny_ggufs: dict[str, Path]) -> None:
+    """The prefill reuses the cached prefix (a chat template's opening, a system prompt):
+    the same tokens, logprobs and layer states as a fresh context's, fewer tokens evaluated."""
+    warm, fresh = capturing(tiny_ggufs["f32"]), capturing(tiny_ggufs["f32"])
+    other = PROMPT.replace("tell a story", "sing a song")
+    shared = len(os.path.commonprefix([warm.tokenize(PROMPT), warm.tokenize(other)]))
+    assert 0 < shared < len(warm.tokenize(other)) - 1
+    generate(warm, 3)  # the cache now holds PROMPT and a generation after it
+    evaluated: list[int] = []
+    real_eval = warm.llm.eval
+    warm.llm.eval = lambda tokens: (evaluated.append(len(tokens)), real_eval(tokens))[1]
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=4, ignore_eos=True)
+    got, want = warm.generate(other, params), fresh.generate(other, params)
+    assert evaluated[0] == len(got.prompt_token_ids) - shared
+    assert (got.token_ids, got.logprobs) == (want.token_ids, want.logprobs)
+    ids = list(got.prompt_token_ids) + list(got.token_ids)
+    for mine, theirs in zip(warm.captured_states(ids), fresh.captured_states(ids), strict=True):
+        np.testing.assert_array_equal(mine, theirs)

@@ -24,6 +24,9 @@ from node.api.token import read_token
 DAEMON_FILE_NAME = "daemon.json"
 #: how long a CLI call waits for the daemon to answer
 CLIENT_TIMEOUT_S = 10.0
+#: how long an idle kept-alive connection to the daemon is reused: well under the server's
+#: keep-alive timeout (node/api/app.py KEEP_ALIVE_S), so the client always drops it first
+KEEPALIVE_S = 2.0
 
 
 def tls_verify(url: str) -> bool:
@@ -112,16 +115,31 @@ def read_daemon_info(data_dir: Path) -> DaemonInfo:
 
 
 class ApiClient:
+    """Calls one daemon's API over one ``httpx.Client``: its calls reuse a kept-alive
+    connection instead of setting up a client and a connection each. An idle connection is
+    dropped after ``KEEPALIVE_S``, well before the daemon's server would close it
+    (node/api/app.py ``KEEP_ALIVE_S``), so a call never goes out on a connection the server
+    is closing at that moment (which would reset it, and a POST cannot safely be sent again).
+    ``close()`` (or ``with``) releases the connection; the last reference going does too."""
+
     def __init__(self, data_dir: Path, *, timeout_s: float = CLIENT_TIMEOUT_S) -> None:
         self.data_dir = Path(data_dir)
         self.info = read_daemon_info(self.data_dir)
-        self._timeout_s = timeout_s
+        self._http = httpx.Client(timeout=timeout_s, verify=tls_verify(self.info.api_url),
+                                  limits=httpx.Limits(keepalive_expiry=KEEPALIVE_S))
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
-            response = httpx.request(method, self.info.api_url + path,
-                                     timeout=self._timeout_s,
-                                     verify=tls_verify(self.info.api_url), **kwargs)
+            response = self._http.request(method, self.info.api_url + path, **kwargs)
         except httpx.TransportError as exc:
             if not pid_alive(self.info.pid):
                 raise DaemonNotRunning(f"the daemon (pid {self.info.pid}) exited") from None

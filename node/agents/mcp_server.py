@@ -41,8 +41,8 @@ class DaemonError(ToolError):
 def _request(data_dir: Path, method: str, path: str, body: Any = None,
              timeout_s: float = 10.0) -> Any:
     try:
-        client = ApiClient(data_dir, timeout_s=timeout_s)
-        return client.post(path, body) if method == "POST" else client.get(path)
+        with ApiClient(data_dir, timeout_s=timeout_s) as client:
+            return client.post(path, body) if method == "POST" else client.get(path)
     except DaemonNotRunning as exc:
         raise DaemonError(str(exc)) from None
     except httpx.HTTPStatusError as exc:

@@ -31,6 +31,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
 API_HOST = "127.0.0.1"
+#: an idle kept-alive connection is closed after this long (node/control.py's client drops
+#: its own sooner)
+KEEP_ALIVE_S = 5.0
 #: hypercorn waits this long for open requests when the daemon stops
 GRACEFUL_TIMEOUT_S = 1.0
 
@@ -92,6 +95,7 @@ async def serve_api(
     config = HypercornConfig()
     config.bind = [f"{API_HOST}:{port}"]
     config.graceful_timeout = GRACEFUL_TIMEOUT_S
+    config.keep_alive_timeout = KEEP_ALIVE_S
     config.accesslog = None
     config.errorlog = None
 

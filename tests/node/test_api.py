@@ -17,9 +17,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from node.api.app import API_HOST, build_app, serve_api, token_route
+from node.api.app import API_HOST, KEEP_ALIVE_S, build_app, serve_api, token_route
 from node.api.token import load_or_create_token, read_token
 from node.control import (
+    KEEPALIVE_S,
     ApiClient,
     DaemonNotRunning,
     read_daemon_info,
@@ -102,6 +103,34 @@ def test_token_routes_refuse_without_the_token_and_the_client_sends_it(tmp_path:
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_the_client_reuses_its_connection_and_drops_it_before_the_server_would(
+        tmp_path: Path) -> None:
+    token = load_or_create_token(tmp_path)
+
+    async def whoami(request: Request) -> Response:
+        assert request.client is not None
+        return JSONResponse({"port": request.client.port})
+
+    app = build_app(lambda: {}, {"who": [token_route("/ami", whoami)]}, token)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(serve_api, app, 0)
+            write_daemon_info(tmp_path, {"pid": os.getpid(), "api_url": f"http://{API_HOST}:{port}",
+                                         "peer_id": "me", "network_id": "n", "addresses": []})
+
+            def ports() -> list[int]:
+                with ApiClient(tmp_path) as client:
+                    return [client.post("/who/ami")["port"] for _ in range(3)]
+
+            used = await trio.to_thread.run_sync(ports)
+            assert len(set(used)) == 1  # one connection for the three calls
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert KEEPALIVE_S < KEEP_ALIVE_S  # an idle connection is never used as the server closes it
 
 
 def test_the_status_route_serves_the_status_json(tmp_path: Path) -> None:

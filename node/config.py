@@ -123,12 +123,15 @@ def load_config(
     env: Mapping[str, str] | None = None,
     config_file: Path | None = None,
     sections: Mapping[str, type] | None = None,
+    profile: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Config:
-    """Merge flags > env > TOML > defaults into a validated Config.
+    """Merge flags > env > TOML > profile > defaults into a validated Config.
 
     ``flags`` holds only the options given on the command line (None values are ignored);
     ``sections`` maps section names to their dataclass of defaults. ``config_file`` given
     explicitly must exist; otherwise ``<data_dir>/node.toml`` is read when present.
+    ``profile`` (section -> key -> value) replaces section defaults for one kind of daemon
+    (node/daemon.py LIGHT_PROFILE); the file and the environment still win over it.
     """
     env = os.environ if env is None else env
     flags = {k: v for k, v in (flags or {}).items() if v is not None and v != ()}
@@ -146,7 +149,14 @@ def load_config(
 
     values = _top_level_values(flags, env_top, file_top, str(file_path))
     values["data_dir"] = Path(values.get("data_dir", data_dir)).expanduser()
-    built = {name: _build_section(name, cls, {**file_sections.get(name, {}),
+    profiled = {name: {k: (v, "profile") for k, v in keys.items()}
+                for name, keys in (profile or {}).items()}
+    for name, keys in profiled.items():
+        known = {f.name for f in dataclasses.fields(sections[name])} if name in sections else ()
+        if not known or set(keys) - set(known):
+            raise ConfigError(f"profile: unknown section or key in [{name}] {sorted(keys)}")
+    built = {name: _build_section(name, cls, {**profiled.get(name, {}),
+                                              **file_sections.get(name, {}),
                                               **env_sections.get(name, {})})
              for name, cls in sections.items()}
     config = Config(**values, agents=file_top.get(AGENTS_KEY, ()),

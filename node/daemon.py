@@ -74,6 +74,22 @@ SERVICES: dict[str, str] = {
 #: ledger and the weight relay. None of them loads a model (no torch or llama.cpp import), so
 #: many such daemons fit on one machine: large local testnets and ``bench scale``.
 LIGHT_SERVICES = ("membership", "discovery", "ledger", "relay")
+#: a light daemon's section defaults where they differ from a full one's (the TOML file and
+#: the environment still win; node/config.py ``profile``): the one place a light daemon's
+#: idle cadence is set. Many light daemons share one machine, and each periodic check costs a
+#: little CPU in every one of them, so each runs as often as what it watches changes there:
+#: * membership: pings every 15 s (a closed connection is an event; pings catch only silent
+#:   ones, dropped after four missed), a peer exchange every 30 s;
+#: * ledger: what the node offers is polled every 10 s: a light node runs no executor, so only
+#:   its addresses (a relay reservation) can change it;
+#: * nat: the NAT loop looks every 5 s for a new peer to ask for AutoNAT and for a
+#:   reservation to make or refresh (reservations last an hour, refreshed 5 min early).
+LIGHT_PROFILE: dict[str, dict[str, Any]] = {
+    "membership": {"ping_interval_ms": 15_000, "unresponsive_after_ms": 60_000,
+                   "exchange_interval_ms": 30_000},
+    "ledger": {"capability_poll_ms": 10_000},
+    "nat": {"tick_s": 5.0},
+}
 
 #: after the first signal the daemon must be gone within this long, or it exits forcibly
 SHUTDOWN_DEADLINE_S = 4.5

@@ -69,6 +69,7 @@ def run(config_file: str | None, light: bool, **flags: Any) -> None:
     """Run the daemon until SIGINT/SIGTERM (a second signal forces exit)."""
     from node.config import load_config
     from node.daemon import (
+        LIGHT_PROFILE,
         config_sections,
         light_services,
         load_extra_services,
@@ -80,7 +81,8 @@ def run(config_file: str | None, light: bool, **flags: Any) -> None:
     classes = load_service_classes(light_services() if light else None)
     try:
         config = load_config(flags, config_file=Path(config_file) if config_file else None,
-                             sections=config_sections(classes))
+                             sections=config_sections(classes),
+                             profile=LIGHT_PROFILE if light else None)
         classes.update(load_extra_services(config.extra_services))
     except (ConfigError, ImportError, AttributeError, RuntimeError) as exc:
         raise click.ClickException(str(exc)) from None

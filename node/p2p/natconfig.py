@@ -19,6 +19,9 @@ class NatConfig:
     #: ask connected peers to dial us back, to learn whether we are publicly reachable
     #: (answering others' requests is always on, within the limits below)
     autonat: bool = True
+    #: how often the NAT loop looks at what is due: a newly connected peer to ask, a
+    #: reservation to make, refresh or drop (node/p2p/nat.py)
+    tick_s: float = 1.0
     #: seconds between AutoNAT rounds (the first one runs as soon as a peer is connected)
     autonat_interval_s: float = 60.0
     #: peers asked per round; the verdict is the majority of the last answers

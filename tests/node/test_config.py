@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from node.config import Config, ConfigError, default_toml, load_config
-from node.daemon import config_sections, load_service_classes
+from node.daemon import LIGHT_PROFILE, config_sections, light_services, load_service_classes
 from node.sections import fed_config, feed, tuning
 
 
@@ -285,3 +285,37 @@ def test_the_daemons_sections_keep_their_keys() -> None:
     sections = config_sections(load_service_classes())
     assert {name: [f.name for f in dataclasses.fields(sections[name])]
             for name in TUNED_KEYS} == TUNED_KEYS
+
+
+@pytest.mark.parametrize(
+    ("toml", "env", "expected"),
+    [
+        (None, None, 9.0),  # the profile over the section's default
+        ("[ledger]\nsync_interval_s = 2.0", None, 2.0),  # TOML over the profile
+        ("[ledger]\nsync_interval_s = 2.0", "3.0", 3.0),  # env over both
+    ],
+)
+def test_a_profile_sits_between_the_defaults_and_the_file(
+        data_dir: Path, toml: str | None, env: str | None, expected: float) -> None:
+    if toml is not None:
+        write(data_dir / "node.toml", toml)
+    config = load(data_dir, env={"SYMPHONY_LEDGER__SYNC_INTERVAL_S": env} if env else None,
+                  profile={"ledger": {"sync_interval_s": 9.0}})
+    assert config.section("ledger").sync_interval_s == expected
+    assert config.section("ledger").max_records == 1000  # keys it leaves alone keep defaults
+
+
+@pytest.mark.parametrize("profile", [{"ledger": {"nope": 1}}, {"nope": {"max_records": 1}}])
+def test_a_profile_naming_an_unknown_key_or_section_is_an_error(
+        data_dir: Path, profile: dict[str, dict[str, object]]) -> None:
+    with pytest.raises(ConfigError, match="profile: unknown section or key"):
+        load(data_dir, profile=profile)
+
+
+def test_the_light_profile_names_only_keys_a_light_daemon_has(data_dir: Path) -> None:
+    sections = config_sections(load_service_classes(light_services()))
+    config = load_config({"data_dir": data_dir}, env={}, sections=sections,
+                         profile=LIGHT_PROFILE)
+    for name, keys in LIGHT_PROFILE.items():
+        for key, value in keys.items():
+            assert getattr(config.section(name), key) == value, (name, key)

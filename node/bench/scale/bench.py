@@ -35,6 +35,7 @@ from node.bench.scale.daemons import (
     measure,
     window_ms,
 )
+from node.daemon import LIGHT_PROFILE
 from node.membership.service import MembershipSection, agent_version
 from node.testnet import LocalTestnet
 from protocol.ledger.machine import CapabilitySpec, LedgerConfig
@@ -136,10 +137,16 @@ def testnet_of(m: Measured) -> DaemonNet:
         window_ms=window_ms(m),
         peers_at_ms=m.peers_at_ms,
         membership=MembershipConfig(network_id=NETWORK_ID, agent_version=agent_version(),
-                                    **CONFIG["membership"]),
+                                    **daemons_section("membership")),
         discovery=MembershipSection().discovery_config(NETWORK_ID),
         ledger=LedgerConfig(**{k: v for k, v in CONFIG["ledger"].items()}),
     )
+
+
+def daemons_section(name: str) -> dict[str, Any]:
+    """The keys of section ``name`` the bench's daemons ran with beyond the defaults: a light
+    daemon's profile (node/daemon.py), under the bench's own CONFIG."""
+    return {**LIGHT_PROFILE.get(name, {}), **CONFIG.get(name, {})}
 
 
 def spec_of(record: dict[str, Any]) -> CapabilitySpec:

@@ -13,6 +13,9 @@ Contract (what every implementation promises)
 ``listen_addrs() -> list[str]``
     Full multiaddrs that peers can dial, each ending in ``/p2p/<peer_id>``, with the port
     actually bound (never ``/tcp/0``). Only meaningful while the transport runs.
+``await listen_addrs_changed(seen) -> list[str]``
+    Returns ``listen_addrs()`` once it differs from ``seen`` (at once if it already does):
+    the event services that announce our addresses wait on, rather than polling.
 ``await connect(multiaddr) -> str``
     ONE dial attempt to a multiaddr that names its peer (``.../p2p/<id>``); returns that peer
     id once the connection is usable. Fails with :class:`TransportError` in bounded time
@@ -70,8 +73,9 @@ Request/response frames are a 4-byte big-endian unsigned length followed by that
 
 from __future__ import annotations
 
+import functools
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Protocol
@@ -84,8 +88,10 @@ FRAME_HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 2**32 - 1
 
 
+@functools.cache
 def agent_version() -> str:
-    """What this node says it is, to peers (identify, Hello): ``symphony-node/<version>``."""
+    """What this node says it is, to peers (identify, Hello): ``symphony-node/<version>``.
+    Read from the package metadata once: the ledger asks for it at every capability poll."""
     try:
         return f"symphony-node/{version('symphony-node')}"
     except PackageNotFoundError:
@@ -155,6 +161,8 @@ class Transport(Protocol):
     def peer_id(self) -> str: ...
 
     def listen_addrs(self) -> list[str]: ...
+
+    async def listen_addrs_changed(self, seen: Sequence[str]) -> list[str]: ...
 
     async def connect(self, multiaddr: str) -> str: ...
 

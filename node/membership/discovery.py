@@ -33,9 +33,6 @@ from protocol.membership.discovery_messages import (
 )
 from protocol.membership.machine import AddKnown
 
-#: how often the transport's addresses are compared with those our record announces
-ADDRS_POLL_S = 1.0
-
 
 class DiscoveryService(Service):
     name: ClassVar[str] = "discovery"
@@ -61,12 +58,9 @@ class DiscoveryService(Service):
         task_status.started()
         if not self._machine.config.enabled:
             return
-        while True:  # the transport has no event for a change of addresses: polled
-            await trio.sleep(ADDRS_POLL_S)
-            now = tuple(self.ctx.transport.listen_addrs())
-            if now != listening:
-                listening = now
-                await self.ctx.submit(self.name, SetRecordAddrs(tuple(dialable_addrs(now))))
+        while True:
+            listening = tuple(await self.ctx.transport.listen_addrs_changed(listening))
+            await self.ctx.submit(self.name, SetRecordAddrs(tuple(dialable_addrs(listening))))
 
     async def perform(self, effect: object) -> None:
         if isinstance(effect, Discovered):

@@ -37,8 +37,6 @@ from protocol.membership.machine import (
 from protocol.membership.messages import Hello, PeerList, PeerListRequest, Ping, Pong
 from protocol.names import peer_id_of_multiaddr
 
-#: how often the transport's addresses are compared with those peers were told
-ADDRS_POLL_S = 1.0
 _FINDING: dict[str, Any] = {f.name: f.default for f in fields(DiscoveryConfig)}
 
 
@@ -131,11 +129,8 @@ class MembershipService(Service):
     async def _follow_listen_addrs(self, addrs: tuple[str, ...]) -> None:
         """Our addresses change when a relay reservation comes or goes: peers hear of it."""
         while True:
-            await trio.sleep(ADDRS_POLL_S)
-            now = tuple(self.ctx.transport.listen_addrs())
-            if now != addrs:
-                addrs = now
-                await self.ctx.submit(self.name, SetListenAddrs(addrs))
+            addrs = tuple(await self.ctx.transport.listen_addrs_changed(addrs))
+            await self.ctx.submit(self.name, SetListenAddrs(addrs))
 
     async def _lan_discovery(self) -> None:
         """Announce this node by mDNS and hand the peers found to the machine; a LAN without

@@ -159,6 +159,16 @@ class P2PTransport:
         relayed = [] if self.nat is None else self.nat.client.relayed_addrs()
         return [str(a) for a in self._host.get_addrs()] + relayed
 
+    async def listen_addrs_changed(self, seen: Sequence[str]) -> list[str]:
+        """Our addresses, once they differ from ``seen``: only the relayed ones change after
+        the start, when the NAT loop makes, loses or outlives a reservation."""
+        while (now := self.listen_addrs()) == list(seen):
+            if self.nat is None:
+                await trio.sleep_forever()
+            else:
+                await self.nat.relayed_moved()
+        return now
+
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         async with AsyncExitStack() as stack:
             if self._shaper is not None:  # its connections' tasks outlive the host's

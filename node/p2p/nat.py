@@ -2,7 +2,7 @@
 
 :class:`NatService` owns the four protocols' handlers (served on the guarded host, so every
 fault is penalized like any other protocol's) and one loop, ``run``, ticking every
-``TICK_S``:
+``tick_s`` (NatConfig):
 
 * AutoNAT: with at least one peer connected directly, ask up to
   ``autonat_peers_per_round`` of them to dial us back (node/p2p/autonat.py), at once and
@@ -39,8 +39,6 @@ from node.p2p.multiaddrs import direct_tcp_endpoints, ip_of
 from node.p2p.natconfig import NatConfig
 from node.transport import TransportError
 
-#: how often the loop looks at what is due
-TICK_S = 1.0
 #: a reservation is refreshed this long before it expires
 REFRESH_BEFORE_S = 300.0
 #: a peer that refused a reservation (or failed) is not asked again for this long
@@ -63,6 +61,8 @@ class NatService:
         self._deadline_s = read_deadline_s
         self._self = host.get_id().to_base58()
         self.reachability = Reachability()
+        #: set (and replaced) when a tick changed our relayed addresses: see relayed_moved
+        self._relayed_moved = trio.Event()
         self.server = AutoNatServer(host, config, read_deadline_s, now_ms)
         self.relay = RelayService(host, config, read_deadline_s, self.relaying,
                                   self.public_addrs, now_ms)
@@ -139,12 +139,22 @@ class NatService:
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
+        relayed = self.client.relayed_addrs()
         while True:
             try:
                 await self._tick()
             except (TransportError, trio.TooSlowError) as exc:
                 self._log.debug("nat.tick_failed", error=repr(exc)[:200])
-            await trio.sleep(TICK_S)
+            if self.client.relayed_addrs() != relayed:  # made, lost or expired in this tick
+                relayed = self.client.relayed_addrs()
+                self._relayed_moved.set()
+                self._relayed_moved = trio.Event()
+            await trio.sleep(self.config.tick_s)  # rounds and refreshes fall due with time
+
+    async def relayed_moved(self) -> None:
+        """Return once a tick has changed our relayed addresses (a reservation made, lost or
+        expired): the one moment ``listen_addrs()`` changes after the host started."""
+        await self._relayed_moved.wait()
 
     def _direct_peers(self) -> list[str]:
         out = []

@@ -5,7 +5,7 @@ Every test runs in trio's MockClock with autojump, so timers and timeouts take n
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -71,6 +71,11 @@ class FakeTransport:
 
     def listen_addrs(self) -> list[str]:
         return [f"/memory/{self.peer_id}/p2p/{self.peer_id}"]
+
+    async def listen_addrs_changed(self, seen: Sequence[str]) -> list[str]:
+        if list(seen) == self.listen_addrs():
+            await trio.sleep_forever()  # a fake node's one address never changes
+        return self.listen_addrs()
 
     async def connect(self, addr: str) -> str:
         peer = addr.rsplit("/p2p/", 1)[1]

@@ -78,3 +78,12 @@ def test_convergence_follows_the_links_latency() -> None:
 def test_an_update_never_seen_by_some_node_is_no_convergence() -> None:
     cut = replace(_testnet(), edges=((0, 1), (1, 2), (2, 3)))  # node 4 has no link
     assert predict_ledger(cut)["converged_s"] == -1.0
+
+
+def test_a_measured_gossip_hop_replaces_the_links_latency() -> None:
+    # the links' ping latency says 3 ms; the daemons' measured hop of 40 ms is what counts
+    hop = predict_ledger(replace(_testnet(LATENCY_MS), gossip_hop_ms=40.0))["converged_s"]
+    assert hop == pytest.approx(0.040, rel=0.2)
+    # a line of 5 nodes: the update from node 1 needs 3 hops to reach node 4
+    line = replace(_testnet(), edges=((0, 1), (1, 2), (2, 3), (3, 4)), gossip_hop_ms=40.0)
+    assert predict_ledger(line)["converged_s"] == pytest.approx(3 * 0.040, rel=0.2)

@@ -32,6 +32,7 @@ from node.bench.scale.daemons import (
     WINDOW_S,
     Measured,
     gossip_bytes_per_node_min,
+    gossip_hop_ms,
     measure,
     window_ms,
 )
@@ -91,7 +92,7 @@ def relative_error(predicted: float, measured: float) -> float:
 
 
 def figures_of(m: Measured) -> dict[str, Any]:
-    worst = [max(a) if a else 0 for a in m.arrivals]
+    worst = [max(a.values()) if a else 0 for a in m.arrivals]
     received = [b.gossip_messages - a.gossip_messages for a, b in zip(m.before, m.after, strict=True)]
     received_bytes = [b.gossip_bytes - a.gossip_bytes for a, b in zip(m.before, m.after, strict=True)]
     return {
@@ -107,6 +108,7 @@ def figures_of(m: Measured) -> dict[str, Any]:
         "rss_mb_max": max(m.rss_mb),
         "peers_per_node": statistics.fmean(len(s.peers) for s in m.before),
         "peers_max": max(len(s.peers) for s in m.before),
+        "gossip_hop_ms": gossip_hop_ms(m),
         "start_s": m.start_s,
     }
 
@@ -132,6 +134,7 @@ def testnet_of(m: Measured) -> DaemonNet:
         specs=tuple(spec_of(r["record"]) for r in m.records),
         edges=tuple(sorted(edges)),
         latency_ms={k: max(0.05, statistics.fmean(v) / 2) for k, v in rtts.items()},
+        gossip_hop_ms=gossip_hop_ms(m),
         updates=tuple(Update(at_ms=offset - first, node=i, spec=spec_of(rec))
                       for i, rec, offset in m.updates),
         window_ms=window_ms(m),

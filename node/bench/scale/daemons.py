@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 
 from node.api.token import read_token
+from node.p2p.gossip import GOSSIP_DEGREE
 from node.testnet import LocalTestnet, NodeProcess, TestnetError
 
 #: ledger timings of the bench's daemons: a change is signed at once (no coalescing beyond
@@ -78,8 +79,8 @@ class Measured:
     peers_at_ms: int  #: when the peers were counted, from node 0's transport start
     #: (node index, record JSON of the new version, offset from the first update in ms)
     updates: list[tuple[int, dict[str, Any], int]] = field(default_factory=list)
-    #: per update, every other node's arrival minus the signing time (ms)
-    arrivals: list[list[int]] = field(default_factory=list)
+    #: per update, every other node's arrival minus the signing time (ms), by node index
+    arrivals: list[dict[int, int]] = field(default_factory=list)
     rss_mb: list[float] = field(default_factory=list)
     start_s: float = 0.0  #: wall time to start every daemon
 
@@ -172,13 +173,13 @@ def _update(net: LocalTestnet, daemons: list[NodeProcess], measured: Measured, u
     net.wait_until(everyone_has_them, "every node to store every update", wait_s)
     time.sleep(max(0.0, first_at + window_s - time.monotonic()))  # the window's fixed length
     for i, rec, _ in measured.updates:
-        arrivals = []
+        arrivals = {}
         for j, d in enumerate(daemons):
             if j != i:
                 shown = _record(d, daemons[i].peer_id)
                 if shown["record"]["seq"] != rec["seq"]:
                     raise TestnetError(f"node {d.name} moved past update seq {rec['seq']}")
-                arrivals.append(int(shown["last_seen_ms"]) - int(rec["issued_at_ms"]))
+                arrivals[j] = int(shown["last_seen_ms"]) - int(rec["issued_at_ms"])
         measured.arrivals.append(arrivals)
 
 
@@ -196,6 +197,24 @@ def gossip_bytes_per_node_min(measured: Measured) -> float:
     rates = [(b.gossip_bytes - a.gossip_bytes) / ((b.at - a.at) / 60.0)
              for a, b in zip(measured.before, measured.after, strict=True)]
     return statistics.fmean(rates)
+
+
+def gossip_hop_ms(measured: Measured) -> float:
+    """The time one gossip hop took between the daemons (ms): per update, the median arrival
+    at the first ``GOSSIP_DEGREE`` of the updater's direct peers to hold the new version (its
+    mesh peers, which the updater sent it to itself), from its signing; the median over the
+    updates. It holds all a hop costs on these daemons: framing, signature checks, storing,
+    and waiting for a core shared with every other daemon."""
+    index = {peer: i for i, peer in enumerate(measured.peer_ids)}
+    hops = []
+    for (origin, _, _), arrivals in zip(measured.updates, measured.arrivals, strict=True):
+        peers = [index[p] for p in measured.before[origin].peers if p in index]
+        first = sorted(arrivals[j] for j in peers if j in arrivals)[:GOSSIP_DEGREE]
+        if first:
+            hops.append(statistics.median(first))
+    if not hops:
+        raise TestnetError("no update reached a direct peer of its updater: no gossip hop")
+    return float(statistics.median(hops))
 
 
 def window_ms(measured: Measured) -> int:

@@ -12,10 +12,10 @@ returns the simulator's figures for the same keys. Two runs:
   is the median the daemons measured. Prediction: the mean number of ready peers per node
   at ``peers_at_ms``. Nothing about the connections is taken from the daemons.
 * **ledger** (``converged_s``, ``gossip_bytes_per_node_min``): the real ``LedgerMachine`` on
-  the daemons' own topology (``edges``), each link taking the gossip hop time measured on the
-  daemons (``gossip_hop_ms``: from a record's signing to its storing at the signer's mesh
-  peers, so a hop costs what it cost the daemons, processing on shared cores included), or
-  when none is given the one-way latency its daemons measured (half their ping round trip;
+  the daemons' own topology (``edges``), each link taking a gossip hop time drawn from the
+  spread measured on the daemons (``gossip_hop_range_ms``: each node's arrival of a version
+  minus its first neighbour's, so a hop costs what it cost the daemons, processing on shared
+  cores included), or when none is given the one-way latency its daemons measured (half their ping round trip;
   the median for a link never measured), each node
   advertising the capability the daemon advertised (``specs``). The gossip meshes are the
   simulator's (simulations/transport.py: gossipsub's degree 6, at most 12). After every
@@ -75,9 +75,10 @@ class DaemonNet:
     membership: MembershipConfig  #: the daemons' membership config
     discovery: DiscoveryConfig  #: and their discovery config (rendezvous records)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
-    #: measured time of one gossip hop between the daemons (ms), signing to storing; when
-    #: given, every link of the ledger run takes it instead of the link's ``latency_ms``
-    gossip_hop_ms: float | None = None
+    #: the spread of the gossip hops measured between the daemons (ms, low and high); when
+    #: given, each link of the ledger run takes a hop time drawn evenly from it (one per link,
+    #: seeded) instead of the link's ``latency_ms``
+    gossip_hop_range_ms: tuple[float, float] | None = None
     seed: int = 1
 
     @property
@@ -116,8 +117,9 @@ def predict_peers(testnet: DaemonNet) -> float:
 def _latency(testnet: DaemonNet) -> LatencyModel:
     """The ledger run's links: each the measured gossip hop when there is one, else one
     region per node, the matrix holding every link's measured one-way latency."""
-    if testnet.gossip_hop_ms is not None:
-        return LatencyModel(kind="constant", a=testnet.gossip_hop_ms)
+    if testnet.gossip_hop_range_ms is not None:
+        low, high = testnet.gossip_hop_range_ms
+        return LatencyModel(kind="uniform", a=low, b=high)
     n, default = testnet.n, testnet.median_latency_ms()
     rows = [[default] * n for _ in range(n)]
     for (i, j), ms in testnet.latency_ms.items():

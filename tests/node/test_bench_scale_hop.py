@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from node.bench.scale.daemons import Measured, Snapshot, gossip_hop_ms
+from node.bench.scale.daemons import Measured, Snapshot, gossip_hop_ms, gossip_hop_range_ms
 from node.testnet import TestnetError as ScaleWaitError
 
 
@@ -39,3 +39,10 @@ def test_hops_are_pooled_over_the_updates() -> None:
 def test_no_update_reaching_a_neighbour_is_an_error() -> None:
     with pytest.raises(ScaleWaitError, match="no gossip hop"):
         gossip_hop_ms(_measured([], 2, [(0, {1: 10})]))
+
+
+def test_the_hop_range_leaves_out_the_stragglers() -> None:
+    # a star from node 0: 21 hops of 10..30 ms, and one node 2 s late
+    arrivals = {i: 9 + i for i in range(1, 22)} | {22: 2000}
+    star = _measured([(0, i) for i in range(1, 23)], 23, [(0, arrivals)])
+    assert gossip_hop_range_ms(star) == (11.0, 30.0)

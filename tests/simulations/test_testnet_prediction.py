@@ -80,10 +80,14 @@ def test_an_update_never_seen_by_some_node_is_no_convergence() -> None:
     assert predict_ledger(cut)["converged_s"] == -1.0
 
 
-def test_a_measured_gossip_hop_replaces_the_links_latency() -> None:
+def test_measured_gossip_hops_replace_the_links_latency() -> None:
     # the links' ping latency says 3 ms; the daemons' measured hop of 40 ms is what counts
-    hop = predict_ledger(replace(_testnet(LATENCY_MS), gossip_hop_ms=40.0))["converged_s"]
-    assert hop == pytest.approx(0.040, rel=0.2)
+    hop = replace(_testnet(LATENCY_MS), gossip_hop_range_ms=(40.0, 40.0))
+    assert predict_ledger(hop)["converged_s"] == pytest.approx(0.040, rel=0.2)
     # a line of 5 nodes: the update from node 1 needs 3 hops to reach node 4
-    line = replace(_testnet(), edges=((0, 1), (1, 2), (2, 3), (3, 4)), gossip_hop_ms=40.0)
+    line = replace(_testnet(), edges=((0, 1), (1, 2), (2, 3), (3, 4)),
+                   gossip_hop_range_ms=(40.0, 40.0))
     assert predict_ledger(line)["converged_s"] == pytest.approx(3 * 0.040, rel=0.2)
+    # hops spread over 20..100 ms: the three links each take one time within it
+    spread = predict_ledger(replace(line, gossip_hop_range_ms=(20.0, 100.0)))["converged_s"]
+    assert 3 * 0.020 < spread < 3 * 0.100 and spread != pytest.approx(3 * 0.040, rel=0.05)

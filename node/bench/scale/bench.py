@@ -33,6 +33,7 @@ from node.bench.scale.daemons import (
     Measured,
     gossip_bytes_per_node_min,
     gossip_hop_ms,
+    gossip_hop_range_ms,
     measure,
     window_ms,
 )
@@ -109,6 +110,7 @@ def figures_of(m: Measured) -> dict[str, Any]:
         "peers_per_node": statistics.fmean(len(s.peers) for s in m.before),
         "peers_max": max(len(s.peers) for s in m.before),
         "gossip_hop_ms": gossip_hop_ms(m),
+        "gossip_hop_range_ms": list(gossip_hop_range_ms(m)),
         "start_s": m.start_s,
     }
 
@@ -134,7 +136,7 @@ def testnet_of(m: Measured) -> DaemonNet:
         specs=tuple(spec_of(r["record"]) for r in m.records),
         edges=tuple(sorted(edges)),
         latency_ms={k: max(0.05, statistics.fmean(v) / 2) for k, v in rtts.items()},
-        gossip_hop_ms=gossip_hop_ms(m),
+        gossip_hop_range_ms=gossip_hop_range_ms(m),
         updates=tuple(Update(at_ms=offset - first, node=i, spec=spec_of(rec))
                       for i, rec, offset in m.updates),
         window_ms=window_ms(m),

@@ -51,6 +51,8 @@ WINDOW_S = 30.0
 #: connection's first ping is sent as it opens, while the daemons are still starting on
 #: shared cores, and its round trip is no link latency; two ping intervals later it is
 SETTLE_S = 10.0
+#: the gossip hops the simulator's links are drawn between leave out this share either side
+HOP_SPREAD = 0.05
 #: how often the daemons' state is polled (each poll asks every daemon over HTTP)
 POLL_S = 1.0
 #: bound on each wait, per daemon (start-up and spreading grow with the testnet)
@@ -198,13 +200,13 @@ def gossip_bytes_per_node_min(measured: Measured) -> float:
     return statistics.fmean(rates)
 
 
-def gossip_hop_ms(measured: Measured) -> float:
-    """The time one gossip hop took between the daemons (ms), measured on the updates: for
-    each update and each node but its updater, the node's arrival minus the earliest arrival
-    among its direct peers (the updater's counted as its signing): the last hop of the way the
-    version actually came, from a neighbour holding it to this node holding it. The median
-    over every node and update. It holds all a hop cost these daemons: the forwarding, framing,
-    signature check and store, and the waits for cores shared with every other daemon."""
+def gossip_hops_ms(measured: Measured) -> list[int]:
+    """The times gossip hops took between the daemons (ms), measured on the updates: for each
+    update and each node but its updater, the node's arrival minus the earliest arrival among
+    its direct peers (the updater's counted as its signing): the last hop of the way the
+    version actually came, from a neighbour holding it to this node holding it. Each holds all
+    a hop cost these daemons: the forwarding, framing, signature check and store, and the
+    waits for cores shared with every other daemon. Sorted."""
     index = {peer: i for i, peer in enumerate(measured.peer_ids)}
     neighbours = [{index[p] for p in snap.peers if p in index} for snap in measured.before]
     hops = []
@@ -216,7 +218,20 @@ def gossip_hop_ms(measured: Measured) -> float:
                 hops.append(at - min(earlier))
     if not hops:
         raise TestnetError("no update reached a node from a direct peer: no gossip hop")
-    return float(statistics.median(hops))
+    return sorted(hops)
+
+
+def gossip_hop_ms(measured: Measured) -> float:
+    """The median gossip hop (ms, :func:`gossip_hops_ms`)."""
+    return float(statistics.median(gossip_hops_ms(measured)))
+
+
+def gossip_hop_range_ms(measured: Measured) -> tuple[float, float]:
+    """The spread of the gossip hops (ms, :func:`gossip_hops_ms`): from the ``HOP_SPREAD``
+    quantile to the ``1 - HOP_SPREAD`` one, leaving out a few stragglers either side."""
+    hops = gossip_hops_ms(measured)
+    last = len(hops) - 1
+    return float(hops[round(HOP_SPREAD * last)]), float(hops[round((1 - HOP_SPREAD) * last)])
 
 
 def window_ms(measured: Measured) -> int:

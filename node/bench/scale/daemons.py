@@ -101,14 +101,18 @@ def measure(net: LocalTestnet, nodes: int, updates: int, batch: int,
     time.sleep(settle_s)  # a fixed settling time (see SETTLE_S), not a wait for a condition
     t0 = _log_time(first, "transport.started")
     before = [snapshot(d) for d in daemons]
-    measured = Measured(
-        names=[d.name for d in daemons], peer_ids=peer_ids,
-        start_ms=[round((_log_time(d, "transport.started") - t0) * 1000) for d in daemons],
-        bootstraps=[[by_addr[a] for flag, a in zip(d.args, d.args[1:], strict=False)
-                     if flag == "--bootstrap"] for d in daemons],
-        records=[_record(d, d.peer_id) for d in daemons],
-        before=before, after=[], peers_at_ms=round((time.time() - t0) * 1000), start_s=start_s)
-    _update(net, daemons, measured, updates, window_s, wait_s)
+    # one client for the run's thousands of requests: a new one per request builds its SSL
+    # context each time, and the polls of a hundred daemons fall behind
+    with httpx.Client(timeout=10.0) as http:
+        measured = Measured(
+            names=[d.name for d in daemons], peer_ids=peer_ids,
+            start_ms=[round((_log_time(d, "transport.started") - t0) * 1000) for d in daemons],
+            bootstraps=[[by_addr[a] for flag, a in zip(d.args, d.args[1:], strict=False)
+                         if flag == "--bootstrap"] for d in daemons],
+            records=[_record(http, d, d.peer_id) for d in daemons],
+            before=before, after=[], peers_at_ms=round((time.time() - t0) * 1000),
+            start_s=start_s)
+        _update(net, http, daemons, measured, updates, window_s, wait_s)
     measured.after = [snapshot(d) for d in daemons]
     measured.rss_mb = [rss_mb(d) for d in daemons]
     return measured
@@ -141,8 +145,8 @@ def rss_mb(daemon: NodeProcess) -> float:
     raise TestnetError(f"no VmRSS for node {daemon.name}")
 
 
-def _record(daemon: NodeProcess, peer: str) -> dict[str, Any]:
-    got = httpx.get(f"{daemon.api_url}/ledger/peers/{peer}", timeout=10.0)
+def _record(http: httpx.Client, daemon: NodeProcess, peer: str) -> dict[str, Any]:
+    got = http.get(f"{daemon.api_url}/ledger/peers/{peer}")
     got.raise_for_status()
     result: dict[str, Any] = got.json()
     return result
@@ -154,7 +158,7 @@ def _log_time(daemon: NodeProcess, event: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def _update(net: LocalTestnet, daemons: list[NodeProcess], measured: Measured, updates: int,
+def _update(net: LocalTestnet, http: httpx.Client, daemons: list[NodeProcess], measured: Measured, updates: int,
             window_s: float, wait_s: float) -> None:
     """Change ``updates`` nodes' records ``UPDATE_GAP_S`` apart; wait for every node to hold
     each new version, and the window to end; read the arrivals."""
@@ -164,11 +168,11 @@ def _update(net: LocalTestnet, daemons: list[NodeProcess], measured: Measured, u
     for k, index in enumerate(chosen):
         time.sleep(max(0.0, first_at + k * UPDATE_GAP_S - time.monotonic()))  # the schedule
         offset_ms = round((time.monotonic() - first_at) * 1000)
-        record = _post_tags(daemons[index], ["scale", f"update-{k}"])
+        record = _post_tags(http, daemons[index], ["scale", f"update-{k}"])
         measured.updates.append((index, record, offset_ms))
 
     def everyone_has_them() -> bool:
-        return all(_record(d, daemons[i].peer_id)["record"]["seq"] >= rec["seq"]
+        return all(_record(http, d, daemons[i].peer_id)["record"]["seq"] >= rec["seq"]
                    for i, rec, _ in measured.updates for d in daemons)
 
     net.wait_until(everyone_has_them, "every node to store every update", wait_s)
@@ -177,17 +181,16 @@ def _update(net: LocalTestnet, daemons: list[NodeProcess], measured: Measured, u
         arrivals = {}
         for j, d in enumerate(daemons):
             if j != i:
-                shown = _record(d, daemons[i].peer_id)
+                shown = _record(http, d, daemons[i].peer_id)
                 if shown["record"]["seq"] != rec["seq"]:
                     raise TestnetError(f"node {d.name} moved past update seq {rec['seq']}")
                 arrivals[j] = int(shown["last_seen_ms"]) - int(rec["issued_at_ms"])
         measured.arrivals.append(arrivals)
 
 
-def _post_tags(daemon: NodeProcess, tags: list[str]) -> dict[str, Any]:
-    response = httpx.post(daemon.api_url + "/ledger/capability", json={"tags": tags},
-                          headers={"Authorization": f"Bearer {read_token(daemon.data_dir)}"},
-                          timeout=10.0)
+def _post_tags(http: httpx.Client, daemon: NodeProcess, tags: list[str]) -> dict[str, Any]:
+    response = http.post(daemon.api_url + "/ledger/capability", json={"tags": tags},
+                         headers={"Authorization": f"Bearer {read_token(daemon.data_dir)}"})
     response.raise_for_status()
     record: dict[str, Any] = response.json()["record"]
     return record

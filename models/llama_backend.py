@@ -109,6 +109,11 @@ class LlamaCppBackend(Backend):
         self.llm.eval(ids[keep:])
         return self._last_logits()
 
+    def forget_prompt(self) -> None:
+        """Let the next generation prefill its whole prompt, reusing nothing of the last one's
+        (what a benchmark that times a generation against another backend's needs)."""
+        self.llm.n_tokens = 0
+
     def _cached_prefix(self, ids: Sequence[int]) -> int:
         """How many leading tokens of ``ids`` the context's cache already holds from the last
         generation (the shared opening of a chat template, a system prompt, earlier turns),

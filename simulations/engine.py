@@ -174,6 +174,25 @@ class EventLoop:
         self.now_us = time_us
         self._inline += 1
 
+    def try_advance(self, time_us: int) -> bool:
+        """``advance(time_us)`` if ``time_us`` is before ``horizon_us()`` (True), else nothing
+        (False): the one check a caller stepping through arrivals makes per arrival."""
+        if self._stopped or time_us < self.now_us:
+            return False
+        pos = self._pos
+        current = self._current
+        if pos < len(current):
+            if time_us >= current[pos][0]:
+                return False
+        elif self._keys:
+            if time_us >= self._keys[0] << BUCKET_SHIFT:
+                return False
+        if time_us > self._until_us:
+            return False
+        self.now_us = time_us
+        self._inline += 1
+        return True
+
     def stop(self) -> None:
         """Make the current ``run`` return after the event being processed."""
         self._stopped = True

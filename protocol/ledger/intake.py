@@ -278,12 +278,16 @@ class LedgerIntake:
         """Merge a push: (new items, hashes of refused or evicted attestations)."""
         refused: list[bytes] = []
         records, cards = self._kinds
-        new = self._merge_signed(records, push.records, now, effects, rejected)
+        # most pushes carry one kind of item: an empty one costs no call
+        new = 0
+        if push.records:
+            new = self._merge_signed(records, push.records, now, effects, rejected)
         if push.agents:
             new += self._merge_signed(cards, push.agents, now, effects, rejected)
-        new += self._merge_attestations(
-            peer, push.attestations, now, solicited, effects, rejected, refused
-        )
+        if push.attestations:
+            new += self._merge_attestations(
+                peer, push.attestations, now, solicited, effects, rejected, refused
+            )
         accepted = self.accepted
         self.accepted = new if accepted is None else accepted + new
         return new, refused

@@ -32,7 +32,7 @@ from typing import NamedTuple
 from crypto.envelope import Envelope
 from crypto.hashing import digest
 from protocol.ledger.cards import CardRecords, Held
-from protocol.ledger.expiry import pop_due, soonest
+from protocol.ledger.expiry import pop_due
 from protocol.ledger.messages import (
     BUCKETS,
     MAX_DIGEST_RECORDS,
@@ -309,9 +309,15 @@ class LedgerState:
     def next_expiry(self) -> int | None:
         """When ``prune`` or ``cards.prune`` next has something to do (may be early: the
         heaps are lazy)."""
-        due = [t for t in (soonest(self._expiry), soonest(self._record_expiry),
-                           self.cards.next_expiry()) if t is not None]
-        return min(due, default=None)
+        # asked after every delivery: the heaps' tops compared in line, no list and no min()
+        atts, records = self._expiry, self._record_expiry
+        t = atts[0][0] if atts else None
+        if records and (t is None or records[0][0] < t):
+            t = records[0][0]
+        cards = self.cards.next_expiry()
+        if cards is not None and (t is None or cards < t):
+            t = cards
+        return t
 
     # ------------------------------------------------------------ summary
 

@@ -139,10 +139,9 @@ class PlannedFloods:
                 self._done(flood)
                 return
             at = times[pos]
-            if at >= loop.horizon_us():
+            if not loop.try_advance(at):
                 loop.at(at, self._step, flood, generation)
                 return
-            loop.advance(at)
 
     def _deliver_frame(self, flood: Flood, target: VirtualNode) -> None:
         """Wire bytes: every receiver decodes its own copy."""

@@ -91,3 +91,37 @@ def test_the_horizon_stops_at_the_end_of_the_run() -> None:
     loop.at(500, lambda: None)
     loop.run(40)
     assert horizons == [41]  # nothing queued before 500, but the run ends at 40
+
+
+def test_try_advance_moves_the_clock_exactly_where_advance_may() -> None:
+    loop = EventLoop()
+    seen: list[tuple[int, bool]] = []
+
+    def burst() -> None:
+        # queued at 5000 (a later bucket) and at 30 (this one); the run ends at 6000
+        for t in (5, 20, 29, 30, 31):
+            seen.append((t, loop.try_advance(t)))
+        loop.at(1200, lambda: None)
+        seen.append((1199, loop.try_advance(1199)))
+
+    def late() -> None:
+        seen.append((6000, loop.try_advance(6000)))
+        seen.append((6001, loop.try_advance(6001)))
+        loop.stop()
+        seen.append((6000, loop.try_advance(6000)))
+
+    loop.at(10, burst)
+    loop.at(30, lambda: None)
+    loop.at(5000, late)
+    loop.run(6000)
+    assert seen == [
+        (5, False),  # the past
+        (20, True),
+        (29, True),
+        (30, False),  # an event is queued then
+        (31, False),
+        (1199, False),  # 30 is still queued before it
+        (6000, True),  # the run's last microsecond
+        (6001, False),  # after the run's end
+        (6000, False),  # stopped
+    ]

@@ -153,13 +153,9 @@ class LlamaDrafter:
     def _catch_up(self, context: Sequence[int]) -> np.ndarray:
         """Make the llama.cpp cache hold ``context`` (reusing the prefix it already holds) and
         return the logits after its last token."""
-        held = self.llm.input_ids[: self.llm.n_tokens].tolist()
-        same = 0
-        for a, b in zip(held, context, strict=False):
-            if a != b:
-                break
-            same += 1
-        keep = min(same, len(context) - 1)  # evaluate at least the last token for its logits
+        from models.llama_backend import reusable_prefix
+
+        keep = reusable_prefix(self.llm, context)
         self.llm.n_tokens = keep  # eval() drops the cache beyond n_tokens
         self.llm.eval([int(t) for t in context[keep:]])
         return self._logits()

@@ -34,6 +34,18 @@ if TYPE_CHECKING:
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def reusable_prefix(llm: Any, ids: Sequence[int]) -> int:
+    """How many leading tokens of ``ids`` the llama.cpp context ``llm`` already holds in its
+    cache, at most all but the last (evaluated again for its logits)."""
+    held = llm.input_ids[:llm.n_tokens].tolist()
+    same = 0
+    for a, b in zip(held, ids, strict=False):
+        if a != b:
+            break
+        same += 1
+    return min(same, len(ids) - 1)
+
+
 class LlamaCppBackend(Backend):
     kind = LLAMA_CPP
 
@@ -117,17 +129,11 @@ class LlamaCppBackend(Backend):
     def _cached_prefix(self, ids: Sequence[int]) -> int:
         """How many leading tokens of ``ids`` the context's cache already holds from the last
         generation (the shared opening of a chat template, a system prompt, earlier turns),
-        which a prefill need not evaluate again, as llama-server's prompt cache and
-        llama-cpp-python's own ``generate`` do not; at most all but the last token, which is
-        evaluated for its logits. With the state capture on, only as many as it holds the
-        states of (models.llama_capture ``StateCapture.rewind``)."""
-        held = self.llm.input_ids[:self.llm.n_tokens].tolist()
-        same = 0
-        for a, b in zip(held, ids, strict=False):
-            if a != b:
-                break
-            same += 1
-        keep = min(same, len(ids) - 1)
+        which a prefill need not evaluate again (llama-server's prompt cache reuses them
+        alike); at most all but the last token, which is evaluated for its logits. With the
+        state capture on, only as many as it holds the states of (models.llama_capture
+        ``StateCapture.rewind``)."""
+        keep = reusable_prefix(self.llm, ids)
         if self.capture is not None and not self.capture.holds(keep):
             return 0
         return keep

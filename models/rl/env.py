@@ -8,7 +8,9 @@ An environment is any object with
 - ``reward(prompt, completion) -> float``: the reward of a completion's text for prompt index
   ``prompt``;
 - optionally ``correct(prompt, completion) -> bool``: whether the completion solves the
-  prompt, what the held-out accuracy counts (without it: a reward above 0).
+  prompt, what the held-out accuracy counts (without it: a reward above 0);
+- optionally ``heldout_every``: hold out about one prompt in this many (without it:
+  ``HELDOUT_EVERY``).
 
 Users plug their own in with ``environment = "package.module:factory"`` in rl.toml
 (:func:`load_full_environment`): ``factory()`` returns such an object. Rewards are always
@@ -16,8 +18,8 @@ computed by the learner, never taken from a worker.
 
 **The held-out split** (:func:`split`) is a fixed rule on each prompt's text, not its index:
 prompt ``i`` is held out when the first 8 bytes of BLAKE2b over its chat messages (canonical
-JSON), as an integer, are divisible by ``HELDOUT_EVERY``: about one prompt in that many, the
-same ones on every machine whatever order an environment lists its prompts in. Learners and
+JSON), as an integer, are divisible by the environment's ``heldout_every`` (``HELDOUT_EVERY``
+unless it says otherwise): about one prompt in that many, the same ones on every machine whatever order an environment lists its prompts in. Learners and
 workers load the training view (:func:`load_environment`, prompts renumbered from 0), so no
 rollout job can name a held-out prompt; evaluation loads the other (:func:`load_heldout`).
 
@@ -103,13 +105,21 @@ class EvalsetEnvironment:
         return got is not None and got == item.answer
 
 
-#: one prompt in about this many is held out
+#: one prompt in about this many is held out, unless the environment's ``heldout_every`` says
 HELDOUT_EVERY = 5
 
 
-def is_heldout(messages: Sequence[Message]) -> bool:
+def heldout_every(env: Environment) -> int:
+    """The environment's ``heldout_every`` (an int >= 2), else ``HELDOUT_EVERY``."""
+    every = getattr(env, "heldout_every", HELDOUT_EVERY)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 2:
+        raise ValueError(f"heldout_every must be an integer >= 2, got {every!r}")
+    return every
+
+
+def is_heldout(messages: Sequence[Message], every: int = HELDOUT_EVERY) -> bool:
     data = json.dumps(list(messages), sort_keys=True, ensure_ascii=False).encode()
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big") % HELDOUT_EVERY == 0
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big") % every == 0
 
 
 class SplitEnvironment:
@@ -141,8 +151,8 @@ class SplitEnvironment:
 def split(env: Environment) -> tuple[SplitEnvironment, SplitEnvironment]:
     """(training view, held-out view) of ``env`` by :func:`is_heldout`; ``ValueError`` when
     either side would be empty."""
-    size = env.size
-    held = [is_heldout(env.prompt(i)) for i in range(size)]
+    size, every = env.size, heldout_every(env)
+    held = [is_heldout(env.prompt(i), every) for i in range(size)]
     train = [i for i in range(size) if not held[i]]
     heldout = [i for i in range(size) if held[i]]
     if not train or not heldout:

@@ -2,9 +2,9 @@
 
 **The split** (models/rl/env.py's :func:`split`) is a fixed rule on each prompt's text, not on its index: prompt
 ``i`` is held out when the first 8 bytes of BLAKE2b over its chat messages (canonical JSON),
-read as an integer, are divisible by ``HELDOUT_EVERY``. So about one prompt in
-``HELDOUT_EVERY`` is held out, the same ones on every machine and whatever order an
-environment lists its prompts in. Training sees only the other prompts: models/rl/env.py's
+read as an integer, are divisible by the environment's ``heldout_every`` (default
+``HELDOUT_EVERY``). So about one prompt in that many is held out, the same ones on every
+machine and whatever order an environment lists its prompts in. Training sees only the other prompts: models/rl/env.py's
 :func:`load_environment` returns the training view, whose indices are all a rollout job can
 name, so no job, learner or worker ever samples a held-out prompt.
 

@@ -9,6 +9,7 @@ from models.rl.arith_env import ANSWER_REWARD, FORMAT_REWARD, ArithmeticEnvironm
 from models.rl.env import (
     HELDOUT_EVERY,
     Environment,
+    heldout_every,
     is_heldout,
     load_environment,
     load_full_environment,
@@ -43,9 +44,11 @@ def test_training_and_heldout_views_partition_the_prompts(spec: str) -> None:
     assert train.size + held.size == full.size
     assert not set(texts(train)) & set(texts(held))
     assert sorted(texts(train) + texts(held)) == sorted(texts(full))
-    assert all(is_heldout(held.prompt(i)) for i in range(held.size))
-    # about one in HELDOUT_EVERY, not a degenerate split
-    assert 0.4 / HELDOUT_EVERY < held.size / full.size < 2.0 / HELDOUT_EVERY
+    # about one in the environment's share, not a degenerate split
+    every = heldout_every(full)
+    assert every == (2 if spec == "arith" else HELDOUT_EVERY)
+    assert all(is_heldout(held.prompt(i), every) for i in range(held.size))
+    assert 0.4 / every < held.size / full.size < 2.0 / every
     with pytest.raises(IndexError):
         train.prompt(train.size)
 
@@ -59,6 +62,24 @@ def test_the_split_follows_the_text_not_the_order() -> None:
     # the views map rewards and correctness through to the underlying prompt
     text = held.prompt(0)[0]["content"]
     assert held.reward(0, text) == 1.0 and held.correct(0, text) and not held.correct(0, "no")
+
+
+def test_an_environment_sets_its_held_out_share() -> None:
+    texts = [f"question {i}" for i in range(400)]
+    env = Listed(texts)
+    _, default = split(env)
+    env.heldout_every = 2  # type: ignore[attr-defined]
+    _, halves = split(env)
+    assert 0.6 / HELDOUT_EVERY < default.size / 400 < 1.4 / HELDOUT_EVERY
+    assert 0.6 / 2 < halves.size / 400 < 1.4 / 2
+    # an integer rule: every prompt divisible by 2 * k is also divisible by 2
+    fifths = {p["content"] for i in range(default.size) for p in default.prompt(i)}
+    tenths = [t for t in texts if is_heldout([{"role": "user", "content": t}], 10)]
+    assert set(tenths) <= fifths
+    for bad in (1, 0, 2.5, True, "3"):
+        env.heldout_every = bad  # type: ignore[attr-defined]
+        with pytest.raises(ValueError, match="heldout_every"):
+            split(env)
 
 
 def test_a_split_with_an_empty_side_is_refused() -> None:

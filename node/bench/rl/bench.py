@@ -58,7 +58,7 @@ ENVIRONMENT = "arith"
 QUICK_EVAL_PROMPTS, FULL_EVAL_PROMPTS = 24, 0
 #: the full run also scores the learner's newest version every this many steps (the plot's
 #: held-out curve), on this many held-out prompts
-FULL_EVAL_EVERY, FULL_CURVE_PROMPTS = 5, 48
+FULL_EVAL_EVERY, FULL_CURVE_PROMPTS = 10, 48
 #: worker processes beside the learner, at most: each is a llama.cpp process of its own, and
 #: more than the cores the learner leaves free would slow every one of them down
 MAX_WORKERS = 2

@@ -84,10 +84,23 @@ async def _decode(net: Net, chain: object) -> list[int]:
 
     from models.blocks import greedy, load_head
     from node.inference.chain import ChainTarget
-    from tests.node.test_inference_chain import PROMPT
+    from tests.node.chain_net import PROMPT
 
     target = ChainTarget(load_head(net.gguf), chain)  # type: ignore[arg-type]
     return await trio.to_thread.run_sync(greedy, target, PROMPT, 24)
+
+
+async def _decoded_and_checked(net: Net, **chain_options: Any) -> Any:
+    """A chain opened without c (so c is free to check), a generation through it, then every
+    step checked: the check's report."""
+    chain = net.chain(**chain_options)
+    chain.excluded.add(peer_of("c"))
+    await chain.open()
+    chain.excluded.clear()
+    await _decode(net, chain)
+    report = await check_chain(chain, 1.0)
+    await chain.close()
+    return report
 
 
 def test_honest_chains_pass_their_checks_forwarded_and_direct(gguf: Path) -> None:
@@ -97,13 +110,7 @@ def test_honest_chains_pass_their_checks_forwarded_and_direct(gguf: Path) -> Non
         net.serve("c", 0, 2)  # recomputes both
         results = []
         for forwarding in (True, False):
-            chain = net.chain(forwarding=forwarding)
-            chain.excluded.add(peer_of("c"))
-            await chain.open()
-            chain.excluded.clear()
-            await _decode(net, chain)
-            report = await check_chain(chain, 1.0)
-            await chain.close()
+            report = await _decoded_and_checked(net, forwarding=forwarding)
             results.append(([net.name(p) for p in report.checked], report.steps_checked,
                              [a.subject for a in report.convicted] + report.dropped
                              + report.prefilled))
@@ -173,13 +180,7 @@ def test_malformed_kv_pages_and_recheck_results_cost_their_sender(
         net.serve("a", 0, 2)
         net.serve("c", 0, 2)
         _rewriting(net.hosts[peer_of(culprit)], change)
-        chain = net.chain()
-        chain.excluded.add(peer_of("c"))
-        await chain.open()
-        chain.excluded.clear()
-        await _decode(net, chain)
-        report = await check_chain(chain, 1.0)
-        await chain.close()
+        report = await _decoded_and_checked(net)
         return ([net.name(p) for p in report.dropped + report.unchecked],
                 [a.subject for a in report.convicted], sorted({p for p, _ in net.reports}))
 
@@ -207,13 +208,7 @@ def test_steps_too_large_with_their_kv_are_checked_by_a_prefill(gguf: Path, kind
         if kind:
             _lying(net, "a", kind)
         _rewriting(net.hosts[peer_of("a")], _too_large_with_kv)
-        chain = net.chain()
-        chain.excluded.add(peer_of("c"))
-        await chain.open()
-        chain.excluded.clear()
-        await _decode(net, chain)
-        report = await check_chain(chain, 1.0)
-        await chain.close()
+        report = await _decoded_and_checked(net)
         return ([net.name(p) for p in report.prefilled], [net.name(p) for p in report.checked],
                 [net.name(a.subject) for a in report.convicted])
 

@@ -114,6 +114,8 @@ class RolloutWorker:
             raise KeyError(f"policy version {version} is not loaded (have {self.versions})")
         if rc != 0:
             raise RuntimeError(f"llama_set_adapters_lora failed ({rc}) for version {version}")
+        if version != self.version:  # the cache holds the previous version's states: the
+            self.backend.forget_prompt()  # backend's prefill must not reuse them
         self.version = version
         return time.perf_counter() - t
 

@@ -19,9 +19,10 @@ computed by the learner, never taken from a worker.
 **The held-out split** (:func:`split`) is a fixed rule on each prompt's text, not its index:
 prompt ``i`` is held out when the first 8 bytes of BLAKE2b over its chat messages (canonical
 JSON), as an integer, are divisible by the environment's ``heldout_every`` (``HELDOUT_EVERY``
-unless it says otherwise): about one prompt in that many, the same ones on every machine whatever order an environment lists its prompts in. Learners and
-workers load the training view (:func:`load_environment`, prompts renumbered from 0), so no
-rollout job can name a held-out prompt; evaluation loads the other (:func:`load_heldout`).
+unless it says otherwise): about one prompt in that many, the same ones on every machine
+whatever order an environment lists its prompts in. Learners and workers load the training
+view (:func:`load_environment`, prompts renumbered from 0), so no rollout job can name a
+held-out prompt; evaluation loads the other (:func:`load_heldout`).
 
 Shipped: ``"arith"`` (models/rl/arith_env.py), a format-and-answer task the default model
 learns; and :class:`EvalsetEnvironment`, the numeric half of the embedded evaluation

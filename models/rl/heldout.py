@@ -1,12 +1,10 @@
 """The held-out split of an RL environment, and the accuracy of a policy version on it.
 
-**The split** (models/rl/env.py's :func:`split`) is a fixed rule on each prompt's text, not on its index: prompt
-``i`` is held out when the first 8 bytes of BLAKE2b over its chat messages (canonical JSON),
-read as an integer, are divisible by the environment's ``heldout_every`` (default
-``HELDOUT_EVERY``). So about one prompt in that many is held out, the same ones on every
-machine and whatever order an environment lists its prompts in. Training sees only the other prompts: models/rl/env.py's
-:func:`load_environment` returns the training view, whose indices are all a rollout job can
-name, so no job, learner or worker ever samples a held-out prompt.
+**The split** is models/rl/env.py's :func:`split` (its docstring gives the rule: about one
+prompt in the environment's ``heldout_every``, chosen by a hash of its text). Training sees
+only the other prompts: models/rl/env.py's :func:`load_environment` returns the training view,
+whose indices are all a rollout job can name, so no job, learner or worker ever samples a
+held-out prompt.
 
 **The evaluation** (:func:`evaluate`) answers every held-out prompt (or the first ``prompts``
 of them) with a llama.cpp worker (models/rl/rollout.py) under the base model or an adapter:

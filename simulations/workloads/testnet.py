@@ -15,11 +15,10 @@ returns the simulator's figures for the same keys. Two runs:
   the daemons' own topology (``edges``), each link taking a gossip hop time drawn from the
   spread measured on the daemons (``gossip_hop_range_ms``: each node's arrival of a version
   minus its first neighbour's, so a hop costs what it cost the daemons, processing on shared
-  cores included), or when none is given the one-way latency its daemons measured (half their ping round trip;
-  the median for a link never measured), each node
-  advertising the capability the daemon advertised (``specs``). The gossip meshes are the
-  simulator's (simulations/transport.py: gossipsub's degree 6, at most 12). After every
-  record has spread, the same updates as the daemons' (``updates``: offset, node, new spec)
+  cores included), or when none is given the one-way latency its daemons measured (half
+  their ping round trip; the median for a link never measured), each node advertising the
+  capability the daemon advertised (``specs``). The gossip meshes are the simulator's
+  (simulations/transport.py: gossipsub's degree 6, at most 12). After every record has spread, the same updates as the daemons' (``updates``: offset, node, new spec)
   are made; ``converged_s`` is the median over updates of the time from the updater storing
   its new record to the last node storing it, and ``gossip_bytes_per_node_min`` the gossip
   message bytes every node received (duplicates included) per minute over ``window_ms``

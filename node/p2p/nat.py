@@ -145,8 +145,9 @@ class NatService:
                 await self._tick()
             except (TransportError, trio.TooSlowError) as exc:
                 self._log.debug("nat.tick_failed", error=repr(exc)[:200])
-            if self.client.relayed_addrs() != relayed:  # made, lost or expired in this tick
-                relayed = self.client.relayed_addrs()
+            now = self.client.relayed_addrs()
+            if now != relayed:  # a reservation made, lost or expired in this tick
+                relayed = now
                 self._relayed_moved.set()
                 self._relayed_moved = trio.Event()
             await trio.sleep(self.config.tick_s)  # rounds and refreshes fall due with time

@@ -34,7 +34,8 @@ Contract (what every implementation promises)
     channel, backpressure), so the daemon must keep draining it.
 ``set_request_handler(protocol_id, handler, *, max_request_bytes)``
     Serve length-prefixed request/response on ``protocol_id``: the handler gets
-    ``(peer_id, request_bytes)`` and returns the response bytes. A request frame longer than
+    ``(peer_id, request_bytes)`` and returns the response bytes, once per request (a stream
+    may carry many requests, one after another). A request frame longer than
     ``max_request_bytes`` is refused before its body is read. A peer that sends garbage, an
     oversized or truncated frame, or whose handler raises, gets its stream reset; the error is
     logged with the peer id and the node keeps serving everyone else.
@@ -42,7 +43,10 @@ Contract (what every implementation promises)
     Send one request frame and return the response frame. Raises :class:`FrameTooLarge` if the
     response announces more than ``max_response_bytes`` (checked before reading the body) and
     :class:`TransportError` for any other failure (no connection, protocol unsupported, reset,
-    truncated response). Timeouts are the caller's: wrap the call in ``trio.fail_after``.
+    truncated response). Timeouts are the caller's: wrap the call in ``trio.fail_after``; a
+    call cancelled or failed part-way leaves nothing behind that a later request could read.
+    The handler sees each request at most once per call (an implementation that retries does
+    so only when the peer cannot have read the request).
 ``await subscribe(topic) -> trio.abc.ReceiveChannel[tuple[str, bytes]]``
     Gossip messages on ``topic`` as ``(origin_peer_id, data)``, own publishes excluded.
     Subscribing twice to one topic is an error (:class:`TransportError`).
@@ -68,7 +72,11 @@ Contract (what every implementation promises)
 Framing
 -------
 Request/response frames are a 4-byte big-endian unsigned length followed by that many bytes
-(:func:`write_frame` / :func:`read_frame`). One request frame, one response frame, per stream.
+(:func:`write_frame` / :func:`read_frame`). A stream carries request/response exchanges one
+after another: one request frame, then its response frame, then maybe the next request (never
+two requests in flight on one stream). Either side may end the stream between exchanges; a
+requester may also send one request and close (node/p2p/reqresp.py says how the libp2p
+transport reuses streams, and when it closes them).
 """
 
 from __future__ import annotations
@@ -231,6 +239,14 @@ async def read_frame(stream: BulkStream, *, max_bytes: int) -> bytes:
     first = await stream.read(FRAME_HEADER.size)
     if not first:
         raise StreamGone("the stream ended before a frame began")
+    return await finish_frame(stream, first, max_bytes=max_bytes)
+
+
+async def finish_frame(stream: BulkStream, first: bytes, *, max_bytes: int) -> bytes:
+    """The rest of a frame whose first 1..4 bytes (``first``, from a read of at most
+    ``FRAME_HEADER.size``) were already read: for a reader that waits for a frame to begin
+    under another deadline than the one the frame must complete in. Errors as ``read_frame``."""
+    check_limit(max_bytes)
     header = first + await read_exactly(stream, FRAME_HEADER.size - len(first))
     (size,) = FRAME_HEADER.unpack(header)
     if size > max_bytes:

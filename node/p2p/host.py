@@ -20,8 +20,8 @@ Dials, gossip and streams keep py-libp2p's settings only where the sibling modul
 once as the host is built: every inbound stream, py-libp2p's own protocols included, behind
 one guard; limits from ``node.runtime.limits.NetLimits``, frames of py-libp2p's protocols as
 ``frame_checks.libp2p_framings`` says, faults reported to the handler given to
-``set_fault_handler``). Each request/response exchange is
-one stream: one request frame, one response frame, both sides close it.
+``set_fault_handler``), ``reqresp.py`` (request/response exchanges one after another on
+pooled streams, and the server's loop over each inbound one).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from node.p2p.multiaddrs import AddrError
 from node.p2p.nat import NatService
 from node.p2p.natconfig import NatConfig
 from node.p2p.peer_pruning import PRUNE_INTERVAL_S, PeerStorePruner
+from node.p2p.reqresp import RequestPool, serve_requests
 from node.p2p.shaping import ShapedTCP
 from node.p2p.streams import NetBulkStream, bulk_handler
 from node.p2p.swarm import DIAL_TIMEOUT_S, OwnDials, PeerTracker, build_host, identify_handler
@@ -64,12 +65,12 @@ from node.transport import (
     StreamHandler,
     TransportError,
     agent_version,
-    check_limit,
-    read_frame,
-    write_frame,
 )
 
 DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
+#: our idle request streams are closed after this share of the idle limit we serve with:
+#: well before a peer with the same limits closes them (node/p2p/reqresp.py, retry rule)
+POOL_IDLE_SHARE = 0.25
 #: stop() closes connections within this long, then tears down whatever is left.
 STOP_GRACE_S = 2.0
 
@@ -101,6 +102,8 @@ class P2PTransport:
         # written within it, or the stream is reset (a stalled peer cannot pin a handler).
         self._request_io_timeout_s = limits.read_deadline_s
         self._lag = LagClock()
+        #: our requests' streams, reused (node/p2p/reqresp.py)
+        self.requests = RequestPool(self._open, idle_s=limits.idle_timeout_s * POOL_IDLE_SHARE)
         route_library_logs("libp2p")  # py-libp2p detached its logger at import
         # every TCP connection behind this link (node/p2p/shaping.py); None: plain TCP
         self._shaper = None if link is None else ShapedTCP(link)
@@ -183,6 +186,7 @@ class P2PTransport:
                     await nursery.start(self.nat.run)
                 nursery.start_soon(self._prune_peerstore)
                 nursery.start_soon(self._lag.run)
+                nursery.start_soon(self.requests.run)
                 self._log.info("transport.started", addrs=self.listen_addrs(),
                                link=None if self._shaper is None else str(self._shaper.spec))
                 task_status.started()
@@ -316,35 +320,18 @@ class P2PTransport:
     def set_request_handler(
         self, protocol_id: str, handler: RequestHandler, *, max_request_bytes: int
     ) -> None:
-        check_limit(max_request_bytes)
-
-        async def serve(stream: NetBulkStream) -> None:
-            # in the loop's own time: our CPU starvation is no stall of the peer's (lag.py)
-            with self._lag.fail_after(self._request_io_timeout_s):
-                request = await read_frame(stream, max_bytes=max_request_bytes)
-            response = await handler(stream.peer_id, request)
-            with self._lag.fail_after(self._request_io_timeout_s):
-                await write_frame(stream, response)
-
-        # each message is a stream here: the driver meters messages (NetLimits), not streams;
-        # but the handshake is one request per connection, metered like any protocol's streams
+        serve = serve_requests(handler, max_request_bytes=max_request_bytes, lag=self._lag,
+                               deadline_s=self._request_io_timeout_s,
+                               idle_s=self.limits.idle_timeout_s)
+        # the driver meters messages (NetLimits), not streams: a stream carries many; but the
+        # handshake is one request per connection, metered like any protocol's streams
         self._handle(protocol_id, serve, metered=protocol_id == HANDSHAKE_PROTOCOL_ID)
 
     async def request(
         self, peer_id: str, protocol_id: str, data: bytes, *, max_response_bytes: int
     ) -> bytes:
-        check_limit(max_response_bytes)
-        stream = await self._open(peer_id, protocol_id)
-        try:
-            await write_frame(stream, data)
-            return await read_frame(stream, max_bytes=max_response_bytes)
-        except BaseException:
-            with trio.CancelScope(shield=True):
-                await stream.reset()
-            raise
-        finally:
-            with trio.CancelScope(shield=True):
-                await stream.close()
+        return await self.requests.request(peer_id, protocol_id, data,
+                                           max_response_bytes=max_response_bytes)
 
     # ---- bulk streams -----------------------------------------------------------------------
 

@@ -36,6 +36,19 @@ class NetBulkStream:
     def peer_id(self) -> str:
         return self._peer_id
 
+    @property
+    def open_both_ways(self) -> bool:
+        """Neither side has closed or reset the stream, and its connection is up, as far as
+        this side knows yet (a FIN or reset still in flight is not known)."""
+        muxed = getattr(self._stream, "muxed_stream", None)
+        if muxed is None:
+            return True
+        if any(getattr(muxed, flag, False) for flag in
+               ("closed", "send_closed", "recv_closed", "reset_received")):
+            return False
+        closed = getattr(getattr(muxed, "muxed_conn", None), "event_closed", None)
+        return closed is None or not closed.is_set()
+
     async def read(self, max_bytes: int) -> bytes:
         if max_bytes <= 0:
             raise ValueError("max_bytes must be positive")

@@ -18,7 +18,7 @@ from node.p2p.host import open_p2p
 from node.penalties import FAULT_PENALTIES, PenaltyBook
 from node.runtime.limits import NetLimits
 from node.runtime.unicast import HANDSHAKE_PROTOCOL_ID
-from node.transport import TransportError
+from node.transport import TransportError, read_frame, write_frame
 from tests.node.trio_support import Faults, trio_test
 
 #: the libp2p protocols and ours whose streams an honest peer opens one per session or request
@@ -108,13 +108,22 @@ async def test_handshake_streams_are_metered_and_unicast_messages_are_not() -> N
         b.set_request_handler(HANDSHAKE_PROTOCOL_ID, answer, max_request_bytes=64)
         b.set_request_handler("/symphony/net/msg/1", answer, max_request_bytes=64)
         await a.connect(b.listen_addrs()[0])
+
+        async def on_new_stream(protocol: str) -> bytes:
+            """One request on a stream of its own (a.request would reuse its stream)."""
+            stream = await a.open_stream(b.peer_id, protocol)
+            try:
+                await write_frame(stream, b"m")
+                return await read_frame(stream, max_bytes=8)
+            finally:
+                await stream.close()
+
         for _ in range(5):  # past the budget of 3 on the message protocol: not metered here
-            assert await a.request(b.peer_id, "/symphony/net/msg/1", b"m",
-                                   max_response_bytes=8) == b"ok"
+            assert await on_new_stream("/symphony/net/msg/1") == b"ok"
         assert faults.seen == []
         for _ in range(4):
             try:
-                await a.request(b.peer_id, HANDSHAKE_PROTOCOL_ID, b"h", max_response_bytes=8)
+                await on_new_stream(HANDSHAKE_PROTOCOL_ID)
             except TransportError:
                 pass  # the fourth is reset
         await faults.wait(1)

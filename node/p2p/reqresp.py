@@ -17,14 +17,15 @@ Requester (:class:`RequestPool`)
   (``NetLimits.idle_timeout_s``), so a peer with the same limits rarely closes one first.
 * A failure, a response over the limit and a cancellation reset the stream: it never goes
   back, so no later request can read an earlier one's response.
-* Retry rule: a request on a reused stream that the peer had already closed is sent once more
-  on a fresh stream, and only then: the write failed (the stream was gone), or the stream
-  ended cleanly (a FIN) before any byte of the response. A server ends a stream cleanly only
-  between exchanges, before it reads the next request (its idle close, or an older node that
-  serves one request per stream): the request was not handled, so it is not handled twice.
-  A reset or a response cut short is not retried: the peer may have handled the request (its
-  handler failed, it went away), and the caller hears of the failure as it would have with a
-  stream per request. A fresh stream is never retried.
+* Retry rule: a request on a reused stream is sent once more, on a fresh stream, only when
+  the stream ended cleanly (the peer's FIN) before any byte of the response while its
+  connection is still up. A server ends a stream cleanly only between exchanges, before it
+  handles the next request (its idle close, or an older node that serves one request per
+  stream); once it has handled one it answers it or resets the stream: so the request was
+  not handled and is not handled twice. A write that fails, a reset, a connection that closed
+  and a response cut short are not retried: the peer may have read the request, or handled it
+  (its handler failed, it went away), and the caller hears of the failure as it would have
+  with a stream per request. A fresh stream is never retried.
 
 Server (:func:`serve_requests`): one loop per inbound stream
 -------------------------------------------------------------
@@ -163,13 +164,12 @@ class _Unread(StreamGone):
 async def _exchange(stream: NetBulkStream, data: bytes, max_bytes: int) -> bytes:
     """One exchange on ``stream``; on any failure or cancellation the stream is reset."""
     try:
-        try:
-            await write_frame(stream, data)
-        except StreamGone as exc:
-            raise _Unread(f"the stream was gone before the request: {exc}") from exc
+        await write_frame(stream, data)
         first = await stream.read(FRAME_HEADER.size)
         if not first:
-            raise _Unread("the stream ended before the response began")
+            if stream.connection_up:
+                raise _Unread("the peer closed the stream before the response began")
+            raise StreamGone("the connection closed before the response began")
         return await finish_frame(stream, first, max_bytes=max_bytes)
     except BaseException:
         await _discard(stream)

@@ -46,8 +46,14 @@ class NetBulkStream:
         if any(getattr(muxed, flag, False) for flag in
                ("closed", "send_closed", "recv_closed", "reset_received")):
             return False
-        closed = getattr(getattr(muxed, "muxed_conn", None), "event_closed", None)
-        return closed is None or not closed.is_set()
+        return self.connection_up
+
+    @property
+    def connection_up(self) -> bool:
+        """The stream's connection is neither closed nor closing, as far as this side knows."""
+        conn = getattr(getattr(self._stream, "muxed_stream", None), "muxed_conn", None)
+        return not any(getattr(getattr(conn, name, None), "is_set", lambda: False)()
+                       for name in ("event_closed", "event_shutting_down"))
 
     async def read(self, max_bytes: int) -> bytes:
         if max_bytes <= 0:

@@ -102,6 +102,13 @@ async def test_an_oversize_frame_on_a_reused_stream_is_refused_before_its_body()
         await faults.wait(1)
         assert faults.kinds == ["oversize"]
         assert await a.request(b.peer_id, ECHO, b"after", max_response_bytes=10) == b"after"
+        # on a pooled stream too; the write, still waiting for b's window when b resets the
+        # stream, fails: no retry (b has read the prefix), one fault
+        with pytest.raises(TransportError):
+            await a.request(b.peer_id, ECHO, b"x" * (1 << 20), max_response_bytes=10)
+        assert await a.request(b.peer_id, ECHO, b"still", max_response_bytes=10) == b"still"
+        assert faults.kinds == ["oversize", "oversize"]
+        assert a.requests.counts == {"opened": 2, "reused": 1}
 
 
 @trio_test

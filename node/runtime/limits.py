@@ -18,9 +18,10 @@ class NetLimits:
     #: a frame that has started must be complete within this long, and a new stream's first
     #: frame must arrive within it (a stall is penalized)
     read_deadline_s: float = 10.0
-    #: a short-lived stream (request/response, identify push, ping) that makes no progress
-    #: for this long is closed; the long-lived gossip stream has no idle limit, only the
-    #: per-protocol stream cap below
+    #: a short-lived stream (identify push, ping) that makes no progress for this long is
+    #: closed, and so is a request/response stream silent this long between two exchanges
+    #: (node/p2p/reqresp.py; our own idle ones we close sooner); the long-lived gossip stream
+    #: has no idle limit, only the per-protocol stream cap below
     idle_timeout_s: float = 60.0
     #: connections open at once; an inbound one beyond it is closed at once
     max_connections: int = 250
@@ -32,8 +33,8 @@ class NetLimits:
     #: peer opens one per session or request: at most 4 a minute on any protocol in the relay
     #: and transport benches (identify, gossip, AutoNAT, relay hop and stop, relay chunks, the
     #: handshake), so a replayed valid request is told apart by its rate alone. The unicast
-    #: ``msg``, whose every message is a stream, is metered per message instead
-    #: (``max_messages_per_peer_per_s``)
+    #: ``msg``, whose streams each carry any number of messages, is metered per message
+    #: instead (``max_messages_per_peer_per_s``)
     streams_opened_per_min: int = 60
     #: inbound gossip streams (``/meshsub/1.x``) one peer may hold open at once; an honest
     #: peer writes on one, and opens a new one when it gives its old one up (py-libp2p does

@@ -294,6 +294,8 @@ class Daemon:
             "log_lines_suppressed": drv["log_lines_suppressed"],
             "gossip_dropped": getattr(transport, "gossip_dropped", 0),
             "gossip_received": getattr(transport, "gossip_received", {}),
+            # our requests' streams: opened, reused, retried, closed idle (node/p2p/reqresp.py)
+            "request_streams": dict(getattr(getattr(transport, "requests", None), "counts", {})),
             "nat": transport.nat.status() if getattr(transport, "nat", None) else {},
             "services": services,
         }

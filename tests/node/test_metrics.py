@@ -159,6 +159,8 @@ def test_counters_move_when_a_task_runs(testnet: Testnet) -> None:
     assert value(after, "symphony_ledger_records") >= 2
     assert value(after, "symphony_info", peer_id=asker.peer_id, network_id="itest",
                  version=after_version(after)) == 1
+    # the executor's Bid, Commit and Reveal went on streams it had open already
+    assert executor.status()["request_streams"]["reused"] >= 3
 
 
 def after_version(found: dict[Any, float]) -> str:

@@ -273,7 +273,8 @@ async def test_request_response_and_its_limits() -> None:
 
 @trio_test
 async def test_finished_streams_are_released() -> None:
-    """Each request is a stream; both sides must close it or yamux keeps it forever."""
+    """Requests share one pooled stream (node/p2p/reqresp.py) and a bulk stream is released
+    once both sides close it: yamux would keep a stream only one side closed forever."""
 
     async def sink(peer: str, stream: Any) -> None:
         while await stream.read(1024):

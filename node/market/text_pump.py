@@ -13,8 +13,8 @@ for the next task, up by seconds after the generation had ended.
 
 The gap is per executor, not per task: with ``n`` tasks streamed at once each waits ``n``
 times :data:`PROGRESS_INTERVAL_S` (:func:`shared_gap`), so an executor sends at most one frame per
-interval in all. Each frame costs the executor's and the requester's event loops a stream of
-its own; a batch of many tasks (models/batched.py) would otherwise spend the cores the model
+interval in all. Each frame costs the executor's and the requester's event loops an exchange
+of its own; a batch of many tasks (models/batched.py) would otherwise spend the cores the model
 decodes on, on frames that the same tokens, a moment later, would carry too.
 """
 

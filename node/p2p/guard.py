@@ -178,7 +178,7 @@ class StreamGuard:
              metered: bool = True) -> Handler:
         """``handler`` behind the per-protocol stream cap and the fault handling; ``metered``:
         also behind the budget of streams a peer opens on it per minute (a request/response
-        protocol whose every message is a stream meters its messages itself instead)."""
+        protocol whose streams carry any number of messages meters them itself instead)."""
         cap = self._limits.max_streams_per_protocol
         framing = None if ours else self._framings.get(protocol)
         replaces = framing is not None and framing.long_lived

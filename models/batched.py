@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from models.backend import Decoding, Generation, Message, SamplingParams
+from models.prompt_cache import HELD_PREFIX_TOKENS, shared_prefix
 
 #: (every decoder layer's output (L, T, C), the final norm's (T, C)) over prompt + output
 States = tuple[np.ndarray, np.ndarray]
@@ -56,10 +57,10 @@ States = tuple[np.ndarray, np.ndarray]
 #: KV cache cells per sequence: prompt plus generated tokens of one batched generation
 #: (a longer one goes to the single-sequence path)
 DEFAULT_SEQ_CTX = 1_024
-#: prompt tokens a freed sequence id keeps for the next prompt (a chat template's opening is
-#: far shorter), and free ids that keep their layer states too, the newest ((layers + 1) x
-#: hidden floats a token): a prompt on another id copies the prefix from one of these
-HELD_PREFIX_TOKENS, HELD_STATES_IDS = 256, 2
+#: free ids that keep their layer states too, the newest ((layers + 1) x hidden floats a
+#: token): a prompt on another id copies the prefix from one of these; each id keeps at most
+#: HELD_PREFIX_TOKENS of its last prompt (models.prompt_cache: the single context's rule too)
+HELD_STATES_IDS = 2
 
 
 class BatchDecodeError(RuntimeError):
@@ -346,7 +347,7 @@ class BatchedDecoder:
         for sid, held, states in sources:
             if seq.states is not None and states is None:
                 continue  # a prefix without its states is of no use to a kept sequence
-            m = _common(held, seq.prompt)
+            m = shared_prefix(held, seq.prompt)
             if m > n or (m == n and sid == seq.seq_id):
                 best, n, prefix = sid, m, states
         self._held.pop(seq.seq_id, None)
@@ -358,14 +359,6 @@ class BatchedDecoder:
             seq.states[-2:, :n] = 0.0  # layer or final norm before the prompt's last token
         seq.fed = seq.evaluated = n
         self.reused += n
-
-
-def _common(held: Sequence[int], prompt: Sequence[int]) -> int:
-    """The length of the prefix ``held`` shares with ``prompt``, short of its last token."""
-    n, limit = 0, min(len(held), len(prompt) - 1)
-    while n < limit and held[n] == prompt[n]:
-        n += 1
-    return n
 
 
 def _batch_capture(backend: Any, n_rows: int) -> Any:

@@ -25,6 +25,9 @@ class ModelConfig:
     max_tokens: int = 256  # default generation budget (chain of thought + final answer line)
     fingerprint_chunk: int = 32  # generated tokens per fingerprint blob
     fingerprint_k: int = 2  # top-|activation| entries kept per position in a fingerprint
+    # bytes of the prompts llama.cpp keeps beside its context's own (models.prompt_cache;
+    # 0 = only the context's)
+    prompt_cache_bytes: int = 64 << 20
 
     def __post_init__(self) -> None:
         if self.backend not in (LLAMA_CPP, TRANSFORMERS):
@@ -35,6 +38,9 @@ class ModelConfig:
                 raise ValueError(f"ModelConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.n_gpu_layers < -1:
             raise ValueError(f"ModelConfig.n_gpu_layers must be >= -1, got {self.n_gpu_layers}")
+        if self.prompt_cache_bytes < 0:
+            raise ValueError(f"ModelConfig.prompt_cache_bytes must be >= 0, "
+                             f"got {self.prompt_cache_bytes}")
         if self.n_threads < 0:
             raise ValueError(f"ModelConfig.n_threads must be >= 0, got {self.n_threads}")
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from models.backend import END_OF_TURN, Backend, chat_template_of
 from models.config import LLAMA_CPP, ModelConfig, default_threads
+from models.prompt_cache import PromptCache, shared_prefix
 from models.registry import ModelInfo
 
 if TYPE_CHECKING:
@@ -37,13 +38,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 def reusable_prefix(llm: Any, ids: Sequence[int]) -> int:
     """How many leading tokens of ``ids`` the llama.cpp context ``llm`` already holds in its
     cache, at most all but the last (evaluated again for its logits)."""
-    held = llm.input_ids[:llm.n_tokens].tolist()
-    same = 0
-    for a, b in zip(held, ids, strict=False):
-        if a != b:
-            break
-        same += 1
-    return min(same, len(ids) - 1)
+    return shared_prefix(llm.input_ids[:llm.n_tokens].tolist(), ids)
 
 
 class LlamaCppBackend(Backend):
@@ -70,6 +65,12 @@ class LlamaCppBackend(Backend):
         self._scorer: object | None = None
         self.capture: StateCapture | None = None
         self._capture_error = ""
+        #: prompts saved beside the one the context holds (models.prompt_cache), and the
+        #: length of the last prompt evaluated (what is saved of the context)
+        self.prompts = PromptCache(config.prompt_cache_bytes)
+        self._prompt_len = 0
+        #: the LoRA adapter applied now (None: the base model): what cached prompts are of
+        self._adapter: object | None = None
         self.n_vocab = self.llm.n_vocab()
         meta = self.llm.metadata
         self.chat_template = chat_template_of(meta)
@@ -112,6 +113,9 @@ class LlamaCppBackend(Backend):
             raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit n_ctx={self.llm.n_ctx()}")
         ids = [int(t) for t in prompt_ids]
         keep = self._cached_prefix(ids)
+        keep = self.prompts.reuse(self.llm, self.capture, ids, self._prompt_len, keep,
+                                  self._adapter)
+        self._prompt_len = len(ids)
         if keep == 0:
             self.llm.reset()
             self.llm._ctx.kv_cache_clear() if hasattr(self.llm._ctx, "kv_cache_clear") else None
@@ -123,14 +127,16 @@ class LlamaCppBackend(Backend):
 
     def forget_prompt(self) -> None:
         """Let the next generation prefill its whole prompt, reusing nothing of the last one's
-        (what a benchmark that times a generation against another backend's needs)."""
+        (what a benchmark that times a generation against another backend's needs, or a
+        change of the weights: the saved prompts go too)."""
         self.llm.n_tokens = 0
+        self.prompts.clear()
 
     def _cached_prefix(self, ids: Sequence[int]) -> int:
         """How many leading tokens of ``ids`` the context's cache already holds from the last
         generation (the shared opening of a chat template, a system prompt, earlier turns),
         which a prefill need not evaluate again (llama-server's prompt cache reuses them
-        alike); at most all but the last token, which is evaluated for its logits. With the
+        alike; :attr:`prompts` holds more prompts than this one); at most all but the last token, which is evaluated for its logits. With the
         state capture on, only as many as it holds the states of (models.llama_capture
         ``StateCapture.rewind``)."""
         keep = reusable_prefix(self.llm, ids)
@@ -178,6 +184,7 @@ class LlamaCppBackend(Backend):
         old.close()
         self.llm._ctx = self.llm._stack.enter_context(contextlib.closing(ctx))
         self.llm.n_tokens = 0
+        self.prompts.clear()  # saved without the states a commitment needs
         capture.on = True
         self.capture = capture
 
@@ -229,7 +236,10 @@ class LlamaCppBackend(Backend):
         import ctypes
 
         ctx = self.llm._ctx.ctx
-        self.llm.n_tokens = 0  # the cache holds the states of the weights before the switch
+        # the context holds the states of the weights before the switch: saved under them
+        self.prompts.save(self.llm, self.capture, self._prompt_len, 0, self._adapter)
+        self.llm.n_tokens = 0
+        self._adapter = adapter
         if adapter is None:
             rc = self._llama_cpp.llama_set_adapters_lora(ctx, None, 0, None)
         else:

@@ -278,6 +278,21 @@ class StateCapture:
         self._next[:] = position
         self._struct.error = 0
 
+    def kept_rows(self, positions: int) -> np.ndarray:
+        """A copy of what a reuse of positions [0, ``positions``) keeps of their states
+        (:meth:`rewind`: every layer's output but the last's), (layers - 1, positions, C)."""
+        return self.buffer[:self.n_layers - 1, :positions].copy()
+
+    def restore_rows(self, rows: np.ndarray) -> None:
+        """Hold ``rows`` (:meth:`kept_rows` of some positions [0, n), taken earlier) as the
+        states of positions [0, n) and nothing else, as :meth:`rewind` to n after evaluating
+        them would leave them: the next evaluation starts at n."""
+        n = rows.shape[1]
+        self.rewind(0)
+        self.buffer[:self.n_layers - 1, :n] = rows
+        self._used = n
+        self._next[:] = n
+
     def seek(self, position: int) -> None:
         """The next evaluation starts at ``position`` (the context's token count: after a
         rollback its rows overwrite what was taken beyond it)."""

@@ -13,9 +13,12 @@ phase from the task snapshot: auction (beacon + bids, to the first assignment), 
 of calling the model directly in this process (``models.cot.solve`` on the same backend and
 model, same question, same ``max_tokens``, same greedy sampling, same thread count), measured
 in the same run and interleaved with the k = 1 asks so the shared machine's load hits both
-alike. ``k1_compute_p50_ms`` is the executor's own time for a task (it also computes the
-activation fingerprints verification binds: one extra prefill); ``k1_same_answer`` is the
-share of k = 1 answers equal to the direct call's (greedy on the same backend: expect 1).
+alike. ``k1_compute_p50_ms`` is the executor's own time for a task (it also commits to the
+layer states verification binds: taken from the generation itself, models.llama_capture, then
+hashed and written to its state store, models.commitments; no second pass over the tokens but
+the last token of an output cut at its length); ``k1_same_answer`` is the share of k = 1
+answers equal to the direct call's (greedy on the same backend: expect 1). Both backends keep
+the same prompt cache (models.prompt_cache), as llama-server does.
 
 ``ttft_ms_k1`` and ``total_ms_k1`` (node/bench/tasks/stream.py): the same questions as k = 1
 chats streamed through the OpenAI endpoint, p50 time to the first content chunk (the executor

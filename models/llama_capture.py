@@ -283,6 +283,10 @@ class StateCapture:
         (:meth:`rewind`: every layer's output but the last's), (layers - 1, positions, C)."""
         return self.buffer[:self.n_layers - 1, :positions].copy()
 
+    def kept_bytes(self, positions: int) -> int:
+        """The size of :meth:`kept_rows` of ``positions``."""
+        return max(0, self.n_layers - 1) * positions * self.hidden * self.buffer.itemsize
+
     def restore_rows(self, rows: np.ndarray) -> None:
         """Hold ``rows`` (:meth:`kept_rows` of some positions [0, n), taken earlier) as the
         states of positions [0, n) and nothing else, as :meth:`rewind` to n after evaluating

@@ -119,16 +119,16 @@ class PromptCache:
             return  # a reuse of it could not give the commitment its states
         import llama_cpp
 
-        rows = capture.kept_rows(n) if capture is not None else None
-        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(llm._ctx.ctx), 0, n, -1)
-        llm.n_tokens = n
         ctx = llm._ctx.ctx
-        kv = np.empty(llama_cpp.llama_state_seq_get_size(ctx, 0), dtype=np.uint8)
-        if llama_cpp.llama_state_seq_get_data(ctx, _bytes(kv), kv.size, 0) != kv.size:
+        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(ctx), 0, n, -1)
+        llm.n_tokens = n
+        size = llama_cpp.llama_state_seq_get_size(ctx, 0)
+        if size + (capture.kept_bytes(n) if capture is not None else 0) > self.max_bytes:
             return
-        entry = _Entry(tokens, tag, kv, rows)
-        if entry.nbytes > self.max_bytes:
+        kv = np.empty(size, dtype=np.uint8)
+        if llama_cpp.llama_state_seq_get_data(ctx, _bytes(kv), size, 0) != size:
             return
+        entry = _Entry(tokens, tag, kv, capture.kept_rows(n) if capture is not None else None)
         for key in [k for k, e in self._entries.items()
                     if k != spare and e.tag == tag and tokens[:len(e.tokens)] == e.tokens]:
             self._drop(key)  # a prefix of the new entry: it holds no more than the new one

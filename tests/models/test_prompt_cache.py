@@ -65,6 +65,7 @@ def test_an_older_prompt_is_restored_with_the_same_tokens_logprobs_and_states(
     assert warm.prompts.restored == 1
     assert (got.token_ids, got.logprobs) == (want.token_ids, want.logprobs)
     if capture:
+        assert warm.capture.kept_bytes(9) == warm.capture.kept_rows(9).nbytes > 0
         ids = list(got.prompt_token_ids) + list(got.token_ids)
         for mine, theirs in zip(warm.captured_states(ids), fresh.captured_states(ids),
                                 strict=True):

@@ -19,10 +19,11 @@
   installed), without stopping the node. The ``ComputeDone`` a solver returns goes to the
   machine as it is; one for another task or attempt, or no ``ComputeDone`` at all, is a
   ``ComputeFailed``. A solver whose ``solve`` also takes ``on_text`` (the builtin one) streams:
-  it calls it from its thread with the text generated so far, and for a k=1 task that text
-  goes to the machine as ``ComputeProgress``, which sends it to the requester as unsigned
-  progress frames (protocol/market/progress.py; node/market/text_pump.py paces them: one
-  in flight at a time).
+  it calls it from its thread with the text generated so far, and for a k=1 task whose
+  assignment asks for it (``AssignBody.stream``) that text goes to the machine as
+  ``ComputeProgress``, which sends it to the requester as unsigned progress frames
+  (protocol/market/progress.py; node/market/text_pump.py paces them: one in flight at a
+  time).
 * Agents (node/agents/hosted.py): once the ledger service has published this node's agent
   cards (node.toml's ``[[agents]]``, or the default generalist), the executor bids with the
   best-fitting of them for each task (protocol/market/offers.py); before that, or with no
@@ -262,7 +263,7 @@ class ExecutorService(NurseryService):
         grows (``ComputeProgress``: it sends the progress frames) when the solver streams."""
         # abandon_on_cancel: a cancelled job stops being waited for; the thread finishes on
         # its own and its result is dropped
-        if not self.streams or job.task.k != 1:
+        if not self.streams or job.task.k != 1 or not job.stream:
             return await trio.to_thread.run_sync(solve, abandon_on_cancel=True,
                                                  limiter=self._threads)
         pump = TextPump(lambda: shared_gap(self._streaming))

@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -322,7 +323,10 @@ class TasksService(Service):
             event = parse_plan_ask(request, self.section, self.section.planners,
                                    self.ctx.rng.randbytes(32))
         else:
-            event = await self.needs.with_vector(self.submit_event(request))
+            # nobody follows the text of an ask that waits for its whole answer: its
+            # executor need not stream it (progress frames cost its cores)
+            event = dataclasses.replace(
+                await self.needs.with_vector(self.submit_event(request)), stream=not wait)
             placement = self.chains.place(event.model, event.family)
             if placement.route is Route.CHAIN:
                 return await self.chains.ask(event, request, placement, wait=wait)

@@ -278,7 +278,7 @@ class Bidding:
             task.first_assigned_at_ms = now
         body = AssignBody(task=task.spec, executor=b.bidder, attempt=attempt.attempt,
                           round=task.round, model=b.model, deadline_ms=max(1, due - now),
-                          agent=b.agent)
+                          agent=b.agent, stream=task.stream)
         count(self.counters, "assigned")
         return [
             Send(b.bidder, Assign(envelope=seal(self.identity, ASSIGN_DOMAIN, body))),

@@ -90,6 +90,9 @@ class SubmitTask:
     deferred: bool = False
     #: peers never to assign this task (a replanning asks a planner not asked before)
     exclude: tuple[str, ...] = ()
+    #: someone follows a k=1 task's text as it is generated (its executor streams it, at a
+    #: cost on the executor's cores); False: the asker waits for the whole answer
+    stream: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +169,8 @@ class StartCompute:
     deadline_at_ms: int
     #: the agent the assignment names ("" = none: today's solver)
     agent: str = ""
+    #: the assignment asks for the text as it is generated (AssignBody.stream)
+    stream: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -279,7 +279,7 @@ class Executor:
             self._move(job, JobState.RELEASED, now + REMEMBER_MS)
             return self._reject(peer, task.task_id, body.attempt, RejectReason.BAD_ASSIGN,
                                 f"model {body.model!r} or agent {body.agent!r} not the bid's")
-        job.attempt, job.task, job.model = body.attempt, task, body.model
+        job.attempt, job.task, job.model, job.stream = body.attempt, task, body.model, body.stream
         job.deadline_at_ms = now + body.deadline_ms
         self._move(job, JobState.QUEUED, job.deadline_at_ms)
         self._count("assign_accepted")
@@ -297,7 +297,7 @@ class Executor:
             if job.task is not None:  # always set once assigned
                 effects.append(StartCompute(task=job.task, attempt=job.attempt,
                                             model=job.model, deadline_at_ms=job.deadline_at_ms,
-                                            agent=job.agent))
+                                            agent=job.agent, stream=job.stream))
         return effects
 
     def _on_cancel(self, peer: str, msg: Cancel, now: int) -> list[Effect]:

@@ -56,6 +56,8 @@ class Job:
     task: TaskSpec | None = None
     #: the agent the bid named ("" = none)
     agent: str = ""
+    #: the assignment asks for a k=1 task's text as it is generated (AssignBody.stream)
+    stream: bool = True
     history: list[JobState] = field(default_factory=list)
 
 

@@ -256,6 +256,9 @@ class AssignBody(Message):
     deadline_ms: int = limits(lo=1, hi=MAX_TASK_MS)
     #: the agent the bid named
     agent: str = limits(max_len=MAX_AGENT_NAME_LEN, default="")
+    #: someone follows a k=1 task's text as it is generated, so the executor streams it
+    #: (protocol/market/progress.py); False: only the signed result is wanted
+    stream: bool = limits(default=True)
 
 
 @message(47)

@@ -2,7 +2,9 @@
 
 A k=1 task has no vote to wait for, so its executor sends the text it has generated so far
 as it goes: ``Progress`` frames (tag 53) on the authenticated direct stream to the requester,
-each carrying the next piece of the text (``seq`` counts frames from 0). They are unsigned
+each carrying the next piece of the text (``seq`` counts frames from 0), when the assignment
+asks for them (``AssignBody.stream``: someone follows the text; an ask that waits for the
+whole answer does not, and spares the executor's cores the frames). They are unsigned
 and prove nothing: verification and the ledger judge only the signed ``Result``. What they
 promise is checked once that result is in: the streamed text must be a prefix of the signed
 chain of thought (the text the executor generated), else the executor streamed something it
@@ -93,7 +95,8 @@ class ProgressSender:
 
     def frame(self, jobs: Mapping[bytes, Job], ev: ComputeProgress) -> list[Effect]:
         """The frame carrying what ``ev.text`` adds to what was sent (none: not a running
-        k=1 job, nothing new, a text that no longer extends what was sent, or the bounds)."""
+        k=1 job whose assignment asks for its text, nothing new, a text that no longer extends
+        what was sent, or the bounds)."""
         job = jobs.get(ev.task_id)
         key = (ev.task_id, ev.attempt)
         for old in [k for k in self.streams if k != key]:  # a job that is over: forget it
@@ -101,7 +104,7 @@ class ProgressSender:
             if other is None or other.state is not JobState.RUNNING or other.attempt != old[1]:
                 del self.streams[old]
         if (job is None or job.state is not JobState.RUNNING or job.attempt != ev.attempt
-                or job.task is None or job.task.k != 1):
+                or job.task is None or job.task.k != 1 or not job.stream):
             return []
         stream = self.streams.setdefault(key, _Stream())
         if not ev.text.startswith(stream.text) or len(ev.text) == len(stream.text):
@@ -149,6 +152,7 @@ class ProgressBook:
         stream.text += msg.text
         stream.frames += 1
         stream.size += len(msg.text.encode())
+        self.counters["progress_frames"] = self.counters.get("progress_frames", 0) + 1
         self.latest[msg.task_id] = msg.attempt
         return [Streamed(msg.task_id)]
 

@@ -114,6 +114,8 @@ class OpenTask:
     forget_at_ms: int = 0
     #: SubmitTask.deferred: the vote neither attests nor rewards (a larger task's vote does)
     deferred: bool = False
+    #: SubmitTask.stream: its assignments ask for a k=1 task's text as it is generated
+    stream: bool = True
 
     @property
     def active(self) -> list[Attempt]:

@@ -68,7 +68,7 @@ def submitted_task(ev: SubmitTask, requester: str, known: dict[bytes, OpenTask],
         raise LocalProtocolError(f"task: {exc}") from None
     return OpenTask(spec=spec, allow_self=ev.allow_self, phase=TaskPhase.BIDDING,
                     created_at_ms=now, deadline_at_ms=now + ev.deadline_ms,
-                    tried=set(ev.exclude), deferred=ev.deferred)
+                    tried=set(ev.exclude), deferred=ev.deferred, stream=ev.stream)
 
 
 def restored_task(ev: RestoreTask, requester: str, known: dict[bytes, OpenTask],

@@ -86,9 +86,14 @@ def openai_client(node: Any) -> Any:
                          max_retries=0, timeout=300)
 
 
+def frames(asker: Any) -> int:
+    """Progress frames the asker has taken from executors (protocol/market/progress.py)."""
+    return int(asker.status()["services"]["tasks"]["counters"].get("progress_frames", 0))
+
+
 def test_chat_whole_with_real_usage_and_created(net: Any) -> None:
     asker, _ = net
-    before = int(time.time())
+    before, streamed = int(time.time()), frames(asker)
     reply = openai_client(asker).chat.completions.create(
         model=MODEL, max_tokens=24,
         messages=[{"role": "system", "content": "You answer in one short sentence."},
@@ -99,6 +104,7 @@ def test_chat_whole_with_real_usage_and_created(net: Any) -> None:
     assert reply.usage.prompt_tokens > 10 and reply.usage.completion_tokens > 0
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
     assert before <= reply.created <= int(time.time())
+    assert frames(asker) == streamed  # a whole answer: nobody followed it, nothing streamed
     (model,) = models(openai_client(asker))
     assert model.id == MODEL and before - 3600 < model.created <= int(time.time())
 
@@ -130,7 +136,7 @@ def test_a_k1_chat_streams_its_tokens_as_the_executor_generates_them(net: Any) -
     counts, no clock: delivered in one piece, the first content would be all of it, after
     the executor had finished (a short system prompt: its prefill delays the first token)."""
     asker, execs = net
-    started = time.perf_counter()
+    started, streamed = time.perf_counter(), frames(asker)
     chunks, pieces = [], []
     still_running: bool | None = None
     for chunk in openai_client(asker).chat.completions.create(
@@ -152,6 +158,7 @@ def test_a_k1_chat_streams_its_tokens_as_the_executor_generates_them(net: Any) -
     print(f"first content {first_s:.3f} s of {whole_s:.3f} s ({first_s / whole_s:.2f}), "
           f"{len(pieces)} chunks")
     assert len(pieces) >= 5, pieces
+    assert frames(asker) - streamed >= 5
     assert len(pieces[0]) * 3 < len(text), pieces
     assert still_running, "the first content arrived after the executor had finished"
 

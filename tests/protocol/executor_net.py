@@ -50,9 +50,10 @@ def spec(task_id: bytes = TID, question: str = "2+2?", max_tokens: int = 256) ->
 
 def assign(task: TaskSpec | None = None, executor_peer: str | None = None, signer=REQ,  # type: ignore[no-untyped-def]
            sender: str | None = None, attempt: int = 0, deadline_ms: int = 5_000,
-           model: str = MODEL.name) -> Received:
+           model: str = MODEL.name, stream: bool = True) -> Received:
     body = AssignBody(task=task or spec(), executor=executor_peer or ME.peer_id,
-                      attempt=attempt, round=0, model=model, deadline_ms=deadline_ms)
+                      attempt=attempt, round=0, model=model, deadline_ms=deadline_ms,
+                      stream=stream)
     return Received(sender or REQ.peer_id, Assign(envelope=seal(signer, ASSIGN_DOMAIN, body)))
 
 

@@ -13,6 +13,7 @@ from protocol.codec import decode, encode
 from protocol.envelopes import seal
 from protocol.machine import Emit, Penalize, Received, Tick
 from protocol.market.auction import Auction
+from protocol.market.events import StartCompute
 from protocol.market.executor import ComputeDone
 from protocol.market.messages import RESULT_DOMAIN, Reject, RejectReason, Result, ResultBody
 from protocol.market.progress import (
@@ -163,11 +164,13 @@ def test_agreement_allows_for_a_truncated_cot() -> None:
     assert agrees("abcdef", "abc\n[... truncated]") and not agrees("abx", "abc\n[... truncated]")
 
 
-def running(k: int = 1):  # type: ignore[no-untyped-def]
+def running(k: int = 1, stream: bool = True):  # type: ignore[no-untyped-def]
     ex = executor()
     ex.handle(beacon(), 0)
     task = dataclasses.replace(spec(), k=k)
-    ex.handle(assign(task=task), 1)
+    (start,) = [e for e in ex.handle(assign(task=task, stream=stream), 1)
+                if isinstance(e, StartCompute)]
+    assert start.stream is stream  # the driver learns whether to follow the text at all
     return ex
 
 
@@ -188,8 +191,9 @@ def test_the_executor_sends_what_each_text_adds_in_order() -> None:
     assert all(e.peer == REQ.peer_id for e in sent)
 
 
-def test_the_executor_streams_only_running_k1_jobs() -> None:
+def test_the_executor_streams_only_running_k1_jobs_whose_assignment_asks() -> None:
     assert sends(running(k=2).handle(ComputeProgress(TID, 0, "x"), 2), Progress) == []
+    assert sends(running(stream=False).handle(ComputeProgress(TID, 0, "x"), 2), Progress) == []
     ex = running()
     assert sends(ex.handle(ComputeProgress(TID, 3, "x"), 2), Progress) == []  # another attempt
     done = ComputeDone(task_id=TID, attempt=0, answer="4", cot="x", confidence=1.0, tokens=1,
@@ -204,3 +208,12 @@ def test_the_executor_stops_at_the_frame_count() -> None:
     for n in range(MAX_PROGRESS_FRAMES):
         assert sends(ex.handle(ComputeProgress(TID, 0, "a" * (n + 1)), 2), Progress)
     assert sends(ex.handle(ComputeProgress(TID, 0, "a" * 600), 3), Progress) == []
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_an_assignment_asks_for_the_text_when_the_asker_follows_it(stream: bool) -> None:
+    a, _ = auction()
+    tid, _ = submit(a, k=1, stream=stream)
+    effects = [e for n, who in enumerate(BIDDERS[:2]) for e in a.handle(bid(tid, who), n + 1)]
+    (body,) = assigns(effects + a.handle(Tick(), 200))
+    assert body.stream is stream

@@ -69,8 +69,10 @@ class TestnetError(Exception):
 
 
 def wait_until(predicate: Callable[[], Any], what: str, *, timeout_s: float,
-               on_timeout: Callable[[], str] | None = None) -> Any:
-    """Poll ``predicate`` until it returns a truthy value (returned) or ``timeout_s`` passes."""
+               on_timeout: Callable[[], str] | None = None,
+               interval_s: float = POLL_INTERVAL_S) -> Any:
+    """Poll ``predicate`` every ``interval_s`` until it returns a truthy value (returned) or
+    ``timeout_s`` passes."""
     deadline = time.monotonic() + timeout_s
     last_error: Exception | None = None
     while True:
@@ -85,7 +87,7 @@ def wait_until(predicate: Callable[[], Any], what: str, *, timeout_s: float,
             raise TestnetError(f"timed out after {timeout_s} s waiting for {what}"
                                + (f" (last error: {last_error!r})" if last_error else "")
                                + (f"\n{detail}" if detail else ""))
-        time.sleep(POLL_INTERVAL_S)
+        time.sleep(interval_s)
 
 
 class NodeProcess:
@@ -312,8 +314,10 @@ class LocalTestnet:
         return data_dir
 
     def wait_until(self, predicate: Callable[[], Any], what: str,
-                   timeout_s: float = READY_TIMEOUT_S) -> Any:
-        return wait_until(predicate, what, timeout_s=timeout_s, on_timeout=self.log_tails)
+                   timeout_s: float = READY_TIMEOUT_S,
+                   interval_s: float = POLL_INTERVAL_S) -> Any:
+        return wait_until(predicate, what, timeout_s=timeout_s, on_timeout=self.log_tails,
+                          interval_s=interval_s)
 
     def wait_all_connected(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Wait until every running node has every other running node as a ready peer."""

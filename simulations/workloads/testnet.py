@@ -90,12 +90,15 @@ class DaemonNet:
 
 def predict(testnet: DaemonNet) -> dict[str, float]:
     """The simulator's ``peers_per_node``, ``converged_s`` and ``gossip_bytes_per_node_min``
-    (and the mean gossip message size, ``gossip_message_bytes``) for ``testnet``."""
-    return {"peers_per_node": predict_peers(testnet), **predict_ledger(testnet)}
+    (and the mean gossip message size, ``gossip_message_bytes``, and the peers each node's
+    membership dropped by ``peers_at_ms``, ``peers_dropped``) for ``testnet``."""
+    return {**predict_peers(testnet), **predict_ledger(testnet)}
 
 
-def predict_peers(testnet: DaemonNet) -> float:
-    """Mean ready peers per node at ``peers_at_ms``, the overlay built by the machines."""
+def predict_peers(testnet: DaemonNet) -> dict[str, float]:
+    """Mean ready peers per node at ``peers_at_ms``, the overlay built by the machines
+    (``peers_per_node``), and the mean number of peers each node's membership had dropped
+    by then (``peers_dropped``, each node's last MAX_DROPPED as a daemon's status shows)."""
     latency = LatencyModel(kind="constant", a=testnet.median_latency_ms())
     swarm = Swarm(testnet.seed, latency=latency)
     specs = (membership_spec(testnet.membership), discovery_spec(testnet.discovery))
@@ -109,8 +112,9 @@ def predict_peers(testnet: DaemonNet) -> float:
     for node, at in zip(swarm.nodes, testnet.start_ms, strict=True):
         swarm.at_ms(max(0, at), start, node)
     swarm.run(max(testnet.peers_at_ms, max(testnet.start_ms) + 1))
-    counts = [len(membership_of(n).ready_peers()) for n in swarm.nodes if n.up]
-    return statistics.fmean(counts)
+    up = [membership_of(n) for n in swarm.nodes if n.up]
+    return {"peers_per_node": statistics.fmean(len(m.ready_peers()) for m in up),
+            "peers_dropped": statistics.fmean(len(m.dropped) for m in up)}
 
 
 def _latency(testnet: DaemonNet) -> LatencyModel:

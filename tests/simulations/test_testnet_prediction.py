@@ -91,3 +91,15 @@ def test_measured_gossip_hops_replace_the_links_latency() -> None:
     # hops spread over 20..100 ms: the three links each take one time within it
     spread = predict_ledger(replace(line, gossip_hop_range_ms=(20.0, 100.0)))["converged_s"]
     assert 3 * 0.020 < spread < 3 * 0.100 and spread != pytest.approx(3 * 0.040, rel=0.05)
+
+
+def test_peers_dropped_are_the_membership_machines_drops() -> None:
+    # links slower one way than the Hello timeout: every connection is dropped by the
+    # machine's own rule ("no hello within the timeout"), as a daemon's would be, and counted
+    slow = replace(_testnet(latency_ms=4000.0),
+                   membership=MembershipConfig(network_id="sim", agent_version="test",
+                                               hello_timeout_ms=3000))
+    got = predict(slow)
+    assert got["peers_per_node"] < N - 1
+    assert got["peers_dropped"] >= 1
+    assert predict(_testnet())["peers_dropped"] == 0

@@ -8,6 +8,9 @@ capability records and reports, from the daemons:
 * ``gossip_bytes_per_node_min``: gossip message bytes each daemon received (duplicates
   included), per minute over the window, mean over daemons;
 * ``rss_mb_per_daemon`` (mean) and ``rss_mb_max``; ``peers_per_node``: mean ready peers;
+  ``peers_dropped``: peers each daemon's membership had dropped by then (mean), and
+  ``peers_dropped_by_reason`` (totals); ``daemon_cores``: the cores the daemons used together
+  over the window (from /proc: near the machine's core count, they were short of CPU);
 * ``start_s``: wall time to start them all (``batch`` at a time).
 
 Then simulations/workloads/testnet.py runs the same protocol code for the same testnet (start
@@ -31,6 +34,7 @@ from node.bench.scale.daemons import (
     SETTLE_S,
     WINDOW_S,
     Measured,
+    daemon_cores,
     gossip_bytes_per_node_min,
     gossip_hop_ms,
     gossip_hop_range_ms,
@@ -109,10 +113,22 @@ def figures_of(m: Measured) -> dict[str, Any]:
         "rss_mb_max": max(m.rss_mb),
         "peers_per_node": statistics.fmean(len(s.peers) for s in m.before),
         "peers_max": max(len(s.peers) for s in m.before),
+        "peers_dropped": statistics.fmean(sum(s.dropped.values()) for s in m.before),
+        "peers_dropped_by_reason": dropped_by_reason(m),
+        "daemon_cores": daemon_cores(m),
         "gossip_hop_ms": gossip_hop_ms(m),
         "gossip_hop_range_ms": list(gossip_hop_range_ms(m)),
         "start_s": m.start_s,
     }
+
+
+def dropped_by_reason(m: Measured) -> dict[str, int]:
+    """Peers the daemons' membership dropped before the updates, by reason (totals)."""
+    total: dict[str, int] = {}
+    for snap in m.before:
+        for reason, count in snap.dropped.items():
+            total[reason] = total.get(reason, 0) + count
+    return dict(sorted(total.items()))
 
 
 def testnet_of(m: Measured) -> DaemonNet:

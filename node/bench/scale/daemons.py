@@ -7,7 +7,9 @@ capability record and lets them settle (``SETTLE_S``), then:
 
 * snapshots every daemon's gossip counter (``gossip_received`` in ``/status``: message copies
   peers pushed to it, duplicates included, node/p2p/gossip.py), its ready peers and their
-  measured round trips (the topology the simulator is given);
+  measured round trips (the topology the simulator is given), the peers its membership
+  machine dropped so far (``dropped`` in ``/status``, each with its reason) and the CPU time
+  it has used (``/proc``);
 * changes the capability record (``POST /ledger/capability``, new tags) of ``updates`` nodes,
   ``UPDATE_GAP_S`` apart, waits until every node stores every new version, and reads each
   node's arrival time of each (``last_seen_ms``, on this machine's one clock) minus the
@@ -15,11 +17,14 @@ capability record and lets them settle (``SETTLE_S``), then:
 * snapshots the counters again at the end of the window, and every daemon's resident memory.
 
 Every wait is bounded (scaled with ``nodes``) and raises TestnetError naming what it waited
-for. Everything the simulator needs is returned in :class:`Measured`.
+for, and polls every ``POLL_S``: each poll asks every daemon over HTTP, so polling faster
+would load the cores the daemons share with the measurement. Everything the simulator needs
+is returned in :class:`Measured`.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import time
@@ -53,8 +58,10 @@ WINDOW_S = 30.0
 SETTLE_S = 10.0
 #: the gossip hops the simulator's links are drawn between leave out this share either side
 HOP_SPREAD = 0.05
-#: how often the daemons' state is polled (each poll asks every daemon over HTTP)
+#: how often the daemons' state is polled while waiting (each poll asks every daemon over HTTP)
 POLL_S = 1.0
+#: clock ticks per second of /proc/<pid>/stat's CPU times
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: bound on each wait, per daemon (start-up and spreading grow with the testnet)
 WAIT_PER_NODE_S = 3.0
 MIN_WAIT_S = 60.0
@@ -66,6 +73,10 @@ class Snapshot:
     gossip_bytes: int
     gossip_messages: int
     peers: dict[str, float]  #: ready peer -> its measured round trip (ms; nan if none yet)
+    #: why the daemon's membership dropped peers so far (reason -> count; the status keeps
+    #: the last MAX_DROPPED of protocol/membership/machine.py)
+    dropped: dict[str, int] = field(default_factory=dict)
+    cpu_s: float = 0.0  #: CPU time the daemon has used (user + system, seconds)
 
 
 @dataclass
@@ -97,7 +108,8 @@ def measure(net: LocalTestnet, nodes: int, updates: int, batch: int,
     daemons = [first, *rest]
     peer_ids = [d.peer_id for d in daemons]
     by_addr = {d.addresses[0]: i for i, d in enumerate(daemons)}
-    net.wait_until(lambda: _all_hold(daemons, nodes), "every node to hold every record", wait_s)
+    net.wait_until(lambda: _all_hold(daemons, nodes), "every node to hold every record", wait_s,
+                   interval_s=POLL_S)
     time.sleep(settle_s)  # a fixed settling time (see SETTLE_S), not a wait for a condition
     t0 = _log_time(first, "transport.started")
     before = [snapshot(d) for d in daemons]
@@ -132,8 +144,20 @@ def snapshot(daemon: NodeProcess) -> Snapshot:
     gossip = status.get("gossip_received", {})
     peers = {p["peer_id"]: float(p.get("latency_ms") or "nan")
              for p in status["peers"] if p.get("state") == "ready"}
+    dropped: dict[str, int] = {}
+    for drop in status.get("dropped", []):
+        dropped[drop["reason"]] = dropped.get(drop["reason"], 0) + 1
     return Snapshot(at=time.monotonic(), gossip_bytes=int(gossip.get("bytes", 0)),
-                    gossip_messages=int(gossip.get("messages", 0)), peers=peers)
+                    gossip_messages=int(gossip.get("messages", 0)), peers=peers,
+                    dropped=dropped, cpu_s=cpu_s(daemon))
+
+
+def cpu_s(daemon: NodeProcess) -> float:
+    """The CPU time the daemon has used so far (utime + stime from /proc/<pid>/stat), s."""
+    assert daemon.proc is not None  # started by us: our own bookkeeping
+    with open(f"/proc/{daemon.proc.pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()  # after the command name
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
 
 
 def rss_mb(daemon: NodeProcess) -> float:
@@ -175,7 +199,8 @@ def _update(net: LocalTestnet, http: httpx.Client, daemons: list[NodeProcess], m
         return all(_record(http, d, daemons[i].peer_id)["record"]["seq"] >= rec["seq"]
                    for i, rec, _ in measured.updates for d in daemons)
 
-    net.wait_until(everyone_has_them, "every node to store every update", wait_s)
+    net.wait_until(everyone_has_them, "every node to store every update", wait_s,
+                   interval_s=POLL_S)
     time.sleep(max(0.0, first_at + window_s - time.monotonic()))  # the window's fixed length
     for i, rec, _ in measured.updates:
         arrivals = {}
@@ -235,6 +260,13 @@ def gossip_hop_range_ms(measured: Measured) -> tuple[float, float]:
     hops = gossip_hops_ms(measured)
     last = len(hops) - 1
     return float(hops[round(HOP_SPREAD * last)]), float(hops[round((1 - HOP_SPREAD) * last)])
+
+
+def daemon_cores(measured: Measured) -> float:
+    """How many cores the daemons used together over the window (their CPU seconds over the
+    window's wall seconds): near the machine's core count, they were short of CPU."""
+    used = sum(b.cpu_s - a.cpu_s for a, b in zip(measured.before, measured.after, strict=True))
+    return used / (window_ms(measured) / 1000)
 
 
 def window_ms(measured: Measured) -> int:

@@ -6,6 +6,9 @@ Contract
   whose Hello names another network id or protocol version is refused: ``Disconnect`` with a
   reason that names both values, an ``Emit("peer_refused")``, and no redial for
   ``refused_backoff_ms``. A peer that sends no Hello within ``hello_timeout_ms`` is dropped.
+  Our Hello reported undelivered (``SendFailed``: a send that timed out on a loaded host) is
+  sent again, at most ``MAX_HELLO_RESENDS`` times a connection: else the peer, alive and
+  answering, would drop the connection at its Hello timeout.
 * ``READY`` peers are pinged every ``ping_interval_ms``; the round trip is their latency. A peer
   that answers nothing for ``unresponsive_after_ms`` is dropped as unresponsive.
 * Discovery: every ``exchange_interval_ms`` we ask one random ready peer for the peers it knows
@@ -14,8 +17,8 @@ Contract
   ``peer_exchange = False`` stops our asking (signed rendezvous records, discovery.py, remain).
 * Connection target: while fewer than ``target_peers`` are connected or being dialled, we dial
   candidates from the book, bootstrap peers first, then at random. A failed dial or a lost
-  peer is retried after ``backoff(failures)`` = min(base * 2**failures, max) plus up to 25%
-  jitter; bootstrap peers are retried forever, others are forgotten after ``MAX_FAILURES``.
+  peer is retried after ``peers.backoff_ms`` (exponential, jittered); bootstrap peers are
+  retried forever, others are forgotten after ``MAX_FAILURES``.
   Peers the node met in an earlier run come back as ``AddKnown`` (its peer store): dialled at
   once, like peers learnt by exchange.
 * Why each peer went away is kept (last ``MAX_DROPPED`` drops) for ``symphony node status``.
@@ -42,24 +45,35 @@ from protocol.machine import (
     PeerDisconnected,
     Received,
     Send,
+    SendFailed,
     Tick,
 )
+from protocol.membership.commands import AddBootstrap, AddKnown, SetListenAddrs
 from protocol.membership.messages import (
     MAX_ADDRS,
     MAX_EXCHANGED_PEERS,
     Hello,
-    PeerInfo,
     PeerList,
     PeerListRequest,
     Ping,
     Pong,
 )
-from protocol.membership.peers import Connection, ConnState, Drop, KnownPeer, TimerQueue
+from protocol.membership.peers import (
+    Connection,
+    ConnState,
+    Drop,
+    KnownPeer,
+    TimerQueue,
+    backoff_ms,
+    exchangeable,
+)
 from protocol.names import PROTOCOL_VERSION, peer_id_of_multiaddr
 
 MAX_KNOWN_PEERS = 1024
 MAX_DROPPED = 64
 MAX_FAILURES = 8
+#: times one connection's Hello is sent again after the driver reported it undelivered
+MAX_HELLO_RESENDS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,29 +90,6 @@ class MembershipConfig:
     backoff_base_ms: int = 500
     backoff_max_ms: int = 60_000
     refused_backoff_ms: int = 600_000  # do not redial a peer of another network for this long
-
-
-# ------------------------------------------------------------------ local commands (events)
-
-
-@dataclass(frozen=True, slots=True)
-class AddBootstrap:
-    """Multiaddrs ending in /p2p/<peer id>; these peers are redialled forever."""
-
-    addrs: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class AddKnown:
-    """Multiaddrs ending in /p2p/<peer id> of peers met before (the node's peer store): dialled
-    like peers learnt by exchange, after the bootstrap peers, and forgotten the same way."""
-
-    addrs: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class SetListenAddrs:
-    addrs: tuple[str, ...]
 
 
 @dataclass(slots=True)
@@ -154,6 +145,8 @@ class Membership:
             self._on_disconnected(event.peer, now, out)
         elif isinstance(event, DialFailed):
             self._on_dial_failed(event, now, out)
+        elif isinstance(event, SendFailed):
+            self._on_send_failed(event, out)
         elif isinstance(event, AddBootstrap):
             for addr in event.addrs:
                 self._learn(addr, now, bootstrap=True)
@@ -174,25 +167,17 @@ class Membership:
             out += [Send(p, self._hello()) for p in self.conns if p not in self._closing]
 
     def _hello(self) -> Hello:
-        return Hello(
-            network_id=self.config.network_id,
-            protocol_version=self.config.protocol_version,
-            agent_version=self.config.agent_version,
-            listen_addrs=self.listen_addrs,
-        )
+        cfg = self.config
+        return Hello(network_id=cfg.network_id, protocol_version=cfg.protocol_version,
+                     agent_version=cfg.agent_version, listen_addrs=self.listen_addrs)
 
     def _on_connected(self, event: PeerConnected, now: int, out: list[Effect]) -> None:
         peer = event.peer
         if peer == self.self_peer or peer in self.conns:
             return
         conn = self.conns[peer] = Connection(
-            peer=peer,
-            state=ConnState.AWAITING_HELLO,
-            connected_at_ms=now,
-            last_seen_ms=now,
-            outbound=event.outbound,
-            seq=self._next_seq,
-        )
+            peer=peer, state=ConnState.AWAITING_HELLO, connected_at_ms=now, last_seen_ms=now,
+            outbound=event.outbound, seq=self._next_seq)
         self._next_seq += 1
         self._queue_timer(conn)
         known = self.book.get(peer)
@@ -226,6 +211,15 @@ class Membership:
             return
         known.next_dial_at_ms = now + self._backoff(known.failures)
 
+    def _on_send_failed(self, event: SendFailed, out: list[Effect]) -> None:
+        """Our Hello did not reach a peer still connected: send it again (module doc)."""
+        conn = self.conns.get(event.peer)
+        if (not isinstance(event.message, Hello) or conn is None or event.peer in self._closing
+                or conn.hello_resends >= MAX_HELLO_RESENDS):
+            return
+        conn.hello_resends += 1
+        out.append(Send(event.peer, self._hello()))
+
     def _on_message(self, event: Received, now: int, out: list[Effect]) -> None:
         peer, msg = event.peer, event.message
         if peer == self.self_peer:
@@ -250,7 +244,8 @@ class Membership:
                 conn.rtt_ms = now - conn.ping_sent_at_ms
                 conn.ping_nonce = None
         elif isinstance(msg, PeerListRequest):
-            out.append(Send(peer, PeerList(peers=self._exchangeable(peer, msg.max_peers))))
+            out.append(Send(peer, PeerList(peers=exchangeable(
+                self.book, self.ready_peers(), peer, msg.max_peers))))
         elif isinstance(msg, PeerList):
             if peer in self._exchange_pending:
                 self._exchange_pending.discard(peer)
@@ -364,10 +359,8 @@ class Membership:
             out.append(Dial(known.peer, known.addrs))
 
     def _backoff(self, failures: int) -> int:
-        base: int = min(
-            self.config.backoff_base_ms * (2 ** min(failures, 20)), self.config.backoff_max_ms
-        )
-        return base + self.rng.randrange(base // 4 + 1)
+        cfg = self.config
+        return backoff_ms(failures, cfg.backoff_base_ms, cfg.backoff_max_ms, self.rng)
 
     # ---------------------------------------------------------------- address book
 
@@ -389,11 +382,3 @@ class Membership:
         known.bootstrap = known.bootstrap or bootstrap
         if addr not in known.addrs:
             known.addrs = (known.addrs + (addr,))[-MAX_ADDRS:]
-
-    def _exchangeable(self, asker: str, limit: int) -> tuple[PeerInfo, ...]:
-        infos = [
-            PeerInfo(peer_id=p, addrs=self.book[p].addrs)
-            for p in self.ready_peers()
-            if p != asker and p in self.book and self.book[p].addrs
-        ]
-        return tuple(infos[: min(limit, MAX_EXCHANGED_PEERS)])

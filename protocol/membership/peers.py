@@ -1,5 +1,6 @@
 """What the membership machine keeps about its peers: connections and their states, address
-book entries, recent drops, and the queue of per-connection timers.
+book entries, recent drops, and the queue of per-connection timers; the redial backoff and
+what a PeerList answer holds.
 
 Contract
 --------
@@ -14,8 +15,11 @@ Contract
 from __future__ import annotations
 
 import heapq
+import random
 from dataclasses import dataclass
 from enum import Enum
+
+from protocol.membership.messages import MAX_EXCHANGED_PEERS, PeerInfo
 
 
 class ConnState(Enum):
@@ -44,6 +48,8 @@ class Connection:
     next_ping_at_ms: int = 0
     #: the connection's place in the order connections were made (timers run in that order)
     seq: int = 0
+    #: how often our Hello was sent again on this connection after a failed send
+    hello_resends: int = 0
 
 
 @dataclass(slots=True)
@@ -54,6 +60,22 @@ class KnownPeer:
     failures: int = 0
     next_dial_at_ms: int = 0
     dialing: bool = False
+
+
+def backoff_ms(failures: int, base_ms: int, max_ms: int, rng: random.Random) -> int:
+    """How long to wait before redialling a peer after ``failures`` failures: min(base *
+    2**failures, max) plus up to a quarter of it drawn from ``rng``."""
+    base: int = min(base_ms * (2 ** min(failures, 20)), max_ms)
+    return base + rng.randrange(base // 4 + 1)
+
+
+def exchangeable(book: dict[str, KnownPeer], ready: list[str], asker: str,
+                 limit: int) -> tuple[PeerInfo, ...]:
+    """What we tell ``asker`` in a PeerList: up to ``limit`` (at most MAX_EXCHANGED_PEERS) of
+    our ``ready`` peers but the asker that told us addresses to dial them at."""
+    infos = [PeerInfo(peer_id=p, addrs=book[p].addrs)
+             for p in ready if p != asker and p in book and book[p].addrs]
+    return tuple(infos[: min(limit, MAX_EXCHANGED_PEERS)])
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,21 +12,25 @@ returns the simulator's figures for the same keys. Two runs:
   is the median the daemons measured. Prediction: the mean number of ready peers per node
   at ``peers_at_ms``. Nothing about the connections is taken from the daemons.
 * **ledger** (``converged_s``, ``gossip_bytes_per_node_min``): the real ``LedgerMachine`` on
-  the daemons' own topology (``edges``), each link taking a gossip hop time drawn from the
-  spread measured on the daemons (``gossip_hop_range_ms``: each node's arrival of a version
-  minus its first neighbour's, so a hop costs what it cost the daemons, processing on shared
-  cores included), or when none is given the one-way latency its daemons measured (half
-  their ping round trip; the median for a link never measured), each node advertising the
-  capability the daemon advertised (``specs``). The gossip meshes are the simulator's
-  (simulations/transport.py: gossipsub's degree 6, at most 12). After every record has spread, the same updates as the daemons' (``updates``: offset, node, new spec)
-  are made; ``converged_s`` is the median over updates of the time from the updater storing
-  its new record to the last node storing it, and ``gossip_bytes_per_node_min`` the gossip
-  message bytes every node received (duplicates included) per minute over ``window_ms``
-  from the first update.
+  the daemons' own topology (``edges``), each link taking the one-way latency its daemons
+  measured (half their ping round trip; the median for a link never measured), each node
+  advertising the capability the daemon advertised (``specs``). A node stores a version it
+  received after a processing delay of its own (decoding, signature check, store), drawn
+  per node and version from the gossip hops measured on the daemons (``gossip_hops_ms``:
+  each node's arrival of a version minus its first neighbour's), and that delay holds up
+  no forwarding: the daemon's gossipsub forwards a validated message before the ledger
+  sees it (py-libp2p's ``Pubsub.push_msg``), so a busy node is late itself without making
+  the nodes behind it late. The gossip meshes are the simulator's (simulations/transport.py:
+  gossipsub's degree 6, at most 12). After every record has spread, the same updates as the
+  daemons' (``updates``: offset, node, new spec) are made; ``converged_s`` is the median
+  over updates of the time from the updater storing its new record to the last node
+  storing it, and ``gossip_bytes_per_node_min`` the gossip message bytes every node
+  received (duplicates included) per minute over ``window_ms`` from the first update.
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 from dataclasses import dataclass, field
 
@@ -74,10 +78,9 @@ class DaemonNet:
     membership: MembershipConfig  #: the daemons' membership config
     discovery: DiscoveryConfig  #: and their discovery config (rendezvous records)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
-    #: the spread of the gossip hops measured between the daemons (ms, low and high); when
-    #: given, each link of the ledger run takes a hop time drawn evenly from it (one per link,
-    #: seeded) instead of the link's ``latency_ms``
-    gossip_hop_range_ms: tuple[float, float] | None = None
+    #: the gossip hops measured on the daemons (ms): each node's processing delay before it
+    #: stores a version is drawn from them (none given: it stores at once)
+    gossip_hops_ms: tuple[float, ...] = ()
     seed: int = 1
 
     @property
@@ -118,11 +121,8 @@ def predict_peers(testnet: DaemonNet) -> dict[str, float]:
 
 
 def _latency(testnet: DaemonNet) -> LatencyModel:
-    """The ledger run's links: each the measured gossip hop when there is one, else one
-    region per node, the matrix holding every link's measured one-way latency."""
-    if testnet.gossip_hop_range_ms is not None:
-        low, high = testnet.gossip_hop_range_ms
-        return LatencyModel(kind="uniform", a=low, b=high)
+    """The ledger run's links: one region per node, the matrix holding every link's measured
+    one-way latency (the median for a link never measured)."""
     n, default = testnet.n, testnet.median_latency_ms()
     rows = [[default] * n for _ in range(n)]
     for (i, j), ms in testnet.latency_ms.items():
@@ -132,21 +132,27 @@ def _latency(testnet: DaemonNet) -> LatencyModel:
 
 
 class _Arrivals:
-    """When each node stored each (peer, seq) record version (virtual ms)."""
+    """When each node stored each (peer, seq) record version (virtual ms): when the machine
+    asked to store it, plus the node's processing delay drawn from ``hops_ms`` (none for a
+    node's own record, stored as it signs it)."""
 
-    def __init__(self) -> None:
-        self.stored: dict[tuple[str, int], dict[int, int]] = {}
+    def __init__(self, hops_ms: tuple[float, ...], seed: int) -> None:
+        self.stored: dict[tuple[str, int], dict[int, float]] = {}
         self.swarm: Swarm | None = None
+        self.hops_ms = hops_ms
+        self.rng = random.Random(seed)
 
     def observe(self, node: VirtualNode, effect: object) -> None:
         if isinstance(effect, StoreCapability) and self.swarm is not None:
-            key = (effect.record.peer_id, effect.record.seq)
-            self.stored.setdefault(key, {})[node.index] = self.swarm.now_ms
+            peer = effect.record.peer_id
+            delay = self.rng.choice(self.hops_ms) if self.hops_ms and peer != node.peer_id else 0
+            self.stored.setdefault((peer, effect.record.seq), {})[node.index] = (
+                self.swarm.now_ms + delay)
 
 
 def predict_ledger(testnet: DaemonNet) -> dict[str, float]:
     """Convergence of the updates and gossip bytes on the daemons' topology."""
-    arrivals = _Arrivals()
+    arrivals = _Arrivals(testnet.gossip_hops_ms, testnet.seed)
     spec = ledger_spec(NETWORK_ID, testnet.ledger, lambda node: testnet.specs[node.index],
                        arrivals.observe)
     swarm = arrivals.swarm = Swarm(testnet.seed, latency=_latency(testnet))

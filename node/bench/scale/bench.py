@@ -14,7 +14,8 @@ capability records and reports, from the daemons:
 * ``start_s``: wall time to start them all (``batch`` at a time).
 
 Then simulations/workloads/testnet.py runs the same protocol code for the same testnet (start
-times, topology and measured link latencies, records, updates) and its predictions are
+times, topology and measured link latencies, each node's processing delay drawn from the
+measured gossip hops, records, updates) and its predictions are
 reported as ``sim_<key>``; ``sim_prediction_error`` is the largest relative error of the
 predictions of ``converged_s``, ``gossip_bytes_per_node_min`` and ``peers_per_node``.
 
@@ -38,6 +39,7 @@ from node.bench.scale.daemons import (
     gossip_bytes_per_node_min,
     gossip_hop_ms,
     gossip_hop_range_ms,
+    gossip_hops_ms,
     measure,
     window_ms,
 )
@@ -152,7 +154,7 @@ def testnet_of(m: Measured) -> DaemonNet:
         specs=tuple(spec_of(r["record"]) for r in m.records),
         edges=tuple(sorted(edges)),
         latency_ms={k: max(0.05, statistics.fmean(v) / 2) for k, v in rtts.items()},
-        gossip_hop_range_ms=gossip_hop_range_ms(m),
+        gossip_hops_ms=tuple(float(h) for h in gossip_hops_ms(m)),
         updates=tuple(Update(at_ms=offset - first, node=i, spec=spec_of(rec))
                       for i, rec, offset in m.updates),
         window_ms=window_ms(m),

@@ -56,7 +56,8 @@ WINDOW_S = 30.0
 #: connection's first ping is sent as it opens, while the daemons are still starting on
 #: shared cores, and its round trip is no link latency; two ping intervals later it is
 SETTLE_S = 10.0
-#: the gossip hops the simulator's links are drawn between leave out this share either side
+#: the reported spread of the gossip hops (``gossip_hop_range_ms``) leaves out this share
+#: either side
 HOP_SPREAD = 0.05
 #: how often the daemons' state is polled while waiting (each poll asks every daemon over HTTP)
 POLL_S = 1.0
@@ -234,7 +235,8 @@ def gossip_hops_ms(measured: Measured) -> list[int]:
     its direct peers (the updater's counted as its signing): the last hop of the way the
     version actually came, from a neighbour holding it to this node holding it. Each holds all
     a hop cost these daemons: the forwarding, framing, signature check and store, and the
-    waits for cores shared with every other daemon. Sorted."""
+    waits for cores shared with every other daemon. The simulator draws each node's processing
+    delay from them (simulations/workloads/testnet.py). Sorted."""
     index = {peer: i for i, peer in enumerate(measured.peer_ids)}
     neighbours = [{index[p] for p in snap.peers if p in index} for snap in measured.before]
     hops = []

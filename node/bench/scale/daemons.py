@@ -113,7 +113,10 @@ def measure(net: LocalTestnet, nodes: int, updates: int, batch: int,
                    interval_s=POLL_S)
     time.sleep(settle_s)  # a fixed settling time (see SETTLE_S), not a wait for a condition
     t0 = _log_time(first, "transport.started")
+    began = time.time()
     before = [snapshot(d) for d in daemons]
+    # the peers were counted while the snapshots were taken: their midpoint, from node 0's start
+    peers_at_ms = round(((began + time.time()) / 2 - t0) * 1000)
     # one client for the run's thousands of requests: a new one per request builds its SSL
     # context each time, and the polls of a hundred daemons fall behind
     with httpx.Client(timeout=10.0) as http:
@@ -123,7 +126,7 @@ def measure(net: LocalTestnet, nodes: int, updates: int, batch: int,
             bootstraps=[[by_addr[a] for flag, a in zip(d.args, d.args[1:], strict=False)
                          if flag == "--bootstrap"] for d in daemons],
             records=[_record(http, d, d.peer_id) for d in daemons],
-            before=before, after=[], peers_at_ms=round((time.time() - t0) * 1000),
+            before=before, after=[], peers_at_ms=peers_at_ms,
             start_s=start_s)
         _update(net, http, daemons, measured, updates, window_s, wait_s)
     measured.after = [snapshot(d) for d in daemons]

@@ -16,9 +16,9 @@ returns the simulator's figures for the same keys. Two runs:
   measured (half their ping round trip; the median for a link never measured), each node
   advertising the capability the daemon advertised (``specs``). A node stores a version it
   received after a processing delay of its own (decoding, signature check, store), drawn
-  per node and version from the gossip hops measured on the daemons (``gossip_hops_ms``:
-  each node's arrival of a version minus its first neighbour's), and that delay holds up
-  no forwarding: the daemon's gossipsub forwards a validated message before the ledger
+  per node and version from those measured on the daemons (``processing_ms``: each node's
+  arrival of a version minus its first neighbour's, less their link's latency), and that
+  delay holds up no forwarding: the daemon's gossipsub forwards a validated message before the ledger
   sees it (py-libp2p's ``Pubsub.push_msg``), so a busy node is late itself without making
   the nodes behind it late. The gossip meshes are the simulator's (simulations/transport.py:
   gossipsub's degree 6, at most 12). After every record has spread, the same updates as the
@@ -78,9 +78,9 @@ class DaemonNet:
     membership: MembershipConfig  #: the daemons' membership config
     discovery: DiscoveryConfig  #: and their discovery config (rendezvous records)
     ledger: LedgerConfig = field(default_factory=LedgerConfig)
-    #: the gossip hops measured on the daemons (ms): each node's processing delay before it
-    #: stores a version is drawn from them (none given: it stores at once)
-    gossip_hops_ms: tuple[float, ...] = ()
+    #: processing delays measured on the daemons (ms): each node's delay before it stores a
+    #: version it received is drawn from them (none given: it stores at once)
+    processing_ms: tuple[float, ...] = ()
     seed: int = 1
 
     @property
@@ -89,6 +89,11 @@ class DaemonNet:
 
     def median_latency_ms(self) -> float:
         return statistics.median(self.latency_ms.values()) if self.latency_ms else 0.05
+
+    def link_ms(self, i: int, j: int) -> float:
+        """The one-way latency of link i-j: as measured, or the median for one never measured."""
+        measured = self.latency_ms.get((min(i, j), max(i, j)))
+        return self.median_latency_ms() if measured is None else measured
 
 
 def predict(testnet: DaemonNet) -> dict[str, float]:
@@ -123,36 +128,35 @@ def predict_peers(testnet: DaemonNet) -> dict[str, float]:
 def _latency(testnet: DaemonNet) -> LatencyModel:
     """The ledger run's links: one region per node, the matrix holding every link's measured
     one-way latency (the median for a link never measured)."""
-    n, default = testnet.n, testnet.median_latency_ms()
-    rows = [[default] * n for _ in range(n)]
-    for (i, j), ms in testnet.latency_ms.items():
-        rows[i][j] = rows[j][i] = ms
+    n = testnet.n
+    rows = [[testnet.link_ms(i, j) for j in range(n)] for i in range(n)]
     return LatencyModel(region_names=tuple(str(i) for i in range(n)),
                         regions=tuple(tuple(row) for row in rows))
 
 
 class _Arrivals:
     """When each node stored each (peer, seq) record version (virtual ms): when the machine
-    asked to store it, plus the node's processing delay drawn from ``hops_ms`` (none for a
-    node's own record, stored as it signs it)."""
+    asked to store it, plus the node's processing delay drawn from ``processing_ms`` (none
+    for a node's own record, stored as it signs it)."""
 
-    def __init__(self, hops_ms: tuple[float, ...], seed: int) -> None:
+    def __init__(self, processing_ms: tuple[float, ...], seed: int) -> None:
         self.stored: dict[tuple[str, int], dict[int, float]] = {}
         self.swarm: Swarm | None = None
-        self.hops_ms = hops_ms
+        self.processing_ms = processing_ms
         self.rng = random.Random(seed)
 
     def observe(self, node: VirtualNode, effect: object) -> None:
         if isinstance(effect, StoreCapability) and self.swarm is not None:
             peer = effect.record.peer_id
-            delay = self.rng.choice(self.hops_ms) if self.hops_ms and peer != node.peer_id else 0
+            delays = self.processing_ms
+            delay = self.rng.choice(delays) if delays and peer != node.peer_id else 0
             self.stored.setdefault((peer, effect.record.seq), {})[node.index] = (
                 self.swarm.now_ms + delay)
 
 
 def predict_ledger(testnet: DaemonNet) -> dict[str, float]:
     """Convergence of the updates and gossip bytes on the daemons' topology."""
-    arrivals = _Arrivals(testnet.gossip_hops_ms, testnet.seed)
+    arrivals = _Arrivals(testnet.processing_ms, testnet.seed)
     spec = ledger_spec(NETWORK_ID, testnet.ledger, lambda node: testnet.specs[node.index],
                        arrivals.observe)
     swarm = arrivals.swarm = Swarm(testnet.seed, latency=_latency(testnet))

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from node.bench.scale.daemons import Measured, Snapshot, gossip_hop_ms, gossip_hop_range_ms
+from node.bench.scale.daemons import (
+    Measured,
+    Snapshot,
+    gossip_hop_ms,
+    gossip_hop_range_ms,
+    processing_ms,
+)
 from node.testnet import TestnetError as ScaleWaitError
 
 
@@ -46,3 +52,11 @@ def test_the_hop_range_leaves_out_the_stragglers() -> None:
     arrivals = {i: 9 + i for i in range(1, 22)} | {22: 2000}
     star = _measured([(0, i) for i in range(1, 23)], 23, [(0, arrivals)])
     assert gossip_hop_range_ms(star) == (11.0, 30.0)
+
+
+def test_processing_is_a_hop_less_the_latency_of_the_link_it_came_over() -> None:
+    # the triangle and tail again: node 1 from the updater (50), node 2 from the updater (5),
+    # node 3 from node 2 (20); links to the updater take 4 ms, the others 30 ms
+    tri = _measured([(0, 1), (0, 2), (1, 2), (2, 3)], 4, [(0, {1: 50, 2: 5, 3: 25})])
+    got = processing_ms(tri, lambda i, j: 4.0 if 0 in (i, j) else 30.0)
+    assert got == [0.0, 1.0, 46.0]  # 20 - 30 is no processing: never below 0

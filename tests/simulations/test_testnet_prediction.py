@@ -83,21 +83,21 @@ def test_an_update_never_seen_by_some_node_is_no_convergence() -> None:
 def test_a_nodes_processing_delay_makes_it_late_not_the_nodes_behind_it() -> None:
     # a line of 5 nodes: the update from node 1 needs 3 links of 3 ms to reach node 4; every
     # node's measured hop of 40 ms delays its own store only (gossipsub forwards first)
-    line = replace(_testnet(), edges=((0, 1), (1, 2), (2, 3), (3, 4)), gossip_hops_ms=(40.0,))
+    line = replace(_testnet(), edges=((0, 1), (1, 2), (2, 3), (3, 4)), processing_ms=(40.0,))
     assert predict_ledger(line)["converged_s"] == pytest.approx((3 * LATENCY_MS + 40) / 1000,
                                                                 rel=0.1)
     # no hops measured: a node stores what it receives at once
-    bare = predict_ledger(replace(line, gossip_hops_ms=()))["converged_s"]
+    bare = predict_ledger(replace(line, processing_ms=()))["converged_s"]
     assert bare == pytest.approx(3 * LATENCY_MS / 1000, rel=0.2)
 
 
 def test_processing_delays_are_drawn_from_the_measured_hops() -> None:
     line = replace(_testnet(), edges=((0, 1), (1, 2), (2, 3), (3, 4)))
-    spread = predict_ledger(replace(line, gossip_hops_ms=(10.0, 200.0)))["converged_s"]
+    spread = predict_ledger(replace(line, processing_ms=(10.0, 200.0)))["converged_s"]
     # the last node is as late as the links and its own draw, one of the two hops
     assert (3 * LATENCY_MS + 10) / 1000 <= spread <= (3 * LATENCY_MS + 200) / 1000 + 0.001
     # seeded: the same testnet gives the same prediction
-    assert predict_ledger(replace(line, gossip_hops_ms=(10.0, 200.0)))["converged_s"] == spread
+    assert predict_ledger(replace(line, processing_ms=(10.0, 200.0)))["converged_s"] == spread
 
 
 def test_peers_dropped_are_the_membership_machines_drops() -> None:

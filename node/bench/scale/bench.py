@@ -27,6 +27,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,8 @@ from node.bench.scale.daemons import (
     gossip_bytes_per_node_min,
     gossip_hop_ms,
     gossip_hop_range_ms,
-    gossip_hops_ms,
     measure,
+    processing_ms,
     window_ms,
 )
 from node.daemon import LIGHT_PROFILE
@@ -148,13 +149,12 @@ def testnet_of(m: Measured) -> DaemonNet:
             if rtt == rtt:  # not nan: a round trip was measured
                 rtts.setdefault(key, []).append(rtt)
     first = m.updates[0][2] if m.updates else 0
-    return DaemonNet(
+    net = DaemonNet(
         start_ms=tuple(m.start_ms),
         bootstraps=tuple(tuple(b) for b in m.bootstraps),
         specs=tuple(spec_of(r["record"]) for r in m.records),
         edges=tuple(sorted(edges)),
         latency_ms={k: max(0.05, statistics.fmean(v) / 2) for k, v in rtts.items()},
-        gossip_hops_ms=tuple(float(h) for h in gossip_hops_ms(m)),
         updates=tuple(Update(at_ms=offset - first, node=i, spec=spec_of(rec))
                       for i, rec, offset in m.updates),
         window_ms=window_ms(m),
@@ -164,6 +164,8 @@ def testnet_of(m: Measured) -> DaemonNet:
         discovery=MembershipSection().discovery_config(NETWORK_ID),
         ledger=LedgerConfig(**{k: v for k, v in CONFIG["ledger"].items()}),
     )
+    # each hop less the latency of the link it came over: the receiving daemon's processing
+    return replace(net, processing_ms=tuple(processing_ms(m, net.link_ms)))
 
 
 def daemons_section(name: str) -> dict[str, Any]:

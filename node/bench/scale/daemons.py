@@ -28,6 +28,7 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -232,26 +233,39 @@ def gossip_bytes_per_node_min(measured: Measured) -> float:
     return statistics.fmean(rates)
 
 
-def gossip_hops_ms(measured: Measured) -> list[int]:
-    """The times gossip hops took between the daemons (ms), measured on the updates: for each
-    update and each node but its updater, the node's arrival minus the earliest arrival among
-    its direct peers (the updater's counted as its signing): the last hop of the way the
+def gossip_hops(measured: Measured) -> list[tuple[int, int, int]]:
+    """The gossip hops between the daemons, measured on the updates, as (ms, from, to): for
+    each update and each node but its updater, the node's arrival minus the earliest arrival
+    among its direct peers (the updater's counted as its signing): the last hop of the way the
     version actually came, from a neighbour holding it to this node holding it. Each holds all
-    a hop cost these daemons: the forwarding, framing, signature check and store, and the
-    waits for cores shared with every other daemon. The simulator draws each node's processing
-    delay from them (simulations/workloads/testnet.py). Sorted."""
+    a hop cost these daemons: the link, the forwarding, framing, signature check and store,
+    and the waits for cores shared with every other daemon."""
     index = {peer: i for i, peer in enumerate(measured.peer_ids)}
     neighbours = [{index[p] for p in snap.peers if p in index} for snap in measured.before]
     hops = []
     for (origin, _, _), arrivals in zip(measured.updates, measured.arrivals, strict=True):
         held = {**arrivals, origin: 0}
         for j, at in arrivals.items():
-            earlier = [held[k] for k in neighbours[j] if k in held and held[k] <= at]
+            earlier = [(held[k], k) for k in neighbours[j] if k in held and held[k] <= at]
             if earlier:
-                hops.append(at - min(earlier))
+                first, k = min(earlier)
+                hops.append((at - first, k, j))
     if not hops:
         raise TestnetError("no update reached a node from a direct peer: no gossip hop")
-    return sorted(hops)
+    return hops
+
+
+def gossip_hops_ms(measured: Measured) -> list[int]:
+    """The times of the gossip hops (ms, :func:`gossip_hops`), sorted."""
+    return sorted(ms for ms, _, _ in gossip_hops(measured))
+
+
+def processing_ms(measured: Measured, link_ms: Callable[[int, int], float]) -> list[float]:
+    """What each gossip hop (:func:`gossip_hops`) took beyond its link's one-way latency
+    (``link_ms(i, j)``, never below 0): the receiving daemon's own processing of the version,
+    waits for a core included; the simulator draws each node's processing delay from these
+    (simulations/workloads/testnet.py). Sorted."""
+    return sorted(max(0.0, ms - link_ms(k, j)) for ms, k, j in gossip_hops(measured))
 
 
 def gossip_hop_ms(measured: Measured) -> float:

@@ -18,9 +18,9 @@ returns the simulator's figures for the same keys. Two runs:
   received after a processing delay of its own (decoding, signature check, store), drawn
   per node and version from those measured on the daemons (``processing_ms``: each node's
   arrival of a version minus its first neighbour's, less their link's latency), and that
-  delay holds up no forwarding: the daemon's gossipsub forwards a validated message before the ledger
-  sees it (py-libp2p's ``Pubsub.push_msg``), so a busy node is late itself without making
-  the nodes behind it late. The gossip meshes are the simulator's (simulations/transport.py:
+  delay holds up no forwarding: the daemon's gossipsub forwards a validated message before
+  the ledger sees it (py-libp2p's ``Pubsub.push_msg``), so a busy node is late itself
+  without making the nodes behind it late. The gossip meshes are the simulator's (simulations/transport.py:
   gossipsub's degree 6, at most 12). After every record has spread, the same updates as the
   daemons' (``updates``: offset, node, new spec) are made; ``converged_s`` is the median
   over updates of the time from the updater storing its new record to the last node

@@ -23,8 +23,9 @@ How each function is remembered:
 * ``held_attestation``, ``attestation_expiry``, ``record_expiry`` (protocol/ledger/state.py):
   tuples of their arguments, made once per item and held by every node that holds it: ten
   thousand nodes holding the same items hold one copy of these, not ten thousand;
-* anything else (peer ids, bucket digests, digest lines, relay manifests, plans and chunk
-  indices): by the value of its arguments (``functools.lru_cache``).
+* anything else (peer ids, bucket digests, whole bucket summaries, digest lines, relay
+  manifests, plans and chunk indices): by the value of its arguments (``functools.lru_cache``;
+  a summary's argument is a node's every attestation hash, so fewer of those are kept).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ class SharedResults:
         by_identity = _TUPLES.get(fn)
         if by_identity is not None:
             return _shared_tuple(fn, self.entries, by_identity=by_identity)
-        return functools.lru_cache(maxsize=self.entries)(fn)
+        return functools.lru_cache(maxsize=min(self.entries, _FEWER.get(fn, self.entries)))(fn)
 
 
 class _EncodeByIdentity:
@@ -157,6 +158,8 @@ _BY_IDENTITY = frozenset(
         ledger_records.signed_attestation,
     }
 )
+#: functions whose arguments are large (a node's whole set of attestation hashes): fewer kept
+_FEWER: dict[Callable[..., Any], int] = {ledger_state.bucket_summary_of: 1024}
 #: the functions that return the tuple of their arguments -> compared by identity or not
 _TUPLES: dict[Callable[..., Any], bool] = {
     ledger_state.held_attestation: True,

@@ -55,6 +55,9 @@ _EMPTY_BUCKET = bytes(PREFIX_LEN)
 _BUCKET_START = tuple(bytes([b]) for b in range(BUCKETS))
 #: hashes put in place one by one, up to this many at once; more are sorted in together
 _INSORT_MAX = 16
+#: with this many buckets changed, the summary is made anew from all hashes in one call
+#: (``bucket_summary_of``, which a memo may share) rather than bucket by bucket
+_RESUMMARIZE_STALE = 16
 _BUCKET_PERSON = b"symphony-bucket"
 _NEVER = 1 << 62
 _EMPTY_DIGEST = LedgerDigest(records=(), attestation_count=0, attestation_buckets=b"", reply=False)
@@ -106,6 +109,20 @@ def bucket_digest(members: bytes) -> bytes:
     return digest(members, person=_BUCKET_PERSON)[:PREFIX_LEN]
 
 
+def bucket_summary_of(hashes: tuple[bytes, ...]) -> bytes:
+    """Every bucket's hash, in bucket order, of the sorted attestation hashes ``hashes``.
+    Pure: states that hold the same attestations get the same summary (a driver may share
+    it through a ``protocol.machine.Memo``, as the simulator's nodes converge on one set)."""
+    buf = bytearray(_EMPTY_BUCKET * BUCKETS)
+    lo, n = 0, len(hashes)
+    while lo < n:
+        b = hashes[lo][0]
+        hi = n if b + 1 == BUCKETS else bisect.bisect_left(hashes, _BUCKET_START[b + 1], lo)
+        buf[b * PREFIX_LEN : (b + 1) * PREFIX_LEN] = bucket_digest(b"".join(hashes[lo:hi]))
+        lo = hi
+    return bytes(buf)
+
+
 class LedgerState:
     def __init__(
         self,
@@ -153,6 +170,7 @@ class LedgerState:
         self._attestation_expiry = memo(attestation_expiry)
         self._record_expiry_entry = memo(record_expiry)
         self._bucket_digest = memo(bucket_digest)
+        self._bucket_summary_of = memo(bucket_summary_of)
         self._record_version = memo(record_version)
 
     # ------------------------------------------------------------ merge
@@ -331,7 +349,12 @@ class LedgerState:
         if self._unbucketed:
             self._put_in_buckets()
         summary = self._summary
-        if summary is None:
+        if summary is None and len(self._stale_buckets) >= _RESUMMARIZE_STALE:
+            full = self._bucket_summary_of(tuple(self._sorted))
+            self._summary_buf[:] = full
+            self._stale_buckets.clear()
+            summary = self._summary = full if self.attestations else b""
+        elif summary is None:
             buf = self._summary_buf
             hashes = self._sorted
             for b in self._stale_buckets:

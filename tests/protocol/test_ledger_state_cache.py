@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from crypto.hashing import digest
 from protocol.ledger.messages import BUCKETS, PREFIX_LEN
-from protocol.ledger.state import LedgerState
+from protocol.ledger.state import LedgerState, bucket_summary_of
 from protocol.machine import Received, Tick
 from tests.protocol.ledger_net import MINUTE, T0, gossip, machine
 from tests.protocol.ledger_pool import POOL
@@ -78,3 +78,17 @@ def test_many_merges_between_reads_are_sorted_in_at_once() -> None:
     m.handle(Received("relay", gossip(atts=atts), "ledger"), T0)
     _check(m.state, T0)
     assert m.stats["items_accepted"] == len(m.state.attestations)
+
+
+def test_summary_made_anew_and_bucket_by_bucket_agree() -> None:
+    """Many buckets changed at once: the summary is made from all hashes in one call
+    (``bucket_summary_of``); then one more: bucket by bucket. Both equal a recomputation."""
+    atts = [env for what, env in POOL if what == "a"]
+    m = machine(1)
+    m.handle(Received("relay", gossip(atts=atts[:-1]), "ledger"), T0)
+    assert len({h[0] for h in m.state.attestations}) >= 16  # enough buckets to go the one way
+    assert m.state.bucket_summary() == _summary(m.state)
+    m.handle(Received("relay", gossip(atts=atts[-1:]), "ledger"), T0)
+    assert m.state.bucket_summary() == _summary(m.state)
+    assert bucket_summary_of(tuple(sorted(m.state.attestations))) == _summary(m.state)
+    assert bucket_summary_of(()) == bytes(BUCKETS * PREFIX_LEN)

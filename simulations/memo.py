@@ -132,6 +132,8 @@ def _shared_tuple(
     the same objects (for arguments whose ``==`` is slow Python, like frozen dataclasses),
     else equal values (ints, strs, bytes)."""
     cache: dict[Any, tuple[Any, ...]] = {}
+    if by_identity and fn.__code__.co_argcount == 4:
+        return _shared_4_by_identity(fn, entries, cache)
 
     def shared(*args: Any) -> Any:
         hit = cache.get(args[-1])
@@ -145,6 +147,25 @@ def _shared_tuple(
         if len(cache) >= entries:
             del cache[next(iter(cache))]
         cache[args[-1]] = result
+        return result
+
+    return shared
+
+
+def _shared_4_by_identity(
+    fn: Callable[..., tuple[Any, ...]], entries: int, cache: dict[Any, tuple[Any, ...]]
+) -> Callable[..., Any]:
+    """``_shared_tuple`` by identity for a function of four arguments (``held_attestation``,
+    made once per delivered attestation): the four checks spelled out, not mapped."""
+
+    def shared(a: Any, b: Any, c: Any, d: Any) -> Any:
+        hit = cache.get(d)
+        if hit is not None and hit[0] is a and hit[1] is b and hit[2] is c and hit[3] is d:
+            return hit
+        result = fn(a, b, c, d)
+        if len(cache) >= entries:
+            del cache[next(iter(cache))]
+        cache[d] = result
         return result
 
     return shared

@@ -124,7 +124,9 @@ class CardRecords:
         self.refused: dict[str, tuple[int, bytes]] = {}
         #: bumped on every change (the digest cache compares it)
         self.version = 0
-        self._expiry: list[tuple[int, str, bytes]] = []  # heap of (forget at, node, hash), lazy
+        #: heap of (forget at, node, hash), lazy (read, never changed, by LedgerState's
+        #: ``next_expiry``, which is asked after every delivery)
+        self.expiry: list[tuple[int, str, bytes]] = []
         self._versions: tuple[int, int, int, tuple[RecordVersion, ...]] | None = None
 
     def newest(self, peer: str) -> tuple[int, bytes] | None:
@@ -150,7 +152,7 @@ class CardRecords:
             raise Rejected(Rejection.LEDGER_FULL, f"{len(self.held)} agent records held")
         self.held[peer] = Held(envelope, record, h, now_ms)
         self.refused.pop(peer, None)
-        heapq.heappush(self._expiry, (record.expires_at_ms + self.tombstone_ms, peer, h))
+        heapq.heappush(self.expiry, (record.expires_at_ms + self.tombstone_ms, peer, h))
         self.version += 1
         return True
 
@@ -167,7 +169,7 @@ class CardRecords:
     def prune(self, now_ms: int) -> list[str]:
         """Forget records (and refusals) past their tombstone time: the nodes whose went."""
         gone: list[str] = []
-        for _, peer, h in pop_due(self._expiry, now_ms):
+        for _, peer, h in pop_due(self.expiry, now_ms):
             held = self.held.get(peer)
             if held is not None and held.hash == h:
                 del self.held[peer]
@@ -178,7 +180,7 @@ class CardRecords:
         return gone
 
     def next_expiry(self) -> int | None:
-        return soonest(self._expiry)
+        return soonest(self.expiry)
 
     def live(self, now_ms: int) -> Iterator[HeldCards]:
         """Unexpired records, by node id."""

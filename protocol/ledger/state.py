@@ -328,13 +328,12 @@ class LedgerState:
         """When ``prune`` or ``cards.prune`` next has something to do (may be early: the
         heaps are lazy)."""
         # asked after every delivery: the heaps' tops compared in line, no list and no min()
-        atts, records = self._expiry, self._record_expiry
+        atts, records, cards = self._expiry, self._record_expiry, self.cards.expiry
         t = atts[0][0] if atts else None
         if records and (t is None or records[0][0] < t):
             t = records[0][0]
-        cards = self.cards.next_expiry()
-        if cards is not None and (t is None or cards < t):
-            t = cards
+        if cards and (t is None or cards[0][0] < t):
+            t = cards[0][0]
         return t
 
     # ------------------------------------------------------------ summary

@@ -162,7 +162,9 @@ class LedgerState:
         self._digest_cards = 0  # the ``cards.version`` the cached digest was made at
         #: its record part alike, kept across attestation changes (records change seldom)
         self._versions: tuple[int, int, tuple[RecordVersion, ...]] | None = None
-        self._quota: dict[tuple[str, int], list[bytes]] = {}  # sorted hashes
+        #: (observer, minute) -> its hashes held, sorted; one alone is held as is, not in a
+        #: list (most observers attest once a minute, and a simulator holds this per node)
+        self._quota: dict[tuple[str, int], bytes | list[bytes]] = {}
         self._expiry: list[tuple[int, bytes]] = []  # heap of (expires_at, hash), lazy
         self._record_expiry: list[tuple[int, str, bytes]] = []  # heap, lazy
         # the pure constructors above, through the driver's memo
@@ -206,19 +208,27 @@ class LedgerState:
         if h in attestations:
             return False, ()
         key = (observer, att.observed_at_ms // MINUTE_MS)
-        slot = self._quota.get(key)
-        if slot is None:
-            slot = self._quota[key] = []
+        quota = self._quota
+        held_slot = quota.get(key)
+        if isinstance(held_slot, bytes):  # one hash held so far: a list from the second on
+            listed = quota[key] = [held_slot]
+            slot: list[bytes] | None = listed
+        else:
+            slot = held_slot
         evicted: tuple[bytes, ...] = ()
-        if len(slot) >= self.observer_quota:
+        if slot is not None and len(slot) >= self.observer_quota:
             if h > slot[-1]:
                 raise Rejected(Rejection.OBSERVER_QUOTA, f"{observer} over its quota")
             evicted = (slot[-1],)
             self._remove_attestation(slot[-1])
+            slot = quota.get(key)  # type: ignore[assignment]  # a list, or None if emptied
         elif len(attestations) >= self.max_attestations:
             raise Rejected(Rejection.LEDGER_FULL, f"{len(attestations)} attestations held")
         held = attestations[h] = self._held_attestation(envelope, att, observer, h)
-        bisect.insort(slot, h)
+        if slot is None:
+            quota[key] = h
+        else:
+            bisect.insort(slot, h)
         self._unbucketed.append(h)
         self._unindexed.append(held)
         self._digest = None
@@ -285,9 +295,12 @@ class LedgerState:
         att = held.attestation
         key = (held.observer, att.observed_at_ms // MINUTE_MS)
         slot = self._quota[key]
-        del slot[bisect.bisect_left(slot, h)]
-        if not slot:
+        if isinstance(slot, bytes):
             del self._quota[key]
+        else:
+            del slot[bisect.bisect_left(slot, h)]
+            if not slot:
+                del self._quota[key]
         del self._sorted[bisect.bisect_left(self._sorted, h)]
         self._stale_buckets.add(h[0])
         self._summary = None

@@ -76,3 +76,22 @@ def test_pool_exercises_every_merge_rule() -> None:
     assert len(m.state.attestations) == 12 + 3
     assert len(m.state.records) == len(PEERS)
     assert all(h.record.network_id == NET for h in m.state.records.values())
+
+
+def test_a_quota_of_one_keeps_each_minutes_smallest_hash_in_any_order() -> None:
+    """A slot of one hash is held as is (no list): evicting it must leave the slot empty, so
+    the next one is counted against the quota again."""
+    one = LedgerConfig(observer_quota=1)
+    forward, backward = machine(1, one), machine(1, one)
+    order = list(range(len(POOL)))
+    _apply(forward, order + order)
+    _apply(backward, order[::-1])
+    assert _state(forward) == _state(backward)
+    slots: dict[tuple[str, int], list[bytes]] = {}
+    for h, held in forward.state.attestations.items():
+        key = (held.observer, held.attestation.observed_at_ms // 60_000)
+        slots.setdefault(key, []).append(h)
+    assert slots and all(len(hashes) == 1 for hashes in slots.values())
+    three = machine(1, CFG)
+    _apply(three, order)
+    assert len(forward.state.attestations) < len(three.state.attestations)

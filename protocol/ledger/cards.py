@@ -115,6 +115,9 @@ HeldCards = Held[AgentCards]
 
 class CardRecords:
     """Every node's newest agent-card record (see the module docstring)."""
+    # a simulator holds one per virtual node: no per-instance dict
+    __slots__ = ("_versions", "expiry", "held", "max_records", "refused", "tombstone_ms", "version")
+
 
     def __init__(self, *, max_records: int = 10_000, tombstone_ms: int = MAX_RECORD_TTL_MS):
         self.max_records = max_records
@@ -211,6 +214,9 @@ class CardRecords:
 
 class OwnCards:
     """Signs and publishes this node's cards (see the module docstring)."""
+    # a simulator holds one per virtual node: no per-instance dict
+    __slots__ = ("cards", "config", "dirty", "identity", "network_id", "published_at", "records", "seq")
+
 
     def __init__(
         self, identity: Identity, network_id: str, config: LedgerConfig, records: CardRecords

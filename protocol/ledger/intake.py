@@ -133,6 +133,14 @@ class _Kind(Generic[SignedT]):
 
 class LedgerIntake:
     """What the ledger machine accepts from peers (see the module docstring)."""
+    # a simulator holds one per virtual node: no per-instance dict
+    __slots__ = (
+        "_attestation_limiter", "_attestation_ttl_ms", "_envelope_hash", "_kinds", "_limits",
+        "_on_own_cards", "_on_own_record", "_peer_id_of", "_rejections", "_signed_attestation",
+        "_signed_capability", "_signers", "_skew_ms", "_stats", "accepted", "config",
+        "network_id", "peer_id", "state", "sync",
+    )
+
 
     def __init__(
         self,

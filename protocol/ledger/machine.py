@@ -116,6 +116,13 @@ __all__ = [
 
 
 class LedgerMachine:
+    # a simulator holds one per virtual node: no per-instance dict
+    __slots__ = (
+        "_connected", "_dirty", "_encode", "_next_anti_entropy", "_own_seq", "_published_at",
+        "_spec", "_stats", "clock_offset_ms", "config", "identity", "intake", "network_id",
+        "own_cards", "peer_id", "rng", "state", "sync", "view",
+    )
+
     def __init__(
         self,
         identity: Identity,

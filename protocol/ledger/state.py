@@ -124,6 +124,16 @@ def bucket_summary_of(hashes: tuple[bytes, ...]) -> bytes:
 
 
 class LedgerState:
+    # a simulator holds one per virtual node: no per-instance dict
+    __slots__ = (
+        "_attestation_expiry", "_bucket_digest", "_bucket_summary_of", "_by_subject", "_changes",
+        "_digest", "_digest_cards", "_expiry", "_held_attestation", "_quota", "_record_expiry",
+        "_record_expiry_entry", "_record_version", "_sorted", "_stale_buckets",
+        "_subject_version", "_summary", "_summary_buf", "_unbucketed", "_unindexed", "_versions",
+        "attestations", "cards", "max_attestations", "max_records", "observer_quota", "records",
+        "tombstone_ms",
+    )
+
     def __init__(
         self,
         *,

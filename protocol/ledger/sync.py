@@ -81,6 +81,9 @@ def envelope_size(envelope: Envelope) -> int:
 
 
 class SyncSessions:
+    # a simulator holds one per virtual node: no per-instance dict
+    __slots__ = ("_digest_sent_at", "config", "sessions", "state")
+
     def __init__(self, state: LedgerState, config: LedgerConfig) -> None:
         self.state = state
         self.config = config

@@ -125,3 +125,30 @@ def test_try_advance_moves_the_clock_exactly_where_advance_may() -> None:
         (6001, False),  # after the run's end
         (6000, False),  # stopped
     ]
+
+
+def test_events_scheduled_into_the_running_bucket_interleave_in_time_and_seq_order() -> None:
+    """Events added to the bucket being run (a side heap) run in (time, seq) order among the
+    ones it was sorted with, and the horizon and ``try_advance`` see them."""
+    loop = EventLoop()
+    ran: list[tuple[int, str]] = []
+
+    def note(name: str) -> None:
+        ran.append((loop.now_us, name))
+
+    def add_late() -> None:
+        note("add")
+        loop.at(30, note, "late30")
+        loop.at(20, note, "late20")
+        loop.at(40, note, "late40-after-sorted40")
+        loop.at(7, note, "late7")
+        assert loop.horizon_us() == loop.next_time_us() == 7 and loop.pending() == 7
+        assert not loop.try_advance(7) and loop.try_advance(6)
+
+    for t, name in ((10, "sorted10"), (25, "sorted25"), (40, "sorted40")):
+        loop.at(t, note, name)
+    loop.at(5, add_late)
+    loop.run(1000)
+    assert ran == [(5, "add"), (7, "late7"), (10, "sorted10"), (20, "late20"), (25, "sorted25"),
+                   (30, "late30"), (40, "sorted40"), (40, "late40-after-sorted40")]
+    assert loop.pending() == 0

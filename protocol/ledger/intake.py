@@ -115,6 +115,12 @@ def _items(push: LedgerPush) -> int:
     return len(push.records) + len(push.attestations) + len(push.agents)
 
 
+def _store_capability(envelope: Envelope, record: CapabilityRecord) -> StoreCapability:
+    """``StoreCapability(envelope, record)`` without the named tuple's Python-level
+    ``__new__`` (twice as slow, and this runs once per delivered record)."""
+    return tuple.__new__(StoreCapability, (envelope, record))
+
+
 def _count(counts: dict[Rejection, int], reason: Rejection) -> None:
     counts[reason] = counts.get(reason, 0) + 1
 
@@ -182,7 +188,7 @@ class LedgerIntake:
         self._signed_attestation = memo(signed_attestation)
         self._peer_id_of = memo(peer_id_from_public_key)
         self._kinds = (
-            _Kind(state.records.get, self.open_record, state.merge_record, StoreCapability,
+            _Kind(state.records.get, self.open_record, state.merge_record, _store_capability,
                   on_own_record),
             _Kind(state.cards.held.get, self.open_cards, state.cards.merge, StoreAgentCards,
                   on_own_cards),

@@ -128,7 +128,7 @@ class LedgerState:
     __slots__ = (
         "_attestation_expiry", "_bucket_digest", "_bucket_summary_of", "_by_subject", "_changes",
         "_digest", "_digest_cards", "_expiry", "_held_attestation", "_quota", "_record_expiry",
-        "_record_expiry_entry", "_record_version", "_sorted", "_stale_buckets",
+        "_record_expiry_entry", "_record_version", "_soonest", "_sorted", "_stale_buckets",
         "_subject_version", "_summary", "_summary_buf", "_unbucketed", "_unindexed", "_versions",
         "attestations", "cards", "max_attestations", "max_records", "observer_quota", "records",
         "tombstone_ms",
@@ -177,6 +177,9 @@ class LedgerState:
         self._quota: dict[tuple[str, int], bytes | list[bytes]] = {}
         self._expiry: list[tuple[int, bytes]] = []  # heap of (expires_at, hash), lazy
         self._record_expiry: list[tuple[int, str, bytes]] = []  # heap, lazy
+        #: the sooner of the two heaps' first entries (None: both empty), kept as they change:
+        #: ``next_expiry`` is asked after every delivery and reads this, not the heaps
+        self._soonest: int | None = None
         # the pure constructors above, through the driver's memo
         self._held_attestation = memo(held_attestation)
         self._attestation_expiry = memo(attestation_expiry)
@@ -204,10 +207,12 @@ class LedgerState:
         # Held(...) without the named tuple's Python-level __new__ (twice as slow)
         self.records[record.peer_id] = tuple.__new__(Held, (envelope, record, h, now_ms))
         self._digest = self._versions = None
+        forget_at = record.expires_at_ms + self.tombstone_ms
         heapq.heappush(
-            self._record_expiry,
-            self._record_expiry_entry(record.expires_at_ms + self.tombstone_ms, record.peer_id, h),
+            self._record_expiry, self._record_expiry_entry(forget_at, record.peer_id, h)
         )
+        if self._soonest is None or forget_at < self._soonest:
+            self._soonest = forget_at
         return True
 
     def merge_attestation(
@@ -243,6 +248,8 @@ class LedgerState:
         self._unindexed.append(held)
         self._digest = None
         heapq.heappush(self._expiry, self._attestation_expiry(att.expires_at_ms, h))
+        if self._soonest is None or att.expires_at_ms < self._soonest:
+            self._soonest = att.expires_at_ms
         return True, evicted
 
     # ------------------------------------------------------------ by subject
@@ -345,16 +352,18 @@ class LedgerState:
                 del self.records[peer]
                 self._digest = self._versions = None
                 peers.append(peer)
+        atts, records = self._expiry, self._record_expiry
+        t = atts[0][0] if atts else None
+        if records and (t is None or records[0][0] < t):
+            t = records[0][0]
+        self._soonest = t
         return peers, gone
 
     def next_expiry(self) -> int | None:
         """When ``prune`` or ``cards.prune`` next has something to do (may be early: the
         heaps are lazy)."""
-        # asked after every delivery: the heaps' tops compared in line, no list and no min()
-        atts, records, cards = self._expiry, self._record_expiry, self.cards.expiry
-        t = atts[0][0] if atts else None
-        if records and (t is None or records[0][0] < t):
-            t = records[0][0]
+        # asked after every delivery: compared in line, no list and no min()
+        t, cards = self._soonest, self.cards.expiry
         if cards and (t is None or cards[0][0] < t):
             t = cards[0][0]
         return t

@@ -1,5 +1,6 @@
-"""LedgerState's cached views (lazy buckets, incremental summary, cached digest) always equal
-what a from-scratch recomputation of the held items gives, whatever order things happen in."""
+"""LedgerState's cached views (lazy buckets, incremental summary, cached digest, the soonest
+expiry) always equal what a from-scratch recomputation of the held items gives, whatever order
+things happen in."""
 
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ def _check(state: LedgerState, now: int) -> None:
         for rv in d.records
     )
     assert d.attestation_count == len(state.attestations)
+    heads = [h[0][0] for h in (state._expiry, state._record_expiry, state.cards.expiry) if h]
+    assert state.next_expiry() == (min(heads) if heads else None)
     assert d.attestation_buckets == state.bucket_summary() == _summary(state)
     for b in {h[0] for h in state.attestations} | {0, 255}:
         assert list(state.bucket(b)) == sorted(h for h in state.attestations if h[0] == b)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Iterator, Sequence
+from itertools import islice
 from typing import NamedTuple
 
 from crypto.envelope import Envelope
@@ -129,7 +130,7 @@ class LedgerState:
         "_attestation_expiry", "_bucket_digest", "_bucket_summary_of", "_by_subject", "_changes",
         "_digest", "_digest_cards", "_expiry", "_held_attestation", "_quota", "_record_expiry",
         "_record_expiry_entry", "_record_version", "_soonest", "_sorted", "_stale_buckets",
-        "_subject_version", "_summary", "_summary_buf", "_unbucketed", "_unindexed", "_versions",
+        "_subject_version", "_summary", "_summary_buf", "_bucketed", "_indexed", "_versions",
         "attestations", "cards", "max_attestations", "max_records", "observer_quota", "records",
         "tombstone_ms",
     )
@@ -154,15 +155,21 @@ class LedgerState:
         self._by_subject: dict[str, set[bytes]] = {}
         self._subject_version: dict[str, int] = {}
         self._changes = 0
-        #: attestations merged but not yet indexed by subject (done when the index is read or
-        #: an attestation leaves, so the numbering is the same as if done at once; a node that
-        #: never asks about subjects, like most simulated ones, never pays for the index)
-        self._unindexed: list[HeldAttestation] = []
+        # ``attestations`` keeps the order they were merged in, and every one leaves through
+        # ``_remove_attestation``, which first brings the index and the buckets up to date: so
+        # the ones not yet indexed or bucketed are always the last ones merged, and two counts
+        # say how many (no per-node list of them, appended to on every merge)
+        #: the first this many attestations held are indexed by subject (the rest are done
+        #: when the index is read or an attestation leaves, so the numbering is the same as if
+        #: done at once; a node that never asks about subjects, like most simulated ones,
+        #: never pays for the index)
+        self._indexed = 0
         #: every attestation hash held, sorted: bucket b is the run whose first byte is b (one
         #: list, not one per bucket: a simulator keeps this for each of thousands of nodes)
         self._sorted: list[bytes] = []
-        #: hashes merged but not yet put in their bucket (done when buckets are looked at)
-        self._unbucketed: list[bytes] = []
+        #: the first this many attestations held are in ``_sorted`` (the rest are put in their
+        #: buckets when buckets are looked at)
+        self._bucketed = 0
         self._summary: bytes | None = b""  # cached bucket_summary(); None: recompute
         #: every bucket's hash, up to date but for ``_stale_buckets``
         self._summary_buf = bytearray(_EMPTY_BUCKET * BUCKETS)
@@ -239,13 +246,11 @@ class LedgerState:
             slot = quota.get(key)  # type: ignore[assignment]  # a list, or None if emptied
         elif len(attestations) >= self.max_attestations:
             raise Rejected(Rejection.LEDGER_FULL, f"{len(attestations)} attestations held")
-        held = attestations[h] = self._held_attestation(envelope, att, observer, h)
+        attestations[h] = self._held_attestation(envelope, att, observer, h)
         if slot is None:
             quota[key] = h
         else:
             bisect.insort(slot, h)
-        self._unbucketed.append(h)
-        self._unindexed.append(held)
         self._digest = None
         heapq.heappush(self._expiry, self._attestation_expiry(att.expires_at_ms, h))
         if self._soonest is None or att.expires_at_ms < self._soonest:
@@ -257,7 +262,7 @@ class LedgerState:
     @property
     def by_subject(self) -> dict[str, set[bytes]]:
         """Subject -> the hashes of the attestations about it (do not mutate)."""
-        if self._unindexed:
+        if self._indexed < len(self.attestations):
             self._index_subjects()
         return self._by_subject
 
@@ -265,14 +270,14 @@ class LedgerState:
     def subject_version(self) -> dict[str, int]:
         """A fresh number whenever a subject's attestations change (reputation caches key on
         it); never reused, absent for a subject with no attestations (do not mutate)."""
-        if self._unindexed:
+        if self._indexed < len(self.attestations):
             self._index_subjects()
         return self._subject_version
 
     def _index_subjects(self) -> None:
         """Index the attestations merged since last time, in the order they were merged."""
         by_subject = self._by_subject
-        for held in self._unindexed:
+        for held in self._merged_after(self._indexed):
             subject = held.attestation.subject
             hashes = by_subject.get(subject)
             if hashes is None:
@@ -280,11 +285,17 @@ class LedgerState:
             else:
                 hashes.add(held.hash)
             self._touch(subject)
-        self._unindexed.clear()
+        self._indexed = len(self.attestations)
+
+    def _merged_after(self, count: int) -> list[HeldAttestation]:
+        """The attestations held past the first ``count``, in the order they were merged."""
+        later = list(islice(reversed(self.attestations.values()), len(self.attestations) - count))
+        later.reverse()
+        return later
 
     def _put_in_buckets(self) -> None:
         """Sort the hashes merged since last time into their buckets."""
-        pending = self._unbucketed
+        pending = [held.hash for held in self._merged_after(self._bucketed)]
         hashes = self._sorted
         if len(pending) > _INSORT_MAX:  # many at once (a restore, a sync reply): one sort
             hashes.extend(pending)
@@ -293,7 +304,7 @@ class LedgerState:
             for h in pending:
                 bisect.insort(hashes, h)
         self._stale_buckets.update(h[0] for h in pending)
-        pending.clear()
+        self._bucketed = len(self.attestations)
         self._summary = None
 
     def _bucket_range(self, b: int) -> tuple[int, int]:
@@ -304,11 +315,15 @@ class LedgerState:
         return lo, bisect.bisect_left(hashes, _BUCKET_START[b + 1], lo)
 
     def _remove_attestation(self, h: bytes) -> HeldAttestation | None:
-        held = self.attestations.pop(h, None)
-        if held is None:
+        if h not in self.attestations:
             return None
-        if self._unbucketed:
+        # up to date first, while the later merges are still the last ones held
+        if self._bucketed < len(self.attestations):
             self._put_in_buckets()
+        if self._indexed < len(self.attestations):
+            self._index_subjects()
+        held = self.attestations.pop(h)
+        self._bucketed = self._indexed = len(self.attestations)
         att = held.attestation
         key = (held.observer, att.observed_at_ms // MINUTE_MS)
         slot = self._quota[key]
@@ -322,8 +337,6 @@ class LedgerState:
         self._stale_buckets.add(h[0])
         self._summary = None
         self._digest = None
-        if self._unindexed:
-            self._index_subjects()
         subject = self._by_subject[att.subject]
         subject.discard(h)
         self._touch(att.subject)
@@ -377,7 +390,7 @@ class LedgerState:
                 yield held
 
     def bucket_summary(self) -> bytes:
-        if self._unbucketed:
+        if self._bucketed < len(self.attestations):
             self._put_in_buckets()
         summary = self._summary
         if summary is None and len(self._stale_buckets) >= _RESUMMARIZE_STALE:
@@ -400,7 +413,7 @@ class LedgerState:
 
     def bucket(self, b: int) -> Sequence[bytes]:
         """The sorted hashes in bucket ``b`` (do not mutate)."""
-        if self._unbucketed:
+        if self._bucketed < len(self.attestations):
             self._put_in_buckets()
         lo, hi = self._bucket_range(b)
         return self._sorted[lo:hi]

@@ -128,7 +128,7 @@ class LedgerState:
     # a simulator holds one per virtual node: no per-instance dict
     __slots__ = (
         "_attestation_expiry", "_bucket_digest", "_bucket_summary_of", "_by_subject", "_changes",
-        "_digest", "_digest_cards", "_expiry", "_held_attestation", "_quota", "_record_expiry",
+        "_digest", "_digest_cards", "_expiry", "_heaped", "_held_attestation", "_quota", "_record_expiry",
         "_record_expiry_entry", "_record_version", "_soonest", "_sorted", "_stale_buckets",
         "_subject_version", "_summary", "_summary_buf", "_bucketed", "_indexed", "_versions",
         "attestations", "cards", "max_attestations", "max_records", "observer_quota", "records",
@@ -156,9 +156,9 @@ class LedgerState:
         self._subject_version: dict[str, int] = {}
         self._changes = 0
         # ``attestations`` keeps the order they were merged in, and every one leaves through
-        # ``_remove_attestation``, which first brings the index and the buckets up to date: so
-        # the ones not yet indexed or bucketed are always the last ones merged, and two counts
-        # say how many (no per-node list of them, appended to on every merge)
+        # ``_remove_attestation``, which first brings the index, the buckets and the expiry
+        # heap up to date: so the ones not yet in each are always the last ones merged, and a
+        # count per view says how many (no per-node list of them, appended to on every merge)
         #: the first this many attestations held are indexed by subject (the rest are done
         #: when the index is read or an attestation leaves, so the numbering is the same as if
         #: done at once; a node that never asks about subjects, like most simulated ones,
@@ -183,6 +183,9 @@ class LedgerState:
         #: list (most observers attest once a minute, and a simulator holds this per node)
         self._quota: dict[tuple[str, int], bytes | list[bytes]] = {}
         self._expiry: list[tuple[int, bytes]] = []  # heap of (expires_at, hash), lazy
+        #: the first this many attestations held have their entry in ``_expiry`` (the rest
+        #: are pushed when ``prune`` or a removal comes: only those read the heap)
+        self._heaped = 0
         self._record_expiry: list[tuple[int, str, bytes]] = []  # heap, lazy
         #: the sooner of the two heaps' first entries (None: both empty), kept as they change:
         #: ``next_expiry`` is asked after every delivery and reads this, not the heaps
@@ -252,7 +255,6 @@ class LedgerState:
         else:
             bisect.insort(slot, h)
         self._digest = None
-        heapq.heappush(self._expiry, self._attestation_expiry(att.expires_at_ms, h))
         if self._soonest is None or att.expires_at_ms < self._soonest:
             self._soonest = att.expires_at_ms
         return True, evicted
@@ -286,6 +288,13 @@ class LedgerState:
                 hashes.add(held.hash)
             self._touch(subject)
         self._indexed = len(self.attestations)
+
+    def _push_expiries(self) -> None:
+        """Push the expiry entries of the attestations merged since last time."""
+        expiry, entry = self._expiry, self._attestation_expiry
+        for held in self._merged_after(self._heaped):
+            heapq.heappush(expiry, entry(held.attestation.expires_at_ms, held.hash))
+        self._heaped = len(self.attestations)
 
     def _merged_after(self, count: int) -> list[HeldAttestation]:
         """The attestations held past the first ``count``, in the order they were merged."""
@@ -322,8 +331,10 @@ class LedgerState:
             self._put_in_buckets()
         if self._indexed < len(self.attestations):
             self._index_subjects()
+        if self._heaped < len(self.attestations):
+            self._push_expiries()
         held = self.attestations.pop(h)
-        self._bucketed = self._indexed = len(self.attestations)
+        self._bucketed = self._indexed = self._heaped = len(self.attestations)
         att = held.attestation
         key = (held.observer, att.observed_at_ms // MINUTE_MS)
         slot = self._quota[key]
@@ -354,6 +365,8 @@ class LedgerState:
     def prune(self, now_ms: int) -> tuple[list[str], list[HeldAttestation]]:
         """Drop expired attestations and records past their tombstone time."""
         gone: list[HeldAttestation] = []
+        if self._heaped < len(self.attestations):
+            self._push_expiries()
         for _, h in pop_due(self._expiry, now_ms):
             held = self._remove_attestation(h)
             if held is not None:

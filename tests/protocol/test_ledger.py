@@ -238,3 +238,23 @@ def test_clock_offset_maps_the_drivers_clock_to_epoch_time() -> None:
     assert [p.peer_id for p in m.view.find_peers(5_000 + MINUTE)] == [m.peer_id]
     assert m.view.digest_hash(5_000) == m.view.digest_hash(5_001)
     assert m.status(5_000)["live_peers"] == 2
+
+
+def test_attestations_leave_in_expiry_order_however_their_merges_and_ticks_interleave() -> None:
+    """Expiry entries are pushed lazily (at a prune or a removal): attestations merged before
+    and after a tick that prunes nothing still leave at their own expiry, in order."""
+    m = machine(0)
+    three, one, two = (
+        attestation(B, A.peer_id, ttl=k * MINUTE, object_id=bytes([k])) for k in (3, 1, 2)
+    )
+    m.handle(Received(SENDER, gossip(atts=[three]), "ledger"), T0)
+    early = m.handle(Tick(), T0 + MINUTE // 2)
+    assert not any(isinstance(e, ForgetAttestations) for e in early)  # nothing due yet
+    m.handle(Received(SENDER, gossip(atts=[one, two]), "ledger"), T0 + MINUTE // 2)
+    assert m.next_deadline() == T0 + MINUTE
+    forgotten = []
+    for k in (1, 2, 3):
+        effects = m.handle(Tick(), T0 + k * MINUTE)
+        forgotten += [h for e in effects if isinstance(e, ForgetAttestations) for h in e.hashes]
+    assert forgotten == [one.content_hash, two.content_hash, three.content_hash]
+    assert not m.state.attestations and not m.state.by_subject

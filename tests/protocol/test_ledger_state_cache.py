@@ -39,7 +39,9 @@ def _check(state: LedgerState, now: int) -> None:
         for rv in d.records
     )
     assert d.attestation_count == len(state.attestations)
+    # (held attestations not yet in their heap count as if they were: they are pushed lazily)
     heads = [h[0][0] for h in (state._expiry, state._record_expiry, state.cards.expiry) if h]
+    heads += [held.attestation.expires_at_ms for held in state.attestations.values()]
     assert state.next_expiry() == (min(heads) if heads else None)
     assert d.attestation_buckets == state.bucket_summary() == _summary(state)
     for b in {h[0] for h in state.attestations} | {0, 255}:

@@ -38,6 +38,8 @@ def test_ledgers_given_one_memo_share_the_tuples_they_hold_and_others_do_not() -
     assert len(_held(a.state)) == len(ATTESTATIONS)
     assert _held(a.state) == _held(b.state) == _held(c.state) == _held(d.state)
     assert all(x is y for x, y in zip(_held(a.state), _held(b.state), strict=True))
+    a.state.prune(T0), b.state.prune(T0)  # (expiry entries are pushed when first needed)
+    assert len(a.state._expiry) == len(ATTESTATIONS)
     assert all(x is y for x, y in zip(a.state._expiry, b.state._expiry, strict=True))
     assert not any(x is y for x, y in zip(_held(c.state), _held(d.state), strict=True))
 

@@ -20,7 +20,7 @@ How each function is remembered:
 * ``envelope_hash``, ``signed_capability``, ``signed_attestation`` (protocol/ledger/
   records.py): by the identity of the envelope (the simulator hands every node the very same
   object), then by its value (each node's own copy, decoded from bytes);
-* ``held_attestation``, ``attestation_expiry``, ``record_expiry`` (protocol/ledger/state.py):
+* ``held_attestation``, ``attestation_expiry``, ``record_expiry`` (protocol/ledger/held.py):
   tuples of their arguments, made once per item and held by every node that holds it: ten
   thousand nodes holding the same items hold one copy of these, not ten thousand;
 * anything else (peer ids, bucket digests, whole bucket summaries, digest lines, relay
@@ -36,8 +36,8 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from protocol import codec
+from protocol.ledger import held as ledger_held
 from protocol.ledger import records as ledger_records
-from protocol.ledger import state as ledger_state
 from protocol.ledger.messages import LedgerDigest
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -180,10 +180,10 @@ _BY_IDENTITY = frozenset(
     }
 )
 #: functions whose arguments are large (a node's whole set of attestation hashes): fewer kept
-_FEWER: dict[Callable[..., Any], int] = {ledger_state.bucket_summary_of: 1024}
+_FEWER: dict[Callable[..., Any], int] = {ledger_held.bucket_summary_of: 1024}
 #: the functions that return the tuple of their arguments -> compared by identity or not
 _TUPLES: dict[Callable[..., Any], bool] = {
-    ledger_state.held_attestation: True,
-    ledger_state.attestation_expiry: False,
-    ledger_state.record_expiry: False,
+    ledger_held.held_attestation: True,
+    ledger_held.attestation_expiry: False,
+    ledger_held.record_expiry: False,
 }

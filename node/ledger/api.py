@@ -26,10 +26,10 @@ from starlette.routing import BaseRoute, Route
 
 from node.api.app import json_object, token_route
 from node.service import NodeContext
+from protocol.ledger.held import HeldAttestation
 from protocol.ledger.machine import LedgerMachine
 from protocol.ledger.records import MAX_TAGS, AttestationKind, CapabilityRecord, Role
 from protocol.ledger.reputation import Reputation
-from protocol.ledger.state import HeldAttestation
 from protocol.ledger.view import SORT_KEYS, PeerMatch
 
 MAX_LIST = 1000

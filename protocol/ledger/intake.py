@@ -42,7 +42,7 @@ from protocol.ledger.events import (
     ForgetAttestations,
     LedgerConfig,
     StoreAttestation,
-    StoreCapability,
+    store_capability,
 )
 from protocol.ledger.messages import LedgerDigest, LedgerPush, LedgerSyncRequest
 from protocol.ledger.records import (
@@ -115,12 +115,6 @@ def _items(push: LedgerPush) -> int:
     return len(push.records) + len(push.attestations) + len(push.agents)
 
 
-def _store_capability(envelope: Envelope, record: CapabilityRecord) -> StoreCapability:
-    """``StoreCapability(envelope, record)`` without the named tuple's Python-level
-    ``__new__`` (twice as slow, and this runs once per delivered record)."""
-    return tuple.__new__(StoreCapability, (envelope, record))
-
-
 def _count(counts: dict[Rejection, int], reason: Rejection) -> None:
     counts[reason] = counts.get(reason, 0) + 1
 
@@ -139,13 +133,11 @@ class _Kind(Generic[SignedT]):
 
 class LedgerIntake:
     """What the ledger machine accepts from peers (see the module docstring)."""
-    # a simulator holds one per virtual node: no per-instance dict
-    __slots__ = (
-        "_attestation_limiter", "_attestation_ttl_ms", "_envelope_hash", "_kinds", "_limits",
-        "_on_own_cards", "_on_own_record", "_peer_id_of", "_rejections", "_signed_attestation",
-        "_signed_capability", "_signers", "_skew_ms", "_stats", "accepted", "config",
-        "network_id", "peer_id", "state", "sync",
-    )
+    # one per simulated node: no per-instance dict
+    __slots__ = ("_attestation_limiter", "_attestation_ttl_ms", "_envelope_hash", "_kinds",
+                 "_limits", "_on_own_cards", "_on_own_record", "_peer_id_of", "_rejections",
+                 "_signed_attestation", "_signed_capability", "_signers", "_skew_ms", "_stats",
+                 "accepted", "config", "network_id", "peer_id", "state", "sync")
 
 
     def __init__(
@@ -188,7 +180,7 @@ class LedgerIntake:
         self._signed_attestation = memo(signed_attestation)
         self._peer_id_of = memo(peer_id_from_public_key)
         self._kinds = (
-            _Kind(state.records.get, self.open_record, state.merge_record, _store_capability,
+            _Kind(state.records.get, self.open_record, state.merge_record, store_capability,
                   on_own_record),
             _Kind(state.cards.held.get, self.open_cards, state.cards.merge, StoreAgentCards,
                   on_own_cards),
@@ -205,10 +197,7 @@ class LedgerIntake:
             _count(rejected, Rejection.MALFORMED)  # only pushes travel by gossip
         elif msg.reply:
             _count(rejected, Rejection.UNSOLICITED)
-        elif (
-            len(msg.records) + len(msg.attestations) + len(msg.agents)  # _items, in line
-            > self.config.max_gossip_items
-        ):
+        elif _items(msg) > self.config.max_gossip_items:
             _count(rejected, Rejection.OVERSIZED)
         else:
             self._apply(peer, msg, now, False, effects, rejected)

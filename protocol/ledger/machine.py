@@ -8,10 +8,9 @@ Contract
   stores and publishes an attestation. Both go out as a ``LedgerPush`` on ``LEDGER_TOPIC``.
 * Every received record and attestation is checked (protocol/ledger/records.py) and merged into
   the CRDT (protocol/ledger/state.py) by the ``LedgerIntake`` the machine holds
-  (protocol/ledger/intake.py), which it calls for every peer message. A
-  refused item is counted per peer and reason; each message's refusals become one ``Penalize``
-  per reason (the driver disconnects over its threshold). Peer data never raises out of
-  ``handle``.
+  (protocol/ledger/intake.py), which it calls for every peer message. A refused item is counted
+  per peer and reason; each message's refusals become one ``Penalize`` per reason (the driver
+  disconnects over its threshold). Peer data never raises out of ``handle``.
 * Anti-entropy: on ``PeerConnected`` and every ``anti_entropy_ms`` (to ``sync_fanout`` random
   peers) we send a ``LedgerDigest``. A receiver that sees what it lacks pulls with
   ``LedgerSyncRequest`` in bounded batches; the holder answers with ``LedgerPush(reply=True,
@@ -97,31 +96,17 @@ from protocol.machine import (
 )
 
 __all__ = [
-    "Attest",
-    "CapabilitySpec",
-    "ForgetAgentCards",
-    "ForgetAttestations",
-    "ForgetCapabilities",
-    "LedgerConfig",
-    "LedgerMachine",
-    "RefuseAgentCards",
-    "RestoreReport",
-    "SetAgents",
-    "SetCapability",
-    "SetLoad",
-    "StoreAgentCards",
-    "StoreAttestation",
-    "StoreCapability",
+    "Attest", "CapabilitySpec", "ForgetAgentCards", "ForgetAttestations", "ForgetCapabilities",
+    "LedgerConfig", "LedgerMachine", "RefuseAgentCards", "RestoreReport", "SetAgents",
+    "SetCapability", "SetLoad", "StoreAgentCards", "StoreAttestation", "StoreCapability",
 ]
 
 
 class LedgerMachine:
-    # a simulator holds one per virtual node: no per-instance dict
-    __slots__ = (
-        "_connected", "_dirty", "_encode", "_next_anti_entropy", "_own_seq", "_published_at",
-        "_spec", "_stats", "clock_offset_ms", "config", "identity", "intake", "network_id",
-        "own_cards", "peer_id", "rng", "state", "sync", "view",
-    )
+    # one per simulated node: no per-instance dict
+    __slots__ = ("_connected", "_dirty", "_encode", "_next_anti_entropy", "_own_seq",
+                 "_published_at", "_spec", "_stats", "clock_offset_ms", "config", "identity",
+                 "intake", "network_id", "own_cards", "peer_id", "rng", "state", "sync", "view")
 
     def __init__(
         self,

@@ -28,12 +28,21 @@ import bisect
 import heapq
 from collections.abc import Iterator, Sequence
 from itertools import islice
-from typing import NamedTuple
 
 from crypto.envelope import Envelope
-from crypto.hashing import digest
 from protocol.ledger.cards import CardRecords, Held
 from protocol.ledger.expiry import pop_due
+from protocol.ledger.held import (
+    BUCKET_START,
+    EMPTY_BUCKET,
+    HeldAttestation,
+    attestation_expiry,
+    bucket_digest,
+    bucket_summary_of,
+    held_attestation,
+    record_expiry,
+    record_version,
+)
 from protocol.ledger.messages import (
     BUCKETS,
     MAX_DIGEST_RECORDS,
@@ -51,15 +60,10 @@ from protocol.ledger.records import (
 from protocol.machine import Memo, no_memo
 
 MINUTE_MS = 60 * 1000
-_EMPTY_BUCKET = bytes(PREFIX_LEN)
-#: where bucket b starts in the sorted hashes
-_BUCKET_START = tuple(bytes([b]) for b in range(BUCKETS))
 #: hashes put in place one by one, up to this many at once; more are sorted in together
 _INSORT_MAX = 16
-#: with this many buckets changed, the summary is made anew from all hashes in one call
-#: (``bucket_summary_of``, which a memo may share) rather than bucket by bucket
+#: this many buckets changed: the summary is made anew in one call a memo may share
 _RESUMMARIZE_STALE = 16
-_BUCKET_PERSON = b"symphony-bucket"
 _NEVER = 1 << 62
 _EMPTY_DIGEST = LedgerDigest(records=(), attestation_count=0, attestation_buckets=b"", reply=False)
 
@@ -67,73 +71,14 @@ _EMPTY_DIGEST = LedgerDigest(records=(), attestation_count=0, attestation_bucket
 HeldRecord = Held[CapabilityRecord]
 
 
-class HeldAttestation(NamedTuple):
-    """One held attestation (a named tuple: a simulator holds millions, made per delivery)."""
-
-    envelope: Envelope
-    attestation: Attestation
-    observer: str
-    hash: bytes
-
-
-# Pure constructors of what a state holds: values of their arguments alone, never mutated,
-# so a driver may share one result among the many states it holds (a ``Memo`` handed to
-# LedgerState: the simulator's thousands of virtual nodes), as it shares the envelope checks.
-
-
-def held_attestation(
-    envelope: Envelope, att: Attestation, observer: str, h: bytes
-) -> HeldAttestation:
-    """``HeldAttestation(...)`` without the named tuple's Python-level ``__new__`` (twice as
-    slow, and this runs once per delivered attestation)."""
-    return tuple.__new__(HeldAttestation, (envelope, att, observer, h))
-
-
-def attestation_expiry(at_ms: int, h: bytes) -> tuple[int, bytes]:
-    """An entry of the attestations' expiry heap."""
-    return (at_ms, h)
-
-
-def record_expiry(at_ms: int, peer: str, h: bytes) -> tuple[int, str, bytes]:
-    """An entry of the records' expiry heap."""
-    return (at_ms, peer, h)
-
-
-def record_version(peer_id: str, seq: int, h: bytes) -> RecordVersion:
-    """A held record's line in a digest (pure: a simulator's nodes that hold the same record
-    share one)."""
-    return RecordVersion(peer_id=peer_id, seq=seq, hash_prefix=h[:PREFIX_LEN])
-
-
-def bucket_digest(members: bytes) -> bytes:
-    """The hash of one bucket of attestation hashes (their concatenation, sorted)."""
-    return digest(members, person=_BUCKET_PERSON)[:PREFIX_LEN]
-
-
-def bucket_summary_of(hashes: tuple[bytes, ...]) -> bytes:
-    """Every bucket's hash, in bucket order, of the sorted attestation hashes ``hashes``.
-    Pure: states that hold the same attestations get the same summary (a driver may share
-    it through a ``protocol.machine.Memo``, as the simulator's nodes converge on one set)."""
-    buf = bytearray(_EMPTY_BUCKET * BUCKETS)
-    lo, n = 0, len(hashes)
-    while lo < n:
-        b = hashes[lo][0]
-        hi = n if b + 1 == BUCKETS else bisect.bisect_left(hashes, _BUCKET_START[b + 1], lo)
-        buf[b * PREFIX_LEN : (b + 1) * PREFIX_LEN] = bucket_digest(b"".join(hashes[lo:hi]))
-        lo = hi
-    return bytes(buf)
-
-
 class LedgerState:
-    # a simulator holds one per virtual node: no per-instance dict
-    __slots__ = (
-        "_attestation_expiry", "_bucket_digest", "_bucket_summary_of", "_by_subject", "_changes",
-        "_digest", "_digest_cards", "_expiry", "_heaped", "_held_attestation", "_quota", "_record_expiry",
-        "_record_expiry_entry", "_record_version", "_soonest", "_sorted", "_stale_buckets",
-        "_subject_version", "_summary", "_summary_buf", "_bucketed", "_indexed", "_versions",
-        "attestations", "cards", "max_attestations", "max_records", "observer_quota", "records",
-        "tombstone_ms",
-    )
+    # one per simulated node: no per-instance dict
+    __slots__ = ("_attestation_expiry", "_bucket_digest", "_bucket_summary_of", "_by_subject",
+                 "_changes", "_digest", "_digest_cards", "_expiry", "_heaped", "_held_attestation",
+                 "_quota", "_record_expiry", "_record_expiry_entry", "_record_version", "_soonest",
+                 "_sorted", "_stale_buckets", "_subject_version", "_summary", "_summary_buf",
+                 "_bucketed", "_indexed", "_versions", "attestations", "cards", "max_attestations",
+                 "max_records", "observer_quota", "records", "tombstone_ms")
 
     def __init__(
         self,
@@ -155,24 +100,19 @@ class LedgerState:
         self._by_subject: dict[str, set[bytes]] = {}
         self._subject_version: dict[str, int] = {}
         self._changes = 0
-        # ``attestations`` keeps the order they were merged in, and every one leaves through
-        # ``_remove_attestation``, which first brings the index, the buckets and the expiry
-        # heap up to date: so the ones not yet in each are always the last ones merged, and a
-        # count per view says how many (no per-node list of them, appended to on every merge)
-        #: the first this many attestations held are indexed by subject (the rest are done
-        #: when the index is read or an attestation leaves, so the numbering is the same as if
-        #: done at once; a node that never asks about subjects, like most simulated ones,
-        #: never pays for the index)
+        # ``attestations`` keeps merge order, and ``_remove_attestation`` brings the three lazy
+        # views (index, buckets, expiry heap) up to date before anything leaves: so what each
+        # lacks is the last ones merged, and a count says how many (no list appended per merge)
+        #: the first this many held are indexed by subject (the rest when the index is read or
+        #: one leaves, numbered as if done at once; most simulated nodes never pay for it)
         self._indexed = 0
         #: every attestation hash held, sorted: bucket b is the run whose first byte is b (one
         #: list, not one per bucket: a simulator keeps this for each of thousands of nodes)
         self._sorted: list[bytes] = []
-        #: the first this many attestations held are in ``_sorted`` (the rest are put in their
-        #: buckets when buckets are looked at)
-        self._bucketed = 0
+        self._bucketed = 0  # the first this many held are in ``_sorted`` (the rest when read)
         self._summary: bytes | None = b""  # cached bucket_summary(); None: recompute
         #: every bucket's hash, up to date but for ``_stale_buckets``
-        self._summary_buf = bytearray(_EMPTY_BUCKET * BUCKETS)
+        self._summary_buf = bytearray(EMPTY_BUCKET * BUCKETS)
         self._stale_buckets: set[int] = set()
         #: cached digest(): (computed at, valid before, digest); None after any change
         self._digest: tuple[int, int, LedgerDigest] | None = None
@@ -183,12 +123,9 @@ class LedgerState:
         #: list (most observers attest once a minute, and a simulator holds this per node)
         self._quota: dict[tuple[str, int], bytes | list[bytes]] = {}
         self._expiry: list[tuple[int, bytes]] = []  # heap of (expires_at, hash), lazy
-        #: the first this many attestations held have their entry in ``_expiry`` (the rest
-        #: are pushed when ``prune`` or a removal comes: only those read the heap)
-        self._heaped = 0
+        self._heaped = 0  # the first this many held are in ``_expiry`` (the rest when popped)
         self._record_expiry: list[tuple[int, str, bytes]] = []  # heap, lazy
-        #: the sooner of the two heaps' first entries (None: both empty), kept as they change:
-        #: ``next_expiry`` is asked after every delivery and reads this, not the heaps
+        #: the sooner of the two heaps' first entries (None: none), read by ``next_expiry``
         self._soonest: int | None = None
         # the pure constructors above, through the driver's memo
         self._held_attestation = memo(held_attestation)
@@ -218,9 +155,7 @@ class LedgerState:
         self.records[record.peer_id] = tuple.__new__(Held, (envelope, record, h, now_ms))
         self._digest = self._versions = None
         forget_at = record.expires_at_ms + self.tombstone_ms
-        heapq.heappush(
-            self._record_expiry, self._record_expiry_entry(forget_at, record.peer_id, h)
-        )
+        heapq.heappush(self._record_expiry, self._record_expiry_entry(forget_at, record.peer_id, h))
         if self._soonest is None or forget_at < self._soonest:
             self._soonest = forget_at
         return True
@@ -318,10 +253,10 @@ class LedgerState:
 
     def _bucket_range(self, b: int) -> tuple[int, int]:
         hashes = self._sorted
-        lo = bisect.bisect_left(hashes, _BUCKET_START[b])
+        lo = bisect.bisect_left(hashes, BUCKET_START[b])
         if b + 1 == BUCKETS:
             return lo, len(hashes)
-        return lo, bisect.bisect_left(hashes, _BUCKET_START[b + 1], lo)
+        return lo, bisect.bisect_left(hashes, BUCKET_START[b + 1], lo)
 
     def _remove_attestation(self, h: bytes) -> HeldAttestation | None:
         if h not in self.attestations:
@@ -378,11 +313,8 @@ class LedgerState:
                 del self.records[peer]
                 self._digest = self._versions = None
                 peers.append(peer)
-        atts, records = self._expiry, self._record_expiry
-        t = atts[0][0] if atts else None
-        if records and (t is None or records[0][0] < t):
-            t = records[0][0]
-        self._soonest = t
+        heaps = (self._expiry, self._record_expiry)
+        self._soonest = min((heap[0][0] for heap in heaps if heap), default=None)
         return peers, gone
 
     def next_expiry(self) -> int | None:
@@ -417,7 +349,7 @@ class LedgerState:
             for b in self._stale_buckets:
                 lo, hi = self._bucket_range(b)
                 buf[b * PREFIX_LEN : (b + 1) * PREFIX_LEN] = (
-                    self._bucket_digest(b"".join(hashes[lo:hi])) if hi > lo else _EMPTY_BUCKET
+                    self._bucket_digest(b"".join(hashes[lo:hi])) if hi > lo else EMPTY_BUCKET
                 )
             self._stale_buckets.clear()
             summary = bytes(buf) if self.attestations else b""

@@ -25,9 +25,10 @@ from crypto.hashing import digest
 from protocol.agents.cards import AgentCards
 from protocol.codec import encode
 from protocol.ledger.cards import HeldCards
+from protocol.ledger.held import HeldAttestation
 from protocol.ledger.records import AttestationKind, CapabilityRecord, ModelOffer, Role
 from protocol.ledger.reputation import NEUTRAL, REPUTATION_EPOCH_MS, Reputation, reputation
-from protocol.ledger.state import HeldAttestation, HeldRecord, LedgerState
+from protocol.ledger.state import HeldRecord, LedgerState
 
 
 @dataclass(frozen=True, slots=True)

@@ -378,7 +378,7 @@ class LedgerState:
             return _EMPTY_DIGEST  # one object for every empty ledger
         versions = self._versions
         if versions is None or not versions[0] <= now_ms < versions[1]:
-            live = list(self.live_records(now_ms))
+            live = [h for _, h in sorted(self.records.items()) if h.live(now_ms)]  # by peer
             versions = self._versions = (
                 now_ms,
                 min((h.record.expires_at_ms for h in live), default=_NEVER),

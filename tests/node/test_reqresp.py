@@ -6,6 +6,8 @@ Every wait is on an event, a stream's end or a fault report, bounded by a trio d
 from __future__ import annotations
 
 import hashlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -48,6 +50,18 @@ async def ended(stream: Any) -> bytes:
     return left
 
 
+@asynccontextmanager
+async def echo_pair(limits: NetLimits | None = None) -> AsyncIterator[tuple[Any, Any, Faults]]:
+    """(a, b, b's faults): b serves ``echo`` on ECHO under ``limits``, a is connected to it."""
+    b_limits = {} if limits is None else {"limits": limits}
+    async with open_p2p(seed(1)) as a, open_p2p(seed(2), **b_limits) as b:
+        faults = Faults()
+        b.set_fault_handler(faults)
+        b.set_request_handler(ECHO, echo, max_request_bytes=100)
+        await a.connect(b.listen_addrs()[0])
+        yield a, b, faults
+
+
 @trio_test
 async def test_requests_share_one_stream_and_the_server_loop_serves_them_all() -> None:
     served: list[bytes] = []
@@ -71,12 +85,7 @@ async def test_requests_share_one_stream_and_the_server_loop_serves_them_all() -
 
 @trio_test
 async def test_a_stall_mid_frame_on_a_reused_stream_is_a_fault() -> None:
-    async with open_p2p(seed(1)) as a, open_p2p(seed(2), limits=NetLimits(
-            read_deadline_s=0.3)) as b:
-        faults = Faults()
-        b.set_fault_handler(faults)
-        b.set_request_handler(ECHO, echo, max_request_bytes=100)
-        await a.connect(b.listen_addrs()[0])
+    async with echo_pair(NetLimits(read_deadline_s=0.3)) as (a, b, faults):
         for stuck in (FRAME_HEADER.pack(10) + b"abc", FRAME_HEADER.pack(10)[:2]):
             stream = await a.open_stream(b.peer_id, ECHO)
             assert await exchange(stream, b"fine") == b"fine"
@@ -90,11 +99,7 @@ async def test_a_stall_mid_frame_on_a_reused_stream_is_a_fault() -> None:
 
 @trio_test
 async def test_an_oversize_frame_on_a_reused_stream_is_refused_before_its_body() -> None:
-    async with open_p2p(seed(1)) as a, open_p2p(seed(2)) as b:
-        faults = Faults()
-        b.set_fault_handler(faults)
-        b.set_request_handler(ECHO, echo, max_request_bytes=100)
-        await a.connect(b.listen_addrs()[0])
+    async with echo_pair() as (a, b, faults):
         stream = await a.open_stream(b.peer_id, ECHO)
         assert await exchange(stream, b"x" * 100) == b"x" * 100
         await stream.write(FRAME_HEADER.pack(101))  # announced only: refused on the prefix
@@ -113,12 +118,7 @@ async def test_an_oversize_frame_on_a_reused_stream_is_refused_before_its_body()
 
 @trio_test
 async def test_inbound_request_streams_past_the_per_peer_cap_are_refused() -> None:
-    async with open_p2p(seed(1)) as a, open_p2p(seed(2), limits=NetLimits(
-            max_streams_per_protocol=2)) as b:
-        faults = Faults()
-        b.set_fault_handler(faults)
-        b.set_request_handler(ECHO, echo, max_request_bytes=100)
-        await a.connect(b.listen_addrs()[0])
+    async with echo_pair(NetLimits(max_streams_per_protocol=2)) as (a, b, faults):
         held = [await a.open_stream(b.peer_id, ECHO) for _ in range(2)]
         for stream in held:  # both served, both kept open by b's loop
             assert await exchange(stream, b"held") == b"held"
@@ -206,12 +206,7 @@ async def test_a_request_on_a_stream_the_server_closed_unread_is_sent_once_more(
 
 @trio_test
 async def test_idle_streams_are_closed_by_both_sides_without_fault() -> None:
-    async with open_p2p(seed(1)) as a, open_p2p(seed(2), limits=NetLimits(
-            idle_timeout_s=0.2)) as b:
-        faults = Faults()
-        b.set_fault_handler(faults)
-        b.set_request_handler(ECHO, echo, max_request_bytes=100)
-        await a.connect(b.listen_addrs()[0])
+    async with echo_pair(NetLimits(idle_timeout_s=0.2)) as (a, b, faults):
         # the server: a stream silent between exchanges past its idle limit gets a FIN
         stream = await a.open_stream(b.peer_id, ECHO)
         assert await exchange(stream, b"then silence") == b"then silence"

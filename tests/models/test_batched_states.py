@@ -60,9 +60,12 @@ def test_batched_states_are_each_sequences_own(tiny_ggufs: dict[str, Path],
     assert decoder.reused >= 2 * len(backend.tokenize("<|im_start|>user\n"))
     from models.batched import HELD_STATES_IDS
 
-    # the freed ids keep their prompts' cells, but only the newest keep states
+    # the freed ids keep their prompts' cells, but only the newest keep states; how many ids
+    # the three took depends on the threads' timing (a first generation done before the
+    # second thread starts frees its id for it), so the count follows the ids used
     kept = [states for _, states in decoder._held.values() if states is not None]
-    assert len(decoder._held) == 3 and len(kept) == HELD_STATES_IDS
+    assert 1 <= len(decoder._held) <= 3
+    assert len(kept) == min(HELD_STATES_IDS, len(decoder._held))
     for prompt_text, (gen, states) in zip(PROMPTS, results, strict=True):
         ids = list(gen.prompt_token_ids) + list(gen.token_ids)
         prompt = len(backend.tokenize(prompt_text))

@@ -20,7 +20,11 @@ Contract
   node, whatever its own setting, stays under it).
 * Every hostile byte costs the peer that sent it, once per message: a record that does not
   open ``RECORD_PENALTIES[why]`` (forged, foreign, expired, from the future), an answer we did
-  not ask for ``PENALTY_UNSOLICITED``, a request over the rate ``PENALTY_FLOOD``.
+  not ask for ``PENALTY_UNSOLICITED``, a request over the rate ``PENALTY_FLOOD``. An answer to
+  a query we gave up on (``QUERY_TIMEOUT_MS``, or its send reported failed) is no fault within
+  ``LATE_ANSWER_MS``: a peer short of CPU answers late, and a send can fail after the message
+  went out. Its records are taken like any answer's; those gave-up queries are bounded by the
+  query budget.
 
 Time: records carry Unix epoch ms; the machine's ``now`` is the driver's clock and
 ``clock_offset_ms`` maps it to the epoch (0 in tests and the simulator).
@@ -69,6 +73,8 @@ MAX_REQUESTS_PER_MINUTE = 60
 MAX_TRACKED_PEERS = 4096
 #: an unanswered query is given up after this long (the peer may be asked again)
 QUERY_TIMEOUT_MS = 10_000
+#: an answer this long after we gave up on its query is still no fault (module doc)
+LATE_ANSWER_MS = 60_000
 #: small: an honest answer that arrives after we gave up on it costs this too
 PENALTY_UNSOLICITED = 2
 PENALTY_FLOOD = 5
@@ -144,6 +150,7 @@ class Discovery:
     relayed_by: dict[str, int] = field(default_factory=dict)  # source -> records it relayed
     cookies: dict[str, int] = field(default_factory=dict)  # peer -> cookie of its last answer
     pending: dict[str, int] = field(default_factory=dict)  # peer -> when we asked it
+    gave_up: dict[str, int] = field(default_factory=dict)  # peer -> when we stopped waiting
     discovered: int = 0  # peers learnt from answers (not registrations), for status
     refused: int = 0  # records refused, for status
     queries: int = 0  # queries sent, for status
@@ -185,10 +192,12 @@ class Discovery:
         elif isinstance(event, PeerDisconnected):
             self.conns.discard(event.peer)
             self.pending.pop(event.peer, None)
+            self.gave_up.pop(event.peer, None)
             self.cookies.pop(event.peer, None)
         elif isinstance(event, SendFailed):
-            if isinstance(event.message, DiscoverRequest):
-                self.pending.pop(event.peer, None)
+            if (isinstance(event.message, DiscoverRequest)
+                    and self.pending.pop(event.peer, None) is not None):
+                self.gave_up[event.peer] = now
         elif isinstance(event, SetRecordAddrs):
             self._set_record_addrs(event.addrs, now, out)
         elif not isinstance(event, Tick):
@@ -222,7 +231,10 @@ class Discovery:
             out.append(Send(peer, self._answer(peer, msg, now)))
 
     def _on_response(self, peer: str, msg: DiscoverResponse, now: int, out: list[Effect]) -> None:
-        if self.pending.pop(peer, None) is None:
+        asked = self.pending.pop(peer, None)
+        if asked is None:
+            asked = self.gave_up.pop(peer, None)  # a late answer (module doc)
+        if asked is None:
             out.append(Penalize(peer, "a discovery answer we did not ask for",
                                 PENALTY_UNSOLICITED))
             return
@@ -363,6 +375,9 @@ class Discovery:
     def _on_timers(self, now: int, out: list[Effect]) -> None:
         for peer in [p for p, at in self.pending.items() if at + QUERY_TIMEOUT_MS <= now]:
             del self.pending[peer]
+            self.gave_up[peer] = now
+        for peer in [p for p, at in self.gave_up.items() if at + LATE_ANSWER_MS <= now]:
+            del self.gave_up[peer]
         if not self.conns:
             return
         if now >= self._next_register_at_ms:

@@ -24,6 +24,7 @@ from protocol.machine import (
     Tick,
 )
 from protocol.membership.discovery import (
+    LATE_ANSWER_MS,
     MAX_REQUESTS_PER_MINUTE,
     PENALTY_FLOOD,
     PENALTY_UNSOLICITED,
@@ -206,6 +207,26 @@ def test_an_answer_nobody_asked_for_costs_the_sender() -> None:
                             DiscoverResponse(records=(record(ident(6)),), cookie=1)), 0)
     assert of(out, Penalize)[0].points == PENALTY_UNSOLICITED
     assert a.table == {}
+
+
+def test_a_late_answer_is_taken_without_blame_until_late_answer_ms() -> None:
+    a, slow = machine(1, queries_per_minute=1), ident(5).peer_id  # no re-query meanwhile
+    (query,) = [e for e in of(a.handle(PeerConnected(slow), 0), Send)
+                if isinstance(e.message, DiscoverRequest)]
+    a.handle(Tick(), QUERY_TIMEOUT_MS)  # we gave up on it
+    assert a.pending == {}
+    answer = DiscoverResponse(records=(record(ident(6)),), cookie=1)
+    out = a.handle(Received(slow, answer), QUERY_TIMEOUT_MS + 5_000)
+    assert of(out, Penalize) == [] and ident(6).peer_id in a.table
+    # once taken, a second copy is unsolicited; so is one after LATE_ANSWER_MS
+    out = a.handle(Received(slow, answer), QUERY_TIMEOUT_MS + 6_000)
+    assert of(out, Penalize)[0].points == PENALTY_UNSOLICITED
+    a.handle(SendFailed(slow, query.message, "timeout"), 0)  # not pending: nothing to give up
+    a.pending[slow] = 20_000  # asked again, and its send reported failed
+    a.handle(SendFailed(slow, query.message, "timeout"), 20_000)
+    a.handle(Tick(), 20_000 + LATE_ANSWER_MS)
+    out = a.handle(Received(slow, answer), 20_000 + LATE_ANSWER_MS)
+    assert of(out, Penalize)[0].points == PENALTY_UNSOLICITED
 
 
 def test_one_peer_relays_at_most_records_per_peer_into_the_table() -> None:

@@ -214,7 +214,8 @@ class LedgerIntake:
         if isinstance(msg, LedgerPush):
             solicited = msg.reply and self.sync.awaiting(peer)
             if msg.reply and not solicited:
-                _count(rejected, Rejection.UNSOLICITED)
+                if not self.sync.late_reply(peer, now):  # a late one is no fault (sync.py)
+                    _count(rejected, Rejection.UNSOLICITED)
             elif not solicited and _items(msg) > self.config.max_gossip_items:
                 _count(rejected, Rejection.OVERSIZED)
             else:

@@ -13,7 +13,10 @@ buckets whose summary hash differs, each with the hash prefixes we already hold 
 those we refused during this session, so they are not sent again). The holder answers with at
 most ``batch_attestations`` items / ``batch_bytes`` and says whether it stopped early. Every
 round is bounded in time (``sync_timeout_ms``) and a session in rounds (``max_sync_rounds``):
-a session always ends, whatever the peer sends.
+a session always ends, whatever the peer sends. A reply that comes after we gave up on it (its
+round timed out, or its request's send reported failed: a peer short of CPU answers late, and
+a send can fail after the request went out) is no fault within ``LATE_REPLY_MS``; it is
+dropped unmerged (:meth:`SyncSessions.late_reply`), and the next digest asks again.
 """
 
 from __future__ import annotations
@@ -80,21 +83,33 @@ def envelope_size(envelope: Envelope) -> int:
     return len(envelope.payload) + _ENVELOPE_OVERHEAD
 
 
+#: a reply this long after we gave up awaiting it is still no fault (module doc)
+LATE_REPLY_MS = 60_000
+
+
 class SyncSessions:
     # a simulator holds one per virtual node: no per-instance dict
-    __slots__ = ("_digest_sent_at", "config", "sessions", "state")
+    __slots__ = ("_digest_sent_at", "_gave_up", "config", "sessions", "state")
 
     def __init__(self, state: LedgerState, config: LedgerConfig) -> None:
         self.state = state
         self.config = config
         self.sessions: dict[str, _Session] = {}
         self._digest_sent_at: dict[str, int] = {}
+        #: peer -> when we gave up awaiting its reply (module doc)
+        self._gave_up: dict[str, int] = {}
 
     # ------------------------------------------------------------ queries
 
     def awaiting(self, peer: str) -> bool:
         s = self.sessions.get(peer)
         return s is not None and s.awaiting
+
+    def late_reply(self, peer: str, now: int) -> bool:
+        """Whether a reply from ``peer`` we no longer await answers a request we gave up on
+        less than LATE_REPLY_MS ago (once per request: a second one is unsolicited)."""
+        gave_up = self._gave_up.pop(peer, None)
+        return gave_up is not None and now - gave_up < LATE_REPLY_MS
 
     def next_deadline(self) -> int | None:
         if not self.sessions:
@@ -244,6 +259,10 @@ class SyncSessions:
 
     def _end(self, peer: str, now: int, why: str) -> list[Effect]:
         s = self.sessions.pop(peer)
+        if s.awaiting and why != "complete":
+            for p in [p for p, at in self._gave_up.items() if now - at >= LATE_REPLY_MS]:
+                del self._gave_up[p]
+            self._gave_up[peer] = now
         self._move(s, SyncState.IDLE)
         done = Emit(
             "sync_end", {"peer": peer, "why": why, "rounds": s.rounds, "items": s.received}

@@ -6,8 +6,8 @@ import math
 
 from protocol.ledger.machine import LedgerConfig, LedgerMachine, SetCapability
 from protocol.ledger.messages import BucketHave, LedgerDigest, LedgerPush, LedgerSyncRequest
-from protocol.ledger.sync import SyncState
-from protocol.machine import Received, Send
+from protocol.ledger.sync import LATE_REPLY_MS, SyncState
+from protocol.machine import PeerConnected, Penalize, Received, Send, Tick
 from tests.protocol.ledger_net import (
     HOUR,
     T0,
@@ -116,6 +116,33 @@ def test_a_silent_peer_times_out_and_the_queue_moves_on() -> None:
     net.advance(T0 + 5_000)
     assert silent.peer_id not in joiner.sync.sessions
     assert joiner.view.digest_hash(net.now) == good.view.digest_hash(net.now)
+
+
+def test_a_reply_after_the_timeout_is_no_fault_once_within_late_reply_ms() -> None:
+    cfg = LedgerConfig(sync_timeout_ms=5_000)
+    joiner, slow = machine(1, cfg), machine(2, cfg)
+    _load(slow, 10)
+    peer = slow.peer_id
+    joiner.handle(PeerConnected(peer), T0)
+    digest = slow.sync.send_digest(joiner.peer_id, T0, reply=False)
+
+    def asks(at: int) -> bool:
+        out = joiner.handle(Received(peer, digest.message), at)
+        return any(isinstance(e, Send) and isinstance(e.message, LedgerSyncRequest) for e in out)
+
+    assert asks(T0)
+    joiner.handle(Tick(), T0 + 5_000)  # we gave up on it
+    assert peer not in joiner.sync.sessions
+    late = LedgerPush(records=(), attestations=(), reply=True, more=False)
+
+    def penalized(at: int) -> bool:
+        return any(isinstance(e, Penalize) for e in joiner.handle(Received(peer, late), at))
+
+    assert not penalized(T0 + 9_000)
+    assert penalized(T0 + 9_001)  # once per request we gave up on
+    assert asks(T0 + 10_000)  # asked again, and again given up on
+    joiner.handle(Tick(), T0 + 15_000)
+    assert penalized(T0 + 15_000 + LATE_REPLY_MS)
 
 
 def test_periodic_anti_entropy_repairs_a_partition_without_digest_ping_pong() -> None:

@@ -2,7 +2,10 @@
 
 :func:`measure` starts ``nodes`` light daemons (``node run --light``: membership, discovery,
 ledger, relay; no model) ``batch`` at a time, each bootstrapping from ``BOOTSTRAP_SPREAD``
-running ones as ``symphony testnet`` does, waits until every node holds every node's
+running ones as ``symphony testnet`` does; a batch starts once the one before it holds every
+running node's capability record (the network it joined has taken it in: a hundred daemons
+joining faster than two cores take them in drop each other's connections for want of CPU,
+and the dropping feeds itself). It then waits until every node holds every node's
 capability record and lets them settle (``SETTLE_S``), then:
 
 * snapshots every daemon's gossip counter (``gossip_received`` in ``/status``: message copies
@@ -104,8 +107,16 @@ def measure(net: LocalTestnet, nodes: int, updates: int, batch: int,
     wait_s = max(MIN_WAIT_S, WAIT_PER_NODE_S * nodes)
     started = time.monotonic()
     first = net.start("n0", timeout_s=wait_s)
+
+    def synced(started: int) -> None:
+        """Wait until the batch just started holds every running node's record (module doc)."""
+        joined = list(net.nodes.values())[started - batch:started]
+        net.wait_until(lambda: all(_ledger(d).get("records", 0) >= started for d in joined),
+                       f"the batch up to {started} daemons to hold every record", wait_s,
+                       interval_s=POLL_S)
+
     rest = net.start_batches([f"n{i}" for i in range(1, nodes)], batch=batch, timeout_s=wait_s,
-                             spread=BOOTSTRAP_SPREAD, rng=random.Random(SEED))
+                             spread=BOOTSTRAP_SPREAD, rng=random.Random(SEED), on_batch=synced)
     start_s = time.monotonic() - started
     daemons = [first, *rest]
     peer_ids = [d.peer_id for d in daemons]

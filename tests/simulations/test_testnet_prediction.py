@@ -17,7 +17,13 @@ from protocol.ledger.machine import CapabilitySpec, LedgerConfig
 from protocol.ledger.records import HardwareSummary, Role
 from protocol.membership.discovery import DiscoveryConfig
 from protocol.membership.machine import MembershipConfig
-from simulations.workloads.testnet import DaemonNet, Update, predict, predict_ledger
+from simulations.workloads.testnet import (
+    DaemonNet,
+    Update,
+    expected_convergence_s,
+    predict,
+    predict_ledger,
+)
 
 N = 5
 LATENCY_MS = 3.0
@@ -98,6 +104,19 @@ def test_processing_delays_are_drawn_from_the_measured_hops() -> None:
     assert (3 * LATENCY_MS + 10) / 1000 <= spread <= (3 * LATENCY_MS + 200) / 1000 + 0.001
     # seeded: the same testnet gives the same prediction
     assert predict_ledger(replace(line, processing_ms=(10.0, 200.0)))["converged_s"] == spread
+
+
+def test_convergence_is_the_expected_last_store_over_the_delay_draws() -> None:
+    # three nodes reach an update 5 ms after its updater signs it, each then takes 10 or 200
+    # ms: the last store comes 5 + 200 ms after, unless all three drew 10 (one time in 8)
+    reached = [(0, {0: 0.0, 1: 5.0, 2: 5.0, 3: 5.0})]
+    expected_ms = 5 + 200 - (200 - 10) / 8
+    got = expected_convergence_s(reached, (10.0, 200.0), seed=1) * 1000
+    assert got == pytest.approx(expected_ms, abs=15)  # the mean of DELAY_DRAWS draws
+    assert got != 205.0 and got != 15.0  # not one draw
+    # no delays measured: the arrivals alone; the median over updates
+    later = (1, {0: 9.0, 1: 1.0, 2: 3.0, 3: 4.0})
+    assert expected_convergence_s([*reached, later, later], (), seed=1) == 0.008
 
 
 def test_peers_dropped_are_the_membership_machines_drops() -> None:

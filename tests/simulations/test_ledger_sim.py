@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import random
 
-from protocol.ledger.machine import CapabilitySpec, LedgerConfig, SetLoad, StoreCapability
-from protocol.ledger.records import HardwareSummary, ModelOffer, Role
-from simulations.machines.ledger import NAME, ledger_of, ledger_spec
+from dataclasses import replace
+
+from protocol.ledger.machine import (
+    Attest,
+    CapabilitySpec,
+    LedgerConfig,
+    SetLoad,
+    StoreAttestation,
+    StoreCapability,
+)
+from protocol.ledger.records import AttestationKind, HardwareSummary, ModelOffer, Role
+from simulations.machines.ledger import ATTESTATIONS, NAME, ledger_of, ledger_spec
 from simulations.network import LatencyModel
 from simulations.node import VirtualNode
 from simulations.swarm import Swarm
@@ -37,13 +46,22 @@ def capability(node: VirtualNode) -> CapabilitySpec | None:
     )
 
 
-def make(seed: int, n: int, stored: list[tuple[int, str, int]] | None = None) -> Swarm:
+def make(
+    seed: int,
+    n: int,
+    stored: list[tuple[int, str, int]] | None = None,
+    config: LedgerConfig | None = None,
+    attested: list[tuple[int, bytes]] | None = None,
+) -> Swarm:
     def observe(node: VirtualNode, effect: object) -> None:
         if stored is not None and isinstance(effect, StoreCapability):
             stored.append((node.index, effect.record.peer_id, effect.record.seq))
+        if attested is not None and isinstance(effect, StoreAttestation):
+            attested.append((node.index, effect.hash))
 
     swarm = Swarm(seed, latency=LatencyModel("uniform", 5.0, 50.0), wire_bytes=True)
-    spec = ledger_spec("sim", LedgerConfig(anti_entropy_ms=5_000), capability, observe)
+    config = config if config is not None else LedgerConfig(anti_entropy_ms=5_000)
+    spec = ledger_spec("sim", config, capability, observe)
     nodes = [swarm.add_node((spec,)) for _ in range(n)]
     rng = random.Random(seed)
     for node in nodes:
@@ -107,3 +125,26 @@ def test_the_ledgers_of_a_swarm_hold_one_copy_of_what_they_share() -> None:
     heaps = [sorted(ledger_of(n).state._record_expiry) for n in swarm.nodes]
     assert len(heaps[0]) == 4
     assert all(x is y for heap in heaps[1:] for x, y in zip(heaps[0], heap, strict=True))
+
+
+def test_a_restarted_node_restores_the_attestations_it_held_and_no_evicted_one() -> None:
+    # the store's attestations are the machine's own dict: after a quota eviction (a
+    # ForgetAttestations) and a crash, the next machine restores exactly what was held
+    attested: list[tuple[int, bytes]] = []
+    config = replace(LedgerConfig(anti_entropy_ms=5_000), observer_quota=2)
+    swarm = make(4, 8, config=config, attested=attested)
+    swarm.run(5_000)
+    author, victim = swarm.nodes[0], swarm.nodes[3]
+    for i in range(4):  # one minute, one observer: two are kept, the smallest hashes
+        author.submit(NAME, Attest(victim.peer_id, bytes([i]) * 32, AttestationKind.TASK_COMPLETED))
+    swarm.run(6_000)
+    held = dict(ledger_of(victim).state.attestations)
+    stored_by_victim = {h for i, h in attested if i == 3}
+    assert len(held) == 2 and len(stored_by_victim) > 2  # some stored, then evicted
+    assert set(held) == set(sorted(h for i, h in attested if i == 0)[:2])
+    swarm.crash(victim)
+    assert set(victim.store[ATTESTATIONS]) == set(held)  # what the crashed machine held
+    swarm.start(victim)
+    restored = ledger_of(victim).state.attestations
+    assert set(restored) == set(held)  # from the store, no peers
+    assert victim.store[ATTESTATIONS] is restored

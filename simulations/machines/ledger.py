@@ -5,12 +5,13 @@
 * ``StoreCapability``/``StoreAttestation``/``Forget*`` are performed on the node's store;
   each accepted record version is also reported to ``observer`` (the workload measures
   convergence from the moment a node stores a version, the same moment the daemon persists it).
-  The store's attestations are the machine's own dict of held ones (hash -> held
-  attestation), handed to the store when the machine is built: the machine returns a
-  ``StoreAttestation`` for every attestation it adds and a ``ForgetAttestations`` for every one
-  it drops, so a second dict kept by performing them would hold the same hashes, per node
-  (hundreds each, in a swarm of 100,000 nodes). After a crash the store keeps the dict of the
-  machine that crashed, which nothing changes any more, and the next machine restores from it.
+  The store's records and attestations are the machine's own dicts of held ones (peer ->
+  held record, hash -> held attestation), handed to the store when the machine is built: the
+  machine returns a ``StoreCapability``/``StoreAttestation`` for every item it adds and a
+  ``ForgetCapabilities``/``ForgetAttestations`` for every one it drops, so second dicts kept by
+  performing them would hold the same keys, per node (hundreds each, in a swarm of 100,000
+  nodes). After a crash the store keeps the dicts of the machine that crashed, which nothing
+  changes any more, and the next machine restores from them.
 * ``on_boot`` submits the node's ``CapabilitySpec`` (if it advertises one) and its agent
   cards (``agents_of``, if it hosts any): they spread, sync and expire by the same machine.
 * ``StoreAgentCards``/``ForgetAgentCards`` keep a node's agent-card records in its store, and
@@ -38,6 +39,7 @@ from protocol.ledger.machine import (
     StoreCapability,
 )
 from protocol.ledger.messages import LEDGER_TOPIC, LedgerDigest, LedgerPush, LedgerSyncRequest
+from protocol.ledger.state import HeldRecord
 from simulations.node import MachineSpec, Performer, VirtualNode
 
 NAME = "ledger"
@@ -60,7 +62,9 @@ def ledger_spec(
     def build(node: VirtualNode) -> LedgerMachine:
         machine = LedgerMachine(node.identity, network_id, node.rng, config, memo=node.swarm.memo)
         _restore(node, machine)
-        node.store[ATTESTATIONS] = machine.state.attestations  # (the module docstring)
+        # (the module docstring)
+        node.store[RECORDS] = machine.state.records
+        node.store[ATTESTATIONS] = machine.state.attestations
         return machine
 
     def on_boot(node: VirtualNode) -> None:
@@ -78,9 +82,9 @@ def ledger_spec(
         message_types=MESSAGE_TYPES,
         topics=(LEDGER_TOPIC,),
         performers={
-            StoreCapability: _observed(_store_capability, observer),
+            StoreCapability: _observed(_record_held, observer),
             StoreAttestation: _observed(_attestation_held, observer),
-            ForgetCapabilities: _forget_capabilities,
+            ForgetCapabilities: _records_dropped,
             ForgetAttestations: _attestations_dropped,
             StoreAgentCards: _store_cards,
             ForgetAgentCards: _forget_cards,
@@ -91,12 +95,12 @@ def ledger_spec(
 
 def _restore(node: VirtualNode, machine: LedgerMachine) -> None:
     """What the node's store kept, back into a new machine (the daemon's start from SQLite)."""
-    records: dict[str, Any] = node.store.get(RECORDS, {})
+    records: dict[str, HeldRecord] = node.store.get(RECORDS, {})
     atts: dict[bytes, HeldAttestation] = node.store.get(ATTESTATIONS, {})
     cards: dict[str, Any] = node.store.get(AGENTS, {})
     if records or atts or cards:
         report = machine.restore(
-            [env.encode() for _, env in sorted(records.items())],
+            [held.envelope.encode() for _, held in sorted(records.items())],
             [held.envelope.encode() for _, held in sorted(atts.items())],
             node.swarm.machine_now_ms,
             agents=[env.encode() for _, env in sorted(cards.items())],
@@ -106,15 +110,12 @@ def _restore(node: VirtualNode, machine: LedgerMachine) -> None:
         )
 
 
-# The store performers run once per accepted item on every node: no setdefault (it builds a
-# dict each call), and whether there is an observer is decided once, in ``_observed``.
+# The store performers run once per accepted item on every node: whether there is an
+# observer is decided once, in ``_observed``.
 
 
-def _store_capability(node: VirtualNode, name: str, effect: StoreCapability) -> None:
-    records = node.store.get(RECORDS)
-    if records is None:
-        records = node.store[RECORDS] = {}
-    records[effect.record.peer_id] = effect.envelope
+def _record_held(node: VirtualNode, name: str, effect: StoreCapability) -> None:
+    """Stored already: the store's records are the machine's (the module docstring)."""
 
 
 def _attestation_held(node: VirtualNode, name: str, effect: StoreAttestation) -> None:
@@ -133,10 +134,8 @@ def _observed(performer: Performer, observer: StoreObserver | None) -> Performer
     return perform_and_observe
 
 
-def _forget_capabilities(node: VirtualNode, name: str, effect: ForgetCapabilities) -> None:
-    records = node.store.get(RECORDS, {})
-    for peer in effect.peer_ids:
-        records.pop(peer, None)
+def _records_dropped(node: VirtualNode, name: str, effect: ForgetCapabilities) -> None:
+    """Forgotten already: the machine dropped them from its dict, the store's."""
 
 
 def _attestations_dropped(node: VirtualNode, name: str, effect: ForgetAttestations) -> None:

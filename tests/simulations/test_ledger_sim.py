@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-
 from dataclasses import replace
 
 from protocol.ledger.machine import (
@@ -15,7 +14,7 @@ from protocol.ledger.machine import (
     StoreCapability,
 )
 from protocol.ledger.records import AttestationKind, HardwareSummary, ModelOffer, Role
-from simulations.machines.ledger import ATTESTATIONS, NAME, ledger_of, ledger_spec
+from simulations.machines.ledger import ATTESTATIONS, NAME, RECORDS, ledger_of, ledger_spec
 from simulations.network import LatencyModel
 from simulations.node import VirtualNode
 from simulations.swarm import Swarm
@@ -148,3 +147,4 @@ def test_a_restarted_node_restores_the_attestations_it_held_and_no_evicted_one()
     restored = ledger_of(victim).state.attestations
     assert set(restored) == set(held)  # from the store, no peers
     assert victim.store[ATTESTATIONS] is restored
+    assert victim.store[RECORDS] is ledger_of(victim).state.records

@@ -1,5 +1,5 @@
 """What a ledger state holds, made by pure constructors: held attestations, expiry-heap
-entries, digest lines and bucket hashes.
+entries, observer quota slots, digest lines and bucket hashes.
 
 Each is a value of its arguments alone, never mutated, so a driver may share one result among
 the many states it holds (a ``protocol.machine.Memo`` handed to ``LedgerState``: the
@@ -48,6 +48,21 @@ def attestation_expiry(at_ms: int, h: bytes) -> tuple[int, bytes]:
 def record_expiry(at_ms: int, peer: str, h: bytes) -> tuple[int, str, bytes]:
     """An entry of the records' expiry heap."""
     return (at_ms, peer, h)
+
+
+def quota_key(observer: str, minute: int) -> tuple[str, int]:
+    """An observer quota slot's key: the observer and the minute of ``observed_at``."""
+    return (observer, minute)
+
+
+def quota_slot_with(slot: bytes | tuple[bytes, ...], h: bytes) -> tuple[bytes, ...]:
+    """A quota slot's sorted hashes with ``h`` put in place (``slot``: one hash alone, or
+    several sorted). A tuple, not a list: one per slot of every node, so a memo may share
+    equal ones among the nodes, as it shares the hashes."""
+    if isinstance(slot, bytes):
+        return (slot, h) if slot < h else (h, slot)
+    i = bisect.bisect(slot, h)
+    return (*slot[:i], h, *slot[i:])
 
 
 def record_version(peer_id: str, seq: int, h: bytes) -> RecordVersion:

@@ -40,6 +40,8 @@ from protocol.ledger.held import (
     bucket_digest,
     bucket_summary_of,
     held_attestation,
+    quota_key,
+    quota_slot_with,
     record_expiry,
     record_version,
 )
@@ -75,9 +77,10 @@ class LedgerState:
     # one per simulated node: no per-instance dict
     __slots__ = ("_attestation_expiry", "_bucket_digest", "_bucket_summary_of", "_by_subject",
                  "_changes", "_digest", "_digest_cards", "_expiry", "_heaped", "_held_attestation",
-                 "_quota", "_record_expiry", "_record_expiry_entry", "_record_version", "_soonest",
-                 "_sorted", "_stale_buckets", "_subject_version", "_summary", "_summary_buf",
-                 "_bucketed", "_indexed", "_versions", "attestations", "cards", "max_attestations",
+                 "_quota", "_quota_key", "_quota_slot_with", "_record_expiry",
+                 "_record_expiry_entry", "_record_version", "_soonest", "_sorted",
+                 "_stale_buckets", "_subject_version", "_summary", "_summary_buf", "_bucketed",
+                 "_indexed", "_versions", "attestations", "cards", "max_attestations",
                  "max_records", "observer_quota", "records", "tombstone_ms")
 
     def __init__(
@@ -119,9 +122,9 @@ class LedgerState:
         self._digest_cards = 0  # the ``cards.version`` the cached digest was made at
         #: its record part alike, kept across attestation changes (records change seldom)
         self._versions: tuple[int, int, tuple[RecordVersion, ...]] | None = None
-        #: (observer, minute) -> its hashes held, sorted; one alone is held as is, not in a
-        #: list (most observers attest once a minute, and a simulator holds this per node)
-        self._quota: dict[tuple[str, int], bytes | list[bytes]] = {}
+        #: (observer, minute) -> its hashes held, sorted: one alone as is, several in a tuple
+        #: (most observers attest once a minute, and a simulator holds this per node)
+        self._quota: dict[tuple[str, int], bytes | tuple[bytes, ...]] = {}
         self._expiry: list[tuple[int, bytes]] = []  # heap of (expires_at, hash), lazy
         self._heaped = 0  # the first this many held are in ``_expiry`` (the rest when popped)
         self._record_expiry: list[tuple[int, str, bytes]] = []  # heap, lazy
@@ -134,6 +137,8 @@ class LedgerState:
         self._bucket_digest = memo(bucket_digest)
         self._bucket_summary_of = memo(bucket_summary_of)
         self._record_version = memo(record_version)
+        self._quota_key = memo(quota_key)
+        self._quota_slot_with = memo(quota_slot_with)
 
     # ------------------------------------------------------------ merge
 
@@ -167,28 +172,23 @@ class LedgerState:
         attestations = self.attestations
         if h in attestations:
             return False, ()
-        key = (observer, att.observed_at_ms // MINUTE_MS)
+        key = self._quota_key(observer, att.observed_at_ms // MINUTE_MS)
         quota = self._quota
-        held_slot = quota.get(key)
-        if isinstance(held_slot, bytes):  # one hash held so far: a list from the second on
-            listed = quota[key] = [held_slot]
-            slot: list[bytes] | None = listed
-        else:
-            slot = held_slot
+        slot = quota.get(key)
         evicted: tuple[bytes, ...] = ()
-        if slot is not None and len(slot) >= self.observer_quota:
-            if h > slot[-1]:
+        if slot is not None and (
+            1 if isinstance(slot, bytes) else len(slot)
+        ) >= self.observer_quota:
+            last = slot if isinstance(slot, bytes) else slot[-1]
+            if h > last:
                 raise Rejected(Rejection.OBSERVER_QUOTA, f"{observer} over its quota")
-            evicted = (slot[-1],)
-            self._remove_attestation(slot[-1])
-            slot = quota.get(key)  # type: ignore[assignment]  # a list, or None if emptied
+            evicted = (last,)
+            self._remove_attestation(last)
+            slot = quota.get(key)
         elif len(attestations) >= self.max_attestations:
             raise Rejected(Rejection.LEDGER_FULL, f"{len(attestations)} attestations held")
         attestations[h] = self._held_attestation(envelope, att, observer, h)
-        if slot is None:
-            quota[key] = h
-        else:
-            bisect.insort(slot, h)
+        quota[key] = h if slot is None else self._quota_slot_with(slot, h)
         self._digest = None
         if self._soonest is None or att.expires_at_ms < self._soonest:
             self._soonest = att.expires_at_ms
@@ -275,10 +275,10 @@ class LedgerState:
         slot = self._quota[key]
         if isinstance(slot, bytes):
             del self._quota[key]
-        else:
-            del slot[bisect.bisect_left(slot, h)]
-            if not slot:
-                del self._quota[key]
+        else:  # several: the rest (one alone as is)
+            i = bisect.bisect_left(slot, h)
+            rest = slot[:i] + slot[i + 1 :]
+            self._quota[key] = rest[0] if len(rest) == 1 else rest
         del self._sorted[bisect.bisect_left(self._sorted, h)]
         self._stale_buckets.add(h[0])
         self._summary = None

@@ -42,6 +42,15 @@ def test_ledgers_given_one_memo_share_the_tuples_they_hold_and_others_do_not() -
     assert len(a.state._expiry) == len(ATTESTATIONS)
     assert all(x is y for x, y in zip(a.state._expiry, b.state._expiry, strict=True))
     assert not any(x is y for x, y in zip(_held(c.state), _held(d.state), strict=True))
+    # the observer quota's slots alike: keys whatever the arrival order, sorted hashes when
+    # they arrived in the same order (a slot is made from the one before)
+    assert a.state._quota == c.state._quota and len(a.state._quota) < len(ATTESTATIONS)
+    e = _ledger(5, memo)
+    e.handle(Received("relay", gossip(atts=ATTESTATIONS[::-1]), "ledger"), T0)
+    assert e.state._quota == a.state._quota
+    for key, slot in a.state._quota.items():
+        assert next(k for k in e.state._quota if k == key) is key
+        assert next(k for k in b.state._quota if k == key) is key and b.state._quota[key] is slot
 
 
 def test_an_equal_item_in_other_objects_is_held_as_its_own_values() -> None:

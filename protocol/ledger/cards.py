@@ -128,7 +128,7 @@ class CardRecords:
         #: bumped on every change (the digest cache compares it)
         self.version = 0
         #: heap of (forget at, node, hash), lazy (read, never changed, by LedgerState's
-        #: ``next_expiry``, which is asked after every delivery)
+        #: ``next_expiry``, which is asked after every delivery: never rebound, it keeps it)
         self.expiry: list[tuple[int, str, bytes]] = []
         self._versions: tuple[int, int, int, tuple[RecordVersion, ...]] | None = None
 

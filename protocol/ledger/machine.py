@@ -105,7 +105,7 @@ __all__ = [
 class LedgerMachine:
     # one per simulated node: no per-instance dict
     __slots__ = ("_connected", "_dirty", "_encode", "_next_anti_entropy", "_own_seq",
-                 "_published_at", "_spec", "_stats", "clock_offset_ms", "config", "identity",
+                 "_published_at", "_sessions", "_spec", "_stats", "clock_offset_ms", "config", "identity",
                  "intake", "network_id", "own_cards", "peer_id", "rng", "state", "sync", "view")
 
     def __init__(
@@ -132,6 +132,7 @@ class LedgerMachine:
             memo=memo,
         )
         self.sync = SyncSessions(self.state, config)
+        self._sessions = self.sync.sessions  # read by next_deadline: one object, not two
         self.clock_offset_ms = clock_offset_ms
         self.view = LedgerView(self.state, self.peer_id, clock_offset_ms)
         self._stats: Counter[str] = Counter()
@@ -189,7 +190,7 @@ class LedgerMachine:
 
     def next_deadline(self) -> int | None:
         soonest = self.state.next_expiry()
-        if self.sync.sessions:  # (asked after every delivery: skip the call when idle)
+        if self._sessions:  # (asked after every delivery: skip the call when idle)
             t = self.sync.next_deadline()
             if t is not None and (soonest is None or t < soonest):
                 soonest = t

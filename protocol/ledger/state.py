@@ -76,8 +76,8 @@ HeldRecord = Held[CapabilityRecord]
 class LedgerState:
     # one per simulated node: no per-instance dict
     __slots__ = ("_attestation_expiry", "_bucket_digest", "_bucket_summary_of", "_by_subject",
-                 "_changes", "_digest", "_digest_cards", "_expiry", "_heaped", "_held_attestation",
-                 "_quota", "_quota_key", "_quota_slot_with", "_record_expiry",
+                 "_cards_expiry", "_changes", "_digest", "_digest_cards", "_expiry", "_heaped",
+                 "_held_attestation", "_quota", "_quota_key", "_quota_slot_with", "_record_expiry",
                  "_record_expiry_entry", "_record_version", "_soonest", "_sorted",
                  "_stale_buckets", "_subject_version", "_summary", "_summary_buf", "_bucketed",
                  "_indexed", "_versions", "attestations", "cards", "max_attestations",
@@ -99,6 +99,7 @@ class LedgerState:
         self.records: dict[str, HeldRecord] = {}
         #: every node's newest agent-card record
         self.cards = CardRecords(max_records=max_records, tombstone_ms=tombstone_ms)
+        self._cards_expiry = self.cards.expiry  # (next_expiry reads one object, not two)
         self.attestations: dict[bytes, HeldAttestation] = {}
         self._by_subject: dict[str, set[bytes]] = {}
         self._subject_version: dict[str, int] = {}
@@ -321,7 +322,7 @@ class LedgerState:
         """When ``prune`` or ``cards.prune`` next has something to do (may be early: the
         heaps are lazy)."""
         # asked after every delivery: compared in line, no list and no min()
-        t, cards = self._soonest, self.cards.expiry
+        t, cards = self._soonest, self._cards_expiry
         if cards and (t is None or cards[0][0] < t):
             t = cards[0][0]
         return t

@@ -94,7 +94,7 @@ class SyncSessions:
     def __init__(self, state: LedgerState, config: LedgerConfig) -> None:
         self.state = state
         self.config = config
-        self.sessions: dict[str, _Session] = {}
+        self.sessions: dict[str, _Session] = {}  # never rebound: the machine keeps it
         self._digest_sent_at: dict[str, int] = {}
         #: peer -> when we gave up awaiting its reply (module doc)
         self._gave_up: dict[str, int] = {}

@@ -133,11 +133,11 @@ class _Kind(Generic[SignedT]):
 
 class LedgerIntake:
     """What the ledger machine accepts from peers (see the module docstring)."""
-    # one per simulated node: no per-instance dict
-    __slots__ = ("_attestation_limiter", "_attestation_ttl_ms", "_envelope_hash", "_kinds",
-                 "_limits", "_on_own_cards", "_on_own_record", "_peer_id_of", "_rejections",
-                 "_signed_attestation", "_signed_capability", "_signers", "_skew_ms", "_stats",
-                 "accepted", "config", "network_id", "peer_id", "state", "sync")
+    # one per simulated node: no per-instance dict; what every delivery reads comes first
+    __slots__ = ("config", "state", "accepted", "_attestation_limiter", "_signers",
+                 "_envelope_hash", "_signed_attestation", "network_id", "_attestation_ttl_ms",
+                 "_skew_ms", "_kinds", "peer_id", "_limits", "_on_own_cards", "_on_own_record",
+                 "_peer_id_of", "_rejections", "_signed_capability", "_stats", "sync")
 
 
     def __init__(

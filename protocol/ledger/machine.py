@@ -103,10 +103,11 @@ __all__ = [
 
 
 class LedgerMachine:
-    # one per simulated node: no per-instance dict
-    __slots__ = ("_connected", "_dirty", "_encode", "_next_anti_entropy", "_own_seq",
-                 "_published_at", "_sessions", "_spec", "_stats", "clock_offset_ms", "config", "identity",
-                 "intake", "network_id", "own_cards", "peer_id", "rng", "state", "sync", "view")
+    # one per simulated node: no per-instance dict; what every delivery reads comes first
+    __slots__ = ("clock_offset_ms", "_next_anti_entropy", "intake", "state", "_sessions",
+                 "_spec", "own_cards", "_connected", "_dirty", "_encode", "_own_seq",
+                 "_published_at", "_stats", "config", "identity", "network_id", "peer_id", "rng",
+                 "sync", "view")
 
     def __init__(
         self,

@@ -74,14 +74,14 @@ HeldRecord = Held[CapabilityRecord]
 
 
 class LedgerState:
-    # one per simulated node: no per-instance dict
-    __slots__ = ("_attestation_expiry", "_bucket_digest", "_bucket_summary_of", "_by_subject",
-                 "_cards_expiry", "_changes", "_digest", "_digest_cards", "_expiry", "_heaped",
-                 "_held_attestation", "_quota", "_quota_key", "_quota_slot_with", "_record_expiry",
-                 "_record_expiry_entry", "_record_version", "_soonest", "_sorted",
-                 "_stale_buckets", "_subject_version", "_summary", "_summary_buf", "_bucketed",
-                 "_indexed", "_versions", "attestations", "cards", "max_attestations",
-                 "max_records", "observer_quota", "records", "tombstone_ms")
+    # one per simulated node: no per-instance dict; what every delivery reads comes first
+    __slots__ = ("attestations", "_quota_key", "_quota", "observer_quota", "max_attestations",
+                 "_held_attestation", "_quota_slot_with", "_digest", "_soonest", "_cards_expiry",
+                 "records", "max_records", "_record_expiry", "_record_expiry_entry", "_versions",
+                 "tombstone_ms", "_attestation_expiry", "_bucket_digest", "_bucket_summary_of",
+                 "_by_subject", "_changes", "_digest_cards", "_expiry", "_heaped", "_record_version",
+                 "_sorted", "_stale_buckets", "_subject_version", "_summary", "_summary_buf",
+                 "_bucketed", "_indexed", "cards")
 
     def __init__(
         self,

@@ -50,6 +50,12 @@ UNROUTED_MESSAGE_PENALTY = 5
 _TICK = Tick()
 
 
+def nothing_to_perform(node: VirtualNode, name: str, effect: Any) -> None:
+    """The performer of an effect that the machine's own state carries out already (a
+    ledger's held items are its node's store: simulations/machines/ledger.py); ``feed``
+    skips it without calling it."""
+
+
 @dataclass(frozen=True)
 class MachineSpec:
     name: str
@@ -239,9 +245,13 @@ class VirtualNode:
             self.penalize(exc.peer, exc.reason, exc.penalty)
             effects = []
         if effects:
-            perform = swarm.perform
-            for effect in effects:
-                perform(self, slot, effect)
+            performers = slot.spec.performers
+            for effect in effects:  # (swarm.perform, with the machine's performers in line)
+                performer = performers.get(type(effect))
+                if performer is None:
+                    swarm.perform(self, slot, effect)
+                elif performer is not nothing_to_perform:
+                    performer(self, slot.spec.name, effect)
         self.arm(slot)
 
     def feed_all(self, event: object) -> None:

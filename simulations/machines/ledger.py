@@ -40,7 +40,7 @@ from protocol.ledger.machine import (
 )
 from protocol.ledger.messages import LEDGER_TOPIC, LedgerDigest, LedgerPush, LedgerSyncRequest
 from protocol.ledger.state import HeldRecord
-from simulations.node import MachineSpec, Performer, VirtualNode
+from simulations.node import MachineSpec, Performer, VirtualNode, nothing_to_perform
 
 NAME = "ledger"
 MESSAGE_TYPES = (LedgerPush, LedgerDigest, LedgerSyncRequest)
@@ -82,10 +82,11 @@ def ledger_spec(
         message_types=MESSAGE_TYPES,
         topics=(LEDGER_TOPIC,),
         performers={
-            StoreCapability: _observed(_record_held, observer),
-            StoreAttestation: _observed(_attestation_held, observer),
-            ForgetCapabilities: _records_dropped,
-            ForgetAttestations: _attestations_dropped,
+            # (the store's records and attestations are the machine's: the module docstring)
+            StoreCapability: _observed(nothing_to_perform, observer),
+            StoreAttestation: _observed(nothing_to_perform, observer),
+            ForgetCapabilities: nothing_to_perform,
+            ForgetAttestations: nothing_to_perform,
             StoreAgentCards: _store_cards,
             ForgetAgentCards: _forget_cards,
         },
@@ -110,18 +111,6 @@ def _restore(node: VirtualNode, machine: LedgerMachine) -> None:
         )
 
 
-# The store performers run once per accepted item on every node: whether there is an
-# observer is decided once, in ``_observed``.
-
-
-def _record_held(node: VirtualNode, name: str, effect: StoreCapability) -> None:
-    """Stored already: the store's records are the machine's (the module docstring)."""
-
-
-def _attestation_held(node: VirtualNode, name: str, effect: StoreAttestation) -> None:
-    """Stored already: the store's attestations are the machine's (the module docstring)."""
-
-
 def _observed(performer: Performer, observer: StoreObserver | None) -> Performer:
     """``performer``, then ``observer`` told of the effect (``performer`` itself if none)."""
     if observer is None:
@@ -132,14 +121,6 @@ def _observed(performer: Performer, observer: StoreObserver | None) -> Performer
         observer(node, effect)
 
     return perform_and_observe
-
-
-def _records_dropped(node: VirtualNode, name: str, effect: ForgetCapabilities) -> None:
-    """Forgotten already: the machine dropped them from its dict, the store's."""
-
-
-def _attestations_dropped(node: VirtualNode, name: str, effect: ForgetAttestations) -> None:
-    """Forgotten already: the machine dropped them from its dict, the store's."""
 
 
 def _store_cards(node: VirtualNode, name: str, effect: StoreAgentCards) -> None:

@@ -101,24 +101,24 @@ class _EncodeByIdentity:
 _ENCODE_BY_VALUE = (LedgerDigest,)
 
 
-def _by_identity(fn: Callable[..., Any], entries: int) -> Callable[..., Any]:
-    """``fn(obj, *rest)`` remembered per object (kept alive, so its id is not reused), then by
+def _by_identity(fn: Callable[[Any], Any], entries: int) -> Callable[[Any], Any]:
+    """``fn(obj)`` remembered per object (kept alive, so its id is not reused), then by
     value: the simulator hands every node the very same envelope object, so the common case is
     one dict lookup; equal copies (``wire_bytes``: each node decodes its own) share by value.
 
-    A closure rather than an object with ``__call__``: CPython calls plain functions faster,
-    and this runs for every item of every delivered push."""
+    A closure of one argument rather than an object with ``__call__``: CPython calls plain
+    functions faster, and this runs for every item of every delivered push."""
     by_value = functools.lru_cache(maxsize=entries)(fn)
-    cache: dict[int, tuple[object, tuple[Any, ...], Any]] = {}
+    cache: dict[int, tuple[object, Any]] = {}
 
-    def shared(obj: object, *rest: Any) -> Any:
+    def shared(obj: object) -> Any:
         hit = cache.get(id(obj))
-        if hit is not None and hit[0] is obj and hit[1] == rest:
-            return hit[2]
-        result = by_value(obj, *rest)
+        if hit is not None and hit[0] is obj:
+            return hit[1]
+        result = by_value(obj)
         if len(cache) >= entries:
             del cache[next(iter(cache))]
-        cache[id(obj)] = (obj, rest, result)
+        cache[id(obj)] = (obj, result)
         return result
 
     return shared
@@ -171,7 +171,7 @@ def _shared_4_by_identity(
     return shared
 
 
-#: the functions whose first argument is an immutable object handed around as is
+#: the functions of one argument, an immutable object handed around as is
 _BY_IDENTITY = frozenset(
     {
         ledger_records.envelope_hash,

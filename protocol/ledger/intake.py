@@ -139,7 +139,6 @@ class LedgerIntake:
                  "_skew_ms", "_kinds", "peer_id", "_limits", "_on_own_cards", "_on_own_record",
                  "_peer_id_of", "_rejections", "_signed_capability", "_stats", "sync")
 
-
     def __init__(
         self,
         state: LedgerState,

@@ -18,6 +18,8 @@ from protocol.ledger.messages import BUCKETS, PREFIX_LEN, RecordVersion
 from protocol.ledger.records import Attestation
 
 EMPTY_BUCKET = bytes(PREFIX_LEN)
+#: every bucket's hash when none holds anything (one object for every state that starts)
+EMPTY_SUMMARY = EMPTY_BUCKET * BUCKETS
 #: where bucket b starts in the sorted hashes
 BUCKET_START = tuple(bytes([b]) for b in range(BUCKETS))
 BUCKET_PERSON = b"symphony-bucket"

@@ -35,6 +35,7 @@ from protocol.ledger.expiry import pop_due
 from protocol.ledger.held import (
     BUCKET_START,
     EMPTY_BUCKET,
+    EMPTY_SUMMARY,
     HeldAttestation,
     attestation_expiry,
     bucket_digest,
@@ -80,7 +81,7 @@ class LedgerState:
                  "records", "max_records", "_record_expiry", "_record_expiry_entry", "_versions",
                  "tombstone_ms", "_attestation_expiry", "_bucket_digest", "_bucket_summary_of",
                  "_by_subject", "_changes", "_digest_cards", "_expiry", "_heaped", "_record_version",
-                 "_sorted", "_stale_buckets", "_subject_version", "_summary", "_summary_buf",
+                 "_sorted", "_stale_buckets", "_subject_version", "_summary", "_bucket_hashes",
                  "_bucketed", "_indexed", "cards")
 
     def __init__(
@@ -115,8 +116,8 @@ class LedgerState:
         self._sorted: list[bytes] = []
         self._bucketed = 0  # the first this many held are in ``_sorted`` (the rest when read)
         self._summary: bytes | None = b""  # cached bucket_summary(); None: recompute
-        #: every bucket's hash, up to date but for ``_stale_buckets``
-        self._summary_buf = bytearray(EMPTY_BUCKET * BUCKETS)
+        #: every bucket's hash bar ``_stale_buckets`` (bytes: a memo's may serve many states)
+        self._bucket_hashes = EMPTY_SUMMARY
         self._stale_buckets: set[int] = set()
         #: cached digest(): (computed at, valid before, digest); None after any change
         self._digest: tuple[int, int, LedgerDigest] | None = None
@@ -340,12 +341,11 @@ class LedgerState:
             self._put_in_buckets()
         summary = self._summary
         if summary is None and len(self._stale_buckets) >= _RESUMMARIZE_STALE:
-            full = self._bucket_summary_of(tuple(self._sorted))
-            self._summary_buf[:] = full
+            full = self._bucket_hashes = self._bucket_summary_of(tuple(self._sorted))
             self._stale_buckets.clear()
             summary = self._summary = full if self.attestations else b""
         elif summary is None:
-            buf = self._summary_buf
+            buf = bytearray(self._bucket_hashes)
             hashes = self._sorted
             for b in self._stale_buckets:
                 lo, hi = self._bucket_range(b)
@@ -353,8 +353,8 @@ class LedgerState:
                     self._bucket_digest(b"".join(hashes[lo:hi])) if hi > lo else EMPTY_BUCKET
                 )
             self._stale_buckets.clear()
-            summary = bytes(buf) if self.attestations else b""
-            self._summary = summary
+            self._bucket_hashes = bytes(buf)
+            summary = self._summary = self._bucket_hashes if self.attestations else b""
         return summary
 
     def bucket(self, b: int) -> Sequence[bytes]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from crypto.envelope import Envelope
 from protocol.errors import LocalProtocolError
+from protocol.late import GivenUp
 from protocol.ledger.events import LedgerConfig
 from protocol.ledger.messages import (
     BUCKETS,
@@ -96,8 +97,8 @@ class SyncSessions:
         self.config = config
         self.sessions: dict[str, _Session] = {}  # never rebound: the machine keeps it
         self._digest_sent_at: dict[str, int] = {}
-        #: peer -> when we gave up awaiting its reply (module doc)
-        self._gave_up: dict[str, int] = {}
+        #: pulls we stopped awaiting: their late replies are no fault (module doc)
+        self._gave_up = GivenUp(LATE_REPLY_MS)
 
     # ------------------------------------------------------------ queries
 
@@ -108,8 +109,7 @@ class SyncSessions:
     def late_reply(self, peer: str, now: int) -> bool:
         """Whether a reply from ``peer`` we no longer await answers a request we gave up on
         less than LATE_REPLY_MS ago (once per request: a second one is unsolicited)."""
-        gave_up = self._gave_up.pop(peer, None)
-        return gave_up is not None and now - gave_up < LATE_REPLY_MS
+        return self._gave_up.excuses(peer, now)
 
     def next_deadline(self) -> int | None:
         if not self.sessions:
@@ -260,9 +260,7 @@ class SyncSessions:
     def _end(self, peer: str, now: int, why: str) -> list[Effect]:
         s = self.sessions.pop(peer)
         if s.awaiting and why != "complete":
-            for p in [p for p, at in self._gave_up.items() if now - at >= LATE_REPLY_MS]:
-                del self._gave_up[p]
-            self._gave_up[peer] = now
+            self._gave_up.add(peer, now)
         self._move(s, SyncState.IDLE)
         done = Emit(
             "sync_end", {"peer": peer, "why": why, "rounds": s.rounds, "items": s.received}

@@ -40,6 +40,7 @@ from crypto.envelope import Envelope
 from crypto.keys import Identity
 from protocol.buckets import KeyedBuckets
 from protocol.envelopes import seal
+from protocol.late import GivenUp
 from protocol.machine import (
     Effect,
     Emit,
@@ -75,7 +76,6 @@ MAX_TRACKED_PEERS = 4096
 QUERY_TIMEOUT_MS = 10_000
 #: an answer this long after we gave up on its query is still no fault (module doc)
 LATE_ANSWER_MS = 60_000
-#: small: an honest answer that arrives after we gave up on it costs this too
 PENALTY_UNSOLICITED = 2
 PENALTY_FLOOD = 5
 
@@ -150,7 +150,8 @@ class Discovery:
     relayed_by: dict[str, int] = field(default_factory=dict)  # source -> records it relayed
     cookies: dict[str, int] = field(default_factory=dict)  # peer -> cookie of its last answer
     pending: dict[str, int] = field(default_factory=dict)  # peer -> when we asked it
-    gave_up: dict[str, int] = field(default_factory=dict)  # peer -> when we stopped waiting
+    #: queries we stopped waiting for: their late answers are no fault (module doc)
+    gave_up: GivenUp = field(default_factory=lambda: GivenUp(LATE_ANSWER_MS))
     discovered: int = 0  # peers learnt from answers (not registrations), for status
     refused: int = 0  # records refused, for status
     queries: int = 0  # queries sent, for status
@@ -192,12 +193,12 @@ class Discovery:
         elif isinstance(event, PeerDisconnected):
             self.conns.discard(event.peer)
             self.pending.pop(event.peer, None)
-            self.gave_up.pop(event.peer, None)
+            self.gave_up.forget(event.peer)
             self.cookies.pop(event.peer, None)
         elif isinstance(event, SendFailed):
             if (isinstance(event.message, DiscoverRequest)
                     and self.pending.pop(event.peer, None) is not None):
-                self.gave_up[event.peer] = now
+                self.gave_up.add(event.peer, now)
         elif isinstance(event, SetRecordAddrs):
             self._set_record_addrs(event.addrs, now, out)
         elif not isinstance(event, Tick):
@@ -231,10 +232,7 @@ class Discovery:
             out.append(Send(peer, self._answer(peer, msg, now)))
 
     def _on_response(self, peer: str, msg: DiscoverResponse, now: int, out: list[Effect]) -> None:
-        asked = self.pending.pop(peer, None)
-        if asked is None:
-            asked = self.gave_up.pop(peer, None)  # a late answer (module doc)
-        if asked is None:
+        if self.pending.pop(peer, None) is None and not self.gave_up.excuses(peer, now):
             out.append(Penalize(peer, "a discovery answer we did not ask for",
                                 PENALTY_UNSOLICITED))
             return
@@ -375,9 +373,7 @@ class Discovery:
     def _on_timers(self, now: int, out: list[Effect]) -> None:
         for peer in [p for p, at in self.pending.items() if at + QUERY_TIMEOUT_MS <= now]:
             del self.pending[peer]
-            self.gave_up[peer] = now
-        for peer in [p for p, at in self.gave_up.items() if at + LATE_ANSWER_MS <= now]:
-            del self.gave_up[peer]
+            self.gave_up.add(peer, now)
         if not self.conns:
             return
         if now >= self._next_register_at_ms:

@@ -187,12 +187,11 @@ def predict_ledger(testnet: DaemonNet) -> dict[str, float]:
     # frames carry FRAME_OVERHEAD beyond the message bytes the daemons count
     message_bytes = sent - FRAME_OVERHEAD * copies
     reached = [(i, _reached(arrivals, swarm.nodes[i], seq)) for i, seq in updated]
+    complete = [(i, times) for i, times in reached if times is not None]
     return {
         # -1: some update never reached every node
-        "converged_s": (expected_convergence_s(
-            [(i, times) for i, times in reached if times is not None],
-            testnet.processing_ms, testnet.seed)
-            if reached and all(times is not None for _, times in reached) else -1.0),
+        "converged_s": (expected_convergence_s(complete, testnet.processing_ms, testnet.seed)
+                        if complete and len(complete) == len(reached) else -1.0),
         "gossip_bytes_per_node_min": message_bytes / testnet.n / (testnet.window_ms / 60_000),
         "gossip_message_bytes": message_bytes / copies if copies else 0.0,
     }

@@ -108,11 +108,11 @@ def measure(net: LocalTestnet, nodes: int, updates: int, batch: int,
     started = time.monotonic()
     first = net.start("n0", timeout_s=wait_s)
 
-    def synced(started: int) -> None:
+    def synced(running: int) -> None:
         """Wait until the batch just started holds every running node's record (module doc)."""
-        joined = list(net.nodes.values())[started - batch:started]
-        net.wait_until(lambda: all(_ledger(d).get("records", 0) >= started for d in joined),
-                       f"the batch up to {started} daemons to hold every record", wait_s,
+        joined = list(net.nodes.values())[running - batch:running]
+        net.wait_until(lambda: all(_ledger(d).get("records", 0) >= running for d in joined),
+                       f"the batch up to {running} daemons to hold every record", wait_s,
                        interval_s=POLL_S)
 
     rest = net.start_batches([f"n{i}" for i in range(1, nodes)], batch=batch, timeout_s=wait_s,
